@@ -1,0 +1,38 @@
+// Method: load the real library and exercise the status/error path and file mapping.
+import { expect, test } from "bun:test";
+import { mkdtempSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { InferError } from "../ts/errors.ts";
+import { mapFile, native } from "../ts/native/lib.ts";
+import { generate } from "../ts/native/gen-symbols.ts";
+
+test("library loads and reports its version", () => {
+  expect(native().infer_version()).toBeGreaterThan(0);
+});
+
+test("symbols.gen.ts is up to date with lib/root.zig", async () => {
+  const zig = await Bun.file(join(import.meta.dir, "..", "lib", "root.zig")).text();
+  const committed = await Bun.file(join(import.meta.dir, "..", "ts", "native", "symbols.gen.ts")).text();
+  expect(committed).toBe(generate(zig));
+});
+
+test("mapFile gives a view of the bytes", () => {
+  const dir = mkdtempSync(join(tmpdir(), "infer-"));
+  const path = join(dir, "x.bin");
+  writeFileSync(path, "hello mapped world");
+  const m = mapFile(path);
+  expect(new TextDecoder().decode(m.bytes)).toBe("hello mapped world");
+  m.close();
+});
+
+test("a missing file is an InferError naming the path", () => {
+  try {
+    mapFile("/nonexistent/model.gguf");
+    throw new Error("expected a throw");
+  } catch (err) {
+    expect(err).toBeInstanceOf(InferError);
+    expect((err as InferError).code).toBe("io");
+    expect((err as Error).message).toContain("/nonexistent/model.gguf");
+  }
+});

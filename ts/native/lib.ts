@@ -1,0 +1,93 @@
+// The typed facade over libinfer: the only module that touches bun:ffi. Loads the library
+// lazily (INFER_LIB overrides the path), turns a non-zero status into an InferError carrying
+// infer_last_error(), and logs every call when INFER_TRACE_FFI=1.
+import { dlopen, ptr, toArrayBuffer, type Pointer } from "bun:ffi";
+import { existsSync } from "node:fs";
+import { join } from "node:path";
+import { InferError, type InferErrorCode } from "../errors.ts";
+import { symbols } from "./symbols.gen.ts";
+
+export type { Pointer };
+type Library = ReturnType<typeof dlopen<typeof symbols>>["symbols"];
+
+const statusCodes: InferErrorCode[] = [
+  "internal", "invalid_argument", "io", "out_of_memory", "unsupported", "internal",
+];
+
+export function libraryPath(): string {
+  const override = process.env.INFER_LIB;
+  if (override) return override;
+  const name = process.platform === "darwin" ? "libinfer.dylib" : "libinfer.so";
+  return join(import.meta.dir, "..", "..", "zig-out", "lib", name);
+}
+
+let loaded: Library | null = null;
+
+export function native(): Library {
+  if (loaded) return loaded;
+  const path = libraryPath();
+  if (!existsSync(path)) {
+    throw new InferError("native_unavailable",
+      `native library not found at ${path}: run 'bun run setup' (or set INFER_LIB)`);
+  }
+  let lib: Library;
+  try {
+    lib = dlopen(path, symbols).symbols;
+  } catch (err) {
+    throw new InferError("native_unavailable", `cannot load ${path}: ${(err as Error).message}`);
+  }
+  loaded = process.env.INFER_TRACE_FFI === "1" ? traced(lib) : lib;
+  return loaded;
+}
+
+function traced(lib: Library): Library {
+  const wrapped: Record<string, unknown> = {};
+  for (const [name, fn] of Object.entries(lib)) {
+    wrapped[name] = (...args: unknown[]) => {
+      const t0 = performance.now();
+      const result = (fn as (...a: unknown[]) => unknown)(...args);
+      const ms = (performance.now() - t0).toFixed(3);
+      console.error(`[ffi] ${name}(${args.map(String).join(", ")}) -> ${String(result)} ${ms}ms`);
+      return result;
+    };
+  }
+  return wrapped as Library;
+}
+
+/** Throws the library's last error when `status` is not ok. */
+export function check(status: number, what: string): void {
+  if (status === 0) return;
+  const message = String(native().infer_last_error());
+  throw new InferError(statusCodes[status] ?? "internal", `${what}: ${message}`);
+}
+
+/** A read-only mapping of a file, owned by the library; `bytes` is a view, not a copy. */
+export interface MappedFile {
+  readonly bytes: Uint8Array;
+  readonly base: number;
+  close(): void;
+}
+
+export function mapFile(path: string): MappedFile {
+  const lib = native();
+  const pathBytes = Buffer.from(path, "utf8");
+  const out = new BigUint64Array(3);
+  const handleOut = out.subarray(0, 1), baseOut = out.subarray(1, 2), lenOut = out.subarray(2, 3);
+  check(lib.infer_file_open(pathBytes, pathBytes.length, handleOut, baseOut, lenOut), "map file");
+  const handle = Number(out[0]), base = Number(out[1]), length = Number(out[2]);
+  const bytes = new Uint8Array(toArrayBuffer(base as Pointer, 0, length));
+  let open = true;
+  return {
+    bytes,
+    base,
+    close() {
+      if (!open) return;
+      open = false;
+      lib.infer_file_close(handle as Pointer);
+    },
+  };
+}
+
+export function addressOf(view: Uint8Array | Float32Array | Int32Array | Uint16Array): number {
+  return ptr(view);
+}
