@@ -45,6 +45,14 @@ export fn infer_file_close(handle: ?*anyopaque) void {
     std.heap.c_allocator.destroy(mapping);
 }
 
+// ---- quant formats, matmul, threads (lib/quant/, lib/cpu/matmul.zig, lib/cpu/threads.zig) ------
+// (kernels helper section: begin)
+// (kernels helper section: end)
+
+// ---- f32 ops: norm, rope, attention, activations (lib/cpu/*.zig) ----------------------------
+// (ops helper section: begin)
+// (ops helper section: end)
+
 test {
     std.testing.refAllDecls(@This());
     _ = status;
