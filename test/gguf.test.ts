@@ -1,0 +1,175 @@
+// Method: write small GGUFs with our writer, read them back, then break them in every way a
+// hostile or damaged file can be broken; the reader must answer each with InferError("bad_gguf")
+// naming the problem — never another exception, a crash or a hang.
+import { describe, expect, test } from "bun:test";
+import { mkdtempSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { InferError } from "../ts/errors.ts";
+import { openGguf, parseGguf } from "../ts/gguf/reader.ts";
+import { GgmlType } from "../ts/gguf/types.ts";
+import { gguf, writeGguf, type GgufTensorToWrite } from "../ts/gguf/writer.ts";
+
+function sample(version = 3): Uint8Array {
+  const f32 = new Float32Array([1, 2, 3, 4, 5, 6, 7, 8]);
+  const tensors: GgufTensorToWrite[] = [
+    { name: "a.weight", type: GgmlType.F32, dims: [4, 2], data: new Uint8Array(f32.buffer) },
+    { name: "b.weight", type: GgmlType.Q8_0, dims: [32], data: new Uint8Array(34).fill(1) },
+  ];
+  return writeGguf([
+    ["general.architecture", gguf.str("llama")],
+    ["general.alignment", gguf.u32(64)],
+    ["x.count", gguf.u64(123456789012)],
+    ["x.flag", gguf.bool(true)],
+    ["x.eps", gguf.f32(1e-6)],
+    ["x.names", gguf.strs(["a", "bé", "🙂"])],
+    ["x.scores", gguf.f32s([0.5, -1.5])],
+    ["x.ids", gguf.i32s([-1, 7])],
+    ["x.i8", { type: "i8", value: -3 }],
+    ["x.f64", { type: "f64", value: Math.PI }],
+    ["x.big", { type: "u64", value: 2n ** 60n }],
+  ], tensors, { version, alignment: 64 });
+}
+
+function expectBad(bytes: Uint8Array, fragment: string): void {
+  try {
+    parseGguf(bytes, "t.gguf");
+  } catch (err) {
+    expect(err).toBeInstanceOf(InferError);
+    expect((err as InferError).code).toBe("bad_gguf");
+    expect((err as Error).message).toContain(fragment);
+    return;
+  }
+  throw new Error(`expected a bad_gguf error containing '${fragment}'`);
+}
+
+function patched(bytes: Uint8Array, at: number, write: (v: DataView) => void): Uint8Array {
+  const copy = bytes.slice();
+  write(new DataView(copy.buffer, at));
+  return copy;
+}
+
+function find(bytes: Uint8Array, text: string): number {
+  const needle = new TextEncoder().encode(text);
+  outer: for (let i = 0; i + needle.length <= bytes.length; i++) {
+    for (let j = 0; j < needle.length; j++) if (bytes[i + j] !== needle[j]) continue outer;
+    return i;
+  }
+  throw new Error(`'${text}' not in file`);
+}
+
+describe("round trip", () => {
+  for (const version of [2, 3]) {
+    test(`v${version}: metadata of every kind and the tensor table`, () => {
+      const h = parseGguf(sample(version));
+      expect(h.version).toBe(version);
+      expect(h.metadata.get("general.architecture")).toBe("llama");
+      expect(h.metadata.get("x.count")).toBe(123456789012);
+      expect(h.metadata.get("x.flag")).toBe(true);
+      expect(h.metadata.get("x.eps")).toBeCloseTo(1e-6, 12);
+      expect(h.metadata.get("x.names")).toEqual(["a", "bé", "🙂"]);
+      expect(Array.from(h.metadata.get("x.scores") as Float32Array)).toEqual([0.5, -1.5]);
+      expect(Array.from(h.metadata.get("x.ids") as Int32Array)).toEqual([-1, 7]);
+      expect(h.metadata.get("x.i8")).toBe(-3);
+      expect(h.metadata.get("x.f64")).toBe(Math.PI);
+      expect(h.metadata.get("x.big")).toBe(2n ** 60n);
+      expect(h.alignment).toBe(64);
+      expect(h.dataOffset % 64).toBe(0);
+      const a = h.tensors.get("a.weight")!;
+      expect(a.dims).toEqual([4, 2]);
+      expect(a.byteLength).toBe(32);
+      const b = h.tensors.get("b.weight")!;
+      expect(b.type.name).toBe("Q8_0");
+      expect(b.fileOffset % 64).toBe(0);
+    });
+  }
+
+  test("openGguf maps the file and tensor bytes are views of it", () => {
+    const dir = mkdtempSync(join(tmpdir(), "infer-gguf-"));
+    const path = join(dir, "s.gguf");
+    writeFileSync(path, sample());
+    const f = openGguf(path);
+    const a = f.tensors.get("a.weight")!;
+    expect(Array.from(new Float32Array(f.tensorBytes(a).slice().buffer))).toEqual([1, 2, 3, 4, 5, 6, 7, 8]);
+    expect(f.tensorAddress(a)).toBe(f.baseAddress + a.fileOffset);
+    f.close();
+  });
+});
+
+describe("hostile and damaged files", () => {
+  const good = sample();
+  test("bad magic", () => expectBad(patched(good, 0, (v) => v.setUint32(0, 0x12345678, true)), "bad magic"));
+  test("empty and tiny files", () => {
+    expectBad(new Uint8Array(0), "bad magic");
+    expectBad(good.subarray(0, 6), "truncated");
+  });
+  test("unsupported version", () => {
+    expectBad(patched(good, 4, (v) => v.setUint32(0, 1, true)), "version 1");
+    expectBad(patched(good, 4, (v) => v.setUint32(0, 99, true)), "version 99");
+  });
+  test("absurd tensor and metadata counts", () => {
+    expectBad(patched(good, 8, (v) => v.setBigUint64(0, 1n << 40n, true)), "tensor entries");
+    expectBad(patched(good, 16, (v) => v.setBigUint64(0, 1n << 62n, true)), "absurd");
+  });
+  test("absurd string length", () => {
+    expectBad(patched(good, 24, (v) => v.setBigUint64(0, 1n << 50n, true)), "metadata key #0");
+  });
+  test("unknown metadata value type", () => {
+    const at = find(good, "general.architecture") + "general.architecture".length;
+    expectBad(patched(good, at, (v) => v.setUint32(0, 77, true)), "unknown value type 77");
+  });
+  test("absurd array count", () => {
+    const at = find(good, "x.scores") + "x.scores".length + 8; // after value type + element type
+    expectBad(patched(good, at, (v) => v.setBigUint64(0, 1n << 40n, true)), "elements");
+  });
+  test("unknown tensor type", () => {
+    const at = find(good, "a.weight") + "a.weight".length + 4 + 16; // n_dims, 2 dims
+    expectBad(patched(good, at, (v) => v.setUint32(0, 250, true)), "unknown type 250");
+  });
+  test("too many dimensions, zero dimension", () => {
+    const at = find(good, "a.weight") + "a.weight".length;
+    expectBad(patched(good, at, (v) => v.setUint32(0, 9, true)), "9 dimensions");
+    expectBad(patched(good, at + 4, (v) => v.setBigUint64(0, 0n, true)), "zero dimension");
+  });
+  test("tensor offset past the end, misaligned offset", () => {
+    const at = find(good, "b.weight") + "b.weight".length + 4 + 8 + 4;
+    expectBad(patched(good, at, (v) => v.setBigUint64(0, 1n << 20n, true)), "runs past the end");
+    expectBad(patched(good, at, (v) => v.setBigUint64(0, 65n, true)), "not aligned");
+  });
+  test("row not a multiple of the block", () => {
+    const at = find(good, "b.weight") + "b.weight".length + 4;
+    expectBad(patched(good, at, (v) => v.setBigUint64(0, 33n, true)), "not a multiple");
+  });
+  test("every truncation is a clean error", () => {
+    const b = parseGguf(good).tensors.get("b.weight")!;
+    const end = b.fileOffset + b.byteLength; // what follows is alignment padding
+    for (let n = 0; n < end; n++) {
+      try {
+        parseGguf(good.subarray(0, n));
+        throw new Error(`truncated to ${n} bytes parsed`);
+      } catch (err) {
+        if (!(err instanceof InferError)) throw err;
+      }
+    }
+  });
+  test("random corruption never escapes as anything but InferError", () => {
+    let seed = 12345;
+    const rand = () => (seed = (seed * 1103515245 + 12345) >>> 0) / 2 ** 32;
+    for (let trial = 0; trial < 3000; trial++) {
+      const copy = good.slice();
+      const flips = 1 + Math.floor(rand() * 4);
+      for (let k = 0; k < flips; k++) copy[Math.floor(rand() * copy.length)] = Math.floor(rand() * 256);
+      try {
+        parseGguf(copy);
+      } catch (err) {
+        if (!(err instanceof InferError)) throw err;
+      }
+    }
+  });
+  test("openGguf on a non-GGUF file names the path", () => {
+    const dir = mkdtempSync(join(tmpdir(), "infer-gguf-"));
+    const path = join(dir, "notes.txt");
+    writeFileSync(path, "just some text, not a model");
+    expect(() => openGguf(path)).toThrow(/notes\.txt.*bad magic/);
+  });
+});

@@ -1,0 +1,247 @@
+// GGUF reader (versions 2 and 3; see ggml's docs/gguf.md). The file is untrusted input: every
+// count, length, dimension and offset is bounded by the bytes that remain before it sizes an
+// allocation or indexes anything, and every failure is an InferError("bad_gguf") naming the
+// problem and where it was found. Tensor data is never copied: a tensor is an offset into the
+// library-owned mapping, handed to kernels by address.
+import { InferError } from "../errors.ts";
+import { mapFile, type MappedFile } from "../native/lib.ts";
+import { ggmlTypes, type GgmlTypeInfo } from "./types.ts";
+
+export const GGUF_MAGIC = 0x46554747; // "GGUF" read as a little-endian u32
+export const GGUF_DEFAULT_ALIGNMENT = 32;
+
+export type GgufScalar = number | bigint | boolean | string;
+export type GgufArray =
+  | Uint8Array | Int8Array | Uint16Array | Int16Array | Uint32Array | Int32Array
+  | Float32Array | Float64Array | BigUint64Array | BigInt64Array | boolean[] | string[] | GgufArray[];
+export type GgufValue = GgufScalar | GgufArray;
+
+export interface GgufTensorInfo {
+  readonly name: string;
+  readonly type: GgmlTypeInfo;
+  /** ggml order: dims[0] is the row length (contiguous), dims[1] the number of rows, ... */
+  readonly dims: readonly number[];
+  readonly elementCount: number;
+  readonly byteLength: number;
+  /** Offset of the tensor's first byte from the start of the file. */
+  readonly fileOffset: number;
+}
+
+export interface GgufHeader {
+  readonly version: number;
+  readonly metadata: ReadonlyMap<string, GgufValue>;
+  readonly tensors: ReadonlyMap<string, GgufTensorInfo>;
+  readonly alignment: number;
+  readonly dataOffset: number;
+}
+
+export interface GgufFile extends GgufHeader {
+  readonly path: string;
+  readonly bytes: Uint8Array;
+  /** Native address of byte 0 of the file (for handing tensors to the library). */
+  readonly baseAddress: number;
+  tensorAddress(t: GgufTensorInfo): number;
+  tensorBytes(t: GgufTensorInfo): Uint8Array;
+  close(): void;
+}
+
+// Value type ids in GGUF metadata.
+const enum V { U8, I8, U16, I16, U32, I32, F32, Bool, Str, Arr, U64, I64, F64 }
+const scalarBytes = [1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8];
+const MAX_DIMS = 4;
+const MAX_ARRAY_DEPTH = 4;
+
+class Cursor {
+  pos = 0;
+  readonly view: DataView;
+  constructor(readonly bytes: Uint8Array, readonly where: string) {
+    this.view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  }
+  fail(msg: string): never {
+    throw new InferError("bad_gguf", `${this.where}: ${msg} (at byte ${this.pos})`);
+  }
+  need(n: number, what: string): void {
+    if (n < 0 || this.pos + n > this.bytes.length) {
+      this.fail(`truncated: ${what} needs ${n} bytes, ${this.bytes.length - this.pos} remain`);
+    }
+  }
+  u32(what: string): number { this.need(4, what); const v = this.view.getUint32(this.pos, true); this.pos += 4; return v; }
+  u64(what: string): number {
+    this.need(8, what);
+    const v = this.view.getBigUint64(this.pos, true);
+    this.pos += 8;
+    if (v > BigInt(Number.MAX_SAFE_INTEGER)) this.fail(`${what} is absurd (${v})`);
+    return Number(v);
+  }
+  string(what: string): string {
+    const len = this.u64(`${what} length`);
+    this.need(len, what);
+    const s = decodeUtf8(this.bytes.subarray(this.pos, this.pos + len));
+    this.pos += len;
+    return s;
+  }
+}
+
+const utf8 = new TextDecoder("utf-8", { fatal: false });
+function decodeUtf8(b: Uint8Array): string {
+  // Most keys and tokens are short ASCII: skip the decoder for them.
+  if (b.length < 16) {
+    let ascii = true;
+    for (let i = 0; i < b.length; i++) if (b[i] >= 0x80) { ascii = false; break; }
+    if (ascii) return String.fromCharCode(...b);
+  }
+  return utf8.decode(b);
+}
+
+function readScalar(c: Cursor, type: number, what: string): GgufScalar {
+  switch (type) {
+    case V.U8: c.need(1, what); return c.view.getUint8(c.pos++);
+    case V.I8: c.need(1, what); return c.view.getInt8(c.pos++);
+    case V.U16: { c.need(2, what); const v = c.view.getUint16(c.pos, true); c.pos += 2; return v; }
+    case V.I16: { c.need(2, what); const v = c.view.getInt16(c.pos, true); c.pos += 2; return v; }
+    case V.U32: return c.u32(what);
+    case V.I32: { c.need(4, what); const v = c.view.getInt32(c.pos, true); c.pos += 4; return v; }
+    case V.F32: { c.need(4, what); const v = c.view.getFloat32(c.pos, true); c.pos += 4; return v; }
+    case V.Bool: {
+      c.need(1, what);
+      const b = c.view.getUint8(c.pos++);
+      if (b > 1) c.fail(`${what}: bool byte is ${b}`);
+      return b === 1;
+    }
+    case V.Str: return c.string(what);
+    case V.U64: case V.I64: {
+      c.need(8, what);
+      const v = type === V.U64 ? c.view.getBigUint64(c.pos, true) : c.view.getBigInt64(c.pos, true);
+      c.pos += 8;
+      return v >= BigInt(Number.MIN_SAFE_INTEGER) && v <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(v) : v;
+    }
+    case V.F64: { c.need(8, what); const v = c.view.getFloat64(c.pos, true); c.pos += 8; return v; }
+    default: return c.fail(`${what}: unknown value type ${type}`);
+  }
+}
+
+function readArray(c: Cursor, what: string, depth: number): GgufArray {
+  if (depth > MAX_ARRAY_DEPTH) c.fail(`${what}: arrays nested deeper than ${MAX_ARRAY_DEPTH}`);
+  const type = c.u32(`${what} element type`);
+  const count = c.u64(`${what} count`);
+  if (type > V.F64) c.fail(`${what}: unknown array element type ${type}`);
+  // Every element takes at least this many bytes, so a count the file cannot hold is refused
+  // before anything is allocated.
+  const minBytes = type === V.Str || type === V.Arr ? 8 : scalarBytes[type];
+  c.need(count * minBytes, `${what} (${count} elements)`);
+  if (type === V.Str) {
+    const out = new Array<string>(count);
+    for (let i = 0; i < count; i++) out[i] = c.string(what);
+    return out;
+  }
+  if (type === V.Arr) {
+    const out = new Array<GgufArray>(count);
+    for (let i = 0; i < count; i++) out[i] = readArray(c, what, depth + 1);
+    return out;
+  }
+  if (type === V.Bool) {
+    const out = new Array<boolean>(count);
+    for (let i = 0; i < count; i++) out[i] = readScalar(c, V.Bool, what) as boolean;
+    return out;
+  }
+  const bytes = c.bytes.slice(c.pos, c.pos + count * minBytes); // copy: aligned, and metadata is small
+  c.pos += count * minBytes;
+  const ctor = [Uint8Array, Int8Array, Uint16Array, Int16Array, Uint32Array, Int32Array, Float32Array,
+    null, null, null, BigUint64Array, BigInt64Array, Float64Array][type];
+  if (!ctor) return c.fail(`${what}: bad element type ${type}`);
+  return new ctor(bytes.buffer, 0, count);
+}
+
+export function parseGguf(bytes: Uint8Array, where = "gguf"): GgufHeader {
+  const c: Cursor = new Cursor(bytes, where); // annotated so c.fail() narrows
+  if (bytes.length < 4 || c.view.getUint32(0, true) !== GGUF_MAGIC) {
+    c.fail("not a GGUF file (bad magic)");
+  }
+  c.pos = 4;
+  const version = c.u32("version");
+  if (version !== 2 && version !== 3) c.fail(`unsupported GGUF version ${version} (2 and 3 are read)`);
+  const tensorCount = c.u64("tensor count");
+  const kvCount = c.u64("metadata count");
+  // Each metadata entry needs >= 12 bytes (key length + value type), each tensor >= 28.
+  c.need(kvCount * 12, `${kvCount} metadata entries`);
+  c.need(tensorCount * 28, `${tensorCount} tensor entries`);
+
+  const metadata = new Map<string, GgufValue>();
+  for (let i = 0; i < kvCount; i++) {
+    const key = c.string(`metadata key #${i}`);
+    const type = c.u32(`type of '${key}'`);
+    const value = type === V.Arr ? readArray(c, `'${key}'`, 1) : readScalar(c, type, `'${key}'`);
+    if (metadata.has(key)) c.fail(`duplicate metadata key '${key}'`);
+    metadata.set(key, value);
+  }
+
+  const alignment = metadata.get("general.alignment") ?? GGUF_DEFAULT_ALIGNMENT;
+  if (typeof alignment !== "number" || alignment <= 0 || alignment % 8 !== 0 || alignment > 1 << 16) {
+    c.fail(`general.alignment ${String(alignment)} is not a positive multiple of 8`);
+  }
+
+  const raw: { name: string; type: GgmlTypeInfo; dims: number[]; count: number; offset: number }[] = [];
+  const names = new Set<string>();
+  for (let i = 0; i < tensorCount; i++) {
+    const name = c.string(`tensor #${i} name`);
+    if (names.has(name)) c.fail(`duplicate tensor '${name}'`);
+    names.add(name);
+    const nDims = c.u32(`'${name}' dimension count`);
+    if (nDims === 0 || nDims > MAX_DIMS) c.fail(`tensor '${name}' has ${nDims} dimensions (1..${MAX_DIMS})`);
+    const dims: number[] = [];
+    let count = 1;
+    for (let d = 0; d < nDims; d++) {
+      const n = c.u64(`'${name}' dimension ${d}`);
+      if (n === 0) c.fail(`tensor '${name}' has a zero dimension`);
+      count *= n;
+      if (count > bytes.length * 8) c.fail(`tensor '${name}' is larger than the file could hold`);
+      dims.push(n);
+    }
+    const typeId = c.u32(`'${name}' type`);
+    const type = ggmlTypes.get(typeId);
+    if (!type) c.fail(`tensor '${name}' has unknown type ${typeId}`);
+    if (dims[0] % type.blockValues !== 0) {
+      c.fail(`tensor '${name}' row of ${dims[0]} is not a multiple of the ${type.name} block (${type.blockValues})`);
+    }
+    const offset = c.u64(`'${name}' offset`);
+    if (offset % alignment !== 0) c.fail(`tensor '${name}' offset ${offset} is not aligned to ${alignment}`);
+    raw.push({ name, type, dims, count, offset });
+  }
+
+  const dataOffset = Math.ceil(c.pos / alignment) * alignment;
+  const dataBytes = bytes.length - dataOffset;
+  const tensors = new Map<string, GgufTensorInfo>();
+  for (const t of raw) {
+    const byteLength = (t.count / t.type.blockValues) * t.type.blockBytes;
+    if (t.offset + byteLength > dataBytes) {
+      throw new InferError("bad_gguf", `${where}: tensor '${t.name}' (${byteLength} bytes at data offset ` +
+        `${t.offset}) runs past the end of the file (truncated?)`);
+    }
+    tensors.set(t.name, Object.freeze({
+      name: t.name, type: t.type, dims: Object.freeze(t.dims), elementCount: t.count, byteLength,
+      fileOffset: dataOffset + t.offset,
+    }));
+  }
+  return { version, metadata, tensors, alignment, dataOffset };
+}
+
+/** Maps `path` and parses it; the mapping lives until close(). */
+export function openGguf(path: string): GgufFile {
+  const mapped: MappedFile = mapFile(path);
+  let header: GgufHeader;
+  try {
+    header = parseGguf(mapped.bytes, path);
+  } catch (err) {
+    mapped.close();
+    throw err;
+  }
+  return {
+    ...header,
+    path,
+    bytes: mapped.bytes,
+    baseAddress: mapped.base,
+    tensorAddress: (t) => mapped.base + t.fileOffset,
+    tensorBytes: (t) => mapped.bytes.subarray(t.fileOffset, t.fileOffset + t.byteLength),
+    close: () => mapped.close(),
+  };
+}
