@@ -51,6 +51,245 @@ export fn infer_file_close(handle: ?*anyopaque) void {
 
 // ---- f32 ops: norm, rope, attention, activations (lib/cpu/*.zig) ----------------------------
 // (ops helper section: begin)
+const norm = @import("cpu/norm.zig");
+const rope = @import("cpu/rope.zig");
+const attention = @import("cpu/attention.zig");
+const act = @import("cpu/act.zig");
+
+/// rows · cols as an element count, or null when it overflows (a count from an untrusted shape).
+fn opsCount(a: u64, b: u64) ?usize {
+    return std.math.mul(usize, a, b) catch null;
+}
+
+fn opsInvalid(comptime fmt: []const u8, args: anytype) i32 {
+    return status.fail(.invalid_argument, fmt, args);
+}
+
+/// out = x / sqrt(mean(x²) + eps) · weight per row of n_cols; weight null = no weight.
+/// `out` may alias `x`. Mirrors ggml's rms_norm (f64 sum of squares) followed by ggml_mul.
+export fn infer_rms_norm(
+    x: [*]const f32,
+    weight: ?[*]const f32,
+    n_rows: u64,
+    n_cols: u64,
+    eps: f32,
+    out: [*]f32,
+) i32 {
+    if (n_cols == 0) return opsInvalid("rms_norm: n_cols must be > 0", .{});
+    const n = opsCount(n_rows, n_cols) orelse
+        return opsInvalid("rms_norm: {d} x {d} overflows", .{ n_rows, n_cols });
+    const w: ?[]const f32 = if (weight) |p| p[0..n_cols] else null;
+    norm.rmsNorm(x[0..n], w, n_cols, eps, out[0..n]);
+    return 0;
+}
+
+/// residual += rms_norm(x) · weight per row (Gemma's post-norm fused with the residual add).
+export fn infer_rms_norm_add(
+    x: [*]const f32,
+    weight: [*]const f32,
+    n_rows: u64,
+    n_cols: u64,
+    eps: f32,
+    residual: [*]f32,
+) i32 {
+    if (n_cols == 0) return opsInvalid("rms_norm_add: n_cols must be > 0", .{});
+    const n = opsCount(n_rows, n_cols) orelse
+        return opsInvalid("rms_norm_add: {d} x {d} overflows", .{ n_rows, n_cols });
+    norm.rmsNormAdd(x[0..n], weight[0..n_cols], n_cols, eps, residual[0..n]);
+    return 0;
+}
+
+fn opsRope(
+    x: [*]f32,
+    n_tok: u64,
+    n_heads: u64,
+    head_dim: u64,
+    n_rot: u64,
+    positions: [*]const i32,
+    freq_base: f32,
+    freq_scale: f32,
+    mode: u32,
+    freq_factors: ?[*]const f32,
+) i32 {
+    const rope_mode = std.meta.intToEnum(rope.Mode, mode) catch
+        return opsInvalid("rope: mode {d} is not 0 (normal) or 2 (neox)", .{mode});
+    const n_rot_ok = n_rot > 0 and n_rot % 2 == 0 and n_rot <= head_dim;
+    if (!n_rot_ok or n_rot > rope.rot_dims_max) return opsInvalid(
+        "rope: n_rot {d} must be even, > 0, <= head_dim {d} and <= {d}",
+        .{ n_rot, head_dim, rope.rot_dims_max },
+    );
+    if (!(freq_base > 0) or !std.math.isFinite(freq_base) or !std.math.isFinite(freq_scale))
+        return opsInvalid("rope: bad freq_base {d} or freq_scale {d}", .{ freq_base, freq_scale });
+    const per_tok = opsCount(n_heads, head_dim) orelse return opsInvalid("rope: overflow", .{});
+    const n = opsCount(n_tok, per_tok) orelse return opsInvalid("rope: overflow", .{});
+    rope.rope(x[0..n], positions[0..n_tok], .{
+        .n_heads = n_heads,
+        .head_dim = head_dim,
+        .n_rot = n_rot,
+        .freq_base = freq_base,
+        .freq_scale = freq_scale,
+        .mode = rope_mode,
+        .freq_factors = if (freq_factors) |f| f[0 .. n_rot / 2] else null,
+    });
+    return 0;
+}
+
+/// In-place RoPE on x[n_tok][n_heads][head_dim]; mode 0 = normal (pairs 2i, 2i+1), 2 = NeoX
+/// (pairs i, i + n_rot/2); theta_i = pos · freq_scale · base^(-2i/n_rot); dims >= n_rot kept.
+export fn infer_rope(
+    x: [*]f32,
+    n_tok: u64,
+    n_heads: u64,
+    head_dim: u64,
+    n_rot: u64,
+    positions: [*]const i32,
+    freq_base: f32,
+    freq_scale: f32,
+    mode: u32,
+) i32 {
+    return opsRope(
+        x,
+        n_tok,
+        n_heads,
+        head_dim,
+        n_rot,
+        positions,
+        freq_base,
+        freq_scale,
+        mode,
+        null,
+    );
+}
+
+/// infer_rope with optional per-pair frequency factors (n_rot/2 of them): theta_i / ff_i.
+export fn infer_rope_ext(
+    x: [*]f32,
+    n_tok: u64,
+    n_heads: u64,
+    head_dim: u64,
+    n_rot: u64,
+    positions: [*]const i32,
+    freq_base: f32,
+    freq_scale: f32,
+    mode: u32,
+    freq_factors: ?[*]const f32,
+) i32 {
+    return opsRope(
+        x,
+        n_tok,
+        n_heads,
+        head_dim,
+        n_rot,
+        positions,
+        freq_base,
+        freq_scale,
+        mode,
+        freq_factors,
+    );
+}
+
+/// Causal (optionally sliding-window) grouped-query attention of n_tok queries at positions
+/// pos0.. over a K/V cache [pos][n_kv_head][head_dim] (rows kv_stride elements apart) of
+/// ggml type kv_type (0 = F32, 1 = F16). out: [n_tok][n_head][head_dim]. See cpu/attention.zig.
+export fn infer_attention(
+    q: [*]const f32,
+    k: [*]const u8,
+    v: [*]const u8,
+    kv_type: u32,
+    out: [*]f32,
+    n_tok: u64,
+    n_head: u64,
+    n_kv_head: u64,
+    head_dim: u64,
+    pos0: u64,
+    kv_stride: u64,
+    window: u64,
+    scale: f32,
+) i32 {
+    const cache_type = std.meta.intToEnum(attention.KvType, kv_type) catch
+        return opsInvalid("attention: kv_type {d} is not 0 (F32) or 1 (F16)", .{kv_type});
+    if (n_kv_head == 0 or n_head == 0 or n_head % n_kv_head != 0) return opsInvalid(
+        "attention: n_head {d} is not a multiple of n_kv_head {d}",
+        .{ n_head, n_kv_head },
+    );
+    if (n_head / n_kv_head > attention.group_max)
+        return opsInvalid("attention: over {d} query heads per kv head", .{attention.group_max});
+    const head_dim_max = attention.head_dim_max;
+    if (head_dim == 0 or head_dim > head_dim_max)
+        return opsInvalid("attention: head_dim {d} not in 1..{d}", .{ head_dim, head_dim_max });
+    const kv_row = opsCount(n_kv_head, head_dim) orelse
+        return opsInvalid("attention: shape overflows", .{});
+    if (kv_stride < kv_row)
+        return opsInvalid("attention: kv_stride {d} < n_kv_head·head_dim {d}", .{ kv_stride, kv_row });
+    const positions_max: u64 = 1 << 32;
+    const too_long = pos0 >= positions_max or n_tok >= positions_max;
+    if (too_long or opsCount(pos0 + n_tok, kv_stride) == null)
+        return opsInvalid("attention: pos0 {d} + n_tok {d} too large", .{ pos0, n_tok });
+    if (cache_type == .f32 and (@intFromPtr(k) % 4 != 0 or @intFromPtr(v) % 4 != 0))
+        return opsInvalid("attention: F32 cache pointers must be 4-byte aligned", .{});
+    if (n_tok == 0) return 0;
+    const k_cache = attention.Cache.fromBytes(cache_type, k);
+    const v_cache = attention.Cache.fromBytes(cache_type, v);
+    attention.attention(q, k_cache, v_cache, out, .{
+        .n_tok = n_tok,
+        .n_head = n_head,
+        .n_kv_head = n_kv_head,
+        .head_dim = head_dim,
+        .pos0 = pos0,
+        .kv_stride = kv_stride,
+        .window = window,
+        .scale = scale,
+    });
+    return 0;
+}
+
+/// Writes n f32 values into a K/V cache as dst_type (0 = F32, 1 = F16, round to nearest even).
+export fn infer_kv_store(src: [*]const f32, dst: [*]u8, dst_type: u32, n: u64) i32 {
+    const cache_type = std.meta.intToEnum(attention.KvType, dst_type) catch
+        return opsInvalid("kv_store: dst_type {d} is not 0 (F32) or 1 (F16)", .{dst_type});
+    attention.store(src[0..n], dst, cache_type);
+    return 0;
+}
+
+/// out = gelu_tanh(gate) · up; out may alias gate or up.
+export fn infer_gelu_mul(gate: [*]const f32, up: [*]const f32, n: u64, out: [*]f32) i32 {
+    act.gated(.gelu_tanh, gate[0..n], up[0..n], out[0..n]);
+    return 0;
+}
+
+/// out = silu(gate) · up; out may alias gate or up.
+export fn infer_silu_mul(gate: [*]const f32, up: [*]const f32, n: u64, out: [*]f32) i32 {
+    act.gated(.silu, gate[0..n], up[0..n], out[0..n]);
+    return 0;
+}
+
+/// Row-wise softmax in place.
+export fn infer_softmax(x: [*]f32, n_rows: u64, n_cols: u64) i32 {
+    if (n_cols == 0) return opsInvalid("softmax: n_cols must be > 0", .{});
+    const n = opsCount(n_rows, n_cols) orelse
+        return opsInvalid("softmax: {d} x {d} overflows", .{ n_rows, n_cols });
+    act.softmax(x[0..n], n_cols);
+    return 0;
+}
+
+/// out = a + b; out may alias a or b.
+export fn infer_add(a: [*]const f32, b: [*]const f32, n: u64, out: [*]f32) i32 {
+    act.add(a[0..n], b[0..n], out[0..n]);
+    return 0;
+}
+
+/// x *= s in place.
+export fn infer_scale(x: [*]f32, n: u64, s: f32) i32 {
+    act.scale(x[0..n], s);
+    return 0;
+}
+
+test {
+    _ = norm;
+    _ = rope;
+    _ = attention;
+    _ = act;
+}
 // (ops helper section: end)
 
 test {

@@ -88,6 +88,11 @@ export function mapFile(path: string): MappedFile {
   };
 }
 
-export function addressOf(view: Uint8Array | Float32Array | Int32Array | Uint16Array): number {
+export function addressOf(view: Uint8Array | Float32Array | Int32Array | Uint16Array): Pointer {
   return ptr(view);
+}
+
+/** The address `bytes` past `base` (native addresses are plain numbers under a brand). */
+export function offsetAddress(base: Pointer | number, bytes: number): Pointer {
+  return ((base as number) + bytes) as Pointer;
 }

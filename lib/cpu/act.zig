@@ -1,0 +1,203 @@
+//! Element-wise ops: gated activations (Shazeer 2020, "GLU Variants Improve Transformer"),
+//! softmax, add, scale.
+//!   gelu_tanh(x) = 0.5·x·(1 + tanh(sqrt(2/π)·(x + 0.044715·x³)))   (Hendrycks & Gimpel 2016)
+//!   silu(x)      = x / (1 + e^-x)                                   (Elfwing et al. 2017)
+//! The fast GELU uses the identity 0.5·(1 + tanh(u)) = 1 / (1 + e^(-2u)), which needs only exp.
+//! Note: llama.cpp's CPU GELU (GGML_GELU_FP16) rounds x to f16 and reads a precomputed f16 table;
+//! we compute the exact f32 function instead (differences up to ~1e-3 relative).
+const std = @import("std");
+
+const lanes = 8;
+const V = @Vector(lanes, f32);
+
+const sqrt_2_over_pi: f32 = 0.7978845608028654;
+const gelu_coef: f32 = 0.044715;
+
+pub fn geluReference(x: f32) f32 {
+    const xd: f64 = x;
+    const u = @sqrt(2.0 / std.math.pi) * (xd + 0.044715 * xd * xd * xd);
+    return @floatCast(0.5 * xd * (1 + std.math.tanh(u)));
+}
+
+fn geluV(x: V) V {
+    const u = @as(V, @splat(sqrt_2_over_pi)) * (x + @as(V, @splat(gelu_coef)) * x * x * x);
+    const one: V = @splat(1);
+    return x / (one + @exp(@as(V, @splat(-2)) * u));
+}
+
+fn gelu(x: f32) f32 {
+    const u = sqrt_2_over_pi * (x + gelu_coef * x * x * x);
+    return x / (1 + @exp(-2 * u));
+}
+
+pub fn siluReference(x: f32) f32 {
+    const xd: f64 = x;
+    return @floatCast(xd / (1 + @exp(-xd)));
+}
+
+fn siluV(x: V) V {
+    return x / (@as(V, @splat(1)) + @exp(-x));
+}
+
+fn silu(x: f32) f32 {
+    return x / (1 + @exp(-x));
+}
+
+pub const Gate = enum { gelu_tanh, silu };
+
+/// out = act(gate) · up; `out` may alias `gate` or `up`.
+pub fn gatedReference(kind: Gate, gate: []const f32, up: []const f32, out: []f32) void {
+    for (gate, up, out) |g, u, *o| {
+        const a = switch (kind) {
+            .gelu_tanh => geluReference(g),
+            .silu => siluReference(g),
+        };
+        o.* = a * u;
+    }
+}
+
+pub fn gated(kind: Gate, gate: []const f32, up: []const f32, out: []f32) void {
+    std.debug.assert(gate.len == up.len and out.len == gate.len);
+    var i: usize = 0;
+    while (i + lanes <= gate.len) : (i += lanes) {
+        const g: V = gate[i..][0..lanes].*;
+        const u: V = up[i..][0..lanes].*;
+        const a = switch (kind) {
+            .gelu_tanh => geluV(g),
+            .silu => siluV(g),
+        };
+        out[i..][0..lanes].* = a * u;
+    }
+    while (i < gate.len) : (i += 1) {
+        const a = switch (kind) {
+            .gelu_tanh => gelu(gate[i]),
+            .silu => silu(gate[i]),
+        };
+        out[i] = a * up[i];
+    }
+}
+
+/// Row-wise softmax in place, as ggml_soft_max: subtract the max, exp in f32, sum in f64.
+pub fn softmaxReference(x: []f32, n_cols: usize) void {
+    var row: usize = 0;
+    while (row * n_cols < x.len) : (row += 1) {
+        const r = x[row * n_cols ..][0..n_cols];
+        var max: f32 = -std.math.inf(f32);
+        for (r) |v| max = @max(max, v);
+        var sum: f64 = 0;
+        for (r) |*v| {
+            v.* = @exp(v.* - max);
+            sum += v.*;
+        }
+        const inv: f32 = @floatCast(1 / sum);
+        for (r) |*v| v.* *= inv;
+    }
+}
+
+pub fn softmax(x: []f32, n_cols: usize) void {
+    std.debug.assert(n_cols > 0 and x.len % n_cols == 0);
+    for (0..x.len / n_cols) |row| {
+        const r = x[row * n_cols ..][0..n_cols];
+        var max_v: V = @splat(-std.math.inf(f32));
+        var i: usize = 0;
+        while (i + lanes <= n_cols) : (i += lanes) max_v = @max(max_v, @as(V, r[i..][0..lanes].*));
+        var max = @reduce(.Max, max_v);
+        while (i < n_cols) : (i += 1) max = @max(max, r[i]);
+        const max_s: V = @splat(max);
+        var sum_v: @Vector(lanes, f64) = @splat(0);
+        i = 0;
+        while (i + lanes <= n_cols) : (i += lanes) {
+            const e = @exp(@as(V, r[i..][0..lanes].*) - max_s);
+            r[i..][0..lanes].* = e;
+            sum_v += @as(@Vector(lanes, f64), @floatCast(e));
+        }
+        var sum: f64 = @reduce(.Add, sum_v);
+        while (i < n_cols) : (i += 1) {
+            r[i] = @exp(r[i] - max);
+            sum += r[i];
+        }
+        scale(r, @floatCast(1 / sum));
+    }
+}
+
+pub fn add(a: []const f32, b: []const f32, out: []f32) void {
+    std.debug.assert(a.len == b.len and out.len == a.len);
+    var i: usize = 0;
+    while (i + lanes <= a.len) : (i += lanes) {
+        out[i..][0..lanes].* = @as(V, a[i..][0..lanes].*) + @as(V, b[i..][0..lanes].*);
+    }
+    while (i < a.len) : (i += 1) out[i] = a[i] + b[i];
+}
+
+pub fn scale(x: []f32, s: f32) void {
+    const s_v: V = @splat(s);
+    var i: usize = 0;
+    while (i + lanes <= x.len) : (i += lanes) x[i..][0..lanes].* = @as(V, x[i..][0..lanes].*) * s_v;
+    while (i < x.len) : (i += 1) x[i] *= s;
+}
+
+// ---- tests ---------------------------------------------------------------------------------
+
+const test_sizes = [_]usize{ 1, 7, 31, 33, 257, 640 };
+
+fn expectClose(expected: []const f32, actual: []const f32, tol: f32) !void {
+    for (expected, actual) |e, a| {
+        if (@abs(e - a) > tol * @max(1.0, @abs(e))) {
+            std.debug.print("expected {d}, got {d}\n", .{ e, a });
+            return error.TestExpectedApproxEq;
+        }
+    }
+}
+
+test "gated activations match the f64 reference" {
+    const gpa = std.testing.allocator;
+    var prng = std.Random.DefaultPrng.init(4);
+    const rand = prng.random();
+    for (test_sizes) |n| {
+        const gate = try gpa.alloc(f32, n);
+        defer gpa.free(gate);
+        const up = try gpa.alloc(f32, n);
+        defer gpa.free(up);
+        const want = try gpa.alloc(f32, n);
+        defer gpa.free(want);
+        const got = try gpa.alloc(f32, n);
+        defer gpa.free(got);
+        for (gate) |*x| x.* = rand.float(f32) * 24 - 12;
+        for (up) |*x| x.* = rand.float(f32) * 2 - 1;
+        if (n > 1) gate[0] = -100; // exp overflows to inf: the result must be -0, not NaN
+        for ([_]Gate{ .gelu_tanh, .silu }) |kind| {
+            gatedReference(kind, gate, up, want);
+            gated(kind, gate, up, got);
+            try expectClose(want, got, 2e-6);
+            @memcpy(got, gate);
+            gated(kind, got, up, got); // out aliases gate
+            try expectClose(want, got, 2e-6);
+        }
+    }
+}
+
+test "softmax, add and scale match the scalar loops" {
+    const gpa = std.testing.allocator;
+    var prng = std.Random.DefaultPrng.init(5);
+    const rand = prng.random();
+    for (test_sizes) |n| {
+        const x = try gpa.alloc(f32, 2 * n);
+        defer gpa.free(x);
+        const y = try gpa.alloc(f32, 2 * n);
+        defer gpa.free(y);
+        for (x) |*v| v.* = rand.float(f32) * 20 - 10;
+        @memcpy(y, x);
+        softmaxReference(x, n);
+        softmax(y, n);
+        try expectClose(x, y, 1e-6);
+        var row_sum: f32 = 0;
+        for (y[0..n]) |v| row_sum += v;
+        try std.testing.expectApproxEqAbs(@as(f32, 1), row_sum, 1e-5);
+
+        @memcpy(y, x);
+        add(x, y, y);
+        for (x, y) |a, b| try std.testing.expectEqual(a + a, b);
+        scale(y, 0.5);
+        try expectClose(x, y, 0);
+    }
+}

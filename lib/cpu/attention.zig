@@ -1,0 +1,326 @@
+//! Causal multi-head attention over a KV cache (Vaswani et al. 2017), with grouped-query heads
+//! (Ainslie et al. 2023) and an optional sliding window (Gemma 2/3 local layers).
+//!   q:   [n_tok][n_head][head_dim] f32, the queries at absolute positions pos0 + t
+//!   k,v: [pos][n_kv_head][head_dim], rows kv_stride elements apart, F32 or F16
+//!        (ggml type ids 0, 1)
+//!   out: [n_tok][n_head][head_dim] = softmax_j(scale · q·k_j) · v_j over the visible keys j:
+//!        j <= p (causal) and, when window > 0, p - j < window.
+//! Softmax is the online form (Milakov & Gimelshein 2018): a running max m, running sum l and an
+//! unnormalised accumulator that lives in the output row, so no scratch is needed; all query heads
+//! of one KV head are processed together so each K/V row is converted once.
+//! Work is split into "rows" (t, kv_head); attendRows handles a range of them, which is the unit
+//! a thread pool can later hand out.
+const std = @import("std");
+
+const lanes = 8;
+const V = @Vector(lanes, f32);
+
+pub const KvType = enum(u32) { f32 = 0, f16 = 1 };
+
+/// Stack sizes for one K/V row and one group's softmax state.
+pub const head_dim_max = 1024;
+pub const group_max = 256;
+
+pub const Shape = struct {
+    n_tok: usize,
+    n_head: usize,
+    n_kv_head: usize,
+    head_dim: usize,
+    /// Absolute position of query 0; keys 0 .. pos0 + n_tok - 1 are in the cache.
+    pos0: usize,
+    /// Elements between consecutive positions of the cache.
+    kv_stride: usize,
+    /// 0 = full causal attention.
+    window: usize,
+    scale: f32,
+
+    pub fn group(s: Shape) usize {
+        return s.n_head / s.n_kv_head;
+    }
+    /// The number of (token, kv head) work rows.
+    pub fn rowCount(s: Shape) usize {
+        return s.n_tok * s.n_kv_head;
+    }
+    /// Visible key range [begin, end) for the query at position p.
+    pub fn keyRange(s: Shape, p: usize) struct { usize, usize } {
+        const begin = if (s.window > 0 and p + 1 > s.window) p + 1 - s.window else 0;
+        return .{ begin, p + 1 };
+    }
+    /// Elements the K (or V) cache must hold.
+    pub fn cacheLen(s: Shape) usize {
+        return (s.pos0 + s.n_tok - 1) * s.kv_stride + s.n_kv_head * s.head_dim;
+    }
+};
+
+/// A K or V cache seen as rows of f32 or f16.
+pub const Cache = union(KvType) {
+    f32: [*]const f32,
+    f16: [*]align(1) const f16,
+
+    pub fn fromBytes(kv_type: KvType, bytes: [*]const u8) Cache {
+        return switch (kv_type) {
+            .f32 => .{ .f32 = @ptrCast(@alignCast(bytes)) },
+            .f16 => .{ .f16 = @ptrCast(bytes) },
+        };
+    }
+
+    fn at(c: Cache, i: usize) f32 {
+        return switch (c) {
+            .f32 => |p| p[i],
+            .f16 => |p| p[i],
+        };
+    }
+
+    /// The row at element offset `start` as f32: a view for F32, converted into `buf` for F16.
+    fn row(c: Cache, start: usize, buf: []f32) []const f32 {
+        switch (c) {
+            .f32 => |p| return p[start..][0..buf.len],
+            .f16 => |p| {
+                const src = p[start..][0..buf.len];
+                var i: usize = 0;
+                while (i + lanes <= buf.len) : (i += lanes) {
+                    const h: @Vector(lanes, f16) = src[i..][0..lanes].*;
+                    buf[i..][0..lanes].* = @as(V, @floatCast(h));
+                }
+                while (i < buf.len) : (i += 1) buf[i] = src[i];
+                return buf;
+            },
+        }
+    }
+};
+
+fn dot(a: []const f32, b: []const f32) f32 {
+    var acc: V = @splat(0);
+    var i: usize = 0;
+    while (i + lanes <= a.len) : (i += lanes) {
+        acc += @as(V, a[i..][0..lanes].*) * @as(V, b[i..][0..lanes].*);
+    }
+    var sum = @reduce(.Add, acc);
+    while (i < a.len) : (i += 1) sum += a[i] * b[i];
+    return sum;
+}
+
+/// y = y · c + w · x
+fn scaleAdd(y: []f32, c: f32, w: f32, x: []const f32) void {
+    const c_v: V = @splat(c);
+    const w_v: V = @splat(w);
+    var i: usize = 0;
+    while (i + lanes <= y.len) : (i += lanes) {
+        const yv: V = y[i..][0..lanes].*;
+        y[i..][0..lanes].* = yv * c_v + w_v * @as(V, x[i..][0..lanes].*);
+    }
+    while (i < y.len) : (i += 1) y[i] = y[i] * c + w * x[i];
+}
+
+/// Handles work rows [row_begin, row_end), row = t · n_kv_head + kv_head.
+pub fn attendRows(
+    q: [*]const f32,
+    k: Cache,
+    v: Cache,
+    out: [*]f32,
+    s: Shape,
+    row_begin: usize,
+    row_end: usize,
+) void {
+    std.debug.assert(s.head_dim <= head_dim_max and s.group() <= group_max);
+    const d = s.head_dim;
+    const group = s.group();
+    var k_buf: [head_dim_max]f32 = undefined;
+    var v_buf: [head_dim_max]f32 = undefined;
+    var run_max: [group_max]f32 = undefined;
+    var run_sum: [group_max]f32 = undefined;
+    for (row_begin..row_end) |r| {
+        const t = r / s.n_kv_head;
+        const kv_head = r % s.n_kv_head;
+        const first_head = kv_head * group;
+        const row_base = (t * s.n_head + first_head) * d;
+        @memset(out[row_base..][0 .. group * d], 0);
+        @memset(run_max[0..group], -std.math.inf(f32));
+        @memset(run_sum[0..group], 0);
+        const begin, const end = s.keyRange(s.pos0 + t);
+        for (begin..end) |j| {
+            const kv_start = j * s.kv_stride + kv_head * d;
+            const k_row = k.row(kv_start, k_buf[0..d]);
+            const v_row = v.row(kv_start, v_buf[0..d]);
+            for (0..group) |g| {
+                const q_row = q[row_base + g * d ..][0..d];
+                const o_row = out[row_base + g * d ..][0..d];
+                const score = s.scale * dot(q_row, k_row);
+                var correction: f32 = 1;
+                if (score > run_max[g]) {
+                    correction = @exp(run_max[g] - score);
+                    run_max[g] = score;
+                }
+                const weight = @exp(score - run_max[g]);
+                run_sum[g] = run_sum[g] * correction + weight;
+                scaleAdd(o_row, correction, weight, v_row);
+            }
+        }
+        for (0..group) |g| {
+            const o_row = out[row_base + g * d ..][0..d];
+            const inv: V = @splat(1 / run_sum[g]);
+            var i: usize = 0;
+            while (i + lanes <= d) : (i += lanes) {
+                o_row[i..][0..lanes].* = @as(V, o_row[i..][0..lanes].*) * inv;
+            }
+            while (i < d) : (i += 1) o_row[i] *= inv[0];
+        }
+    }
+}
+
+pub fn attention(q: [*]const f32, k: Cache, v: Cache, out: [*]f32, s: Shape) void {
+    attendRows(q, k, v, out, s, 0, s.rowCount());
+}
+
+/// Two passes per query head, in the textbook order: scores, max, exp and sum, weighted sum.
+/// `scores` needs pos0 + n_tok entries.
+pub fn attentionReference(
+    q: [*]const f32,
+    k: Cache,
+    v: Cache,
+    out: [*]f32,
+    s: Shape,
+    scores: []f32,
+) void {
+    const d = s.head_dim;
+    for (0..s.n_tok) |t| {
+        for (0..s.n_head) |h| {
+            const kv_head = h / s.group();
+            const q_row = q[(t * s.n_head + h) * d ..][0..d];
+            const o_row = out[(t * s.n_head + h) * d ..][0..d];
+            const begin, const end = s.keyRange(s.pos0 + t);
+            var max: f32 = -std.math.inf(f32);
+            for (begin..end) |j| {
+                var sum: f32 = 0;
+                for (0..d) |i| sum += q_row[i] * k.at(j * s.kv_stride + kv_head * d + i);
+                scores[j] = s.scale * sum;
+                max = @max(max, scores[j]);
+            }
+            var total: f32 = 0;
+            for (begin..end) |j| {
+                scores[j] = @exp(scores[j] - max);
+                total += scores[j];
+            }
+            @memset(o_row, 0);
+            for (begin..end) |j| {
+                const weight = scores[j] / total;
+                const v_start = j * s.kv_stride + kv_head * d;
+                for (0..d) |i| o_row[i] += weight * v.at(v_start + i);
+            }
+        }
+    }
+}
+
+/// Writes n f32 values into a cache as F32 or F16 (round to nearest even, as ggml's F16C path).
+pub fn store(src: []const f32, dst: [*]u8, dst_type: KvType) void {
+    switch (dst_type) {
+        .f32 => @memcpy(@as([*]align(1) f32, @ptrCast(dst))[0..src.len], src),
+        .f16 => {
+            const out: [*]align(1) f16 = @ptrCast(dst);
+            var i: usize = 0;
+            while (i + lanes <= src.len) : (i += lanes) {
+                const h: @Vector(lanes, f16) = @floatCast(@as(V, src[i..][0..lanes].*));
+                out[i..][0..lanes].* = h;
+            }
+            while (i < src.len) : (i += 1) out[i] = @floatCast(src[i]);
+        },
+    }
+}
+
+// ---- tests ---------------------------------------------------------------------------------
+
+fn runCase(kv_type: KvType, s: Shape, seed: u64) !void {
+    const gpa = std.testing.allocator;
+    var prng = std.Random.DefaultPrng.init(seed);
+    const rand = prng.random();
+    const q = try gpa.alloc(f32, s.n_tok * s.n_head * s.head_dim);
+    defer gpa.free(q);
+    for (q) |*x| x.* = rand.float(f32) * 2 - 1;
+    const cache_len = s.cacheLen();
+    const kv_f32 = try gpa.alloc(f32, 2 * cache_len);
+    defer gpa.free(kv_f32);
+    for (kv_f32) |*x| x.* = rand.float(f32) * 2 - 1;
+    const elem: usize = if (kv_type == .f16) 2 else 4;
+    const kv_bytes = try gpa.alignedAlloc(u8, 4, 2 * cache_len * elem);
+    defer gpa.free(kv_bytes);
+    store(kv_f32, kv_bytes.ptr, kv_type);
+    const k = Cache.fromBytes(kv_type, kv_bytes.ptr);
+    const v = Cache.fromBytes(kv_type, kv_bytes.ptr + cache_len * elem);
+    const want = try gpa.alloc(f32, q.len);
+    defer gpa.free(want);
+    const got = try gpa.alloc(f32, q.len);
+    defer gpa.free(got);
+    const scores = try gpa.alloc(f32, s.pos0 + s.n_tok);
+    defer gpa.free(scores);
+    attentionReference(q.ptr, k, v, want.ptr, s, scores);
+    attention(q.ptr, k, v, got.ptr, s);
+    for (want, got) |w, g| try std.testing.expectApproxEqAbs(w, g, 1e-5);
+}
+
+test "attention fast path matches the two-pass reference" {
+    const dims = [_]usize{ 1, 7, 31, 33, 64, 257 };
+    for (dims, 0..) |d, i| {
+        for ([_]KvType{ .f32, .f16 }) |kv_type| {
+            // GQA 4:1, prefill with causal mask.
+            try runCase(kv_type, .{
+                .n_tok = 5,
+                .n_head = 4,
+                .n_kv_head = 1,
+                .head_dim = d,
+                .pos0 = 0,
+                .kv_stride = d,
+                .window = 0,
+                .scale = 0.125,
+            }, i);
+            // GQA 8:2, decode after a prefill, padded cache rows.
+            try runCase(kv_type, .{
+                .n_tok = 1,
+                .n_head = 8,
+                .n_kv_head = 2,
+                .head_dim = d,
+                .pos0 = 13,
+                .kv_stride = 2 * d + 3,
+                .window = 0,
+                .scale = 0.3,
+            }, i + 10);
+            // Sliding window smaller than the sequence.
+            try runCase(kv_type, .{
+                .n_tok = 9,
+                .n_head = 2,
+                .n_kv_head = 2,
+                .head_dim = d,
+                .pos0 = 4,
+                .kv_stride = 2 * d,
+                .window = 3,
+                .scale = 1,
+            }, i + 20);
+        }
+    }
+}
+
+test "a single visible key returns its value" {
+    const q = [_]f32{ 1, 2, 3 };
+    const kv = [_]f32{ 0.5, -1, 2, 7, 8, 9 };
+    var out: [3]f32 = undefined;
+    const s = Shape{
+        .n_tok = 1,
+        .n_head = 1,
+        .n_kv_head = 1,
+        .head_dim = 3,
+        .pos0 = 0,
+        .kv_stride = 3,
+        .window = 0,
+        .scale = 1,
+    };
+    attention(&q, .{ .f32 = &kv }, .{ .f32 = kv[3..].ptr }, &out, s);
+    try std.testing.expectEqualSlices(f32, &[_]f32{ 7, 8, 9 }, &out);
+}
+
+test "store to f16 rounds to nearest even" {
+    const src = [_]f32{ 1.0, 1.0 + 1.0 / 2048.0, 65504, -0.1 };
+    var dst: [4]f16 = undefined;
+    store(&src, @ptrCast(&dst), .f16);
+    try std.testing.expectEqual(@as(f16, 1.0), dst[0]); // the tie rounds to the even mantissa
+    try std.testing.expectEqual(@as(f16, 65504), dst[2]);
+    try std.testing.expectEqual(@as(f16, @floatCast(@as(f32, -0.1))), dst[3]);
+}

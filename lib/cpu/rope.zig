@@ -1,0 +1,230 @@
+//! Rotary position embedding (Su et al. 2021, "RoFormer"), in place on [n_tok][n_heads][head_dim].
+//! Pair i (i < n_rot/2) is rotated by theta_i = pos · freq_scale · base^(-2i/n_rot) / ff_i:
+//!   normal: the adjacent pair (2i, 2i+1) (GPT-J / Llama style in ggml's numbering);
+//!   neox:   the pair (i, i + n_rot/2) ("rotate half", GPT-NeoX, Gemma, Qwen).
+//! Dimensions >= n_rot are left unchanged.
+//! The angles follow ggml_rope_cache_init exactly: theta starts at (float)pos and is multiplied
+//! in f32 by theta_scale = powf(base, -2.0f/n_rot) once per pair, then divided by the frequency
+//! factor and multiplied by freq_scale (rope_yarn with ext_factor 0, mscale 1). sin and cos are
+//! evaluated in f64 and rounded, which equals glibc's (nearly correctly rounded) sinf/cosf.
+const std = @import("std");
+
+const lanes = 8;
+const V = @Vector(lanes, f32);
+
+pub const Mode = enum(u32) { normal = 0, neox = 2 };
+
+/// Largest n_rot: the per-token cos/sin table lives on the stack.
+pub const rot_dims_max = 1024;
+
+pub const Params = struct {
+    n_heads: usize,
+    head_dim: usize,
+    n_rot: usize,
+    freq_base: f32,
+    freq_scale: f32,
+    mode: Mode,
+    /// Per-pair divisors of theta (Llama 3 "rope_freqs"), n_rot/2 of them, or null.
+    freq_factors: ?[]const f32 = null,
+};
+
+/// powf(base, -2/n_rot) as glibc gives it: the f64 power rounded once to f32.
+fn thetaScale(freq_base: f32, n_rot: usize) f32 {
+    const exponent: f32 = -2.0 / @as(f32, @floatFromInt(n_rot));
+    return @floatCast(std.math.pow(f64, freq_base, exponent));
+}
+
+/// cos/sin of the n_rot/2 rotation angles at `pos`.
+pub fn angles(params: Params, pos: i32, cos_out: []f32, sin_out: []f32) void {
+    const half = params.n_rot / 2;
+    std.debug.assert(cos_out.len >= half and sin_out.len >= half);
+    const theta_scale = thetaScale(params.freq_base, params.n_rot);
+    var theta: f32 = @floatFromInt(pos);
+    for (0..half) |i| {
+        const ff: f32 = if (params.freq_factors) |f| f[i] else 1.0;
+        const angle: f64 = params.freq_scale * (theta / ff);
+        cos_out[i] = @floatCast(@cos(angle));
+        sin_out[i] = @floatCast(@sin(angle));
+        theta *= theta_scale;
+    }
+}
+
+/// Rotates one head's pairs with the given table, one pair at a time.
+fn rotateHeadReference(head: []f32, mode: Mode, cos: []const f32, sin: []const f32) void {
+    const half = cos.len;
+    for (0..half) |i| {
+        const a_idx, const b_idx = switch (mode) {
+            .normal => .{ 2 * i, 2 * i + 1 },
+            .neox => .{ i, i + half },
+        };
+        const a = head[a_idx];
+        const b = head[b_idx];
+        head[a_idx] = a * cos[i] - b * sin[i];
+        head[b_idx] = a * sin[i] + b * cos[i];
+    }
+}
+
+/// NeoX: both halves are contiguous, so lanes map directly onto pairs.
+fn rotateHeadNeox(head: []f32, cos: []const f32, sin: []const f32) void {
+    const half = cos.len;
+    var i: usize = 0;
+    while (i + lanes <= half) : (i += lanes) {
+        const a: V = head[i..][0..lanes].*;
+        const b: V = head[i + half ..][0..lanes].*;
+        const c: V = cos[i..][0..lanes].*;
+        const s: V = sin[i..][0..lanes].*;
+        head[i..][0..lanes].* = a * c - b * s;
+        head[i + half ..][0..lanes].* = a * s + b * c;
+    }
+    while (i < half) : (i += 1) {
+        const a = head[i];
+        const b = head[i + half];
+        head[i] = a * cos[i] - b * sin[i];
+        head[i + half] = a * sin[i] + b * cos[i];
+    }
+}
+
+const even_from_ab = [lanes]i32{ 0, 2, 4, 6, -1, -3, -5, -7 };
+const odd_from_ab = [lanes]i32{ 1, 3, 5, 7, -2, -4, -6, -8 };
+const interleave_lo = [lanes]i32{ 0, -1, 1, -2, 2, -3, 3, -4 };
+const interleave_hi = [lanes]i32{ 4, -5, 5, -6, 6, -7, 7, -8 };
+
+/// Normal: pairs are interleaved, so 16 values are de-interleaved into evens and odds,
+/// rotated, and interleaved back (negative shuffle indices select from the second vector).
+fn rotateHeadNormal(head: []f32, cos: []const f32, sin: []const f32) void {
+    const half = cos.len;
+    var i: usize = 0;
+    while (i + lanes <= half) : (i += lanes) {
+        const a: V = head[2 * i ..][0..lanes].*;
+        const b: V = head[2 * i + lanes ..][0..lanes].*;
+        const even = @shuffle(f32, a, b, even_from_ab);
+        const odd = @shuffle(f32, a, b, odd_from_ab);
+        const c: V = cos[i..][0..lanes].*;
+        const s: V = sin[i..][0..lanes].*;
+        const r_even = even * c - odd * s;
+        const r_odd = even * s + odd * c;
+        head[2 * i ..][0..lanes].* = @shuffle(f32, r_even, r_odd, interleave_lo);
+        head[2 * i + lanes ..][0..lanes].* = @shuffle(f32, r_even, r_odd, interleave_hi);
+    }
+    while (i < half) : (i += 1) {
+        const a = head[2 * i];
+        const b = head[2 * i + 1];
+        head[2 * i] = a * cos[i] - b * sin[i];
+        head[2 * i + 1] = a * sin[i] + b * cos[i];
+    }
+}
+
+fn checkParams(x: []const f32, positions: []const i32, params: Params) void {
+    std.debug.assert(params.n_rot > 0 and params.n_rot % 2 == 0);
+    std.debug.assert(params.n_rot <= params.head_dim and params.n_rot <= rot_dims_max);
+    std.debug.assert(x.len == positions.len * params.n_heads * params.head_dim);
+    if (params.freq_factors) |f| std.debug.assert(f.len >= params.n_rot / 2);
+}
+
+pub fn ropeReference(x: []f32, positions: []const i32, params: Params) void {
+    checkParams(x, positions, params);
+    var cos: [rot_dims_max / 2]f32 = undefined;
+    var sin: [rot_dims_max / 2]f32 = undefined;
+    const half = params.n_rot / 2;
+    for (positions, 0..) |pos, t| {
+        for (0..params.n_heads) |h| {
+            angles(params, pos, &cos, &sin);
+            const head = x[(t * params.n_heads + h) * params.head_dim ..][0..params.head_dim];
+            rotateHeadReference(head, params.mode, cos[0..half], sin[0..half]);
+        }
+    }
+}
+
+/// The angle table is built once per token and shared by all its heads.
+pub fn rope(x: []f32, positions: []const i32, params: Params) void {
+    checkParams(x, positions, params);
+    var cos: [rot_dims_max / 2]f32 = undefined;
+    var sin: [rot_dims_max / 2]f32 = undefined;
+    const half = params.n_rot / 2;
+    for (positions, 0..) |pos, t| {
+        angles(params, pos, &cos, &sin);
+        for (0..params.n_heads) |h| {
+            const head = x[(t * params.n_heads + h) * params.head_dim ..][0..params.head_dim];
+            switch (params.mode) {
+                .normal => rotateHeadNormal(head, cos[0..half], sin[0..half]),
+                .neox => rotateHeadNeox(head, cos[0..half], sin[0..half]),
+            }
+        }
+    }
+}
+
+// ---- tests ---------------------------------------------------------------------------------
+
+test "rope fast paths equal the scalar reference bit for bit" {
+    const gpa = std.testing.allocator;
+    var prng = std.Random.DefaultPrng.init(3);
+    const rand = prng.random();
+    const head_dims = [_]usize{ 2, 8, 34, 64, 66, 256 };
+    for (head_dims) |head_dim| {
+        for ([_]Mode{ .normal, .neox }) |mode| {
+            for ([_]usize{ head_dim, head_dim / 2 + head_dim / 2 % 2 }) |n_rot_raw| {
+                const n_rot = if (n_rot_raw == 0) 2 else n_rot_raw;
+                const n_tok = 3;
+                const n_heads = 5;
+                const factors = try gpa.alloc(f32, n_rot / 2);
+                defer gpa.free(factors);
+                for (factors) |*f| f.* = 1 + rand.float(f32) * 7;
+                const params = Params{
+                    .n_heads = n_heads,
+                    .head_dim = head_dim,
+                    .n_rot = n_rot,
+                    .freq_base = 10000,
+                    .freq_scale = 0.5,
+                    .mode = mode,
+                    .freq_factors = if (head_dim % 4 == 0) factors else null,
+                };
+                const want = try gpa.alloc(f32, n_tok * n_heads * head_dim);
+                defer gpa.free(want);
+                const got = try gpa.alloc(f32, want.len);
+                defer gpa.free(got);
+                for (want) |*v| v.* = rand.float(f32) * 2 - 1;
+                @memcpy(got, want);
+                const positions = [_]i32{ 0, 17, 4095 };
+                ropeReference(want, &positions, params);
+                rope(got, &positions, params);
+                try std.testing.expectEqualSlices(f32, want, got);
+            }
+        }
+    }
+}
+
+test "angles follow theta = pos * base^(-2i/n_rot)" {
+    var cos: [32]f32 = undefined;
+    var sin: [32]f32 = undefined;
+    const params = Params{
+        .n_heads = 1,
+        .head_dim = 64,
+        .n_rot = 64,
+        .freq_base = 10000,
+        .freq_scale = 1,
+        .mode = .neox,
+    };
+    angles(params, 3, &cos, &sin);
+    for (0..32) |i| {
+        const theta = 3 * std.math.pow(f64, 10000, -2.0 * @as(f64, @floatFromInt(i)) / 64);
+        try std.testing.expectApproxEqAbs(@as(f32, @floatCast(@cos(theta))), cos[i], 2e-6);
+        try std.testing.expectApproxEqAbs(@as(f32, @floatCast(@sin(theta))), sin[i], 2e-6);
+    }
+}
+
+test "position 0 and dims beyond n_rot are unchanged" {
+    var x = [_]f32{ 1, 2, 3, 4, 5, 6 };
+    const params = Params{
+        .n_heads = 1,
+        .head_dim = 6,
+        .n_rot = 4,
+        .freq_base = 10000,
+        .freq_scale = 1,
+        .mode = .normal,
+    };
+    rope(&x, &[_]i32{0}, params);
+    try std.testing.expectEqualSlices(f32, &[_]f32{ 1, 2, 3, 4, 5, 6 }, &x);
+    rope(&x, &[_]i32{9}, params);
+    try std.testing.expectEqual(@as(f32, 5), x[4]);
+    try std.testing.expectEqual(@as(f32, 6), x[5]);
+}

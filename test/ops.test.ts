@@ -1,0 +1,332 @@
+// Method: every f32 op export against a slow, obvious f64 TypeScript reference on seeded random
+// data with odd sizes, scored by max normalised error (max |got - want| / max |want|) under a
+// named per-op tolerance.
+import { describe, expect, test } from "bun:test";
+import { InferError } from "../ts/errors.ts";
+import { check, native } from "../ts/native/lib.ts";
+
+// f32 kernels against f64 references: a few f32 roundings per element.
+const TOL_F32 = 1e-5;
+// Attention accumulates over up to ~40 keys in f32 and uses an online softmax.
+const TOL_ATTENTION = 2e-5;
+// GELU/SiLU go through expf in f32 (the kernel's fast identity vs tanh in f64).
+const TOL_ACT = 1e-5;
+
+const ODD_SIZES = [1, 7, 31, 33, 257, 640];
+
+function rng(seed: number): () => number {
+  let s = seed >>> 0;
+  return () => {
+    s = (s + 0x6d2b79f5) >>> 0;
+    let t = s;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+function randomF32(n: number, rand: () => number, amp = 1): Float32Array {
+  const a = new Float32Array(n);
+  for (let i = 0; i < n; i++) a[i] = (rand() * 2 - 1) * amp;
+  return a;
+}
+
+function normalisedError(got: ArrayLike<number>, want: ArrayLike<number>): number {
+  expect(got.length).toBe(want.length);
+  let maxDiff = 0, maxRef = 0;
+  for (let i = 0; i < want.length; i++) {
+    maxDiff = Math.max(maxDiff, Math.abs(got[i] - want[i]));
+    maxRef = Math.max(maxRef, Math.abs(want[i]));
+  }
+  return maxDiff / Math.max(maxRef, 1e-30);
+}
+
+/** Runs a native call that must fail with invalid_argument and a message containing `fragment`. */
+function expectInferError(call: () => number, fragment: string): void {
+  try {
+    check(call(), "op");
+  } catch (err) {
+    expect(err).toBeInstanceOf(InferError);
+    expect((err as InferError).code).toBe("invalid_argument");
+    expect((err as Error).message).toContain(fragment);
+    return;
+  }
+  throw new Error(`expected an InferError containing '${fragment}'`);
+}
+
+// ---- references ------------------------------------------------------------------------------
+
+function rmsNormRef(x: Float32Array, w: Float32Array | null, cols: number, eps: number): number[] {
+  const out: number[] = [];
+  for (let r = 0; r < x.length / cols; r++) {
+    let ss = 0;
+    for (let c = 0; c < cols; c++) ss += x[r * cols + c] ** 2;
+    const scale = 1 / Math.sqrt(ss / cols + eps);
+    for (let c = 0; c < cols; c++) out.push(x[r * cols + c] * scale * (w ? w[c] : 1));
+  }
+  return out;
+}
+
+/** Angles as ggml_rope_cache_init forms them (theta iterated in f32), so large positions agree. */
+type Factors = Float32Array | null;
+
+function ropeAnglesGgml(pos: number, nRot: number, base: number, scale: number, ff: Factors) {
+  const f = Math.fround;
+  const thetaScale = f(Math.pow(base, f(-2 / nRot)));
+  const angles: number[] = [];
+  let theta = f(pos);
+  for (let i = 0; i < nRot / 2; i++) {
+    angles.push(f(scale * f(theta / (ff ? ff[i] : 1))));
+    theta = f(theta * thetaScale);
+  }
+  return angles;
+}
+
+/** The textbook formula in f64: theta_i = pos · scale · base^(-2i/n_rot) / ff_i. */
+function ropeAnglesExact(pos: number, nRot: number, base: number, scale: number, ff: Factors) {
+  const angles: number[] = [];
+  for (let i = 0; i < nRot / 2; i++) {
+    angles.push((pos * scale * base ** (-2 * i / nRot)) / (ff ? ff[i] : 1));
+  }
+  return angles;
+}
+
+function ropeRef(x: Float32Array, nTok: number, nHeads: number, headDim: number, nRot: number,
+  positions: Int32Array, mode: number, angleOf: (pos: number) => number[]): number[] {
+  const out = Array.from(x);
+  for (let t = 0; t < nTok; t++) {
+    const angles = angleOf(positions[t]);
+    for (let h = 0; h < nHeads; h++) {
+      const base = (t * nHeads + h) * headDim;
+      for (let i = 0; i < nRot / 2; i++) {
+        const [a, b] = mode === 0
+          ? [base + 2 * i, base + 2 * i + 1]
+          : [base + i, base + i + nRot / 2];
+        const c = Math.cos(angles[i]), s = Math.sin(angles[i]);
+        out[a] = x[a] * c - x[b] * s;
+        out[b] = x[a] * s + x[b] * c;
+      }
+    }
+  }
+  return out;
+}
+
+interface AttnShape {
+  nTok: number; nHead: number; nKvHead: number; headDim: number;
+  pos0: number; kvStride: number; window: number; scale: number;
+}
+
+function shape(nTok: number, nHead: number, nKvHead: number, headDim: number,
+  pos0: number, kvStride: number, window: number, scale: number): AttnShape {
+  return { nTok, nHead, nKvHead, headDim, pos0, kvStride, window, scale };
+}
+
+type Values = ArrayLike<number>;
+
+function attentionRef(q: Float32Array, k: Values, v: Values, s: AttnShape): number[] {
+  const out = new Array<number>(s.nTok * s.nHead * s.headDim).fill(0);
+  const group = s.nHead / s.nKvHead;
+  for (let t = 0; t < s.nTok; t++) {
+    const p = s.pos0 + t;
+    for (let h = 0; h < s.nHead; h++) {
+      const kvh = Math.floor(h / group);
+      const qOff = (t * s.nHead + h) * s.headDim;
+      const keys: number[] = [], scores: number[] = [];
+      for (let j = 0; j <= p; j++) {
+        if (s.window > 0 && p - j >= s.window) continue; // hidden by the sliding window
+        let dot = 0;
+        const kOff = j * s.kvStride + kvh * s.headDim;
+        for (let d = 0; d < s.headDim; d++) dot += q[qOff + d] * k[kOff + d];
+        keys.push(j);
+        scores.push(s.scale * dot);
+      }
+      const max = Math.max(...scores);
+      const e = scores.map((x) => Math.exp(x - max));
+      const sum = e.reduce((a, b) => a + b, 0);
+      keys.forEach((j, n) => {
+        for (let d = 0; d < s.headDim; d++) {
+          out[qOff + d] += (e[n] / sum) * v[j * s.kvStride + kvh * s.headDim + d];
+        }
+      });
+    }
+  }
+  return out;
+}
+
+const geluRef = (x: number) =>
+  0.5 * x * (1 + Math.tanh(Math.sqrt(2 / Math.PI) * (x + 0.044715 * x ** 3)));
+const siluRef = (x: number) => x / (1 + Math.exp(-x));
+
+// ---- tests -----------------------------------------------------------------------------------
+
+describe("rms_norm", () => {
+  const lib = native();
+  for (const cols of ODD_SIZES) {
+    test(`rows of ${cols}, with and without weight, in place`, () => {
+      const rand = rng(cols);
+      const rows = 3, eps = 1e-6;
+      const x = randomF32(rows * cols, rand, 3), w = randomF32(cols, rand);
+      const out = new Float32Array(x.length);
+      check(lib.infer_rms_norm(x, w, rows, cols, eps, out), "rms_norm");
+      expect(normalisedError(out, rmsNormRef(x, w, cols, eps))).toBeLessThan(TOL_F32);
+      const inPlace = x.slice();
+      check(lib.infer_rms_norm(inPlace, null, rows, cols, eps, inPlace), "rms_norm");
+      expect(normalisedError(inPlace, rmsNormRef(x, null, cols, eps))).toBeLessThan(TOL_F32);
+    });
+  }
+  test("rms_norm_add adds the weighted norm to the residual", () => {
+    const rand = rng(99);
+    const rows = 2, cols = 257, eps = 1e-6;
+    const x = randomF32(rows * cols, rand, 3), w = randomF32(cols, rand);
+    const res = randomF32(rows * cols, rand);
+    const want = rmsNormRef(x, w, cols, eps).map((y, i) => y + res[i]);
+    check(lib.infer_rms_norm_add(x, w, rows, cols, eps, res), "rms_norm_add");
+    expect(normalisedError(res, want)).toBeLessThan(TOL_F32);
+  });
+  test("n_cols = 0 is an InferError", () => {
+    const x = new Float32Array(4);
+    expectInferError(() => lib.infer_rms_norm(x, null, 1, 0, 1e-6, x), "n_cols");
+  });
+});
+
+describe("rope", () => {
+  const lib = native();
+  const cases = [
+    { headDim: 2, nRot: 2 }, { headDim: 34, nRot: 34 },
+    { headDim: 66, nRot: 32 }, { headDim: 256, nRot: 256 },
+  ];
+  for (const mode of [0, 2]) {
+    for (const { headDim, nRot } of cases) {
+      test(`${mode === 0 ? "normal" : "neox"} head_dim ${headDim} n_rot ${nRot}`, () => {
+        const rand = rng(headDim * 7 + mode);
+        const nTok = 3, nHeads = 5, base = 10000, scale = 1;
+        const positions = new Int32Array([0, 31, 4097]);
+        const x = randomF32(nTok * nHeads * headDim, rand);
+        const want = ropeRef(x, nTok, nHeads, headDim, nRot, positions, mode,
+          (p) => ropeAnglesGgml(p, nRot, base, scale, null));
+        const got = x.slice();
+        check(lib.infer_rope(got, nTok, nHeads, headDim, nRot, positions, base, scale, mode),
+          "rope");
+        expect(normalisedError(got, want)).toBeLessThan(TOL_F32);
+      });
+    }
+  }
+  test("small positions agree with the exact f64 formula, freq factors and scale included", () => {
+    const rand = rng(5);
+    const nTok = 4, nHeads = 2, headDim = 128, nRot = 128, base = 500000, scale = 0.25;
+    const positions = new Int32Array([0, 1, 7, 40]);
+    const ff = new Float32Array(nRot / 2).map(() => 1 + rand() * 7);
+    const x = randomF32(nTok * nHeads * headDim, rand);
+    const want = ropeRef(x, nTok, nHeads, headDim, nRot, positions, 2,
+      (p) => ropeAnglesExact(p, nRot, base, scale, ff));
+    const got = x.slice();
+    check(lib.infer_rope_ext(got, nTok, nHeads, headDim, nRot, positions, base, scale, 2, ff),
+      "rope_ext");
+    // The f32 iteration of theta (as in ggml) drifts ~1e-6 relative per step from the exact angle.
+    expect(normalisedError(got, want)).toBeLessThan(1e-4);
+  });
+  test("bad mode and odd n_rot are InferErrors", () => {
+    const x = new Float32Array(8), pos = new Int32Array([1]);
+    expectInferError(() => lib.infer_rope(x, 1, 1, 8, 8, pos, 10000, 1, 1), "mode 1");
+    expectInferError(() => lib.infer_rope(x, 1, 1, 8, 7, pos, 10000, 1, 0), "n_rot 7");
+    expectInferError(() => lib.infer_rope(x, 1, 1, 8, 10, pos, 10000, 1, 0), "n_rot 10");
+  });
+});
+
+describe("attention", () => {
+  const lib = native();
+  const shapes: [string, AttnShape][] = [
+    // name: nTok, nHead, nKvHead, headDim, pos0, kvStride, window, scale
+    ["GQA 4:1 prefill (causal)", shape(6, 4, 1, 33, 0, 33, 0, 0.125)],
+    ["GQA 8:2 decode after prefill", shape(1, 8, 2, 64, 17, 128, 0, 0.125)],
+    ["GQA 8:2 prefill continuing at pos0 > 0, padded rows", shape(5, 8, 2, 7, 9, 17, 0, 0.4)],
+    ["sliding window 4 < sequence", shape(12, 4, 1, 31, 0, 31, 4, 0.2)],
+    ["sliding window on a decode step", shape(1, 4, 1, 256, 40, 256, 8, 0.0625)],
+    ["MHA head_dim 1", shape(3, 3, 3, 1, 2, 3, 0, 1)],
+  ];
+  for (const [name, s] of shapes) {
+    for (const kvType of [0, 1]) {
+      test(`${name}, ${kvType === 0 ? "F32" : "F16"} cache`, () => {
+        const rand = rng(s.headDim * 31 + s.nTok + kvType);
+        const q = randomF32(s.nTok * s.nHead * s.headDim, rand);
+        const cacheLen = (s.pos0 + s.nTok) * s.kvStride;
+        const kF32 = randomF32(cacheLen, rand, 2), vF32 = randomF32(cacheLen, rand);
+        let kCache: Float32Array | Uint16Array = kF32, vCache: Float32Array | Uint16Array = vF32;
+        let kRef: ArrayLike<number> = kF32, vRef: ArrayLike<number> = vF32;
+        if (kvType === 1) {
+          kCache = new Uint16Array(cacheLen);
+          vCache = new Uint16Array(cacheLen);
+          check(lib.infer_kv_store(kF32, kCache, 1, cacheLen), "kv_store");
+          check(lib.infer_kv_store(vF32, vCache, 1, cacheLen), "kv_store");
+          kRef = new Float16Array(kCache.buffer); // the reference sees the f16-rounded cache
+          vRef = new Float16Array(vCache.buffer);
+        }
+        const out = new Float32Array(q.length);
+        check(lib.infer_attention(q, kCache, vCache, kvType, out, s.nTok, s.nHead, s.nKvHead,
+          s.headDim, s.pos0, s.kvStride, s.window, s.scale), "attention");
+        expect(normalisedError(out, attentionRef(q, kRef, vRef, s))).toBeLessThan(TOL_ATTENTION);
+      });
+    }
+  }
+  test("kv_store F16 rounds to nearest even, F32 copies", () => {
+    const src = new Float32Array([1, 1 + 1 / 2048, -0.1, 65504, 3.14159, 1e-7, -7]);
+    const f16 = new Uint16Array(src.length);
+    check(lib.infer_kv_store(src, f16, 1, src.length), "kv_store");
+    const rounded = Array.from(src, (x) => Math.f16round(x));
+    expect(Array.from(new Float16Array(f16.buffer))).toEqual(rounded);
+    const f32 = new Float32Array(src.length);
+    check(lib.infer_kv_store(src, f32, 0, src.length), "kv_store");
+    expect(f32).toEqual(src);
+  });
+  test("invalid shapes are InferErrors with clear messages", () => {
+    const q = new Float32Array(64), kv = new Float32Array(64), out = new Float32Array(64);
+    expectInferError(() => lib.infer_attention(q, kv, kv, 0, out, 1, 6, 4, 8, 0, 32, 0, 1),
+      "n_head 6 is not a multiple of n_kv_head 4");
+    expectInferError(() => lib.infer_attention(q, kv, kv, 2, out, 1, 4, 1, 8, 0, 8, 0, 1),
+      "kv_type 2");
+    expectInferError(() => lib.infer_attention(q, kv, kv, 0, out, 1, 4, 2, 8, 0, 8, 0, 1),
+      "kv_stride 8");
+    expectInferError(() => lib.infer_attention(q, kv, kv, 0, out, 1, 4, 1, 0, 0, 8, 0, 1),
+      "head_dim 0");
+    expectInferError(() => lib.infer_kv_store(q, kv, 7, 4), "dst_type 7");
+  });
+});
+
+describe("activations, softmax, add, scale", () => {
+  const lib = native();
+  for (const n of ODD_SIZES) {
+    test(`n = ${n}`, () => {
+      const rand = rng(n + 1000);
+      const gate = randomF32(n, rand, 8), up = randomF32(n, rand);
+      for (const [name, fn, ref] of [
+        ["gelu_mul", lib.infer_gelu_mul, geluRef], ["silu_mul", lib.infer_silu_mul, siluRef],
+      ] as const) {
+        const out = gate.slice(); // out aliases gate
+        check(fn(out, up, n, out), name);
+        const want = Array.from(gate, (g, i) => ref(g) * up[i]);
+        expect(normalisedError(out, want)).toBeLessThan(TOL_ACT);
+      }
+
+      const rows = 2, x = randomF32(rows * n, rand, 10), sm = x.slice();
+      check(lib.infer_softmax(sm, rows, n), "softmax");
+      const want: number[] = [];
+      for (let r = 0; r < rows; r++) {
+        const row = Array.from(x.subarray(r * n, (r + 1) * n));
+        const max = Math.max(...row), e = row.map((v) => Math.exp(v - max));
+        const sum = e.reduce((a, b) => a + b, 0);
+        want.push(...e.map((v) => v / sum));
+      }
+      expect(normalisedError(sm, want)).toBeLessThan(TOL_F32);
+
+      const sum = new Float32Array(n);
+      check(lib.infer_add(gate, up, n, sum), "add");
+      expect(normalisedError(sum, Array.from(gate, (g, i) => g + up[i]))).toBeLessThan(TOL_F32);
+      check(lib.infer_scale(sum, n, -0.5), "scale");
+      const scaled = Array.from(gate, (g, i) => (g + up[i]) * -0.5);
+      expect(normalisedError(sum, scaled)).toBeLessThan(TOL_F32);
+    });
+  }
+  test("softmax with n_cols = 0 is an InferError", () => {
+    expectInferError(() => lib.infer_softmax(new Float32Array(1), 1, 0), "n_cols");
+  });
+});
