@@ -82,7 +82,8 @@ class Cursor {
   }
 }
 
-const utf8 = new TextDecoder("utf-8", { fatal: false });
+// ignoreBOM: a token may begin with U+FEFF (Gemma has six); it is text, not a byte-order mark.
+const utf8 = new TextDecoder("utf-8", { fatal: false, ignoreBOM: true });
 function decodeUtf8(b: Uint8Array): string {
   // Most keys and tokens are short ASCII: skip the decoder for them.
   if (b.length < 16) {
