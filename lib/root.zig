@@ -47,6 +47,165 @@ export fn infer_file_close(handle: ?*anyopaque) void {
 
 // ---- quant formats, matmul, threads (lib/quant/, lib/cpu/matmul.zig, lib/cpu/threads.zig) ------
 // (kernels helper section: begin)
+const quant_types = @import("quant/types.zig");
+const cpu_matmul = @import("cpu/matmul.zig");
+const cpu_threads = @import("cpu/threads.zig");
+
+/// The traits of `type_id`, or null after recording an `unsupported` status naming the type.
+fn quantTraitsOrFail(type_id: u32) ?*const quant_types.Traits {
+    if (quant_types.get(type_id)) |t| return t;
+    _ = status.fail(.unsupported, "quant type {s} ({d}) is not supported", .{
+        quant_types.typeName(type_id), type_id,
+    });
+    return null;
+}
+
+/// Checks that `n` values fill whole blocks of `t`; records invalid_argument otherwise.
+fn quantBlocksOk(t: *const quant_types.Traits, n: u64, what: []const u8) bool {
+    if (n % t.block_values == 0) return true;
+    _ = status.fail(.invalid_argument, "{s} = {d} is not a multiple of the {s} block size {d}", .{
+        what, n, t.name, t.block_values,
+    });
+    return false;
+}
+
+/// The status of a failure quantBlocksOk already recorded.
+fn quantInvalid() i32 {
+    return @intFromEnum(status.Status.invalid_argument);
+}
+
+/// Out: values per block and bytes per block of a supported type.
+export fn infer_quant_block_info(
+    type_id: u32,
+    out_block_values: ?*u32,
+    out_block_bytes: ?*u32,
+) i32 {
+    const t = quantTraitsOrFail(type_id) orelse return @intFromEnum(status.Status.unsupported);
+    const values = out_block_values orelse
+        return status.fail(.invalid_argument, "block_info: out_block_values is null", .{});
+    const bytes = out_block_bytes orelse
+        return status.fail(.invalid_argument, "block_info: out_block_bytes is null", .{});
+    values.* = t.block_values;
+    bytes.* = t.block_bytes;
+    return 0;
+}
+
+/// dst[0..n] = the n values stored at src in type `type_id` (n a multiple of its block size).
+export fn infer_dequantize(type_id: u32, src: ?[*]const u8, n: u64, dst: ?[*]f32) i32 {
+    const t = quantTraitsOrFail(type_id) orelse return @intFromEnum(status.Status.unsupported);
+    const s = src orelse return status.fail(.invalid_argument, "dequantize: src is null", .{});
+    const d = dst orelse return status.fail(.invalid_argument, "dequantize: dst is null", .{});
+    if (!quantBlocksOk(t, n, "dequantize: n")) return quantInvalid();
+    t.dequantize_row(s, d, @intCast(n));
+    return 0;
+}
+
+/// Embedding lookup: dst[i * n_cols ..][0..n_cols] = row ids[i] of a table of n_table_rows
+/// rows of n_cols values in type `type_id`. Every id is checked before anything is written.
+export fn infer_get_rows(
+    type_id: u32,
+    table: ?[*]const u8,
+    n_cols: u64,
+    n_table_rows: u64,
+    ids: ?[*]const i32,
+    n_ids: u64,
+    dst: ?[*]f32,
+) i32 {
+    const t = quantTraitsOrFail(type_id) orelse return @intFromEnum(status.Status.unsupported);
+    const tbl = table orelse return status.fail(.invalid_argument, "get_rows: table is null", .{});
+    const id_list = ids orelse return status.fail(.invalid_argument, "get_rows: ids is null", .{});
+    const out = dst orelse return status.fail(.invalid_argument, "get_rows: dst is null", .{});
+    if (!quantBlocksOk(t, n_cols, "get_rows: n_cols")) return quantInvalid();
+    const row_bytes = n_cols / t.block_values * t.block_bytes;
+    _ = std.math.mul(u64, row_bytes, n_table_rows) catch
+        return status.fail(.invalid_argument, "get_rows: table size overflows", .{});
+    _ = std.math.mul(u64, n_cols, n_ids) catch
+        return status.fail(.invalid_argument, "get_rows: output size overflows", .{});
+    for (id_list[0..@intCast(n_ids)], 0..) |id, i| {
+        if (id < 0 or @as(u64, @intCast(id)) >= n_table_rows) {
+            const fmt = "get_rows: ids[{d}] = {d} is out of range (rows: {d})";
+            return status.fail(.invalid_argument, fmt, .{ i, id, n_table_rows });
+        }
+    }
+    const cols: usize = @intCast(n_cols);
+    for (id_list[0..@intCast(n_ids)], 0..) |id, i| {
+        t.dequantize_row(tbl + @as(usize, @intCast(id)) * row_bytes, out + i * cols, cols);
+    }
+    return 0;
+}
+
+/// y[t * n_out + o] = sum_i W[o][i] * x[t * n_in + i] for t < n_tok, o < n_out. W is n_out
+/// rows of n_in values in type `w_type` (row o at byte o * row_bytes). x is quantized to the
+/// type's activation format first (Q8_0 / Q8_K / f16 / bf16), as ggml does.
+export fn infer_matmul(
+    w: ?[*]const u8,
+    w_type: u32,
+    n_out: u64,
+    n_in: u64,
+    x: ?[*]const f32,
+    n_tok: u64,
+    y: ?[*]f32,
+) i32 {
+    const t = quantTraitsOrFail(w_type) orelse return @intFromEnum(status.Status.unsupported);
+    if (t.dot == null) {
+        const fmt = "matmul: {s} is an activation format, not a weight type";
+        return status.fail(.unsupported, fmt, .{t.name});
+    }
+    const weights = w orelse return status.fail(.invalid_argument, "matmul: w is null", .{});
+    const acts = x orelse return status.fail(.invalid_argument, "matmul: x is null", .{});
+    const out = y orelse return status.fail(.invalid_argument, "matmul: y is null", .{});
+    if (!quantBlocksOk(t, n_in, "matmul: n_in")) return quantInvalid();
+    const act_traits = quant_types.get(@intFromEnum(t.vec_dot_type)).?;
+    if (!quantBlocksOk(act_traits, n_in, "matmul: n_in")) return quantInvalid();
+    _ = std.math.mul(u64, n_in / t.block_values * t.block_bytes, n_out) catch
+        return status.fail(.invalid_argument, "matmul: weight size overflows", .{});
+    _ = std.math.mul(u64, n_tok, @max(n_in, n_out) * 4) catch
+        return status.fail(.invalid_argument, "matmul: activation size overflows", .{});
+    const rows: usize = @intCast(n_out);
+    const cols: usize = @intCast(n_in);
+    cpu_matmul.matmul(weights, t, rows, cols, acts, @intCast(n_tok), out) catch |err| {
+        return switch (err) {
+            error.OutOfMemory => status.fail(.out_of_memory, "matmul: no memory for x", .{}),
+            error.Unsupported => status.fail(.unsupported, "matmul: {s} has no dot", .{t.name}),
+        };
+    };
+    return 0;
+}
+
+/// Quantizes n f32 values into `type_id` with ggml's reference quantizer (what llama.cpp's
+/// quantize tool writes): F32, F16, BF16, Q4_0, Q5_0, Q8_0, Q8_K.
+export fn infer_quantize_row(type_id: u32, src: ?[*]const f32, n: u64, dst: ?[*]u8) i32 {
+    const t = quantTraitsOrFail(type_id) orelse return @intFromEnum(status.Status.unsupported);
+    const quantize = t.quantize_ref orelse
+        return status.fail(.unsupported, "quantizing to {s} is not implemented", .{t.name});
+    const s = src orelse return status.fail(.invalid_argument, "quantize_row: src is null", .{});
+    const d = dst orelse return status.fail(.invalid_argument, "quantize_row: dst is null", .{});
+    if (!quantBlocksOk(t, n, "quantize_row: n")) return quantInvalid();
+    quantize(s, d, @intCast(n));
+    return 0;
+}
+
+/// Sets the threads kernels use (the caller's thread included); 0 = one per CPU.
+export fn infer_threads_set(n: u32) i32 {
+    if (n > cpu_threads.threads_max) {
+        return status.fail(.invalid_argument, "threads_set: {d} threads is more than {d}", .{
+            n, cpu_threads.threads_max,
+        });
+    }
+    cpu_threads.setThreadCount(n) catch |err|
+        return status.fail(.internal, "threads_set: cannot start threads: {s}", .{@errorName(err)});
+    return 0;
+}
+
+export fn infer_threads_get() u32 {
+    return @intCast(cpu_threads.threadCount());
+}
+
+test {
+    _ = quant_types;
+    _ = cpu_matmul;
+    _ = cpu_threads;
+}
 // (kernels helper section: end)
 
 // ---- f32 ops: norm, rope, attention, activations (lib/cpu/*.zig) ----------------------------
@@ -230,7 +389,7 @@ export fn infer_attention(
     if (n_tok == 0) return 0;
     const k_cache = attention.Cache.fromBytes(cache_type, k);
     const v_cache = attention.Cache.fromBytes(cache_type, v);
-    attention.attention(q, k_cache, v_cache, out, .{
+    const done = attention.attention(q, k_cache, v_cache, out, .{
         .n_tok = n_tok,
         .n_head = n_head,
         .n_kv_head = n_kv_head,
@@ -240,6 +399,7 @@ export fn infer_attention(
         .window = window,
         .scale = scale,
     });
+    if (!done) return status.fail(.out_of_memory, "attention: no memory for {d} scores", .{pos0 + n_tok});
     return 0;
 }
 

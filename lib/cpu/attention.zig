@@ -112,7 +112,94 @@ fn scaleAdd(y: []f32, c: f32, w: f32, x: []const f32) void {
     while (i < y.len) : (i += 1) y[i] = y[i] * c + w * x[i];
 }
 
-/// Handles work rows [row_begin, row_end), row = t · n_kv_head + kv_head.
+/// Scores for one query over every visible key: grown (never shrunk) on demand, per thread, so
+/// the hot path does not allocate once the context's length has been seen.
+threadlocal var scores_buf: []f32 = &.{};
+
+fn scoresFor(n: usize) ?[]f32 {
+    if (scores_buf.len < n) {
+        const grown = std.heap.page_allocator.alloc(f32, @max(n, 4096)) catch return null;
+        if (scores_buf.len > 0) std.heap.page_allocator.free(scores_buf);
+        scores_buf = grown;
+    }
+    return scores_buf[0..n];
+}
+
+/// The F16-cache path, with llama.cpp's numerics (ggml's mul_mat → soft_max_ext → mul_mat when
+/// flash attention is off): the query is rounded to f16 before q·k (F16's vec_dot type is F16),
+/// the softmax is the two-pass f32 one with an f64 sum, and the probabilities are rounded to f16
+/// before they weight V. Reproducing these roundings is what keeps greedy tokens equal to
+/// llama.cpp's; the F32-cache path below stays exact f32.
+fn attendRowsF16(
+    q: [*]const f32,
+    k: [*]align(1) const f16,
+    v: [*]align(1) const f16,
+    out: [*]f32,
+    s: Shape,
+    row_begin: usize,
+    row_end: usize,
+) bool {
+    const d = s.head_dim;
+    const group = s.group();
+    var q_buf: [head_dim_max]f32 = undefined;
+    const scores_all = scoresFor(s.pos0 + s.n_tok) orelse return false;
+    for (row_begin..row_end) |r| {
+        const t = r / s.n_kv_head;
+        const kv_head = r % s.n_kv_head;
+        const begin, const end = s.keyRange(s.pos0 + t);
+        const scores = scores_all[begin..end];
+        for (0..group) |g| {
+            const row = (t * s.n_head + kv_head * group + g) * d;
+            for (q_buf[0..d], q[row..][0..d]) |*dst, x| dst.* = @as(f16, @floatCast(x));
+            var max: f32 = -std.math.inf(f32);
+            for (scores, begin..) |*score, j| {
+                const k_row = k[j * s.kv_stride + kv_head * d ..][0..d];
+                score.* = s.scale * dotF16(q_buf[0..d], k_row);
+                max = @max(max, score.*);
+            }
+            var sum: f64 = 0;
+            for (scores) |*score| {
+                score.* = @exp(score.* - max);
+                sum += score.*;
+            }
+            const inv: f32 = @floatCast(1.0 / sum);
+            for (scores) |*score| score.* = @as(f16, @floatCast(score.* * inv));
+            const o_row = out[row..][0..d];
+            @memset(o_row, 0);
+            for (scores, begin..) |p, j| {
+                const v_row = v[j * s.kv_stride + kv_head * d ..][0..d];
+                axpyF16(o_row, p, v_row);
+            }
+        }
+    }
+    return true;
+}
+
+fn dotF16(a: []const f32, b: []align(1) const f16) f32 {
+    var acc: V = @splat(0);
+    var i: usize = 0;
+    while (i + lanes <= a.len) : (i += lanes) {
+        const h: @Vector(lanes, f16) = b[i..][0..lanes].*;
+        acc += @as(V, a[i..][0..lanes].*) * @as(V, @floatCast(h));
+    }
+    var sum = @reduce(.Add, acc);
+    while (i < a.len) : (i += 1) sum += a[i] * @as(f32, b[i]);
+    return sum;
+}
+
+/// y += w · x
+fn axpyF16(y: []f32, w: f32, x: []align(1) const f16) void {
+    const w_v: V = @splat(w);
+    var i: usize = 0;
+    while (i + lanes <= y.len) : (i += lanes) {
+        const h: @Vector(lanes, f16) = x[i..][0..lanes].*;
+        y[i..][0..lanes].* = @as(V, y[i..][0..lanes].*) + w_v * @as(V, @floatCast(h));
+    }
+    while (i < y.len) : (i += 1) y[i] += w * @as(f32, x[i]);
+}
+
+/// Handles work rows [row_begin, row_end), row = t · n_kv_head + kv_head. Returns false only
+/// when the F16 path cannot get memory for its scores.
 pub fn attendRows(
     q: [*]const f32,
     k: Cache,
@@ -121,8 +208,9 @@ pub fn attendRows(
     s: Shape,
     row_begin: usize,
     row_end: usize,
-) void {
+) bool {
     std.debug.assert(s.head_dim <= head_dim_max and s.group() <= group_max);
+    if (k == .f16 and v == .f16) return attendRowsF16(q, k.f16, v.f16, out, s, row_begin, row_end);
     const d = s.head_dim;
     const group = s.group();
     var k_buf: [head_dim_max]f32 = undefined;
@@ -166,13 +254,15 @@ pub fn attendRows(
             while (i < d) : (i += 1) o_row[i] *= inv[0];
         }
     }
+    return true;
 }
 
-pub fn attention(q: [*]const f32, k: Cache, v: Cache, out: [*]f32, s: Shape) void {
-    attendRows(q, k, v, out, s, 0, s.rowCount());
+pub fn attention(q: [*]const f32, k: Cache, v: Cache, out: [*]f32, s: Shape) bool {
+    return attendRows(q, k, v, out, s, 0, s.rowCount());
 }
 
 /// Two passes per query head, in the textbook order: scores, max, exp and sum, weighted sum.
+/// With an F16 cache it rounds the query and the probabilities to f16 as the fast path does.
 /// `scores` needs pos0 + n_tok entries.
 pub fn attentionReference(
     q: [*]const f32,
@@ -183,10 +273,15 @@ pub fn attentionReference(
     scores: []f32,
 ) void {
     const d = s.head_dim;
+    const round = k == .f16;
     for (0..s.n_tok) |t| {
         for (0..s.n_head) |h| {
             const kv_head = h / s.group();
-            const q_row = q[(t * s.n_head + h) * d ..][0..d];
+            var q_row: [head_dim_max]f32 = undefined;
+            for (0..d) |i| {
+                const x = q[(t * s.n_head + h) * d + i];
+                q_row[i] = if (round) @as(f16, @floatCast(x)) else x;
+            }
             const o_row = out[(t * s.n_head + h) * d ..][0..d];
             const begin, const end = s.keyRange(s.pos0 + t);
             var max: f32 = -std.math.inf(f32);
@@ -196,14 +291,15 @@ pub fn attentionReference(
                 scores[j] = s.scale * sum;
                 max = @max(max, scores[j]);
             }
-            var total: f32 = 0;
+            var total: f64 = 0;
             for (begin..end) |j| {
                 scores[j] = @exp(scores[j] - max);
                 total += scores[j];
             }
             @memset(o_row, 0);
             for (begin..end) |j| {
-                const weight = scores[j] / total;
+                const p: f32 = scores[j] / @as(f32, @floatCast(total));
+                const weight: f32 = if (round) @as(f16, @floatCast(p)) else p;
                 const v_start = j * s.kv_stride + kv_head * d;
                 for (0..d) |i| o_row[i] += weight * v.at(v_start + i);
             }
@@ -253,8 +349,11 @@ fn runCase(kv_type: KvType, s: Shape, seed: u64) !void {
     const scores = try gpa.alloc(f32, s.pos0 + s.n_tok);
     defer gpa.free(scores);
     attentionReference(q.ptr, k, v, want.ptr, s, scores);
-    attention(q.ptr, k, v, got.ptr, s);
-    for (want, got) |w, g| try std.testing.expectApproxEqAbs(w, g, 1e-5);
+    try std.testing.expect(attention(q.ptr, k, v, got.ptr, s));
+    // F16: a probability whose f32 value sits on an f16 rounding boundary may round one ulp
+    // (2^-11 relative) apart in the two summation orders.
+    const tolerance: f32 = if (kv_type == .f16) 1e-3 else 1e-5;
+    for (want, got) |w, g| try std.testing.expectApproxEqAbs(w, g, tolerance);
 }
 
 test "attention fast path matches the two-pass reference" {
@@ -312,7 +411,7 @@ test "a single visible key returns its value" {
         .window = 0,
         .scale = 1,
     };
-    attention(&q, .{ .f32 = &kv }, .{ .f32 = kv[3..].ptr }, &out, s);
+    try std.testing.expect(attention(&q, .{ .f32 = &kv }, .{ .f32 = kv[3..].ptr }, &out, s));
     try std.testing.expectEqualSlices(f32, &[_]f32{ 7, 8, 9 }, &out);
 }
 

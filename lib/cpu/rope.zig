@@ -5,8 +5,9 @@
 //! Dimensions >= n_rot are left unchanged.
 //! The angles follow ggml_rope_cache_init exactly: theta starts at (float)pos and is multiplied
 //! in f32 by theta_scale = powf(base, -2.0f/n_rot) once per pair, then divided by the frequency
-//! factor and multiplied by freq_scale (rope_yarn with ext_factor 0, mscale 1). sin and cos are
-//! evaluated in f64 and rounded, which equals glibc's (nearly correctly rounded) sinf/cosf.
+//! factor and multiplied by freq_scale (rope_yarn with ext_factor 0, mscale 1), with the C
+//! library's sinf/cosf; each rotation is contracted into an FMA the way the compiled ggml does
+//! (x0·c − x1·s → fma(x0, c, −x1·s)), so results equal llama.cpp's bit for bit.
 const std = @import("std");
 
 const lanes = 8;
@@ -28,10 +29,17 @@ pub const Params = struct {
     freq_factors: ?[]const f32 = null,
 };
 
-/// powf(base, -2/n_rot) as glibc gives it: the f64 power rounded once to f32.
+// The C library's powf/sinf/cosf, as ggml calls them: their results differ from correctly
+// rounded ones by an ulp now and then (seen: sinf at 4 of 128 angles of one Gemma head), and
+// llama.cpp's tokens follow those ulps.
+extern "c" fn powf(x: f32, y: f32) f32;
+extern "c" fn sinf(x: f32) f32;
+extern "c" fn cosf(x: f32) f32;
+
+/// powf(base, -2/n_rot), in f32 as ggml_rope_cache_init computes it.
 fn thetaScale(freq_base: f32, n_rot: usize) f32 {
     const exponent: f32 = -2.0 / @as(f32, @floatFromInt(n_rot));
-    return @floatCast(std.math.pow(f64, freq_base, exponent));
+    return powf(freq_base, exponent);
 }
 
 /// cos/sin of the n_rot/2 rotation angles at `pos`.
@@ -42,9 +50,9 @@ pub fn angles(params: Params, pos: i32, cos_out: []f32, sin_out: []f32) void {
     var theta: f32 = @floatFromInt(pos);
     for (0..half) |i| {
         const ff: f32 = if (params.freq_factors) |f| f[i] else 1.0;
-        const angle: f64 = params.freq_scale * (theta / ff);
-        cos_out[i] = @floatCast(@cos(angle));
-        sin_out[i] = @floatCast(@sin(angle));
+        const angle: f32 = params.freq_scale * (theta / ff);
+        cos_out[i] = cosf(angle);
+        sin_out[i] = sinf(angle);
         theta *= theta_scale;
     }
 }
@@ -59,8 +67,8 @@ fn rotateHeadReference(head: []f32, mode: Mode, cos: []const f32, sin: []const f
         };
         const a = head[a_idx];
         const b = head[b_idx];
-        head[a_idx] = a * cos[i] - b * sin[i];
-        head[b_idx] = a * sin[i] + b * cos[i];
+        head[a_idx] = @mulAdd(f32, a, cos[i], -(b * sin[i]));
+        head[b_idx] = @mulAdd(f32, a, sin[i], b * cos[i]);
     }
 }
 
@@ -73,14 +81,14 @@ fn rotateHeadNeox(head: []f32, cos: []const f32, sin: []const f32) void {
         const b: V = head[i + half ..][0..lanes].*;
         const c: V = cos[i..][0..lanes].*;
         const s: V = sin[i..][0..lanes].*;
-        head[i..][0..lanes].* = a * c - b * s;
-        head[i + half ..][0..lanes].* = a * s + b * c;
+        head[i..][0..lanes].* = @mulAdd(V, a, c, -(b * s));
+        head[i + half ..][0..lanes].* = @mulAdd(V, a, s, b * c);
     }
     while (i < half) : (i += 1) {
         const a = head[i];
         const b = head[i + half];
-        head[i] = a * cos[i] - b * sin[i];
-        head[i + half] = a * sin[i] + b * cos[i];
+        head[i] = @mulAdd(f32, a, cos[i], -(b * sin[i]));
+        head[i + half] = @mulAdd(f32, a, sin[i], b * cos[i]);
     }
 }
 
@@ -101,16 +109,16 @@ fn rotateHeadNormal(head: []f32, cos: []const f32, sin: []const f32) void {
         const odd = @shuffle(f32, a, b, odd_from_ab);
         const c: V = cos[i..][0..lanes].*;
         const s: V = sin[i..][0..lanes].*;
-        const r_even = even * c - odd * s;
-        const r_odd = even * s + odd * c;
+        const r_even = @mulAdd(V, even, c, -(odd * s));
+        const r_odd = @mulAdd(V, even, s, odd * c);
         head[2 * i ..][0..lanes].* = @shuffle(f32, r_even, r_odd, interleave_lo);
         head[2 * i + lanes ..][0..lanes].* = @shuffle(f32, r_even, r_odd, interleave_hi);
     }
     while (i < half) : (i += 1) {
         const a = head[2 * i];
         const b = head[2 * i + 1];
-        head[2 * i] = a * cos[i] - b * sin[i];
-        head[2 * i + 1] = a * sin[i] + b * cos[i];
+        head[2 * i] = @mulAdd(f32, a, cos[i], -(b * sin[i]));
+        head[2 * i + 1] = @mulAdd(f32, a, sin[i], b * cos[i]);
     }
 }
 

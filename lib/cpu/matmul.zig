@@ -1,0 +1,204 @@
+//! y[t][o] = sum_i W[o][i] * x[t][i]: a weight matrix of n_out rows x n_in columns in any
+//! supported ggml type (row-major; row o starts at o * row_bytes) times n_tok f32 activation
+//! rows. As ggml does, the activations are first quantized once into the weight type's
+//! vec_dot type (Q8_0 for Q4_0/Q5_0/Q8_0, Q8_K for K-quants, f16/bf16 for F16/BF16), then the
+//! output rows are split into tasks across the thread pool. A task computes a tile of rows for
+//! every token, so each weight tile is read from memory once and reused from cache per token.
+const std = @import("std");
+const types = @import("../quant/types.zig");
+const threads = @import("threads.zig");
+
+/// Weight bytes per task when several tokens share a pass: fits in L1/L2 with room for the
+/// activation rows, so the tile is reused from cache for every token.
+const tile_bytes_multi_token = 32 * 1024;
+/// Tasks per thread for a single token: enough to balance uneven cores, few enough that the
+/// atomic task counter is negligible.
+const tasks_per_thread = 4;
+
+/// Quantized activations, owned by the library: grown when a call needs more, never freed per
+/// call. Guarded by `scratch_mutex` (one matmul at a time uses it).
+var scratch: []align(64) u8 = &.{};
+var scratch_mutex: std.Thread.Mutex = .{};
+
+fn ensureScratch(bytes: usize) error{OutOfMemory}![]align(64) u8 {
+    if (scratch.len >= bytes) return scratch;
+    const grown = @max(bytes, scratch.len + scratch.len / 2);
+    const fresh = try std.heap.page_allocator.alignedAlloc(u8, 64, grown);
+    if (scratch.len > 0) std.heap.page_allocator.free(scratch);
+    scratch = fresh;
+    return scratch;
+}
+
+const Job = struct {
+    w: [*]const u8,
+    w_row_bytes: usize,
+    dot: types.DotFn,
+    dot_multi: ?types.DotMultiFn,
+    n_out: usize,
+    n_in: usize,
+    x: [*]const u8, // activations in the vec_dot type
+    x_row_bytes: usize,
+    n_tok: usize,
+    y: [*]f32,
+    rows_per_task: usize,
+};
+
+fn runTask(job: *const Job, task: usize) void {
+    const row_begin = task * job.rows_per_task;
+    const row_end = @min(row_begin + job.rows_per_task, job.n_out);
+    if (job.dot_multi) |dot_multi| {
+        // Tokens in groups: each weight row is unpacked once per group, and the task's rows
+        // stay in cache from one group to the next.
+        var t: usize = 0;
+        while (t < job.n_tok) : (t += types.multi_rows_max) {
+            const n_rows = @min(types.multi_rows_max, job.n_tok - t);
+            const x_rows = job.x + t * job.x_row_bytes;
+            for (row_begin..row_end) |o| {
+                const w_row = job.w + o * job.w_row_bytes;
+                const y_first = job.y + t * job.n_out + o;
+                dot_multi(job.n_in, w_row, x_rows, job.x_row_bytes, n_rows, y_first, job.n_out);
+            }
+        }
+        return;
+    }
+    for (0..job.n_tok) |t| {
+        const x_row = job.x + t * job.x_row_bytes;
+        const y_row = job.y + t * job.n_out;
+        for (row_begin..row_end) |o| {
+            y_row[o] = job.dot(job.n_in, job.w + o * job.w_row_bytes, x_row);
+        }
+    }
+}
+
+const QuantizeJob = struct {
+    quantize: types.QuantizeFn,
+    x: [*]const f32,
+    n_in: usize,
+    dst: [*]u8,
+    dst_row_bytes: usize,
+};
+
+fn runQuantizeTask(job: *const QuantizeJob, t: usize) void {
+    job.quantize(job.x + t * job.n_in, job.dst + t * job.dst_row_bytes, job.n_in);
+}
+
+pub const Error = error{ OutOfMemory, Unsupported };
+
+/// Computes y (n_tok x n_out) = x (n_tok x n_in) times W^T. The caller has validated the shapes:
+/// n_in is a multiple of the weight and activation block sizes and the buffers are that large.
+pub fn matmul(
+    w: [*]const u8,
+    w_traits: *const types.Traits,
+    n_out: usize,
+    n_in: usize,
+    x: [*]const f32,
+    n_tok: usize,
+    y: [*]f32,
+) Error!void {
+    if (n_out == 0 or n_tok == 0) return;
+    const dot = w_traits.dot orelse return error.Unsupported;
+    const act = types.get(@intFromEnum(w_traits.vec_dot_type)) orelse return error.Unsupported;
+    std.debug.assert(n_in % w_traits.block_values == 0 and n_in % act.block_values == 0);
+
+    scratch_mutex.lock();
+    defer scratch_mutex.unlock();
+
+    var x_act: [*]const u8 = @ptrCast(x);
+    const x_row_bytes = act.rowBytes(n_in);
+    if (act.id != .f32) {
+        const buf = try ensureScratch(n_tok * x_row_bytes);
+        const qjob = QuantizeJob{
+            .quantize = act.quantize_activation.?,
+            .x = x,
+            .n_in = n_in,
+            .dst = buf.ptr,
+            .dst_row_bytes = x_row_bytes,
+        };
+        if (n_tok == 1) runQuantizeTask(&qjob, 0) else threads.run(n_tok, &qjob, runQuantizeTask);
+        x_act = buf.ptr;
+    }
+
+    const w_row_bytes = w_traits.rowBytes(n_in);
+    const n_threads = threads.threadCount();
+    const n_tasks_balanced = n_threads * tasks_per_thread;
+    const balanced_rows = std.math.divCeil(usize, n_out, n_tasks_balanced) catch unreachable;
+    const rows_per_task = if (n_tok == 1)
+        balanced_rows
+    else
+        @max(1, @min(balanced_rows, tile_bytes_multi_token / w_row_bytes));
+    const job = Job{
+        .w = w,
+        .w_row_bytes = w_row_bytes,
+        .dot = dot,
+        .dot_multi = if (n_tok > 1) w_traits.dot_multi else null,
+        .n_out = n_out,
+        .n_in = n_in,
+        .x = x_act,
+        .x_row_bytes = x_row_bytes,
+        .n_tok = n_tok,
+        .y = y,
+        .rows_per_task = rows_per_task,
+    };
+    threads.run(std.math.divCeil(usize, n_out, rows_per_task) catch unreachable, &job, runTask);
+}
+
+const simd = @import("../quant/simd.zig");
+
+test "matmul matches per-row dequantized dots for every weight type" {
+    const alloc = std.testing.allocator;
+    var rng = simd.TestRng.init(77);
+    const ids = [_]u32{ 0, 1, 30, 2, 6, 8, 12, 13, 14 };
+    for (ids) |id| {
+        const t = types.get(id).?;
+        const n_in: usize = 512;
+        for ([_]usize{ 1, 7, 33 }) |n_out| {
+            for ([_]usize{ 1, 3 }) |n_tok| {
+                const w_bytes = try alloc.alloc(u8, n_out * t.rowBytes(n_in));
+                defer alloc.free(w_bytes);
+                // Quantize random weights with the reference quantizer where there is one,
+                // else random bytes with small positive scales written into each block.
+                const wf = try alloc.alloc(f32, n_out * n_in);
+                defer alloc.free(wf);
+                rng.floats(wf, 1);
+                if (t.quantize_ref) |q| {
+                    for (0..n_out) |o| {
+                        q(wf[o * n_in ..].ptr, w_bytes[o * t.rowBytes(n_in) ..].ptr, n_in);
+                    }
+                } else {
+                    rng.bytes(w_bytes);
+                    var off: usize = 0;
+                    while (off < w_bytes.len) : (off += t.block_bytes) {
+                        const d_at = if (t.id == .q6_k) off + 208 else off;
+                        std.mem.writeInt(u16, w_bytes[d_at..][0..2], 0x1800, .little); // d = 2^-9
+                        if (t.id == .q6_k) continue;
+                        std.mem.writeInt(u16, w_bytes[off + 2 ..][0..2], 0x1400, .little);
+                    }
+                }
+                const x = try alloc.alloc(f32, n_tok * n_in);
+                defer alloc.free(x);
+                rng.floats(x, 2);
+                const y = try alloc.alloc(f32, n_tok * n_out);
+                defer alloc.free(y);
+                try matmul(w_bytes.ptr, t, n_out, n_in, x.ptr, n_tok, y.ptr);
+
+                const w_row = try alloc.alloc(f32, n_in);
+                defer alloc.free(w_row);
+                for (0..n_out) |o| {
+                    t.dequantize_row(w_bytes[o * t.rowBytes(n_in) ..].ptr, w_row.ptr, n_in);
+                    for (0..n_tok) |tok| {
+                        var want: f64 = 0;
+                        var magnitude: f64 = 0;
+                        for (w_row, x[tok * n_in ..][0..n_in]) |a, b| {
+                            want += @as(f64, a) * b;
+                            magnitude += @abs(@as(f64, a) * b);
+                        }
+                        // Activation quantization (8-bit: <~1% of sum |w x|; f16/bf16 less).
+                        const got = y[tok * n_out + o];
+                        const tolerance = 0.02 * magnitude + 1e-6;
+                        try std.testing.expectApproxEqAbs(want, @as(f64, got), tolerance);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,188 @@
+//! Q4_K: 256 values in 144 bytes: f16 `d` and `dmin`, 12 bytes packing eight 6-bit scales and
+//! eight 6-bit mins (one pair per 32 values), 128 bytes of nibbles. Each 64-value chunk c uses
+//! qs[32c..32c+32]: low nibbles are values 64c..64c+31 (sub-block 2c), high nibbles the next 32
+//! (sub-block 2c+1). value = d * scale * q - dmin * min. Dotted with Q8_K activations.
+const std = @import("std");
+const simd = @import("simd.zig");
+const q8_k = @import("q8_k.zig");
+
+pub const block_values = 256;
+pub const Block = extern struct {
+    d: f16,
+    dmin: f16,
+    scales: [12]u8,
+    qs: [128]u8,
+};
+comptime {
+    std.debug.assert(@sizeOf(Block) == 144);
+}
+
+pub const ScalesMins = struct { scales: [8]u8, mins: [8]u8 };
+
+/// Unpacks the 12-byte scale field shared by Q4_K and Q5_K (ggml's get_scale_min_k4):
+/// sub-block j < 4: scale = s[j] & 63, min = s[j+4] & 63; j >= 4: the low 4 bits come from
+/// s[j+4] (scale: low nibble, min: high nibble) and the top 2 from s[j-4] / s[j] bits 6..7.
+/// Done four sub-blocks at a time on 32-bit words (bytes a = s[0..4], b = s[4..8], c = s[8..12]).
+pub fn unpackScales(s: *const [12]u8) ScalesMins {
+    const a = std.mem.readInt(u32, s[0..4], .little);
+    const b = std.mem.readInt(u32, s[4..8], .little);
+    const c = std.mem.readInt(u32, s[8..12], .little);
+    const low6: u32 = 0x3f3f3f3f;
+    const low4: u32 = 0x0f0f0f0f;
+    const low2: u32 = 0x03030303;
+    const scales_hi = (c & low4) | (((a >> 6) & low2) << 4);
+    const mins_hi = ((c >> 4) & low4) | (((b >> 6) & low2) << 4);
+    var out: ScalesMins = undefined;
+    std.mem.writeInt(u32, out.scales[0..4], a & low6, .little);
+    std.mem.writeInt(u32, out.scales[4..8], scales_hi, .little);
+    std.mem.writeInt(u32, out.mins[0..4], b & low6, .little);
+    std.mem.writeInt(u32, out.mins[4..8], mins_hi, .little);
+    return out;
+}
+
+/// unpackScales one byte at a time, as the format is documented: the reference for the test.
+fn unpackScalesBytewise(s: *const [12]u8) ScalesMins {
+    var out: ScalesMins = undefined;
+    for (0..4) |j| {
+        out.scales[j] = s[j] & 63;
+        out.mins[j] = s[j + 4] & 63;
+    }
+    for (4..8) |j| {
+        out.scales[j] = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+        out.mins[j] = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+    return out;
+}
+
+pub fn dequantize(src: []align(1) const Block, dst: []f32) void {
+    std.debug.assert(dst.len == src.len * block_values);
+    for (src, 0..) |*b, i| {
+        const d: f32 = b.d;
+        const dmin: f32 = b.dmin;
+        const sm = unpackScales(&b.scales);
+        const out = dst[i * 256 ..][0..256];
+        for (0..4) |c| {
+            // (d * scale) * q - (dmin * min), in this order: ggml's and gguf-py's rounding.
+            const d1 = d * @as(f32, @floatFromInt(sm.scales[2 * c]));
+            const m1 = dmin * @as(f32, @floatFromInt(sm.mins[2 * c]));
+            const d2 = d * @as(f32, @floatFromInt(sm.scales[2 * c + 1]));
+            const m2 = dmin * @as(f32, @floatFromInt(sm.mins[2 * c + 1]));
+            for (0..32) |l| {
+                const q = b.qs[32 * c + l];
+                out[64 * c + l] = d1 * @as(f32, @floatFromInt(q & 15)) - m1;
+                out[64 * c + 32 + l] = d2 * @as(f32, @floatFromInt(q >> 4)) - m2;
+            }
+        }
+    }
+}
+
+/// sum over sub-blocks of min_j * (sum of the 32 activation quants of sub-block j).
+pub fn minsDot(mins: [8]u8, bsums: *align(1) const [16]i16) i32 {
+    const bs: @Vector(16, i32) = @as(@Vector(16, i16), bsums.*);
+    const m: @Vector(8, i32) = @as(@Vector(8, u8), mins);
+    const pair_mask = comptime blk: {
+        var mask: [16]i32 = undefined;
+        for (0..16) |k| mask[k] = @intCast(k / 2);
+        break :blk mask;
+    };
+    return @reduce(.Add, bs * @shuffle(i32, m, undefined, pair_mask));
+}
+
+/// ggml_vec_dot_q4_K_q8_K_generic: integer sums per sub-block times its scale, then
+/// d_w * d_x * sum - dmin_w * d_x * sum(min * bsums).
+pub fn dotScalar(w: []align(1) const Block, x: []align(1) const q8_k.Block) f32 {
+    std.debug.assert(w.len == x.len);
+    var sum: f32 = 0;
+    for (w, x) |*wb, *xb| {
+        const sm = unpackScales(&wb.scales);
+        var sumi: i32 = 0;
+        for (0..4) |c| {
+            var lo: i32 = 0;
+            var hi: i32 = 0;
+            for (0..32) |l| {
+                const q = wb.qs[32 * c + l];
+                lo += @as(i32, q & 15) * xb.qs[64 * c + l];
+                hi += @as(i32, q >> 4) * xb.qs[64 * c + 32 + l];
+            }
+            sumi += lo * sm.scales[2 * c] + hi * sm.scales[2 * c + 1];
+        }
+        const d = @as(f32, wb.d) * xb.d;
+        const dmin = @as(f32, wb.dmin) * xb.d;
+        sum += d * @as(f32, @floatFromInt(sumi));
+        sum -= dmin * @as(f32, @floatFromInt(minsDot(sm.mins, &xb.bsums)));
+    }
+    return sum;
+}
+
+pub fn dot(w: []align(1) const Block, x: []align(1) const q8_k.Block) f32 {
+    std.debug.assert(w.len == x.len);
+    return dotMulti(1, w, .{x.ptr})[0];
+}
+
+/// Dots one weight row with R activation rows, unpacking each superblock's nibbles and scales
+/// once for all R.
+pub fn dotMulti(
+    comptime R: usize,
+    w: []align(1) const Block,
+    xs: [R][*]align(1) const q8_k.Block,
+) [R]f32 {
+    var acc: [R]simd.V8f32 = @splat(@splat(0));
+    var mins_sum: [R]f32 = @splat(0);
+    const nibble: simd.V32u8 = @splat(15);
+    for (w, 0..) |*wb, i| {
+        const sm = unpackScales(&wb.scales);
+        // Sub-block j's 32 quants (0..15: u8 x i8 pairs stay far inside i16) and its scale.
+        var q: [8]simd.V32u8 = undefined;
+        var scale: [8]simd.V16i16 = undefined;
+        inline for (0..4) |c| {
+            const packed_qs = simd.load32(wb.qs[32 * c ..]);
+            q[2 * c] = packed_qs & nibble;
+            q[2 * c + 1] = packed_qs >> @splat(4);
+        }
+        inline for (0..8) |j| scale[j] = @splat(sm.scales[j]);
+        const dw: f32 = wb.d;
+        const dmin: f32 = wb.dmin;
+        inline for (0..R) |r| {
+            const xb = &xs[r][i];
+            var sumi: simd.V8i32 = @splat(0);
+            inline for (0..8) |j| {
+                sumi = simd.dotScaledAcc(sumi, q[j], simd.load32i(xb.qs[32 * j ..]), scale[j]);
+            }
+            acc[r] = @mulAdd(simd.V8f32, @splat(dw * xb.d), @floatFromInt(sumi), acc[r]);
+            mins_sum[r] += dmin * xb.d * @as(f32, @floatFromInt(minsDot(sm.mins, &xb.bsums)));
+        }
+    }
+    var out: [R]f32 = undefined;
+    inline for (0..R) |r| out[r] = simd.hsum(acc[r]) - mins_sum[r];
+    return out;
+}
+
+const test_util = @import("test_util.zig");
+
+fn fixBlock(b: *Block, rng: *test_util.TestRng) void {
+    b.d = test_util.randomScale(rng, false);
+    b.dmin = test_util.randomScale(rng, false);
+}
+
+test "q4_k dot: fast matches scalar; quantized dot matches f32" {
+    try test_util.checkDot(@This(), q8_k, 12, fixBlock);
+}
+
+test "q4_k scale unpacking follows the documented bit layout" {
+    // scale 5 = 0b000101 for j=4 lives in s[8] low nibble (5) and s[0] bits 6..7 (0).
+    var s = [_]u8{0} ** 12;
+    s[0] = 0b11_000001; // scale0 = 1, scale4 high bits = 3
+    s[4] = 0b10_000010; // min0 = 2, min4 high bits = 2
+    s[8] = 0x75; // scale4 low = 5, min4 low = 7
+    const sm = unpackScales(&s);
+    var rng = test_util.TestRng.init(3);
+    for (0..1000) |_| {
+        var r: [12]u8 = undefined;
+        rng.bytes(&r);
+        try std.testing.expectEqualDeep(unpackScalesBytewise(&r), unpackScales(&r));
+    }
+    try std.testing.expectEqual(@as(u8, 1), sm.scales[0]);
+    try std.testing.expectEqual(@as(u8, 2), sm.mins[0]);
+    try std.testing.expectEqual(@as(u8, 5 | (3 << 4)), sm.scales[4]);
+    try std.testing.expectEqual(@as(u8, 7 | (2 << 4)), sm.mins[4]);
+}

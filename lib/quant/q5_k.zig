@@ -1,0 +1,130 @@
+//! Q5_K: 256 values in 176 bytes: f16 `d` and `dmin`, 12 bytes of 6-bit scales and mins (as
+//! Q4_K), 32 bytes `qh` of fifth bits, 128 bytes of low nibbles. Chunk c (64 values) takes
+//! its low nibbles from qs[32c..] as Q4_K does; value 64c+l gets bit 2c of qh[l], value
+//! 64c+32+l bit 2c+1. value = d * scale * q - dmin * min. Dotted with Q8_K activations.
+const std = @import("std");
+const simd = @import("simd.zig");
+const q8_k = @import("q8_k.zig");
+const q4_k = @import("q4_k.zig");
+
+pub const block_values = 256;
+pub const Block = extern struct {
+    d: f16,
+    dmin: f16,
+    scales: [12]u8,
+    qh: [32]u8,
+    qs: [128]u8,
+};
+comptime {
+    std.debug.assert(@sizeOf(Block) == 176);
+}
+
+/// Quant l (0..31) of sub-block 2c (`high` = false) or 2c+1 (`high` = true), in 0..31.
+inline fn quant(b: *align(1) const Block, c: usize, l: usize, high: bool) u8 {
+    const q = b.qs[32 * c + l];
+    const low = if (high) q >> 4 else q & 15;
+    const bit_index: u3 = @intCast(2 * c + @intFromBool(high));
+    return low | (((b.qh[l] >> bit_index) & 1) << 4);
+}
+
+pub fn dequantize(src: []align(1) const Block, dst: []f32) void {
+    std.debug.assert(dst.len == src.len * block_values);
+    for (src, 0..) |*b, i| {
+        const d: f32 = b.d;
+        const dmin: f32 = b.dmin;
+        const sm = q4_k.unpackScales(&b.scales);
+        const out = dst[i * 256 ..][0..256];
+        for (0..4) |c| {
+            const d1 = d * @as(f32, @floatFromInt(sm.scales[2 * c]));
+            const m1 = dmin * @as(f32, @floatFromInt(sm.mins[2 * c]));
+            const d2 = d * @as(f32, @floatFromInt(sm.scales[2 * c + 1]));
+            const m2 = dmin * @as(f32, @floatFromInt(sm.mins[2 * c + 1]));
+            for (0..32) |l| {
+                out[64 * c + l] = d1 * @as(f32, @floatFromInt(quant(b, c, l, false))) - m1;
+                out[64 * c + 32 + l] = d2 * @as(f32, @floatFromInt(quant(b, c, l, true))) - m2;
+            }
+        }
+    }
+}
+
+/// ggml_vec_dot_q5_K_q8_K_generic, in integers per sub-block as Q4_K.
+pub fn dotScalar(w: []align(1) const Block, x: []align(1) const q8_k.Block) f32 {
+    std.debug.assert(w.len == x.len);
+    var sum: f32 = 0;
+    for (w, x) |*wb, *xb| {
+        const sm = q4_k.unpackScales(&wb.scales);
+        var sumi: i32 = 0;
+        for (0..4) |c| {
+            var lo: i32 = 0;
+            var hi: i32 = 0;
+            for (0..32) |l| {
+                lo += @as(i32, quant(wb, c, l, false)) * xb.qs[64 * c + l];
+                hi += @as(i32, quant(wb, c, l, true)) * xb.qs[64 * c + 32 + l];
+            }
+            sumi += lo * sm.scales[2 * c] + hi * sm.scales[2 * c + 1];
+        }
+        const d = @as(f32, wb.d) * xb.d;
+        const dmin = @as(f32, wb.dmin) * xb.d;
+        sum += d * @as(f32, @floatFromInt(sumi));
+        sum -= dmin * @as(f32, @floatFromInt(q4_k.minsDot(sm.mins, &xb.bsums)));
+    }
+    return sum;
+}
+
+pub fn dot(w: []align(1) const Block, x: []align(1) const q8_k.Block) f32 {
+    std.debug.assert(w.len == x.len);
+    return dotMulti(1, w, .{x.ptr})[0];
+}
+
+/// Dots one weight row with R activation rows, unpacking each superblock once for all R.
+pub fn dotMulti(
+    comptime R: usize,
+    w: []align(1) const Block,
+    xs: [R][*]align(1) const q8_k.Block,
+) [R]f32 {
+    var acc: [R]simd.V8f32 = @splat(@splat(0));
+    var mins_sum: [R]f32 = @splat(0);
+    const nibble: simd.V32u8 = @splat(15);
+    const one: simd.V32u8 = @splat(1);
+    for (w, 0..) |*wb, i| {
+        const sm = q4_k.unpackScales(&wb.scales);
+        const qh = simd.load32(&wb.qh);
+        // Sub-block j's 32 quants (0..31: u8 x i8 pairs stay inside i16) and its scale.
+        var q: [8]simd.V32u8 = undefined;
+        var scale: [8]simd.V16i16 = undefined;
+        inline for (0..4) |c| {
+            const packed_qs = simd.load32(wb.qs[32 * c ..]);
+            const h_lo = ((qh >> @splat(2 * c)) & one) << @splat(4);
+            const h_hi = ((qh >> @splat(2 * c + 1)) & one) << @splat(4);
+            q[2 * c] = (packed_qs & nibble) | h_lo;
+            q[2 * c + 1] = (packed_qs >> @splat(4)) | h_hi;
+        }
+        inline for (0..8) |j| scale[j] = @splat(sm.scales[j]);
+        const dw: f32 = wb.d;
+        const dmin: f32 = wb.dmin;
+        inline for (0..R) |r| {
+            const xb = &xs[r][i];
+            var sumi: simd.V8i32 = @splat(0);
+            inline for (0..8) |j| {
+                sumi = simd.dotScaledAcc(sumi, q[j], simd.load32i(xb.qs[32 * j ..]), scale[j]);
+            }
+            acc[r] = @mulAdd(simd.V8f32, @splat(dw * xb.d), @floatFromInt(sumi), acc[r]);
+            const mins = q4_k.minsDot(sm.mins, &xb.bsums);
+            mins_sum[r] += dmin * xb.d * @as(f32, @floatFromInt(mins));
+        }
+    }
+    var out: [R]f32 = undefined;
+    inline for (0..R) |r| out[r] = simd.hsum(acc[r]) - mins_sum[r];
+    return out;
+}
+
+const test_util = @import("test_util.zig");
+
+fn fixBlock(b: *Block, rng: *test_util.TestRng) void {
+    b.d = test_util.randomScale(rng, false);
+    b.dmin = test_util.randomScale(rng, false);
+}
+
+test "q5_k dot: fast matches scalar; quantized dot matches f32" {
+    try test_util.checkDot(@This(), q8_k, 13, fixBlock);
+}

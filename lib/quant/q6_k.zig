@@ -1,0 +1,131 @@
+//! Q6_K: 256 values in 210 bytes: 128 bytes `ql` of low nibbles, 64 bytes `qh` of 2-bit highs,
+//! 16 signed 8-bit scales (one per 16 values, in value order), f16 `d`. Per 128-value half h,
+//! with ql += 64h, qh += 32h, for l < 32:
+//!   value l      = ql[l] & 15     | (bits 0..1 of qh[l]) << 4,
+//!   value l + 32 = ql[l+32] & 15  | (bits 2..3 of qh[l]) << 4,
+//!   value l + 64 = ql[l] >> 4     | (bits 4..5 of qh[l]) << 4,
+//!   value l + 96 = ql[l+32] >> 4  | (bits 6..7 of qh[l]) << 4;
+//! value = d * scale * (q - 32). Dotted with Q8_K activations.
+const std = @import("std");
+const simd = @import("simd.zig");
+const q8_k = @import("q8_k.zig");
+
+pub const block_values = 256;
+pub const Block = extern struct {
+    ql: [128]u8,
+    qh: [64]u8,
+    scales: [16]i8,
+    d: f16,
+};
+comptime {
+    std.debug.assert(@sizeOf(Block) == 210);
+}
+
+/// Unsigned quant (0..63, offset 32) of value v (0..255).
+inline fn quant(b: *align(1) const Block, v: usize) u8 {
+    const half = v / 128;
+    const k = (v % 128) / 32; // which 32-value group of the half
+    const l = v % 32;
+    const ql = b.ql[64 * half + 32 * (k & 1) + l];
+    const low = if (k < 2) ql & 15 else ql >> 4;
+    const shift: u3 = @intCast(2 * k);
+    return low | (((b.qh[32 * half + l] >> shift) & 3) << 4);
+}
+
+pub fn dequantize(src: []align(1) const Block, dst: []f32) void {
+    std.debug.assert(dst.len == src.len * block_values);
+    for (src, 0..) |*b, i| {
+        const d: f32 = b.d;
+        for (dst[i * 256 ..][0..256], 0..) |*y, v| {
+            // (d * scale) * q, in this order: ggml's and gguf-py's rounding.
+            const q: i32 = @as(i32, quant(b, v)) - 32;
+            const scale = d * @as(f32, @floatFromInt(b.scales[v / 16]));
+            y.* = scale * @as(f32, @floatFromInt(q));
+        }
+    }
+}
+
+/// sum over 16-value groups g of scale_g * (sum of activation quants of g): the -32 offset term.
+fn offsetDot(scales: *align(1) const [16]i8, bsums: *align(1) const [16]i16) i32 {
+    const s: @Vector(16, i32) = @as(@Vector(16, i8), scales.*);
+    const b: @Vector(16, i32) = @as(@Vector(16, i16), bsums.*);
+    return @reduce(.Add, s * b);
+}
+
+/// ggml_vec_dot_q6_K_q8_K_generic: integer sums per 16-value group times its scale,
+/// scaled by d_w * d_x.
+pub fn dotScalar(w: []align(1) const Block, x: []align(1) const q8_k.Block) f32 {
+    std.debug.assert(w.len == x.len);
+    var sum: f32 = 0;
+    for (w, x) |*wb, *xb| {
+        var sumi: i32 = 0;
+        for (0..16) |g| {
+            var group: i32 = 0;
+            for (0..16) |l| {
+                const v = 16 * g + l;
+                group += (@as(i32, quant(wb, v)) - 32) * xb.qs[v];
+            }
+            sumi += group * wb.scales[g];
+        }
+        sum += @as(f32, wb.d) * xb.d * @as(f32, @floatFromInt(sumi));
+    }
+    return sum;
+}
+
+pub fn dot(w: []align(1) const Block, x: []align(1) const q8_k.Block) f32 {
+    std.debug.assert(w.len == x.len);
+    return dotMulti(1, w, .{x.ptr})[0];
+}
+
+/// Dots one weight row with R activation rows, unpacking each superblock once for all R.
+pub fn dotMulti(
+    comptime R: usize,
+    w: []align(1) const Block,
+    xs: [R][*]align(1) const q8_k.Block,
+) [R]f32 {
+    var sum: [R]f32 = @splat(0);
+    const nibble: simd.V32u8 = @splat(15);
+    const two_bits: simd.V32u8 = @splat(3);
+    for (w, 0..) |*wb, i| {
+        // Group k's 32 unsigned quants (0..63: u8 x i8 pairs stay inside i16), in value order,
+        // and its two scales: pair lanes 0..7 cover values 32k..32k+15, lanes 8..15 the rest.
+        var q: [8]simd.V32u8 = undefined;
+        var scale: [8]simd.V16i16 = undefined;
+        inline for (0..2) |half| {
+            const ql_a = simd.load32(wb.ql[64 * half ..]);
+            const ql_b = simd.load32(wb.ql[64 * half + 32 ..]);
+            const qh = simd.load32(wb.qh[32 * half ..]);
+            q[4 * half + 0] = (ql_a & nibble) | ((qh & two_bits) << @splat(4));
+            q[4 * half + 1] = (ql_b & nibble) | (((qh >> @splat(2)) & two_bits) << @splat(4));
+            q[4 * half + 2] = (ql_a >> @splat(4)) | (((qh >> @splat(4)) & two_bits) << @splat(4));
+            q[4 * half + 3] = (ql_b >> @splat(4)) | ((qh >> @splat(6)) << @splat(4));
+        }
+        inline for (0..8) |k| {
+            const s0: i16 = wb.scales[2 * k];
+            const s1: i16 = wb.scales[2 * k + 1];
+            scale[k] = .{ s0, s0, s0, s0, s0, s0, s0, s0, s1, s1, s1, s1, s1, s1, s1, s1 };
+        }
+        const dw: f32 = wb.d;
+        inline for (0..R) |r| {
+            const xb = &xs[r][i];
+            var sumi: simd.V8i32 = @splat(0);
+            inline for (0..8) |k| {
+                sumi = simd.dotScaledAcc(sumi, q[k], simd.load32i(xb.qs[32 * k ..]), scale[k]);
+            }
+            // The -32 offset, from the activations' group sums instead of per value.
+            const total = @reduce(.Add, sumi) - 32 * offsetDot(&wb.scales, &xb.bsums);
+            sum[r] += dw * xb.d * @as(f32, @floatFromInt(total));
+        }
+    }
+    return sum;
+}
+
+const test_util = @import("test_util.zig");
+
+fn fixBlock(b: *Block, rng: *test_util.TestRng) void {
+    b.d = test_util.randomScale(rng, false);
+}
+
+test "q6_k dot: fast matches scalar; quantized dot matches f32" {
+    try test_util.checkDot(@This(), q8_k, 14, fixBlock);
+}

@@ -1,0 +1,165 @@
+//! Q8_0: 32 values in 34 bytes: an f16 scale `d` and 32 signed bytes; value = q * d.
+//! Also the activation format for Q4_0, Q5_0 and Q8_0 weights (ggml's vec_dot_type).
+const std = @import("std");
+const simd = @import("simd.zig");
+
+pub const block_values = 32;
+pub const Block = extern struct {
+    d: f16,
+    qs: [32]i8,
+};
+comptime {
+    std.debug.assert(@sizeOf(Block) == 34);
+}
+
+pub fn dequantize(src: []align(1) const Block, dst: []f32) void {
+    std.debug.assert(dst.len == src.len * block_values);
+    for (src, 0..) |b, i| {
+        const d: f32 = b.d;
+        for (b.qs, dst[i * 32 ..][0..32]) |q, *y| y.* = @as(f32, @floatFromInt(q)) * d;
+    }
+}
+
+/// Round half to even for |v| < 2^22 by the float "magic number" trick (ggml's nearest_int),
+/// matching vroundps(_MM_ROUND_NEAREST) / vcvtnq_s32_f32 in ggml's SIMD quantizers.
+pub inline fn roundEven(v: anytype) @TypeOf(v) {
+    const T = @TypeOf(v);
+    const magic: T = if (@typeInfo(T) == .vector) @splat(12582912.0) else 12582912.0;
+    return (v + magic) - magic;
+}
+
+/// Activation quantization as ggml-cpu runs it on x86 (AVX2) and ARM (NEON), which is what
+/// llama.cpp computes: d = amax/127, q = round_half_even(x * (127/amax)). (ggml's portable
+/// quantize_row_q8_0_ref uses x * (1/d) and roundf instead: see quantizeRef.)
+pub fn quantize(src: []const f32, dst: []align(1) Block) void {
+    std.debug.assert(src.len == dst.len * block_values);
+    const V = @Vector(32, f32);
+    for (dst, 0..) |*b, i| {
+        const x: V = src[i * 32 ..][0..32].*;
+        const amax = @reduce(.Max, @abs(x));
+        const d = amax / 127.0;
+        const id: f32 = if (amax != 0) 127.0 / amax else 0;
+        b.d = @floatCast(d);
+        const q = roundEven(x * @as(V, @splat(id)));
+        const clamped = std.math.clamp(q, @as(V, @splat(-128)), @as(V, @splat(127)));
+        b.qs = @as(@Vector(32, i8), @intFromFloat(clamped));
+    }
+}
+
+/// ggml's quantize_row_q8_0_ref (what llama-quantize writes into GGUF files).
+pub fn quantizeRef(src: []const f32, dst: []align(1) Block) void {
+    std.debug.assert(src.len == dst.len * block_values);
+    for (dst, 0..) |*b, i| {
+        const x = src[i * 32 ..][0..32];
+        var amax: f32 = 0;
+        for (x) |v| amax = @max(amax, @abs(v));
+        const d = amax / 127.0;
+        const id: f32 = if (d != 0) 1.0 / d else 0;
+        b.d = @floatCast(d);
+        for (x, &b.qs) |v, *q| q.* = @intFromFloat(@round(v * id));
+    }
+}
+
+/// Reference dot of a Q8_0 weight row with a Q8_0 activation row: integer sum per block,
+/// scaled by d_w * d_x (ggml_vec_dot_q8_0_q8_0_generic).
+pub fn dotScalar(w: []align(1) const Block, x: []align(1) const Block) f32 {
+    std.debug.assert(w.len == x.len);
+    var sum: f32 = 0;
+    for (w, x) |wb, xb| {
+        var sumi: i32 = 0;
+        for (wb.qs, xb.qs) |a, b| sumi += @as(i32, a) * b;
+        sum += @as(f32, @floatFromInt(sumi)) * (@as(f32, wb.d) * @as(f32, xb.d));
+    }
+    return sum;
+}
+
+/// As ggml's AVX2 kernel: 8 lanes of integer partial sums per block, converted and FMA'd.
+pub fn dot(w: []align(1) const Block, x: []align(1) const Block) f32 {
+    std.debug.assert(w.len == x.len);
+    // One accumulator, block by block, as ggml's AVX2 kernel: the rounding then equals
+    // llama.cpp's and the multi-row path's, so a batch gives exactly what single tokens give.
+    var acc: simd.V8f32 = @splat(0);
+    for (w, x) |*wb, *xb| acc = blockDot(acc, wb, xb);
+    return simd.hsum(acc);
+}
+
+inline fn blockDot(acc: simd.V8f32, w: *align(1) const Block, x: *align(1) const Block) simd.V8f32 {
+    // Weights may hold -128 (|-128| = 128 keeps AVX2 pairs within i16); activations stay >= -127.
+    const sumi = simd.dotAccI8I8(@splat(0), w.qs, x.qs);
+    const d: simd.V8f32 = @splat(@as(f32, w.d) * @as(f32, x.d));
+    return @mulAdd(simd.V8f32, d, @floatFromInt(sumi), acc);
+}
+
+/// Activation rows one multi-row dot handles at once (matmul's token tile).
+pub const multi_rows_max = 4;
+
+/// Dots one weight row with R activation rows, unpacking each weight block once: the shared
+/// kernel of Q4_0, Q5_0 and Q8_0, whose blocks all become 32 signed quants and an f16 scale.
+pub inline fn dotMultiSigned(
+    comptime WBlock: type,
+    comptime unpack: fn (*align(1) const WBlock) callconv(.@"inline") simd.V32i8,
+    comptime R: usize,
+    w: []align(1) const WBlock,
+    xs: [R][*]align(1) const Block,
+) [R]f32 {
+    const zero: simd.V32i8 = @splat(0);
+    var acc: [R]simd.V8f32 = @splat(@splat(0));
+    for (w, 0..) |*wb, i| {
+        const q = unpack(wb);
+        const q_abs = @abs(q);
+        const negative = q < zero;
+        const dw: f32 = wb.d;
+        inline for (0..R) |r| {
+            const xb = &xs[r][i];
+            // ggml's sign trick, the sign moved onto each activation row.
+            const x_signed = @select(i8, negative, zero -% xb.qs, xb.qs);
+            const sumi = simd.dotU8I8(q_abs, x_signed);
+            const d: simd.V8f32 = @splat(dw * @as(f32, xb.d));
+            acc[r] = @mulAdd(simd.V8f32, d, @floatFromInt(sumi), acc[r]);
+        }
+    }
+    var out: [R]f32 = undefined;
+    inline for (0..R) |r| out[r] = simd.hsum(acc[r]);
+    return out;
+}
+
+inline fn unpackSelf(b: *align(1) const Block) simd.V32i8 {
+    return b.qs;
+}
+
+pub fn dotMulti(
+    comptime R: usize,
+    w: []align(1) const Block,
+    xs: [R][*]align(1) const Block,
+) [R]f32 {
+    return dotMultiSigned(Block, unpackSelf, R, w, xs);
+}
+
+const test_util = @import("test_util.zig");
+
+fn fixBlock(b: *Block, rng: *test_util.TestRng) void {
+    b.d = test_util.randomScale(rng, true);
+}
+
+test "q8_0 dot: fast matches scalar; quantized dot matches f32" {
+    try test_util.checkDot(@This(), @This(), 8, fixBlock);
+}
+
+test "q8_0 quantize: rounding and scale as ggml's SIMD quantizer" {
+    var x: [32]f32 = undefined;
+    for (&x, 0..) |*v, i| v.* = @as(f32, @floatFromInt(i)) - 15.5;
+    x[31] = 127.0; // amax 127 -> id = 1: q = round_half_even(x)
+    var b: [1]Block = undefined;
+    quantize(&x, &b);
+    try std.testing.expectEqual(@as(f16, 1.0), b[0].d);
+    try std.testing.expectEqual(@as(i8, -16), b[0].qs[0]); // -15.5 -> -16 (even)
+    try std.testing.expectEqual(@as(i8, -14), b[0].qs[1]); // -14.5 -> -14 (even)
+    try std.testing.expectEqual(@as(i8, 127), b[0].qs[31]);
+    const zeros = [_]f32{0} ** 32;
+    quantize(&zeros, &b);
+    try std.testing.expectEqual(@as(f16, 0), b[0].d);
+    try std.testing.expectEqual(@as(i8, 0), b[0].qs[5]);
+    quantizeRef(&x, &b);
+    try std.testing.expectEqual(@as(i8, -16), b[0].qs[0]); // roundf: away from zero
+    try std.testing.expectEqual(@as(i8, -15), b[0].qs[1]);
+}

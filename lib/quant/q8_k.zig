@@ -1,0 +1,73 @@
+//! Q8_K: the activation format for K-quant weights. 256 values in 292 bytes: an f32 scale `d`,
+//! 256 signed bytes, and 16 sums of 16 quants each (`bsums`, used for the weights' minimums
+//! and offsets so kernels need not re-add the activations). value = q * d.
+const std = @import("std");
+const q8_0 = @import("q8_0.zig");
+
+pub const block_values = 256;
+pub const Block = extern struct {
+    d: f32,
+    qs: [256]i8,
+    bsums: [16]i16,
+};
+comptime {
+    std.debug.assert(@sizeOf(Block) == 292);
+}
+
+pub fn dequantize(src: []align(1) const Block, dst: []f32) void {
+    std.debug.assert(dst.len == src.len * block_values);
+    for (src, 0..) |*b, i| {
+        for (b.qs, dst[i * 256 ..][0..256]) |q, *y| y.* = @as(f32, @floatFromInt(q)) * b.d;
+    }
+}
+
+/// ggml's quantize_row_q8_K_ref (ggml-cpu runs the reference for Q8_K on x86): the value of
+/// largest magnitude (first one on ties) maps to -127 exactly: iscale = -127/max,
+/// q = min(127, nearest_int(iscale * x)) with round-half-even, d = 1/iscale.
+pub fn quantize(src: []const f32, dst: []align(1) Block) void {
+    std.debug.assert(src.len == dst.len * block_values);
+    for (dst, 0..) |*b, i| {
+        const x = src[i * 256 ..][0..256];
+        var amax: f32 = 0;
+        var max: f32 = 0;
+        for (x) |v| if (@abs(v) > amax) {
+            amax = @abs(v);
+            max = v;
+        };
+        if (amax == 0) {
+            b.* = std.mem.zeroes(Block);
+            continue;
+        }
+        const iscale = -127.0 / max;
+        const V = @Vector(32, f32);
+        for (0..8) |c| {
+            const xv: V = x[c * 32 ..][0..32].*;
+            const q = @min(q8_0.roundEven(xv * @as(V, @splat(iscale))), @as(V, @splat(127)));
+            b.qs[c * 32 ..][0..32].* = @as(@Vector(32, i8), @intFromFloat(q));
+        }
+        for (&b.bsums, 0..) |*s, g| {
+            var sum: i16 = 0;
+            for (b.qs[g * 16 ..][0..16]) |q| sum += q;
+            s.* = sum;
+        }
+        b.d = 1.0 / iscale;
+    }
+}
+
+test "q8_k quantize: the largest magnitude maps to -127, bsums add up" {
+    var x: [256]f32 = undefined;
+    for (&x, 0..) |*v, i| v.* = @as(f32, @floatFromInt(i)) * 0.01 - 1.0;
+    x[100] = 4.0;
+    var b: [1]Block = undefined;
+    quantize(&x, &b);
+    try std.testing.expectEqual(@as(i8, -127), b[0].qs[100]);
+    try std.testing.expectApproxEqRel(@as(f32, -4.0 / 127.0), b[0].d, 1e-6);
+    var total: i32 = 0;
+    for (b[0].qs) |q| total += q;
+    var bsum_total: i32 = 0;
+    for (b[0].bsums) |s| bsum_total += s;
+    try std.testing.expectEqual(total, bsum_total);
+    var y: [256]f32 = undefined;
+    dequantize(&b, &y);
+    for (x, y) |a, c| try std.testing.expect(@abs(a - c) <= 4.0 / 254.0 + 1e-6);
+}

@@ -1,0 +1,200 @@
+//! Integer dot-product building blocks shared by the quantized kernels.
+//! The library is built for the native CPU, so the instruction choice is made at comptime from
+//! `builtin.cpu.features`: AVX-512 VNNI (vpdpbusd), else AVX2 (vpmaddubsw + vpmaddwd, as ggml's
+//! AVX2 kernels do), else portable @Vector arithmetic. Every path returns exactly the same integers
+//! (the AVX2 path never saturates for the operand ranges the kernels feed it, noted per caller).
+const std = @import("std");
+const builtin = @import("builtin");
+
+pub const V32u8 = @Vector(32, u8);
+pub const V32i8 = @Vector(32, i8);
+pub const V16i16 = @Vector(16, i16);
+pub const V8i32 = @Vector(8, i32);
+pub const V8f32 = @Vector(8, f32);
+
+const is_x86 = builtin.cpu.arch == .x86_64;
+const has_vnni = is_x86 and
+    std.Target.x86.featureSetHasAll(builtin.cpu.features, .{ .avx512vnni, .avx512vl });
+const has_avx2 = is_x86 and std.Target.x86.featureSetHas(builtin.cpu.features, .avx2);
+
+/// Names the path compiled in, for benchmark reports.
+pub const path_name = if (has_vnni) "avx512-vnni" else if (has_avx2) "avx2" else "generic";
+
+/// acc[k] + sum_{j<4} a[4k+j] * b[4k+j] for k < 8: u8 x i8 products summed in groups of four.
+/// Callers keep a <= 128 and pairs a*b + a'*b' within i16 (|sum| <= 32767) so AVX2 never saturates.
+pub inline fn dotAccU8I8(acc: V8i32, a: V32u8, b: V32i8) V8i32 {
+    if (comptime has_vnni) {
+        return asm ("vpdpbusd %[b], %[a], %[acc]"
+            : [acc] "=x" (-> V8i32),
+            : [a] "x" (a),
+              [b] "x" (b),
+              [acc_in] "0" (acc),
+        );
+    } else if (comptime has_avx2) {
+        const pairs = asm ("vpmaddubsw %[b], %[a], %[out]"
+            : [out] "=x" (-> V16i16),
+            : [a] "x" (a),
+              [b] "x" (b),
+        );
+        const ones: V16i16 = @splat(1);
+        const quads = asm ("vpmaddwd %[b], %[a], %[out]"
+            : [out] "=x" (-> V8i32),
+            : [a] "x" (pairs),
+              [b] "x" (ones),
+        );
+        return acc + quads;
+    } else {
+        return acc + dotU8I8Generic(a, b);
+    }
+}
+
+/// acc + (u8 x i8 products summed in pairs, each pair times the i16 `scale` of its lane,
+/// summed in pairs again): the K-quant inner step, a sub-block dot times its scale in two
+/// instructions. Callers keep |a*b + a'*b'| <= 32767 (vpmaddubsw saturates beyond).
+pub inline fn dotScaledAcc(acc: V8i32, a: V32u8, b: V32i8, scale: V16i16) V8i32 {
+    if (comptime has_vnni or has_avx2) {
+        const pairs = asm ("vpmaddubsw %[b], %[a], %[out]"
+            : [out] "=x" (-> V16i16),
+            : [a] "x" (a),
+              [b] "x" (b),
+        );
+        if (comptime has_vnni) {
+            return asm ("vpdpwssd %[s], %[p], %[acc]"
+                : [acc] "=x" (-> V8i32),
+                : [p] "x" (pairs),
+                  [s] "x" (scale),
+                  [acc_in] "0" (acc),
+            );
+        }
+        const quads = asm ("vpmaddwd %[s], %[p], %[out]"
+            : [out] "=x" (-> V8i32),
+            : [p] "x" (pairs),
+              [s] "x" (scale),
+        );
+        return acc + quads;
+    } else {
+        const prod = @as(@Vector(32, i32), a) * @as(@Vector(32, i32), b);
+        const even = even_lanes;
+        const odd = odd_lanes;
+        const pairs = @shuffle(i32, prod, undefined, even) + @shuffle(i32, prod, undefined, odd);
+        const scaled = pairs * @as(@Vector(16, i32), scale);
+        return acc + @shuffle(i32, scaled, undefined, even[0..8].*) +
+            @shuffle(i32, scaled, undefined, odd[0..8].*);
+    }
+}
+
+const even_lanes = evenOdd(0);
+const odd_lanes = evenOdd(1);
+
+fn evenOdd(comptime first: i32) [16]i32 {
+    var m: [16]i32 = undefined;
+    for (0..16) |i| m[i] = 2 * @as(i32, @intCast(i)) + first;
+    return m;
+}
+
+pub inline fn dotU8I8(a: V32u8, b: V32i8) V8i32 {
+    return dotAccU8I8(@splat(0), a, b);
+}
+
+fn dotU8I8Generic(a: V32u8, b: V32i8) V8i32 {
+    const prod = @as(@Vector(32, i32), a) * @as(@Vector(32, i32), b);
+    var sum: V8i32 = @splat(0);
+    inline for (0..4) |j| {
+        const lane_mask = comptime blk: {
+            var mask: [8]i32 = undefined;
+            for (0..8) |k| mask[k] = @intCast(4 * k + j);
+            break :blk mask;
+        };
+        sum += @shuffle(i32, prod, undefined, lane_mask);
+    }
+    return sum;
+}
+
+/// Signed x signed in groups of four, by ggml's sign trick: |a| * (b with a's sign).
+/// Exact unless b holds -128 where a is negative; activation quants stay within [-127, 127].
+pub inline fn dotAccI8I8(acc: V8i32, a: V32i8, b: V32i8) V8i32 {
+    const zero: V32i8 = @splat(0);
+    const b_signed = @select(i8, a < zero, zero -% b, b);
+    return dotAccU8I8(acc, @abs(a), b_signed);
+}
+
+/// Horizontal sum in ggml's hsum_float_8 order, ((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7)), so a
+/// dot rounds exactly as llama.cpp's does.
+pub inline fn hsum(v: V8f32) f32 {
+    const a = [4]f32{ v[0] + v[4], v[1] + v[5], v[2] + v[6], v[3] + v[7] };
+    return (a[0] + a[2]) + (a[1] + a[3]);
+}
+
+/// Loads 32 bytes from an unaligned pointer.
+pub inline fn load32(p: [*]const u8) V32u8 {
+    return p[0..32].*;
+}
+
+pub inline fn load32i(p: [*]const i8) V32i8 {
+    return p[0..32].*;
+}
+
+/// Concatenates two 16-lane vectors into one 32-lane vector.
+pub inline fn concat16(lo: @Vector(16, u8), hi: @Vector(16, u8)) V32u8 {
+    const mask = comptime blk: {
+        var m: [32]i32 = undefined;
+        for (0..16) |i| {
+            m[i] = @intCast(i);
+            m[16 + i] = ~@as(i32, @intCast(i));
+        }
+        break :blk m;
+    };
+    return @shuffle(u8, lo, hi, mask);
+}
+
+/// Small deterministic generator for the kernels' tests (xorshift64*), so failures reproduce.
+pub const TestRng = struct {
+    state: u64,
+    pub fn init(seed: u64) TestRng {
+        return .{ .state = seed *% 0x9E3779B97F4A7C15 | 1 };
+    }
+    pub fn next(self: *TestRng) u64 {
+        self.state ^= self.state >> 12;
+        self.state ^= self.state << 25;
+        self.state ^= self.state >> 27;
+        return self.state *% 0x2545F4914F6CDD1D;
+    }
+    pub fn bytes(self: *TestRng, out: []u8) void {
+        for (out) |*b| b.* = @truncate(self.next() >> 32);
+    }
+    /// Uniform in [-1, 1).
+    pub fn float(self: *TestRng) f32 {
+        const u: f32 = @floatFromInt(self.next() >> 40);
+        return u / @as(f32, 1 << 23) - 1.0;
+    }
+    pub fn floats(self: *TestRng, out: []f32, scale: f32) void {
+        for (out) |*v| v.* = self.float() * scale;
+    }
+};
+
+test "dotU8I8 matches the widened generic sum" {
+    var rng = TestRng.init(1);
+    for (0..100) |_| {
+        var a_bytes: [32]u8 = undefined;
+        var b_bytes: [32]u8 = undefined;
+        rng.bytes(&a_bytes);
+        rng.bytes(&b_bytes);
+        for (&a_bytes) |*v| v.* >>= 1; // keep within the AVX2 no-saturation range
+        var b: [32]i8 = @bitCast(b_bytes);
+        for (&b) |*v| v.* = if (v.* == -128) -127 else v.*;
+        const got = dotU8I8(a_bytes, b);
+        const want = dotU8I8Generic(a_bytes, b);
+        try std.testing.expectEqual(want, got);
+        var scale: V16i16 = undefined;
+        for (0..16) |k| scale[k] = @as(i16, @intCast(k)) - 5;
+        const scaled = dotScaledAcc(@splat(0), a_bytes, b, scale);
+        var want_scaled: V8i32 = @splat(0);
+        for (0..32) |j| want_scaled[j / 4] += @as(i32, a_bytes[j]) * b[j] * scale[j / 2];
+        try std.testing.expectEqual(want_scaled, scaled);
+        const signed: V32i8 = @bitCast(b_bytes);
+        const s = @reduce(.Add, dotAccI8I8(@splat(0), signed, b));
+        var s_ref: i32 = 0;
+        for (0..32) |i| s_ref += @as(i32, signed[i]) * b[i];
+        try std.testing.expectEqual(s_ref, s);
+    }
+}

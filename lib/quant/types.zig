@@ -1,0 +1,221 @@
+//! The traits table: for each supported ggml type id, its block geometry, dequantizer, dot
+//! kernels and activation ("vec_dot") type, as ggml's type_traits / type_traits_cpu. Kernels
+//! are reached through type-erased byte pointers so matmul and get_rows stay format-agnostic.
+const std = @import("std");
+
+pub const f32_fmt = @import("f32.zig");
+pub const f16_fmt = @import("f16.zig");
+pub const bf16_fmt = @import("bf16.zig");
+pub const q4_0 = @import("q4_0.zig");
+pub const q5_0 = @import("q5_0.zig");
+pub const q8_0 = @import("q8_0.zig");
+pub const q4_k = @import("q4_k.zig");
+pub const q5_k = @import("q5_k.zig");
+pub const q6_k = @import("q6_k.zig");
+pub const q8_k = @import("q8_k.zig");
+
+/// ggml_type ids as stored in GGUF tensor infos.
+pub const TypeId = enum(u32) {
+    f32 = 0,
+    f16 = 1,
+    q4_0 = 2,
+    q5_0 = 6,
+    q8_0 = 8,
+    q4_k = 12,
+    q5_k = 13,
+    q6_k = 14,
+    q8_k = 15,
+    bf16 = 30,
+    _,
+};
+
+/// dst[0..n] = values of the n quantized values at src (n a multiple of block_values).
+pub const DequantizeFn = *const fn (src: [*]const u8, dst: [*]f32, n: usize) void;
+/// Dot of n values: a weight row at w with an activation row (in vec_dot_type) at x.
+pub const DotFn = *const fn (n: usize, w: [*]const u8, x: [*]const u8) f32;
+/// Dots of n values: one weight row at w with `n_rows` (1..multi_rows_max) activation rows
+/// starting at x, x_row_bytes apart; result r goes to out[r * out_stride].
+pub const DotMultiFn = *const fn (
+    n: usize,
+    w: [*]const u8,
+    x: [*]const u8,
+    x_row_bytes: usize,
+    n_rows: usize,
+    out: [*]f32,
+    out_stride: usize,
+) void;
+pub const multi_rows_max = q8_0.multi_rows_max;
+/// dst = n values of src in this format.
+pub const QuantizeFn = *const fn (src: [*]const f32, dst: [*]u8, n: usize) void;
+
+pub const Traits = struct {
+    id: TypeId,
+    name: []const u8,
+    block_values: u32,
+    block_bytes: u32,
+    dequantize_row: DequantizeFn,
+    /// Fast and reference dots; null for activation-only formats (Q8_K).
+    dot: ?DotFn,
+    dot_scalar: ?DotFn,
+    /// Several activation rows per weight-row pass (weights unpacked once); null: use `dot`.
+    dot_multi: ?DotMultiFn,
+    vec_dot_type: TypeId,
+    /// How matmul quantizes f32 activations into this format (set for activation formats).
+    quantize_activation: ?QuantizeFn,
+    /// ggml's reference quantizer, as used when writing GGUF files; null where not implemented.
+    quantize_ref: ?QuantizeFn,
+
+    pub fn rowBytes(self: *const Traits, n: usize) usize {
+        std.debug.assert(n % self.block_values == 0);
+        return n / self.block_values * self.block_bytes;
+    }
+};
+
+fn blocks(comptime Fmt: type, p: anytype, n: usize) []align(1) const Fmt.Block {
+    const ptr: [*]align(1) const Fmt.Block = @ptrCast(p);
+    return ptr[0 .. n / Fmt.block_values];
+}
+
+fn blocksMut(comptime Fmt: type, p: [*]u8, n: usize) []align(1) Fmt.Block {
+    const ptr: [*]align(1) Fmt.Block = @ptrCast(p);
+    return ptr[0 .. n / Fmt.block_values];
+}
+
+fn dequantizeFn(comptime Fmt: type) DequantizeFn {
+    return struct {
+        fn run(src: [*]const u8, dst: [*]f32, n: usize) void {
+            Fmt.dequantize(blocks(Fmt, src, n), dst[0..n]);
+        }
+    }.run;
+}
+
+fn dotFn(comptime W: type, comptime X: type, comptime scalar: bool) DotFn {
+    return struct {
+        fn run(n: usize, w: [*]const u8, x: [*]const u8) f32 {
+            const f = if (scalar) W.dotScalar else W.dot;
+            return f(blocks(W, w, n), blocks(X, x, n));
+        }
+    }.run;
+}
+
+fn dotMultiFn(comptime W: type, comptime X: type) DotMultiFn {
+    return struct {
+        fn run(
+            n: usize,
+            w: [*]const u8,
+            x: [*]const u8,
+            x_row_bytes: usize,
+            n_rows: usize,
+            out: [*]f32,
+            out_stride: usize,
+        ) void {
+            switch (n_rows) {
+                inline 1...multi_rows_max => |R| {
+                    var rows: [R][*]align(1) const X.Block = undefined;
+                    inline for (0..R) |r| rows[r] = @ptrCast(x + r * x_row_bytes);
+                    const sums = W.dotMulti(R, blocks(W, w, n), rows);
+                    inline for (0..R) |r| out[r * out_stride] = sums[r];
+                },
+                else => unreachable,
+            }
+        }
+    }.run;
+}
+
+fn quantizeFn(comptime Fmt: type, comptime f: anytype) QuantizeFn {
+    return struct {
+        fn run(src: [*]const f32, dst: [*]u8, n: usize) void {
+            f(src[0..n], blocksMut(Fmt, dst, n));
+        }
+    }.run;
+}
+
+fn entry(
+    comptime id: TypeId,
+    comptime name: []const u8,
+    comptime W: type,
+    comptime X: ?type,
+) Traits {
+    const act = X orelse W;
+    return .{
+        .id = id,
+        .name = name,
+        .block_values = W.block_values,
+        .block_bytes = @sizeOf(W.Block),
+        .dequantize_row = dequantizeFn(W),
+        .dot = if (X) |x| dotFn(W, x, false) else null,
+        .dot_scalar = if (X) |x| dotFn(W, x, true) else null,
+        .dot_multi = if (X != null and @hasDecl(W, "dotMulti")) dotMultiFn(W, X.?) else null,
+        .vec_dot_type = if (X == null) id else activationId(act),
+        .quantize_activation = if (@hasDecl(W, "quantize")) quantizeFn(W, W.quantize) else null,
+        .quantize_ref = if (@hasDecl(W, "quantizeRef"))
+            quantizeFn(W, W.quantizeRef)
+        else if (@hasDecl(W, "quantize") and W != q8_0)
+            quantizeFn(W, W.quantize)
+        else
+            null,
+    };
+}
+
+fn activationId(comptime X: type) TypeId {
+    if (X == q8_0) return .q8_0;
+    if (X == q8_k) return .q8_k;
+    if (X == f16_fmt) return .f16;
+    if (X == bf16_fmt) return .bf16;
+    return .f32;
+}
+
+const table = [_]Traits{
+    entry(.f32, "F32", f32_fmt, f32_fmt),
+    entry(.f16, "F16", f16_fmt, f16_fmt),
+    entry(.bf16, "BF16", bf16_fmt, bf16_fmt),
+    entry(.q4_0, "Q4_0", q4_0, q8_0),
+    entry(.q5_0, "Q5_0", q5_0, q8_0),
+    entry(.q8_0, "Q8_0", q8_0, q8_0),
+    entry(.q4_k, "Q4_K", q4_k, q8_k),
+    entry(.q5_k, "Q5_K", q5_k, q8_k),
+    entry(.q6_k, "Q6_K", q6_k, q8_k),
+    entry(.q8_k, "Q8_K", q8_k, null),
+};
+
+/// The traits of a supported type, or null (see typeName for the message).
+pub fn get(type_id: u32) ?*const Traits {
+    for (&table) |*t| if (@intFromEnum(t.id) == type_id) return t;
+    return null;
+}
+
+/// ggml's name for any type id (supported or not), for error messages.
+pub fn typeName(type_id: u32) []const u8 {
+    const names = [_][]const u8{
+        "F32",        "F16",        "Q4_0",       "Q4_1",     "Q4_2",    "Q4_3",
+        "Q5_0",       "Q5_1",       "Q8_0",       "Q8_1",     "Q2_K",    "Q3_K",
+        "Q4_K",       "Q5_K",       "Q6_K",       "Q8_K",     "IQ2_XXS", "IQ2_XS",
+        "IQ3_XXS",    "IQ1_S",      "IQ4_NL",     "IQ3_S",    "IQ2_S",   "IQ4_XS",
+        "I8",         "I16",        "I32",        "I64",      "F64",     "IQ1_M",
+        "BF16",       "Q4_0_4_4",   "Q4_0_4_8",   "Q4_0_8_8", "TQ1_0",   "TQ2_0",
+        "IQ4_NL_4_4", "IQ4_NL_4_8", "IQ4_NL_8_8", "MXFP4",
+    };
+    return if (type_id < names.len) names[type_id] else "unknown";
+}
+
+test "table: block sizes match ggml, activation types are dot-less" {
+    try std.testing.expectEqual(@as(u32, 144), get(12).?.block_bytes);
+    try std.testing.expectEqual(@as(u32, 210), get(14).?.block_bytes);
+    try std.testing.expectEqual(TypeId.q8_k, get(12).?.vec_dot_type);
+    try std.testing.expectEqual(TypeId.q8_0, get(6).?.vec_dot_type);
+    try std.testing.expectEqual(TypeId.bf16, get(30).?.vec_dot_type);
+    try std.testing.expect(get(15).?.dot == null);
+    try std.testing.expect(get(10) == null);
+    try std.testing.expectEqualStrings("Q2_K", typeName(10));
+    try std.testing.expectEqualStrings("MXFP4", typeName(39));
+    for (&table) |*t| {
+        if (t.dot == null) continue;
+        const act = get(@intFromEnum(t.vec_dot_type)).?;
+        try std.testing.expect(act.quantize_activation != null);
+        try std.testing.expectEqual(@as(u32, 0), t.block_values % act.block_values);
+    }
+}
+
+test {
+    std.testing.refAllDecls(@This());
+}

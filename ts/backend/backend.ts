@@ -1,0 +1,75 @@
+// The Backend interface: what a model graph may ask of the hardware. Tensors are opaque handles
+// with a shape; the model never touches pointers or knows which backend runs it. Activations
+// hold up to `rows` rows (tokens) of `cols` values; every op takes the number of rows in use, so
+// buffers are planned once per context and never reallocated per token.
+import type { GgufFile, GgufTensorInfo } from "../gguf/reader.ts";
+
+export interface Weight {
+  readonly name: string;
+  readonly typeName: string;
+  /** ggml order: dims[0] is the row length (inputs), dims[1] the number of rows (outputs). */
+  readonly dims: readonly number[];
+}
+
+export interface Activation {
+  readonly name: string;
+  readonly rows: number;
+  readonly cols: number;
+}
+
+export type KvType = "f16" | "f32";
+
+/** One layer's keys and values for every position of one sequence. */
+export interface KvLayer {
+  readonly positions: number;
+  readonly kvHeads: number;
+  readonly headDim: number;
+}
+
+export interface RopeOptions {
+  readonly heads: number;
+  readonly headDim: number;
+  readonly rotaryDims: number;
+  readonly base: number;
+  readonly scale: number;
+  readonly neox: boolean;
+}
+
+export interface AttentionOptions {
+  readonly heads: number;
+  readonly kvHeads: number;
+  readonly headDim: number;
+  /** 0: full causal attention; otherwise a key at p0 is hidden from a query at p1 when p1 - p0 >= window. */
+  readonly window: number;
+  readonly scale: number;
+}
+
+export interface Backend {
+  readonly name: string;
+  weight(file: GgufFile, tensor: GgufTensorInfo): Weight;
+  activation(name: string, rows: number, cols: number): Activation;
+  kvLayer(positions: number, kvHeads: number, headDim: number, type: KvType): KvLayer;
+  positions(rows: number): Activation;
+
+  setTokens(dst: Activation, ids: ArrayLike<number>, count: number): void;
+  setPositions(dst: Activation, start: number, count: number): void;
+  embed(table: Weight, ids: Activation, rows: number, out: Activation): void;
+  scale(x: Activation, rows: number, factor: number): void;
+  rmsNorm(x: Activation, weight: Weight | null, rows: number, eps: number, out: Activation): void;
+  /** residual += rmsNorm(x) * weight, over the first `rows` rows. */
+  rmsNormAdd(x: Activation, weight: Weight, rows: number, eps: number, residual: Activation): void;
+  /** Per-head RMSNorm: x is viewed as rows*heads rows of headDim. */
+  rmsNormHeads(x: Activation, weight: Weight, rows: number, heads: number, eps: number): void;
+  /** out[r] = W · x[r] for the first `rows` rows of x, starting at row `firstRow`. */
+  matmul(w: Weight, x: Activation, rows: number, out: Activation, firstRow?: number): void;
+  rope(x: Activation, positions: Activation, rows: number, options: RopeOptions): void;
+  storeKv(layer: KvLayer, k: Activation, v: Activation, rows: number, position: number): void;
+  attention(q: Activation, layer: KvLayer, rows: number, position: number, options: AttentionOptions,
+    out: Activation): void;
+  geluMul(gate: Activation, up: Activation, rows: number, out: Activation): void;
+  siluMul(gate: Activation, up: Activation, rows: number, out: Activation): void;
+  add(a: Activation, b: Activation, rows: number, out: Activation): void;
+  /** A view of the first `rows` rows (valid until the next op that writes `x`). */
+  read(x: Activation, rows: number): Float32Array;
+  setThreads(n: number): void;
+}

@@ -1,0 +1,157 @@
+// The CPU backend: each op is one native call over whole rows (lib/cpu/*.zig through
+// ts/native/lib.ts). Weights stay in the mmap'd GGUF and are passed by address; activations and
+// the KV cache live in an arena planned when the context is created.
+import { InferError } from "../errors.ts";
+import type { GgufFile, GgufTensorInfo } from "../gguf/reader.ts";
+import { GgmlType } from "../gguf/types.ts";
+import { check, native, offsetAddress, type Pointer } from "../native/lib.ts";
+import { Arena } from "./arena.ts";
+import type {
+  Activation, AttentionOptions, Backend, KvLayer, KvType, RopeOptions, Weight,
+} from "./backend.ts";
+
+/** Types the CPU kernels compute with (lib/quant/types.zig). */
+export const cpuWeightTypes = new Set<number>([
+  GgmlType.F32, GgmlType.F16, GgmlType.BF16, GgmlType.Q4_0, GgmlType.Q5_0, GgmlType.Q8_0,
+  GgmlType.Q4_K, GgmlType.Q5_K, GgmlType.Q6_K,
+]);
+
+class CpuWeight implements Weight {
+  constructor(readonly name: string, readonly typeName: string, readonly typeId: number,
+    readonly dims: readonly number[], readonly address: Pointer) {}
+}
+
+class CpuActivation implements Activation {
+  constructor(readonly name: string, readonly rows: number, readonly cols: number,
+    readonly f32: Float32Array, readonly address: Pointer) {}
+}
+
+class CpuKvLayer implements KvLayer {
+  constructor(readonly positions: number, readonly kvHeads: number, readonly headDim: number,
+    readonly typeId: number, readonly rowBytes: number, readonly k: Pointer, readonly v: Pointer) {}
+}
+
+function w(x: Weight): CpuWeight { return x as CpuWeight; }
+function a(x: Activation): CpuActivation { return x as CpuActivation; }
+
+export class CpuBackend implements Backend {
+  readonly name = "cpu";
+  private readonly arena = new Arena();
+  private readonly lib = native();
+
+  weight(file: GgufFile, t: GgufTensorInfo): Weight {
+    if (!cpuWeightTypes.has(t.type.id)) {
+      throw new InferError("unsupported", `tensor '${t.name}' has quant type ${t.type.name}, ` +
+        "which the CPU backend does not compute yet");
+    }
+    return new CpuWeight(t.name, t.type.name, t.type.id, t.dims, offsetAddress(file.baseAddress, t.fileOffset));
+  }
+
+  activation(name: string, rows: number, cols: number): Activation {
+    const region = this.arena.alloc(rows * cols * 4);
+    const f32 = new Float32Array(region.bytes.buffer, region.bytes.byteOffset, rows * cols);
+    return new CpuActivation(name, rows, cols, f32, region.address);
+  }
+
+  positions(rows: number): Activation {
+    return this.activation("positions", rows, 1);
+  }
+
+  kvLayer(positions: number, kvHeads: number, headDim: number, type: KvType): KvLayer {
+    const elementBytes = type === "f16" ? 2 : 4;
+    const rowBytes = kvHeads * headDim * elementBytes;
+    const k = this.arena.alloc(positions * rowBytes), v = this.arena.alloc(positions * rowBytes);
+    return new CpuKvLayer(positions, kvHeads, headDim, type === "f16" ? GgmlType.F16 : GgmlType.F32,
+      rowBytes, k.address, v.address);
+  }
+
+  get bytesReserved(): number {
+    return this.arena.bytesReserved;
+  }
+
+  setTokens(dst: Activation, ids: ArrayLike<number>, count: number): void {
+    const view = new Int32Array(a(dst).f32.buffer, a(dst).f32.byteOffset, count);
+    for (let i = 0; i < count; i++) view[i] = ids[i];
+  }
+
+  setPositions(dst: Activation, start: number, count: number): void {
+    const view = new Int32Array(a(dst).f32.buffer, a(dst).f32.byteOffset, count);
+    for (let i = 0; i < count; i++) view[i] = start + i;
+  }
+
+  embed(table: Weight, ids: Activation, rows: number, out: Activation): void {
+    const t = w(table);
+    check(this.lib.infer_get_rows(t.typeId, t.address, t.dims[0], t.dims[1], a(ids).address, rows,
+      a(out).address), `embed ${t.name}`);
+  }
+
+  scale(x: Activation, rows: number, factor: number): void {
+    check(this.lib.infer_scale(a(x).address, rows * x.cols, factor), "scale");
+  }
+
+  rmsNorm(x: Activation, weight: Weight | null, rows: number, eps: number, out: Activation): void {
+    check(this.lib.infer_rms_norm(a(x).address, weight ? w(weight).address : null, rows, x.cols, eps,
+      a(out).address), "rms_norm");
+  }
+
+  rmsNormAdd(x: Activation, weight: Weight, rows: number, eps: number, residual: Activation): void {
+    check(this.lib.infer_rms_norm_add(a(x).address, w(weight).address, rows, x.cols, eps,
+      a(residual).address), "rms_norm_add");
+  }
+
+  rmsNormHeads(x: Activation, weight: Weight, rows: number, heads: number, eps: number): void {
+    const headDim = x.cols / heads;
+    check(this.lib.infer_rms_norm(a(x).address, w(weight).address, rows * heads, headDim, eps,
+      a(x).address), "rms_norm (heads)");
+  }
+
+  matmul(weight: Weight, x: Activation, rows: number, out: Activation, firstRow = 0): void {
+    const t = w(weight);
+    const xAddress = offsetAddress(a(x).address, firstRow * x.cols * 4);
+    check(this.lib.infer_matmul(t.address, t.typeId, t.dims[1], t.dims[0], xAddress, rows,
+      a(out).address), `matmul ${t.name}`);
+  }
+
+  rope(x: Activation, positions: Activation, rows: number, o: RopeOptions): void {
+    check(this.lib.infer_rope(a(x).address, rows, o.heads, o.headDim, o.rotaryDims,
+      a(positions).address, o.base, o.scale, o.neox ? 2 : 0), "rope");
+  }
+
+  storeKv(layer: KvLayer, k: Activation, v: Activation, rows: number, position: number): void {
+    const l = layer as CpuKvLayer;
+    if (position + rows > l.positions) {
+      throw new InferError("context_overflow", `KV cache holds ${l.positions} positions, ` +
+        `${position + rows} needed`);
+    }
+    const n = rows * l.kvHeads * l.headDim;
+    check(this.lib.infer_kv_store(a(k).address, offsetAddress(l.k, position * l.rowBytes), l.typeId, n), "kv_store k");
+    check(this.lib.infer_kv_store(a(v).address, offsetAddress(l.v, position * l.rowBytes), l.typeId, n), "kv_store v");
+  }
+
+  attention(q: Activation, layer: KvLayer, rows: number, position: number, o: AttentionOptions,
+    out: Activation): void {
+    const l = layer as CpuKvLayer;
+    check(this.lib.infer_attention(a(q).address, l.k, l.v, l.typeId, a(out).address, rows, o.heads,
+      o.kvHeads, o.headDim, position, l.kvHeads * l.headDim, o.window, o.scale), "attention");
+  }
+
+  geluMul(gate: Activation, up: Activation, rows: number, out: Activation): void {
+    check(this.lib.infer_gelu_mul(a(gate).address, a(up).address, rows * gate.cols, a(out).address), "gelu_mul");
+  }
+
+  siluMul(gate: Activation, up: Activation, rows: number, out: Activation): void {
+    check(this.lib.infer_silu_mul(a(gate).address, a(up).address, rows * gate.cols, a(out).address), "silu_mul");
+  }
+
+  add(x: Activation, y: Activation, rows: number, out: Activation): void {
+    check(this.lib.infer_add(a(x).address, a(y).address, rows * x.cols, a(out).address), "add");
+  }
+
+  read(x: Activation, rows: number): Float32Array {
+    return a(x).f32.subarray(0, rows * x.cols);
+  }
+
+  setThreads(n: number): void {
+    check(this.lib.infer_threads_set(n), "set threads");
+  }
+}

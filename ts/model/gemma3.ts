@@ -1,0 +1,165 @@
+// Gemma 3 (text), as llama.cpp stores it in GGUF. Read top to bottom in the paper's order:
+// hyperparameters → attention → feed-forward → block → model. Sources: the Gemma 3 technical
+// report; Hugging Face transformers' modeling_gemma3.py; ../shared/MODELS.md.
+import type { Activation, Backend, KvLayer, Weight } from "../backend/backend.ts";
+import type { GgufFile } from "../gguf/reader.ts";
+import { Hparams, LIMITS } from "./hparams.ts";
+import {
+  attentionBuffers, attentionWeights, ffnBuffers, ffnWeights, gatedFfn, selfAttention, WeightTable,
+  type AttentionBuffers, type AttentionWeights, type FfnBuffers, type FfnWeights, type SelfAttentionOptions,
+} from "./layers.ts";
+import type { Model, ModelInfo } from "./model.ts";
+
+// ---- hyperparameters ------------------------------------------------------------------------
+
+/** Five local (sliding-window) layers, then one global layer: layer i is global when i % 6 == 5. */
+const SLIDING_PATTERN = 6;
+/** Local layers rotate with base 10k; global layers use rope.freq_base (1M). */
+const LOCAL_ROPE_BASE = 10_000;
+
+export interface Gemma3Config {
+  readonly name: string;
+  readonly layers: number;
+  readonly embedding: number;
+  readonly feedForward: number;
+  readonly heads: number;
+  readonly kvHeads: number;
+  readonly headDim: number;
+  readonly vocab: number;
+  readonly contextLength: number;
+  readonly normEps: number;
+  readonly globalRopeBase: number;
+  readonly globalRopeScale: number;
+  readonly slidingWindow: number;
+  /** 1/sqrt(query_pre_attn_scalar); the GGUF keeps head_dim as that scalar. */
+  readonly attentionScale: number;
+}
+
+export function gemma3Config(meta: Hparams, vocab: number): Gemma3Config {
+  const heads = meta.int(".attention.head_count", { min: 1, max: LIMITS.heads });
+  const kvHeads = meta.int(".attention.head_count_kv", { min: 1, max: heads, fallback: heads });
+  const embedding = meta.int(".embedding_length", { min: 1, max: LIMITS.embedding });
+  const headDim = meta.int(".attention.key_length", { min: 1, max: LIMITS.headDim, fallback: embedding / heads });
+  meta.int(".attention.value_length", { min: headDim, max: headDim, fallback: headDim });
+  if (heads % kvHeads !== 0) meta.int(".attention.head_count_kv", { min: -1, max: -1 }); // throws with the value
+  const scaling = meta.float(".rope.scaling.factor", { min: 1e-3, max: 1e3, fallback: 1 });
+  return Object.freeze({
+    name: meta.string("general.name", "gemma3"),
+    layers: meta.int(".block_count", { min: 1, max: LIMITS.layers }),
+    embedding,
+    feedForward: meta.int(".feed_forward_length", { min: 1, max: LIMITS.feedForward }),
+    heads, kvHeads, headDim, vocab,
+    contextLength: meta.int(".context_length", { min: 1, max: LIMITS.context }),
+    normEps: meta.float(".attention.layer_norm_rms_epsilon", { min: 0, max: 1 }),
+    globalRopeBase: meta.float(".rope.freq_base", { min: 1, fallback: 1_000_000 }),
+    globalRopeScale: 1 / scaling,
+    slidingWindow: meta.int(".attention.sliding_window", { min: 1, max: LIMITS.context }),
+    attentionScale: 1 / Math.sqrt(headDim),
+  });
+}
+
+export function isGlobalLayer(layer: number): boolean {
+  return layer % SLIDING_PATTERN === SLIDING_PATTERN - 1;
+}
+
+// ---- one block ------------------------------------------------------------------------------
+
+interface Gemma3Layer {
+  readonly attentionNorm: Weight;
+  readonly attention: AttentionWeights;
+  readonly postAttentionNorm: Weight;
+  readonly ffnNorm: Weight;
+  readonly ffn: FfnWeights;
+  readonly postFfnNorm: Weight;
+  readonly options: SelfAttentionOptions;
+}
+
+function loadLayer(t: WeightTable, c: Gemma3Config, i: number): Gemma3Layer {
+  const p = `blk.${i}`, e = c.embedding;
+  const global = isGlobalLayer(i);
+  const rope = {
+    headDim: c.headDim, rotaryDims: c.headDim, neox: true,
+    base: global ? c.globalRopeBase : LOCAL_ROPE_BASE, scale: global ? c.globalRopeScale : 1,
+  };
+  return {
+    attentionNorm: t.norm(`${p}.attn_norm.weight`, [e]),
+    attention: attentionWeights(t, p, c),
+    postAttentionNorm: t.norm(`${p}.post_attention_norm.weight`, [e]),
+    ffnNorm: t.norm(`${p}.ffn_norm.weight`, [e]),
+    ffn: ffnWeights(t, p, e, c.feedForward),
+    postFfnNorm: t.norm(`${p}.post_ffw_norm.weight`, [e]),
+    options: {
+      attention: {
+        heads: c.heads, kvHeads: c.kvHeads, headDim: c.headDim, scale: c.attentionScale,
+        window: global ? 0 : c.slidingWindow,
+      },
+      ropeQ: { ...rope, heads: c.heads },
+      ropeK: { ...rope, heads: c.kvHeads },
+      normEps: c.normEps,
+      scaleQueries: true,
+    },
+  };
+}
+
+// ---- the model ------------------------------------------------------------------------------
+
+export class Gemma3 implements Model {
+  readonly info: ModelInfo;
+  private readonly tokenEmbedding: Weight;
+  private readonly outputNorm: Weight;
+  private readonly output: Weight;
+  private readonly blocks: Gemma3Layer[];
+  // Activations, planned once for maxBatch rows.
+  private readonly ids: Activation;
+  private readonly positions: Activation;
+  private readonly x: Activation;
+  private readonly normed: Activation;
+  private readonly branch: Activation;
+  private readonly attn: AttentionBuffers;
+  private readonly ffn: FfnBuffers;
+  private readonly logits: Activation;
+
+  constructor(readonly config: Gemma3Config, file: GgufFile, private readonly be: Backend,
+    readonly maxBatch: number) {
+    const t = new WeightTable(file, be), c = config;
+    this.tokenEmbedding = t.get("token_embd.weight", [c.embedding, c.vocab]);
+    this.outputNorm = t.norm("output_norm.weight", [c.embedding]);
+    // Tied embeddings: the LM head is token_embd unless the file carries its own output.weight.
+    this.output = t.optional("output.weight", [c.embedding, c.vocab]) ?? this.tokenEmbedding;
+    this.blocks = Array.from({ length: c.layers }, (_, i) => loadLayer(t, c, i));
+    this.info = {
+      architecture: "gemma3", name: c.name, vocabSize: c.vocab, contextLength: c.contextLength,
+      kvShapes: this.blocks.map(() => ({ kvHeads: c.kvHeads, headDim: c.headDim })),
+    };
+    this.ids = be.positions(maxBatch);
+    this.positions = be.positions(maxBatch);
+    this.x = be.activation("x", maxBatch, c.embedding);
+    this.normed = be.activation("x_normed", maxBatch, c.embedding);
+    this.branch = be.activation("branch", maxBatch, c.embedding);
+    this.attn = attentionBuffers(be, maxBatch, c);
+    this.ffn = ffnBuffers(be, maxBatch, c.feedForward);
+    this.logits = be.activation("logits", 1, c.vocab);
+  }
+
+  forward(tokens: ArrayLike<number>, n: number, position: number, cache: readonly KvLayer[]): Float32Array {
+    const be = this.be, c = this.config, x = this.x;
+    be.setTokens(this.ids, tokens, n);
+    be.setPositions(this.positions, position, n);
+    be.embed(this.tokenEmbedding, this.ids, n, x);
+    be.scale(x, n, Math.sqrt(c.embedding)); // Gemma scales embeddings by sqrt(hidden)
+    for (let i = 0; i < this.blocks.length; i++) {
+      const l = this.blocks[i];
+      // Sandwich norms: x += post_norm(attn(pre_norm(x))); x += post_norm(ffn(pre_norm(x)))
+      be.rmsNorm(x, l.attentionNorm, n, c.normEps, this.normed);
+      selfAttention(be, this.normed, n, position, this.positions, l.attention, cache[i], l.options,
+        this.attn, this.branch);
+      be.rmsNormAdd(this.branch, l.postAttentionNorm, n, c.normEps, x);
+      be.rmsNorm(x, l.ffnNorm, n, c.normEps, this.normed);
+      gatedFfn(be, this.normed, n, l.ffn, "gelu", this.ffn, this.branch);
+      be.rmsNormAdd(this.branch, l.postFfnNorm, n, c.normEps, x);
+    }
+    be.rmsNorm(x, this.outputNorm, n, c.normEps, this.normed);
+    be.matmul(this.output, this.normed, 1, this.logits, n - 1);
+    return be.read(this.logits, 1);
+  }
+}
