@@ -4,19 +4,22 @@
 //!   silu(x)      = x / (1 + e^-x)                                   (Elfwing et al. 2017)
 //! GELU follows llama.cpp's CPU numerics (GGML_GELU_FP16): the input is rounded to f16 and
 //! the result read from a 65,536-entry f16 table of gelu_tanh, with x <= -10 → 0 and x >= 10 → x.
-//! The rounding moves logits by ~1e-2 against exact f32; reproducing it keeps greedy tokens equal
-//! to llama.cpp's. The scalar reference computes the same thing without the table.
+//! The rounding moves logits by ~1e-2 against exact f32; reproducing it (down to libc's tanhf)
+//! keeps greedy tokens equal to llama.cpp's. The scalar reference computes it without the table.
 const std = @import("std");
 
 const lanes = 8;
 const V = @Vector(lanes, f32);
 
-/// gelu_tanh evaluated in f64 (ggml evaluates it in f32 with tanhf; the f16 rounding of the
-/// table entry absorbs that difference).
+// The C library's tanhf, as ggml's table init calls it (ggml_gelu_f32): an f64 tanh rounds a few
+// of the 65,536 table entries differently.
+extern "c" fn tanhf(x: f32) f32;
+
+/// ggml_gelu_f32 operation for operation, in f32: 0.5f*x*(1.0f + tanhf(S*x*(1.0f + A*x*x))).
 fn geluTanh(x: f32) f32 {
-    const xd: f64 = x;
-    const u = @sqrt(2.0 / std.math.pi) * xd * (1 + 0.044715 * xd * xd);
-    return @floatCast(0.5 * xd * (1 + std.math.tanh(u)));
+    const sqrt_2_over_pi: f32 = 0.79788456080286535587989211986876;
+    const coef_a: f32 = 0.044715;
+    return 0.5 * x * (1.0 + tanhf(sqrt_2_over_pi * x * (1.0 + coef_a * x * x)));
 }
 
 pub fn geluReference(x: f32) f32 {

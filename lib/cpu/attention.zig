@@ -11,6 +11,7 @@
 //! Work is split into "rows" (t, kv_head); attendRows handles a range of them, which is the unit
 //! a thread pool can later hand out.
 const std = @import("std");
+const attention_f16 = @import("attention_f16.zig");
 
 const lanes = 8;
 const V = @Vector(lanes, f32);
@@ -112,92 +113,6 @@ fn scaleAdd(y: []f32, c: f32, w: f32, x: []const f32) void {
     while (i < y.len) : (i += 1) y[i] = y[i] * c + w * x[i];
 }
 
-/// Scores for one query over every visible key: grown (never shrunk) on demand, per thread, so
-/// the hot path does not allocate once the context's length has been seen.
-threadlocal var scores_buf: []f32 = &.{};
-
-fn scoresFor(n: usize) ?[]f32 {
-    if (scores_buf.len < n) {
-        const grown = std.heap.page_allocator.alloc(f32, @max(n, 4096)) catch return null;
-        if (scores_buf.len > 0) std.heap.page_allocator.free(scores_buf);
-        scores_buf = grown;
-    }
-    return scores_buf[0..n];
-}
-
-/// The F16-cache path, with llama.cpp's numerics (ggml's mul_mat → soft_max_ext → mul_mat when
-/// flash attention is off): the query is rounded to f16 before q·k (F16's vec_dot type is F16),
-/// the softmax is the two-pass f32 one with an f64 sum, and the probabilities are rounded to f16
-/// before they weight V. Reproducing these roundings is what keeps greedy tokens equal to
-/// llama.cpp's; the F32-cache path below stays exact f32.
-fn attendRowsF16(
-    q: [*]const f32,
-    k: [*]align(1) const f16,
-    v: [*]align(1) const f16,
-    out: [*]f32,
-    s: Shape,
-    row_begin: usize,
-    row_end: usize,
-) bool {
-    const d = s.head_dim;
-    const group = s.group();
-    var q_buf: [head_dim_max]f32 = undefined;
-    const scores_all = scoresFor(s.pos0 + s.n_tok) orelse return false;
-    for (row_begin..row_end) |r| {
-        const t = r / s.n_kv_head;
-        const kv_head = r % s.n_kv_head;
-        const begin, const end = s.keyRange(s.pos0 + t);
-        const scores = scores_all[begin..end];
-        for (0..group) |g| {
-            const row = (t * s.n_head + kv_head * group + g) * d;
-            for (q_buf[0..d], q[row..][0..d]) |*dst, x| dst.* = @as(f16, @floatCast(x));
-            var max: f32 = -std.math.inf(f32);
-            for (scores, begin..) |*score, j| {
-                const k_row = k[j * s.kv_stride + kv_head * d ..][0..d];
-                score.* = s.scale * dotF16(q_buf[0..d], k_row);
-                max = @max(max, score.*);
-            }
-            var sum: f64 = 0;
-            for (scores) |*score| {
-                score.* = @exp(score.* - max);
-                sum += score.*;
-            }
-            const inv: f32 = @floatCast(1.0 / sum);
-            for (scores) |*score| score.* = @as(f16, @floatCast(score.* * inv));
-            const o_row = out[row..][0..d];
-            @memset(o_row, 0);
-            for (scores, begin..) |p, j| {
-                const v_row = v[j * s.kv_stride + kv_head * d ..][0..d];
-                axpyF16(o_row, p, v_row);
-            }
-        }
-    }
-    return true;
-}
-
-fn dotF16(a: []const f32, b: []align(1) const f16) f32 {
-    var acc: V = @splat(0);
-    var i: usize = 0;
-    while (i + lanes <= a.len) : (i += lanes) {
-        const h: @Vector(lanes, f16) = b[i..][0..lanes].*;
-        acc += @as(V, a[i..][0..lanes].*) * @as(V, @floatCast(h));
-    }
-    var sum = @reduce(.Add, acc);
-    while (i < a.len) : (i += 1) sum += a[i] * @as(f32, b[i]);
-    return sum;
-}
-
-/// y += w · x
-fn axpyF16(y: []f32, w: f32, x: []align(1) const f16) void {
-    const w_v: V = @splat(w);
-    var i: usize = 0;
-    while (i + lanes <= y.len) : (i += lanes) {
-        const h: @Vector(lanes, f16) = x[i..][0..lanes].*;
-        y[i..][0..lanes].* = @as(V, y[i..][0..lanes].*) + w_v * @as(V, @floatCast(h));
-    }
-    while (i < y.len) : (i += 1) y[i] += w * @as(f32, x[i]);
-}
-
 /// Handles work rows [row_begin, row_end), row = t · n_kv_head + kv_head. Returns false only
 /// when the F16 path cannot get memory for its scores.
 pub fn attendRows(
@@ -210,7 +125,7 @@ pub fn attendRows(
     row_end: usize,
 ) bool {
     std.debug.assert(s.head_dim <= head_dim_max and s.group() <= group_max);
-    if (k == .f16 and v == .f16) return attendRowsF16(q, k.f16, v.f16, out, s, row_begin, row_end);
+    if (k == .f16 and v == .f16) return attention_f16.attendRows(q, k.f16, v.f16, out, s, row_begin, row_end);
     const d = s.head_dim;
     const group = s.group();
     var k_buf: [head_dim_max]f32 = undefined;

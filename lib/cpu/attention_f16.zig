@@ -1,0 +1,196 @@
+//! Attention over an F16 KV cache with llama.cpp's arithmetic, operation for operation, so that
+//! logits equal llama.cpp's bit for bit (Gemma 3 270M turns a 1-ulp difference into different
+//! greedy tokens within a few dozen steps). llama.cpp's CPU graph without flash attention is
+//!   kq   = mul_mat(K, q)      q rounded to f16; ggml_vec_dot_f16 over head_dim
+//!   p    = soft_max_ext(kq)   scale, mask, max, ggml_v_expf in blocks of 16 cells summed in f64,
+//!                             multiplied by (float)(1/sum)
+//!   out  = mul_mat(Vᵀ, p)     p rounded to f16; ggml_vec_dot_f16 over the cells
+//! where ggml_vec_dot_f16 (AVX-512 build) keeps 4 accumulators of 16 lanes, element i going to
+//! accumulator (i / 16) % 4, lane i % 16, and reduces them as GGML_F32Cx16_REDUCE does. The cell of
+//! a key is its position (a fresh single-sequence cache); masked cells add exact zeros, so only
+//! visible keys are visited. The results equal llama.cpp's AVX-512 build on any CPU.
+const std = @import("std");
+const attention = @import("attention.zig");
+
+const L16 = @Vector(16, f32);
+/// Elements per step of ggml_vec_dot_f16: 4 accumulators × 16 lanes.
+const step = 64;
+
+/// _mm512_reduce_add_ps: halves, then quarters, then pairs (GCC and clang expand it alike).
+fn reduce16(v: L16) f32 {
+    var t8: [8]f32 = undefined;
+    for (0..8) |i| t8[i] = v[i + 8] + v[i];
+    var t4: [4]f32 = undefined;
+    for (0..4) |i| t4[i] = t8[i + 4] + t8[i];
+    return (t4[0] + t4[2]) + (t4[1] + t4[3]);
+}
+
+/// GGML_F32Cx16_REDUCE of the four accumulators.
+fn reduceAccumulators(acc: [4]L16) f32 {
+    const a = acc[0] + acc[2];
+    const b = acc[1] + acc[3];
+    return reduce16(a + b);
+}
+
+fn loadF16(p: [*]align(1) const f16) L16 {
+    const h: @Vector(16, f16) = p[0..16].*;
+    return @floatCast(h);
+}
+
+/// ggml_vec_dot_f16(n, k, q) with q already rounded to f16 (held as f32).
+fn dotF16(k: [*]align(1) const f16, q: []const f32) f32 {
+    const n = q.len;
+    const np = n - n % step;
+    var acc: [4]L16 = @splat(@splat(0));
+    var i: usize = 0;
+    while (i < np) : (i += step) {
+        inline for (0..4) |j| {
+            const x = loadF16(k + i + 16 * j);
+            const y: L16 = q[i + 16 * j ..][0..16].*;
+            acc[j] = @mulAdd(L16, x, y, acc[j]);
+        }
+    }
+    var sum: f64 = reduceAccumulators(acc);
+    while (i < n) : (i += 1) sum += @as(f32, k[i]) * q[i];
+    return @floatCast(sum);
+}
+
+/// ggml_v_expf, the AVX-512 version: a degree-5 polynomial after range reduction by ln 2.
+fn expV(x: L16) L16 {
+    const splat = struct {
+        fn f(c: f32) L16 {
+            return @splat(c);
+        }
+    }.f;
+    const r = splat(0x1.8p23);
+    const z = @mulAdd(L16, x, splat(0x1.715476p+0), r);
+    const n = z - r;
+    const b = @mulAdd(L16, -n, splat(0x1.7f7d1cp-20), @mulAdd(L16, -n, splat(0x1.62e4p-1), x));
+    const u = b * b;
+    const j = @mulAdd(
+        L16,
+        @mulAdd(L16, @mulAdd(L16, splat(0x1.0e4020p-7), b, splat(0x1.573e2ep-5)), u, @mulAdd(L16, splat(0x1.555e66p-3), b, splat(0x1.fffdb6p-2))),
+        u,
+        @mulAdd(L16, splat(0x1.ffffecp-1), b, splat(1.0)),
+    );
+    var out: L16 = undefined;
+    for (0..16) |l| {
+        // _mm512_scalef_ps(j, n) = j · 2^n; |n| > 192 saturates to 0 (n <= 0) or +inf.
+        out[l] = if (@abs(n[l]) > 192)
+            (if (n[l] <= 0) 0 else std.math.inf(f32))
+        else
+            std.math.ldexp(j[l], @as(i32, @intFromFloat(n[l])));
+    }
+    return out;
+}
+
+/// Per-thread scratch, grown (never shrunk) on demand so the hot path does not allocate once a
+/// context's length has been seen: the scores of one query over the cells, and the 64 partial
+/// sums of every output dimension.
+threadlocal var scores_buf: []f32 = &.{};
+threadlocal var partial_buf: []f32 = &.{};
+
+fn grow(buf: *[]f32, n: usize) bool {
+    if (buf.len >= n) return true;
+    const grown = std.heap.page_allocator.alloc(f32, @max(n, 4096)) catch return false;
+    if (buf.len > 0) std.heap.page_allocator.free(buf.*);
+    buf.* = grown;
+    return true;
+}
+
+/// Handles work rows [row_begin, row_end) of attention.Shape; false when scratch memory fails.
+pub fn attendRows(
+    q: [*]const f32,
+    k: [*]align(1) const f16,
+    v: [*]align(1) const f16,
+    out: [*]f32,
+    s: attention.Shape,
+    row_begin: usize,
+    row_end: usize,
+) bool {
+    const d = s.head_dim;
+    const group = s.group();
+    const cells = s.pos0 + s.n_tok;
+    // Softmax blocks of 16 cells are aligned to cell 0: round the scores up to a whole block.
+    if (!grow(&scores_buf, cells + 16) or !grow(&partial_buf, step * d)) return false;
+    var q16_buf: [attention.head_dim_max]f32 = undefined;
+    const q16 = q16_buf[0..d];
+    for (row_begin..row_end) |r| {
+        const t = r / s.n_kv_head;
+        const kv_head = r % s.n_kv_head;
+        const begin, const end = s.keyRange(s.pos0 + t);
+        for (0..group) |g| {
+            const row = (t * s.n_head + kv_head * group + g) * d;
+            for (q16, q[row..][0..d]) |*dst, x| dst.* = @as(f16, @floatCast(x));
+            const p16 = softmaxF16(k, q16, s, kv_head, begin, end) orelse return false;
+            weightedSum(v, p16, s, kv_head, begin, end, out[row..][0..d]);
+        }
+    }
+    return true;
+}
+
+/// Probabilities of cells [begin, end), rounded to f16 (as f32), in scores_buf[begin..end].
+fn softmaxF16(
+    k: [*]align(1) const f16,
+    q16: []const f32,
+    s: attention.Shape,
+    kv_head: usize,
+    begin: usize,
+    end: usize,
+) ?[]f32 {
+    const d = q16.len;
+    const scores = scores_buf;
+    var max: f32 = -std.math.inf(f32);
+    for (begin..end) |j| {
+        scores[j] = dotF16(k + j * s.kv_stride + kv_head * d, q16) * s.scale;
+        max = @max(max, scores[j]);
+    }
+    // Cells outside [begin, end) are masked: their exponentials are exactly 0.
+    const block_first = begin - begin % 16;
+    const block_end = end + (16 - end % 16) % 16;
+    for (block_first..begin) |j| scores[j] = -std.math.inf(f32);
+    for (end..block_end) |j| scores[j] = -std.math.inf(f32);
+    var sum: f64 = 0;
+    var j = block_first;
+    while (j < block_end) : (j += 16) {
+        const vals = expV(@as(L16, scores[j..][0..16].*) - @as(L16, @splat(max)));
+        scores[j..][0..16].* = vals;
+        sum += reduce16(vals);
+    }
+    const inv: f32 = @floatCast(1.0 / sum);
+    for (scores[begin..end]) |*p| p.* = @as(f16, @floatCast(p.* * inv));
+    return scores[begin..end];
+}
+
+/// out[i] = Σ_j p16[j] · V[j][i] as ggml_vec_dot_f16 over cells: partial sum (j % 64) per
+/// dimension, accumulated in cell order, then reduced.
+fn weightedSum(
+    v: [*]align(1) const f16,
+    p16: []const f32,
+    s: attention.Shape,
+    kv_head: usize,
+    begin: usize,
+    end: usize,
+    out: []f32,
+) void {
+    const d = out.len;
+    const partial = partial_buf[0 .. step * d];
+    @memset(partial, 0);
+    for (begin..end, p16) |j, p| {
+        const slot = partial[(j % step) * d ..][0..d];
+        const v_row = v + j * s.kv_stride + kv_head * d;
+        const p_v: L16 = @splat(p);
+        var i: usize = 0;
+        while (i + 16 <= d) : (i += 16) {
+            slot[i..][0..16].* = @mulAdd(L16, loadF16(v_row + i), p_v, slot[i..][0..16].*);
+        }
+        while (i < d) : (i += 1) slot[i] = @mulAdd(f32, v_row[i], p, slot[i]);
+    }
+    for (out, 0..) |*o, i| {
+        var acc: [4]L16 = undefined;
+        inline for (0..4) |a| {
+            for (0..16) |l| acc[a][l] = partial[(16 * a + l) * d + i];
+        }
+        o.* = reduceAccumulators(acc);
+    }
+}
