@@ -14,11 +14,13 @@ comptime {
     std.debug.assert(@sizeOf(Block) == 18);
 }
 
-/// The 32 quants of a block as signed values in [-8, 7], in value order.
-inline fn unpack(b: *align(1) const Block) simd.V32i8 {
+/// The 32 stored nibbles of a block (0..15, offset 8), in value order.
+inline fn unpackUnsigned(b: *align(1) const Block) simd.V32u8 {
     const packed_qs: @Vector(16, u8) = b.qs;
-    const q = simd.concat16(packed_qs & @as(@Vector(16, u8), @splat(15)), packed_qs >> @splat(4));
-    return @as(simd.V32i8, @bitCast(q)) -% @as(simd.V32i8, @splat(8));
+    // Both halves hold the 16 bytes; the upper half shifts its 16-bit lanes right by 4.
+    const both: @Vector(16, u16) = @bitCast(simd.concat16(packed_qs, packed_qs));
+    const shift = @Vector(16, u16){ 0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4 };
+    return @as(simd.V32u8, @bitCast(both >> shift)) & @as(simd.V32u8, @splat(15));
 }
 
 pub fn dequantize(src: []align(1) const Block, dst: []f32) void {
@@ -71,31 +73,72 @@ pub fn dotScalar(w: []align(1) const Block, x: []align(1) const q8_0.Block) f32 
     return sum;
 }
 
+/// The float arithmetic of ggml_gemv_q4_0_8x8_q8_0 (arch/x86/repack.cpp), which llama.cpp runs
+/// for Q4_0 matmuls on an AVX2/AVX-512 CPU (weights repacked to block_q4_0x8 at load when
+/// n_out % 8 == 0): one exact integer per 32-value block, one f32 FMA chain per row,
+///   acc = fma(f32(sum_i q_i * x_i), d_w * d_x, acc).
+/// Written as a plain scalar loop: the reference the fast path must equal bit for bit.
+pub fn dotGgmlScalar(w: []align(1) const Block, x: []align(1) const q8_0.Block) f32 {
+    std.debug.assert(w.len == x.len);
+    var acc: f32 = 0;
+    for (w, x) |wb, xb| {
+        var sumi: i32 = 0;
+        for (0..16) |j| {
+            sumi += (@as(i32, wb.qs[j] & 15) - 8) * xb.qs[j];
+            sumi += (@as(i32, wb.qs[j] >> 4) - 8) * xb.qs[j + 16];
+        }
+        acc = @mulAdd(f32, @floatFromInt(sumi), @as(f32, wb.d) * @as(f32, xb.d), acc);
+    }
+    return acc;
+}
+
 pub fn dot(w: []align(1) const Block, x: []align(1) const q8_0.Block) f32 {
     std.debug.assert(w.len == x.len);
-    // One accumulator, block by block, as ggml's AVX2 kernel: the rounding then equals
-    // llama.cpp's and the multi-row path's, so a batch gives exactly what single tokens give.
-    var acc: simd.V8f32 = @splat(0);
-    for (w, x) |*wb, *xb| acc = blockDot(acc, wb, xb);
-    return simd.hsum(acc);
+    return dotMulti(1, w, .{x.ptr})[0];
 }
 
-inline fn blockDot(
-    acc: simd.V8f32,
-    w: *align(1) const Block,
-    x: *align(1) const q8_0.Block,
-) simd.V8f32 {
-    const sumi = simd.dotAccI8I8(@splat(0), unpack(w), x.qs);
-    const d: simd.V8f32 = @splat(@as(f32, w.d) * @as(f32, x.d));
-    return @mulAdd(simd.V8f32, d, @floatFromInt(sumi), acc);
-}
-
+/// Dots one weight row with R activation rows, unpacking each weight block once for all R.
+/// Rounds as dotGgmlScalar. Blocks go in groups of 8 so that one transposing reduction turns
+/// their 8 integer partial vectors into 8 block sums (the sums are exact in any order; only
+/// the FMA chain must follow the blocks one by one).
 pub fn dotMulti(
     comptime R: usize,
     w: []align(1) const Block,
     xs: [R][*]align(1) const q8_0.Block,
 ) [R]f32 {
-    return q8_0.dotMultiSigned(Block, unpack, R, w, xs);
+    var acc: [R]f32 = @splat(0);
+    const group = 8;
+    var i: usize = 0;
+    while (i + group <= w.len) : (i += group) {
+        var partial: [R][group]simd.V8i32 = undefined;
+        inline for (0..group) |b| {
+            const q = unpackUnsigned(&w[i + b]);
+            inline for (0..R) |r| partial[r][b] = blockPartial(q, xs[r][i + b].qs);
+        }
+        inline for (0..R) |r| {
+            const sums: [8]i32 = simd.reduceEight(partial[r]);
+            inline for (0..group) |b| {
+                const d = @as(f32, w[i + b].d) * @as(f32, xs[r][i + b].d);
+                acc[r] = @mulAdd(f32, @floatFromInt(sums[b]), d, acc[r]);
+            }
+        }
+    }
+    while (i < w.len) : (i += 1) {
+        const q = unpackUnsigned(&w[i]);
+        inline for (0..R) |r| {
+            const sumi = @reduce(.Add, blockPartial(q, xs[r][i].qs));
+            const d = @as(f32, w[i].d) * @as(f32, xs[r][i].d);
+            acc[r] = @mulAdd(f32, @floatFromInt(sumi), d, acc[r]);
+        }
+    }
+    return acc;
+}
+
+/// (q - 8) . x in 8 lanes of partial sums, as q . x - 8 * sum(x): two unsigned x signed dots
+/// (q <= 15 and 8 keep AVX2's pairs far inside i16).
+inline fn blockPartial(q: simd.V32u8, x: simd.V32i8) simd.V8i32 {
+    const eight: simd.V32u8 = @splat(8);
+    return simd.dotU8I8(q, x) - simd.dotU8I8(eight, x);
 }
 
 const test_util = @import("test_util.zig");
@@ -106,6 +149,10 @@ fn fixBlock(b: *Block, rng: *test_util.TestRng) void {
 
 test "q4_0 dot: fast matches scalar; quantized dot matches f32" {
     try test_util.checkDot(@This(), q8_0, 40, fixBlock);
+}
+
+test "q4_0 dot: bit-identical to ggml's x86 gemv order" {
+    try simd.expectGgmlOrder(@This(), q8_0, 140, fixBlock);
 }
 
 test "q4_0 quantizeRef round-trips within one step" {

@@ -78,14 +78,7 @@ pub fn dequantize(src: []align(1) const Block, dst: []f32) void {
 
 /// sum over sub-blocks of min_j * (sum of the 32 activation quants of sub-block j).
 pub fn minsDot(mins: [8]u8, bsums: *align(1) const [16]i16) i32 {
-    const bs: @Vector(16, i32) = @as(@Vector(16, i16), bsums.*);
-    const m: @Vector(8, i32) = @as(@Vector(8, u8), mins);
-    const pair_mask = comptime blk: {
-        var mask: [16]i32 = undefined;
-        for (0..16) |k| mask[k] = @intCast(k / 2);
-        break :blk mask;
-    };
-    return @reduce(.Add, bs * @shuffle(i32, m, undefined, pair_mask));
+    return @reduce(.Add, simd.maddI16(bsums.*, minsPairs(mins)));
 }
 
 /// ggml_vec_dot_q4_K_q8_K_generic: integer sums per sub-block times its scale, then
@@ -114,20 +107,55 @@ pub fn dotScalar(w: []align(1) const Block, x: []align(1) const q8_k.Block) f32 
     return sum;
 }
 
+/// The float arithmetic of ggml_gemv_q4_K_8x8_q8_K (arch/x86/repack.cpp), which llama.cpp runs
+/// for every Q4_K matmul on an AVX2/AVX-512 CPU (the weights are repacked to block_q4_Kx8 at
+/// load when n_out % 8 == 0). Per superblock it forms two exact integers, the scaled quant sum
+/// and the mins sum, and feeds each into its own f32 FMA chain; the chains meet at the end:
+///   acc  = fma(f32(sum_j scale_j * dot_j),            d_w * d_x,    acc)
+///   accm = fma(f32(sum_j min_j * (bsum_2j + bsum_2j+1)), dmin_w * d_x, accm)
+///   result = acc - accm.
+/// Written as plain scalar loops: the reference the fast path must equal bit for bit.
+pub fn dotGgmlScalar(w: []align(1) const Block, x: []align(1) const q8_k.Block) f32 {
+    std.debug.assert(w.len == x.len);
+    var acc: f32 = 0;
+    var acc_min: f32 = 0;
+    for (w, x) |*wb, *xb| {
+        const sm = unpackScalesBytewise(&wb.scales);
+        var sumi: i32 = 0;
+        var sum_min: i32 = 0;
+        for (0..8) |j| {
+            var sub: i32 = 0;
+            for (0..32) |l| {
+                const q = wb.qs[32 * (j / 2) + l];
+                const nib = if (j % 2 == 0) q & 15 else q >> 4;
+                sub += @as(i32, nib) * xb.qs[32 * j + l];
+            }
+            sumi += sub * sm.scales[j];
+            sum_min += @as(i32, sm.mins[j]) * (@as(i32, xb.bsums[2 * j]) + xb.bsums[2 * j + 1]);
+        }
+        const dw: f32 = wb.d;
+        const dmin: f32 = wb.dmin;
+        acc = @mulAdd(f32, @floatFromInt(sumi), dw * xb.d, acc);
+        acc_min = @mulAdd(f32, @floatFromInt(sum_min), dmin * xb.d, acc_min);
+    }
+    return acc - acc_min;
+}
+
 pub fn dot(w: []align(1) const Block, x: []align(1) const q8_k.Block) f32 {
     std.debug.assert(w.len == x.len);
     return dotMulti(1, w, .{x.ptr})[0];
 }
 
 /// Dots one weight row with R activation rows, unpacking each superblock's nibbles and scales
-/// once for all R.
+/// once for all R. Rounds as dotGgmlScalar: the integer sums are exact in any lane order, so
+/// only the two f32 chains per row need ggml's order.
 pub fn dotMulti(
     comptime R: usize,
     w: []align(1) const Block,
     xs: [R][*]align(1) const q8_k.Block,
 ) [R]f32 {
-    var acc: [R]simd.V8f32 = @splat(@splat(0));
-    var mins_sum: [R]f32 = @splat(0);
+    var acc: [R]f32 = @splat(0);
+    var acc_min: [R]f32 = @splat(0);
     const nibble: simd.V32u8 = @splat(15);
     for (w, 0..) |*wb, i| {
         const sm = unpackScales(&wb.scales);
@@ -140,21 +168,32 @@ pub fn dotMulti(
             q[2 * c + 1] = packed_qs >> @splat(4);
         }
         inline for (0..8) |j| scale[j] = @splat(sm.scales[j]);
+        const mins = minsPairs(sm.mins);
         const dw: f32 = wb.d;
         const dmin: f32 = wb.dmin;
         inline for (0..R) |r| {
             const xb = &xs[r][i];
-            var sumi: simd.V8i32 = @splat(0);
+            // Two integer chains (exact, so any grouping) to halve the vpdpwssd latency chain.
+            var sumi: [2]simd.V8i32 = @splat(@splat(0));
             inline for (0..8) |j| {
-                sumi = simd.dotScaledAcc(sumi, q[j], simd.load32i(xb.qs[32 * j ..]), scale[j]);
+                const x_q = simd.load32i(xb.qs[32 * j ..]);
+                sumi[j % 2] = simd.dotScaledAcc(sumi[j % 2], q[j], x_q, scale[j]);
             }
-            acc[r] = @mulAdd(simd.V8f32, @splat(dw * xb.d), @floatFromInt(sumi), acc[r]);
-            mins_sum[r] += dmin * xb.d * @as(f32, @floatFromInt(minsDot(sm.mins, &xb.bsums)));
+            const sum_q = @reduce(.Add, sumi[0] + sumi[1]);
+            const sum_min = @reduce(.Add, simd.maddI16(xb.bsums, mins));
+            acc[r] = @mulAdd(f32, @floatFromInt(sum_q), dw * xb.d, acc[r]);
+            acc_min[r] = @mulAdd(f32, @floatFromInt(sum_min), dmin * xb.d, acc_min[r]);
         }
     }
     var out: [R]f32 = undefined;
-    inline for (0..R) |r| out[r] = simd.hsum(acc[r]) - mins_sum[r];
+    inline for (0..R) |r| out[r] = acc[r] - acc_min[r];
     return out;
+}
+
+/// min_j in lanes 2j and 2j+1, beside bsums 2j and 2j+1 (the two halves of sub-block j).
+pub inline fn minsPairs(mins: [8]u8) simd.V16i16 {
+    const m: @Vector(8, i16) = @as(@Vector(8, u8), mins);
+    return @shuffle(i16, m, undefined, [16]i32{ 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7 });
 }
 
 const test_util = @import("test_util.zig");
@@ -166,6 +205,10 @@ fn fixBlock(b: *Block, rng: *test_util.TestRng) void {
 
 test "q4_k dot: fast matches scalar; quantized dot matches f32" {
     try test_util.checkDot(@This(), q8_k, 12, fixBlock);
+}
+
+test "q4_k dot: bit-identical to ggml's x86 gemv order" {
+    try simd.expectGgmlOrder(@This(), q8_k, 112, fixBlock);
 }
 
 test "q4_k scale unpacking follows the documented bit layout" {

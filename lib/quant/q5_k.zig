@@ -71,19 +71,51 @@ pub fn dotScalar(w: []align(1) const Block, x: []align(1) const q8_k.Block) f32 
     return sum;
 }
 
+/// The float arithmetic of ggml_vec_dot_q5_K_q8_K's AVX2 branch (arch/x86/quants.c; Q5_K is not
+/// repacked on x86). Per superblock, 8 integer lanes: lane L sums scale_j * q * x over values
+/// 32j+4L..32j+4L+3 of every sub-block j; acc[L] = fma(d_x * d_w, f32(lane L), acc[L]). The
+/// mins go to a scalar: summs = fma(-d_x * dmin_w, f32(sum_j min_j * bsum pair j), summs)
+/// (GCC contracts ggml's `summs += dmin * sum` into that FMA). Result hsum_float_8(acc) + summs.
+/// Written as plain scalar loops: the reference the fast path must equal bit for bit.
+pub fn dotGgmlScalar(w: []align(1) const Block, x: []align(1) const q8_k.Block) f32 {
+    std.debug.assert(w.len == x.len);
+    var acc: simd.V8f32 = @splat(0);
+    var summs: f32 = 0;
+    for (w, x) |*wb, *xb| {
+        const sm = q4_k.unpackScales(&wb.scales);
+        var lanes: [8]i32 = @splat(0);
+        var sum_min: i32 = 0;
+        for (0..8) |j| {
+            const c = j / 2;
+            const high = j % 2 == 1;
+            for (0..32) |l| {
+                const prod = @as(i32, quant(wb, c, l, high)) * xb.qs[32 * j + l];
+                lanes[l / 4] += prod * sm.scales[j];
+            }
+            sum_min += @as(i32, sm.mins[j]) * (@as(i32, xb.bsums[2 * j]) + xb.bsums[2 * j + 1]);
+        }
+        const d = xb.d * @as(f32, wb.d);
+        const dmin = -xb.d * @as(f32, wb.dmin);
+        for (0..8) |lane| acc[lane] = @mulAdd(f32, d, @floatFromInt(lanes[lane]), acc[lane]);
+        summs = @mulAdd(f32, dmin, @floatFromInt(sum_min), summs);
+    }
+    return simd.hsum(acc) + summs;
+}
+
 pub fn dot(w: []align(1) const Block, x: []align(1) const q8_k.Block) f32 {
     std.debug.assert(w.len == x.len);
     return dotMulti(1, w, .{x.ptr})[0];
 }
 
 /// Dots one weight row with R activation rows, unpacking each superblock once for all R.
+/// Rounds as dotGgmlScalar.
 pub fn dotMulti(
     comptime R: usize,
     w: []align(1) const Block,
     xs: [R][*]align(1) const q8_k.Block,
 ) [R]f32 {
     var acc: [R]simd.V8f32 = @splat(@splat(0));
-    var mins_sum: [R]f32 = @splat(0);
+    var summs: [R]f32 = @splat(0);
     const nibble: simd.V32u8 = @splat(15);
     const one: simd.V32u8 = @splat(1);
     for (w, 0..) |*wb, i| {
@@ -100,21 +132,25 @@ pub fn dotMulti(
             q[2 * c + 1] = (packed_qs >> @splat(4)) | h_hi;
         }
         inline for (0..8) |j| scale[j] = @splat(sm.scales[j]);
+        const mins = q4_k.minsPairs(sm.mins);
         const dw: f32 = wb.d;
-        const dmin: f32 = wb.dmin;
+        const dmin_w: f32 = wb.dmin;
         inline for (0..R) |r| {
             const xb = &xs[r][i];
-            var sumi: simd.V8i32 = @splat(0);
+            // Two integer chains (exact, so any grouping) to halve the latency chain.
+            var sumi: [2]simd.V8i32 = @splat(@splat(0));
             inline for (0..8) |j| {
-                sumi = simd.dotScaledAcc(sumi, q[j], simd.load32i(xb.qs[32 * j ..]), scale[j]);
+                const x_q = simd.load32i(xb.qs[32 * j ..]);
+                sumi[j % 2] = simd.dotScaledAcc(sumi[j % 2], q[j], x_q, scale[j]);
             }
-            acc[r] = @mulAdd(simd.V8f32, @splat(dw * xb.d), @floatFromInt(sumi), acc[r]);
-            const mins = q4_k.minsDot(sm.mins, &xb.bsums);
-            mins_sum[r] += dmin * xb.d * @as(f32, @floatFromInt(mins));
+            const d: simd.V8f32 = @splat(xb.d * dw);
+            acc[r] = @mulAdd(simd.V8f32, d, @floatFromInt(sumi[0] + sumi[1]), acc[r]);
+            const sum_min = @reduce(.Add, simd.maddI16(xb.bsums, mins));
+            summs[r] = @mulAdd(f32, -xb.d * dmin_w, @floatFromInt(sum_min), summs[r]);
         }
     }
     var out: [R]f32 = undefined;
-    inline for (0..R) |r| out[r] = simd.hsum(acc[r]) - mins_sum[r];
+    inline for (0..R) |r| out[r] = simd.hsum(acc[r]) + summs[r];
     return out;
 }
 
@@ -127,4 +163,8 @@ fn fixBlock(b: *Block, rng: *test_util.TestRng) void {
 
 test "q5_k dot: fast matches scalar; quantized dot matches f32" {
     try test_util.checkDot(@This(), q8_k, 13, fixBlock);
+}
+
+test "q5_k dot: bit-identical to ggml's x86 vec_dot order" {
+    try simd.expectGgmlOrder(@This(), q8_k, 113, fixBlock);
 }

@@ -45,13 +45,6 @@ pub fn dequantize(src: []align(1) const Block, dst: []f32) void {
     }
 }
 
-/// sum over 16-value groups g of scale_g * (sum of activation quants of g): the -32 offset term.
-fn offsetDot(scales: *align(1) const [16]i8, bsums: *align(1) const [16]i16) i32 {
-    const s: @Vector(16, i32) = @as(@Vector(16, i8), scales.*);
-    const b: @Vector(16, i32) = @as(@Vector(16, i16), bsums.*);
-    return @reduce(.Add, s * b);
-}
-
 /// ggml_vec_dot_q6_K_q8_K_generic: integer sums per 16-value group times its scale,
 /// scaled by d_w * d_x.
 pub fn dotScalar(w: []align(1) const Block, x: []align(1) const q8_k.Block) f32 {
@@ -72,18 +65,49 @@ pub fn dotScalar(w: []align(1) const Block, x: []align(1) const q8_k.Block) f32 
     return sum;
 }
 
+/// The float arithmetic of ggml_vec_dot_q6_K_q8_K's AVX2 branch (arch/x86/quants.c; Q6_K is not
+/// repacked on x86, and the AVX-512 compile takes this branch too). Per superblock, 8 integer
+/// lanes: lane L sums, over the eight 32-value chunks k, scale * q * x for values 32k+4L..+3
+/// (unsigned quants 0..63), minus the -32 offset 32 * (bsum_2L * scale_2L + bsum_2L+1 *
+/// scale_2L+1). Then acc[L] = fma(d_x * d_w, f32(lane L), acc[L]), and one hsum_float_8 at the
+/// end. Written as plain scalar loops: the reference the fast path must equal bit for bit.
+pub fn dotGgmlScalar(w: []align(1) const Block, x: []align(1) const q8_k.Block) f32 {
+    std.debug.assert(w.len == x.len);
+    var acc: simd.V8f32 = @splat(0);
+    for (w, x) |*wb, *xb| {
+        var lanes: [8]i32 = undefined;
+        for (0..8) |lane| {
+            var sum: i32 = 0;
+            for (0..8) |k| {
+                for (0..4) |j| {
+                    const v = 32 * k + 4 * lane + j;
+                    sum += @as(i32, quant(wb, v)) * xb.qs[v] * wb.scales[v / 16];
+                }
+            }
+            const offset = @as(i32, xb.bsums[2 * lane]) * wb.scales[2 * lane] +
+                @as(i32, xb.bsums[2 * lane + 1]) * wb.scales[2 * lane + 1];
+            lanes[lane] = sum - 32 * offset;
+        }
+        const d = xb.d * @as(f32, wb.d);
+        for (0..8) |lane| acc[lane] = @mulAdd(f32, d, @floatFromInt(lanes[lane]), acc[lane]);
+    }
+    return simd.hsum(acc);
+}
+
 pub fn dot(w: []align(1) const Block, x: []align(1) const q8_k.Block) f32 {
     std.debug.assert(w.len == x.len);
     return dotMulti(1, w, .{x.ptr})[0];
 }
 
 /// Dots one weight row with R activation rows, unpacking each superblock once for all R.
+/// Rounds as dotGgmlScalar: the same integer lanes (vpmaddubsw pairs, scaled and summed in
+/// pairs), one FMA per lane per superblock.
 pub fn dotMulti(
     comptime R: usize,
     w: []align(1) const Block,
     xs: [R][*]align(1) const q8_k.Block,
 ) [R]f32 {
-    var sum: [R]f32 = @splat(0);
+    var acc: [R]simd.V8f32 = @splat(@splat(0));
     const nibble: simd.V32u8 = @splat(15);
     const two_bits: simd.V32u8 = @splat(3);
     for (w, 0..) |*wb, i| {
@@ -105,19 +129,26 @@ pub fn dotMulti(
             const s1: i16 = wb.scales[2 * k + 1];
             scale[k] = .{ s0, s0, s0, s0, s0, s0, s0, s0, s1, s1, s1, s1, s1, s1, s1, s1 };
         }
+        const scales16: simd.V16i16 = @as(@Vector(16, i8), wb.scales);
         const dw: f32 = wb.d;
         inline for (0..R) |r| {
             const xb = &xs[r][i];
-            var sumi: simd.V8i32 = @splat(0);
+            // Two integer chains (exact, so any grouping) to halve the latency chain.
+            var sumi: [2]simd.V8i32 = @splat(@splat(0));
             inline for (0..8) |k| {
-                sumi = simd.dotScaledAcc(sumi, q[k], simd.load32i(xb.qs[32 * k ..]), scale[k]);
+                const x_q = simd.load32i(xb.qs[32 * k ..]);
+                sumi[k % 2] = simd.dotScaledAcc(sumi[k % 2], q[k], x_q, scale[k]);
             }
-            // The -32 offset, from the activations' group sums instead of per value.
-            const total = @reduce(.Add, sumi) - 32 * offsetDot(&wb.scales, &xb.bsums);
-            sum[r] += dw * xb.d * @as(f32, @floatFromInt(total));
+            // The -32 offset per lane, from the activations' group sums, as ggml's q8sclsub.
+            const offset = simd.maddI16(xb.bsums, scales16) << @splat(5);
+            const lanes = (sumi[0] + sumi[1]) - offset;
+            const d: simd.V8f32 = @splat(xb.d * dw);
+            acc[r] = @mulAdd(simd.V8f32, d, @floatFromInt(lanes), acc[r]);
         }
     }
-    return sum;
+    var out: [R]f32 = undefined;
+    inline for (0..R) |r| out[r] = simd.hsum(acc[r]);
+    return out;
 }
 
 const test_util = @import("test_util.zig");
@@ -128,4 +159,8 @@ fn fixBlock(b: *Block, rng: *test_util.TestRng) void {
 
 test "q6_k dot: fast matches scalar; quantized dot matches f32" {
     try test_util.checkDot(@This(), q8_k, 14, fixBlock);
+}
+
+test "q6_k dot: bit-identical to ggml's x86 vec_dot order" {
+    try simd.expectGgmlOrder(@This(), q8_k, 114, fixBlock);
 }

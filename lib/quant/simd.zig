@@ -83,6 +83,41 @@ pub inline fn dotScaledAcc(acc: V8i32, a: V32u8, b: V32i8, scale: V16i16) V8i32 
     }
 }
 
+/// i16 products summed in pairs: lane k = a[2k] * b[2k] + a[2k+1] * b[2k+1] (vpmaddwd).
+pub inline fn maddI16(a: V16i16, b: V16i16) V8i32 {
+    if (comptime has_avx2) {
+        return asm ("vpmaddwd %[b], %[a], %[out]"
+            : [out] "=x" (-> V8i32),
+            : [a] "x" (a),
+              [b] "x" (b),
+        );
+    } else {
+        const prod = @as(@Vector(16, i32), a) * @as(@Vector(16, i32), b);
+        return @shuffle(i32, prod, undefined, even_lanes[0..8].*) +
+            @shuffle(i32, prod, undefined, odd_lanes[0..8].*);
+    }
+}
+
+/// The lane sums of 8 vectors, [@reduce(.Add, v[0]), ..., @reduce(.Add, v[7])], by a
+/// transposing tree of pairwise adds (3 levels instead of 8 separate reductions).
+pub inline fn reduceEight(v: [8]V8i32) V8i32 {
+    // Level 1: lanes [a0+a1, b0+b1, a2+a3, b2+b3, ...] for each pair (a, b).
+    var t: [4]V8i32 = undefined;
+    inline for (0..4) |k| {
+        t[k] = @shuffle(i32, v[2 * k], v[2 * k + 1], [8]i32{ 0, -1, 2, -3, 4, -5, 6, -7 }) +
+            @shuffle(i32, v[2 * k], v[2 * k + 1], [8]i32{ 1, -2, 3, -4, 5, -6, 7, -8 });
+    }
+    // Level 2: [a0..3, b0..3, c0..3, d0..3, a4..7, b4..7, c4..7, d4..7] per pair of pairs.
+    var u: [2]V8i32 = undefined;
+    inline for (0..2) |k| {
+        u[k] = @shuffle(i32, t[2 * k], t[2 * k + 1], [8]i32{ 0, 1, -1, -2, 4, 5, -5, -6 }) +
+            @shuffle(i32, t[2 * k], t[2 * k + 1], [8]i32{ 2, 3, -3, -4, 6, 7, -7, -8 });
+    }
+    // Level 3: the two halves of each sum meet.
+    return @shuffle(i32, u[0], u[1], [8]i32{ 0, 1, 2, 3, -1, -2, -3, -4 }) +
+        @shuffle(i32, u[0], u[1], [8]i32{ 4, 5, 6, 7, -5, -6, -7, -8 });
+}
+
 const even_lanes = evenOdd(0);
 const odd_lanes = evenOdd(1);
 
@@ -191,10 +226,57 @@ test "dotU8I8 matches the widened generic sum" {
         var want_scaled: V8i32 = @splat(0);
         for (0..32) |j| want_scaled[j / 4] += @as(i32, a_bytes[j]) * b[j] * scale[j / 2];
         try std.testing.expectEqual(want_scaled, scaled);
+        var eight: [8]V8i32 = undefined;
+        for (&eight, 0..) |*e, k| e.* = want + @as(V8i32, @splat(@as(i32, @intCast(k * 1000))));
+        const reduced = reduceEight(eight);
+        for (0..8) |k| try std.testing.expectEqual(@reduce(.Add, eight[k]), reduced[k]);
         const signed: V32i8 = @bitCast(b_bytes);
         const s = @reduce(.Add, dotAccI8I8(@splat(0), signed, b));
         var s_ref: i32 = 0;
         for (0..32) |i| s_ref += @as(i32, signed[i]) * b[i];
         try std.testing.expectEqual(s_ref, s);
+    }
+}
+
+/// Test helper: W.dot and W.dotMulti (1 to 4 rows) equal W.dotGgmlScalar, the scalar emulation
+/// of the order ggml's x86 kernel rounds in, bit for bit, on random blocks (`fixBlock` makes
+/// the scale fields finite) and random activations quantized by X.quantize.
+pub fn expectGgmlOrder(
+    comptime W: type,
+    comptime X: type,
+    seed: u64,
+    fixBlock: fn (*W.Block, *TestRng) void,
+) !void {
+    const alloc = std.testing.allocator;
+    var rng = TestRng.init(seed);
+    const R = 4;
+    for ([_]usize{ 1, 2, 5, 16, 33 }) |n_blocks| {
+        const n = n_blocks * W.block_values;
+        const n_x = n / X.block_values;
+        const w = try alloc.alloc(W.Block, n_blocks);
+        defer alloc.free(w);
+        const x = try alloc.alloc(f32, n);
+        defer alloc.free(x);
+        const xq = try alloc.alloc(X.Block, R * n_x);
+        defer alloc.free(xq);
+        for (w) |*b| {
+            rng.bytes(std.mem.asBytes(b));
+            fixBlock(b, &rng);
+        }
+        var rows: [R][*]align(1) const X.Block = undefined;
+        for (0..R) |r| {
+            rng.floats(x, 3);
+            // Outliers make the quantizer's rounding and the 8-bit extremes show up.
+            for (0..n / 61) |k| x[61 * k + r] *= 40;
+            X.quantize(x, xq[r * n_x ..][0..n_x]);
+            rows[r] = xq[r * n_x ..].ptr;
+        }
+        var want: [R]u32 = undefined;
+        for (0..R) |r| want[r] = @bitCast(W.dotGgmlScalar(w, rows[r][0..n_x]));
+        try std.testing.expectEqual(want[0], @as(u32, @bitCast(W.dot(w, rows[0][0..n_x]))));
+        inline for (1..R + 1) |rows_n| {
+            const got = W.dotMulti(rows_n, w, rows[0..rows_n].*);
+            for (0..rows_n) |r| try std.testing.expectEqual(want[r], @as(u32, @bitCast(got[r])));
+        }
     }
 }
