@@ -452,8 +452,106 @@ test {
 }
 // (ops helper section: end)
 
+// ---- row bias (architectures helper: llama / qwen2 / qwen3) ----------------------------------
+// (architectures helper section: begin)
+
+/// x[r][c] += bias[c] for every one of n_rows rows of n_cols (the q/k/v biases of Qwen 2, the
+/// LM-head bias): one call per op over the whole batch, as ggml_add broadcasts a row.
+export fn infer_add_row_bias(x: [*]f32, bias: [*]const f32, n_rows: u64, n_cols: u64) i32 {
+    if (n_cols == 0) return opsInvalid("add_row_bias: n_cols must be > 0", .{});
+    const n = opsCount(n_rows, n_cols) orelse
+        return opsInvalid("add_row_bias: {d} x {d} overflows", .{ n_rows, n_cols });
+    const cols: usize = @intCast(n_cols);
+    const b = bias[0..cols];
+    var row: usize = 0;
+    while (row < n) : (row += cols) {
+        const r = x[row .. row + cols];
+        act.add(r, b, r);
+    }
+    return 0;
+}
+
+test "add_row_bias adds the bias to every row" {
+    var x = [_]f32{ 1, 2, 3, 4, 5, 6 };
+    const b = [_]f32{ 0.5, -1, 2 };
+    try std.testing.expectEqual(@as(i32, 0), infer_add_row_bias(&x, &b, 2, 3));
+    try std.testing.expectEqualSlices(f32, &.{ 1.5, 1, 5, 4.5, 4, 8 }, &x);
+}
+// (architectures helper section: end)
+
 test {
     std.testing.refAllDecls(@This());
     _ = status;
     _ = file_map;
 }
+
+// ---- bench (bench helper) ----------------------------------------------------------------------
+// (bench helper section: begin)
+
+const bench_threads = @import("cpu/threads.zig");
+
+const BenchRead = struct {
+    base: [*]const u8,
+    len: usize,
+    chunk: usize,
+    partial: []u64,
+
+    const Vec = @Vector(8, u64);
+
+    /// Sums one chunk with four independent vector accumulators (64-byte loads, no stores).
+    fn task(self: *const BenchRead, i: usize) void {
+        const start = i * self.chunk;
+        const end = @min(self.len, start + self.chunk);
+        var p = start;
+        var a0: Vec = @splat(0);
+        var a1: Vec = @splat(0);
+        var a2: Vec = @splat(0);
+        var a3: Vec = @splat(0);
+        while (p + 256 <= end) : (p += 256) {
+            a0 +%= @as(*align(1) const Vec, @ptrCast(self.base + p)).*;
+            a1 +%= @as(*align(1) const Vec, @ptrCast(self.base + p + 64)).*;
+            a2 +%= @as(*align(1) const Vec, @ptrCast(self.base + p + 128)).*;
+            a3 +%= @as(*align(1) const Vec, @ptrCast(self.base + p + 192)).*;
+        }
+        var sum: u64 = @reduce(.Add, a0 +% a1 +% a2 +% a3);
+        while (p < end) : (p += 1) sum +%= self.base[p];
+        self.partial[i] = sum;
+    }
+};
+
+/// Reads `len` bytes of `buf` once with the thread pool (`threads` > 0 sets its size first) and
+/// returns a checksum, so the caller can time a read-only pass: the machine's memory bandwidth
+/// when the buffer is far larger than the caches. Returns -1 on a bad argument.
+export fn infer_bench_read(buf: [*]const u8, len: u64, threads: u32) f64 {
+    if (threads > bench_threads.threads_max) return -1;
+    if (threads > 0) bench_threads.setThreadCount(threads) catch return -1;
+    const n_tasks: usize = 64;
+    var partial: [n_tasks]u64 = @splat(0);
+    const n: usize = @intCast(len);
+    // 4 KiB-aligned chunks so that no two tasks share a page.
+    const chunk = std.mem.alignForward(usize, (n + n_tasks - 1) / n_tasks, 4096);
+    if (chunk == 0) return 0;
+    const ctx: BenchRead = .{ .base = buf, .len = n, .chunk = chunk, .partial = &partial };
+    bench_threads.run((n + chunk - 1) / chunk, &ctx, BenchRead.task);
+    var sum: u64 = 0;
+    for (partial) |s| sum +%= s;
+    return @floatFromInt(sum);
+}
+
+test "bench_read sums every u64 lane, and the tail byte by byte" {
+    var words: [4096]u64 = undefined;
+    var expect: u64 = 0;
+    for (&words, 0..) |*w, i| {
+        w.* = i * 2654435761;
+        expect +%= w.*;
+    }
+    const bytes: [*]const u8 = @ptrCast(&words);
+    for ([_]u32{ 1, 2, 0 }) |threads| {
+        try std.testing.expectEqual(@as(f64, @floatFromInt(expect)), infer_bench_read(bytes, @sizeOf(@TypeOf(words)), threads));
+    }
+    const small = [_]u8{ 1, 2, 3, 250 };
+    try std.testing.expectEqual(@as(f64, 256), infer_bench_read(&small, small.len, 0));
+    try std.testing.expectEqual(@as(f64, 0), infer_bench_read(&small, 0, 0));
+    try std.testing.expectEqual(@as(f64, -1), infer_bench_read(&small, 1, 100_000));
+}
+// (bench helper section: end)

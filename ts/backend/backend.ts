@@ -33,6 +33,8 @@ export interface RopeOptions {
   readonly base: number;
   readonly scale: number;
   readonly neox: boolean;
+  /** Per-pair divisors of the angle (Llama 3's `rope_freqs`, rotaryDims/2 f32 values), if any. */
+  readonly freqFactors?: Weight | null;
 }
 
 export interface AttentionOptions {
@@ -69,6 +71,8 @@ export interface Backend {
   geluMul(gate: Activation, up: Activation, rows: number, out: Activation): void;
   siluMul(gate: Activation, up: Activation, rows: number, out: Activation): void;
   add(a: Activation, b: Activation, rows: number, out: Activation): void;
+  /** x[r] += bias for the first `rows` rows; bias is an f32 vector of x.cols values. */
+  addBias(x: Activation, bias: Weight, rows: number): void;
   /** A view of the first `rows` rows (valid until the next op that writes `x`). */
   read(x: Activation, rows: number): Float32Array;
   setThreads(n: number): void;

@@ -113,6 +113,15 @@ export class CpuBackend implements Backend {
   }
 
   rope(x: Activation, positions: Activation, rows: number, o: RopeOptions): void {
+    if (o.freqFactors) {
+      const f = w(o.freqFactors);
+      if (f.typeId !== GgmlType.F32 || f.dims[0] * 2 !== o.rotaryDims) {
+        throw new InferError("bad_model", `rope factors '${f.name}' must be ${o.rotaryDims / 2} f32 values`);
+      }
+      check(this.lib.infer_rope_ext(a(x).address, rows, o.heads, o.headDim, o.rotaryDims,
+        a(positions).address, o.base, o.scale, o.neox ? 2 : 0, f.address), "rope (freq factors)");
+      return;
+    }
     check(this.lib.infer_rope(a(x).address, rows, o.heads, o.headDim, o.rotaryDims,
       a(positions).address, o.base, o.scale, o.neox ? 2 : 0), "rope");
   }
@@ -145,6 +154,14 @@ export class CpuBackend implements Backend {
 
   add(x: Activation, y: Activation, rows: number, out: Activation): void {
     check(this.lib.infer_add(a(x).address, a(y).address, rows * x.cols, a(out).address), "add");
+  }
+
+  addBias(x: Activation, bias: Weight, rows: number): void {
+    const b = w(bias);
+    if (b.typeId !== GgmlType.F32 || b.dims.length !== 1 || b.dims[0] !== x.cols) {
+      throw new InferError("bad_model", `bias '${b.name}' must be ${x.cols} f32 values`);
+    }
+    check(this.lib.infer_add_row_bias(a(x).address, b.address, rows, x.cols), `add bias ${b.name}`);
   }
 
   read(x: Activation, rows: number): Float32Array {

@@ -5,9 +5,22 @@ import { availableParallelism } from "node:os";
 import { InferError } from "../errors.ts";
 import { Engine } from "../engine/engine.ts";
 import { defaultSampling } from "../sample/sampler.ts";
+import { importCommand } from "./import.ts";
+import { perplexityCommand } from "./perplexity.ts";
+import { quantizeCommand } from "./quantize.ts";
 import { defaultModelPath } from "./setup.ts";
 
+/** Subcommands, chosen when the first argument is exactly their name; anything else is a prompt. */
+const commands: Record<string, (argv: string[]) => number | Promise<number>> = {
+  import: importCommand,
+  quantize: quantizeCommand,
+  perplexity: perplexityCommand,
+};
+
 const usage = `usage: bun run infer.ts "prompt" [options]
+       bun run infer.ts import <hf-folder> -o model.gguf [--quant TYPE]
+       bun run infer.ts quantize <in.gguf> <out.gguf> --quant TYPE
+       bun run infer.ts perplexity <model.gguf> <text-file> [options]
 
 Streams the continuation of the prompt to stdout; timings go to stderr.
 
@@ -94,7 +107,8 @@ async function run(argv: string[]): Promise<number> {
 
 export async function main(argv: string[]): Promise<number> {
   try {
-    return await run(argv);
+    const command = Object.hasOwn(commands, argv[0] ?? "") ? commands[argv[0]] : null;
+    return command ? await command(argv.slice(1)) : await run(argv);
   } catch (err) {
     if (err instanceof InferError) {
       console.error(`infer: ${err.message}`);

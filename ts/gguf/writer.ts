@@ -74,12 +74,31 @@ class ByteSink {
   result(): Uint8Array { return this.buf.subarray(0, this.length); }
 }
 
-/** Serialises the header (everything before the tensor data) and the data offsets. */
-export function writeGguf(
+/** A tensor's entry in the header: its data is written after the header, in this order. */
+export interface GgufTensorHeader {
+  name: string;
+  type: number; // ggml type id
+  dims: number[]; // ggml order: dims[0] is the row length
+}
+
+export interface GgufLayout {
+  /** Everything before the tensor data, padded to the alignment. */
+  readonly header: Uint8Array;
+  /** Byte length of each tensor's data and the zero padding that follows it. */
+  readonly dataBytes: readonly number[];
+  readonly paddingBytes: readonly number[];
+  readonly alignment: number;
+}
+
+/**
+ * Serialises the header for tensors whose data will follow in order (each padded to the
+ * alignment), so that a converter can stream gigabytes of tensor data without holding them.
+ */
+export function ggufLayout(
   metadata: ReadonlyArray<readonly [string, GgufTypedValue]>,
-  tensors: readonly GgufTensorToWrite[],
+  tensors: readonly GgufTensorHeader[],
   options: { version?: number; alignment?: number } = {},
-): Uint8Array {
+): GgufLayout {
   const alignment = options.alignment ?? GGUF_DEFAULT_ALIGNMENT;
   const s = new ByteSink();
   s.u32(GGUF_MAGIC);
@@ -98,27 +117,47 @@ export function writeGguf(
     }
   }
   let offset = 0;
-  const offsets: number[] = [];
+  const dataBytes: number[] = [], paddingBytes: number[] = [];
   for (const t of tensors) {
     const info = ggmlTypes.get(t.type);
     if (!info) throw new Error(`gguf writer: unknown tensor type ${t.type}`);
     const count = t.dims.reduce((a, b) => a * b, 1);
-    const expected = (count / info.blockValues) * info.blockBytes;
-    if (t.data.length !== expected) {
-      throw new Error(`gguf writer: '${t.name}' has ${t.data.length} bytes, its shape needs ${expected}`);
+    if (t.dims[0] % info.blockValues !== 0) {
+      throw new Error(`gguf writer: '${t.name}' row of ${t.dims[0]} is not a multiple of the ` +
+        `${info.name} block (${info.blockValues})`);
     }
+    const bytes = (count / info.blockValues) * info.blockBytes;
     s.str(t.name);
     s.u32(t.dims.length);
     for (const d of t.dims) s.u64(d);
     s.u32(t.type);
     s.u64(offset);
-    offsets.push(offset);
-    offset += Math.ceil(t.data.length / alignment) * alignment;
+    const padded = Math.ceil(bytes / alignment) * alignment;
+    dataBytes.push(bytes);
+    paddingBytes.push(padded - bytes);
+    offset += padded;
   }
   s.pad(alignment);
-  for (const t of tensors) {
-    s.bytes(t.data);
-    s.pad(alignment);
-  }
-  return s.result();
+  return { header: s.result(), dataBytes, paddingBytes, alignment };
+}
+
+/** Serialises a whole GGUF (header and tensor data) in memory. */
+export function writeGguf(
+  metadata: ReadonlyArray<readonly [string, GgufTypedValue]>,
+  tensors: readonly GgufTensorToWrite[],
+  options: { version?: number; alignment?: number } = {},
+): Uint8Array {
+  const layout = ggufLayout(metadata, tensors, options);
+  const total = layout.header.length + layout.dataBytes.reduce((a, b, i) => a + b + layout.paddingBytes[i], 0);
+  const out = new Uint8Array(total);
+  out.set(layout.header);
+  let at = layout.header.length;
+  tensors.forEach((t, i) => {
+    if (t.data.length !== layout.dataBytes[i]) {
+      throw new Error(`gguf writer: '${t.name}' has ${t.data.length} bytes, its shape needs ${layout.dataBytes[i]}`);
+    }
+    out.set(t.data, at);
+    at += t.data.length + layout.paddingBytes[i];
+  });
+  return out;
 }

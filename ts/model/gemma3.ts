@@ -5,10 +5,10 @@ import type { Activation, Backend, KvLayer, Weight } from "../backend/backend.ts
 import type { GgufFile } from "../gguf/reader.ts";
 import { Hparams, LIMITS } from "./hparams.ts";
 import {
-  attentionBuffers, attentionWeights, ffnBuffers, ffnWeights, gatedFfn, selfAttention, WeightTable,
+  attentionBuffers, attentionWeights, ffnBuffers, ffnWeights, gatedFfn, LogitsHead, selfAttention, WeightTable,
   type AttentionBuffers, type AttentionWeights, type FfnBuffers, type FfnWeights, type SelfAttentionOptions,
 } from "./layers.ts";
-import type { Model, ModelInfo } from "./model.ts";
+import type { ForwardOptions, Model, ModelInfo } from "./model.ts";
 
 // ---- hyperparameters ------------------------------------------------------------------------
 
@@ -107,7 +107,7 @@ export class Gemma3 implements Model {
   readonly info: ModelInfo;
   private readonly tokenEmbedding: Weight;
   private readonly outputNorm: Weight;
-  private readonly output: Weight;
+  private readonly head: LogitsHead;
   private readonly blocks: Gemma3Layer[];
   // Activations, planned once for maxBatch rows.
   private readonly ids: Activation;
@@ -117,7 +117,6 @@ export class Gemma3 implements Model {
   private readonly branch: Activation;
   private readonly attn: AttentionBuffers;
   private readonly ffn: FfnBuffers;
-  private readonly logits: Activation;
 
   constructor(readonly config: Gemma3Config, file: GgufFile, private readonly be: Backend,
     readonly maxBatch: number) {
@@ -125,7 +124,8 @@ export class Gemma3 implements Model {
     this.tokenEmbedding = t.get("token_embd.weight", [c.embedding, c.vocab]);
     this.outputNorm = t.norm("output_norm.weight", [c.embedding]);
     // Tied embeddings: the LM head is token_embd unless the file carries its own output.weight.
-    this.output = t.optional("output.weight", [c.embedding, c.vocab]) ?? this.tokenEmbedding;
+    const output = t.optional("output.weight", [c.embedding, c.vocab]) ?? this.tokenEmbedding;
+    this.head = new LogitsHead(be, output, null, c.vocab, maxBatch);
     this.blocks = Array.from({ length: c.layers }, (_, i) => loadLayer(t, c, i));
     this.info = {
       architecture: "gemma3", name: c.name, vocabSize: c.vocab, contextLength: c.contextLength,
@@ -138,10 +138,10 @@ export class Gemma3 implements Model {
     this.branch = be.activation("branch", maxBatch, c.embedding);
     this.attn = attentionBuffers(be, maxBatch, c);
     this.ffn = ffnBuffers(be, maxBatch, c.feedForward);
-    this.logits = be.activation("logits", 1, c.vocab);
   }
 
-  forward(tokens: ArrayLike<number>, n: number, position: number, cache: readonly KvLayer[]): Float32Array {
+  forward(tokens: ArrayLike<number>, n: number, position: number, cache: readonly KvLayer[],
+    options: ForwardOptions = {}): Float32Array {
     const be = this.be, c = this.config, x = this.x;
     be.setTokens(this.ids, tokens, n);
     be.setPositions(this.positions, position, n);
@@ -159,7 +159,7 @@ export class Gemma3 implements Model {
       be.rmsNormAdd(this.branch, l.postFfnNorm, n, c.normEps, x);
     }
     be.rmsNorm(x, this.outputNorm, n, c.normEps, this.normed);
-    be.matmul(this.output, this.normed, 1, this.logits, n - 1);
-    return be.read(this.logits, 1);
+    return options.onLogits ? this.head.allRows(this.normed, n, options.onLogits)
+      : this.head.lastRow(this.normed, n);
   }
 }

@@ -23,15 +23,24 @@ export class WeightTable {
 
   /** A norm's weight vector; the norm kernels read it as f32. */
   norm(name: string, dims: readonly number[]): Weight {
-    const t = this.file.tensors.get(name);
-    if (t && t.type.name !== "F32") {
-      throw new InferError("unsupported", `norm tensor '${name}' is ${t.type.name}; only F32 norms are supported`);
-    }
-    return this.get(name, dims);
+    return this.vector(name, dims, "norm");
   }
 
   optionalNorm(name: string, dims: readonly number[]): Weight | null {
     return this.file.tensors.has(name) ? this.norm(name, dims) : null;
+  }
+
+  /** A bias vector (or RoPE frequency factors), read by the kernels as f32. */
+  optionalVector(name: string, dims: readonly number[]): Weight | null {
+    return this.file.tensors.has(name) ? this.vector(name, dims, "vector") : null;
+  }
+
+  private vector(name: string, dims: readonly number[], what: string): Weight {
+    const t = this.file.tensors.get(name);
+    if (t && t.type.name !== "F32") {
+      throw new InferError("unsupported", `${what} tensor '${name}' is ${t.type.name}; only F32 is supported`);
+    }
+    return this.get(name, dims);
   }
 
   has(name: string): boolean {
@@ -46,6 +55,11 @@ export interface AttentionWeights {
   readonly output: Weight;
   readonly qNorm: Weight | null;
   readonly kNorm: Weight | null;
+  /** Optional biases (Qwen 2 has q/k/v biases; some Llama variants an output bias). */
+  readonly qBias: Weight | null;
+  readonly kBias: Weight | null;
+  readonly vBias: Weight | null;
+  readonly outputBias: Weight | null;
 }
 
 export interface AttentionShape {
@@ -64,6 +78,10 @@ export function attentionWeights(t: WeightTable, prefix: string, s: AttentionSha
     output: t.get(`${prefix}.attn_output.weight`, [qDim, s.embedding]),
     qNorm: t.optionalNorm(`${prefix}.attn_q_norm.weight`, [s.headDim]),
     kNorm: t.optionalNorm(`${prefix}.attn_k_norm.weight`, [s.headDim]),
+    qBias: t.optionalVector(`${prefix}.attn_q.bias`, [qDim]),
+    kBias: t.optionalVector(`${prefix}.attn_k.bias`, [kvDim]),
+    vBias: t.optionalVector(`${prefix}.attn_v.bias`, [kvDim]),
+    outputBias: t.optionalVector(`${prefix}.attn_output.bias`, [s.embedding]),
   };
 }
 
@@ -107,6 +125,9 @@ export function selfAttention(be: Backend, x: Activation, rows: number, position
   be.matmul(w.q, x, rows, b.q);
   be.matmul(w.k, x, rows, b.k);
   be.matmul(w.v, x, rows, b.v);
+  if (w.qBias) be.addBias(b.q, w.qBias, rows);
+  if (w.kBias) be.addBias(b.k, w.kBias, rows);
+  if (w.vBias) be.addBias(b.v, w.vBias, rows);
   if (w.qNorm) be.rmsNormHeads(b.q, w.qNorm, rows, o.attention.heads, o.normEps);
   if (w.kNorm) be.rmsNormHeads(b.k, w.kNorm, rows, o.attention.kvHeads, o.normEps);
   be.rope(b.q, positions, rows, o.ropeQ);
@@ -119,6 +140,7 @@ export function selfAttention(be: Backend, x: Activation, rows: number, position
     be.attention(b.q, kv, rows, position, o.attention, b.mixed);
   }
   be.matmul(w.output, b.mixed, rows, out);
+  if (w.outputBias) be.addBias(out, w.outputBias, rows);
 }
 
 export interface FfnWeights {
@@ -153,3 +175,46 @@ export function gatedFfn(be: Backend, x: Activation, rows: number, w: FfnWeights
   else be.siluMul(b.gate, b.up, rows, b.gate);
   be.matmul(w.down, b.gate, rows, out);
 }
+
+/** Rows of logits one chunk holds when every row's logits are asked for: about 32 MiB. */
+const LOGIT_CHUNK_VALUES = 8 << 20;
+
+/**
+ * The LM head: logits = W_out · x (+ bias), for the last row only (decoding) or for every row
+ * (perplexity, scoring), the latter in chunks of rows into a buffer allocated on first use so
+ * that a 262k-entry vocabulary never needs maxBatch full rows.
+ */
+export class LogitsHead {
+  private readonly last: Activation;
+  private chunk: Activation | null = null;
+
+  constructor(private readonly be: Backend, private readonly output: Weight,
+    private readonly bias: Weight | null, private readonly vocab: number, private readonly maxBatch: number) {
+    this.last = be.activation("logits", 1, vocab);
+  }
+
+  /** Logits of row n - 1 of x (a view valid until the next call). */
+  lastRow(x: Activation, n: number): Float32Array {
+    this.be.matmul(this.output, x, 1, this.last, n - 1);
+    if (this.bias) this.be.addBias(this.last, this.bias, 1);
+    return this.be.read(this.last, 1);
+  }
+
+  /** Hands every row's logits to `sink`, chunk by chunk; returns the last row's. */
+  allRows(x: Activation, n: number, sink: LogitsSink): Float32Array {
+    const chunkRows = Math.max(1, Math.min(this.maxBatch, Math.floor(LOGIT_CHUNK_VALUES / this.vocab)));
+    this.chunk ??= this.be.activation("logits_all", chunkRows, this.vocab);
+    let view: Float32Array = new Float32Array(0);
+    for (let first = 0; first < n; first += chunkRows) {
+      const rows = Math.min(chunkRows, n - first);
+      this.be.matmul(this.output, x, rows, this.chunk, first);
+      if (this.bias) this.be.addBias(this.chunk, this.bias, rows);
+      view = this.be.read(this.chunk, rows);
+      sink(first, rows, view);
+    }
+    return view.subarray(view.length - this.vocab);
+  }
+}
+
+/** Receives `rows` rows of logits starting at batch row `firstRow` (a view valid during the call). */
+export type LogitsSink = (firstRow: number, rows: number, logits: Float32Array) => void;

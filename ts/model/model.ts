@@ -16,6 +16,14 @@ export interface ModelInfo {
   readonly kvShapes: readonly KvShape[];
 }
 
+export interface ForwardOptions {
+  /**
+   * Receives the logits of every row of the batch, a chunk of rows at a time (views valid during
+   * the call). Without it only the last row's logits are computed.
+   */
+  readonly onLogits?: (firstRow: number, rows: number, logits: Float32Array) => void;
+}
+
 export interface Model {
   readonly info: ModelInfo;
   /** Largest number of tokens one forward() takes (longer prompts go in chunks). */
@@ -24,5 +32,6 @@ export interface Model {
    * Runs `count` tokens at positions position..position+count-1 and returns the logits of the
    * last one (a view, valid until the next call).
    */
-  forward(tokens: ArrayLike<number>, count: number, position: number, cache: readonly KvLayer[]): Float32Array;
+  forward(tokens: ArrayLike<number>, count: number, position: number, cache: readonly KvLayer[],
+    options?: ForwardOptions): Float32Array;
 }

@@ -5,7 +5,10 @@ import { InferError } from "../errors.ts";
 import type { GgufFile } from "../gguf/reader.ts";
 import { Gemma3, gemma3Config } from "./gemma3.ts";
 import { Hparams, LIMITS } from "./hparams.ts";
+import { Llama, llamaConfig } from "./llama.ts";
 import type { Model } from "./model.ts";
+import { qwen2Config } from "./qwen2.ts";
+import { qwen3Config } from "./qwen3.ts";
 
 export interface LoadOptions {
   /** Tokens per forward pass; longer prompts are fed in chunks of this size. */
@@ -16,6 +19,9 @@ type Loader = (file: GgufFile, meta: Hparams, vocab: number, be: Backend, o: Loa
 
 const architectures: ReadonlyMap<string, Loader> = new Map<string, Loader>([
   ["gemma3", (file, meta, vocab, be, o) => new Gemma3(gemma3Config(meta, vocab), file, be, o.maxBatch)],
+  ["llama", (file, meta, vocab, be, o) => new Llama(llamaConfig(meta, vocab), file, be, o.maxBatch)],
+  ["qwen2", (file, meta, vocab, be, o) => new Llama(qwen2Config(meta, vocab), file, be, o.maxBatch)],
+  ["qwen3", (file, meta, vocab, be, o) => new Llama(qwen3Config(meta, vocab), file, be, o.maxBatch)],
 ]);
 
 export function supportedArchitectures(): string[] {

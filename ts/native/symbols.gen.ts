@@ -24,4 +24,6 @@ export const symbols = {
   infer_softmax: { args: [FFIType.ptr, FFIType.u64, FFIType.u64], returns: FFIType.i32 },
   infer_add: { args: [FFIType.ptr, FFIType.ptr, FFIType.u64, FFIType.ptr], returns: FFIType.i32 },
   infer_scale: { args: [FFIType.ptr, FFIType.u64, FFIType.f32], returns: FFIType.i32 },
+  infer_add_row_bias: { args: [FFIType.ptr, FFIType.ptr, FFIType.u64, FFIType.u64], returns: FFIType.i32 },
+  infer_bench_read: { args: [FFIType.ptr, FFIType.u64, FFIType.u32], returns: FFIType.f64 },
 } as const;

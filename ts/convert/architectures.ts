@@ -1,0 +1,224 @@
+// What the converter knows per architecture, one table each, as llama.cpp's convert_hf_to_gguf.py
+// does: the Hugging Face class names it accepts, the GGUF metadata its hyperparameters become,
+// the tensors the GGUF must hold (name, shape, required or not) and the Hugging Face name of each,
+// and the per-tensor changes the runtime's layout needs (Llama's Q/K row permutation for normal
+// RoPE, Llama 3's RoPE frequency factors written as a tensor).
+import { InferError } from "../errors.ts";
+import { gguf, type GgufTypedValue } from "../gguf/writer.ts";
+import type { HfConfig, RopeParameters } from "./hf-config.ts";
+
+export interface PlannedTensor {
+  /** GGUF name, e.g. blk.0.attn_q.weight. */
+  readonly name: string;
+  /** ggml order: dims[0] is the row length. */
+  readonly dims: readonly number[];
+  /** The Hugging Face tensor it comes from; null for a tensor computed here. */
+  readonly source: string | null;
+  readonly required: boolean;
+  /** Rewrites the f32 data in place or returns new data (permutations, generated tables). */
+  readonly transform?: (data: Float32Array) => Float32Array;
+}
+
+export interface ArchitecturePlan {
+  readonly architecture: string;
+  readonly metadata: [string, GgufTypedValue][];
+  readonly tensors: readonly PlannedTensor[];
+  /** Hugging Face tensors that are dropped on purpose (tied heads, cached RoPE tables). */
+  readonly ignored: (hfName: string) => boolean;
+}
+
+interface Architecture {
+  readonly gguf: string;
+  readonly hfClasses: readonly string[];
+  plan(c: HfConfig): ArchitecturePlan;
+}
+
+// ---- the llama-like decoder (Llama, Qwen 2, Qwen 3) -------------------------------------------
+
+interface DecoderOptions {
+  readonly arch: string;
+  /** Llama: undo Hugging Face's rotate-half row order so that GGUF pairs are adjacent (2i, 2i+1). */
+  readonly permuteQk: boolean;
+  readonly qkNorm: boolean;
+  readonly qkvBias: "required" | "optional" | "none";
+  readonly tiedDefault: boolean;
+  readonly writeRopeDims: boolean;
+  readonly writeVocabSize: boolean;
+}
+
+function decoderPlan(c: HfConfig, o: DecoderOptions): ArchitecturePlan {
+  const s = c.decoderShape();
+  const tied = c.bool("tie_word_embeddings", o.tiedDefault);
+  const rope = c.rope(10_000);
+  const a = o.arch, e = s.embedding, q = s.heads * s.headDim, kv = s.kvHeads * s.headDim;
+  const metadata: [string, GgufTypedValue][] = [
+    [`${a}.block_count`, gguf.u32(s.layers)],
+    [`${a}.context_length`, gguf.u32(s.contextLength)],
+    [`${a}.embedding_length`, gguf.u32(e)],
+    [`${a}.feed_forward_length`, gguf.u32(s.feedForward)],
+    [`${a}.attention.head_count`, gguf.u32(s.heads)],
+    [`${a}.attention.head_count_kv`, gguf.u32(s.kvHeads)],
+    [`${a}.rope.freq_base`, gguf.f32(rope.theta)],
+    [`${a}.attention.layer_norm_rms_epsilon`, gguf.f32(s.normEps)],
+  ];
+  if (c.has("head_dim")) {
+    metadata.push([`${a}.attention.key_length`, gguf.u32(s.headDim)],
+      [`${a}.attention.value_length`, gguf.u32(s.headDim)]);
+  }
+  if (o.writeVocabSize) metadata.push([`${a}.vocab_size`, gguf.u32(s.vocab)]);
+  if (o.writeRopeDims) metadata.push([`${a}.rope.dimension_count`, gguf.u32(s.headDim)]);
+  metadata.push(...ropeScalingMetadata(a, rope));
+
+  const t: PlannedTensor[] = [];
+  const add = (name: string, dims: number[], source: string | null, required = true,
+    transform?: (d: Float32Array) => Float32Array) => t.push({ name, dims, source, required,
+      transform });
+  add("token_embd.weight", [e, s.vocab], "model.embed_tokens.weight");
+  add("output_norm.weight", [e], "model.norm.weight");
+  if (!tied) add("output.weight", [e, s.vocab], "lm_head.weight");
+  if (rope.type === "llama3") {
+    const factors = llama3RopeFactors(rope, s.headDim);
+    add("rope_freqs.weight", [s.headDim / 2], null, true, () => factors);
+  }
+  const permuteQ = o.permuteQk ? (d: Float32Array) => permuteRope(d, s.heads, s.headDim)
+    : undefined;
+  const permuteK = o.permuteQk ? (d: Float32Array) => permuteRope(d, s.kvHeads, s.headDim)
+    : undefined;
+  for (let i = 0; i < s.layers; i++) {
+    const p = `blk.${i}`, h = `model.layers.${i}`;
+    add(`${p}.attn_norm.weight`, [e], `${h}.input_layernorm.weight`);
+    add(`${p}.attn_q.weight`, [e, q], `${h}.self_attn.q_proj.weight`, true, permuteQ);
+    add(`${p}.attn_k.weight`, [e, kv], `${h}.self_attn.k_proj.weight`, true, permuteK);
+    add(`${p}.attn_v.weight`, [e, kv], `${h}.self_attn.v_proj.weight`);
+    if (o.qkvBias !== "none") {
+      const required = o.qkvBias === "required";
+      add(`${p}.attn_q.bias`, [q], `${h}.self_attn.q_proj.bias`, required, permuteQ);
+      add(`${p}.attn_k.bias`, [kv], `${h}.self_attn.k_proj.bias`, required, permuteK);
+      add(`${p}.attn_v.bias`, [kv], `${h}.self_attn.v_proj.bias`, required);
+    }
+    add(`${p}.attn_output.weight`, [q, e], `${h}.self_attn.o_proj.weight`);
+    if (o.qkNorm) {
+      add(`${p}.attn_q_norm.weight`, [s.headDim], `${h}.self_attn.q_norm.weight`);
+      add(`${p}.attn_k_norm.weight`, [s.headDim], `${h}.self_attn.k_norm.weight`);
+    }
+    add(`${p}.ffn_norm.weight`, [e], `${h}.post_attention_layernorm.weight`);
+    add(`${p}.ffn_gate.weight`, [e, s.feedForward], `${h}.mlp.gate_proj.weight`);
+    add(`${p}.ffn_up.weight`, [e, s.feedForward], `${h}.mlp.up_proj.weight`);
+    add(`${p}.ffn_down.weight`, [s.feedForward, e], `${h}.mlp.down_proj.weight`);
+  }
+  return {
+    architecture: a, metadata, tensors: t,
+    ignored: (n) => n.endsWith(".rotary_emb.inv_freq") || (tied && n === "lm_head.weight"),
+  };
+}
+
+/**
+ * Hugging Face keeps Q and K rows in "rotate half" order (pair i = rows i, i + d/2 of a head);
+ * llama.cpp runs Llama with normal RoPE (pair i = rows 2i, 2i+1), so the converter interleaves
+ * the two halves of every head: new row 2i + j = old row j·d/2 + i (convert_hf_to_gguf's permute).
+ */
+export function permuteRope(data: Float32Array, heads: number, headDim: number): Float32Array {
+  const rowLength = data.length / (heads * headDim), half = headDim / 2;
+  if (!Number.isInteger(rowLength)) throw new InferError("bad_model",
+    "Q/K tensor size is not heads × head_dim rows");
+  const out = new Float32Array(data.length);
+  for (let h = 0; h < heads; h++) {
+    for (let i = 0; i < half; i++) {
+      for (let j = 0; j < 2; j++) {
+        const from = (h * headDim + j * half + i) * rowLength, to = (
+          h * headDim + 2 * i + j) * rowLength;
+        out.set(data.subarray(from, from + rowLength), to);
+      }
+    }
+  }
+  return out;
+}
+
+/**
+ * Llama 3.1's RoPE scaling as per-pair divisors of the angle (Meta's reference code; llama.cpp
+ * stores them as rope_freqs): high frequencies are kept, low ones divided by `factor`, and the
+ * band between interpolated smoothly by wavelength against the original context.
+ */
+export function llama3RopeFactors(rope: RopeParameters, headDim: number): Float32Array {
+  const num = (k: string, fallback: number): number => {
+    const v = rope.raw[k];
+    if (v === undefined || v === null) return fallback;
+    if (typeof v !== "number" || !Number.isFinite(v)) {
+      throw new InferError("bad_model", `config.json: rope parameter '${k}' is not a number`);
+    }
+    return v;
+  };
+  const factor = num("factor", 8), low = num("low_freq_factor", 1), high = num("high_freq_factor", 4);
+  const original = num("original_max_position_embeddings", 8192);
+  const lowWavelength = original / low, highWavelength = original / high;
+  const out = new Float32Array(headDim / 2);
+  for (let i = 0; i < out.length; i++) {
+    const freq = 1 / Math.pow(rope.theta, (2 * i) / headDim);
+    const wavelength = (2 * Math.PI) / freq;
+    if (wavelength < highWavelength) out[i] = 1;
+    else if (wavelength > lowWavelength) out[i] = factor;
+    else {
+      const smooth = (original / wavelength - low) / (high - low);
+      out[i] = 1 / ((1 - smooth) / factor + smooth);
+    }
+  }
+  return out;
+}
+
+/** rope.scaling.* as convert_hf_to_gguf writes them (llama3 becomes the rope_freqs tensor). */
+function ropeScalingMetadata(a: string, rope: RopeParameters): [string, GgufTypedValue][] {
+  const factor = rope.raw.factor;
+  if (rope.type === "linear" && typeof factor === "number") {
+    return [[`${a}.rope.scaling.type`, gguf.str("linear")], [`${a}.rope.scaling.factor`, gguf.f32(
+      factor)]];
+  }
+  if (rope.type === "yarn" && typeof factor === "number") {
+    const out: [string, GgufTypedValue][] = [[`${a}.rope.scaling.type`, gguf.str("yarn")],
+      [`${a}.rope.scaling.factor`, gguf.f32(factor)]];
+    const orig = rope.raw.original_max_position_embeddings;
+    if (typeof orig === "number") out.push([`${a}.rope.scaling.original_context_length`, gguf.u32(orig)]);
+    return out;
+  }
+  if (rope.type === "default" || rope.type === "llama3" || rope.type === "dynamic") return [];
+  throw new InferError("unsupported",
+    `config.json: RoPE scaling '${rope.type}' is not supported by the importer`);
+}
+
+const architectures: readonly Architecture[] = [
+  {
+    gguf: "llama", hfClasses: ["LlamaForCausalLM", "LLaMAForCausalLM", "MistralForCausalLM"],
+    plan: (c) => decoderPlan(c, {
+      arch: "llama", permuteQk: true, qkNorm: false, qkvBias: "optional", tiedDefault: false,
+      writeRopeDims: true, writeVocabSize: true,
+    }),
+  },
+  {
+    gguf: "qwen2", hfClasses: ["Qwen2ForCausalLM"],
+    plan: (c) => decoderPlan(c, {
+      arch: "qwen2", permuteQk: false, qkNorm: false, qkvBias: "required", tiedDefault: false,
+      writeRopeDims: false, writeVocabSize: false,
+    }),
+  },
+  {
+    gguf: "qwen3", hfClasses: ["Qwen3ForCausalLM"],
+    plan: (c) => decoderPlan(c, {
+      arch: "qwen3", permuteQk: false, qkNorm: true, qkvBias: "none", tiedDefault: false,
+      writeRopeDims: false, writeVocabSize: false,
+    }),
+  },
+];
+
+export function supportedHfClasses(): string[] {
+  return architectures.flatMap((a) => a.hfClasses);
+}
+
+/** The conversion plan for the folder's config, or an error naming the unsupported class. */
+export function planConversion(c: HfConfig): ArchitecturePlan {
+  const hfClass = c.architecture();
+  const arch = architectures.find((a) => a.hfClasses.includes(hfClass));
+  if (!arch) {
+    throw new InferError("unsupported", `${c.path}: architecture '${hfClass}' is not supported ` +
+      `(supported: ${supportedHfClasses().join(", ")})`);
+  }
+  return arch.plan(c);
+}

@@ -1,0 +1,58 @@
+// Streams a GGUF to disk: the header first (every tensor's type and shape is known up front),
+// then each tensor's data as it is produced, so that converting a large model never holds more
+// than one tensor. The file is written beside its destination and renamed into place at the
+// end, so a failed run leaves no half-written model behind.
+import { closeSync, openSync, renameSync, rmSync, writeSync } from "node:fs";
+import { InferError } from "../errors.ts";
+import { ggufLayout, type GgufTypedValue } from "../gguf/writer.ts";
+import type { Progress } from "./progress.ts";
+
+export interface TensorToProduce {
+  readonly name: string;
+  readonly type: number;
+  readonly dims: number[];
+  /** The tensor's bytes in `type`; called once, in order. */
+  produce(): Uint8Array;
+}
+
+export function writeGgufFile(path: string, metadata: ReadonlyArray<readonly [string,
+  GgufTypedValue]>,
+  tensors: readonly TensorToProduce[], options: {
+    alignment?: number; progress?: Progress } = {}): number {
+  const layout = ggufLayout(metadata, tensors, { alignment: options.alignment });
+  const partial = `${path}.part`;
+  let fd: number;
+  try {
+    fd = openSync(partial, "w");
+  } catch (err) {
+    throw new InferError("io", `cannot write ${path}: ${(err as Error).message}`);
+  }
+  let bytes = 0;
+  try {
+    bytes += writeAll(fd, layout.header);
+    tensors.forEach((t, i) => {
+      options.progress?.(i, tensors.length, t.name);
+      const data = t.produce();
+      if (data.length !== layout.dataBytes[i]) {
+        throw new InferError("internal", `tensor '${t.name}': produced ${data.length} bytes, ` +
+          `its type and shape need ${layout.dataBytes[i]}`);
+      }
+      bytes += writeAll(fd, data);
+      bytes += writeAll(fd, new Uint8Array(layout.paddingBytes[i]));
+    });
+    options.progress?.(tensors.length, tensors.length, "done");
+    closeSync(fd);
+    renameSync(partial, path);
+  } catch (err) {
+    try { closeSync(fd); } catch { /* already closed */ }
+    rmSync(partial, { force: true });
+    throw err;
+  }
+  return bytes;
+}
+
+function writeAll(fd: number, data: Uint8Array): number {
+  let at = 0;
+  while (at < data.length) at += writeSync(fd, data, at, data.length - at);
+  return data.length;
+}

@@ -1,0 +1,189 @@
+// Llama (2, 3, 3.1, 3.2), as llama.cpp stores it in GGUF; Qwen 2 and Qwen 3 are the same
+// pre-norm decoder with other RoPE and attention options and reuse this graph. Read top to
+// bottom: hyperparameters → one block → the model. Sources: Touvron et al. 2023 ("Llama 2");
+// Meta's Llama 3 report (RoPE frequency scaling); transformers' modeling_llama.py; llama.cpp's
+// src/models/llama.cpp.
+import type { Activation, Backend, KvLayer, Weight } from "../backend/backend.ts";
+import { InferError } from "../errors.ts";
+import type { GgufFile } from "../gguf/reader.ts";
+import { Hparams, LIMITS } from "./hparams.ts";
+import {
+  attentionBuffers, attentionWeights, ffnBuffers, ffnWeights, gatedFfn, LogitsHead, selfAttention,
+  WeightTable, type AttentionBuffers, type AttentionWeights, type FfnBuffers, type FfnWeights,
+  type SelfAttentionOptions,
+} from "./layers.ts";
+import type { ForwardOptions, Model, ModelInfo } from "./model.ts";
+
+// ---- hyperparameters ------------------------------------------------------------------------
+
+export interface DecoderConfig {
+  readonly architecture: string;
+  readonly name: string;
+  readonly layers: number;
+  readonly embedding: number;
+  readonly feedForward: number;
+  readonly heads: number;
+  readonly kvHeads: number;
+  readonly headDim: number;
+  readonly vocab: number;
+  readonly contextLength: number;
+  readonly normEps: number;
+  readonly ropeBase: number;
+  /** 1 / rope.scaling.factor for linear scaling (position interpolation); 1 otherwise. */
+  readonly ropeScale: number;
+  /** NeoX ("rotate half") RoPE, as Qwen uses; Llama's GGUF Q/K rows are permuted for pairs. */
+  readonly ropeNeox: boolean;
+  readonly attentionScale: number;
+  /** Qwen 3 normalises each query and key head (RMSNorm over head_dim) before RoPE. */
+  readonly qkNorm: boolean;
+}
+
+export interface DecoderTraits {
+  readonly ropeNeox: boolean;
+  readonly qkNorm: boolean;
+}
+
+/** The hyperparameters every llama-like decoder shares, validated as llama.cpp loads them. */
+export function decoderConfig(meta: Hparams, vocab: number, traits: DecoderTraits): DecoderConfig {
+  const heads = meta.int(".attention.head_count", { min: 1, max: LIMITS.heads });
+  const kvHeads = meta.int(".attention.head_count_kv", { min: 1, max: heads, fallback: heads });
+  if (heads % kvHeads !== 0) meta.int(".attention.head_count_kv", { min: -1,
+    max: -1 }); // throws with the value
+  const embedding = meta.int(".embedding_length", { min: 1, max: LIMITS.embedding });
+  const headDim = meta.int(".attention.key_length", {
+    min: 2, max: LIMITS.headDim, fallback: Math.floor(embedding / heads),
+  });
+  meta.int(".attention.value_length", { min: headDim, max: headDim, fallback: headDim });
+  // llama.cpp requires RoPE over whole heads for these architectures.
+  meta.int(".rope.dimension_count", { min: headDim, max: headDim, fallback: headDim });
+  const scalingType = meta.string(".rope.scaling.type", "linear");
+  if (scalingType !== "linear" && scalingType !== "none") {
+    throw new InferError("unsupported", `RoPE scaling '${scalingType}' ` +
+      `(${meta.architecture}.rope.scaling.type) is not supported yet`);
+  }
+  const factor = meta.float(".rope.scaling.factor", { min: 0, max: 1e3, fallback: 0 });
+  const attentionScale = meta.float(".attention.scale", { min: 0, max: 1e3, fallback: 0 });
+  return Object.freeze({
+    architecture: meta.architecture,
+    name: meta.string("general.name", meta.architecture),
+    layers: meta.int(".block_count", { min: 1, max: LIMITS.layers }),
+    embedding,
+    feedForward: meta.int(".feed_forward_length", { min: 1, max: LIMITS.feedForward }),
+    heads, kvHeads, headDim, vocab,
+    contextLength: meta.int(".context_length", { min: 1, max: LIMITS.context }),
+    normEps: meta.float(".attention.layer_norm_rms_epsilon", { min: 0, max: 1 }),
+    ropeBase: meta.float(".rope.freq_base", { min: 1, fallback: 10_000 }),
+    ropeScale: scalingType === "linear" && factor !== 0 ? 1 / factor : 1,
+    ropeNeox: traits.ropeNeox,
+    attentionScale: attentionScale === 0 ? 1 / Math.sqrt(headDim) : attentionScale,
+    qkNorm: traits.qkNorm,
+  });
+}
+
+export function llamaConfig(meta: Hparams, vocab: number): DecoderConfig {
+  return decoderConfig(meta, vocab, { ropeNeox: false, qkNorm: false });
+}
+
+// ---- one block ------------------------------------------------------------------------------
+
+interface DecoderLayer {
+  readonly attentionNorm: Weight;
+  readonly attention: AttentionWeights;
+  readonly ffnNorm: Weight;
+  readonly ffn: FfnWeights;
+  readonly options: SelfAttentionOptions;
+}
+
+function loadLayer(t: WeightTable, c: DecoderConfig, i: number,
+  ropeFactors: Weight | null): DecoderLayer {
+  const p = `blk.${i}`, e = c.embedding;
+  const attention = attentionWeights(t, p, c);
+  if (c.qkNorm && (!attention.qNorm || !attention.kNorm)) {
+    throw new InferError("bad_model",
+      `model has no tensor '${p}.attn_${attention.qNorm ? "k" : "q"}_norm.weight'`);
+  }
+  const rope = {
+    headDim: c.headDim, rotaryDims: c.headDim, neox: c.ropeNeox, base: c.ropeBase,
+      scale: c.ropeScale,
+    freqFactors: ropeFactors,
+  };
+  return {
+    attentionNorm: t.norm(`${p}.attn_norm.weight`, [e]),
+    attention,
+    ffnNorm: t.norm(`${p}.ffn_norm.weight`, [e]),
+    ffn: ffnWeights(t, p, e, c.feedForward),
+    options: {
+      attention: { heads: c.heads, kvHeads: c.kvHeads, headDim: c.headDim, scale: c.attentionScale,
+        window: 0 },
+      ropeQ: { ...rope, heads: c.heads },
+      ropeK: { ...rope, heads: c.kvHeads },
+      normEps: c.normEps,
+    },
+  };
+}
+
+// ---- the model ------------------------------------------------------------------------------
+
+/** x += attn(norm(x)); x += swiglu_ffn(norm(x)), then a final norm and the LM head. */
+export class Llama implements Model {
+  readonly info: ModelInfo;
+  private readonly tokenEmbedding: Weight;
+  private readonly outputNorm: Weight;
+  private readonly head: LogitsHead;
+  private readonly blocks: DecoderLayer[];
+  // Activations, planned once for maxBatch rows.
+  private readonly ids: Activation;
+  private readonly positions: Activation;
+  private readonly x: Activation;
+  private readonly normed: Activation;
+  private readonly branch: Activation;
+  private readonly attn: AttentionBuffers;
+  private readonly ffn: FfnBuffers;
+
+  constructor(readonly config: DecoderConfig, file: GgufFile, private readonly be: Backend,
+    readonly maxBatch: number) {
+    const t = new WeightTable(file, be), c = config;
+    this.tokenEmbedding = t.get("token_embd.weight", [c.embedding, c.vocab]);
+    this.outputNorm = t.norm("output_norm.weight", [c.embedding]);
+    // Tied embeddings: the LM head is token_embd unless the file carries its own output.weight.
+    const output = t.optional("output.weight", [c.embedding, c.vocab]) ?? this.tokenEmbedding;
+    this.head = new LogitsHead(be, output, t.optionalVector("output.bias", [c.vocab]), c.vocab,
+      maxBatch);
+    // Llama 3.1+: per-pair frequency divisors, one table shared by every layer.
+    const ropeFactors = t.optionalVector("rope_freqs.weight", [c.headDim / 2]);
+    this.blocks = Array.from({ length: c.layers }, (_, i) => loadLayer(t, c, i, ropeFactors));
+    this.info = {
+      architecture: c.architecture, name: c.name, vocabSize: c.vocab,
+        contextLength: c.contextLength,
+      kvShapes: this.blocks.map(() => ({ kvHeads: c.kvHeads, headDim: c.headDim })),
+    };
+    this.ids = be.positions(maxBatch);
+    this.positions = be.positions(maxBatch);
+    this.x = be.activation("x", maxBatch, c.embedding);
+    this.normed = be.activation("x_normed", maxBatch, c.embedding);
+    this.branch = be.activation("branch", maxBatch, c.embedding);
+    this.attn = attentionBuffers(be, maxBatch, c);
+    this.ffn = ffnBuffers(be, maxBatch, c.feedForward);
+  }
+
+  forward(tokens: ArrayLike<number>, n: number, position: number, cache: readonly KvLayer[],
+    options: ForwardOptions = {}): Float32Array {
+    const be = this.be, c = this.config, x = this.x;
+    be.setTokens(this.ids, tokens, n);
+    be.setPositions(this.positions, position, n);
+    be.embed(this.tokenEmbedding, this.ids, n, x);
+    for (let i = 0; i < this.blocks.length; i++) {
+      const l = this.blocks[i];
+      be.rmsNorm(x, l.attentionNorm, n, c.normEps, this.normed);
+      selfAttention(be, this.normed, n, position, this.positions, l.attention, cache[i], l.options,
+        this.attn, this.branch);
+      be.add(x, this.branch, n, x);
+      be.rmsNorm(x, l.ffnNorm, n, c.normEps, this.normed);
+      gatedFfn(be, this.normed, n, l.ffn, "silu", this.ffn, this.branch);
+      be.add(x, this.branch, n, x);
+    }
+    be.rmsNorm(x, this.outputNorm, n, c.normEps, this.normed);
+    return options.onLogits ? this.head.allRows(this.normed, n, options.onLogits)
+      : this.head.lastRow(this.normed, n);
+  }
+}
