@@ -363,6 +363,7 @@ export fn infer_attention(
     pos0: u64,
     kv_stride: u64,
     window: u64,
+    ring: u64,
     scale: f32,
 ) i32 {
     const cache_type = std.meta.intToEnum(attention.KvType, kv_type) catch
@@ -386,6 +387,11 @@ export fn infer_attention(
         return opsInvalid("attention: pos0 {d} + n_tok {d} too large", .{ pos0, n_tok });
     if (cache_type == .f32 and (@intFromPtr(k) % 4 != 0 or @intFromPtr(v) % 4 != 0))
         return opsInvalid("attention: F32 cache pointers must be 4-byte aligned", .{});
+    // A ring holds position p in cell p % ring; it must keep every key the batch's queries see.
+    if (ring != 0 and (window == 0 or ring < window + n_tok - 1)) return opsInvalid(
+        "attention: a ring of {d} cells needs a window and at least window + n_tok - 1 = {d} cells",
+        .{ ring, window + n_tok -| 1 },
+    );
     if (n_tok == 0) return 0;
     const k_cache = attention.Cache.fromBytes(cache_type, k);
     const v_cache = attention.Cache.fromBytes(cache_type, v);
@@ -397,6 +403,7 @@ export fn infer_attention(
         .pos0 = pos0,
         .kv_stride = kv_stride,
         .window = window,
+        .ring = ring,
         .scale = scale,
     });
     if (!done) return status.fail(.out_of_memory, "attention: no memory for {d} scores", .{pos0 + n_tok});

@@ -273,7 +273,7 @@ describe("attention", () => {
         }
         const out = new Float32Array(q.length);
         check(lib.infer_attention(q, kCache, vCache, kvType, out, s.nTok, s.nHead, s.nKvHead,
-          s.headDim, s.pos0, s.kvStride, s.window, s.scale), "attention");
+          s.headDim, s.pos0, s.kvStride, s.window, 0, s.scale), "attention");
         expect(normalisedError(out, attentionRef(q, kRef, vRef, s, kvType === 1))).toBeLessThan(
           kvType === 1 ? TOL_ATTENTION_F16 : TOL_ATTENTION);
       });
@@ -291,14 +291,16 @@ describe("attention", () => {
   });
   test("invalid shapes are InferErrors with clear messages", () => {
     const q = new Float32Array(64), kv = new Float32Array(64), out = new Float32Array(64);
-    expectInferError(() => lib.infer_attention(q, kv, kv, 0, out, 1, 6, 4, 8, 0, 32, 0, 1),
+    expectInferError(() => lib.infer_attention(q, kv, kv, 0, out, 1, 6, 4, 8, 0, 32, 0, 0, 1),
       "n_head 6 is not a multiple of n_kv_head 4");
-    expectInferError(() => lib.infer_attention(q, kv, kv, 2, out, 1, 4, 1, 8, 0, 8, 0, 1),
+    expectInferError(() => lib.infer_attention(q, kv, kv, 2, out, 1, 4, 1, 8, 0, 8, 0, 0, 1),
       "kv_type 2");
-    expectInferError(() => lib.infer_attention(q, kv, kv, 0, out, 1, 4, 2, 8, 0, 8, 0, 1),
+    expectInferError(() => lib.infer_attention(q, kv, kv, 0, out, 1, 4, 2, 8, 0, 8, 0, 0, 1),
       "kv_stride 8");
-    expectInferError(() => lib.infer_attention(q, kv, kv, 0, out, 1, 4, 1, 0, 0, 8, 0, 1),
+    expectInferError(() => lib.infer_attention(q, kv, kv, 0, out, 1, 4, 1, 0, 0, 8, 0, 0, 1),
       "head_dim 0");
+    expectInferError(() => lib.infer_attention(q, kv, kv, 0, out, 4, 4, 1, 8, 10, 8, 8, 9, 1),
+      "ring of 9 cells");
     expectInferError(() => lib.infer_kv_store(q, kv, 7, 4), "dst_type 7");
   });
 });

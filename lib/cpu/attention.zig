@@ -33,6 +33,9 @@ pub const Shape = struct {
     kv_stride: usize,
     /// 0 = full causal attention.
     window: usize,
+    /// 0: the cache holds position p in row p. Otherwise it is a ring of `ring` rows and position
+    /// p lives in row p % ring (sliding-window layers keep only what their window can see).
+    ring: usize = 0,
     scale: f32,
 
     pub fn group(s: Shape) usize {
@@ -47,9 +50,17 @@ pub const Shape = struct {
         const begin = if (s.window > 0 and p + 1 > s.window) p + 1 - s.window else 0;
         return .{ begin, p + 1 };
     }
+    /// The cache row (cell) that holds position j.
+    pub fn cell(s: Shape, j: usize) usize {
+        return if (s.ring == 0) j else j % s.ring;
+    }
+    /// Rows the cache holds.
+    pub fn cells(s: Shape) usize {
+        return if (s.ring == 0) s.pos0 + s.n_tok else s.ring;
+    }
     /// Elements the K (or V) cache must hold.
     pub fn cacheLen(s: Shape) usize {
-        return (s.pos0 + s.n_tok - 1) * s.kv_stride + s.n_kv_head * s.head_dim;
+        return (s.cells() - 1) * s.kv_stride + s.n_kv_head * s.head_dim;
     }
 };
 
@@ -142,7 +153,7 @@ pub fn attendRows(
         @memset(run_sum[0..group], 0);
         const begin, const end = s.keyRange(s.pos0 + t);
         for (begin..end) |j| {
-            const kv_start = j * s.kv_stride + kv_head * d;
+            const kv_start = s.cell(j) * s.kv_stride + kv_head * d;
             const k_row = k.row(kv_start, k_buf[0..d]);
             const v_row = v.row(kv_start, v_buf[0..d]);
             for (0..group) |g| {
@@ -202,7 +213,7 @@ pub fn attentionReference(
             var max: f32 = -std.math.inf(f32);
             for (begin..end) |j| {
                 var sum: f32 = 0;
-                for (0..d) |i| sum += q_row[i] * k.at(j * s.kv_stride + kv_head * d + i);
+                for (0..d) |i| sum += q_row[i] * k.at(s.cell(j) * s.kv_stride + kv_head * d + i);
                 scores[j] = s.scale * sum;
                 max = @max(max, scores[j]);
             }
@@ -215,7 +226,7 @@ pub fn attentionReference(
             for (begin..end) |j| {
                 const p: f32 = scores[j] / @as(f32, @floatCast(total));
                 const weight: f32 = if (round) @as(f16, @floatCast(p)) else p;
-                const v_start = j * s.kv_stride + kv_head * d;
+                const v_start = s.cell(j) * s.kv_stride + kv_head * d;
                 for (0..d) |i| o_row[i] += weight * v.at(v_start + i);
             }
         }
@@ -337,4 +348,50 @@ test "store to f16 rounds to nearest even" {
     try std.testing.expectEqual(@as(f16, 1.0), dst[0]); // the tie rounds to the even mantissa
     try std.testing.expectEqual(@as(f16, 65504), dst[2]);
     try std.testing.expectEqual(@as(f16, @floatCast(@as(f32, -0.1))), dst[3]);
+}
+
+test "a ring cache gives what a linear cache gives" {
+    const gpa = std.testing.allocator;
+    var prng = std.Random.DefaultPrng.init(99);
+    const rand = prng.random();
+    const d = 64;
+    const linear = Shape{ .n_tok = 3, .n_head = 4, .n_kv_head = 1, .head_dim = d, .pos0 = 45, .kv_stride = d, .window = 16, .scale = 0.125 };
+    var ringed = linear;
+    ringed.ring = 20; // >= window + n_tok - 1; positions 45..47 wrap past cell 19
+    const positions = linear.pos0 + linear.n_tok;
+    const q = try gpa.alloc(f32, linear.n_tok * linear.n_head * d);
+    defer gpa.free(q);
+    for (q) |*x| x.* = rand.float(f32) * 2 - 1;
+    const lin = try gpa.alloc(f32, 2 * positions * d);
+    defer gpa.free(lin);
+    for (lin) |*x| x.* = rand.float(f32) * 2 - 1;
+    const ring = try gpa.alloc(f32, 2 * ringed.ring * d);
+    defer gpa.free(ring);
+    for (positions - ringed.ring..positions) |p| {
+        const c = ringed.cell(p);
+        @memcpy(ring[c * d ..][0..d], lin[p * d ..][0..d]);
+        @memcpy(ring[(ringed.ring + c) * d ..][0..d], lin[(positions + p) * d ..][0..d]);
+    }
+    for ([_]KvType{ .f32, .f16 }) |kv_type| {
+        const elem: usize = if (kv_type == .f16) 2 else 4;
+        const lin_bytes = try gpa.alignedAlloc(u8, 4, lin.len * elem);
+        defer gpa.free(lin_bytes);
+        const ring_bytes = try gpa.alignedAlloc(u8, 4, ring.len * elem);
+        defer gpa.free(ring_bytes);
+        store(lin, lin_bytes.ptr, kv_type);
+        store(ring, ring_bytes.ptr, kv_type);
+        const want = try gpa.alloc(f32, q.len);
+        defer gpa.free(want);
+        const got = try gpa.alloc(f32, q.len);
+        defer gpa.free(got);
+        const lk = Cache.fromBytes(kv_type, lin_bytes.ptr);
+        const lv = Cache.fromBytes(kv_type, lin_bytes.ptr + positions * d * elem);
+        const rk = Cache.fromBytes(kv_type, ring_bytes.ptr);
+        const rv = Cache.fromBytes(kv_type, ring_bytes.ptr + ringed.ring * d * elem);
+        try std.testing.expect(attention(q.ptr, lk, lv, want.ptr, linear));
+        try std.testing.expect(attention(q.ptr, rk, rv, got.ptr, ringed));
+        // F16 sums the same terms in cell order, which differs from position order once wrapped.
+        const tolerance: f32 = if (kv_type == .f16) 1e-3 else 1e-6;
+        for (want, got) |w, g| try std.testing.expectApproxEqAbs(w, g, tolerance);
+    }
 }

@@ -6,9 +6,10 @@
 //!                             multiplied by (float)(1/sum)
 //!   out  = mul_mat(Vᵀ, p)     p rounded to f16; ggml_vec_dot_f16 over the cells
 //! where ggml_vec_dot_f16 (AVX-512 build) keeps 4 accumulators of 16 lanes, element i going to
-//! accumulator (i / 16) % 4, lane i % 16, and reduces them as GGML_F32Cx16_REDUCE does. The cell of
-//! a key is its position (a fresh single-sequence cache); masked cells add exact zeros, so only
-//! visible keys are visited. The results equal llama.cpp's AVX-512 build on any CPU.
+//! accumulator (i / 16) % 4, lane i % 16, and reduces them as GGML_F32Cx16_REDUCE does. Sums run
+//! over cache cells in cell order: position p is in cell p (or p % ring for a sliding-window ring,
+//! as llama.cpp's SWA cache places it); masked cells add exact zeros, so only visible keys are
+//! visited. The results equal llama.cpp's AVX-512 build on any CPU.
 const std = @import("std");
 const attention = @import("attention.zig");
 
@@ -98,6 +99,25 @@ fn grow(buf: *[]f32, n: usize) bool {
     return true;
 }
 
+/// Consecutive visible positions that sit in consecutive cells.
+const Run = struct { pos: usize, cell: usize, len: usize };
+
+/// The visible positions [begin, end) of one query as runs in ascending cell order: one run, or
+/// two when a ring wraps (the newest positions, in cells from 0, come first).
+fn runsInCellOrder(s: attention.Shape, begin: usize, end: usize) std.BoundedArray(Run, 2) {
+    var runs = std.BoundedArray(Run, 2){};
+    const first = s.cell(begin);
+    const len = end - begin;
+    if (s.ring == 0 or first + len <= s.ring) {
+        runs.appendAssumeCapacity(.{ .pos = begin, .cell = first, .len = len });
+    } else {
+        const wrap = begin + (s.ring - first); // the first position stored in cell 0
+        runs.appendAssumeCapacity(.{ .pos = wrap, .cell = 0, .len = end - wrap });
+        runs.appendAssumeCapacity(.{ .pos = begin, .cell = first, .len = wrap - begin });
+    }
+    return runs;
+}
+
 /// Handles work rows [row_begin, row_end) of attention.Shape; false when scratch memory fails.
 pub fn attendRows(
     q: [*]const f32,
@@ -110,81 +130,89 @@ pub fn attendRows(
 ) bool {
     const d = s.head_dim;
     const group = s.group();
-    const cells = s.pos0 + s.n_tok;
     // Softmax blocks of 16 cells are aligned to cell 0: round the scores up to a whole block.
-    if (!grow(&scores_buf, cells + 16) or !grow(&partial_buf, step * d)) return false;
+    if (!grow(&scores_buf, s.cells() + 16) or !grow(&partial_buf, step * d)) return false;
     var q16_buf: [attention.head_dim_max]f32 = undefined;
     const q16 = q16_buf[0..d];
     for (row_begin..row_end) |r| {
         const t = r / s.n_kv_head;
         const kv_head = r % s.n_kv_head;
         const begin, const end = s.keyRange(s.pos0 + t);
+        const runs = runsInCellOrder(s, begin, end);
         for (0..group) |g| {
             const row = (t * s.n_head + kv_head * group + g) * d;
             for (q16, q[row..][0..d]) |*dst, x| dst.* = @as(f16, @floatCast(x));
-            const p16 = softmaxF16(k, q16, s, kv_head, begin, end) orelse return false;
-            weightedSum(v, p16, s, kv_head, begin, end, out[row..][0..d]);
+            softmaxF16(k, q16, s, kv_head, runs.constSlice());
+            weightedSum(v, s, kv_head, runs.constSlice(), out[row..][0..d]);
         }
     }
     return true;
 }
 
-/// Probabilities of cells [begin, end), rounded to f16 (as f32), in scores_buf[begin..end].
+/// Leaves the probabilities of the visible cells, rounded to f16 (as f32), in scores_buf[cell].
 fn softmaxF16(
     k: [*]align(1) const f16,
     q16: []const f32,
     s: attention.Shape,
     kv_head: usize,
-    begin: usize,
-    end: usize,
-) ?[]f32 {
+    runs: []const Run,
+) void {
     const d = q16.len;
     const scores = scores_buf;
-    var max: f32 = -std.math.inf(f32);
-    for (begin..end) |j| {
-        scores[j] = dotF16(k + j * s.kv_stride + kv_head * d, q16) * s.scale;
-        max = @max(max, scores[j]);
+    // Every cell of the blocks the visible cells touch starts masked: exp(-inf - max) = 0.
+    var lo: usize = std.math.maxInt(usize);
+    var hi: usize = 0;
+    for (runs) |run| {
+        lo = @min(lo, run.cell);
+        hi = @max(hi, run.cell + run.len);
     }
-    // Cells outside [begin, end) are masked: their exponentials are exactly 0.
-    const block_first = begin - begin % 16;
-    const block_end = end + (16 - end % 16) % 16;
-    for (block_first..begin) |j| scores[j] = -std.math.inf(f32);
-    for (end..block_end) |j| scores[j] = -std.math.inf(f32);
+    const block_lo = lo - lo % 16;
+    const block_hi = hi + (16 - hi % 16) % 16;
+    @memset(scores[block_lo..block_hi], -std.math.inf(f32));
+    var max: f32 = -std.math.inf(f32);
+    for (runs) |run| {
+        for (run.cell..run.cell + run.len) |c| {
+            scores[c] = dotF16(k + c * s.kv_stride + kv_head * d, q16) * s.scale;
+            max = @max(max, scores[c]);
+        }
+    }
     var sum: f64 = 0;
-    var j = block_first;
-    while (j < block_end) : (j += 16) {
-        const vals = expV(@as(L16, scores[j..][0..16].*) - @as(L16, @splat(max)));
-        scores[j..][0..16].* = vals;
+    var c = block_lo;
+    while (c < block_hi) : (c += 16) {
+        const vals = expV(@as(L16, scores[c..][0..16].*) - @as(L16, @splat(max)));
+        scores[c..][0..16].* = vals;
         sum += reduce16(vals);
     }
     const inv: f32 = @floatCast(1.0 / sum);
-    for (scores[begin..end]) |*p| p.* = @as(f16, @floatCast(p.* * inv));
-    return scores[begin..end];
+    for (runs) |run| {
+        for (scores[run.cell..][0..run.len]) |*p| p.* = @as(f16, @floatCast(p.* * inv));
+    }
 }
 
-/// out[i] = Σ_j p16[j] · V[j][i] as ggml_vec_dot_f16 over cells: partial sum (j % 64) per
+/// out[i] = Σ_cells p16[c] · V[c][i] as ggml_vec_dot_f16 over cells: partial sum (c % 64) per
 /// dimension, accumulated in cell order, then reduced.
 fn weightedSum(
     v: [*]align(1) const f16,
-    p16: []const f32,
     s: attention.Shape,
     kv_head: usize,
-    begin: usize,
-    end: usize,
+    runs: []const Run,
     out: []f32,
 ) void {
     const d = out.len;
     const partial = partial_buf[0 .. step * d];
     @memset(partial, 0);
-    for (begin..end, p16) |j, p| {
-        const slot = partial[(j % step) * d ..][0..d];
-        const v_row = v + j * s.kv_stride + kv_head * d;
-        const p_v: L16 = @splat(p);
-        var i: usize = 0;
-        while (i + 16 <= d) : (i += 16) {
-            slot[i..][0..16].* = @mulAdd(L16, loadF16(v_row + i), p_v, slot[i..][0..16].*);
+    for (runs) |run| {
+        for (run.cell..run.cell + run.len) |c| {
+            const p = scores_buf[c];
+            const slot = partial[(c % step) * d ..][0..d];
+            const v_row = v + c * s.kv_stride + kv_head * d;
+            const p_v: L16 = @splat(p);
+            var i: usize = 0;
+            while (i + 16 <= d) : (i += 16) {
+                slot[i..][0..16].* = @mulAdd(L16, loadF16(v_row + i), p_v, slot[i..][0..16].*);
+            }
+            while (i < d) : (i += 1) slot[i] = @mulAdd(f32, v_row[i], p, slot[i]);
         }
-        while (i < d) : (i += 1) slot[i] = @mulAdd(f32, v_row[i], p, slot[i]);
     }
     for (out, 0..) |*o, i| {
         var acc: [4]L16 = undefined;

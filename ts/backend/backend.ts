@@ -19,9 +19,14 @@ export interface Activation {
 
 export type KvType = "f16" | "f32";
 
-/** One layer's keys and values for every position of one sequence. */
+/**
+ * One layer's keys and values for one sequence: `cells` rows. A full layer holds position p in
+ * row p; a ring (a sliding-window layer) holds it in row p % cells, keeping only what the window
+ * can still see.
+ */
 export interface KvLayer {
-  readonly positions: number;
+  readonly cells: number;
+  readonly ring: boolean;
   readonly kvHeads: number;
   readonly headDim: number;
 }
@@ -50,7 +55,7 @@ export interface Backend {
   readonly name: string;
   weight(file: GgufFile, tensor: GgufTensorInfo): Weight;
   activation(name: string, rows: number, cols: number): Activation;
-  kvLayer(positions: number, kvHeads: number, headDim: number, type: KvType): KvLayer;
+  kvLayer(cells: number, kvHeads: number, headDim: number, type: KvType, ring: boolean): KvLayer;
   positions(rows: number): Activation;
 
   setTokens(dst: Activation, ids: ArrayLike<number>, count: number): void;

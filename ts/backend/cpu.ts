@@ -27,8 +27,9 @@ class CpuActivation implements Activation {
 }
 
 class CpuKvLayer implements KvLayer {
-  constructor(readonly positions: number, readonly kvHeads: number, readonly headDim: number,
-    readonly typeId: number, readonly rowBytes: number, readonly k: Pointer, readonly v: Pointer) {}
+  constructor(readonly cells: number, readonly ring: boolean, readonly kvHeads: number,
+    readonly headDim: number, readonly typeId: number, readonly rowBytes: number,
+    readonly k: Pointer, readonly v: Pointer) {}
 }
 
 function w(x: Weight): CpuWeight { return x as CpuWeight; }
@@ -57,11 +58,11 @@ export class CpuBackend implements Backend {
     return this.activation("positions", rows, 1);
   }
 
-  kvLayer(positions: number, kvHeads: number, headDim: number, type: KvType): KvLayer {
+  kvLayer(cells: number, kvHeads: number, headDim: number, type: KvType, ring: boolean): KvLayer {
     const elementBytes = type === "f16" ? 2 : 4;
     const rowBytes = kvHeads * headDim * elementBytes;
-    const k = this.arena.alloc(positions * rowBytes), v = this.arena.alloc(positions * rowBytes);
-    return new CpuKvLayer(positions, kvHeads, headDim, type === "f16" ? GgmlType.F16 : GgmlType.F32,
+    const k = this.arena.alloc(cells * rowBytes), v = this.arena.alloc(cells * rowBytes);
+    return new CpuKvLayer(cells, ring, kvHeads, headDim, type === "f16" ? GgmlType.F16 : GgmlType.F32,
       rowBytes, k.address, v.address);
   }
 
@@ -128,20 +129,28 @@ export class CpuBackend implements Backend {
 
   storeKv(layer: KvLayer, k: Activation, v: Activation, rows: number, position: number): void {
     const l = layer as CpuKvLayer;
-    if (position + rows > l.positions) {
-      throw new InferError("context_overflow", `KV cache holds ${l.positions} positions, ` +
-        `${position + rows} needed`);
+    if (!l.ring && position + rows > l.cells) {
+      throw new InferError("context_overflow", `KV cache holds ${l.cells} positions, ${position + rows} needed`);
     }
-    const n = rows * l.kvHeads * l.headDim;
-    check(this.lib.infer_kv_store(a(k).address, offsetAddress(l.k, position * l.rowBytes), l.typeId, n), "kv_store k");
-    check(this.lib.infer_kv_store(a(v).address, offsetAddress(l.v, position * l.rowBytes), l.typeId, n), "kv_store v");
+    if (rows > l.cells) throw new InferError("invalid_argument", `${rows} rows do not fit a ring of ${l.cells}`);
+    // A ring wraps at most once per batch: store the rows before and after the wrap separately.
+    const cell = l.ring ? position % l.cells : position;
+    const first = Math.min(rows, l.cells - cell);
+    this.storeRows(l, k, v, 0, cell, first);
+    if (first < rows) this.storeRows(l, k, v, first, 0, rows - first);
+  }
+
+  private storeRows(l: CpuKvLayer, k: Activation, v: Activation, row: number, cell: number, rows: number): void {
+    const n = rows * l.kvHeads * l.headDim, src = row * k.cols * 4, dst = cell * l.rowBytes;
+    check(this.lib.infer_kv_store(offsetAddress(a(k).address, src), offsetAddress(l.k, dst), l.typeId, n), "kv_store k");
+    check(this.lib.infer_kv_store(offsetAddress(a(v).address, src), offsetAddress(l.v, dst), l.typeId, n), "kv_store v");
   }
 
   attention(q: Activation, layer: KvLayer, rows: number, position: number, o: AttentionOptions,
     out: Activation): void {
     const l = layer as CpuKvLayer;
     check(this.lib.infer_attention(a(q).address, l.k, l.v, l.typeId, a(out).address, rows, o.heads,
-      o.kvHeads, o.headDim, position, l.kvHeads * l.headDim, o.window, o.scale), "attention");
+      o.kvHeads, o.headDim, position, l.kvHeads * l.headDim, o.window, l.ring ? l.cells : 0, o.scale), "attention");
   }
 
   geluMul(gate: Activation, up: Activation, rows: number, out: Activation): void {

@@ -60,7 +60,7 @@ export class Engine {
       if (!Number.isInteger(contextLength) || contextLength < 1) {
         throw new InferError("invalid_argument", `context length must be a positive integer, got ${contextLength}`);
       }
-      const cache = createKvCache(backend, model.info, contextLength, options.kvType ?? "f16");
+      const cache = createKvCache(backend, model.info, contextLength, options.kvType ?? "f16", model.maxBatch);
       return new Engine(file, backend, model, tokenizer, cache, performance.now() - t0);
     } catch (err) {
       file.close();

@@ -1,5 +1,9 @@
-// A sequence's KV cache: one layer of keys and values per transformer block, for every position
-// up to the context length, allocated once. F16 by default, as llama.cpp stores it.
+// A sequence's KV cache: one layer of keys and values per transformer block, allocated once, F16 by
+// default as llama.cpp stores it. Full-attention layers hold every position up to the context
+// length. Sliding-window layers hold a ring of roundUp(window + batch, 256) cells: enough for the
+// window plus the batch being written, and the same ring llama.cpp's SWA cache uses when it
+// evaluates one token per ubatch (768 cells for a 512 window), so that attention sums its terms in
+// the same cell order and the logits stay equal to llama.cpp's past the ring's first wrap.
 import type { Backend, KvLayer, KvType } from "../backend/backend.ts";
 import type { ModelInfo } from "../model/model.ts";
 
@@ -9,7 +13,19 @@ export interface KvCache {
   readonly type: KvType;
 }
 
-export function createKvCache(be: Backend, info: ModelInfo, contextLength: number, type: KvType): KvCache {
-  const layers = info.kvShapes.map((s) => be.kvLayer(contextLength, s.kvHeads, s.headDim, type));
+const RING_PAD = 256;
+
+export function ringCells(window: number, maxBatch: number): number {
+  return Math.ceil((window + maxBatch) / RING_PAD) * RING_PAD;
+}
+
+export function createKvCache(be: Backend, info: ModelInfo, contextLength: number, type: KvType,
+  maxBatch: number): KvCache {
+  const layers = info.kvShapes.map((s) => {
+    const ring = s.window > 0 ? ringCells(s.window, maxBatch) : 0;
+    return ring > 0 && ring < contextLength
+      ? be.kvLayer(ring, s.kvHeads, s.headDim, type, true)
+      : be.kvLayer(contextLength, s.kvHeads, s.headDim, type, false);
+  });
   return { layers, contextLength, type };
 }

@@ -129,7 +129,7 @@ export class Gemma3 implements Model {
     this.blocks = Array.from({ length: c.layers }, (_, i) => loadLayer(t, c, i));
     this.info = {
       architecture: "gemma3", name: c.name, vocabSize: c.vocab, contextLength: c.contextLength,
-      kvShapes: this.blocks.map(() => ({ kvHeads: c.kvHeads, headDim: c.headDim })),
+      kvShapes: this.blocks.map((l) => ({ kvHeads: c.kvHeads, headDim: c.headDim, window: l.options.attention.window })),
     };
     this.ids = be.positions(maxBatch);
     this.positions = be.positions(maxBatch);

@@ -155,7 +155,7 @@ export class Llama implements Model {
     this.info = {
       architecture: c.architecture, name: c.name, vocabSize: c.vocab,
         contextLength: c.contextLength,
-      kvShapes: this.blocks.map(() => ({ kvHeads: c.kvHeads, headDim: c.headDim })),
+      kvShapes: this.blocks.map(() => ({ kvHeads: c.kvHeads, headDim: c.headDim, window: 0 })),
     };
     this.ids = be.positions(maxBatch);
     this.positions = be.positions(maxBatch);

@@ -5,6 +5,8 @@ import type { KvLayer } from "../backend/backend.ts";
 export interface KvShape {
   readonly kvHeads: number;
   readonly headDim: number;
+  /** Sliding window of the layer's attention (0: it sees every earlier position). */
+  readonly window: number;
 }
 
 export interface ModelInfo {

@@ -17,7 +17,7 @@ export const symbols = {
   infer_rms_norm_add: { args: [FFIType.ptr, FFIType.ptr, FFIType.u64, FFIType.u64, FFIType.f32, FFIType.ptr], returns: FFIType.i32 },
   infer_rope: { args: [FFIType.ptr, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.ptr, FFIType.f32, FFIType.f32, FFIType.u32], returns: FFIType.i32 },
   infer_rope_ext: { args: [FFIType.ptr, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.ptr, FFIType.f32, FFIType.f32, FFIType.u32, FFIType.ptr], returns: FFIType.i32 },
-  infer_attention: { args: [FFIType.ptr, FFIType.ptr, FFIType.ptr, FFIType.u32, FFIType.ptr, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.f32], returns: FFIType.i32 },
+  infer_attention: { args: [FFIType.ptr, FFIType.ptr, FFIType.ptr, FFIType.u32, FFIType.ptr, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.f32], returns: FFIType.i32 },
   infer_kv_store: { args: [FFIType.ptr, FFIType.ptr, FFIType.u32, FFIType.u64], returns: FFIType.i32 },
   infer_gelu_mul: { args: [FFIType.ptr, FFIType.ptr, FFIType.u64, FFIType.ptr], returns: FFIType.i32 },
   infer_silu_mul: { args: [FFIType.ptr, FFIType.ptr, FFIType.u64, FFIType.ptr], returns: FFIType.i32 },
