@@ -1,10 +1,39 @@
 //! Builds libinfer (the C-ABI kernel library loaded by ts/native through bun:ffi) and its tests.
-//!   python3 -m ziglang build -Doptimize=ReleaseFast      -> zig-out/lib/libinfer.so
-//!   python3 -m ziglang build test                         -> every inline test under lib/
+//!   python3 -m ziglang build -Doptimize=ReleaseFast   -> zig-out/lib/libinfer-<variant>.so, one
+//!       per instruction-set level of the host's architecture; ts/native/cpu.ts picks the best one
+//!       the running CPU supports (x86-64: v2, v3 = AVX2, v4 + VNNI = AVX-512; aarch64: NEON,
+//!       NEON + dot product). Every variant computes the same bits.
+//!   python3 -m ziglang build test                      -> every inline test under lib/, native CPU
+//!   ... test -Dtarget=aarch64-linux-musl -Dcpu=generic+dotprod -fqemu   -> the same under qemu
 const std = @import("std");
 
 // Pinned: the setup installs exactly this Zig from PyPI (`ziglang`).
 const zig_version_required = "0.14.1";
+
+const Variant = struct {
+    name: []const u8,
+    model: *const std.Target.Cpu.Model,
+    features: std.Target.Cpu.Feature.Set = std.Target.Cpu.Feature.Set.empty,
+};
+
+const x86_variants = [_]Variant{
+    .{ .name = "x86_64_v2", .model = &std.Target.x86.cpu.x86_64_v2 },
+    .{ .name = "x86_64_v3", .model = &std.Target.x86.cpu.x86_64_v3 },
+    .{
+        .name = "x86_64_v4_vnni",
+        .model = &std.Target.x86.cpu.x86_64_v4,
+        .features = std.Target.x86.featureSet(&.{.avx512vnni}),
+    },
+};
+
+const aarch64_variants = [_]Variant{
+    .{ .name = "aarch64", .model = &std.Target.aarch64.cpu.generic },
+    .{
+        .name = "aarch64_dotprod",
+        .model = &std.Target.aarch64.cpu.generic,
+        .features = std.Target.aarch64.featureSet(&.{.dotprod}),
+    },
+};
 
 pub fn build(b: *std.Build) void {
     comptime {
@@ -15,16 +44,42 @@ pub fn build(b: *std.Build) void {
     const target = b.standardTargetOptions(.{});
     const optimize = b.standardOptimizeOption(.{});
 
-    const root = b.createModule(.{
+    const variants: []const Variant = switch (target.result.cpu.arch) {
+        .x86_64 => &x86_variants,
+        .aarch64 => &aarch64_variants,
+        else => &.{},
+    };
+    for (variants) |v| {
+        var query = target.query;
+        query.cpu_model = .{ .explicit = v.model };
+        query.cpu_features_add = v.features;
+        query.cpu_features_sub = std.Target.Cpu.Feature.Set.empty;
+        const lib = b.addLibrary(.{
+            .linkage = .dynamic,
+            .name = b.fmt("infer-{s}", .{v.name}),
+            .root_module = rootModule(b, b.resolveTargetQuery(query), optimize),
+        });
+        b.installArtifact(lib);
+    }
+    if (variants.len == 0) { // another architecture: one library for the requested CPU
+        const lib = b.addLibrary(.{
+            .linkage = .dynamic,
+            .name = "infer",
+            .root_module = rootModule(b, target, optimize),
+        });
+        b.installArtifact(lib);
+    }
+
+    const tests = b.addTest(.{ .root_module = rootModule(b, target, optimize) });
+    const run_tests = b.addRunArtifact(tests);
+    b.step("test", "Run every Zig test (fast paths against scalar references)").dependOn(&run_tests.step);
+}
+
+fn rootModule(b: *std.Build, target: std.Build.ResolvedTarget, optimize: std.builtin.OptimizeMode) *std.Build.Module {
+    return b.createModule(.{
         .root_source_file = b.path("lib/root.zig"),
         .target = target,
         .optimize = optimize,
         .link_libc = true,
     });
-    const lib = b.addLibrary(.{ .linkage = .dynamic, .name = "infer", .root_module = root });
-    b.installArtifact(lib);
-
-    const tests = b.addTest(.{ .root_module = root });
-    const run_tests = b.addRunArtifact(tests);
-    b.step("test", "Run every Zig test (fast paths against scalar references)").dependOn(&run_tests.step);
 }

@@ -138,7 +138,7 @@ pub fn dotMulti(
 /// (q <= 15 and 8 keep AVX2's pairs far inside i16).
 inline fn blockPartial(q: simd.V32u8, x: simd.V32i8) simd.V8i32 {
     const eight: simd.V32u8 = @splat(8);
-    return simd.dotU8I8(q, x) - simd.dotU8I8(eight, x);
+    return simd.dotU7I8(q, x) - simd.dotU7I8(eight, x);
 }
 
 const test_util = @import("test_util.zig");

@@ -16,9 +16,57 @@ const is_x86 = builtin.cpu.arch == .x86_64;
 const has_vnni = is_x86 and
     std.Target.x86.featureSetHasAll(builtin.cpu.features, .{ .avx512vnni, .avx512vl });
 const has_avx2 = is_x86 and std.Target.x86.featureSetHas(builtin.cpu.features, .avx2);
+const is_arm = builtin.cpu.arch == .aarch64;
+const has_dotprod = is_arm and std.Target.aarch64.featureSetHas(builtin.cpu.features, .dotprod);
 
 /// Names the path compiled in, for benchmark reports.
-pub const path_name = if (has_vnni) "avx512-vnni" else if (has_avx2) "avx2" else "generic";
+pub const path_name = if (has_vnni)
+    "avx512-vnni"
+else if (has_avx2)
+    "avx2"
+else if (has_dotprod)
+    "neon-dotprod"
+else if (is_arm)
+    "neon"
+else
+    "generic";
+
+/// NEON SDOT (Armv8.2 dot product): each i32 lane adds the four products of its i8 group, the
+/// same grouping as vpdpbusd, so both paths give the same integers.
+inline fn sdot(acc: @Vector(4, i32), a: @Vector(16, i8), b: @Vector(16, i8)) @Vector(4, i32) {
+    return asm ("sdot %[acc].4s, %[a].16b, %[b].16b"
+        : [acc] "=w" (-> @Vector(4, i32)),
+        : [a] "w" (a),
+          [b] "w" (b),
+          [acc_in] "0" (acc),
+    );
+}
+
+inline fn sdot32(acc: V8i32, a: V32i8, b: V32i8) V8i32 {
+    const lo = sdot(@shuffle(i32, acc, undefined, [4]i32{ 0, 1, 2, 3 }), half(i8, a, 0), half(i8, b, 0));
+    const hi = sdot(@shuffle(i32, acc, undefined, [4]i32{ 4, 5, 6, 7 }), half(i8, a, 16), half(i8, b, 16));
+    return @shuffle(i32, lo, hi, [8]i32{ 0, 1, 2, 3, -1, -2, -3, -4 });
+}
+
+inline fn half(comptime T: type, v: @Vector(32, T), comptime first: usize) @Vector(16, T) {
+    return @shuffle(T, v, undefined, if (first == 0) low_half else high_half);
+}
+
+const low_half = halfMask(0);
+const high_half = halfMask(16);
+
+fn halfMask(comptime first: i32) [16]i32 {
+    var m: [16]i32 = undefined;
+    for (0..16) |i| m[i] = first + @as(i32, @intCast(i));
+    return m;
+}
+
+/// dotU8I8 for callers whose unsigned operand stays below 128 (nibbles, small quants): on
+/// aarch64 it is one SDOT per 16 bytes, elsewhere the same as dotU8I8.
+pub inline fn dotU7I8(a: V32u8, b: V32i8) V8i32 {
+    if (comptime has_dotprod) return sdot32(@splat(0), @bitCast(a), b);
+    return dotU8I8(a, b);
+}
 
 /// acc[k] + sum_{j<4} a[4k+j] * b[4k+j] for k < 8: u8 x i8 products summed in groups of four.
 /// Callers keep a <= 128 and pairs a*b + a'*b' within i16 (|sum| <= 32767) so AVX2 never saturates.
@@ -148,6 +196,7 @@ fn dotU8I8Generic(a: V32u8, b: V32i8) V8i32 {
 /// Signed x signed in groups of four, by ggml's sign trick: |a| * (b with a's sign).
 /// Exact unless b holds -128 where a is negative; activation quants stay within [-127, 127].
 pub inline fn dotAccI8I8(acc: V8i32, a: V32i8, b: V32i8) V8i32 {
+    if (comptime has_dotprod) return sdot32(acc, a, b); // signed x signed directly: exact
     const zero: V32i8 = @splat(0);
     const b_signed = @select(i8, a < zero, zero -% b, b);
     return dotAccU8I8(acc, @abs(a), b_signed);
@@ -171,16 +220,17 @@ pub inline fn load32i(p: [*]const i8) V32i8 {
 
 /// Concatenates two 16-lane vectors into one 32-lane vector.
 pub inline fn concat16(lo: @Vector(16, u8), hi: @Vector(16, u8)) V32u8 {
-    const mask = comptime blk: {
-        var m: [32]i32 = undefined;
-        for (0..16) |i| {
-            m[i] = @intCast(i);
-            m[16 + i] = ~@as(i32, @intCast(i));
-        }
-        break :blk m;
-    };
-    return @shuffle(u8, lo, hi, mask);
+    return @shuffle(u8, lo, hi, concat_mask);
 }
+
+const concat_mask = blk: {
+    var m: [32]i32 = undefined;
+    for (0..16) |i| {
+        m[i] = @intCast(i);
+        m[16 + i] = ~@as(i32, @intCast(i));
+    }
+    break :blk m;
+};
 
 /// Small deterministic generator for the kernels' tests (xorshift64*), so failures reproduce.
 pub const TestRng = struct {
@@ -278,5 +328,29 @@ pub fn expectGgmlOrder(
             const got = W.dotMulti(rows_n, w, rows[0..rows_n].*);
             for (0..rows_n) |r| try std.testing.expectEqual(want[r], @as(u32, @bitCast(got[r])));
         }
+    }
+}
+
+test "dotU7I8 and dotAccI8I8 equal the plain integer sums (every path)" {
+    var rng = TestRng.init(7);
+    for (0..50) |_| {
+        var a: [32]u8 = undefined;
+        var b: [32]u8 = undefined;
+        rng.bytes(&a);
+        rng.bytes(&b);
+        for (&a) |*x| x.* &= 0x7f;
+        const av: V32u8 = a;
+        const bv: V32i8 = @bitCast(b);
+        const want = dotU8I8Generic(av, bv);
+        try std.testing.expectEqual(want, dotU7I8(av, bv));
+        // signed x signed, keeping b off -128 where the sign trick needs it
+        var bs = bv;
+        for (0..32) |i| {
+            if (bs[i] == -128) bs[i] = -127;
+        }
+        const as: V32i8 = @bitCast(av -% @as(V32u8, @splat(64)));
+        var want_signed: V8i32 = @splat(0);
+        for (0..32) |i| want_signed[i / 4] += @as(i32, as[i]) * bs[i];
+        try std.testing.expectEqual(want_signed, dotAccI8I8(@splat(0), as, bs));
     }
 }

