@@ -32,7 +32,7 @@ fn ensureScratch(bytes: usize) error{OutOfMemory}![]align(64) u8 {
 const Job = struct {
     w: [*]const u8,
     w_row_bytes: usize,
-    dot: types.DotFn,
+    dot_rows: types.DotRowsFn,
     dot_multi: ?types.DotMultiFn,
     n_out: usize,
     n_in: usize,
@@ -64,9 +64,8 @@ fn runTask(job: *const Job, task: usize) void {
     for (0..job.n_tok) |t| {
         const x_row = job.x + t * job.x_row_bytes;
         const y_row = job.y + t * job.n_out;
-        for (row_begin..row_end) |o| {
-            y_row[o] = job.dot(job.n_in, job.w + o * job.w_row_bytes, x_row);
-        }
+        const w_rows = job.w + row_begin * job.w_row_bytes;
+        job.dot_rows(job.n_in, w_rows, job.w_row_bytes, row_end - row_begin, x_row, y_row + row_begin);
     }
 }
 
@@ -96,7 +95,7 @@ pub fn matmul(
     y: [*]f32,
 ) Error!void {
     if (n_out == 0 or n_tok == 0) return;
-    const dot = w_traits.dot orelse return error.Unsupported;
+    const dot_rows = w_traits.dot_rows orelse return error.Unsupported;
     const act = types.get(@intFromEnum(w_traits.vec_dot_type)) orelse return error.Unsupported;
     std.debug.assert(n_in % w_traits.block_values == 0 and n_in % act.block_values == 0);
 
@@ -129,7 +128,7 @@ pub fn matmul(
     const job = Job{
         .w = w,
         .w_row_bytes = w_row_bytes,
-        .dot = dot,
+        .dot_rows = dot_rows,
         .dot_multi = if (n_tok > 1) w_traits.dot_multi else null,
         .n_out = n_out,
         .n_in = n_in,

@@ -83,6 +83,19 @@ pub fn dot(w: []align(1) const Block, x: []align(1) const Block) f32 {
     return simd.hsum(acc);
 }
 
+/// `dot` of two weight rows with one activation row, interleaved: two independent FMA chains
+/// keep the core busy while each row's arithmetic stays exactly that of `dot`.
+pub fn dotPair(w0: []align(1) const Block, w1: []align(1) const Block, x: []align(1) const Block) [2]f32 {
+    std.debug.assert(w0.len == x.len and w1.len == x.len);
+    var acc0: simd.V8f32 = @splat(0);
+    var acc1: simd.V8f32 = @splat(0);
+    for (x, w0, w1) |*xb, *b0, *b1| {
+        acc0 = blockDot(acc0, b0, xb);
+        acc1 = blockDot(acc1, b1, xb);
+    }
+    return .{ simd.hsum(acc0), simd.hsum(acc1) };
+}
+
 inline fn blockDot(acc: simd.V8f32, w: *align(1) const Block, x: *align(1) const Block) simd.V8f32 {
     // Weights may hold -128 (|-128| = 128 keeps AVX2 pairs within i16); activations stay >= -127.
     const sumi = simd.dotAccI8I8(@splat(0), w.qs, x.qs);

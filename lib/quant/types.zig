@@ -45,6 +45,16 @@ pub const DotMultiFn = *const fn (
     out_stride: usize,
 ) void;
 pub const multi_rows_max = q8_0.multi_rows_max;
+/// Dots of n values: `n_out` weight rows at w, w_row_bytes apart, each with the one activation
+/// row at x; out[o] for row o. One call per task, not one indirect call per row.
+pub const DotRowsFn = *const fn (
+    n: usize,
+    w: [*]const u8,
+    w_row_bytes: usize,
+    n_out: usize,
+    x: [*]const u8,
+    out: [*]f32,
+) void;
 /// dst = n values of src in this format.
 pub const QuantizeFn = *const fn (src: [*]const f32, dst: [*]u8, n: usize) void;
 
@@ -59,6 +69,8 @@ pub const Traits = struct {
     dot_scalar: ?DotFn,
     /// Several activation rows per weight-row pass (weights unpacked once); null: use `dot`.
     dot_multi: ?DotMultiFn,
+    /// `dot` over a run of weight rows, for one activation row (single-token matmuls).
+    dot_rows: ?DotRowsFn,
     vec_dot_type: TypeId,
     /// How matmul quantizes f32 activations into this format (set for activation formats).
     quantize_activation: ?QuantizeFn,
@@ -94,6 +106,24 @@ fn dotFn(comptime W: type, comptime X: type, comptime scalar: bool) DotFn {
         fn run(n: usize, w: [*]const u8, x: [*]const u8) f32 {
             const f = if (scalar) W.dotScalar else W.dot;
             return f(blocks(W, w, n), blocks(X, x, n));
+        }
+    }.run;
+}
+
+fn dotRowsFn(comptime W: type, comptime X: type) DotRowsFn {
+    return struct {
+        fn run(n: usize, w: [*]const u8, w_row_bytes: usize, n_out: usize, x: [*]const u8, out: [*]f32) void {
+            const x_blocks = blocks(X, x, n);
+            var o: usize = 0;
+            if (@hasDecl(W, "dotPair")) {
+                while (o + 2 <= n_out) : (o += 2) {
+                    const row = w + o * w_row_bytes;
+                    const pair = W.dotPair(blocks(W, row, n), blocks(W, row + w_row_bytes, n), x_blocks);
+                    out[o] = pair[0];
+                    out[o + 1] = pair[1];
+                }
+            }
+            while (o < n_out) : (o += 1) out[o] = W.dot(blocks(W, w + o * w_row_bytes, n), x_blocks);
         }
     }.run;
 }
@@ -146,6 +176,7 @@ fn entry(
         .dot = if (X) |x| dotFn(W, x, false) else null,
         .dot_scalar = if (X) |x| dotFn(W, x, true) else null,
         .dot_multi = if (X != null and @hasDecl(W, "dotMulti")) dotMultiFn(W, X.?) else null,
+        .dot_rows = if (X) |x| dotRowsFn(W, x) else null,
         .vec_dot_type = if (X == null) id else activationId(act),
         .quantize_activation = if (@hasDecl(W, "quantize")) quantizeFn(W, W.quantize) else null,
         .quantize_ref = if (@hasDecl(W, "quantizeRef"))
@@ -163,6 +194,33 @@ fn activationId(comptime X: type) TypeId {
     if (X == f16_fmt) return .f16;
     if (X == bf16_fmt) return .bf16;
     return .f32;
+}
+
+test "dot_rows equals dot row by row, bit for bit" {
+    var rng = @import("simd.zig").TestRng.init(5);
+    const n = 512;
+    for (table) |t| {
+        const dot = t.dot orelse continue;
+        const act = get(@intFromEnum(t.vec_dot_type)).?;
+        var w: [7 * 4 * n]u8 = undefined;
+        var x: [4 * n]u8 = undefined;
+        rng.bytes(&w);
+        // keep f16 scales finite: re-quantize x from floats where the format has a quantizer
+        var xf: [n]f32 = undefined;
+        rng.floats(&xf, 1);
+        if (act.quantize_activation) |q| q(&xf, &x, n) else @memcpy(x[0 .. n * 4], std.mem.sliceAsBytes(&xf));
+        if (t.quantize_ref) |q| {
+            for (0..7) |r| q(&xf, w[r * t.rowBytes(n) ..].ptr, n);
+        } else if (t.id == .f32) {
+            for (0..7) |r| @memcpy(w[r * n * 4 ..][0 .. n * 4], std.mem.sliceAsBytes(&xf));
+        }
+        var out: [7]f32 = undefined;
+        t.dot_rows.?(n, &w, t.rowBytes(n), 7, &x, &out);
+        for (0..7) |r| { // as bits: random K-quant scales may be NaN, which still must match
+            const want: u32 = @bitCast(dot(n, w[r * t.rowBytes(n) ..].ptr, &x));
+            try std.testing.expectEqual(want, @as(u32, @bitCast(out[r])));
+        }
+    }
 }
 
 const table = [_]Traits{
