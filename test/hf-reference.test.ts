@@ -26,24 +26,43 @@ interface ArchReference {
 const fixtures = join(import.meta.dir, "fixtures");
 const reference = JSON.parse(readFileSync(join(fixtures, "hf-reference.json"),
   "utf8")) as Record<string, ArchReference>;
-const archs = ["llama", "qwen2", "qwen3"] as const;
+const archs = ["llama", "qwen2", "qwen3", "gemma3"] as const;
 const dir = mkdtempSync(join(tmpdir(), "infer-hf-"));
 const root = join(import.meta.dir, "..");
 
 // Tolerances on max|ours - ref| / max|ref| at any position, and why. These random models pass
 // a relative perturbation of their weights on to the logits about 5× amplified (measured: 1e-3
-// of Gaussian noise on every weight moves the logits by 4.7e-3 to 6.3e-3), as ~15 matmuls in a
-// row do; every rounding below is seen through that factor.
+// of Gaussian noise on every weight moves the logits by 4.7e-3 to 6.3e-3; Gemma 3's seven
+// layers: 2.7e-3 to 7.7e-3), as ~15 matmuls in a row do; every rounding below is seen through
+// that factor.
 //  F32:  the same float32 arithmetic as transformers up to summation order: 1.5e-6 to 2.5e-6 is
-//        seen; 1e-4 is the bar (the issue asks for 1e-3).
+//        seen; 1e-4 is the bar (the issue asks for 1e-3). Gemma 3: its GELU reads ggml's f16
+//        table, as llama.cpp's does (the golden test demands llama.cpp's bits), which rounds each
+//        GELU input and output to f16 (2^-11): 2.8e-4 to 8.8e-4 is seen. With transformers' GELU
+//        swapped for the same table the difference drops to 2.6e-6 .. 1.5e-4, the larger ones
+//        where an activation sits on an f16 rounding boundary (transformers' own float32 and
+//        float64 runs differ by up to 8.5e-5 there). The bar is 2e-3.
 //  F16:  F16 weights (exact for the BF16/F16 fixtures, rounded for the F32 one) meet activations
 //        rounded to f16 before every matmul, as ggml does: 2^-11 per value through the gain of
-//        ~5 gives the 0.9e-3 to 1.2e-3 seen. The issue's 1e-3 is within that noise, so the bar
-//        is 2e-3.
+//        ~5 gives the 0.9e-3 to 1.2e-3 seen (Gemma 3, with the GELU table too: up to 1.7e-3).
+//        The issue's 1e-3 is within that noise, so the bar is 2e-3 (Gemma 3: 4e-3).
 //  Q8_0: 32-value blocks with an f16 scale round each weight and activation by up to 1/254 of
 //        the block's largest (~0.5% RMS for Gaussian blocks); through the gain of ~5 that is the
-//        2.6e-2 to 3.7e-2 seen (weights alone: 2.0e-2 to 2.8e-2). The bar is 6e-2.
-const TOLERANCE: Partial<Record<QuantName, number>> = { F32: 1e-4, F16: 2e-3, Q8_0: 6e-2 };
+//        1.5e-2 to 3.7e-2 seen (weights alone: 2.0e-2 to 2.8e-2). The bar is 6e-2 (Gemma 3's
+//        larger gain: 2.0e-2 to 4.7e-2 seen, bar 1e-1).
+//  Q4_K: these models' rows are 64 values, short of a 256-value K-quant block, so every matrix
+//        falls back to Q5_0 and the tied or untied head to Q8_0, as llama-quantize does (its
+//        full-size K-quant path is tested on 256-wide rows in quantize-k.test.ts). Q5_0 rounds
+//        each weight by up to 1/32 of its block's range, 8× Q8_0's step: 6.8e-2 to 2.8e-1 is
+//        seen, and the bar of 4e-1 still fails a wrong layout or scale (errors of order 1).
+const TOLERANCE: Record<QuantName, number> = { F32: 1e-4, F16: 2e-3, Q8_0: 6e-2, Q4_K: 4e-1 } as
+  Record<QuantName, number>;
+const GEMMA3_TOLERANCE: Partial<Record<QuantName, number>> = { F32: 2e-3, F16: 4e-3, Q8_0: 1e-1 };
+const QUANTS = ["F32", "F16", "Q8_0", "Q4_K"] as const;
+
+function tolerance(arch: string, quant: QuantName): number {
+  return (arch === "gemma3" ? GEMMA3_TOLERANCE[quant] : undefined) ?? TOLERANCE[quant];
+}
 
 function modelPath(arch: string, quant: QuantName): string {
   return join(dir, `${arch}-${quant}.gguf`);
@@ -51,7 +70,7 @@ function modelPath(arch: string, quant: QuantName): string {
 
 beforeAll(() => {
   for (const arch of archs) {
-    for (const quant of ["F32", "F16", "Q8_0"] as const) {
+    for (const quant of QUANTS) {
       importHuggingFace({ folder: join(fixtures, "hf-tiny", arch), output: modelPath(arch, quant), quant });
     }
   }
@@ -99,7 +118,7 @@ function argmax(x: ArrayLike<number>): number {
 for (const arch of archs) {
   const ref = reference[arch];
   describe(`${arch}: imported from Hugging Face, equal to transformers`, () => {
-    for (const quant of ["F32", "F16", "Q8_0"] as const) {
+    for (const quant of QUANTS) {
       test(`${quant} logits at every position and at the last of a prompt`, () => {
         withEngine(modelPath(arch, quant), (e) => {
           expect(e.model.info.vocabSize).toBe(ref.vocab);
@@ -110,8 +129,8 @@ for (const arch of archs) {
           const last = e.evaluate(ref.last_position.tokens);
           e.reset();
           const lastError = relativeError(last, ref.last_position.logits);
-          expect(worst).toBeLessThan(TOLERANCE[quant]!);
-          expect(lastError).toBeLessThan(TOLERANCE[quant]!);
+          expect(worst).toBeLessThan(tolerance(arch, quant));
+          expect(lastError).toBeLessThan(tolerance(arch, quant));
           if (quant === "F32") {
             // Equal arithmetic means equal choices wherever transformers' top two differ.
             rows.forEach((row, i) => expect(argmax(row)).toBe(argmax(ref.all_positions.logits[i])));
@@ -196,25 +215,82 @@ describe("import details", () => {
     }
   });
 
-  test("Q4_K packs (falling back to Q5_0 for rows of 64) or is refused clearly", () => {
-    let quant: QuantName;
+  test("Q4_K on 64-wide rows: matrices fall back to Q5_0, the tied head to Q8_0", () => {
+    const f = openGguf(modelPath("qwen3", "Q4_K"));
     try {
-      quant = parseQuant("Q4_K");
-    } catch (err) {
-      expect(String(err)).toMatch(/cannot quantize to Q4_K/);
-      return;
+      expect(f.metadata.get("general.file_type")).toBe(14);
+      expect(f.tensors.get("token_embd.weight")?.type.name).toBe("Q8_0");
+      expect(f.tensors.get("blk.1.ffn_down.weight")?.type.name).toBe("Q5_0");
+      expect(f.tensors.get("blk.1.attn_norm.weight")?.type.name).toBe("F32");
+    } finally {
+      f.close();
     }
-    const r = importHuggingFace({ folder: join(fixtures, "hf-tiny", "qwen3"), output: join(dir,
-      "q4k.gguf"), quant });
-    expect(r.types.Q5_0).toBeGreaterThan(0);
+  });
+
+  test("Gemma 3: SentencePiece vocabulary, hyperparameters, 1 + w norms, tied head", () => {
+    const f = openGguf(modelPath("gemma3", "F32"));
+    try {
+      const m = (k: string) => f.metadata.get(k);
+      expect(m("general.architecture")).toBe("gemma3");
+      expect(m("gemma3.block_count")).toBe(7);
+      expect(m("gemma3.attention.sliding_window")).toBe(4);
+      expect(m("gemma3.attention.key_length")).toBe(32);
+      expect(m("gemma3.rope.freq_base")).toBe(1e6);
+      expect(m("gemma3.rope.scaling.type")).toBe("linear");
+      expect(m("gemma3.rope.scaling.factor")).toBe(8);
+      expect(m("tokenizer.ggml.model")).toBe("llama");
+      expect(m("tokenizer.ggml.pre")).toBe("default");
+      expect(m("tokenizer.ggml.add_space_prefix")).toBe(false);
+      expect(m("tokenizer.ggml.add_bos_token")).toBe(true);
+      expect(m("tokenizer.ggml.add_eos_token")).toBe(false);
+      expect([m("tokenizer.ggml.bos_token_id"), m("tokenizer.ggml.eos_token_id"),
+        m("tokenizer.ggml.unknown_token_id"), m("tokenizer.ggml.padding_token_id")]).toEqual(
+        [2, 1, 3, 0]);
+      expect(String(m("tokenizer.chat_template"))).toContain("<start_of_turn>");
+      const tokens = m("tokenizer.ggml.tokens") as string[];
+      const types = m("tokenizer.ggml.token_type") as unknown as number[];
+      const scores = m("tokenizer.ggml.scores") as unknown as number[];
+      expect(tokens).toHaveLength(reference.gemma3.vocab);
+      // Control tokens from added_tokens_decoder; byte pieces; a merged piece with its SP score;
+      // the rows past the tokenizer padded as llama.cpp's converter pads them.
+      expect([tokens[2], types[2], scores[2]]).toEqual(["<bos>", 3, -1000]);
+      expect([tokens[5], types[5]]).toEqual(["<start_of_turn>", 4]);
+      expect([tokens[7], types[7], scores[7]]).toEqual(["<0x00>", 6, 0]);
+      expect(types[300]).toBe(1);
+      expect(scores[300]).toBeLessThan(0);
+      expect([tokens[455], types[455], scores[455]]).toEqual(["[PAD455]", 5, -10000]);
+      expect(f.tensors.has("output.weight")).toBe(false);
+      // Gemma3RMSNorm scales by 1 + w; the GGUF stores 1 + w.
+      const norm = new Float32Array(new Uint8Array(f.tensorBytes(
+        f.tensors.get("output_norm.weight")!)).buffer);
+      const hf = safetensorsTensor(join(fixtures, "hf-tiny", "gemma3", "model.safetensors"),
+        "model.norm.weight");
+      expect(Array.from(norm)).toEqual(Array.from(hf, (w) => Math.fround(w + 1)));
+    } finally {
+      f.close();
+    }
   });
 });
+
+/** One BF16 tensor of a one-file safetensors checkpoint as f32, read by hand (u64 length, JSON,
+ * data). */
+function safetensorsTensor(path: string, name: string): Float32Array {
+  const bytes = readFileSync(path);
+  const headerLength = Number(bytes.readBigUInt64LE(0));
+  const info = JSON.parse(bytes.subarray(8, 8 + headerLength).toString("utf8"))[name];
+  expect(info.dtype).toBe("BF16");
+  const [begin, end] = info.data_offsets as [number, number];
+  const bf16 = new Uint16Array(new Uint8Array(bytes.subarray(8 + headerLength + begin,
+    8 + headerLength + end)).buffer);
+  return new Float32Array(Uint32Array.from(bf16, (b) => b << 16).buffer);
+}
 
 describe("bad Hugging Face folders fail with an error naming the problem", () => {
   function broken(name: string, edit: (folder: string) => void): string {
     const folder = join(dir, `bad-${name}`);
-    cpSync(join(fixtures, "hf-tiny", name.startsWith("sharded") ? "qwen3" : "llama"), folder, {
-      recursive: true });
+    const source = name.startsWith("sharded") ? "qwen3" : name.startsWith("gemma3") ? "gemma3"
+      : "llama";
+    cpSync(join(fixtures, "hf-tiny", source), folder, { recursive: true });
     edit(folder);
     return folder;
   }
@@ -236,6 +312,17 @@ describe("bad Hugging Face folders fail with an error naming the problem", () =>
     ["sharded-missing", (f) => rmSync(join(f, "model-00002-of-00004.safetensors")),
       /shard 'model-00002-of-00004\.safetensors' \(for '.*'\) is missing/],
     ["no-tokenizer", (f) => rmSync(join(f, "tokenizer.json")), /no tokenizer\.json/],
+    ["gemma3-truncated-spm", (f) => truncateSync(join(f, "tokenizer.model"), 3000),
+      /tokenizer\.model: not a SentencePiece model \(field of \d+ bytes past the end at byte/],
+    ["gemma3-layer-types", (f) => editConfig(f, (c) => {
+      (c.layer_types as string[])[5] = "sliding_attention";
+    }), /'layer_types' \[5\] is "sliding_attention"; Gemma 3 runtimes make layer i global/],
+    ["gemma3-local-rope", (f) => editConfig(f, (c) => {
+      const rope = c.rope_parameters as Record<string, Record<string, number>>;
+      rope.sliding_attention.rope_theta = 5e4;
+    }), /'rope_local_base_freq' is 50000/],
+    ["gemma3-softcap", (f) => editConfig(f, (c) => { c.final_logit_softcapping = 30; }),
+      /'final_logit_softcapping' is set/],
   ];
   for (const [name, edit, pattern] of cases) {
     test(name, () => {

@@ -76,6 +76,173 @@ pub fn dequantize(src: []align(1) const Block, dst: []f32) void {
     }
 }
 
+// ---- ggml's reference quantizer (quantize_row_q4_K_ref), shared with Q5_K ------------------
+// What llama-quantize writes without an importance matrix. Every float operation is ggml's, in
+// its order and in f32 (ggml-base is built without FMA contraction), so the blocks are equal
+// byte for byte; only the 8-way search loops are written as Zig loops.
+
+/// ggml's nearest_int: adds 1.5 * 2^23 and reads the integer back from the mantissa bits, which
+/// rounds half to even for |v| <= 4194303 (other inputs give what ggml's bits give).
+pub inline fn nearestInt(v: f32) i32 {
+    const bits: i32 = @bitCast(v + 12582912.0);
+    return (bits & 0x007fffff) - 0x00400000;
+}
+
+/// ggml's make_qkx2_quants for 32 values (use_mad = false): quants l in 0..nmax and a scale and
+/// min with x ~ scale * l - the_min, found by trying nstep + 1 grid scales around nmax / range
+/// and solving weighted least squares for each; the lowest weighted squared error wins.
+pub fn makeQkx2Quants(
+    comptime nmax: i32,
+    x: *const [32]f32,
+    weights: *const [32]f32,
+    quants: *[32]u8,
+    the_min: *f32,
+    rmin: f32,
+    rdelta: f32,
+    nstep: u32,
+) f32 {
+    var min = x[0];
+    var max = x[0];
+    var sum_w = weights[0];
+    var sum_x = sum_w * x[0];
+    for (1..32) |i| {
+        if (x[i] < min) min = x[i];
+        if (x[i] > max) max = x[i];
+        sum_w += weights[i];
+        sum_x += weights[i] * x[i];
+    }
+    if (min > 0) min = 0;
+    if (max == min) {
+        @memset(quants, 0);
+        the_min.* = -min;
+        return 0;
+    }
+    const levels: f32 = @floatFromInt(nmax);
+    var iscale = levels / (max - min);
+    var scale = 1 / iscale;
+    var best_error: f32 = 0;
+    for (x, quants, weights) |v, *q, w| {
+        q.* = @intCast(std.math.clamp(nearestInt(iscale * (v - min)), 0, nmax));
+        const diff = scale * @as(f32, @floatFromInt(q.*)) + min - v;
+        best_error += w * (diff * diff);
+    }
+    var trial: [32]u8 = undefined;
+    for (0..nstep + 1) |is| {
+        iscale = (rmin + rdelta * @as(f32, @floatFromInt(is)) + levels) / (max - min);
+        var sum_l: f32 = 0;
+        var sum_l2: f32 = 0;
+        var sum_xl: f32 = 0;
+        for (x, &trial, weights) |v, *q, w| {
+            const l = std.math.clamp(nearestInt(iscale * (v - min)), 0, nmax);
+            q.* = @intCast(l);
+            const lf: f32 = @floatFromInt(l);
+            sum_l += w * lf;
+            sum_l2 += w * lf * lf;
+            sum_xl += w * lf * v;
+        }
+        const det = sum_w * sum_l2 - sum_l * sum_l;
+        if (det > 0) {
+            var this_scale = (sum_w * sum_xl - sum_x * sum_l) / det;
+            var this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det;
+            if (this_min > 0) {
+                this_min = 0;
+                this_scale = sum_xl / sum_l2;
+            }
+            var cur_error: f32 = 0;
+            for (x, trial, weights) |v, q, w| {
+                const diff = this_scale * @as(f32, @floatFromInt(q)) + this_min - v;
+                cur_error += w * (diff * diff);
+            }
+            if (cur_error < best_error) {
+                quants.* = trial;
+                best_error = cur_error;
+                scale = this_scale;
+                min = this_min;
+            }
+        }
+    }
+    the_min.* = -min;
+    return scale;
+}
+
+/// The scale field, d, dmin and the 256 quants (0..nmax) of one Q4_K / Q5_K superblock, as
+/// quantize_row_q4_K_ref / q5_K_ref compute them: make_qkx2_quants per 32 values (weights
+/// rms + |x|), scales and mins to 6 bits against the largest, then every quant re-rounded
+/// against the scale and min the block will actually hold.
+pub fn quantizeSuperblock(
+    comptime nmax: i32,
+    x: *const [256]f32,
+    rmin: f32,
+    nstep: u32,
+    scales_out: *[12]u8,
+    d_out: *f16,
+    dmin_out: *f16,
+    quants: *[256]u8,
+) void {
+    var scales: [8]f32 = undefined;
+    var mins: [8]f32 = undefined;
+    var max_scale: f32 = 0; // mins are subtracted, so scales are positive
+    var max_min: f32 = 0;
+    for (0..8) |j| {
+        const xs = x[32 * j ..][0..32];
+        var sum_x2: f32 = 0;
+        for (xs) |v| sum_x2 += v * v;
+        const av_x = @sqrt(sum_x2 / 32);
+        var weights: [32]f32 = undefined;
+        for (&weights, xs) |*w, v| w.* = av_x + @abs(v);
+        const q = quants[32 * j ..][0..32];
+        scales[j] = makeQkx2Quants(nmax, xs, &weights, q, &mins[j], rmin, 0.1, nstep);
+        if (scales[j] > max_scale) max_scale = scales[j];
+        if (mins[j] > max_min) max_min = mins[j];
+    }
+    const inv_scale: f32 = if (max_scale > 0) 63 / max_scale else 0;
+    const inv_min: f32 = if (max_min > 0) 63 / max_min else 0;
+    for (0..8) |j| {
+        const ls: u8 = @min(63, lowByte(nearestInt(inv_scale * scales[j])));
+        const lm: u8 = @min(63, lowByte(nearestInt(inv_min * mins[j])));
+        if (j < 4) {
+            scales_out[j] = ls;
+            scales_out[j + 4] = lm;
+        } else {
+            scales_out[j + 4] = (ls & 0xF) | ((lm & 0xF) << 4);
+            scales_out[j - 4] |= (ls >> 4) << 6;
+            scales_out[j] |= (lm >> 4) << 6;
+        }
+    }
+    d_out.* = @floatCast(max_scale / 63);
+    dmin_out.* = @floatCast(max_min / 63);
+    const sm = unpackScalesBytewise(scales_out);
+    for (0..8) |j| {
+        const d = @as(f32, d_out.*) * @as(f32, @floatFromInt(sm.scales[j]));
+        if (d == 0) continue; // ggml keeps make_qkx2_quants' quants here
+        const dm = @as(f32, dmin_out.*) * @as(f32, @floatFromInt(sm.mins[j]));
+        for (x[32 * j ..][0..32], quants[32 * j ..][0..32]) |v, *q| {
+            q.* = @intCast(std.math.clamp(nearestInt((v + dm) / d), 0, nmax));
+        }
+    }
+}
+
+/// C's conversion of an int to uint8_t: the low byte.
+inline fn lowByte(v: i32) u8 {
+    return @truncate(@as(u32, @bitCast(v)));
+}
+
+/// ggml's quantize_row_q4_K_ref (make_qkx2_quants with rmin -1, 21 grid steps).
+pub fn quantizeRef(src: []const f32, dst: []align(1) Block) void {
+    std.debug.assert(src.len == dst.len * block_values);
+    for (dst, 0..) |*b, i| {
+        var quants: [256]u8 = undefined;
+        var d: f16 = undefined;
+        var dmin: f16 = undefined;
+        quantizeSuperblock(15, src[i * 256 ..][0..256], -1, 20, &b.scales, &d, &dmin, &quants);
+        b.d = d;
+        b.dmin = dmin;
+        for (0..4) |c| {
+            for (0..32) |l| b.qs[32 * c + l] = quants[64 * c + l] | (quants[64 * c + 32 + l] << 4);
+        }
+    }
+}
+
 /// sum over sub-blocks of min_j * (sum of the 32 activation quants of sub-block j).
 pub fn minsDot(mins: [8]u8, bsums: *align(1) const [16]i16) i32 {
     return @reduce(.Add, simd.maddI16(bsums.*, minsPairs(mins)));
@@ -228,4 +395,47 @@ test "q4_k scale unpacking follows the documented bit layout" {
     try std.testing.expectEqual(@as(u8, 2), sm.mins[0]);
     try std.testing.expectEqual(@as(u8, 5 | (3 << 4)), sm.scales[4]);
     try std.testing.expectEqual(@as(u8, 7 | (2 << 4)), sm.mins[4]);
+}
+
+/// Quantizes `x` with `Fmt.quantizeRef`, dequantizes, and returns the RMS error over the RMS of x.
+pub fn roundTripError(comptime Fmt: type, x: []const f32, blocks_out: []Fmt.Block) !f32 {
+    const alloc = std.testing.allocator;
+    const y = try alloc.alloc(f32, x.len);
+    defer alloc.free(y);
+    Fmt.quantizeRef(x, blocks_out);
+    Fmt.dequantize(blocks_out, y);
+    var err: f64 = 0;
+    var norm: f64 = 0;
+    for (x, y) |a, b| {
+        err += (@as(f64, a) - b) * (@as(f64, a) - b);
+        norm += @as(f64, a) * a;
+    }
+    return @floatCast(@sqrt(err / norm));
+}
+
+test "q4_k quantizeRef: a 4-bit grid is kept exactly; zeros stay zero; noise within 4-bit error" {
+    var x: [256]f32 = undefined;
+    for (&x, 0..) |*v, i| v.* = @as(f32, @floatFromInt(i % 16)) * 0.5;
+    var b: [1]Block = undefined;
+    quantizeRef(&x, &b);
+    try std.testing.expectEqual(@as(f16, 0), b[0].dmin); // no negative values: no min
+    for (0..256) |i| {
+        const q = b[0].qs[32 * (i / 64) + i % 32];
+        try std.testing.expectEqual(@as(u8, @intCast(i % 16)), if (i % 64 < 32) q & 15 else q >> 4);
+    }
+    quantizeRef(&([_]f32{0} ** 256), &b);
+    try std.testing.expect(std.mem.allEqual(u8, std.mem.asBytes(&b[0]), 0));
+    var rng = test_util.TestRng.init(41);
+    var noise: [1024]f32 = undefined;
+    rng.floats(&noise, 2);
+    var blocks_out: [4]Block = undefined;
+    try std.testing.expect(try roundTripError(@This(), &noise, &blocks_out) < 0.1);
+}
+
+test "nearestInt rounds half to even, as ggml's nearest_int" {
+    const cases = [_][2]f32{
+        .{ 0.5, 0 },   .{ 1.5, 2 },  .{ 2.5, 2 },    .{ -0.5, 0 },
+        .{ -1.5, -2 }, .{ 3.49, 3 }, .{ -7.51, -8 },
+    };
+    for (cases) |c| try std.testing.expectEqual(@as(i32, @intFromFloat(c[1])), nearestInt(c[0]));
 }

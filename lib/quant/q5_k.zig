@@ -47,6 +47,32 @@ pub fn dequantize(src: []align(1) const Block, dst: []f32) void {
     }
 }
 
+/// ggml's quantize_row_q5_K_ref: Q4_K's superblock search with 5-bit quants (rmin -0.5, 16 grid
+/// steps); quants above 15 set their bit in qh.
+pub fn quantizeRef(src: []const f32, dst: []align(1) Block) void {
+    std.debug.assert(src.len == dst.len * block_values);
+    for (dst, 0..) |*b, i| {
+        var quants: [256]u8 = undefined;
+        var d: f16 = undefined;
+        var dmin: f16 = undefined;
+        const x = src[i * 256 ..][0..256];
+        q4_k.quantizeSuperblock(31, x, -0.5, 15, &b.scales, &d, &dmin, &quants);
+        b.d = d;
+        b.dmin = dmin;
+        b.qh = @splat(0);
+        for (0..4) |c| {
+            const bit_low: u8 = @as(u8, 1) << @intCast(2 * c);
+            for (0..32) |l| {
+                const lo = quants[64 * c + l];
+                const hi = quants[64 * c + 32 + l];
+                if (lo > 15) b.qh[l] |= bit_low;
+                if (hi > 15) b.qh[l] |= bit_low << 1;
+                b.qs[32 * c + l] = (lo & 15) | ((hi & 15) << 4);
+            }
+        }
+    }
+}
+
 /// ggml_vec_dot_q5_K_q8_K_generic, in integers per sub-block as Q4_K.
 pub fn dotScalar(w: []align(1) const Block, x: []align(1) const q8_k.Block) f32 {
     std.debug.assert(w.len == x.len);
@@ -167,4 +193,24 @@ test "q5_k dot: fast matches scalar; quantized dot matches f32" {
 
 test "q5_k dot: bit-identical to ggml's x86 vec_dot order" {
     try simd.expectGgmlOrder(@This(), q8_k, 113, fixBlock);
+}
+
+test "q5_k quantizeRef: a 5-bit grid is kept exactly; noise within 5-bit error" {
+    var x: [256]f32 = undefined;
+    for (&x, 0..) |*v, i| v.* = @as(f32, @floatFromInt(i % 32)) * 0.25;
+    var b: [1]Block = undefined;
+    quantizeRef(&x, &b);
+    try std.testing.expectEqual(@as(f16, 0), b[0].dmin);
+    for (0..4) |c| {
+        for (0..64) |k| {
+            const high = k >= 32;
+            const want: u8 = @intCast((64 * c + k) % 32);
+            try std.testing.expectEqual(want, quant(&b[0], c, k % 32, high));
+        }
+    }
+    var rng = test_util.TestRng.init(42);
+    var noise: [1024]f32 = undefined;
+    rng.floats(&noise, 2);
+    var blocks_out: [4]Block = undefined;
+    try std.testing.expect(try q4_k.roundTripError(@This(), &noise, &blocks_out) < 0.05);
 }

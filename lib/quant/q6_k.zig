@@ -45,6 +45,112 @@ pub fn dequantize(src: []align(1) const Block, dst: []f32) void {
     }
 }
 
+// ---- ggml's reference quantizer (quantize_row_q6_K_ref) ----------------------------------
+// What llama-quantize writes without an importance matrix, float operation for float operation.
+
+const nearestInt = @import("q4_k.zig").nearestInt;
+
+/// ggml's make_qx_quants for 16 values, nmax 32, rmse_type 1 (weights x^2): signed quants
+/// -32..31 (stored + 32) for the scale whose weighted fit is best among -max/32 and 18 grid
+/// neighbours -max/(32 +- 0.1k).
+fn makeQxQuants(x: *const [16]f32, quants: *[16]u8) f32 {
+    const nmax = 32;
+    var max: f32 = 0;
+    var amax: f32 = 0;
+    for (x) |v| {
+        if (@abs(v) > amax) {
+            amax = @abs(v);
+            max = v;
+        }
+    }
+    if (amax < 1e-15) { // GROUP_MAX_EPS: all zero
+        @memset(quants, 0);
+        return 0;
+    }
+    var iscale = -@as(f32, nmax) / max;
+    var sumlx: f32 = 0;
+    var suml2: f32 = 0;
+    for (x, quants) |v, *q| {
+        const l = std.math.clamp(nearestInt(iscale * v), -nmax, nmax - 1);
+        q.* = @intCast(l + nmax);
+        const w = v * v;
+        const lf: f32 = @floatFromInt(l);
+        sumlx += w * v * lf;
+        suml2 += w * lf * lf;
+    }
+    var scale: f32 = if (suml2 != 0) sumlx / suml2 else 0;
+    var best = scale * sumlx;
+    var is: i32 = -9;
+    while (is <= 9) : (is += 1) {
+        if (is == 0) continue;
+        iscale = -(@as(f32, nmax) + @as(f32, 0.1) * @as(f32, @floatFromInt(is))) / max;
+        sumlx = 0;
+        suml2 = 0;
+        for (x) |v| {
+            const lf: f32 = @floatFromInt(std.math.clamp(nearestInt(iscale * v), -nmax, nmax - 1));
+            const w = v * v;
+            sumlx += w * v * lf;
+            suml2 += w * lf * lf;
+        }
+        if (suml2 > 0 and sumlx * sumlx > best * suml2) {
+            for (x, quants) |v, *q| {
+                q.* = @intCast(std.math.clamp(nearestInt(iscale * v), -nmax, nmax - 1) + nmax);
+            }
+            scale = sumlx / suml2;
+            best = scale * sumlx;
+        }
+    }
+    return scale;
+}
+
+/// ggml's quantize_row_q6_K_ref: make_qx_quants per 16 values, the 16 scales to signed 8 bits
+/// against the largest in magnitude (-128 for it), then every quant re-rounded against the scale
+/// the block will hold.
+pub fn quantizeRef(src: []const f32, dst: []align(1) Block) void {
+    std.debug.assert(src.len == dst.len * block_values);
+    for (dst, 0..) |*b, i| {
+        const x = src[i * 256 ..][0..256];
+        var quants: [256]u8 = undefined;
+        var scales: [16]f32 = undefined;
+        var max_scale: f32 = 0;
+        var max_abs_scale: f32 = 0;
+        for (0..16) |g| {
+            scales[g] = makeQxQuants(x[16 * g ..][0..16], quants[16 * g ..][0..16]);
+            if (@abs(scales[g]) > max_abs_scale) {
+                max_abs_scale = @abs(scales[g]);
+                max_scale = scales[g];
+            }
+        }
+        if (max_abs_scale < 1e-15) {
+            b.* = std.mem.zeroes(Block);
+            continue;
+        }
+        const iscale = -128 / max_scale;
+        b.d = @floatCast(1 / iscale);
+        for (0..16) |g| {
+            // MIN(127, nearest_int(...)) stored into an int8_t: the low byte.
+            const s = @min(127, nearestInt(iscale * scales[g]));
+            b.scales[g] = @bitCast(@as(u8, @truncate(@as(u32, @bitCast(s)))));
+        }
+        for (0..16) |g| {
+            const d = @as(f32, b.d) * @as(f32, @floatFromInt(b.scales[g]));
+            if (d == 0) continue; // ggml keeps make_qx_quants' quants here
+            for (x[16 * g ..][0..16], quants[16 * g ..][0..16]) |v, *q| {
+                q.* = @intCast(std.math.clamp(nearestInt(v / d), -32, 31) + 32);
+            }
+        }
+        for (0..2) |h| {
+            const l = quants[128 * h ..][0..128];
+            for (0..32) |k| {
+                b.ql[64 * h + k] = (l[k] & 15) | ((l[k + 64] & 15) << 4);
+                b.ql[64 * h + 32 + k] = (l[k + 32] & 15) | ((l[k + 96] & 15) << 4);
+                b.qh[32 * h + k] = (l[k] >> 4) | ((l[k + 32] >> 4) << 2) |
+                    ((l[k + 64] >> 4) << 4) | ((l[k + 96] >> 4) << 6);
+            }
+        }
+    }
+}
+
 /// ggml_vec_dot_q6_K_q8_K_generic: integer sums per 16-value group times its scale,
 /// scaled by d_w * d_x.
 pub fn dotScalar(w: []align(1) const Block, x: []align(1) const q8_k.Block) f32 {
@@ -163,4 +269,26 @@ test "q6_k dot: fast matches scalar; quantized dot matches f32" {
 
 test "q6_k dot: bit-identical to ggml's x86 vec_dot order" {
     try simd.expectGgmlOrder(@This(), q8_k, 114, fixBlock);
+}
+
+test "q6_k quantizeRef: a 6-bit grid is kept; zeros stay zero; noise within 6-bit error" {
+    // Every group of 16 starts at -32 * 0.25, its largest magnitude: all scales come out 0.25.
+    var x: [256]f32 = undefined;
+    var want: [256]u8 = undefined;
+    for (&x, &want, 0..) |*v, *q, i| {
+        q.* = if (i % 16 == 0) 0 else @max(1, @as(u8, @intCast((i * 7 + 3) % 64)));
+        v.* = (@as(f32, @floatFromInt(q.*)) - 32) * 0.25;
+    }
+    var b: [1]Block = undefined;
+    quantizeRef(&x, &b);
+    try std.testing.expectEqual(@as(f16, -1.0 / 512.0), b[0].d);
+    for (0..256) |v| try std.testing.expectEqual(want[v], quant(&b[0], v));
+    quantizeRef(&([_]f32{0} ** 256), &b);
+    try std.testing.expect(std.mem.allEqual(u8, std.mem.asBytes(&b[0]), 0));
+    var rng = test_util.TestRng.init(43);
+    var noise: [1024]f32 = undefined;
+    rng.floats(&noise, 2);
+    var blocks_out: [4]Block = undefined;
+    const err = try @import("q4_k.zig").roundTripError(@This(), &noise, &blocks_out);
+    try std.testing.expect(err < 0.03);
 }

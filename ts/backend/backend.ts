@@ -81,4 +81,6 @@ export interface Backend {
   /** A view of the first `rows` rows (valid until the next op that writes `x`). */
   read(x: Activation, rows: number): Float32Array;
   setThreads(n: number): void;
+  /** Releases device memory (GPU backends); the backend is unusable afterwards. */
+  dispose?(): void;
 }

@@ -5,14 +5,16 @@ import { importHuggingFace } from "../convert/import.ts";
 import { stderrProgress } from "../convert/progress.ts";
 import { parseQuant, QUANT_NAMES } from "../convert/quantize.ts";
 
-export const importUsage = `usage: bun run infer.ts import <hf-folder> -o model.gguf [--quant TYPE]
+export const importUsage = `usage: infer import <hf-folder> -o model.gguf [--quant TYPE]
 
-Converts a Hugging Face model folder (config.json, *.safetensors, tokenizer.json) to GGUF.
-Architectures: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM.
+Converts a Hugging Face model folder (config.json, *.safetensors, tokenizer.json or a
+SentencePiece tokenizer.model) to GGUF.
+Architectures: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM.
 
 options:
   -o, --output PATH  the GGUF to write (required)
-  --quant TYPE       ${QUANT_NAMES.join(", ")} (default F16); vectors stay F32
+  --quant TYPE       ${QUANT_NAMES.join(", ")} (default F16); vectors stay F32,
+                     a quantized LM head Q6_K; Q4_K_M / Q4_K_S are llama-quantize's mixes
   --name NAME        general.name (default: the folder's name)
   -h, --help         this text
 `;

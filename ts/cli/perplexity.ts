@@ -6,10 +6,11 @@
 import { readFileSync } from "node:fs";
 import { availableParallelism } from "node:os";
 import { parseArgs } from "node:util";
+import { parseBackendKind } from "../backend/select.ts";
 import { Engine } from "../engine/engine.ts";
 import { InferError } from "../errors.ts";
 
-export const perplexityUsage = `usage: bun run infer.ts perplexity <model.gguf> <text-file> [options]
+export const perplexityUsage = `usage: infer perplexity <model.gguf> <text-file> [options]
 
 Scores the text as llama-perplexity does (chunks of n_ctx tokens, second half of each scored).
 
@@ -17,6 +18,7 @@ options:
   -c, --ctx-size N   tokens per chunk (default 512)
   --chunks N         score at most N chunks (default: all)
   -t, --threads N    CPU threads (default: all cores)
+  --backend B        cpu, cuda, or auto: CUDA when available (default: auto)
   -h, --help         this text
 `;
 
@@ -84,6 +86,7 @@ export function perplexityCommand(argv: string[]): number {
       "ctx-size": { type: "string", short: "c" },
       chunks: { type: "string" },
       threads: { type: "string", short: "t" },
+      backend: { type: "string" },
       help: { type: "boolean", short: "h" },
     },
   });
@@ -106,6 +109,7 @@ export function perplexityCommand(argv: string[]): number {
   const engine = Engine.open({
     modelPath: positionals[0], contextLength, batch: Math.min(contextLength, 512),
     threads: int(values.threads, "--threads", availableParallelism()),
+    backend: parseBackendKind(values.backend ?? process.env.INFER_BACKEND ?? "auto"),
   });
   try {
     const t0 = performance.now();

@@ -4,10 +4,13 @@ import { requantizeGguf } from "../convert/import.ts";
 import { stderrProgress } from "../convert/progress.ts";
 import { parseQuant, QUANT_NAMES } from "../convert/quantize.ts";
 
-export const quantizeUsage = `usage: bun run infer.ts quantize <in.gguf> <out.gguf> --quant TYPE
+export const quantizeUsage = `usage: infer quantize <in.gguf> <out.gguf> --quant TYPE
 
 Re-packs every matrix of a GGUF in TYPE (${QUANT_NAMES.join(", ")}); vectors and metadata are
-copied. Rows that do not fill whole blocks fall back as llama.cpp does (Q4_K -> Q5_0 -> F16).
+copied. Tensors get the types llama-quantize gives them (a quantized LM head Q6_K; Q4_K_M and
+Q4_K_S raise attn_v / ffn_down of some layers), with the same bytes; rows that do not fill whole
+blocks fall back as llama.cpp does (Q4_K -> Q5_0 -> F16, Q6_K -> Q8_0; Q5_K -> Q5_0 where
+llama.cpp picks Q5_1).
 `;
 
 export function quantizeCommand(argv: string[]): number {

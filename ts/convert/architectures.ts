@@ -2,10 +2,12 @@
 // does: the Hugging Face class names it accepts, the GGUF metadata its hyperparameters become,
 // the tensors the GGUF must hold (name, shape, required or not) and the Hugging Face name of each,
 // and the per-tensor changes the runtime's layout needs (Llama's Q/K row permutation for normal
-// RoPE, Llama 3's RoPE frequency factors written as a tensor).
+// RoPE, Llama 3's RoPE frequency factors written as a tensor, Gemma's 1 + w norm weights).
 import { InferError } from "../errors.ts";
 import { gguf, type GgufTypedValue } from "../gguf/writer.ts";
+import { LIMITS } from "../model/hparams.ts";
 import type { HfConfig, RopeParameters } from "./hf-config.ts";
+import type { TokenizerOptions } from "./tokenizer.ts";
 
 export interface PlannedTensor {
   /** GGUF name, e.g. blk.0.attn_q.weight. */
@@ -25,6 +27,7 @@ export interface ArchitecturePlan {
   readonly tensors: readonly PlannedTensor[];
   /** Hugging Face tensors that are dropped on purpose (tied heads, cached RoPE tables). */
   readonly ignored: (hfName: string) => boolean;
+  readonly tokenizer?: TokenizerOptions;
 }
 
 interface Architecture {
@@ -184,6 +187,122 @@ function ropeScalingMetadata(a: string, rope: RopeParameters): [string, GgufType
     `config.json: RoPE scaling '${rope.type}' is not supported by the importer`);
 }
 
+// ---- Gemma 3 (text) -------------------------------------------------------------------------
+
+/** What infer's and llama.cpp's gemma3 runtimes fix rather than read from the GGUF. */
+const GEMMA3_FIXED = { slidingPattern: 6, localRopeTheta: 10_000 } as const;
+
+/**
+ * Gemma3ForCausalLM (model_type gemma3_text), as convert_hf_to_gguf's Gemma3Model writes it:
+ * sandwich norms, QK-norm, tied embeddings by default, and every norm weight stored as 1 + w
+ * because Gemma3RMSNorm multiplies by (1 + w) (added in f32, as transformers computes it and as
+ * the converter does for F32/BF16 checkpoints; for F16 ones it adds in f16). The
+ * GGUF has no keys for the layer pattern, the local RoPE base or query_pre_attn_scalar, so a
+ * config that departs from what the runtimes assume is refused rather than converted wrongly.
+ */
+function gemma3Plan(c: HfConfig): ArchitecturePlan {
+  const a = "gemma3", s = c.decoderShape();
+  const unsupported = (key: string, why: string): never => {
+    throw new InferError("unsupported", `${c.path}: '${key}' ${why}`);
+  };
+  const activation = c.string("hidden_activation", "gelu_pytorch_tanh");
+  if (activation !== "gelu_pytorch_tanh") unsupported("hidden_activation",
+    `is ${activation}; Gemma 3 runtimes use gelu_pytorch_tanh`);
+  for (const key of ["attn_logit_softcapping", "final_logit_softcapping"]) {
+    if (c.has(key)) unsupported(key, "is set; Gemma 3 runtimes do not soft-cap");
+  }
+  if (c.bool("use_bidirectional_attention", false)) unsupported("use_bidirectional_attention",
+    "is true; only causal attention is supported");
+  const scalar = c.int("query_pre_attn_scalar", { min: 1, fallback: s.headDim });
+  if (scalar !== s.headDim) unsupported("query_pre_attn_scalar",
+    `is ${scalar}; the GGUF runtimes scale attention by 1/sqrt(head_dim = ${s.headDim})`);
+  checkGemma3Layers(c, s.layers, unsupported);
+  const rope = c.rope(1_000_000);
+  const window = c.int("sliding_window", { min: 1, max: LIMITS.context });
+  const tied = c.bool("tie_word_embeddings", true);
+  const e = s.embedding, q = s.heads * s.headDim, kv = s.kvHeads * s.headDim;
+  const metadata: [string, GgufTypedValue][] = [
+    [`${a}.context_length`, gguf.u32(c.int("max_position_embeddings", { min: 1,
+      max: LIMITS.context, fallback: 131_072 }))],
+    [`${a}.embedding_length`, gguf.u32(e)],
+    [`${a}.block_count`, gguf.u32(s.layers)],
+    [`${a}.feed_forward_length`, gguf.u32(s.feedForward)],
+    [`${a}.attention.head_count`, gguf.u32(s.heads)],
+    [`${a}.attention.head_count_kv`, gguf.u32(s.kvHeads)],
+    [`${a}.attention.layer_norm_rms_epsilon`, gguf.f32(s.normEps)],
+    [`${a}.attention.key_length`, gguf.u32(s.headDim)],
+    [`${a}.attention.value_length`, gguf.u32(s.headDim)],
+    [`${a}.rope.freq_base`, gguf.f32(rope.theta)],
+    [`${a}.rope.freq_base_swa`, gguf.f32(GEMMA3_FIXED.localRopeTheta)],
+    [`${a}.attention.sliding_window`, gguf.u32(window)],
+    ...ropeScalingMetadata(a, rope),
+  ];
+  const t: PlannedTensor[] = [];
+  const add = (name: string, dims: number[], source: string) => t.push({
+    name, dims, source, required: true,
+    transform: name.endsWith("norm.weight") ? addOne : undefined,
+  });
+  add("token_embd.weight", [e, s.vocab], "model.embed_tokens.weight");
+  add("output_norm.weight", [e], "model.norm.weight");
+  if (!tied) add("output.weight", [e, s.vocab], "lm_head.weight");
+  for (let i = 0; i < s.layers; i++) {
+    const p = `blk.${i}`, h = `model.layers.${i}`;
+    add(`${p}.attn_norm.weight`, [e], `${h}.input_layernorm.weight`);
+    add(`${p}.attn_q.weight`, [e, q], `${h}.self_attn.q_proj.weight`);
+    add(`${p}.attn_k.weight`, [e, kv], `${h}.self_attn.k_proj.weight`);
+    add(`${p}.attn_v.weight`, [e, kv], `${h}.self_attn.v_proj.weight`);
+    add(`${p}.attn_q_norm.weight`, [s.headDim], `${h}.self_attn.q_norm.weight`);
+    add(`${p}.attn_k_norm.weight`, [s.headDim], `${h}.self_attn.k_norm.weight`);
+    add(`${p}.attn_output.weight`, [q, e], `${h}.self_attn.o_proj.weight`);
+    add(`${p}.post_attention_norm.weight`, [e], `${h}.post_attention_layernorm.weight`);
+    add(`${p}.ffn_norm.weight`, [e], `${h}.pre_feedforward_layernorm.weight`);
+    add(`${p}.ffn_gate.weight`, [e, s.feedForward], `${h}.mlp.gate_proj.weight`);
+    add(`${p}.ffn_up.weight`, [e, s.feedForward], `${h}.mlp.up_proj.weight`);
+    add(`${p}.ffn_down.weight`, [s.feedForward, e], `${h}.mlp.down_proj.weight`);
+    add(`${p}.post_ffw_norm.weight`, [e], `${h}.post_feedforward_layernorm.weight`);
+  }
+  return {
+    architecture: a, metadata, tensors: t,
+    ignored: (n) => n.endsWith(".rotary_emb.inv_freq") || n.endsWith(".rotary_emb_local.inv_freq")
+      || (tied && n === "lm_head.weight"),
+    tokenizer: { addSpacePrefix: false },
+  };
+}
+
+/** Gemma's RMSNorm scales by (1 + w); GGUF runtimes scale by the stored weight. */
+function addOne(data: Float32Array): Float32Array {
+  for (let i = 0; i < data.length; i++) data[i] += 1;
+  return data;
+}
+
+/** Local layers must be the 5-of-6 pattern with RoPE base 10k, which the runtimes hard-code. */
+function checkGemma3Layers(c: HfConfig, layers: number,
+  unsupported: (key: string, why: string) => never): void {
+  const types = c.raw("layer_types");
+  if (types !== undefined && types !== null) {
+    if (!Array.isArray(types) || types.length !== layers) unsupported("layer_types",
+      `is not a list of ${layers} layer types`);
+    types.forEach((type, i) => {
+      const want = i % GEMMA3_FIXED.slidingPattern === GEMMA3_FIXED.slidingPattern - 1
+        ? "full_attention" : "sliding_attention";
+      if (type !== want) unsupported("layer_types", `[${i}] is ${JSON.stringify(type)}; Gemma 3 ` +
+        `runtimes make layer i global exactly when i % 6 == 5 (expected "${want}")`);
+    });
+  } else {
+    const pattern = c.int("sliding_window_pattern", { fallback: GEMMA3_FIXED.slidingPattern });
+    if (pattern !== GEMMA3_FIXED.slidingPattern) unsupported("sliding_window_pattern",
+      `is ${pattern}; Gemma 3 runtimes use 6`);
+  }
+  const params = c.raw("rope_parameters") as Record<string, unknown> | undefined | null;
+  const local = (params?.sliding_attention ?? {}) as Record<string, unknown>;
+  const theta = local.rope_theta ?? c.raw("rope_local_base_freq") ?? GEMMA3_FIXED.localRopeTheta;
+  if (theta !== GEMMA3_FIXED.localRopeTheta) unsupported("rope_local_base_freq",
+    `is ${JSON.stringify(theta)}; Gemma 3 runtimes rotate local layers with base 10000`);
+  const localType = local.rope_type ?? "default";
+  if (localType !== "default") unsupported("rope_parameters.sliding_attention.rope_type",
+    `is ${JSON.stringify(localType)}; local layers are not scaled`);
+}
+
 const architectures: readonly Architecture[] = [
   {
     gguf: "llama", hfClasses: ["LlamaForCausalLM", "LLaMAForCausalLM", "MistralForCausalLM"],
@@ -206,6 +325,7 @@ const architectures: readonly Architecture[] = [
       writeRopeDims: false, writeVocabSize: false,
     }),
   },
+  { gguf: "gemma3", hfClasses: ["Gemma3ForCausalLM"], plan: gemma3Plan },
 ];
 
 export function supportedHfClasses(): string[] {

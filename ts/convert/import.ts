@@ -13,7 +13,9 @@ import { typedMetadata } from "./gguf-metadata.ts";
 import { writeGgufFile, type TensorToProduce } from "./gguf-out.ts";
 import { HfConfig } from "./hf-config.ts";
 import type { Progress } from "./progress.ts";
-import { dequantize, fileType, quantize, storageType, type QuantName } from "./quantize.ts";
+import {
+  dequantize, fileType, modelShape, quantize, storageType, type QuantName,
+} from "./quantize.ts";
 import { SafetensorsCheckpoint } from "./safetensors.ts";
 import { tokenizerMetadata } from "./tokenizer.ts";
 
@@ -40,7 +42,7 @@ export function importHuggingFace(o: ImportOptions): WriteSummary {
   const config = HfConfig.read(o.folder);
   const plan = planConversion(config);
   const vocab = config.int("vocab_size");
-  const tokenizer = tokenizerMetadata(o.folder, vocab);
+  const tokenizer = tokenizerMetadata(o.folder, vocab, plan.tokenizer);
   const checkpoint = SafetensorsCheckpoint.open(o.folder);
   try {
     const planned = checkAgainstPlan(checkpoint, plan.tensors, plan.ignored, plan.architecture);
@@ -53,9 +55,11 @@ export function importHuggingFace(o: ImportOptions): WriteSummary {
       ...tokenizer,
     ];
     const tied = !planned.some((t) => t.name === "output.weight");
+    const byKey = new Map(plan.metadata.map(([k, v]) => [k, v.value]));
+    const model = modelShape(plan.architecture, (k) => byKey.get(k));
     const tensors: TensorToProduce[] = planned.map((t) => {
       const lmHead = t.name === "output.weight" || (tied && t.name === "token_embd.weight");
-      const type = storageType(t.name, t.dims, o.quant, { lmHead });
+      const type = storageType(t.name, t.dims, o.quant, { lmHead, model });
       return {
         name: t.name, type, dims: [...t.dims],
         produce: () => {
@@ -133,10 +137,13 @@ export function requantizeGguf(o: RequantizeOptions): WriteSummary {
       metadata.push(["general.quantization_version", gguf.u32(QUANTIZATION_VERSION)]);
     }
     const tied = !file.tensors.has("output.weight");
+    const architecture = String(file.metadata.get("general.architecture") ?? "unknown");
+    const model = modelShape(architecture, (k) => file.metadata.get(k));
     const tensors: TensorToProduce[] = [...file.tensors.values()].map((t) => {
       // Vectors, and tensors already in the target type, are copied as they are.
       const lmHead = t.name === "output.weight" || (tied && t.name === "token_embd.weight");
-      const wanted = t.dims.length < 2 ? t.type.id : storageType(t.name, t.dims, o.quant, { lmHead });
+      const wanted = t.dims.length < 2 ? t.type.id : storageType(t.name, t.dims, o.quant, {
+        lmHead, model });
       return {
         name: t.name, type: wanted, dims: [...t.dims],
         produce: () => {
@@ -147,7 +154,6 @@ export function requantizeGguf(o: RequantizeOptions): WriteSummary {
         },
       };
     });
-    const architecture = String(file.metadata.get("general.architecture") ?? "unknown");
     const bytes = writeGgufFile(o.output, metadata, tensors, { alignment: file.alignment,
       progress: o.progress });
     return { architecture, tensors: tensors.length, bytes, types: countTypes(tensors) };

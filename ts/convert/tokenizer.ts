@@ -2,12 +2,15 @@
 // (convert_hf_to_gguf's get_vocab_base / _set_vocab_gpt2 and gguf-py's SpecialVocab): the token
 // list padded to the model's vocab_size, token types (added special tokens are control tokens),
 // BPE merges, the pre-tokenizer named by its regex, special token ids from tokenizer_config.json
-// and config.json, add_bos/add_eos, and the chat template. Byte-level BPE (tokenizer.json) is
-// read; SentencePiece-only folders (tokenizer.model without tokenizer.json) are refused clearly.
+// and config.json, add_bos/add_eos, and the chat template. A folder with a SentencePiece
+// tokenizer.model is read from it, as the converter does (_create_vocab_sentencepiece: the
+// pieces with their scores and types, then added_tokens.json and tokenizer_config.json's
+// added_tokens_decoder on top); otherwise tokenizer.json must hold a byte-level BPE.
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { InferError } from "../errors.ts";
 import { gguf, type GgufTypedValue } from "../gguf/writer.ts";
+import { PieceType, readSentencePieceModel } from "./sentencepiece.ts";
 
 /** GGUF token types. */
 const TokenType = { normal: 1, unknown: 2, control: 3, userDefined: 4, unused: 5,
@@ -42,15 +45,21 @@ function readJson(path: string): Json | null {
 
 interface AddedToken { id: number; content: string; special: boolean }
 
+export interface TokenizerOptions {
+  /** tokenizer.ggml.add_space_prefix for a SentencePiece model (Gemma 3: false); default: the
+   * model's own add_dummy_prefix. */
+  readonly addSpacePrefix?: boolean;
+}
+
 /** GGUF tokenizer.* entries for the folder; `vocabSize` is the model's embedding rows. */
-export function tokenizerMetadata(folder: string, vocabSize: number): [string, GgufTypedValue][] {
+export function tokenizerMetadata(folder: string, vocabSize: number,
+  o: TokenizerOptions = {}): [string, GgufTypedValue][] {
+  if (existsSync(join(folder, "tokenizer.model"))) {
+    return sentencePieceMetadata(folder, vocabSize, o);
+  }
   const tokenizerPath = join(folder, "tokenizer.json");
   const tok = readJson(tokenizerPath);
-  if (!tok) {
-    const spm = existsSync(join(folder, "tokenizer.model"))
-      ? " (a SentencePiece tokenizer.model alone is not read yet)" : "";
-    throw new InferError("unsupported", `${folder}: no tokenizer.json${spm}`);
-  }
+  if (!tok) throw new InferError("unsupported", `${folder}: no tokenizer.json or tokenizer.model`);
   const model = tok.model as Json | undefined;
   if (model?.type !== "BPE" || !hasByteLevel(tok)) {
     throw new InferError("unsupported",
@@ -89,6 +98,54 @@ export function tokenizerMetadata(folder: string, vocabSize: number): [string, G
   ];
   out.push(...specialMetadata(folder, tok, added, vocabSize));
   return out;
+}
+
+/** A SentencePiece model as convert_hf_to_gguf's _set_vocab_sentencepiece writes it. */
+function sentencePieceMetadata(folder: string, vocabSize: number,
+  o: TokenizerOptions): [string, GgufTypedValue][] {
+  const model = readSentencePieceModel(join(folder, "tokenizer.model"));
+  const tokens = Array.from({ length: vocabSize }, (_, i) => `[PAD${i}]`);
+  const scores = new Float32Array(vocabSize).fill(-10000);
+  const types = new Int32Array(vocabSize).fill(TokenType.unused);
+  model.pieces.forEach((p, id) => {
+    if (id >= vocabSize) return; // the converter drops pieces past the embedding, too
+    tokens[id] = p.text;
+    scores[id] = p.score;
+    // The converter asks IsUnknown / IsControl / IsUnused / IsByte; user-defined pieces end up
+    // normal unless tokenizer_config.json names them below.
+    types[id] = p.type === PieceType.userDefined ? TokenType.normal : p.type;
+  });
+  const place = (id: number, text: string, type: number) => {
+    if (id >= vocabSize) return;
+    tokens[id] = text;
+    scores[id] = -1000;
+    types[id] = type;
+  };
+  const addedPath = join(folder, "added_tokens.json");
+  for (const [text, id] of Object.entries(readJson(addedPath) ?? {})) {
+    if (typeof id !== "number" || !Number.isInteger(id) || id < 0) bad(
+      `${addedPath}: token ${JSON.stringify(text)} has id ${String(id)}`);
+    place(id, text, TokenType.userDefined);
+  }
+  const configPath = join(folder, "tokenizer_config.json");
+  const decoder = readJson(configPath)?.added_tokens_decoder ?? {};
+  for (const [key, entry] of Object.entries(decoder as Record<string, Json>)) {
+    const id = Number(key), content = entry?.content;
+    if (!Number.isInteger(id) || id < 0 || typeof content !== "string") bad(
+      `${configPath}: bad added_tokens_decoder entry ${JSON.stringify(key)}`);
+    if (entry.special === true || looksSpecial(content)) place(id, content, TokenType.control);
+    else place(id, content.replaceAll("\u2581", " "), TokenType.userDefined);
+  }
+  const tok = readJson(join(folder, "tokenizer.json")) ?? {};
+  return [
+    ["tokenizer.ggml.model", gguf.str("llama")],
+    ["tokenizer.ggml.pre", gguf.str("default")],
+    ["tokenizer.ggml.tokens", gguf.strs(tokens)],
+    ["tokenizer.ggml.scores", gguf.f32s(scores)],
+    ["tokenizer.ggml.token_type", gguf.i32s(types)],
+    ...specialMetadata(folder, tok, addedTokens(tok, join(folder, "tokenizer.json")), vocabSize),
+    ["tokenizer.ggml.add_space_prefix", gguf.bool(o.addSpacePrefix ?? model.addDummyPrefix)],
+  ];
 }
 
 function hasByteLevel(tok: Json): boolean {
@@ -157,7 +214,8 @@ function merges(model: Json, path: string): string[] {
 
 const SPECIAL_KINDS = [
   ["bos", "bos_token_id"], ["eos", "eos_token_id"], ["unk", "unknown_token_id"],
-  ["sep", "seperator_token_id"], ["pad", "padding_token_id"],
+  ["sep", "seperator_token_id"], ["pad", "padding_token_id"], ["cls", "cls_token_id"],
+  ["mask", "mask_token_id"],
 ] as const;
 
 /** Special ids, add_bos/add_eos and the chat template, as gguf-py's SpecialVocab finds them. */
@@ -183,6 +241,10 @@ function specialMetadata(folder: string, tok: Json, added: AddedToken[], vocabSi
     const last = (single[single.length - 1]?.SpecialToken as Json | undefined)?.id;
     if (single.length > 1 && typeof last === "string") add.set("eos", last === tokenText(
       config?.eos_token));
+    const sep = addSepFromPair(p, single.length > 1 ? first : undefined,
+      single.length > 1 ? last : undefined, [tokenText(config?.sep_token), tokenText(
+        config?.eos_token)]);
+    if (sep !== null) add.set("sep", sep);
   }
   const bosText = tokenText(config?.bos_token) ?? (config ? null : templateFirst);
   if (templateFirst !== null) add.set("bos", templateFirst === bosText);
@@ -209,6 +271,30 @@ function specialMetadata(folder: string, tok: Json, added: AddedToken[], vocabSi
   const template = chatTemplate(folder, config);
   if (template !== null) out.push(["tokenizer.chat_template", gguf.str(template)]);
   return out;
+}
+
+/**
+ * SpecialVocab's reading of a TemplateProcessing `pair` ("A [sep] B" between the single
+ * template's leading and trailing specials): add_sep when the separator is the sep or EOS token.
+ * null where the pair template says nothing.
+ */
+function addSepFromPair(p: Json, first: unknown, last: unknown,
+  sepOrEos: (string | null)[]): boolean | null {
+  const pair = Array.isArray(p.pair) ? p.pair as Json[] : [];
+  const special = (e: Json | undefined) => (e?.SpecialToken as Json | undefined)?.id;
+  const sequence = (e: Json | undefined) => (e?.Sequence as Json | undefined)?.id;
+  const start = first && special(pair[0]) === first ? 1 : 0;
+  const stop = last && special(pair[pair.length - 1]) === last ? pair.length - 1 : pair.length;
+  const inner = pair.slice(start, stop);
+  if (inner.length < 3 || sequence(inner[0]) !== "A" || sequence(inner[inner.length - 1]) !== "B") {
+    return null;
+  }
+  const middle = inner.slice(1, -1);
+  const isSep = (e: Json | undefined) => {
+    const id = special(e);
+    return typeof id === "string" && sepOrEos.includes(id);
+  };
+  return (isSep(middle[0]) && !last) || (middle.length === 2 && isSep(middle[1]));
 }
 
 function chatTemplate(folder: string, config: Json | null): string | null {

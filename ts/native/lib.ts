@@ -1,9 +1,15 @@
 // The typed facade over libinfer: the only module that touches bun:ffi. Loads the library
-// lazily (the build for this CPU, see cpu.ts; INFER_LIB overrides the path), turns a non-zero status into an InferError carrying
-// infer_last_error(), and logs every call when INFER_TRACE_FFI=1.
+// lazily (the build for this CPU, see cpu.ts), turns a non-zero status into an InferError
+// carrying infer_last_error(), and logs every call when INFER_TRACE_FFI=1.
+//
+// Where the library comes from, first found wins: INFER_LIB; in a compiled infer
+// (bun build --compile, see ts/cli/build-bin.ts), the build beside the executable, then the one
+// embedded in it (dlopen'ed in place, or copied to the cache first if that fails); from source,
+// the repository's zig-out/lib.
 import { dlopen, ptr, toArrayBuffer, type Pointer } from "bun:ffi";
-import { existsSync } from "node:fs";
-import { join } from "node:path";
+import { existsSync, mkdirSync, readFileSync, renameSync, writeFileSync } from "node:fs";
+import { homedir } from "node:os";
+import { basename, dirname, join } from "node:path";
 import { InferError, type InferErrorCode } from "../errors.ts";
 import { libraryFileName } from "./cpu.ts";
 import { symbols } from "./symbols.gen.ts";
@@ -15,10 +21,37 @@ const statusCodes: InferErrorCode[] = [
   "internal", "invalid_argument", "io", "out_of_memory", "unsupported", "internal",
 ];
 
+/** Running as a single executable made by bun build --compile (modules live in its $bunfs). */
+export function isCompiled(): boolean {
+  const path = import.meta.path;
+  return path.startsWith("/$bunfs/") || /^[A-Za-z]:[\\/]~BUN[\\/]/.test(path);
+}
+
+/** The library to load (see the top of this file). */
 export function libraryPath(): string {
   const override = process.env.INFER_LIB;
   if (override) return override;
-  return join(import.meta.dir, "..", "..", "zig-out", "lib", libraryFileName());
+  const name = libraryFileName();
+  if (isCompiled()) {
+    const beside = join(dirname(process.execPath), name);
+    // embedded assets sit beside the bundled code, in the executable's own file system
+    return existsSync(beside) ? beside : join(import.meta.dir, name);
+  }
+  return join(import.meta.dir, "..", "..", "zig-out", "lib", name);
+}
+
+/** A copy of an embedded file in the cache, named by its content, written once. */
+function extract(path: string): string {
+  const bytes = readFileSync(path);
+  const cache = process.env.INFER_CACHE ?? join(homedir(), ".cache", "infer");
+  const dir = join(cache, "lib", Bun.hash(bytes).toString(16));
+  const out = join(dir, basename(path));
+  if (!existsSync(out)) {
+    mkdirSync(dir, { recursive: true });
+    writeFileSync(`${out}.${process.pid}.partial`, bytes);
+    renameSync(`${out}.${process.pid}.partial`, out);
+  }
+  return out;
 }
 
 let loaded: Library | null = null;
@@ -27,14 +60,25 @@ export function native(): Library {
   if (loaded) return loaded;
   const path = libraryPath();
   if (!existsSync(path)) {
-    throw new InferError("native_unavailable",
-      `native library not found at ${path}: run 'bun run setup' (or set INFER_LIB)`);
+    const where = process.env.INFER_LIB ? `native library not found at ${path} (INFER_LIB)`
+      : isCompiled()
+        ? `${basename(path)} is neither beside ${process.execPath} nor embedded in it ` +
+          `(rebuild with 'bun run build:bin', or set INFER_LIB)`
+        : `native library not found at ${path}: run 'bun run setup' (or set INFER_LIB)`;
+    throw new InferError("native_unavailable", where);
   }
   let lib: Library;
   try {
     lib = dlopen(path, symbols).symbols;
   } catch (err) {
-    throw new InferError("native_unavailable", `cannot load ${path}: ${(err as Error).message}`);
+    let message = (err as Error).message;
+    try {
+      if (!isCompiled() || process.env.INFER_LIB) throw err;
+      lib = dlopen(extract(path), symbols).symbols; // a runtime that cannot dlopen from $bunfs
+    } catch (again) {
+      if (again !== err) message += `; from the cache: ${(again as Error).message}`;
+      throw new InferError("native_unavailable", `cannot load ${path}: ${message}`);
+    }
   }
   loaded = process.env.INFER_TRACE_FFI === "1" ? traced(lib) : lib;
   return loaded;

@@ -1,17 +1,45 @@
-// Token sampling on logits, in llama.cpp's default order: top-k → top-p → min-p → temperature →
-// draw. Temperature 0 is greedy (the first maximum, as llama.cpp's greedy sampler picks).
-// A seeded generator makes every draw reproducible.
+// Token sampling on logits, as llama.cpp's default chain orders it (common/sampling.cpp):
+//   logit bias → penalties → grammar mask → top-k → typical-p → top-p → min-p → temperature
+//   → draw.
+// Temperature <= 0 is greedy: the first maximum of the (biased, penalised, masked) logits, as
+// llama.cpp's greedy sampler picks. A seeded generator makes every draw reproducible.
+//
+// Buffers are sized on the first call (the vocabulary) and reused: sampling a token allocates
+// nothing. Logits handed in are never written: bias, penalties and masks work on a copy, and only
+// when one of them is active, so plain greedy decoding reads the model's logits directly.
 
 export interface SamplerOptions {
+  /** 0 or less: greedy. */
   readonly temperature: number;
+  /** Keep the K most likely tokens; 0 or less: all. */
   readonly topK: number;
+  /** Nucleus: the smallest set whose probability reaches P; 1: off. */
   readonly topP: number;
+  /** Drop tokens below P × the most likely token's probability; 0: off. */
   readonly minP: number;
   readonly seed: number;
+  /** Locally typical sampling (Meister et al. 2022); 1: off. */
+  readonly typicalP?: number;
+  /** Divide positive logits (multiply negative ones) of tokens seen in the window; 1: off. */
+  readonly repeatPenalty?: number;
+  /** Subtract count × F from the logit of each token seen in the window; 0: off. */
+  readonly frequencyPenalty?: number;
+  /** Subtract P from the logit of each token seen at least once in the window; 0: off. */
+  readonly presencePenalty?: number;
+  /** Tokens the penalties look back over; 0: none, -1: the whole sequence. */
+  readonly repeatLastN?: number;
+  /** Added to a token's logit before anything else; -Infinity bans it. */
+  readonly logitBias?: ReadonlyMap<number, number>;
 }
 
-/** llama.cpp's defaults (common/common.h). */
-export const defaultSampling: SamplerOptions = { temperature: 0.8, topK: 40, topP: 0.95, minP: 0.05, seed: -1 };
+/** llama.cpp's defaults (common/common.h, struct common_params_sampling). */
+export const defaultSampling = {
+  temperature: 0.8, topK: 40, topP: 0.95, minP: 0.05, seed: -1, typicalP: 1,
+  repeatPenalty: 1, frequencyPenalty: 0, presencePenalty: 0, repeatLastN: 64,
+} as const satisfies SamplerOptions;
+
+/** Sets the logits of tokens that may not come next to -Infinity (a grammar, for one). */
+export type LogitMask = (logits: Float32Array) => void;
 
 /** mulberry32: small, fast, and good enough to draw tokens; seeded for reproducibility. */
 export function seededRandom(seed: number): () => number {
@@ -31,67 +59,269 @@ export function argmax(logits: Float32Array): number {
   return best;
 }
 
+/** Candidates at or above this count are sorted whole rather than kept by insertion. */
+const INSERTION_MAX = 256;
+
 export class Sampler {
+  readonly options: Required<Omit<SamplerOptions, "logitBias">> & Pick<SamplerOptions, "logitBias">;
   private readonly random: () => number;
-  private ids: Int32Array;
-  private probs: Float64Array;
+  // The penalty window: the last repeatLastN accepted tokens and how often each occurs in it.
+  private readonly window: number[] = [];
+  private windowStart = 0;
+  private counts = new Int32Array(0); // by token id, grown as ids arrive
+  private stamps = new Int32Array(0); // by token id: the call that last penalised it
+  private stamp = 0;
+  private readonly biasIds: Int32Array;
+  private readonly biasValues: Float32Array;
+  private z = 0; // the softmax normaliser aboveFloor() leaves for topP()
+  // Scratch, sized to the vocabulary on first use.
+  private work: Float32Array = new Float32Array(0);
+  private ids = new Int32Array(0);
+  private probs = new Float64Array(0);
+  private scores = new Float64Array(0);
+  private byLogit: (a: number, b: number) => number = () => 0;
+  private byScore: (a: number, b: number) => number = () => 0;
+  private values: Float32Array = new Float32Array(0);
 
-  constructor(readonly options: SamplerOptions) {
-    const seed = options.seed >= 0 ? options.seed : Math.floor(Math.random() * 2 ** 32);
-    this.random = seededRandom(seed);
-    const k = Math.max(1, options.topK);
-    this.ids = new Int32Array(k);
-    this.probs = new Float64Array(k);
-  }
-
-  sample(logits: Float32Array): number {
+  constructor(options: SamplerOptions) {
+    this.options = { ...defaultSampling, ...options };
     const o = this.options;
-    if (o.temperature <= 0) return argmax(logits);
-    const k = this.topK(logits, o.topK > 0 ? Math.min(o.topK, logits.length) : logits.length);
-    // Softmax over the kept candidates (sorted, best first) for the top-p and min-p cuts.
-    const max = logits[this.ids[0]];
-    let sum = 0;
-    for (let i = 0; i < k; i++) sum += (this.probs[i] = Math.exp(logits[this.ids[i]] - max));
-    let keep = k, cumulative = 0;
-    for (let i = 0; i < k; i++) {
-      cumulative += this.probs[i] / sum;
-      if (cumulative >= o.topP) { keep = i + 1; break; }
-    }
-    const floor = o.minP * (this.probs[0] / sum);
-    while (keep > 1 && this.probs[keep - 1] / sum < floor) keep--;
-    // Temperature reshapes what survives, then one draw.
-    let total = 0;
-    for (let i = 0; i < keep; i++) total += (this.probs[i] = Math.exp((logits[this.ids[i]] - max) / o.temperature));
-    let r = this.random() * total;
-    for (let i = 0; i < keep; i++) {
-      r -= this.probs[i];
-      if (r <= 0) return this.ids[i];
-    }
-    return this.ids[keep - 1];
+    const seed = o.seed >= 0 ? o.seed : Math.floor(Math.random() * 2 ** 32);
+    this.random = seededRandom(seed);
+    const bias = [...(o.logitBias ?? [])];
+    this.biasIds = Int32Array.from(bias, ([id]) => id);
+    this.biasValues = Float32Array.from(bias, ([, v]) => v);
   }
 
-  /** Fills ids[0..k) with the k largest logits, best first; returns k. */
-  private topK(logits: Float32Array, k: number): number {
-    const wide = k > 256; // a wide cut sorts everything rather than inserting
-    const need = wide ? logits.length : k;
-    if (need > this.ids.length) { // grown once, on the first call that needs more
-      this.ids = new Int32Array(need);
-      this.probs = new Float64Array(need);
+  private get penalised(): boolean {
+    const o = this.options;
+    const any = o.repeatPenalty !== 1 || o.frequencyPenalty !== 0 || o.presencePenalty !== 0;
+    return o.repeatLastN !== 0 && any;
+  }
+
+  /** Records a token of the sequence (prompt or generated) for the penalty window. */
+  accept(token: number): void {
+    if (!this.penalised) return;
+    const n = this.options.repeatLastN;
+    if (token >= this.counts.length) { // grown by doubling: a handful of times per vocabulary
+      const grown = new Int32Array(Math.max(2 * this.counts.length, token + 1, 1024));
+      grown.set(this.counts);
+      this.counts = grown;
+      this.stamps = new Int32Array(grown.length);
     }
+    this.window.push(token);
+    this.counts[token]++;
+    if (n > 0 && this.window.length - this.windowStart > n) {
+      this.counts[this.window[this.windowStart++]]--;
+      if (this.windowStart > 4 * n) { // compact now and then; amortised, never per token
+        this.window.splice(0, this.windowStart);
+        this.windowStart = 0;
+      }
+    }
+  }
+
+  /** Picks the next token from `logits` (not modified), after `mask` if one is given. */
+  sample(logits: Float32Array, mask?: LogitMask): number {
+    const o = this.options;
+    const changed = this.biasIds.length > 0 || this.penalised || mask !== undefined;
+    const x = changed ? this.prepare(logits, mask) : logits;
+    if (o.temperature <= 0) {
+      const best = argmax(x);
+      if (x[best] === -Infinity) throw new Error("every token is masked");
+      return best;
+    }
+    return this.draw(x, this.cut(x), o.temperature);
+  }
+
+  /**
+   * The distribution the next draw would be made from: candidate ids, best first, and their
+   * probabilities after temperature. For tests and diagnostics (it allocates).
+   */
+  distribution(logits: Float32Array, mask?: LogitMask): { ids: number[]; probs: number[] } {
+    const o = this.options;
+    const x = this.prepare(logits, mask);
+    if (o.temperature <= 0) return { ids: [argmax(x)], probs: [1] };
+    const n = this.cut(x);
+    const ids = Array.from(this.ids.subarray(0, n)).sort((a, b) => x[b] - x[a] || a - b);
+    const weights = ids.map((id) => Math.exp((x[id] - x[ids[0]]) / o.temperature));
+    const total = weights.reduce((a, b) => a + b, 0);
+    return { ids, probs: weights.map((w) => w / total) };
+  }
+
+  /** Runs the truncation samplers; leaves the survivors in ids[0..n), best first. */
+  private cut(x: Float32Array): number {
+    const o = this.options;
+    this.grow(x.length);
+    const all = o.topK <= 0 || o.topK >= x.length;
+    const typical = o.typicalP > 0 && o.typicalP < 1;
+    let n: number;
+    this.z = 0;
+    if (all && !typical && o.topP >= 1 && o.minP <= 0) {
+      // Nothing is cut: draw from every finite logit, unsorted.
+      let count = 0;
+      for (let i = 0; i < x.length; i++) if (x[i] > -Infinity) this.ids[count++] = i;
+      if (count === 0) throw new Error("every token is masked");
+      return count;
+    }
+    if (all && !typical && o.minP > 0) {
+      // Top-p then min-p keep two best-first prefixes: cut by min-p first, so only the few
+      // tokens near the top are sorted, and let top-p normalise over everything.
+      n = this.aboveFloor(x, o.minP);
+    } else {
+      n = this.topK(x, o.topK > 0 ? o.topK : x.length);
+      if (n === 0) throw new Error("every token is masked");
+      if (typical) n = this.typical(x, n, o.typicalP);
+    }
+    if (o.topP < 1) n = this.topP(x, n, o.topP, this.z);
+    if (o.minP > 0) n = this.minP(x, n, o.minP);
+    return n;
+  }
+
+  /** Copy of the logits with the bias, the penalties and the mask applied. */
+  private prepare(logits: Float32Array, mask?: LogitMask): Float32Array {
+    if (this.work.length !== logits.length) this.work = new Float32Array(logits.length);
+    const x = this.work;
+    x.set(logits);
+    const o = this.options;
+    for (let i = 0; i < this.biasIds.length; i++) {
+      const id = this.biasIds[i];
+      if (id >= 0 && id < x.length) x[id] += this.biasValues[i];
+    }
+    // llama_sampler_penalties_apply: the repeat penalty scales away from zero, then the
+    // frequency and presence penalties subtract; each token of the window once.
+    const stamp = ++this.stamp;
+    for (let i = this.windowStart; i < this.window.length; i++) {
+      const id = this.window[i];
+      if (id < 0 || id >= x.length || this.stamps[id] === stamp) continue;
+      this.stamps[id] = stamp;
+      const count = this.counts[id];
+      const v = x[id];
+      x[id] = (v <= 0 ? v * o.repeatPenalty : v / o.repeatPenalty)
+        - count * o.frequencyPenalty - o.presencePenalty;
+    }
+    mask?.(x);
+    return x;
+  }
+
+  private grow(vocab: number): void {
+    if (this.ids.length >= vocab) return;
+    this.ids = new Int32Array(vocab);
+    this.probs = new Float64Array(vocab);
+    this.scores = new Float64Array(vocab);
+    // Comparators read the current logits / scores through these fields, set once here.
+    this.byLogit = (a, b) => this.values[b] - this.values[a] || a - b;
+    this.byScore = (a, b) => this.scores[a] - this.scores[b] || a - b;
+  }
+
+  /**
+   * ids[0..n) := the k largest finite logits, best first (ties: lower id first, so top-k = 1
+   * is the greedy choice); returns n.
+   */
+  private topK(x: Float32Array, k: number): number {
     const ids = this.ids;
-    if (wide) {
-      for (let i = 0; i < logits.length; i++) ids[i] = i;
-      ids.subarray(0, logits.length).sort((x, y) => logits[y] - logits[x] || x - y);
-      return k;
+    if (k >= INSERTION_MAX) {
+      let n = 0;
+      for (let i = 0; i < x.length; i++) if (x[i] > -Infinity) ids[n++] = i;
+      this.values = x;
+      ids.subarray(0, n).sort(this.byLogit);
+      return Math.min(n, k);
     }
     let n = 0;
-    for (let i = 0; i < logits.length; i++) {
-      const v = logits[i];
-      if (n === k && v <= logits[ids[n - 1]]) continue;
+    for (let i = 0; i < x.length; i++) {
+      const v = x[i];
+      if (v === -Infinity || (n === k && v <= x[ids[n - 1]])) continue;
       let j = n < k ? n++ : n - 1; // insertion into the sorted list, dropping the smallest
-      while (j > 0 && logits[ids[j - 1]] < v) { ids[j] = ids[j - 1]; j--; }
+      while (j > 0 && x[ids[j - 1]] < v) { ids[j] = ids[j - 1]; j--; }
       ids[j] = i;
     }
     return n;
+  }
+
+  /**
+   * ids[0..n) := the tokens with logit >= max + ln(p), best first; returns n and leaves in z
+   * the softmax normaliser (sum of exp(logit - max)) over every finite logit.
+   */
+  private aboveFloor(x: Float32Array, p: number): number {
+    let max = -Infinity;
+    for (let i = 0; i < x.length; i++) if (x[i] > max) max = x[i];
+    if (max === -Infinity) throw new Error("every token is masked");
+    const floor = max + Math.log(p), ids = this.ids;
+    let n = 0, z = 0;
+    for (let i = 0; i < x.length; i++) {
+      const v = x[i];
+      if (v === -Infinity) continue;
+      z += Math.exp(v - max);
+      if (v >= floor) ids[n++] = i;
+    }
+    this.values = x;
+    ids.subarray(0, n).sort(this.byLogit);
+    this.z = z;
+    return n;
+  }
+
+  /**
+   * llama_sampler_typical: keep the tokens whose surprisal is closest to the distribution's
+   * entropy until their probability passes p; the survivors go back to logit order.
+   */
+  private typical(x: Float32Array, n: number, p: number): number {
+    const ids = this.ids, max = x[ids[0]];
+    let z = 0, entropy = 0;
+    for (let i = 0; i < n; i++) z += Math.exp(x[ids[i]] - max);
+    for (let i = 0; i < n; i++) {
+      const q = Math.exp(x[ids[i]] - max) / z;
+      if (q > 0) entropy -= q * Math.log(q);
+    }
+    for (let i = 0; i < n; i++) {
+      this.scores[ids[i]] = Math.abs(-Math.log(Math.exp(x[ids[i]] - max) / z) - entropy);
+    }
+    ids.subarray(0, n).sort(this.byScore);
+    let keep = n, cumulative = 0;
+    for (let i = 0; i < n; i++) {
+      cumulative += Math.exp(x[ids[i]] - max) / z;
+      if (cumulative > p) { keep = i + 1; break; }
+    }
+    this.values = x;
+    ids.subarray(0, keep).sort(this.byLogit);
+    return keep;
+  }
+
+  /**
+   * llama_sampler_top_p: the smallest best-first prefix whose probability reaches p; `z` is
+   * the softmax normaliser when the candidates were already cut (0: they are all there is).
+   */
+  private topP(x: Float32Array, n: number, p: number, z: number): number {
+    const ids = this.ids, max = x[ids[0]];
+    if (z === 0) for (let i = 0; i < n; i++) z += Math.exp(x[ids[i]] - max);
+    let cumulative = 0;
+    for (let i = 0; i < n; i++) {
+      cumulative += Math.exp(x[ids[i]] - max) / z;
+      if (cumulative >= p) return i + 1;
+    }
+    return n;
+  }
+
+  /** llama_sampler_min_p: keep logits >= max + ln(p), i.e. probability >= p × the best's. */
+  private minP(x: Float32Array, n: number, p: number): number {
+    const floor = x[this.ids[0]] + Math.log(p);
+    let keep = 1;
+    while (keep < n && x[this.ids[keep]] >= floor) keep++;
+    return keep;
+  }
+
+  /** Temperature, softmax and one seeded draw among ids[0..n). */
+  private draw(x: Float32Array, n: number, temperature: number): number {
+    const ids = this.ids;
+    let max = -Infinity;
+    for (let i = 0; i < n; i++) if (x[ids[i]] > max) max = x[ids[i]];
+    let total = 0;
+    for (let i = 0; i < n; i++) {
+      total += (this.probs[i] = Math.exp((x[ids[i]] - max) / temperature));
+    }
+    let r = this.random() * total;
+    for (let i = 0; i < n; i++) {
+      r -= this.probs[i];
+      if (r <= 0) return ids[i];
+    }
+    return ids[n - 1];
   }
 }

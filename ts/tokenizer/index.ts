@@ -4,7 +4,7 @@
 import { InferError } from "../errors.ts";
 import { BpeModel } from "./bpe.ts";
 import { preTokenizer } from "./pretokenize.ts";
-import { partition } from "./special.ts";
+import { partition, type ParseSpecial } from "./special.ts";
 import { spmTokenize } from "./spm.ts";
 import { decodeAll, PieceStreamDecoder, type PieceSource, type StreamDecoder } from "./stream.ts";
 import { gpt2CharToByte, utf8Bytes } from "./unicode.ts";
@@ -15,8 +15,11 @@ export type { StreamDecoder } from "./stream.ts";
 export interface EncodeOptions {
   /** Add BOS/EOS as the model asks (llama.cpp `add_special`). Default true. */
   addSpecial?: boolean;
-  /** Turn control-token texts such as `<start_of_turn>` into their ids. Default false. */
-  parseSpecial?: boolean;
+  /**
+   * Turn control-token texts such as `<start_of_turn>` into their ids: never (the default),
+   * everywhere, or where a predicate over the occurrence's span [start, end) allows it.
+   */
+  parseSpecial?: ParseSpecial;
 }
 
 export interface DecodeOptions {
@@ -32,6 +35,8 @@ export interface Tokenizer {
   encode(text: string, options?: EncodeOptions): number[];
   decode(ids: readonly number[], options?: DecodeOptions): string;
   tokenText(id: number): string;
+  /** The bytes token `id` stands for in text (llama.cpp's token_to_piece; none for control tokens). */
+  tokenBytes(id: number): Uint8Array;
   isEndOfGeneration(id: number): boolean;
   decoder(options?: DecodeOptions): StreamDecoder;
 }
@@ -115,6 +120,10 @@ class LlamaTokenizer implements Tokenizer {
   tokenText(id: number): string {
     this.check(id);
     return this.vocab.tokens[id];
+  }
+
+  tokenBytes(id: number): Uint8Array {
+    return this.piece(id, false);
   }
 
   isEndOfGeneration(id: number): boolean {

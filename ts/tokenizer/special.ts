@@ -58,7 +58,13 @@ function isCSpace(c: number): boolean {
   return c === 0x20 || (c >= 0x09 && c <= 0x0d);
 }
 
-export function partition(vocab: Vocab, text: string, parseSpecial: boolean): Fragment[] {
+/**
+ * Whether control tokens are parsed: never, always, or where `(start, end)` (the occurrence's
+ * span in the text) says so, e.g. in a chat template's own text but not in what the user typed.
+ */
+export type ParseSpecial = boolean | ((start: number, end: number) => boolean);
+
+export function partition(vocab: Vocab, text: string, parseSpecial: ParseSpecial): Fragment[] {
   if (text.length === 0) return [];
   let frags: Fragment[] = [{ kind: "text", start: 0, end: text.length }];
   const present = occurring(vocab, text);
@@ -66,7 +72,9 @@ export function partition(vocab: Vocab, text: string, parseSpecial: boolean): Fr
   for (const id of vocab.specialTokens) {
     if (!present.has(id)) continue;
     const attr = vocab.attrs[id];
-    if (!parseSpecial && (attr & (Attr.control | Attr.unknown))) continue;
+    const gated = (attr & (Attr.control | Attr.unknown)) !== 0;
+    if (gated && parseSpecial === false) continue;
+    const allowed = gated && typeof parseSpecial === "function" ? parseSpecial : null;
     const tok = vocab.tokens[id];
     const out: Fragment[] = [];
     for (const f of frags) {
@@ -74,13 +82,17 @@ export function partition(vocab: Vocab, text: string, parseSpecial: boolean): Fr
         out.push(f);
         continue;
       }
-      let start = f.start;
+      let start = f.start, from = f.start;
       const end = f.end;
       for (;;) {
-        const m = text.indexOf(tok, start);
+        const m = text.indexOf(tok, from);
         if (m < 0 || m + tok.length > end) {
           if (start < end) out.push({ kind: "text", start, end });
           break;
+        }
+        if (allowed && !allowed(m, m + tok.length)) { // stays text
+          from = m + 1;
+          continue;
         }
         let leftEnd = m;
         if (attr & Attr.lstrip) {
@@ -92,6 +104,7 @@ export function partition(vocab: Vocab, text: string, parseSpecial: boolean): Fr
         if (attr & Attr.rstrip) {
           while (start < end && isCSpace(text.charCodeAt(start))) start++;
         }
+        from = start;
         if (start >= end) break;
       }
     }

@@ -1,0 +1,135 @@
+// The CUDA backend on random-weight GGUFs with real shapes (bench/random-model.ts): batch-1 decode
+// after a 16-token prompt (tokens/s, median of runs, greedy argmax on the host included), the same
+// with the decode step's fusions off (INFER_CUDA_FUSE=0) and with CUDA graphs off, a 512-token prefill, and optionally a check against the CPU backend
+// (greedy tokens and prompt logits). Prints a table, then one JSON line per model.
+//   bun bench/cuda-decode.ts [--models qwen3-0.6b,llama-3.2-1b] [--quants Q4_0,Q8_0,Q4_K]
+//       [--runs 3] [--gen 128] [--prefill 512] [--check 32] [--ctx 2048]
+import { statSync } from "node:fs";
+import { CudaBackend } from "../ts/backend/cuda.ts";
+import { Engine } from "../ts/engine/engine.ts";
+import { cudaDeviceInfo, cudaInit } from "../ts/native/cuda.ts";
+import { ensureRandomModel, randomQuants, randomShapes, type RandomQuant } from "./random-model.ts";
+
+function arg(name: string, fallback: string): string {
+  const i = process.argv.indexOf(name);
+  return i >= 0 && i + 1 < process.argv.length ? process.argv[i + 1] : fallback;
+}
+
+function argmax(x: Float32Array): number {
+  let best = 0;
+  for (let i = 1; i < x.length; i++) if (x[i] > x[best]) best = i;
+  return best;
+}
+
+function median(xs: number[]): number {
+  const s = [...xs].sort((a, b) => a - b);
+  return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
+}
+
+/** Greedy decode of `gen` tokens after `prompt`: tokens/s of the decode steps and the tokens. */
+function decode(engine: Engine, prompt: number[], gen: number): { rate: number; tokens: number[]; first: Float32Array } {
+  engine.reset();
+  let logits = engine.evaluate(prompt);
+  const first = logits.slice();
+  const tokens: number[] = [];
+  const t0 = performance.now();
+  for (let i = 0; i < gen; i++) {
+    const t = argmax(logits);
+    tokens.push(t);
+    logits = engine.evaluate([t]);
+  }
+  return { rate: gen / ((performance.now() - t0) / 1000), tokens, first };
+}
+
+function withEnv<T>(name: string, on: boolean, f: () => T): T {
+  const saved = process.env[name];
+  process.env[name] = on ? "1" : "0";
+  try {
+    return f();
+  } finally {
+    if (saved === undefined) delete process.env[name];
+    else process.env[name] = saved;
+  }
+}
+const withGraphs = <T>(on: boolean, f: () => T): T => withEnv("INFER_CUDA_GRAPHS", on, f);
+
+const models = arg("--models", randomShapes.map((s) => s.key).join(",")).split(",");
+const quants = arg("--quants", randomQuants.join(",")).split(",") as RandomQuant[];
+const runs = Number(arg("--runs", "3")), gen = Number(arg("--gen", "128"));
+const prefillLength = Number(arg("--prefill", "512")), check = Number(arg("--check", "0"));
+const ctx = Number(arg("--ctx", "2048"));
+
+cudaInit();
+const info = cudaDeviceInfo();
+console.log(`# ${new Date().toISOString()} ${info.name} (sm_${info.computeCapability}, ${info.multiprocessors} SMs, ` +
+  `driver ${info.driverVersion}); runs ${runs}, gen ${gen}, prompt 16, prefill ${prefillLength}, ctx ${ctx}`);
+// Byte-level tokens: ids 97.. are the ASCII letters of the synthetic vocabulary.
+const prompt16 = Array.from({ length: 16 }, (_, i) => 97 + (i % 26));
+const promptLong = Array.from({ length: prefillLength }, (_, i) => 97 + ((i * 7) % 26));
+const rows: string[] = [];
+for (const key of models) {
+  const shape = randomShapes.find((s) => s.key === key);
+  if (!shape) throw new Error(`unknown model ${key}`);
+  for (const quant of quants) {
+    const path = ensureRandomModel(shape, quant);
+    const bytes = statSync(path).size;
+    const open = () => Engine.open({ modelPath: path, backend: "cuda", contextLength: ctx, batch: prefillLength });
+    const t0 = performance.now();
+    const engine = withGraphs(true, open);
+    const loadMs = performance.now() - t0;
+    decode(engine, prompt16, 8); // warm-up: kernels loaded, graphs captured
+    const rates: number[] = [];
+    let tokens: number[] = [], first: Float32Array = new Float32Array(0);
+    for (let r = 0; r < runs; r++) {
+      const d = decode(engine, prompt16, gen);
+      rates.push(d.rate);
+      tokens = d.tokens;
+      first = d.first;
+    }
+    const stats = (engine.backend as CudaBackend).stats;
+    engine.reset();
+    engine.evaluate(promptLong); // warm-up
+    const prefill: number[] = [];
+    for (let r = 0; r < runs; r++) {
+      engine.reset();
+      const p0 = performance.now();
+      engine.evaluate(promptLong);
+      prefill.push(prefillLength / ((performance.now() - p0) / 1000));
+    }
+    engine.close();
+    const eager = withGraphs(false, open);
+    decode(eager, prompt16, 8);
+    const eagerRate = decode(eager, prompt16, gen).rate;
+    eager.close();
+    const unfused = withEnv("INFER_CUDA_FUSE", false, () => withGraphs(true, open));
+    decode(unfused, prompt16, 8);
+    const unfusedRate = decode(unfused, prompt16, gen).rate;
+    unfused.close();
+    let agree = "";
+    if (check > 0) {
+      const cpu = Engine.open({ modelPath: path, backend: "cpu", contextLength: ctx, batch: 64 });
+      const want = decode(cpu, prompt16, check);
+      cpu.close();
+      let maxDiff = 0, maxRef = 0;
+      for (let i = 0; i < first.length; i++) {
+        maxDiff = Math.max(maxDiff, Math.abs(first[i] - want.first[i]));
+        maxRef = Math.max(maxRef, Math.abs(want.first[i]));
+      }
+      const same = want.tokens.filter((t, i) => t === tokens[i]).length;
+      agree = `${same}/${check} greedy tokens equal to the CPU's, prompt logits error ${(maxDiff / maxRef).toExponential(2)}`;
+    }
+    const rate = median(rates);
+    const row = {
+      model: shape.label, quant, fileMiB: Math.round(bytes / 2 ** 20), decodeTokS: +rate.toFixed(1),
+      decodeRuns: rates.map((r) => +r.toFixed(1)), decodeNoGraphsTokS: +eagerRate.toFixed(1), decodeUnfusedTokS: +unfusedRate.toFixed(1),
+      prefillTokS: +median(prefill).toFixed(0), effectiveGBs: +((bytes * rate) / 1e9).toFixed(0), loadMs: Math.round(loadMs),
+      graphs: stats, check: agree,
+    };
+    rows.push(JSON.stringify(row));
+    console.log(`${shape.label.padEnd(20)} ${quant.padEnd(5)} ${String(row.fileMiB).padStart(5)} MiB | decode ` +
+      `${rate.toFixed(0).padStart(5)} tok/s (runs ${row.decodeRuns.join(", ")}; unfused ${unfusedRate.toFixed(0)}, ` +
+      `graphs off ${eagerRate.toFixed(0)}) | ${stats.stepOpsFused} launch calls a step | ` +
+      `prefill ${prefillLength} ${row.prefillTokS} tok/s | weights ${row.effectiveGBs} GB/s | ${agree}`);
+  }
+}
+for (const r of rows) console.log(r);

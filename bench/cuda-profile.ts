@@ -1,0 +1,31 @@
+// One decode step of the CUDA backend under a profiler: a random-weight model with a real shape
+// (bench/random-model.ts), a 16-token prompt, `--warm` decode steps (graphs captured), then
+// `--steps` steps between cuProfilerStart and cuProfilerStop. Run it under Nsight Compute:
+//   ncu --profile-from-start off --clock-control none --graph-profiling node \
+//       --metrics gpu__time_duration.sum --csv bun bench/cuda-profile.ts [--model qwen3-0.6b] [--quant Q4_0]
+import { Engine } from "../ts/engine/engine.ts";
+import { check, native } from "../ts/native/lib.ts";
+import { ensureRandomModel, randomShapes, type RandomQuant } from "./random-model.ts";
+
+function arg(name: string, fallback: string): string {
+  const i = process.argv.indexOf(name);
+  return i >= 0 && i + 1 < process.argv.length ? process.argv[i + 1] : fallback;
+}
+
+const shape = randomShapes.find((s) => s.key === arg("--model", "qwen3-0.6b"));
+if (!shape) throw new Error("unknown model");
+const path = ensureRandomModel(shape, arg("--quant", "Q4_0") as RandomQuant);
+const engine = Engine.open({ modelPath: path, backend: "cuda", contextLength: 2048, batch: 512 });
+const argmax = (x: Float32Array) => {
+  let b = 0;
+  for (let i = 1; i < x.length; i++) if (x[i] > x[b]) b = i;
+  return b;
+};
+let logits = engine.evaluate(Array.from({ length: 16 }, (_, i) => 97 + i));
+for (let i = 0; i < Number(arg("--warm", "4")); i++) logits = engine.evaluate([argmax(logits)]);
+const steps = Number(arg("--steps", "1"));
+check(native().infer_cuda_profiler(true), "profiler start");
+for (let i = 0; i < steps; i++) logits = engine.evaluate([argmax(logits)]);
+check(native().infer_cuda_profiler(false), "profiler stop");
+engine.close();
+console.log(`profiled ${steps} decode step(s) of ${shape.label}`);

@@ -1,0 +1,303 @@
+// Random-weight GGUFs with the real shapes of Qwen3-0.6B and Llama-3.2-1B, written by the project's
+// own GGUF writer so that a benchmark never needs a download. Every 2-D weight, token_embd (the
+// tied LM head) included, is in the chosen type, as `llama-quantize --pure` writes it; norms are
+// F32. The blocks are random but valid (finite, moderate f16 scales), so logits stay finite. A
+// synthetic byte-level BPE vocabulary of the real size (256 byte tokens, merges among the
+// non-ASCII bytes, the real special tokens) makes the files load in llama.cpp too; ASCII text
+// never merges, so a prompt of N ASCII letters is N tokens in both engines.
+//   bun bench/random-model.ts [--models qwen3-0.6b,llama-3.2-1b] [--quants Q4_0,Q8_0,Q4_K] [--force]
+// Files land in $INFER_CACHE/bench-models (default ~/.cache/infer/bench-models); a file already
+// there (same name, same generator version) is reused.
+import { closeSync, existsSync, mkdirSync, openSync, renameSync, writeSync } from "node:fs";
+import { join } from "node:path";
+import { cacheDir } from "../ts/cli/setup.ts";
+import { GgmlType, ggmlTypes } from "../ts/gguf/types.ts";
+import { gguf, ggufLayout, type GgufTensorHeader, type GgufTypedValue } from "../ts/gguf/writer.ts";
+
+/** Bump when the files' content changes, so stale caches are rewritten. */
+const GENERATOR_VERSION = 1;
+
+export interface RandomShape {
+  readonly key: string; // as --models names it
+  readonly label: string;
+  readonly arch: "qwen3" | "llama";
+  readonly layers: number;
+  readonly embedding: number;
+  readonly feedForward: number;
+  readonly heads: number;
+  readonly kvHeads: number;
+  readonly headDim: number;
+  readonly vocab: number;
+  readonly contextLength: number;
+  readonly ropeBase: number;
+  readonly normEps: number;
+  readonly pre: string; // tokenizer.ggml.pre
+  readonly firstSpecial: number; // ids from here up are control tokens
+  readonly specials: Readonly<Record<string, number>>;
+  readonly bos: number;
+  readonly eos: number;
+  readonly addBos: boolean;
+}
+
+export const randomShapes: readonly RandomShape[] = [
+  {
+    key: "qwen3-0.6b", label: "Qwen3-0.6B-shape", arch: "qwen3", layers: 28, embedding: 1024, feedForward: 3072,
+    heads: 16, kvHeads: 8, headDim: 128, vocab: 151936, contextLength: 40960, ropeBase: 1e6, normEps: 1e-6,
+    pre: "qwen2", firstSpecial: 151643,
+    specials: { "<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645 },
+    bos: 151643, eos: 151645, addBos: false,
+  },
+  {
+    key: "llama-3.2-1b", label: "Llama-3.2-1B-shape", arch: "llama", layers: 16, embedding: 2048, feedForward: 8192,
+    heads: 32, kvHeads: 8, headDim: 64, vocab: 128256, contextLength: 131072, ropeBase: 500000, normEps: 1e-5,
+    pre: "llama-bpe", firstSpecial: 128000,
+    specials: { "<|begin_of_text|>": 128000, "<|end_of_text|>": 128001, "<|eot_id|>": 128009 },
+    bos: 128000, eos: 128009, addBos: true,
+  },
+];
+
+export const randomQuants = ["Q4_0", "Q8_0", "Q4_K"] as const;
+export type RandomQuant = (typeof randomQuants)[number];
+const quantType: Record<RandomQuant, number> = { Q4_0: GgmlType.Q4_0, Q8_0: GgmlType.Q8_0, Q4_K: GgmlType.Q4_K };
+/** llama.cpp's enum llama_ftype for the file (pure files: the most common type names them). */
+const fileType: Record<RandomQuant, number> = { Q4_0: 2, Q8_0: 7, Q4_K: 15 };
+
+export function randomModelPath(shape: RandomShape, quant: RandomQuant): string {
+  return join(cacheDir(), "bench-models", `random-${shape.key}-${quant.toLowerCase()}-v${GENERATOR_VERSION}.gguf`);
+}
+
+// ---- random but valid blocks -----------------------------------------------------------------
+
+/** xorshift32, seeded per tensor so that a file is reproducible. */
+function rng(seed: number): () => number {
+  let s = (seed >>> 0) || 0x9e3779b9;
+  return () => {
+    s ^= s << 13; s >>>= 0;
+    s ^= s >>> 17;
+    s ^= s << 5; s >>>= 0;
+    return s;
+  };
+}
+
+/** f32 → IEEE half bits, for normal magnitudes (round to nearest; subnormals flush to zero). */
+export function f16Bits(v: number): number {
+  const f = new Float32Array([v]);
+  const u = new Uint32Array(f.buffer)[0];
+  const sign = (u >>> 16) & 0x8000;
+  const exp = ((u >>> 23) & 0xff) - 127 + 15;
+  if (v === 0 || exp <= 0) return sign;
+  if (exp >= 31) return sign | 0x7bff;
+  const mant = u & 0x7fffff;
+  let h = sign | (exp << 10) | (mant >>> 13);
+  if ((mant & 0x1fff) > 0x1000) h++;
+  return h;
+}
+
+/** Random bytes, then each block's f16 scale(s) overwritten with a moderate value. */
+function quantData(type: number, count: number, seed: number): Uint8Array {
+  const info = ggmlTypes.get(type)!;
+  const blocks = count / info.blockValues;
+  const data = new Uint8Array(blocks * info.blockBytes);
+  const next = rng(seed);
+  const words = new Uint32Array(data.buffer, 0, data.length >>> 2);
+  for (let i = 0; i < words.length; i++) words[i] = next();
+  // A small table of scales (random per block) avoids an f16 conversion per block.
+  const table = (base: number) => Array.from({ length: 64 }, (_, i) => f16Bits(base * (0.5 + i / 64)));
+  const view = new DataView(data.buffer);
+  if (type === GgmlType.Q4_0 || type === GgmlType.Q8_0) {
+    // Q4_0: d·(q-8), |w| ≤ 8d; Q8_0: d·q, |w| ≤ 127d. Either way weights of order 1e-2.
+    const d = table(type === GgmlType.Q4_0 ? 2e-3 : 2e-4);
+    for (let b = 0; b < blocks; b++) view.setUint16(b * info.blockBytes, d[next() & 63], true);
+  } else if (type === GgmlType.Q4_K) {
+    // d·sc·q - dmin·m with 6-bit sc, m and 4-bit q: dmin ≈ 7.5·d centres the weights on zero.
+    const d = table(1.5e-4), dmin = table(1.125e-3);
+    for (let b = 0; b < blocks; b++) {
+      const r = next();
+      view.setUint16(b * info.blockBytes, d[r & 63], true);
+      view.setUint16(b * info.blockBytes + 2, dmin[(r >>> 6) & 63], true);
+    }
+  } else {
+    throw new Error(`random-model: no generator for ${info.name}`);
+  }
+  return data;
+}
+
+function f32Data(count: number, seed: number, centre: number, spread: number): Uint8Array {
+  const next = rng(seed);
+  const out = new Float32Array(count);
+  for (let i = 0; i < count; i++) out[i] = centre + spread * (next() / 2 ** 32 * 2 - 1);
+  return new Uint8Array(out.buffer);
+}
+
+/** Llama 3's RoPE frequency divisors (rope_freqs.weight): factor 32, low 1, high 4, original 8192. */
+function llama3RopeFactors(headDim: number, base: number): Uint8Array {
+  const out = new Float32Array(headDim / 2);
+  const lowWavelen = 8192 / 1, highWavelen = 8192 / 4;
+  for (let i = 0; i < out.length; i++) {
+    const freq = Math.pow(base, (-2 * i) / headDim);
+    const wavelen = (2 * Math.PI) / freq;
+    if (wavelen < highWavelen) out[i] = 1;
+    else if (wavelen > lowWavelen) out[i] = 32;
+    else {
+      const smooth = (8192 / wavelen - 1) / (4 - 1);
+      out[i] = 1 / ((1 - smooth) / 32 + smooth);
+    }
+  }
+  return new Uint8Array(out.buffer);
+}
+
+// ---- vocabulary ------------------------------------------------------------------------------
+
+/** GPT-2's byte → printable character table (byte-level BPE stores tokens in these characters). */
+function byteChars(): string[] {
+  const keep: number[] = [];
+  for (let b = 33; b <= 126; b++) keep.push(b);
+  for (let b = 161; b <= 172; b++) keep.push(b);
+  for (let b = 174; b <= 255; b++) keep.push(b);
+  const chars: string[] = new Array(256);
+  let n = 0;
+  for (let b = 0; b < 256; b++) chars[b] = String.fromCodePoint(keep.includes(b) ? b : 256 + n++);
+  return chars;
+}
+
+/**
+ * Tokens 0..255 are the bytes (id = byte value); then pairs and triples of non-ASCII bytes, each
+ * with its merge; from `firstSpecial` up, control tokens (the real names where known).
+ */
+export function syntheticVocab(shape: RandomShape): { tokens: string[]; types: number[]; merges: string[] } {
+  const chars = byteChars();
+  const tokens = chars.slice(), types = new Array<number>(256).fill(1), merges: string[] = [];
+  const high = chars.slice(128);
+  const add = (token: string, merge: string) => {
+    if (tokens.length >= shape.firstSpecial) return false;
+    tokens.push(token); types.push(1); merges.push(merge);
+    return true;
+  };
+  const pairs: string[] = [];
+  outer: for (const a of high) {
+    for (const b of high) {
+      if (!add(a + b, `${a} ${b}`)) break outer;
+      pairs.push(a + b);
+    }
+  }
+  outer2: for (const p of pairs) {
+    for (const c of high) if (!add(p + c, `${p} ${c}`)) break outer2;
+  }
+  if (tokens.length !== shape.firstSpecial) throw new Error("random-model: vocabulary generator fell short");
+  const byId = new Map(Object.entries(shape.specials).map(([t, id]) => [id, t]));
+  for (let id = shape.firstSpecial; id < shape.vocab; id++) {
+    tokens.push(byId.get(id) ?? `<|reserved_special_token_${id - shape.firstSpecial}|>`);
+    types.push(3);
+  }
+  return { tokens, types, merges };
+}
+
+// ---- the file --------------------------------------------------------------------------------
+
+interface PlannedTensor extends GgufTensorHeader {
+  make(): Uint8Array;
+}
+
+function plan(shape: RandomShape, quant: RandomQuant): PlannedTensor[] {
+  const q = quantType[quant], e = shape.embedding, qd = shape.heads * shape.headDim;
+  const kvd = shape.kvHeads * shape.headDim, ff = shape.feedForward;
+  let seed = 1;
+  const weight = (name: string, dims: number[]): PlannedTensor => {
+    const s = seed++;
+    return { name, type: q, dims, make: () => quantData(q, dims[0] * dims[1], s) };
+  };
+  const norm = (name: string, n: number): PlannedTensor => {
+    const s = seed++;
+    return { name, type: GgmlType.F32, dims: [n], make: () => f32Data(n, s, 1, 0.1) };
+  };
+  const out: PlannedTensor[] = [weight("token_embd.weight", [e, shape.vocab]), norm("output_norm.weight", e)];
+  if (shape.arch === "llama") {
+    out.push({ name: "rope_freqs.weight", type: GgmlType.F32, dims: [shape.headDim / 2],
+      make: () => llama3RopeFactors(shape.headDim, shape.ropeBase) });
+  }
+  for (let i = 0; i < shape.layers; i++) {
+    const p = `blk.${i}`;
+    out.push(norm(`${p}.attn_norm.weight`, e), weight(`${p}.attn_q.weight`, [e, qd]),
+      weight(`${p}.attn_k.weight`, [e, kvd]), weight(`${p}.attn_v.weight`, [e, kvd]));
+    if (shape.arch === "qwen3") {
+      out.push(norm(`${p}.attn_q_norm.weight`, shape.headDim), norm(`${p}.attn_k_norm.weight`, shape.headDim));
+    }
+    out.push(weight(`${p}.attn_output.weight`, [qd, e]), norm(`${p}.ffn_norm.weight`, e),
+      weight(`${p}.ffn_gate.weight`, [e, ff]), weight(`${p}.ffn_up.weight`, [e, ff]),
+      weight(`${p}.ffn_down.weight`, [ff, e]));
+  }
+  return out;
+}
+
+function metadata(shape: RandomShape, quant: RandomQuant): [string, GgufTypedValue][] {
+  const a = shape.arch, vocab = syntheticVocab(shape);
+  const m: [string, GgufTypedValue][] = [
+    ["general.architecture", gguf.str(a)],
+    ["general.name", gguf.str(`random ${shape.label} ${quant}`)],
+    ["general.file_type", gguf.u32(fileType[quant])],
+    [`${a}.context_length`, gguf.u32(shape.contextLength)],
+    [`${a}.embedding_length`, gguf.u32(shape.embedding)],
+    [`${a}.block_count`, gguf.u32(shape.layers)],
+    [`${a}.feed_forward_length`, gguf.u32(shape.feedForward)],
+    [`${a}.attention.head_count`, gguf.u32(shape.heads)],
+    [`${a}.attention.head_count_kv`, gguf.u32(shape.kvHeads)],
+    [`${a}.attention.key_length`, gguf.u32(shape.headDim)],
+    [`${a}.attention.value_length`, gguf.u32(shape.headDim)],
+    [`${a}.attention.layer_norm_rms_epsilon`, gguf.f32(shape.normEps)],
+    [`${a}.rope.freq_base`, gguf.f32(shape.ropeBase)],
+    [`${a}.rope.dimension_count`, gguf.u32(shape.headDim)],
+    [`${a}.vocab_size`, gguf.u32(shape.vocab)],
+    ["tokenizer.ggml.model", gguf.str("gpt2")],
+    ["tokenizer.ggml.pre", gguf.str(shape.pre)],
+    ["tokenizer.ggml.tokens", gguf.strs(vocab.tokens)],
+    ["tokenizer.ggml.token_type", gguf.i32s(vocab.types)],
+    ["tokenizer.ggml.merges", gguf.strs(vocab.merges)],
+    ["tokenizer.ggml.bos_token_id", gguf.u32(shape.bos)],
+    ["tokenizer.ggml.eos_token_id", gguf.u32(shape.eos)],
+    ["tokenizer.ggml.add_bos_token", gguf.bool(shape.addBos)],
+  ];
+  return m;
+}
+
+/** Writes the file unless it is cached; returns its path. Streams tensor by tensor. */
+export function ensureRandomModel(shape: RandomShape, quant: RandomQuant, force = false): string {
+  const path = randomModelPath(shape, quant);
+  if (existsSync(path) && !force) return path;
+  mkdirSync(join(cacheDir(), "bench-models"), { recursive: true });
+  const tensors = plan(shape, quant);
+  const layout = ggufLayout(metadata(shape, quant), tensors);
+  const tmp = `${path}.${process.pid}.tmp`;
+  const fd = openSync(tmp, "w");
+  try {
+    writeSync(fd, layout.header);
+    tensors.forEach((t, i) => {
+      const data = t.make();
+      if (data.length !== layout.dataBytes[i]) throw new Error(`random-model: ${t.name} has the wrong size`);
+      writeSync(fd, data);
+      if (layout.paddingBytes[i] > 0) writeSync(fd, new Uint8Array(layout.paddingBytes[i]));
+    });
+  } finally {
+    closeSync(fd);
+  }
+  renameSync(tmp, path);
+  return path;
+}
+
+if (import.meta.main) {
+  const arg = (name: string) => {
+    const i = process.argv.indexOf(name);
+    return i >= 0 ? process.argv[i + 1] : undefined;
+  };
+  const keys = (arg("--models") ?? randomShapes.map((s) => s.key).join(",")).split(",");
+  const quants = (arg("--quants") ?? randomQuants.join(",")).split(",") as RandomQuant[];
+  for (const key of keys) {
+    const shape = randomShapes.find((s) => s.key === key);
+    if (!shape) throw new Error(`unknown model '${key}' (known: ${randomShapes.map((s) => s.key).join(", ")})`);
+    for (const quant of quants) {
+      if (!randomQuants.includes(quant)) throw new Error(`unknown quant '${quant}'`);
+      const t0 = performance.now();
+      const path = ensureRandomModel(shape, quant, process.argv.includes("--force"));
+      console.log(`${path} (${((performance.now() - t0) / 1000).toFixed(1)} s)`);
+    }
+  }
+}

@@ -1,0 +1,684 @@
+//! Host-side dispatch of the CUDA backend: device and context, one stream, device memory, the
+//! kernel module (shaders/cuda/infer.cu, compiled by shaders/cuda/build.sh and loaded from a path
+//! at run time), stream capture into CUDA graphs, and one function per op that validates its
+//! arguments and launches kernels. Every driver call's status becomes a Status with a message
+//! (lib/status.zig); nothing here needs CUDA at build time (lib/cuda/driver.zig loads libcuda).
+//! Device addresses cross the C ABI as u64.
+const std = @import("std");
+const status = @import("../status.zig");
+const driver = @import("driver.zig");
+
+/// Kernels of the module, by their extern "C" names in shaders/cuda/infer.cu.
+pub const Kernel = enum {
+    get_rows_q4_0,
+    get_rows_q5_0,
+    get_rows_q8_0,
+    get_rows_q4_k,
+    get_rows_q5_k,
+    get_rows_q6_k,
+    get_rows_f32,
+    get_rows_f16,
+    get_rows_bf16,
+    quantize_q8_0,
+    quantize_q8_k,
+    matvec_q4_0_1,
+    matvec_q4_0_8,
+    matvec_q5_0_1,
+    matvec_q5_0_8,
+    matvec_q8_0_1,
+    matvec_q8_0_8,
+    matvec_q4_k_1,
+    matvec_q4_k_8,
+    matvec_q5_k_1,
+    matvec_q5_k_8,
+    matvec_q6_k_1,
+    matvec_q6_k_8,
+    matvec_f32_1,
+    matvec_f32_8,
+    matvec_f16_1,
+    matvec_f16_8,
+    matvec_bf16_1,
+    matvec_bf16_8,
+    matvec_multi_q4_0,
+    matvec_multi_q5_0,
+    matvec_multi_q8_0,
+    matvec_multi_q4_k,
+    matvec_multi_q5_k,
+    matvec_multi_q6_k,
+    rms_norm,
+    rms_norm_add,
+    rms_norm_q,
+    add_rms_norm_q,
+    rms_norm2,
+    rope,
+    rope2,
+    kv_store,
+    attn_scores,
+    attn_values,
+    attn_combine,
+    gelu_mul,
+    silu_mul,
+    add,
+    scale,
+    add_row_bias,
+    gelu_mul_q,
+    silu_mul_q,
+};
+
+const kernel_count = @typeInfo(Kernel).@"enum".fields.len;
+
+/// How a weight type is computed on the GPU.
+pub const WeightKind = struct {
+    name: []const u8,
+    block_values: u32,
+    block_bytes: u32,
+    get_rows: Kernel,
+    matvec_1: Kernel,
+    matvec_8: Kernel,
+    /// Several matrices sharing one input and one token (quantized types only).
+    matvec_multi: ?Kernel = null,
+    /// The activation format its matvec reads: 0 = Q8_0 blocks, 1 = Q8_K superblocks, -1 = f32.
+    activation: i32,
+};
+
+pub fn weightKind(type_id: u32) ?WeightKind {
+    return switch (type_id) {
+        0 => .{ .name = "F32", .block_values = 1, .block_bytes = 4, .get_rows = .get_rows_f32, .matvec_1 = .matvec_f32_1, .matvec_8 = .matvec_f32_8, .activation = -1 },
+        1 => .{ .name = "F16", .block_values = 1, .block_bytes = 2, .get_rows = .get_rows_f16, .matvec_1 = .matvec_f16_1, .matvec_8 = .matvec_f16_8, .activation = -1 },
+        30 => .{ .name = "BF16", .block_values = 1, .block_bytes = 2, .get_rows = .get_rows_bf16, .matvec_1 = .matvec_bf16_1, .matvec_8 = .matvec_bf16_8, .activation = -1 },
+        2 => .{ .name = "Q4_0", .block_values = 32, .block_bytes = 18, .get_rows = .get_rows_q4_0, .matvec_1 = .matvec_q4_0_1, .matvec_8 = .matvec_q4_0_8, .matvec_multi = .matvec_multi_q4_0, .activation = 0 },
+        6 => .{ .name = "Q5_0", .block_values = 32, .block_bytes = 22, .get_rows = .get_rows_q5_0, .matvec_1 = .matvec_q5_0_1, .matvec_8 = .matvec_q5_0_8, .matvec_multi = .matvec_multi_q5_0, .activation = 0 },
+        8 => .{ .name = "Q8_0", .block_values = 32, .block_bytes = 34, .get_rows = .get_rows_q8_0, .matvec_1 = .matvec_q8_0_1, .matvec_8 = .matvec_q8_0_8, .matvec_multi = .matvec_multi_q8_0, .activation = 0 },
+        12 => .{ .name = "Q4_K", .block_values = 256, .block_bytes = 144, .get_rows = .get_rows_q4_k, .matvec_1 = .matvec_q4_k_1, .matvec_8 = .matvec_q4_k_8, .matvec_multi = .matvec_multi_q4_k, .activation = 1 },
+        13 => .{ .name = "Q5_K", .block_values = 256, .block_bytes = 176, .get_rows = .get_rows_q5_k, .matvec_1 = .matvec_q5_k_1, .matvec_8 = .matvec_q5_k_8, .matvec_multi = .matvec_multi_q5_k, .activation = 1 },
+        14 => .{ .name = "Q6_K", .block_values = 256, .block_bytes = 210, .get_rows = .get_rows_q6_k, .matvec_1 = .matvec_q6_k_1, .matvec_8 = .matvec_q6_k_8, .matvec_multi = .matvec_multi_q6_k, .activation = 1 },
+        else => null,
+    };
+}
+
+const State = struct {
+    device: driver.CUdevice,
+    context: driver.CUcontext,
+    stream: driver.CUstream,
+    module: driver.CUmodule,
+    kernels: [kernel_count]driver.CUfunction,
+    name: [256]u8,
+    sm_count: i32,
+    cc_major: i32,
+    cc_minor: i32,
+    l2_bytes: i32,
+    driver_version: i32,
+    capturing: bool = false,
+    debug_sync: bool = false,
+};
+
+var api: driver.Api = undefined;
+var state: ?State = null;
+threadlocal var context_current: bool = false;
+
+fn notInitialized() i32 {
+    return status.fail(.internal, "the CUDA backend is not initialized (infer_cuda_init)", .{});
+}
+
+/// The state, with its context current on this thread; null after recording an error.
+fn ready() ?*State {
+    const s = &(state orelse {
+        _ = notInitialized();
+        return null;
+    });
+    if (!context_current) {
+        const rc = api.cuCtxSetCurrent(s.context);
+        if (rc != driver.success) {
+            _ = cuFail(rc, "making the context current", .{});
+            return null;
+        }
+        context_current = true;
+    }
+    return s;
+}
+
+fn cuFail(rc: driver.CUresult, comptime what: []const u8, args: anytype) i32 {
+    var name: []const u8 = undefined;
+    var text: []const u8 = undefined;
+    driver.describe(&api, rc, &name, &text);
+    var buf: [300]u8 = undefined;
+    const prefix = std.fmt.bufPrint(&buf, what, args) catch what;
+    const kind: status.Status = if (rc == driver.error_out_of_memory) .out_of_memory else .internal;
+    return status.fail(kind, "CUDA error {s}: {s} ({s})", .{ prefix, name, text });
+}
+
+fn invalid(comptime fmt: []const u8, args: anytype) i32 {
+    return status.fail(.invalid_argument, fmt, args);
+}
+
+// ---- setup -------------------------------------------------------------------------------------
+
+/// Loads the driver, takes device `ordinal`'s primary context, creates the stream and loads the
+/// kernels from `path`. Idempotent. Failures that mean "no usable CUDA here" return
+/// `unsupported` with a message starting "CUDA not available: ".
+pub fn init(path: []const u8, ordinal: i32) i32 {
+    if (state != null) return 0;
+    if (driver.load(&api)) |e| {
+        const sep: []const u8 = if (e.detail.len > 0) ": " else "";
+        return status.fail(.unsupported, "CUDA not available: {s}{s}{s}", .{ e.reason, sep, e.detail });
+    }
+    var name: []const u8 = undefined;
+    var text: []const u8 = undefined;
+    var rc = api.cuInit(0);
+    if (rc != driver.success) {
+        driver.describe(&api, rc, &name, &text);
+        return status.fail(.unsupported, "CUDA not available: cuInit failed: {s} ({s})", .{ name, text });
+    }
+    var count: c_int = 0;
+    rc = api.cuDeviceGetCount(&count);
+    if (rc != driver.success) return cuFail(rc, "counting devices", .{});
+    if (count == 0) return status.fail(.unsupported, "CUDA not available: no CUDA device found", .{});
+    if (ordinal < 0 or ordinal >= count)
+        return invalid("CUDA device {d} does not exist ({d} device(s))", .{ ordinal, count });
+    var s: State = undefined;
+    s.capturing = false;
+    s.debug_sync = false;
+    rc = api.cuDeviceGet(&s.device, ordinal);
+    if (rc != driver.success) return cuFail(rc, "getting device {d}", .{ordinal});
+    @memset(&s.name, 0);
+    _ = api.cuDeviceGetName(&s.name, s.name.len - 1, s.device);
+    var attr: c_int = 0;
+    _ = api.cuDeviceGetAttribute(&attr, driver.attr_multiprocessor_count, s.device);
+    s.sm_count = attr;
+    _ = api.cuDeviceGetAttribute(&attr, driver.attr_cc_major, s.device);
+    s.cc_major = attr;
+    _ = api.cuDeviceGetAttribute(&attr, driver.attr_cc_minor, s.device);
+    s.cc_minor = attr;
+    _ = api.cuDeviceGetAttribute(&attr, driver.attr_l2_cache_size, s.device);
+    s.l2_bytes = attr;
+    _ = api.cuDriverGetVersion(&attr);
+    s.driver_version = attr;
+    rc = api.cuDevicePrimaryCtxRetain(&s.context, s.device);
+    if (rc != driver.success) return cuFail(rc, "retaining the primary context", .{});
+    rc = api.cuCtxSetCurrent(s.context);
+    if (rc != driver.success) return cuFail(rc, "making the context current", .{});
+    context_current = true;
+    rc = api.cuStreamCreate(&s.stream, driver.stream_non_blocking);
+    if (rc != driver.success) return cuFail(rc, "creating a stream", .{});
+
+    const image = std.fs.cwd().readFileAlloc(std.heap.c_allocator, path, 256 << 20) catch |err| {
+        return status.fail(.unsupported, "CUDA not available: cannot read the kernels at '{s}' ({s}): " ++
+            "build them with shaders/cuda/build.sh (needs nvcc) or set INFER_CUDA_KERNELS", .{ path, @errorName(err) });
+    };
+    defer std.heap.c_allocator.free(image);
+    rc = api.cuModuleLoadData(&s.module, image.ptr);
+    if (rc != driver.success) {
+        driver.describe(&api, rc, &name, &text);
+        return status.fail(.unsupported, "CUDA not available: the kernels at '{s}' do not load on {s} " ++
+            "(sm_{d}{d}): {s} ({s}); rebuild them with CUDA_ARCHS=\"{d}{d}\" shaders/cuda/build.sh", .{
+            path, std.mem.sliceTo(&s.name, 0), s.cc_major, s.cc_minor, name, text, s.cc_major, s.cc_minor,
+        });
+    }
+    inline for (@typeInfo(Kernel).@"enum".fields, 0..) |f, i| {
+        rc = api.cuModuleGetFunction(&s.kernels[i], s.module, f.name);
+        if (rc != driver.success) {
+            return status.fail(.unsupported, "CUDA not available: kernel {s} is missing from '{s}' " ++
+                "(stale build: rerun shaders/cuda/build.sh)", .{ f.name, path });
+        }
+    }
+    state = s;
+    return 0;
+}
+
+/// Out: the device name (NUL-terminated, truncated to name_len) and
+/// [total bytes, free bytes, multiprocessors, compute capability (major*10+minor), driver version, L2 bytes].
+pub fn deviceInfo(name_out: [*]u8, name_len: usize, out: *[6]i64) i32 {
+    const s = ready() orelse return @intFromEnum(status.Status.internal);
+    if (name_len > 0) {
+        const name = std.mem.sliceTo(&s.name, 0);
+        const n = @min(name.len, name_len - 1);
+        @memcpy(name_out[0..n], name[0..n]);
+        name_out[n] = 0;
+    }
+    var free_bytes: usize = 0;
+    var total_bytes: usize = 0;
+    const rc = api.cuMemGetInfo_v2(&free_bytes, &total_bytes);
+    if (rc != driver.success) return cuFail(rc, "reading memory info", .{});
+    out.* = .{ @intCast(total_bytes), @intCast(free_bytes), s.sm_count, s.cc_major * 10 + s.cc_minor, s.driver_version, s.l2_bytes };
+    return 0;
+}
+
+/// Starts or stops the profiler's collection (Nsight Compute --profile-from-start off).
+pub fn profiler(on: bool) i32 {
+    _ = ready() orelse return @intFromEnum(status.Status.internal);
+    const f = (if (on) driver.optional.cuProfilerStart else driver.optional.cuProfilerStop) orelse
+        return status.fail(.unsupported, "this libcuda has no cuProfilerStart/Stop", .{});
+    const rc = f();
+    if (rc != driver.success) return cuFail(rc, "switching the profiler", .{});
+    return 0;
+}
+
+pub fn setDebugSync(on: bool) void {
+    if (state) |*s| s.debug_sync = on;
+}
+
+// ---- memory ------------------------------------------------------------------------------------
+
+pub fn malloc(bytes: u64, out: *u64) i32 {
+    _ = ready() orelse return @intFromEnum(status.Status.internal);
+    if (bytes == 0) return invalid("cuda malloc: 0 bytes", .{});
+    var ptr: driver.CUdeviceptr = 0;
+    const rc = api.cuMemAlloc_v2(&ptr, @intCast(bytes));
+    if (rc == driver.error_out_of_memory) {
+        var free_bytes: usize = 0;
+        var total_bytes: usize = 0;
+        _ = api.cuMemGetInfo_v2(&free_bytes, &total_bytes);
+        return status.fail(.out_of_memory, "CUDA out of memory: cannot allocate {d} MiB ({d} MiB free of {d} MiB)", .{
+            bytes >> 20, free_bytes >> 20, total_bytes >> 20,
+        });
+    }
+    if (rc != driver.success) return cuFail(rc, "allocating {d} bytes", .{bytes});
+    out.* = ptr;
+    return 0;
+}
+
+pub fn free(ptr: u64) void {
+    if (ptr == 0 or state == null) return;
+    _ = api.cuMemFree_v2(ptr);
+}
+
+/// Page-locked host memory (fast downloads); TypeScript views it with toArrayBuffer.
+pub fn hostAlloc(bytes: u64, out: *u64) i32 {
+    _ = ready() orelse return @intFromEnum(status.Status.internal);
+    var ptr: ?*anyopaque = null;
+    const rc = api.cuMemAllocHost_v2(&ptr, @intCast(bytes));
+    if (rc != driver.success) return cuFail(rc, "allocating {d} bytes of pinned host memory", .{bytes});
+    out.* = @intFromPtr(ptr);
+    return 0;
+}
+
+pub fn hostFree(ptr: u64) void {
+    if (ptr == 0 or state == null) return;
+    _ = api.cuMemFreeHost(@ptrFromInt(ptr));
+}
+
+/// Stream-ordered copy host -> device. The host bytes may be reused when this returns.
+pub fn upload(dst: u64, src: [*]const u8, bytes: u64) i32 {
+    const s = ready() orelse return @intFromEnum(status.Status.internal);
+    if (bytes == 0) return 0;
+    const rc = api.cuMemcpyHtoDAsync_v2(dst, src, @intCast(bytes), s.stream);
+    if (rc != driver.success) return cuFail(rc, "uploading {d} bytes", .{bytes});
+    return 0;
+}
+
+/// Waits for the stream, then device -> host. Errors of earlier kernels surface here.
+pub fn download(dst: [*]u8, src: u64, bytes: u64) i32 {
+    const s = ready() orelse return @intFromEnum(status.Status.internal);
+    var rc = api.cuMemcpyDtoHAsync_v2(dst, src, @intCast(bytes), s.stream);
+    if (rc != driver.success) return cuFail(rc, "downloading {d} bytes", .{bytes});
+    rc = api.cuStreamSynchronize(s.stream);
+    if (rc != driver.success) return cuFail(rc, "finishing the queued kernels", .{});
+    return 0;
+}
+
+pub fn copy(dst: u64, src: u64, bytes: u64) i32 {
+    const s = ready() orelse return @intFromEnum(status.Status.internal);
+    const rc = api.cuMemcpyDtoDAsync_v2(dst, src, @intCast(bytes), s.stream);
+    if (rc != driver.success) return cuFail(rc, "copying {d} bytes on the device", .{bytes});
+    return 0;
+}
+
+/// dst[0..count] = value (32-bit words): zeroing, or poisoning with NaN in tests.
+pub fn fill32(dst: u64, value: u32, count: u64) i32 {
+    const s = ready() orelse return @intFromEnum(status.Status.internal);
+    const rc = api.cuMemsetD32Async(dst, value, @intCast(count), s.stream);
+    if (rc != driver.success) return cuFail(rc, "filling {d} words", .{count});
+    return 0;
+}
+
+pub fn sync() i32 {
+    const s = ready() orelse return @intFromEnum(status.Status.internal);
+    const rc = api.cuStreamSynchronize(s.stream);
+    if (rc != driver.success) return cuFail(rc, "finishing the queued kernels", .{});
+    return 0;
+}
+
+// ---- graphs ------------------------------------------------------------------------------------
+
+pub fn captureBegin() i32 {
+    const s = ready() orelse return @intFromEnum(status.Status.internal);
+    if (s.capturing) return invalid("capture_begin: a capture is already running", .{});
+    const rc = api.cuStreamBeginCapture_v2(s.stream, driver.capture_mode_thread_local);
+    if (rc != driver.success) return cuFail(rc, "beginning a stream capture", .{});
+    s.capturing = true;
+    return 0;
+}
+
+/// Ends the capture and instantiates it; out: the executable graph's handle.
+pub fn captureEnd(out: *u64) i32 {
+    const s = ready() orelse return @intFromEnum(status.Status.internal);
+    if (!s.capturing) return invalid("capture_end: no capture is running", .{});
+    s.capturing = false;
+    var graph: driver.CUgraph = null;
+    var rc = api.cuStreamEndCapture(s.stream, &graph);
+    if (rc != driver.success) return cuFail(rc, "ending a stream capture", .{});
+    defer _ = api.cuGraphDestroy(graph);
+    var exec: driver.CUgraphExec = null;
+    rc = api.cuGraphInstantiateWithFlags(&exec, graph, 0);
+    if (rc != driver.success) return cuFail(rc, "instantiating a graph", .{});
+    out.* = @intFromPtr(exec);
+    return 0;
+}
+
+/// Ends a capture that failed half-way, discarding what it recorded.
+pub fn captureAbort() void {
+    const s = &(state orelse return);
+    if (!s.capturing) return;
+    s.capturing = false;
+    var graph: driver.CUgraph = null;
+    _ = api.cuStreamEndCapture(s.stream, &graph);
+    if (graph != null) _ = api.cuGraphDestroy(graph);
+}
+
+pub fn graphLaunch(exec: u64) i32 {
+    const s = ready() orelse return @intFromEnum(status.Status.internal);
+    const rc = api.cuGraphLaunch(@ptrFromInt(exec), s.stream);
+    if (rc != driver.success) return cuFail(rc, "launching a graph", .{});
+    if (s.debug_sync) return sync();
+    return 0;
+}
+
+pub fn graphDestroy(exec: u64) void {
+    if (exec == 0 or state == null) return;
+    _ = api.cuGraphExecDestroy(@ptrFromInt(exec));
+}
+
+// ---- launches ----------------------------------------------------------------------------------
+
+/// Launches kernel `k` with the tuple `args`, whose field types must be the kernel's parameter
+/// types (u64 for pointers, i32 for int, f32 for float).
+fn launch(k: Kernel, grid_x: u64, grid_y: u64, block: u32, args: anytype) i32 {
+    return launchShared(k, grid_x, grid_y, block, 0, args);
+}
+
+/// launch with `shared` bytes of dynamic shared memory.
+fn launchShared(k: Kernel, grid_x: u64, grid_y: u64, block: u32, shared: u32, args: anytype) i32 {
+    const s = ready() orelse return @intFromEnum(status.Status.internal);
+    if (grid_x == 0 or grid_y == 0) return 0;
+    if (grid_x > std.math.maxInt(i32) or grid_y > 65535)
+        return invalid("{s}: grid {d} x {d} is too large", .{ @tagName(k), grid_x, grid_y });
+    var values = args;
+    const fields = @typeInfo(@TypeOf(values)).@"struct".fields;
+    var params: [fields.len]?*anyopaque = undefined;
+    inline for (fields, 0..) |f, i| params[i] = @ptrCast(&@field(values, f.name));
+    const rc = api.cuLaunchKernel(
+        s.kernels[@intFromEnum(k)],
+        @intCast(grid_x),
+        @intCast(grid_y),
+        1,
+        block,
+        1,
+        1,
+        shared,
+        s.stream,
+        &params,
+        null,
+    );
+    if (rc != driver.success) return cuFail(rc, "launching {s}", .{@tagName(k)});
+    if (s.debug_sync and !s.capturing) {
+        const rc2 = api.cuStreamSynchronize(s.stream);
+        if (rc2 != driver.success) return cuFail(rc2, "running {s}", .{@tagName(k)});
+    }
+    return 0;
+}
+
+fn ceilDiv(a: u64, b: u64) u64 {
+    return (a + b - 1) / b;
+}
+
+/// An element count as a kernel's int, or null when it does not fit.
+fn int(v: u64) ?i32 {
+    return if (v <= std.math.maxInt(i32)) @intCast(v) else null;
+}
+
+fn tooLarge(what: []const u8, v: u64) i32 {
+    return invalid("{s} = {d} is too large for the CUDA kernels", .{ what, v });
+}
+
+// ---- ops ---------------------------------------------------------------------------------------
+
+/// dst[i] = row ids[i] of a table of n_table_rows rows of n_cols values (ids on the device,
+/// already checked against n_table_rows by the caller).
+pub fn getRows(type_id: u32, table: u64, n_cols: u64, n_ids: u64, ids: u64, dst: u64) i32 {
+    const w = weightKind(type_id) orelse return unsupportedType(type_id);
+    if (n_cols == 0 or n_cols % w.block_values != 0 or (n_cols % 32 != 0 and w.block_values > 1))
+        return invalid("get_rows: n_cols {d} is not a multiple of the {s} block", .{ n_cols, w.name });
+    const cols = int(n_cols) orelse return tooLarge("get_rows: n_cols", n_cols);
+    if (w.block_values == 1) {
+        return launch(w.get_rows, ceilDiv(n_cols, 128), n_ids, 128, .{ table, cols, ids, dst });
+    }
+    return launch(w.get_rows, ceilDiv(n_cols / 32, 128), n_ids, 128, .{ table, cols, ids, dst });
+}
+
+fn unsupportedType(type_id: u32) i32 {
+    return status.fail(.unsupported, "the CUDA backend does not compute ggml type {d} yet", .{type_id});
+}
+
+/// Quantizes n_rows x n_cols f32 values at x into q (int8) and d (one f32 scale per 32 values):
+/// mode 0 = Q8_0 blocks, 1 = Q8_K superblocks (n_cols a multiple of 256).
+pub fn quantize(x: u64, n_rows: u64, n_cols: u64, mode: u32, q: u64, d: u64) i32 {
+    const block: u64 = if (mode == 0) 32 else if (mode == 1) 256 else return invalid("quantize: mode {d}", .{mode});
+    if (n_cols % block != 0) return invalid("quantize: n_cols {d} is not a multiple of {d}", .{ n_cols, block });
+    const n = std.math.mul(u64, n_rows, n_cols) catch return tooLarge("quantize: values", n_rows);
+    const units = int(n / block) orelse return tooLarge("quantize: blocks", n / block);
+    return launch(if (mode == 0) .quantize_q8_0 else .quantize_q8_k, ceilDiv(n / block * 32, 256), 1, 256, .{ x, units, q, d });
+}
+
+/// y[t][o] = W[o] · x[t] for t < n_tok. Quantized W reads the activations from xq/xd (see
+/// quantize, in W's activation format); float W reads x.
+pub fn matmul(w: u64, type_id: u32, n_out: u64, n_in: u64, x: u64, xq: u64, xd: u64, n_tok: u64, y: u64) i32 {
+    const k = weightKind(type_id) orelse return unsupportedType(type_id);
+    if (n_in == 0 or n_in % k.block_values != 0 or (k.block_values > 1 and n_in % 32 != 0))
+        return invalid("matmul: n_in {d} is not a multiple of the {s} block", .{ n_in, k.name });
+    const out = int(n_out) orelse return tooLarge("matmul: n_out", n_out);
+    const in = int(n_in) orelse return tooLarge("matmul: n_in", n_in);
+    const tok = int(n_tok) orelse return tooLarge("matmul: n_tok", n_tok);
+    const kernel = if (n_tok == 1) k.matvec_1 else k.matvec_8;
+    const grid_y = if (n_tok == 1) 1 else ceilDiv(n_tok, 8);
+    if (k.activation < 0) return launch(kernel, ceilDiv(n_out, 4), grid_y, 128, .{ w, out, in, x, tok, y });
+    if (xq == 0 or xd == 0) return invalid("matmul: {s} needs quantized activations", .{k.name});
+    return launch(kernel, ceilDiv(n_out, 4), grid_y, 128, .{ w, out, in, xq, xd, tok, y });
+}
+
+pub fn rmsNorm(x: u64, weight: u64, n_rows: u64, n_cols: u64, eps: f32, out: u64) i32 {
+    const cols = int(n_cols) orelse return tooLarge("rms_norm: n_cols", n_cols);
+    if (cols == 0) return invalid("rms_norm: n_cols must be > 0", .{});
+    return launch(.rms_norm, n_rows, 1, 256, .{ x, weight, cols, eps, out });
+}
+
+pub fn rmsNormAdd(x: u64, weight: u64, n_rows: u64, n_cols: u64, eps: f32, residual: u64) i32 {
+    const cols = int(n_cols) orelse return tooLarge("rms_norm_add: n_cols", n_cols);
+    if (cols == 0) return invalid("rms_norm_add: n_cols must be > 0", .{});
+    return launch(.rms_norm_add, n_rows, 1, 256, .{ x, weight, cols, eps, residual });
+}
+
+extern "c" fn powf(x: f32, y: f32) f32;
+
+pub fn rope(x: u64, n_tok: u64, n_heads: u64, head_dim: u64, n_rot: u64, positions: u64, freq_base: f32, freq_scale: f32, mode: u32, freq_factors: u64) i32 {
+    if (mode != 0 and mode != 2) return invalid("rope: mode {d} is not 0 (normal) or 2 (neox)", .{mode});
+    if (n_rot == 0 or n_rot % 2 != 0 or n_rot > head_dim or n_rot > 2048)
+        return invalid("rope: n_rot {d} must be even, > 0, <= head_dim {d} and <= 2048", .{ n_rot, head_dim });
+    if (!(freq_base > 0) or !std.math.isFinite(freq_base) or !std.math.isFinite(freq_scale))
+        return invalid("rope: bad freq_base {d} or freq_scale {d}", .{ freq_base, freq_scale });
+    const heads = int(n_heads) orelse return tooLarge("rope: n_heads", n_heads);
+    const dim = int(head_dim) orelse return tooLarge("rope: head_dim", head_dim);
+    // powf(base, -2/n_rot) from the C library, as lib/cpu/rope.zig (and ggml) computes it.
+    const theta_scale = powf(freq_base, -2.0 / @as(f32, @floatFromInt(n_rot)));
+    const blocks = std.math.mul(u64, n_tok, n_heads) catch return tooLarge("rope: rows", n_tok);
+    return launch(.rope, blocks, 1, @intCast(n_rot / 2), .{
+        x, heads, dim, @as(i32, @intCast(n_rot)), positions, theta_scale, freq_scale, @as(i32, if (mode == 2) 1 else 0), freq_factors,
+    });
+}
+
+/// Rows t < n_tok of k and v (kv_dim values each) into cell positions[t] (mod cells when ring).
+pub fn kvStore(k: u64, v: u64, kv_dim: u64, n_tok: u64, k_cache: u64, v_cache: u64, positions: u64, cells: u64, ring: bool) i32 {
+    const dim = int(kv_dim) orelse return tooLarge("kv_store: kv_dim", kv_dim);
+    const c = int(cells) orelse return tooLarge("kv_store: cells", cells);
+    return launch(.kv_store, ceilDiv(kv_dim, 256), n_tok, 256, .{ k, v, dim, k_cache, v_cache, positions, c, @as(i32, @intFromBool(ring)) });
+}
+
+pub const head_dim_max = 512;
+pub const split_max = 64;
+
+/// f32 values of attention scratch: scores, split maxima and (n_split > 1) partial outputs.
+pub fn attentionScratch(n_tok: u64, n_head: u64, head_dim: u64, cells: u64, n_split: u64) u64 {
+    const rows = n_tok * n_head;
+    return rows * cells + rows * n_split + (if (n_split > 1) rows * n_split * head_dim else 0);
+}
+
+/// Attention of n_tok queries (at positions[t]) over an f16 cache of `cells` rows: see the
+/// attn_* kernels. `scratch` holds attentionScratch(...) f32 values.
+pub fn attention(q: u64, k_cache: u64, v_cache: u64, out: u64, positions: u64, n_tok: u64, n_head: u64, n_kv_head: u64, head_dim: u64, window: u64, cells: u64, ring: bool, scale_: f32, scratch: u64, scratch_floats: u64, n_split: u64) i32 {
+    if (n_kv_head == 0 or n_head == 0 or n_head % n_kv_head != 0)
+        return invalid("attention: n_head {d} is not a multiple of n_kv_head {d}", .{ n_head, n_kv_head });
+    if (head_dim == 0 or head_dim > head_dim_max)
+        return invalid("attention: head_dim {d} not in 1..{d} on CUDA", .{ head_dim, head_dim_max });
+    if (n_split == 0 or n_split > split_max) return invalid("attention: n_split {d} not in 1..{d}", .{ n_split, split_max });
+    if (ring and window == 0) return invalid("attention: a ring needs a window", .{});
+    const need = attentionScratch(n_tok, n_head, head_dim, cells, n_split);
+    if (need > scratch_floats) return invalid("attention: scratch of {d} values, {d} needed", .{ scratch_floats, need });
+    const heads = int(n_head) orelse return tooLarge("attention: n_head", n_head);
+    const kv_heads = int(n_kv_head) orelse return tooLarge("attention: n_kv_head", n_kv_head);
+    const dim: i32 = @intCast(head_dim);
+    const win = int(window) orelse return tooLarge("attention: window", window);
+    const c = int(cells) orelse return tooLarge("attention: cells", cells);
+    const splits: i32 = @intCast(n_split);
+    const ring_i: i32 = @intFromBool(ring);
+    const rows = n_tok * n_head;
+    const scores = scratch;
+    const maxima = scratch + rows * cells * 4;
+    const partial = maxima + rows * n_split * 4;
+    var rc = launch(.attn_scores, rows, n_split, 128, .{
+        q, k_cache, positions, heads, kv_heads, dim, win, c, ring_i, scale_, scores, c, maxima, splits,
+    });
+    if (rc != 0) return rc;
+    rc = launch(.attn_values, rows, n_split, 128, .{
+        scores, c, maxima, v_cache, positions, heads, kv_heads, dim, win, c, ring_i, splits, out, partial,
+    });
+    if (rc != 0 or n_split == 1) return rc;
+    const threads: u32 = @intCast(ceilDiv(head_dim, 32) * 32);
+    return launch(.attn_combine, rows, 1, threads, .{ partial, splits, dim, out });
+}
+
+fn elementwise(k: Kernel, n: u64, args: anytype) i32 {
+    _ = int(n) orelse return tooLarge(@tagName(k), n);
+    return launch(k, ceilDiv(n, 256), 1, 256, args);
+}
+
+pub fn geluMul(gate: u64, up: u64, n: u64, out: u64) i32 {
+    return elementwise(.gelu_mul, n, .{ gate, up, @as(i32, @intCast(@min(n, std.math.maxInt(i32)))), out });
+}
+
+pub fn siluMul(gate: u64, up: u64, n: u64, out: u64) i32 {
+    return elementwise(.silu_mul, n, .{ gate, up, @as(i32, @intCast(@min(n, std.math.maxInt(i32)))), out });
+}
+
+pub fn add(a: u64, b: u64, n: u64, out: u64) i32 {
+    return elementwise(.add, n, .{ a, b, @as(i32, @intCast(@min(n, std.math.maxInt(i32)))), out });
+}
+
+pub fn scale(x: u64, n: u64, s: f32) i32 {
+    return elementwise(.scale, n, .{ x, @as(i32, @intCast(@min(n, std.math.maxInt(i32)))), s });
+}
+
+pub fn addRowBias(x: u64, bias: u64, n_rows: u64, n_cols: u64) i32 {
+    if (n_cols == 0) return invalid("add_row_bias: n_cols must be > 0", .{});
+    const n = std.math.mul(u64, n_rows, n_cols) catch return tooLarge("add_row_bias: values", n_rows);
+    return elementwise(.add_row_bias, n, .{ x, bias, @as(i32, @intCast(@min(n, std.math.maxInt(i32)))), @as(i32, @intCast(@min(n_cols, std.math.maxInt(i32)))) });
+}
+
+// ---- fused ops (the CUDA backend's decode-step peephole; each equals its parts bit for bit) ----
+
+fn quantMode(mode: u32, n_cols: u64) ?i32 {
+    const block: u64 = if (mode == 0) 32 else if (mode == 1) 256 else return null;
+    if (n_cols % block != 0) return null;
+    return @intCast(mode);
+}
+
+/// rms_norm, then quantize (mode as infer_cuda_quantize) of its output.
+pub fn rmsNormQuant(x: u64, weight: u64, n_rows: u64, n_cols: u64, eps: f32, out: u64, mode: u32, q: u64, d: u64) i32 {
+    const m = quantMode(mode, n_cols) orelse return invalid("rms_norm_quant: mode {d} with n_cols {d}", .{ mode, n_cols });
+    if (n_cols == 0 or n_cols > fused_cols_max) return invalid("rms_norm_quant: n_cols {d} not in 1..{d}", .{ n_cols, fused_cols_max });
+    const cols: i32 = @intCast(n_cols);
+    return launchShared(.rms_norm_q, n_rows, 1, 256, @intCast(n_cols * 8), .{ x, weight, cols, eps, out, m, q, d });
+}
+
+/// Fused norms keep a row and its weights in shared memory: 2 * 6144 floats = 48 KiB.
+pub const fused_cols_max = 6144;
+
+/// In-place rms_norm of rows_a rows at xa (weights wa) and rows_b rows at xb (weights wb).
+pub fn rmsNorm2(xa: u64, wa: u64, rows_a: u64, xb: u64, wb: u64, rows_b: u64, n_cols: u64, eps: f32) i32 {
+    const cols = int(n_cols) orelse return tooLarge("rms_norm2: n_cols", n_cols);
+    if (cols == 0) return invalid("rms_norm2: n_cols must be > 0", .{});
+    const ra = int(rows_a) orelse return tooLarge("rms_norm2: rows_a", rows_a);
+    return launch(.rms_norm2, rows_a + rows_b, 1, 256, .{ xa, wa, ra, xb, wb, cols, eps });
+}
+
+/// sum = a + b (sum may alias a), then rms_norm(sum) into out, quantized.
+pub fn addRmsNormQuant(a: u64, b: u64, sum: u64, weight: u64, n_rows: u64, n_cols: u64, eps: f32, out: u64, mode: u32, q: u64, d: u64) i32 {
+    const m = quantMode(mode, n_cols) orelse return invalid("add_rms_norm_quant: mode {d} with n_cols {d}", .{ mode, n_cols });
+    if (n_cols == 0 or n_cols > fused_cols_max) return invalid("add_rms_norm_quant: n_cols {d} not in 1..{d}", .{ n_cols, fused_cols_max });
+    const cols: i32 = @intCast(n_cols);
+    return launchShared(.add_rms_norm_q, n_rows, 1, 256, @intCast(n_cols * 8), .{ a, b, sum, weight, cols, eps, out, m, q, d });
+}
+
+/// Up to three matmuls of one token over the same quantized input (n2 = 0: two matrices).
+pub fn matmulMulti(type_id: u32, n_in: u64, xq: u64, xd: u64, w0: u64, n0: u64, y0: u64, w1: u64, n1: u64, y1: u64, w2: u64, n2: u64, y2: u64) i32 {
+    const k = weightKind(type_id) orelse return unsupportedType(type_id);
+    const kernel = k.matvec_multi orelse return invalid("matmul_multi: {s} is not a quantized type", .{k.name});
+    if (n_in == 0 or n_in % k.block_values != 0) return invalid("matmul_multi: n_in {d} is not a multiple of the {s} block", .{ n_in, k.name });
+    const in = int(n_in) orelse return tooLarge("matmul_multi: n_in", n_in);
+    const a = int(n0) orelse return tooLarge("matmul_multi: n0", n0);
+    const b = int(n1) orelse return tooLarge("matmul_multi: n1", n1);
+    const c = int(n2) orelse return tooLarge("matmul_multi: n2", n2);
+    const blocks = ceilDiv(n0, 4) + ceilDiv(n1, 4) + ceilDiv(n2, 4);
+    return launch(kernel, blocks, 1, 128, .{ w0, a, y0, w1, b, y1, w2, c, y2, in, xq, xd });
+}
+
+/// out = act(gate) * up (kind 0 = GELU, 1 = SiLU) over n_rows x n_cols, quantized.
+pub fn actMulQuant(kind: u32, gate: u64, up: u64, n_rows: u64, n_cols: u64, out: u64, mode: u32, q: u64, d: u64) i32 {
+    const m = quantMode(mode, n_cols) orelse return invalid("act_mul_quant: mode {d} with n_cols {d}", .{ mode, n_cols });
+    const n = std.math.mul(u64, n_rows, n_cols) catch return tooLarge("act_mul_quant: values", n_rows);
+    const groups = int(n / (if (mode == 0) @as(u64, 32) else 256)) orelse return tooLarge("act_mul_quant: groups", n);
+    const kernel: Kernel = if (kind == 0) .gelu_mul_q else if (kind == 1) .silu_mul_q else return invalid("act_mul_quant: kind {d}", .{kind});
+    return launch(kernel, ceilDiv(@as(u64, @intCast(groups)) * 32, 256), 1, 256, .{ gate, up, groups, out, m, q, d });
+}
+
+/// RoPE of two tensors (queries and keys) with the same positions and parameters.
+pub fn rope2(xa: u64, heads_a: u64, xb: u64, heads_b: u64, n_tok: u64, head_dim: u64, n_rot: u64, positions: u64, freq_base: f32, freq_scale: f32, mode: u32, freq_factors: u64) i32 {
+    if (mode != 0 and mode != 2) return invalid("rope2: mode {d} is not 0 (normal) or 2 (neox)", .{mode});
+    if (n_rot == 0 or n_rot % 2 != 0 or n_rot > head_dim or n_rot > 2048)
+        return invalid("rope2: n_rot {d} must be even, > 0, <= head_dim {d} and <= 2048", .{ n_rot, head_dim });
+    const ha = int(heads_a) orelse return tooLarge("rope2: heads_a", heads_a);
+    const hb = int(heads_b) orelse return tooLarge("rope2: heads_b", heads_b);
+    const dim = int(head_dim) orelse return tooLarge("rope2: head_dim", head_dim);
+    const theta_scale = powf(freq_base, -2.0 / @as(f32, @floatFromInt(n_rot)));
+    const blocks = std.math.mul(u64, n_tok, heads_a + heads_b) catch return tooLarge("rope2: rows", n_tok);
+    return launch(.rope2, blocks, 1, @intCast(n_rot / 2), .{
+        xa, ha, xb, hb, dim, @as(i32, @intCast(n_rot)), positions, theta_scale, freq_scale, @as(i32, if (mode == 2) 1 else 0), freq_factors,
+    });
+}
+
+test "weight kinds cover the CPU's weight types" {
+    for ([_]u32{ 0, 1, 2, 6, 8, 12, 13, 14, 30 }) |id| try std.testing.expect(weightKind(id) != null);
+    try std.testing.expect(weightKind(15) == null); // Q8_K is an activation format
+}
+
+test "attention scratch: scores, maxima, partials" {
+    try std.testing.expectEqual(@as(u64, 2 * 4 * 100 + 2 * 4 * 1), attentionScratch(2, 4, 64, 100, 1));
+    try std.testing.expectEqual(@as(u64, 4 * 100 + 4 * 8 + 4 * 8 * 64), attentionScratch(1, 4, 64, 100, 8));
+}
+
+test "without a driver, init reports CUDA as not available" {
+    // On machines with a driver this test initializes nothing it cannot (a bad kernel path).
+    const rc = init("/nonexistent/infer.fatbin", 0);
+    if (state == null) {
+        try std.testing.expect(rc != 0);
+        try std.testing.expect(std.mem.startsWith(u8, std.mem.span(status.lastError()), "CUDA not available: "));
+    }
+}

@@ -1,0 +1,116 @@
+//! The CUDA driver API, loaded at run time: dlopen("libcuda.so.1") and dlsym of the entry points
+//! below, so that libinfer builds and runs with no CUDA toolkit or driver present. Symbol names
+//! are the versioned ones cuda.h maps its macros to (cuMemAlloc -> cuMemAlloc_v2, ...).
+const std = @import("std");
+const builtin = @import("builtin");
+
+pub const CUresult = c_int;
+pub const CUdevice = c_int;
+pub const CUdeviceptr = u64;
+pub const CUcontext = ?*anyopaque;
+pub const CUmodule = ?*anyopaque;
+pub const CUfunction = ?*anyopaque;
+pub const CUstream = ?*anyopaque;
+pub const CUgraph = ?*anyopaque;
+pub const CUgraphExec = ?*anyopaque;
+
+pub const success: CUresult = 0;
+pub const error_out_of_memory: CUresult = 2;
+
+pub const attr_multiprocessor_count: c_int = 16;
+pub const attr_l2_cache_size: c_int = 38;
+pub const attr_cc_major: c_int = 75;
+pub const attr_cc_minor: c_int = 76;
+pub const stream_non_blocking: c_uint = 1;
+pub const capture_mode_thread_local: c_int = 1;
+
+const cc = std.builtin.CallingConvention.c;
+
+/// The entry points infer uses; each field name is the exported symbol.
+pub const Api = struct {
+    cuGetErrorName: *const fn (CUresult, *?[*:0]const u8) callconv(cc) CUresult,
+    cuGetErrorString: *const fn (CUresult, *?[*:0]const u8) callconv(cc) CUresult,
+    cuInit: *const fn (c_uint) callconv(cc) CUresult,
+    cuDriverGetVersion: *const fn (*c_int) callconv(cc) CUresult,
+    cuDeviceGetCount: *const fn (*c_int) callconv(cc) CUresult,
+    cuDeviceGet: *const fn (*CUdevice, c_int) callconv(cc) CUresult,
+    cuDeviceGetName: *const fn ([*]u8, c_int, CUdevice) callconv(cc) CUresult,
+    cuDeviceGetAttribute: *const fn (*c_int, c_int, CUdevice) callconv(cc) CUresult,
+    cuDeviceTotalMem_v2: *const fn (*usize, CUdevice) callconv(cc) CUresult,
+    cuDevicePrimaryCtxRetain: *const fn (*CUcontext, CUdevice) callconv(cc) CUresult,
+    cuCtxSetCurrent: *const fn (CUcontext) callconv(cc) CUresult,
+    cuMemGetInfo_v2: *const fn (*usize, *usize) callconv(cc) CUresult,
+    cuMemAlloc_v2: *const fn (*CUdeviceptr, usize) callconv(cc) CUresult,
+    cuMemFree_v2: *const fn (CUdeviceptr) callconv(cc) CUresult,
+    cuMemAllocHost_v2: *const fn (*?*anyopaque, usize) callconv(cc) CUresult,
+    cuMemFreeHost: *const fn (?*anyopaque) callconv(cc) CUresult,
+    cuMemcpyHtoDAsync_v2: *const fn (CUdeviceptr, ?*const anyopaque, usize, CUstream) callconv(cc) CUresult,
+    cuMemcpyDtoHAsync_v2: *const fn (?*anyopaque, CUdeviceptr, usize, CUstream) callconv(cc) CUresult,
+    cuMemcpyDtoDAsync_v2: *const fn (CUdeviceptr, CUdeviceptr, usize, CUstream) callconv(cc) CUresult,
+    cuMemsetD32Async: *const fn (CUdeviceptr, c_uint, usize, CUstream) callconv(cc) CUresult,
+    cuModuleLoadData: *const fn (*CUmodule, ?*const anyopaque) callconv(cc) CUresult,
+    cuModuleGetFunction: *const fn (*CUfunction, CUmodule, [*:0]const u8) callconv(cc) CUresult,
+    cuLaunchKernel: *const fn (
+        CUfunction,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        CUstream,
+        ?[*]?*anyopaque,
+        ?[*]?*anyopaque,
+    ) callconv(cc) CUresult,
+    cuStreamCreate: *const fn (*CUstream, c_uint) callconv(cc) CUresult,
+    cuStreamSynchronize: *const fn (CUstream) callconv(cc) CUresult,
+    cuStreamBeginCapture_v2: *const fn (CUstream, c_int) callconv(cc) CUresult,
+    cuStreamEndCapture: *const fn (CUstream, *CUgraph) callconv(cc) CUresult,
+    cuGraphInstantiateWithFlags: *const fn (*CUgraphExec, CUgraph, c_ulonglong) callconv(cc) CUresult,
+    cuGraphLaunch: *const fn (CUgraphExec, CUstream) callconv(cc) CUresult,
+    cuGraphExecDestroy: *const fn (CUgraphExec) callconv(cc) CUresult,
+    cuGraphDestroy: *const fn (CUgraph) callconv(cc) CUresult,
+};
+
+/// Entry points that may be missing without making CUDA unusable.
+pub const Optional = struct {
+    cuProfilerStart: ?*const fn () callconv(cc) CUresult = null,
+    cuProfilerStop: ?*const fn () callconv(cc) CUresult = null,
+};
+
+pub var optional: Optional = .{};
+
+pub const LoadError = struct {
+    /// What failed, for "CUDA not available: <reason>".
+    reason: []const u8,
+    detail: []const u8 = "",
+};
+
+/// Opens libcuda.so.1 and resolves every entry point; on failure returns why.
+pub fn load(out: *Api) ?LoadError {
+    if (builtin.os.tag != .linux) return .{ .reason = "the CUDA backend is only built for Linux" };
+    const handle = std.c.dlopen("libcuda.so.1", .{ .NOW = true }) orelse {
+        const detail: []const u8 = if (std.c.dlerror()) |e| std.mem.span(e) else "";
+        return .{ .reason = "cannot load libcuda.so.1 (no NVIDIA driver installed?)", .detail = detail };
+    };
+    inline for (@typeInfo(Api).@"struct".fields) |f| {
+        const sym = std.c.dlsym(handle, f.name) orelse
+            return .{ .reason = "libcuda.so.1 lacks " ++ f.name ++ " (NVIDIA driver too old?)" };
+        @field(out, f.name) = @ptrCast(@alignCast(sym));
+    }
+    inline for (@typeInfo(Optional).@"struct".fields) |f| {
+        if (std.c.dlsym(handle, f.name)) |sym| @field(optional, f.name) = @ptrCast(@alignCast(sym));
+    }
+    return null;
+}
+
+/// "CUDA_ERROR_X: description" for a driver status (static strings owned by the driver).
+pub fn describe(api: *const Api, rc: CUresult, name_out: *[]const u8, text_out: *[]const u8) void {
+    var name: ?[*:0]const u8 = null;
+    var text: ?[*:0]const u8 = null;
+    _ = api.cuGetErrorName(rc, &name);
+    _ = api.cuGetErrorString(rc, &text);
+    name_out.* = if (name) |n| std.mem.span(n) else "CUDA_ERROR_UNKNOWN";
+    text_out.* = if (text) |t| std.mem.span(t) else "unknown error";
+}

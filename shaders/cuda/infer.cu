@@ -1,0 +1,620 @@
+// Every CUDA kernel of libinfer's CUDA backend (lib/cuda/), one module loaded at run time with
+// cuModuleLoadData. Built by shaders/cuda/build.sh; kernel names are extern "C" and listed in
+// lib/cuda/kernels.zig. Activations are f32 row-major [rows][cols]; the KV cache is f16
+// [cell][kv_head][head_dim]; positions are i32 per row and are read on the device, so that one
+// captured decode step (a CUDA graph) replays at any position.
+//
+// Arithmetic follows the CPU backend (lib/cpu/*.zig) operation for operation where that is cheap,
+// so that logits agree to rounding: activations are quantized exactly as the CPU's vec_dot_type
+// (integer dots per block), RMSNorm sums squares in f64, RoPE builds its angles with the same f32
+// recurrence, attention rounds the query and the probabilities to f16 and uses ggml's expf, and
+// GELU rounds through f16 as ggml's table does.
+#include "common.cuh"
+#include "quant.cuh"
+
+// ---- embedding rows --------------------------------------------------------------------------
+
+template <class T>
+__device__ __forceinline__ void get_rows_q(const uint8_t* table, int n_cols, const int* ids, float* out) {
+  const int units = n_cols >> 5;
+  const int u = blockIdx.x * blockDim.x + threadIdx.x;
+  if (u >= units) return;
+  const size_t row_bytes = static_cast<size_t>(n_cols / T::BV) * T::BB;
+  const int r = blockIdx.y;
+  T::dequant(table + static_cast<size_t>(ids[r]) * row_bytes, u, out + static_cast<size_t>(r) * n_cols + 32 * u);
+}
+
+template <class T>
+__device__ __forceinline__ void get_rows_f(const uint8_t* table, int n_cols, const int* ids, float* out) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n_cols) return;
+  const int r = blockIdx.y;
+  out[static_cast<size_t>(r) * n_cols + i] = T::at(table, static_cast<size_t>(ids[r]) * n_cols + i);
+}
+
+#define GET_ROWS(NAME, IMPL, T)                                                                      \
+  extern "C" __global__ void NAME(const uint8_t* table, int n_cols, const int* ids, float* out) { \
+    IMPL<T>(table, n_cols, ids, out);                                                                \
+  }
+GET_ROWS(get_rows_q4_0, get_rows_q, Q4_0)
+GET_ROWS(get_rows_q5_0, get_rows_q, Q5_0)
+GET_ROWS(get_rows_q8_0, get_rows_q, Q8_0)
+GET_ROWS(get_rows_q4_k, get_rows_q, Q4_K)
+GET_ROWS(get_rows_q5_k, get_rows_q, Q5_K)
+GET_ROWS(get_rows_q6_k, get_rows_q, Q6_K)
+GET_ROWS(get_rows_f32, get_rows_f, F32W)
+GET_ROWS(get_rows_f16, get_rows_f, F16W)
+GET_ROWS(get_rows_bf16, get_rows_f, BF16W)
+
+// ---- activation quantization -------------------------------------------------------------------
+
+/// Q8_0 as lib/quant/q8_0.zig's quantize: per 32 values d = amax/127 (stored as f16),
+/// q = round_half_even(x * (127/amax)). The calling warp holds one unit, value `lane` in v.
+__device__ __forceinline__ void quant_unit_q8_0(float v, int8_t* q, float* d) {
+  const int lane = threadIdx.x & 31;
+  const float amax = warp_max(fabsf(v));
+  const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+  q[lane] = static_cast<int8_t>(max(-128, min(127, __float2int_rn(v * id))));
+  if (lane == 0) *d = round_f16(amax / 127.0f);
+}
+
+/// Q8_K as lib/quant/q8_k.zig's quantize: per 256 values, max = the first value of largest
+/// magnitude, iscale = -127/max, q = min(round_half_even(x * iscale), 127), d = 1/iscale (f32).
+/// The calling warp holds one superblock, values lane*8 .. lane*8+7 in v; d is written per 32.
+__device__ __forceinline__ void quant_super_q8_k(const float* v, int8_t* q, float* d) {
+  const int lane = threadIdx.x & 31;
+  float best = -1.0f, best_v = 0.0f;
+  int best_i = 0;
+#pragma unroll
+  for (int k = 0; k < 8; k++) {
+    if (fabsf(v[k]) > best) {
+      best = fabsf(v[k]);
+      best_v = v[k];
+      best_i = lane * 8 + k;
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ob = __shfl_xor_sync(FULL_MASK, best, o);
+    const float ov = __shfl_xor_sync(FULL_MASK, best_v, o);
+    const int oi = __shfl_xor_sync(FULL_MASK, best_i, o);
+    if (ob > best || (ob == best && oi < best_i)) {
+      best = ob;
+      best_v = ov;
+      best_i = oi;
+    }
+  }
+  if (best == 0.0f) {
+#pragma unroll
+    for (int k = 0; k < 8; k++) q[lane * 8 + k] = 0;
+    if (lane < 8) d[lane] = 0.0f;
+    return;
+  }
+  const float iscale = -127.0f / best_v;
+#pragma unroll
+  for (int k = 0; k < 8; k++) q[lane * 8 + k] = static_cast<int8_t>(min(__float2int_rn(v[k] * iscale), 127));
+  if (lane < 8) d[lane] = 1.0f / iscale;
+}
+
+/// One warp per unit; x is n_units*32 contiguous values.
+extern "C" __global__ void quantize_q8_0(const float* x, int n_units, int8_t* q, float* d) {
+  const int unit = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  if (unit >= n_units) return;
+  const size_t base = static_cast<size_t>(unit) * 32;
+  quant_unit_q8_0(x[base + (threadIdx.x & 31)], q + base, d + unit);
+}
+
+/// One warp per superblock of 256 values.
+extern "C" __global__ void quantize_q8_k(const float* x, int n_super, int8_t* q, float* d) {
+  const int sb = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  if (sb >= n_super) return;
+  const float* xs = x + static_cast<size_t>(sb) * 256;
+  float v[8];
+#pragma unroll
+  for (int k = 0; k < 8; k++) v[k] = xs[lane * 8 + k];
+  quant_super_q8_k(v, q + static_cast<size_t>(sb) * 256, d + static_cast<size_t>(sb) * 8);
+}
+
+// ---- matrix × vector(s) ------------------------------------------------------------------------
+// y[t][o] = W[o] · x[t]. One warp per output row, 4 rows per block of 128 threads; each lane takes
+// 32-value units lane, lane+32, ...; NT tokens share each weight load (NT = 8 for prefill).
+
+template <class T, int NT>
+__device__ __forceinline__ void matvec_q(const uint8_t* __restrict__ w, int n_out, int n_in,
+                                         const int8_t* __restrict__ xq, const float* __restrict__ xd, int n_tok,
+                                         float* __restrict__ y, int row_block) {
+  const int lane = threadIdx.x & 31;
+  const int row = row_block * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (row >= n_out) return;
+  const int t0 = blockIdx.y * NT;
+  const int units = n_in >> 5;
+  const size_t row_bytes = static_cast<size_t>(n_in / T::BV) * T::BB;
+  const uint8_t* wr = w + static_cast<size_t>(row) * row_bytes;
+  float acc[NT], accm[NT];
+#pragma unroll
+  for (int t = 0; t < NT; t++) acc[t] = accm[t] = 0.0f;
+#pragma unroll 2
+  for (int u = lane; u < units; u += 32) {
+    typename T::W wt;
+    T::load(wr, u, wt);
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+      if (NT == 1 || t0 + t < n_tok) {
+        const int4* xp = reinterpret_cast<const int4*>(xq + static_cast<size_t>(t0 + t) * n_in + 32 * u);
+        const int4 a = xp[0], b = xp[1];
+        const int x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        T::dot(wt, x, xd[static_cast<size_t>(t0 + t) * units + u], acc[t], accm[t]);
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < NT; t++) {
+    const float s = warp_sum(acc[t]) - warp_sum(accm[t]);
+    if (lane == 0 && (NT == 1 || t0 + t < n_tok)) y[static_cast<size_t>(t0 + t) * n_out + row] = s;
+  }
+}
+
+template <class T, int NT>
+__device__ __forceinline__ void matvec_f(const uint8_t* __restrict__ w, int n_out, int n_in,
+                                         const float* __restrict__ x, int n_tok, float* __restrict__ y) {
+  const int lane = threadIdx.x & 31;
+  const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (row >= n_out) return;
+  const int t0 = blockIdx.y * NT;
+  const size_t base = static_cast<size_t>(row) * n_in;
+  float acc[NT];
+#pragma unroll
+  for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+  for (int i = lane; i < n_in; i += 32) {
+    const float wv = T::at(w, base + i);
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+      if (NT == 1 || t0 + t < n_tok) {
+        acc[t] = __fmaf_rn(wv, T::act(x[static_cast<size_t>(t0 + t) * n_in + i]), acc[t]);
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < NT; t++) {
+    const float s = warp_sum(acc[t]);
+    if (lane == 0 && (NT == 1 || t0 + t < n_tok)) y[static_cast<size_t>(t0 + t) * n_out + row] = s;
+  }
+}
+
+#define MATVEC_Q(NAME, T, NT)                                                                              \
+  extern "C" __global__ void __launch_bounds__(128) NAME(const uint8_t* w, int n_out, int n_in, const int8_t* xq, \
+                                                         const float* xd, int n_tok, float* y) {              \
+    matvec_q<T, NT>(w, n_out, n_in, xq, xd, n_tok, y, blockIdx.x);                                          \
+  }
+#define MATVEC_F(NAME, T, NT)                                                                           \
+  extern "C" __global__ void __launch_bounds__(128) NAME(const uint8_t* w, int n_out, int n_in, const float* x, \
+                                                         int n_tok, float* y) {                            \
+    matvec_f<T, NT>(w, n_out, n_in, x, n_tok, y);                                                        \
+  }
+MATVEC_Q(matvec_q4_0_1, Q4_0, 1)
+MATVEC_Q(matvec_q4_0_8, Q4_0, 8)
+MATVEC_Q(matvec_q5_0_1, Q5_0, 1)
+MATVEC_Q(matvec_q5_0_8, Q5_0, 8)
+MATVEC_Q(matvec_q8_0_1, Q8_0, 1)
+MATVEC_Q(matvec_q8_0_8, Q8_0, 8)
+MATVEC_Q(matvec_q4_k_1, Q4_K, 1)
+MATVEC_Q(matvec_q4_k_8, Q4_K, 8)
+MATVEC_Q(matvec_q5_k_1, Q5_K, 1)
+MATVEC_Q(matvec_q5_k_8, Q5_K, 8)
+MATVEC_Q(matvec_q6_k_1, Q6_K, 1)
+MATVEC_Q(matvec_q6_k_8, Q6_K, 8)
+MATVEC_F(matvec_f32_1, F32W, 1)
+MATVEC_F(matvec_f32_8, F32W, 8)
+MATVEC_F(matvec_f16_1, F16W, 1)
+MATVEC_F(matvec_f16_8, F16W, 8)
+MATVEC_F(matvec_bf16_1, BF16W, 1)
+MATVEC_F(matvec_bf16_8, BF16W, 8)
+
+// Up to three matrices with the same type, input and one token (q/k/v, gate/up) in one launch:
+// row blocks [0, b0) go to matrix 0, the next b1 to matrix 1, the rest to matrix 2. Each row is
+// computed exactly as matvec_*_1 computes it.
+template <class T>
+__device__ __forceinline__ void matvec_multi(const uint8_t* w0, int n0, float* y0, const uint8_t* w1, int n1,
+                                             float* y1, const uint8_t* w2, int n2, float* y2, int n_in,
+                                             const int8_t* xq, const float* xd) {
+  const int rows_per_block = blockDim.x >> 5;
+  const int b0 = (n0 + rows_per_block - 1) / rows_per_block, b1 = (n1 + rows_per_block - 1) / rows_per_block;
+  const int rb = blockIdx.x;
+  if (rb < b0) matvec_q<T, 1>(w0, n0, n_in, xq, xd, 1, y0, rb);
+  else if (rb < b0 + b1) matvec_q<T, 1>(w1, n1, n_in, xq, xd, 1, y1, rb - b0);
+  else matvec_q<T, 1>(w2, n2, n_in, xq, xd, 1, y2, rb - b0 - b1);
+}
+
+#define MATVEC_MULTI(NAME, T)                                                                                   \
+  extern "C" __global__ void __launch_bounds__(128)                                                            \
+      NAME(const uint8_t* w0, int n0, float* y0, const uint8_t* w1, int n1, float* y1, const uint8_t* w2, int n2, \
+           float* y2, int n_in, const int8_t* xq, const float* xd) {                                            \
+    matvec_multi<T>(w0, n0, y0, w1, n1, y1, w2, n2, y2, n_in, xq, xd);                                         \
+  }
+MATVEC_MULTI(matvec_multi_q4_0, Q4_0)
+MATVEC_MULTI(matvec_multi_q5_0, Q5_0)
+MATVEC_MULTI(matvec_multi_q8_0, Q8_0)
+MATVEC_MULTI(matvec_multi_q4_k, Q4_K)
+MATVEC_MULTI(matvec_multi_q5_k, Q5_K)
+MATVEC_MULTI(matvec_multi_q6_k, Q6_K)
+
+// ---- RMSNorm ---------------------------------------------------------------------------------
+// One block per row. lib/cpu/norm.zig: squares in f32 summed in f64, mean rounded to f32,
+// scale = 1/sqrtf(mean + eps), y = (x * scale) * w.
+
+__device__ __forceinline__ float rms_scale(const float* x, int n_cols, float eps) {
+  double s = 0.0;
+  for (int i = threadIdx.x; i < n_cols; i += blockDim.x) s += static_cast<double>(x[i] * x[i]);
+  s = block_sum_d(s);
+  const float mean = static_cast<float>(s / static_cast<double>(n_cols));
+  return 1.0f / sqrtf(mean + eps);
+}
+
+extern "C" __global__ void rms_norm(const float* x, const float* w, int n_cols, float eps, float* out) {
+  const size_t base = static_cast<size_t>(blockIdx.x) * n_cols;
+  const float scale = rms_scale(x + base, n_cols, eps);
+  for (int i = threadIdx.x; i < n_cols; i += blockDim.x) {
+    const float v = x[base + i] * scale;
+    out[base + i] = w ? v * w[i] : v;
+  }
+}
+
+/// residual += (x * scale) * w (Gemma's post-norms fused with the residual add).
+extern "C" __global__ void rms_norm_add(const float* x, const float* w, int n_cols, float eps, float* residual) {
+  const size_t base = static_cast<size_t>(blockIdx.x) * n_cols;
+  const float scale = rms_scale(x + base, n_cols, eps);
+  for (int i = threadIdx.x; i < n_cols; i += blockDim.x) residual[base + i] += (x[base + i] * scale) * w[i];
+}
+
+/// Quantizes row `base` of n_cols values, value i being f(i) (mode 0: Q8_0 units, one warp each;
+/// mode 1: Q8_K superblocks), and writes the values to out as well.
+template <class F>
+__device__ __forceinline__ void store_quantized_row(F f, size_t base, int n_cols, float* out, int mode, int8_t* q,
+                                                    float* d) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  if (mode == 0) {
+    for (int u = warp; u < (n_cols >> 5); u += warps) {
+      const int i = u * 32 + lane;
+      const float v = f(i);
+      out[base + i] = v;
+      quant_unit_q8_0(v, q + base + u * 32, d + base / 32 + u);
+    }
+  } else {
+    for (int sb = warp; sb < (n_cols >> 8); sb += warps) {
+      float v[8];
+#pragma unroll
+      for (int k = 0; k < 8; k++) {
+        const int i = sb * 256 + lane * 8 + k;
+        v[k] = f(i);
+        out[base + i] = v[k];
+      }
+      quant_super_q8_k(v, q + base + sb * 256, d + base / 32 + sb * 8);
+    }
+  }
+}
+
+/// rms_norm, then the result quantized for the matmuls that read it (rms_norm + quantize_*).
+/// The row and the weights are staged in shared memory (2 * n_cols floats) by the first pass, so
+/// the quantizing pass waits on no global load.
+extern "C" __global__ void rms_norm_q(const float* x, const float* w, int n_cols, float eps, float* out, int mode,
+                                      int8_t* q, float* d) {
+  extern __shared__ float row[];
+  float* wrow = row + n_cols;
+  const size_t base = static_cast<size_t>(blockIdx.x) * n_cols;
+  double s = 0.0;
+  for (int i = threadIdx.x; i < n_cols; i += blockDim.x) {
+    const float v = x[base + i];
+    row[i] = v;
+    if (w) wrow[i] = w[i];
+    s += static_cast<double>(v * v);
+  }
+  s = block_sum_d(s);  // as rms_scale, term for term; its barriers also publish row[] and wrow[]
+  const float mean = static_cast<float>(s / static_cast<double>(n_cols));
+  const float scale = 1.0f / sqrtf(mean + eps);
+  store_quantized_row([&](int i) { const float v = row[i] * scale; return w ? v * wrow[i] : v; }, base, n_cols, out,
+                      mode, q, d);
+}
+
+/// sum = a + b (may alias a), then rms_norm(sum) quantized: add + rms_norm + quantize_*.
+/// Dynamic shared memory: 2 * n_cols floats (the sums, the weights).
+extern "C" __global__ void add_rms_norm_q(const float* a, const float* b, float* sum, const float* w, int n_cols,
+                                          float eps, float* out, int mode, int8_t* q, float* d) {
+  extern __shared__ float row[];
+  float* wrow = row + n_cols;
+  const size_t base = static_cast<size_t>(blockIdx.x) * n_cols;
+  double s = 0.0;
+  for (int i = threadIdx.x; i < n_cols; i += blockDim.x) {
+    const float v = a[base + i] + b[base + i];
+    row[i] = v;
+    if (w) wrow[i] = w[i];
+    sum[base + i] = v;
+    s += static_cast<double>(v * v);
+  }
+  s = block_sum_d(s);
+  const float mean = static_cast<float>(s / static_cast<double>(n_cols));
+  const float scale = 1.0f / sqrtf(mean + eps);
+  store_quantized_row([&](int i) { const float v = row[i] * scale; return w ? v * wrow[i] : v; }, base, n_cols, out,
+                      mode, q, d);
+}
+
+/// In-place rms_norm of two tensors of rows of n_cols (Qwen 3's query and key head norms) in one
+/// launch: blocks [0, rows_a) take xa with wa, the rest xb with wb; each row as rms_norm does it.
+extern "C" __global__ void rms_norm2(float* xa, const float* wa, int rows_a, float* xb, const float* wb, int n_cols,
+                                     float eps) {
+  const bool first = static_cast<int>(blockIdx.x) < rows_a;
+  float* x = first ? xa + static_cast<size_t>(blockIdx.x) * n_cols
+                   : xb + static_cast<size_t>(blockIdx.x - rows_a) * n_cols;
+  const float* w = first ? wa : wb;
+  const float scale = rms_scale(x, n_cols, eps);
+  for (int i = threadIdx.x; i < n_cols; i += blockDim.x) {
+    const float v = x[i] * scale;
+    x[i] = w ? v * w[i] : v;
+  }
+}
+
+// ---- RoPE ------------------------------------------------------------------------------------
+// One block per (token, head), one thread per rotated pair. lib/cpu/rope.zig: theta starts at
+// (float)pos and is multiplied by theta_scale once per pair; angle = freq_scale * (theta / ff).
+
+__device__ __forceinline__ void rope_pair(float* head, int pos, int n_rot, float theta_scale, float freq_scale,
+                                          int neox, const float* ff) {
+  const int half = n_rot >> 1;
+  const int i = threadIdx.x;
+  if (i >= half) return;
+  float theta = static_cast<float>(pos);
+  for (int k = 0; k < i; k++) theta *= theta_scale;
+  const float angle = freq_scale * (theta / (ff ? ff[i] : 1.0f));
+  const float c = cosf(angle), s = sinf(angle);
+  const int ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
+  const float a = head[ia], b = head[ib];
+  head[ia] = __fmaf_rn(a, c, -__fmul_rn(b, s));
+  head[ib] = __fmaf_rn(a, s, __fmul_rn(b, c));
+}
+
+extern "C" __global__ void rope(float* x, int n_heads, int head_dim, int n_rot, const int* positions,
+                                float theta_scale, float freq_scale, int neox, const float* ff) {
+  const int t = blockIdx.x / n_heads;
+  rope_pair(x + static_cast<size_t>(blockIdx.x) * head_dim, positions[t], n_rot, theta_scale, freq_scale, neox, ff);
+}
+
+/// The queries' and the keys' RoPE in one launch (same positions and parameters).
+extern "C" __global__ void rope2(float* xa, int heads_a, float* xb, int heads_b, int head_dim, int n_rot,
+                                 const int* positions, float theta_scale, float freq_scale, int neox, const float* ff) {
+  const int per_token = heads_a + heads_b;
+  const int t = blockIdx.x / per_token, h = blockIdx.x % per_token;
+  float* head = h < heads_a ? xa + (static_cast<size_t>(t) * heads_a + h) * head_dim
+                            : xb + (static_cast<size_t>(t) * heads_b + (h - heads_a)) * head_dim;
+  rope_pair(head, positions[t], n_rot, theta_scale, freq_scale, neox, ff);
+}
+
+// ---- KV cache ----------------------------------------------------------------------------------
+
+/// Row t of k and v (kv_dim values each) into cell positions[t] (mod cells for a ring), as f16.
+extern "C" __global__ void kv_store(const float* k, const float* v, int kv_dim, __half* kc, __half* vc,
+                                    const int* positions, int cells, int ring) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= kv_dim) return;
+  const int t = blockIdx.y;
+  const int pos = positions[t];
+  const int cell = ring ? pos % cells : pos;
+  if (cell < 0 || cell >= cells) return;
+  const size_t src = static_cast<size_t>(t) * kv_dim + i, dst = static_cast<size_t>(cell) * kv_dim + i;
+  kc[dst] = __float2half_rn(k[src]);
+  vc[dst] = __float2half_rn(v[src]);
+}
+
+// ---- attention ---------------------------------------------------------------------------------
+// Three launches, each over (query row = token * n_head + head, split of the visible keys):
+//   attn_scores   s_j = scale * (f16(q) · K_j) for the split's keys into scores[row][j - begin],
+//                 and the split's max
+//   attn_values   M = max of the splits' maxima, S = Σ_j ggml_expf(s_j - M) over all visible keys
+//                 (f64), p_j = f16(ggml_expf(s_j - M) * (float)(1/S)); the split's Σ p_j V_j
+//   attn_combine  out = Σ over splits (only when n_split > 1)
+// which is lib/cpu/attention_f16.zig's arithmetic (llama.cpp's CPU graph) in another summation
+// order. A query at position p sees keys max(0, p + 1 - window) .. p (all of them: window 0).
+
+struct AttnRow {
+  int row, t, h, kvh, begin, len, s0, s1;
+};
+
+__device__ __forceinline__ AttnRow attn_row(const int* positions, int n_head, int n_kv_head, int window,
+                                            int n_split) {
+  AttnRow r;
+  r.row = blockIdx.x;
+  r.t = r.row / n_head;
+  r.h = r.row % n_head;
+  r.kvh = r.h / (n_head / n_kv_head);
+  const int p = positions[r.t];
+  r.begin = (window > 0 && p + 1 > window) ? p + 1 - window : 0;
+  r.len = p + 1 - r.begin;
+  const int chunk = (r.len + n_split - 1) / n_split;
+  r.s0 = min(r.len, static_cast<int>(blockIdx.y) * chunk);
+  r.s1 = min(r.len, r.s0 + chunk);
+  return r;
+}
+
+__device__ __forceinline__ int attn_cell(int j, int cells, int ring) { return ring ? j % cells : j; }
+
+constexpr int ATTN_THREADS = 128;
+constexpr int HEAD_DIM_MAX = 512;
+constexpr int ATTN_TILE = 256;
+
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
+    attn_scores(const float* q, const __half* kc, const int* positions, int n_head, int n_kv_head, int head_dim,
+                int window, int cells, int ring, float scale, float* scores, int score_stride, float* split_max,
+                int n_split) {
+  __shared__ float qs[HEAD_DIM_MAX];
+  const AttnRow r = attn_row(positions, n_head, n_kv_head, window, n_split);
+  for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+    qs[d] = round_f16(q[static_cast<size_t>(r.row) * head_dim + d]);
+  }
+  __syncthreads();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int kv_dim = n_kv_head * head_dim;
+  float m = -INFINITY;
+  for (int jj = r.s0 + warp; jj < r.s1; jj += warps) {
+    const __half* kr = kc + static_cast<size_t>(attn_cell(r.begin + jj, cells, ring)) * kv_dim + r.kvh * head_dim;
+    float s = 0.0f;
+    for (int d = lane; d < head_dim; d += 32) s = __fmaf_rn(__half2float(kr[d]), qs[d], s);
+    s = warp_sum(s) * scale;
+    if (lane == 0) scores[static_cast<size_t>(r.row) * score_stride + jj] = s;
+    m = fmaxf(m, s);
+  }
+  m = block_max(m);
+  if (threadIdx.x == 0) split_max[static_cast<size_t>(r.row) * n_split + blockIdx.y] = m;
+}
+
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
+    attn_values(const float* scores, int score_stride, const float* split_max, const __half* vc,
+                const int* positions, int n_head, int n_kv_head, int head_dim, int window, int cells, int ring,
+                int n_split, float* out, float* partial) {
+  __shared__ float ps[ATTN_TILE];
+  __shared__ float red[ATTN_THREADS * 4];
+  const AttnRow r = attn_row(positions, n_head, n_kv_head, window, n_split);
+  // Thread layout: head_dim <= 128: G groups of head_dim threads, group g takes keys i ≡ g (mod G);
+  // head_dim > 128: one group, each thread takes dims tid, tid + 128, ... (at most 4).
+  const int G = head_dim <= ATTN_THREADS ? ATTN_THREADS / head_dim : 1;
+  const int g = head_dim <= ATTN_THREADS ? threadIdx.x / head_dim : 0;
+  const int d0 = head_dim <= ATTN_THREADS ? threadIdx.x % head_dim : threadIdx.x;
+  float* dst = n_split == 1 ? out + static_cast<size_t>(r.row) * head_dim
+                            : partial + (static_cast<size_t>(r.row) * n_split + blockIdx.y) * head_dim;
+  if (r.s0 >= r.s1) {  // an empty split (short context): contributes zeros
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) dst[d] = 0.0f;
+    return;
+  }
+  float M = -INFINITY;
+  for (int s = 0; s < n_split; s++) M = fmaxf(M, split_max[static_cast<size_t>(r.row) * n_split + s]);
+  const float* sr = scores + static_cast<size_t>(r.row) * score_stride;
+  double sum = 0.0;
+  for (int jj = threadIdx.x; jj < r.len; jj += blockDim.x) sum += static_cast<double>(ggml_expf(sr[jj] - M));
+  sum = block_sum_d(sum);
+  const float inv = static_cast<float>(1.0 / sum);
+  const int kv_dim = n_kv_head * head_dim;
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int tile = r.s0; tile < r.s1; tile += ATTN_TILE) {
+    const int tn = min(ATTN_TILE, r.s1 - tile);
+    __syncthreads();  // the previous tile's ps is no longer read
+    for (int i = threadIdx.x; i < tn; i += blockDim.x) ps[i] = round_f16(__fmul_rn(ggml_expf(sr[tile + i] - M), inv));
+    __syncthreads();
+    if (g < G) {
+      for (int i = g; i < tn; i += G) {
+        const __half* vr =
+            vc + static_cast<size_t>(attn_cell(r.begin + tile + i, cells, ring)) * kv_dim + r.kvh * head_dim;
+        const float p = ps[i];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+          const int d = d0 + k * ATTN_THREADS;
+          if ((head_dim > ATTN_THREADS || k == 0) && d < head_dim) acc[k] = __fmaf_rn(p, __half2float(vr[d]), acc[k]);
+        }
+      }
+    }
+  }
+  if (G > 1) {
+    __syncthreads();
+    if (g < G) red[threadIdx.x] = acc[0];
+    __syncthreads();
+    if (g == 0) {
+      float s = 0.0f;
+      for (int k = 0; k < G; k++) s += red[k * head_dim + d0];
+      dst[d0] = s;
+    }
+  } else if (g == 0) {  // head_dim not dividing 128 leaves threads with g == 1 idle
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+      const int d = d0 + k * ATTN_THREADS;
+      if ((head_dim > ATTN_THREADS || k == 0) && d < head_dim) dst[d] = acc[k];
+    }
+  }
+}
+
+extern "C" __global__ void attn_combine(const float* partial, int n_split, int head_dim, float* out) {
+  const int d = threadIdx.x;
+  if (d >= head_dim) return;
+  const size_t row = blockIdx.x;
+  float s = 0.0f;
+  for (int k = 0; k < n_split; k++) s += partial[(row * n_split + k) * head_dim + d];
+  out[row * head_dim + d] = s;
+}
+
+// ---- element-wise ----------------------------------------------------------------------------
+
+/// ggml_gelu_f32 as lib/cpu/act.zig's geluTanh (its f16 table entry, rounded through f16).
+__device__ __forceinline__ float gelu_f16_table(float x) {
+  if (x <= -10.0f) return 0.0f;
+  if (x >= 10.0f) return x;
+  const float h = round_f16(x);
+  const float sqrt_2_over_pi = 0.79788456080286535587989211986876f;
+  const float coef_a = 0.044715f;
+  const float inner = sqrt_2_over_pi * h * __fmaf_rn(coef_a * h, h, 1.0f);
+  return round_f16(0.5f * h * (1.0f + tanhf(inner)));
+}
+
+extern "C" __global__ void gelu_mul(const float* gate, const float* up, int n, float* out) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = gelu_f16_table(gate[i]) * up[i];
+}
+
+extern "C" __global__ void silu_mul(const float* gate, const float* up, int n, float* out) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) {
+    const float g = gate[i];
+    out[i] = (g / (1.0f + expf(-g))) * up[i];
+  }
+}
+
+extern "C" __global__ void add(const float* a, const float* b, int n, float* out) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = a[i] + b[i];
+}
+
+extern "C" __global__ void scale(float* x, int n, float s) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] *= s;
+}
+
+extern "C" __global__ void add_row_bias(float* x, const float* bias, int n, int n_cols) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] += bias[i % n_cols];
+}
+
+/// gelu_mul / silu_mul, then the product quantized (mode 0: one warp per 32 values; mode 1: one
+/// warp per 256). n_groups units or superblocks of contiguous values.
+template <int SILU>
+__device__ __forceinline__ float gated_act(float g, float u) {
+  if (SILU) return (g / (1.0f + expf(-g))) * u;
+  return gelu_f16_table(g) * u;
+}
+
+template <int SILU>
+__device__ __forceinline__ void act_mul_q(const float* gate, const float* up, int n_groups, float* out, int mode,
+                                          int8_t* q, float* d) {
+  const int group = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  if (group >= n_groups) return;
+  if (mode == 0) {
+    const size_t i = static_cast<size_t>(group) * 32 + lane;
+    const float v = gated_act<SILU>(gate[i], up[i]);
+    out[i] = v;
+    quant_unit_q8_0(v, q + static_cast<size_t>(group) * 32, d + group);
+  } else {
+    const size_t base = static_cast<size_t>(group) * 256 + lane * 8;
+    float v[8];
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+      v[k] = gated_act<SILU>(gate[base + k], up[base + k]);
+      out[base + k] = v[k];
+    }
+    quant_super_q8_k(v, q + static_cast<size_t>(group) * 256, d + static_cast<size_t>(group) * 8);
+  }
+}
+
+extern "C" __global__ void gelu_mul_q(const float* gate, const float* up, int n_groups, float* out, int mode,
+                                      int8_t* q, float* d) {
+  act_mul_q<0>(gate, up, n_groups, out, mode, q, d);
+}
+
+extern "C" __global__ void silu_mul_q(const float* gate, const float* up, int n_groups, float* out, int mode,
+                                      int8_t* q, float* d) {
+  act_mul_q<1>(gate, up, n_groups, out, mode, q, d);
+}

@@ -1,0 +1,266 @@
+// ggml's block layouts (bit-exact with lib/quant/*.zig), seen in units of 32 values.
+// For each type:
+//   BV, BB        values and bytes per block
+//   dequant(row, u, y)   y[0..32] = values 32u .. 32u+31 of the row, with the CPU's arithmetic
+//   W, load(row, u, w)   the unit's quants as 8 words of 4 bytes (value i in byte i%4 of word i/4)
+//   dot(w, x, dx, acc, accm)   adds the unit's dot with 32 int8 activation quants x (scale dx),
+//                        the way the CPU's vec_dot combines them; the result is acc - accm
+// Activations are quantized like the CPU's vec_dot_type: Q8_0 blocks for Q4_0/Q5_0/Q8_0, Q8_K
+// superblocks for the K-quants (one scale per 256 values, repeated per 32-value unit here).
+#pragma once
+#include "common.cuh"
+
+__device__ __forceinline__ int dp4a(int a, int b, int c) { return __dp4a(a, b, c); }
+
+/// Sum of the 32 activation quants of a unit.
+__device__ __forceinline__ int sum_x(const int* x) {
+  int s = 0;
+#pragma unroll
+  for (int i = 0; i < 8; i++) s = dp4a(0x01010101, x[i], s);
+  return s;
+}
+
+/// Bit 4 of byte k = bit k of h (k < 4): Q5_0's fifth bits.
+__device__ __forceinline__ uint32_t spread4(uint32_t h) {
+  return ((h & 1u) << 4) | ((h & 2u) << 11) | ((h & 4u) << 18) | ((h & 8u) << 25);
+}
+
+struct Q4_0 {
+  static constexpr int BV = 32, BB = 18;
+  struct W { int v[8]; float d; };
+  __device__ static void load(const uint8_t* row, int u, W& w) {
+    const uint8_t* b = row + static_cast<size_t>(u) * BB;
+    w.d = ld_f16(b);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const uint32_t q = ld_u32_a2(b + 2 + 4 * i);
+      w.v[i] = q & 0x0F0F0F0Fu;
+      w.v[4 + i] = (q >> 4) & 0x0F0F0F0Fu;
+    }
+  }
+  __device__ static void dot(const W& w, const int* x, float dx, float& acc, float&) {
+    int s = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) s = dp4a(w.v[i], x[i], s);
+    s -= 8 * sum_x(x);
+    acc = __fmaf_rn(static_cast<float>(s), w.d * dx, acc);
+  }
+  __device__ static void dequant(const uint8_t* row, int u, float* y) {
+    const uint8_t* b = row + static_cast<size_t>(u) * BB;
+    const float d = ld_f16(b);
+    for (int j = 0; j < 16; j++) {
+      const int q = b[2 + j];
+      y[j] = static_cast<float>((q & 15) - 8) * d;
+      y[j + 16] = static_cast<float>((q >> 4) - 8) * d;
+    }
+  }
+};
+
+struct Q5_0 {
+  static constexpr int BV = 32, BB = 22;
+  struct W { int v[8]; float d; };
+  __device__ static void load(const uint8_t* row, int u, W& w) {
+    const uint8_t* b = row + static_cast<size_t>(u) * BB;
+    w.d = ld_f16(b);
+    const uint32_t qh = ld_u32_a2(b + 2);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const uint32_t q = ld_u32_a2(b + 6 + 4 * i);
+      w.v[i] = (q & 0x0F0F0F0Fu) | spread4((qh >> (4 * i)) & 15u);
+      w.v[4 + i] = ((q >> 4) & 0x0F0F0F0Fu) | spread4((qh >> (16 + 4 * i)) & 15u);
+    }
+  }
+  __device__ static void dot(const W& w, const int* x, float dx, float& acc, float&) {
+    int s = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) s = dp4a(w.v[i], x[i], s);
+    s -= 16 * sum_x(x);
+    acc = __fmaf_rn(static_cast<float>(s), w.d * dx, acc);
+  }
+  __device__ static void dequant(const uint8_t* row, int u, float* y) {
+    const uint8_t* b = row + static_cast<size_t>(u) * BB;
+    const float d = ld_f16(b);
+    const uint32_t qh = ld_u32_a2(b + 2);
+    for (int j = 0; j < 32; j++) {
+      const int q = b[6 + (j & 15)];
+      const int low = j < 16 ? (q & 15) : (q >> 4);
+      const int v = low | (static_cast<int>((qh >> j) & 1u) << 4);
+      y[j] = static_cast<float>(v - 16) * d;
+    }
+  }
+};
+
+struct Q8_0 {
+  static constexpr int BV = 32, BB = 34;
+  struct W { int v[8]; float d; };
+  __device__ static void load(const uint8_t* row, int u, W& w) {
+    const uint8_t* b = row + static_cast<size_t>(u) * BB;
+    w.d = ld_f16(b);
+#pragma unroll
+    for (int i = 0; i < 8; i++) w.v[i] = ld_u32_a2(b + 2 + 4 * i);
+  }
+  __device__ static void dot(const W& w, const int* x, float dx, float& acc, float&) {
+    int s = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) s = dp4a(w.v[i], x[i], s);
+    acc = __fmaf_rn(static_cast<float>(s), w.d * dx, acc);
+  }
+  __device__ static void dequant(const uint8_t* row, int u, float* y) {
+    const uint8_t* b = row + static_cast<size_t>(u) * BB;
+    const float d = ld_f16(b);
+    for (int j = 0; j < 32; j++) y[j] = static_cast<float>(static_cast<int8_t>(b[2 + j])) * d;
+  }
+};
+
+/// Scale and min of sub-block j (0..7) of a Q4_K/Q5_K superblock (ggml's get_scale_min_k4).
+__device__ __forceinline__ void scale_min_k4(const uint8_t* s, int j, int& sc, int& m) {
+  if (j < 4) {
+    sc = s[j] & 63;
+    m = s[j + 4] & 63;
+  } else {
+    sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+    m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+struct Q4_K {
+  static constexpr int BV = 256, BB = 144;
+  struct W { int v[8]; float d, dmin; int sc, m; };
+  __device__ static void load(const uint8_t* row, int u, W& w) {
+    const uint8_t* b = row + static_cast<size_t>(u >> 3) * BB;
+    const int j = u & 7;
+    w.d = ld_f16(b);
+    w.dmin = ld_f16(b + 2);
+    scale_min_k4(b + 4, j, w.sc, w.m);
+    const uint4* p = reinterpret_cast<const uint4*>(b + 16 + 32 * (j >> 1));
+    const uint4 a = p[0], c = p[1];
+    const uint32_t q[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
+    const int shift = (j & 1) * 4;
+#pragma unroll
+    for (int i = 0; i < 8; i++) w.v[i] = (q[i] >> shift) & 0x0F0F0F0Fu;
+  }
+  __device__ static void dot(const W& w, const int* x, float dx, float& acc, float& accm) {
+    int s = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) s = dp4a(w.v[i], x[i], s);
+    acc = __fmaf_rn(static_cast<float>(w.sc * s), w.d * dx, acc);
+    accm = __fmaf_rn(static_cast<float>(w.m * sum_x(x)), w.dmin * dx, accm);
+  }
+  __device__ static void dequant(const uint8_t* row, int u, float* y) {
+    const uint8_t* b = row + static_cast<size_t>(u >> 3) * BB;
+    const int j = u & 7;
+    int sc, m;
+    scale_min_k4(b + 4, j, sc, m);
+    const float d1 = ld_f16(b) * static_cast<float>(sc);
+    const float m1 = ld_f16(b + 2) * static_cast<float>(m);
+    const uint8_t* qs = b + 16 + 32 * (j >> 1);
+    const int shift = (j & 1) * 4;
+    for (int l = 0; l < 32; l++) y[l] = d1 * static_cast<float>((qs[l] >> shift) & 15) - m1;
+  }
+};
+
+struct Q5_K {
+  static constexpr int BV = 256, BB = 176;
+  struct W { int v[8]; float d, dmin; int sc, m; };
+  __device__ static void load(const uint8_t* row, int u, W& w) {
+    const uint8_t* b = row + static_cast<size_t>(u >> 3) * BB;
+    const int j = u & 7, c = j >> 1, hi = j & 1;
+    w.d = ld_f16(b);
+    w.dmin = ld_f16(b + 2);
+    scale_min_k4(b + 4, j, w.sc, w.m);
+    const uint4* ph = reinterpret_cast<const uint4*>(b + 16);
+    const uint4* pq = reinterpret_cast<const uint4*>(b + 48 + 32 * c);
+    const uint4 h0 = ph[0], h1 = ph[1], q0 = pq[0], q1 = pq[1];
+    const uint32_t qh[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+    const uint32_t qs[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+    const int hb = 2 * c + hi;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+      w.v[i] = ((qs[i] >> (4 * hi)) & 0x0F0F0F0Fu) | (((qh[i] >> hb) & 0x01010101u) << 4);
+    }
+  }
+  __device__ static void dot(const W& w, const int* x, float dx, float& acc, float& accm) {
+    Q4_K::W k;
+#pragma unroll
+    for (int i = 0; i < 8; i++) k.v[i] = w.v[i];
+    k.d = w.d;
+    k.dmin = w.dmin;
+    k.sc = w.sc;
+    k.m = w.m;
+    Q4_K::dot(k, x, dx, acc, accm);
+  }
+  __device__ static void dequant(const uint8_t* row, int u, float* y) {
+    const uint8_t* b = row + static_cast<size_t>(u >> 3) * BB;
+    const int j = u & 7, c = j >> 1, hi = j & 1;
+    int sc, m;
+    scale_min_k4(b + 4, j, sc, m);
+    const float d1 = ld_f16(b) * static_cast<float>(sc);
+    const float m1 = ld_f16(b + 2) * static_cast<float>(m);
+    const uint8_t* qh = b + 16;
+    const uint8_t* qs = b + 48 + 32 * c;
+    for (int l = 0; l < 32; l++) {
+      const int v = ((qs[l] >> (4 * hi)) & 15) | (((qh[l] >> (2 * c + hi)) & 1) << 4);
+      y[l] = d1 * static_cast<float>(v) - m1;
+    }
+  }
+};
+
+struct Q6_K {
+  static constexpr int BV = 256, BB = 210;
+  struct W { int v[8]; float d; int sc0, sc1; };
+  __device__ static void load(const uint8_t* row, int u, W& w) {
+    const uint8_t* b = row + static_cast<size_t>(u >> 3) * BB;
+    const int k8 = u & 7, h = k8 >> 2, k = k8 & 3;
+    const uint8_t* ql = b + 64 * h + 32 * (k & 1);
+    const uint8_t* qh = b + 128 + 32 * h;
+    const int nib = (k >> 1) * 4, hs = 2 * k;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+      const uint32_t l = ld_u32_a2(ql + 4 * i), hh = ld_u32_a2(qh + 4 * i);
+      w.v[i] = ((l >> nib) & 0x0F0F0F0Fu) | (((hh >> hs) & 0x03030303u) << 4);
+    }
+    w.sc0 = static_cast<int8_t>(b[192 + 8 * h + 2 * k]);
+    w.sc1 = static_cast<int8_t>(b[192 + 8 * h + 2 * k + 1]);
+    w.d = ld_f16(b + 208);
+  }
+  __device__ static void dot(const W& w, const int* x, float dx, float& acc, float&) {
+    int a = 0, c = 0, xa = 0, xc = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      a = dp4a(w.v[i], x[i], a);
+      xa = dp4a(0x01010101, x[i], xa);
+      c = dp4a(w.v[4 + i], x[4 + i], c);
+      xc = dp4a(0x01010101, x[4 + i], xc);
+    }
+    const int s = w.sc0 * (a - 32 * xa) + w.sc1 * (c - 32 * xc);
+    acc = __fmaf_rn(w.d * dx, static_cast<float>(s), acc);
+  }
+  __device__ static void dequant(const uint8_t* row, int u, float* y) {
+    const uint8_t* b = row + static_cast<size_t>(u >> 3) * BB;
+    const int k8 = u & 7, h = k8 >> 2, k = k8 & 3;
+    const uint8_t* ql = b + 64 * h + 32 * (k & 1);
+    const uint8_t* qh = b + 128 + 32 * h;
+    const float d = ld_f16(b + 208);
+    for (int l = 0; l < 32; l++) {
+      const int q = ((ql[l] >> ((k >> 1) * 4)) & 15) | (((qh[l] >> (2 * k)) & 3) << 4);
+      const float scale = d * static_cast<float>(static_cast<int8_t>(b[192 + 8 * h + 2 * k + (l >> 4)]));
+      y[l] = scale * static_cast<float>(q - 32);
+    }
+  }
+};
+
+// Float weights: element loads (ggml types F32 = 0, F16 = 1, BF16 = 30).
+struct F32W {
+  __device__ static float at(const uint8_t* w, size_t i) { return reinterpret_cast<const float*>(w)[i]; }
+  __device__ static float act(float x) { return x; }
+};
+struct F16W {
+  __device__ static float at(const uint8_t* w, size_t i) { return __half2float(reinterpret_cast<const __half*>(w)[i]); }
+  __device__ static float act(float x) { return round_f16(x); }
+};
+struct BF16W {
+  __device__ static float at(const uint8_t* w, size_t i) {
+    return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(w)[i]);
+  }
+  __device__ static float act(float x) { return round_bf16(x); }
+};

@@ -1,0 +1,189 @@
+// Small random-weight GGUFs in quantized types, for comparing backends end to end: a Gemma 3, Llama
+// or Qwen 3 graph whose tensors are Q4_0/Q5_0/Q8_0/F16/BF16 (random f32 quantized by the library's
+// reference quantizer) or Q4_K/Q5_K/Q6_K (random valid blocks with moderate scales), with the toy
+// SentencePiece vocabulary of tiny-gguf.ts. Deterministic for a given spec.
+import { GgmlType, ggmlTypes } from "../../ts/gguf/types.ts";
+import { gguf, writeGguf, type GgufTensorToWrite, type GgufTypedValue } from "../../ts/gguf/writer.ts";
+import { check, native } from "../../ts/native/lib.ts";
+import { toyVocabulary } from "./tiny-gguf.ts";
+
+export interface RandomQuantSpec {
+  readonly arch: "gemma3" | "llama" | "qwen3";
+  readonly layers: number;
+  readonly embedding: number;
+  readonly feedForward: number;
+  readonly heads: number;
+  readonly kvHeads: number;
+  readonly headDim: number;
+  /** Gemma 3's sliding window (local layers). */
+  readonly window?: number;
+  readonly types: {
+    readonly embed: number;
+    readonly attn: number;
+    readonly attnOut: number;
+    readonly ffn: number;
+    readonly ffnDown: number;
+    /** A separate LM head (output.weight); tied to token_embd when absent. */
+    readonly output?: number;
+  };
+  readonly seed?: number;
+}
+
+function rng(seed: number): () => number {
+  let s = seed >>> 0 || 1;
+  return () => {
+    s ^= s << 13; s >>>= 0;
+    s ^= s >>> 17;
+    s ^= s << 5; s >>>= 0;
+    return s;
+  };
+}
+
+/** Uniform in [-1, 1). */
+function uniform(next: () => number): number {
+  return (next() / 2 ** 32) * 2 - 1;
+}
+
+/** The library's f16 bits of v (round to nearest even). */
+function f16Bits(v: number): number {
+  const out = new Uint8Array(2);
+  check(native().infer_quantize_row(GgmlType.F16, new Float32Array([v]), 1, out), "f16");
+  return out[0] | (out[1] << 8);
+}
+
+/** `count` values of `type`: random f32 with the given spread, quantized, or random K blocks. */
+export function randomTensorData(type: number, count: number, seed: number, spread: number): Uint8Array {
+  const info = ggmlTypes.get(type);
+  if (!info) throw new Error(`random-quant-gguf: unknown type ${type}`);
+  const next = rng(seed * 2654435761);
+  if (type === GgmlType.Q4_K || type === GgmlType.Q5_K || type === GgmlType.Q6_K) {
+    const blocks = count / 256;
+    const data = new Uint8Array(blocks * info.blockBytes);
+    for (let i = 0; i < data.length; i++) data[i] = next() & 255;
+    const view = new DataView(data.buffer);
+    // Scales chosen so that the weights spread about `spread` around zero (see quant.cuh layouts).
+    const table = (base: number) => Array.from({ length: 16 }, (_, i) => f16Bits(base * (0.75 + i / 32)));
+    if (type === GgmlType.Q6_K) {
+      const d = table(spread / 83);
+      for (let b = 0; b < blocks; b++) {
+        const o = b * info.blockBytes;
+        for (let k = 0; k < 16; k++) data[o + 192 + k] = ((next() % 16) - 8) & 255; // int8 scales -8..7
+        view.setUint16(o + 208, d[next() & 15], true);
+      }
+    } else {
+      const q5 = type === GgmlType.Q5_K;
+      const d = table(spread / (q5 ? 330 : 160)), dmin = table((spread / (q5 ? 330 : 160)) * (q5 ? 15.5 : 7.5));
+      for (let b = 0; b < blocks; b++) {
+        const o = b * info.blockBytes, r = next();
+        view.setUint16(o, d[r & 15], true);
+        view.setUint16(o + 2, dmin[(r >>> 4) & 15], true);
+      }
+    }
+    return data;
+  }
+  const values = new Float32Array(count);
+  for (let i = 0; i < count; i++) values[i] = uniform(next) * spread * 1.7;
+  if (type === GgmlType.F32) return new Uint8Array(values.buffer);
+  const out = new Uint8Array((count / info.blockValues) * info.blockBytes);
+  check(native().infer_quantize_row(type, values, count, out), `quantize ${info.name}`);
+  return out;
+}
+
+export function randomQuantGguf(spec: RandomQuantSpec): Uint8Array {
+  const s = spec, arch = s.arch, vocab = toyVocabulary();
+  const e = s.embedding, qd = s.heads * s.headDim, kvd = s.kvHeads * s.headDim, ff = s.feedForward;
+  let seed = (s.seed ?? 1) * 1000;
+  const tensors: GgufTensorToWrite[] = [];
+  const matrix = (name: string, type: number, dims: number[]) => {
+    tensors.push({ name, type, dims, data: randomTensorData(type, dims[0] * dims[1], ++seed, 1 / Math.sqrt(dims[0])) });
+  };
+  const vector = (name: string, n: number, centre: number, spread: number) => {
+    const next = rng(++seed);
+    const v = new Float32Array(n);
+    for (let i = 0; i < n; i++) v[i] = centre + spread * uniform(next);
+    tensors.push({ name, type: GgmlType.F32, dims: [n], data: new Uint8Array(v.buffer) });
+  };
+  tensors.push({ name: "token_embd.weight", type: s.types.embed, dims: [e, vocab.tokens.length],
+    data: randomTensorData(s.types.embed, e * vocab.tokens.length, ++seed, 1) });
+  vector("output_norm.weight", e, 1, 0.1);
+  if (s.types.output !== undefined) matrix("output.weight", s.types.output, [e, vocab.tokens.length]);
+  if (arch === "llama") vector("rope_freqs.weight", s.headDim / 2, 2, 1);
+  for (let i = 0; i < s.layers; i++) {
+    const p = `blk.${i}`;
+    vector(`${p}.attn_norm.weight`, e, 1, 0.1);
+    matrix(`${p}.attn_q.weight`, s.types.attn, [e, qd]);
+    matrix(`${p}.attn_k.weight`, s.types.attn, [e, kvd]);
+    matrix(`${p}.attn_v.weight`, s.types.attn, [e, kvd]);
+    if (arch !== "llama") {
+      vector(`${p}.attn_q_norm.weight`, s.headDim, 1, 0.1);
+      vector(`${p}.attn_k_norm.weight`, s.headDim, 1, 0.1);
+    }
+    matrix(`${p}.attn_output.weight`, s.types.attnOut, [qd, e]);
+    if (arch === "gemma3") vector(`${p}.post_attention_norm.weight`, e, 1, 0.1);
+    vector(`${p}.ffn_norm.weight`, e, 1, 0.1);
+    matrix(`${p}.ffn_gate.weight`, s.types.ffn, [e, ff]);
+    matrix(`${p}.ffn_up.weight`, s.types.ffn, [e, ff]);
+    matrix(`${p}.ffn_down.weight`, s.types.ffnDown, [ff, e]);
+    if (arch === "gemma3") vector(`${p}.post_ffw_norm.weight`, e, 1, 0.1);
+  }
+  const metadata: [string, GgufTypedValue][] = [
+    ["general.architecture", gguf.str(arch)],
+    ["general.name", gguf.str(`random-${arch}`)],
+    [`${arch}.context_length`, gguf.u32(4096)],
+    [`${arch}.embedding_length`, gguf.u32(e)],
+    [`${arch}.block_count`, gguf.u32(s.layers)],
+    [`${arch}.feed_forward_length`, gguf.u32(ff)],
+    [`${arch}.attention.head_count`, gguf.u32(s.heads)],
+    [`${arch}.attention.head_count_kv`, gguf.u32(s.kvHeads)],
+    [`${arch}.attention.key_length`, gguf.u32(s.headDim)],
+    [`${arch}.attention.value_length`, gguf.u32(s.headDim)],
+    [`${arch}.attention.layer_norm_rms_epsilon`, gguf.f32(1e-6)],
+    [`${arch}.rope.freq_base`, gguf.f32(arch === "llama" ? 500000 : 1e6)],
+    [`${arch}.rope.dimension_count`, gguf.u32(s.headDim)],
+    ["tokenizer.ggml.model", gguf.str("llama")],
+    ["tokenizer.ggml.tokens", gguf.strs(vocab.tokens)],
+    ["tokenizer.ggml.scores", gguf.f32s(vocab.scores)],
+    ["tokenizer.ggml.token_type", gguf.i32s(vocab.types)],
+    ["tokenizer.ggml.bos_token_id", gguf.u32(2)],
+    ["tokenizer.ggml.eos_token_id", gguf.u32(1)],
+    ["tokenizer.ggml.unknown_token_id", gguf.u32(3)],
+    ["tokenizer.ggml.padding_token_id", gguf.u32(0)],
+    ["tokenizer.ggml.add_bos_token", gguf.bool(true)],
+    ["tokenizer.ggml.add_space_prefix", gguf.bool(false)],
+  ];
+  if (arch === "gemma3") metadata.push([`${arch}.attention.sliding_window`, gguf.u32(s.window ?? 16)]);
+  return writeGguf(metadata, tensors);
+}
+
+/**
+ * A Gemma 3 270M-like mix: Q8_0 embeddings, Q5_0/Q8_0 where rows are 640 long, Q4_K/Q6_K elsewhere.
+ * Every spec has its own LM head: with random tied embeddings the input token's own row dominates
+ * and greedy decoding repeats one token, which would test little.
+ */
+export const gemmaMixed: RandomQuantSpec = {
+  arch: "gemma3", layers: 6, embedding: 640, feedForward: 2048, heads: 4, kvHeads: 1, headDim: 256, window: 16,
+  types: { embed: GgmlType.Q8_0, attn: GgmlType.Q5_0, attnOut: GgmlType.Q4_K, ffn: GgmlType.Q8_0, ffnDown: GgmlType.Q6_K,
+    output: GgmlType.Q8_0 },
+  seed: 3,
+};
+
+export const llamaQ4_0: RandomQuantSpec = {
+  arch: "llama", layers: 4, embedding: 512, feedForward: 1536, heads: 8, kvHeads: 2, headDim: 64,
+  types: { embed: GgmlType.Q4_0, attn: GgmlType.Q4_0, attnOut: GgmlType.Q4_0, ffn: GgmlType.Q4_0, ffnDown: GgmlType.Q4_0,
+    output: GgmlType.Q6_K },
+  seed: 5,
+};
+
+export const qwen3KQuants: RandomQuantSpec = {
+  arch: "qwen3", layers: 3, embedding: 256, feedForward: 768, heads: 4, kvHeads: 2, headDim: 128,
+  types: { embed: GgmlType.Q8_0, attn: GgmlType.Q4_K, attnOut: GgmlType.Q5_K, ffn: GgmlType.Q4_K, ffnDown: GgmlType.Q6_K,
+    output: GgmlType.Q6_K },
+  seed: 7,
+};
+
+export const llamaFloat: RandomQuantSpec = {
+  arch: "llama", layers: 2, embedding: 128, feedForward: 256, heads: 4, kvHeads: 4, headDim: 32,
+  types: { embed: GgmlType.F16, attn: GgmlType.F16, attnOut: GgmlType.BF16, ffn: GgmlType.F32, ffnDown: GgmlType.F16,
+    output: GgmlType.BF16 },
+  seed: 9,
+};

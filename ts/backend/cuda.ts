@@ -1,0 +1,579 @@
+// The CUDA backend: weights uploaded once from the mmap'd GGUF into device memory, activations and
+// the f16 KV cache on the device, each op one or a few kernel launches on one stream (lib/cuda/,
+// shaders/cuda/infer.cu). Nothing waits for the GPU until read() copies a result back.
+//
+// Decode steps (one token) are replayed as CUDA graphs: from setTokens(…, 1) to read() the ops are
+// recorded with a hash of every argument; a sequence seen once before is captured into a graph,
+// and from then on the same sequence launches that graph. Kernels read positions from the device
+// (setPositions uploads them), so the same graph serves every position. INFER_CUDA_GRAPHS=0, or
+// { graphs: false }, runs every op eagerly.
+import { InferError } from "../errors.ts";
+import type { GgufFile, GgufTensorInfo } from "../gguf/reader.ts";
+import { GgmlType } from "../gguf/types.ts";
+import { cudaCaptureEnd, cudaHostAlloc, cudaInit, cudaMalloc } from "../native/cuda.ts";
+import { check, native, type Pointer } from "../native/lib.ts";
+import type {
+  Activation, AttentionOptions, Backend, KvLayer, KvType, RopeOptions, Weight,
+} from "./backend.ts";
+
+type Lib = ReturnType<typeof native>;
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+type NativeFn = (...args: any[]) => number;
+
+class CudaWeight implements Weight {
+  constructor(readonly name: string, readonly typeName: string, readonly typeId: number,
+    readonly dims: readonly number[], readonly address: number, readonly activationFormat: number) {}
+}
+
+class CudaActivation implements Activation {
+  /** Bumped by every op that writes the activation (keys the quantized-activation cache). */
+  version = 0;
+  /** Pinned host copy for read(), allocated on the first read. */
+  host: Float32Array | null = null;
+  hostAddress = 0;
+  constructor(readonly name: string, readonly rows: number, readonly cols: number, readonly address: number) {}
+}
+
+class CudaKvLayer implements KvLayer {
+  constructor(readonly cells: number, readonly ring: boolean, readonly kvHeads: number,
+    readonly headDim: number, readonly k: number, readonly v: number) {}
+}
+
+function w(x: Weight): CudaWeight { return x as CudaWeight; }
+function a(x: Activation): CudaActivation { return x as CudaActivation; }
+
+export interface CudaBackendOptions {
+  /** Replay decode steps as CUDA graphs (default: on unless INFER_CUDA_GRAPHS=0). */
+  readonly graphs?: boolean;
+  /** Fuse recorded decode steps' ops (default: on unless INFER_CUDA_FUSE=0); see fuse(). */
+  readonly fusion?: boolean;
+}
+
+/** Attention scratch above this many f32 values is split into chunks of query rows. */
+const ATTENTION_SCRATCH_BUDGET = 64 << 20;
+const HEAD_DIM_MAX = 512;
+const GRAPHS_MAX = 8;
+const NAN_BITS = 0x7fc00000;
+
+type Arg = number | boolean;
+interface PendingOp { code: number; fn: NativeFn; args: Arg[]; what: string }
+
+// Op codes (the first argument of op()); the peephole in fuse() matches on them.
+const RMS_NORM = 3, QUANTIZE = 5, MATMUL = 6, ROPE = 7, GELU = 10, SILU = 11, ADD = 12;
+/** Fused norms keep a row and its weights in shared memory (lib/cuda/cuda.zig fused_cols_max). */
+const FUSED_COLS_MAX = 6144;
+
+export class CudaBackend implements Backend {
+  readonly name = "cuda";
+  private readonly lib: Lib;
+  private readonly graphsEnabled: boolean;
+  private readonly fusion: boolean;
+  private readonly deviceAllocations = new Set<number>();
+  private readonly hostAllocations: number[] = [];
+  private readonly weights = new Map<string, CudaWeight>();
+  private disposed = false;
+  // Quantized copy of one activation (int8 values + one f32 scale per 32) for quantized matmuls.
+  private xq = 0;
+  private xd = 0;
+  private xCapacity = 0;
+  private largestActivation = 0;
+  private cached: { act: CudaActivation; version: number; mode: number; first: number; rows: number } | null = null;
+  private scratch = 0;
+  private scratchFloats = 0;
+  // The step: token ids and positions as last uploaded.
+  private hostIds = new Int32Array(256);
+  private idCount = 0;
+  private positionsAct: CudaActivation | null = null;
+  private positionStart = 0;
+  private positionCount = 0;
+  // Graph recording.
+  private recording = false;
+  private pending: PendingOp[] = [];
+  private h1 = 0;
+  private h2 = 0;
+  private readonly hashF64 = new Float64Array(1);
+  private readonly hashU32 = new Uint32Array(this.hashF64.buffer);
+  private readonly graphs = new Map<string, number>();
+  private readonly seen = new Set<string>();
+  /** Decode steps run op by op, graphs captured and replayed; launch calls in the last step before and after fusion. */
+  readonly stats = { eagerSteps: 0, captures: 0, graphLaunches: 0, stepOps: 0, stepOpsFused: 0 };
+
+  private constructor(options: CudaBackendOptions) {
+    this.lib = native();
+    this.graphsEnabled = options.graphs ?? process.env.INFER_CUDA_GRAPHS !== "0";
+    this.fusion = options.fusion ?? process.env.INFER_CUDA_FUSE !== "0";
+  }
+
+  /** Initialises CUDA (throws "CUDA not available: …" as an InferError) and makes a backend. */
+  static open(options: CudaBackendOptions = {}): CudaBackend {
+    cudaInit();
+    return new CudaBackend(options);
+  }
+
+  // ---- memory -------------------------------------------------------------------------------
+
+  private alloc(bytes: number, what: string): number {
+    if (this.disposed) throw new InferError("internal", "the CUDA backend was disposed");
+    const address = cudaMalloc(Math.max(bytes, 4), what);
+    this.deviceAllocations.add(address);
+    return address;
+  }
+
+  private release(address: number): void {
+    if (address === 0 || !this.deviceAllocations.delete(address)) return;
+    this.lib.infer_cuda_free(address);
+  }
+
+  weight(file: GgufFile, t: GgufTensorInfo): Weight {
+    const key = `${file.path}\u0000${t.name}`;
+    const known = this.weights.get(key);
+    if (known) return known;
+    const format = this.lib.infer_cuda_weight_activation(t.type.id);
+    if (format === -2) {
+      throw new InferError("unsupported", `tensor '${t.name}' has quant type ${t.type.name}, ` +
+        "which the CUDA backend does not compute yet");
+    }
+    const address = this.alloc(t.byteLength, `uploading '${t.name}' (${t.byteLength} bytes)`);
+    check(this.lib.infer_cuda_upload(address, file.tensorAddress(t) as Pointer, t.byteLength), `upload ${t.name}`);
+    const weight = new CudaWeight(t.name, t.type.name, t.type.id, t.dims, address, format);
+    this.weights.set(key, weight);
+    return weight;
+  }
+
+  activation(name: string, rows: number, cols: number): Activation {
+    const values = rows * cols;
+    this.largestActivation = Math.max(this.largestActivation, values);
+    return new CudaActivation(name, rows, cols, this.alloc(values * 4, `activation '${name}'`));
+  }
+
+  positions(rows: number): Activation {
+    return this.activation("positions", rows, 1);
+  }
+
+  kvLayer(cells: number, kvHeads: number, headDim: number, type: KvType, ring: boolean): KvLayer {
+    if (type !== "f16") {
+      throw new InferError("unsupported", `the CUDA backend keeps the KV cache in f16, not ${type}`);
+    }
+    if (headDim > HEAD_DIM_MAX) {
+      throw new InferError("unsupported", `head_dim ${headDim} is over the CUDA backend's ${HEAD_DIM_MAX}`);
+    }
+    const bytes = cells * kvHeads * headDim * 2;
+    return new CudaKvLayer(cells, ring, kvHeads, headDim, this.alloc(bytes, `KV cache (${cells} cells)`),
+      this.alloc(bytes, `KV cache (${cells} cells)`));
+  }
+
+  /** Frees every device and pinned allocation and graph; the backend is unusable afterwards. */
+  dispose(): void {
+    if (this.disposed) return;
+    try { this.lib.infer_cuda_sync(); } catch { /* freeing anyway */ }
+    this.destroyGraphs();
+    for (const address of this.deviceAllocations) this.lib.infer_cuda_free(address);
+    this.deviceAllocations.clear();
+    for (const address of this.hostAllocations) this.lib.infer_cuda_host_free(address);
+    this.hostAllocations.length = 0;
+    this.weights.clear();
+    this.disposed = true;
+  }
+
+  // ---- recording and graphs -----------------------------------------------------------------
+
+  private mix(v: number): void {
+    this.hashF64[0] = v;
+    this.h1 = Math.imul(this.h1 ^ this.hashU32[0], 0x9e3779b1);
+    this.h1 = (this.h1 << 13) | (this.h1 >>> 19);
+    this.h2 = Math.imul(this.h2 ^ this.hashU32[1] ^ this.h1, 0x85ebca77);
+    this.h2 = (this.h2 << 17) | (this.h2 >>> 15);
+  }
+
+  /** Runs (or records, during a decode step) one native launch call. */
+  private op(code: number, fn: NativeFn, args: Arg[], what: string): void {
+    if (!this.recording) {
+      check(fn(...args), what);
+      return;
+    }
+    this.pending.push({ code, fn, args, what });
+    this.mix(code);
+    for (const v of args) this.mix(+v);
+  }
+
+  private runPending(ops: PendingOp[]): void {
+    for (const p of ops) check(p.fn(...p.args), p.what);
+  }
+
+  /** Runs what was recorded so far eagerly and records no more in this step. */
+  private stopRecording(): void {
+    if (!this.recording) return;
+    this.recording = false;
+    const ops = this.pending;
+    this.pending = [];
+    this.runPending(ops);
+  }
+
+  private finishStep(): void {
+    this.recording = false;
+    const recorded = this.pending;
+    this.pending = [];
+    const key = `${this.h1 >>> 0}:${this.h2 >>> 0}:${recorded.length}`;
+    const ops = this.fusion ? this.fuse(recorded) : recorded;
+    this.stats.stepOps = recorded.length;
+    this.stats.stepOpsFused = ops.length;
+    let exec = this.graphs.get(key);
+    if (exec === undefined && this.seen.has(key)) {
+      check(this.lib.infer_cuda_capture_begin(), "CUDA graph capture");
+      try {
+        this.runPending(ops);
+      } catch (err) {
+        this.lib.infer_cuda_capture_abort();
+        throw err;
+      }
+      exec = cudaCaptureEnd();
+      if (this.graphs.size >= GRAPHS_MAX) {
+        const [oldest, handle] = this.graphs.entries().next().value as [string, number];
+        this.lib.infer_cuda_graph_destroy(handle);
+        this.graphs.delete(oldest);
+      }
+      this.graphs.set(key, exec);
+      this.stats.captures++;
+    }
+    if (exec !== undefined) {
+      check(this.lib.infer_cuda_graph_launch(exec), "CUDA graph launch");
+      this.stats.graphLaunches++;
+      return;
+    }
+    this.seen.add(key);
+    this.stats.eagerSteps++;
+    this.runPending(ops);
+  }
+
+  /**
+   * Peephole over a recorded step: add → rms_norm → quantize, rms_norm → quantize and
+   * gelu/silu → quantize become one kernel each; two or three one-token matmuls over the same
+   * quantized input (q/k/v, gate/up) one launch; the queries' and keys' RoPE, and their head
+   * norms, one launch each. Every
+   * fused kernel computes its parts' values bit for bit (the unfused path, INFER_CUDA_GRAPHS=0,
+   * is the reference the tests compare it with); fewer launches make a shorter graph.
+   */
+  private fuse(ops: PendingOp[]): PendingOp[] {
+    const L = this.lib, out: PendingOp[] = [];
+    const num = (o: PendingOp) => o.args as number[];
+    for (let i = 0; i < ops.length; i++) {
+      const o = ops[i], n1 = ops[i + 1], n2 = ops[i + 2];
+      if (o.code === ADD && n1?.code === RMS_NORM && n2?.code === QUANTIZE) {
+        const [a, b, n, sum] = num(o), [x, w, rows, cols, eps, normed] = num(n1), [qx, qr, qc, mode, q, d] = num(n2);
+        if (x === sum && rows * cols === n && qx === normed && qr === rows && qc === cols && cols <= FUSED_COLS_MAX) {
+          out.push({ code: -1, fn: L.infer_cuda_add_rms_norm_quant, args: [a, b, sum, w, rows, cols, eps, normed, mode, q, d],
+            what: "add + rms_norm + quantize" });
+          i += 2;
+          continue;
+        }
+      }
+      if (o.code === RMS_NORM && n1?.code === QUANTIZE) {
+        const [x, w, rows, cols, eps, normed] = num(o), [qx, qr, qc, mode, q, d] = num(n1);
+        if (qx === normed && qr === rows && qc === cols && cols <= FUSED_COLS_MAX) {
+          out.push({ code: -1, fn: L.infer_cuda_rms_norm_quant, args: [x, w, rows, cols, eps, normed, mode, q, d],
+            what: "rms_norm + quantize" });
+          i += 1;
+          continue;
+        }
+      }
+      if (o.code === RMS_NORM && n1?.code === RMS_NORM) {
+        // Two in-place norms of the same width (the query and key head norms).
+        const [xa, wa, ra, ca, ea, oa] = num(o), [xb, wb, rb, cb, eb, ob] = num(n1);
+        if (xa === oa && xb === ob && ca === cb && ea === eb && xa !== xb) {
+          out.push({ code: -1, fn: L.infer_cuda_rms_norm2, args: [xa, wa, ra, xb, wb, rb, ca, ea], what: "rms_norm (q and k heads)" });
+          i += 1;
+          continue;
+        }
+      }
+      if ((o.code === GELU || o.code === SILU) && n1?.code === QUANTIZE) {
+        const [g, u, n, y] = num(o), [qx, qr, qc, mode, q, d] = num(n1);
+        if (qx === y && qr * qc === n) {
+          out.push({ code: -1, fn: L.infer_cuda_act_mul_quant, args: [o.code === SILU ? 1 : 0, g, u, qr, qc, y, mode, q, d],
+            what: "gated activation + quantize" });
+          i += 1;
+          continue;
+        }
+      }
+      if (o.code === MATMUL && n1?.code === MATMUL) {
+        // [w, type, n_out, n_in, x, xq, xd, rows, out]
+        const first = num(o), group = [first];
+        const quantized = first[4] === 0 && first[5] !== 0 && first[7] === 1;
+        for (let j = i + 1; quantized && j < ops.length && group.length < 3 && ops[j].code === MATMUL; j++) {
+          const m = num(ops[j]);
+          if (m[1] !== first[1] || m[3] !== first[3] || m[4] !== 0 || m[5] !== first[5] || m[6] !== first[6] || m[7] !== 1) break;
+          group.push(m);
+        }
+        if (group.length >= 2) {
+          const [a, b, c] = [group[0], group[1], group[2] ?? [0, 0, 0, 0, 0, 0, 0, 0, 0]];
+          out.push({ code: -1, fn: L.infer_cuda_matmul_multi, args: [first[1], first[3], first[5], first[6],
+            a[0], a[2], a[8], b[0], b[2], b[8], c[0], c[2], c[8]], what: `${group.length} matmuls` });
+          i += group.length - 1;
+          continue;
+        }
+      }
+      if (o.code === ROPE && n1?.code === ROPE) {
+        // [x, rows, heads, headDim, rot, positions, base, scale, mode, factors]
+        const A = num(o), B = num(n1);
+        if ([1, 3, 4, 5, 6, 7, 8, 9].every((k) => A[k] === B[k])) {
+          out.push({ code: -1, fn: L.infer_cuda_rope2, args: [A[0], A[2], B[0], B[2], A[1], A[3], A[4], A[5], A[6], A[7],
+            A[8], A[9]], what: "rope (q and k)" });
+          i += 1;
+          continue;
+        }
+      }
+      out.push(o);
+    }
+    return out;
+  }
+
+  private destroyGraphs(): void {
+    for (const handle of this.graphs.values()) this.lib.infer_cuda_graph_destroy(handle);
+    this.graphs.clear();
+    this.seen.clear();
+  }
+
+  /** Scratch reallocation: recorded ops and graphs point at the old buffers. */
+  private beforeRealloc(): void {
+    this.stopRecording();
+    this.destroyGraphs();
+    check(this.lib.infer_cuda_sync(), "CUDA sync");
+  }
+
+  // ---- the step's inputs --------------------------------------------------------------------
+
+  setTokens(dst: Activation, ids: ArrayLike<number>, count: number): void {
+    this.stopRecording(); // a step that never reached read()
+    if (count > dst.rows) throw new InferError("invalid_argument", `${count} tokens do not fit ${dst.rows} rows`);
+    if (this.hostIds.length < count) this.hostIds = new Int32Array(count);
+    for (let i = 0; i < count; i++) this.hostIds[i] = ids[i];
+    this.idCount = count;
+    check(this.lib.infer_cuda_upload(a(dst).address, this.hostIds, count * 4), "upload token ids");
+    if (this.graphsEnabled && count === 1) {
+      this.recording = true;
+      this.h1 = 0x12345678;
+      this.h2 = 0x9abcdef0;
+    }
+  }
+
+  setPositions(dst: Activation, start: number, count: number): void {
+    if (count > dst.rows) throw new InferError("invalid_argument", `${count} positions do not fit ${dst.rows} rows`);
+    const host = new Int32Array(count);
+    for (let i = 0; i < count; i++) host[i] = start + i;
+    check(this.lib.infer_cuda_upload(a(dst).address, host, count * 4), "upload positions");
+    this.positionsAct = a(dst);
+    this.positionStart = start;
+    this.positionCount = count;
+  }
+
+  /** The device positions of rows position .. position + rows - 1 (uploaded by setPositions). */
+  private positionsFor(position: number, rows: number): CudaActivation {
+    const p = this.positionsAct;
+    if (!p || position !== this.positionStart || rows > this.positionCount) {
+      throw new InferError("internal", `the CUDA backend reads positions from setPositions: ` +
+        `${rows} rows at ${position} asked, ${this.positionCount} at ${this.positionStart} set`);
+    }
+    return p;
+  }
+
+  // ---- ops ----------------------------------------------------------------------------------
+
+  embed(table: Weight, ids: Activation, rows: number, out: Activation): void {
+    const t = w(table);
+    if (rows > this.idCount) throw new InferError("internal", `embed: ${rows} ids asked, ${this.idCount} set`);
+    for (let i = 0; i < rows; i++) {
+      const id = this.hostIds[i];
+      if (id < 0 || id >= t.dims[1]) {
+        throw new InferError("invalid_argument", `token id ${id} is out of range (vocabulary: ${t.dims[1]})`);
+      }
+    }
+    this.op(1, this.lib.infer_cuda_get_rows, [t.typeId, t.address, t.dims[0], rows, a(ids).address, a(out).address],
+      `embed ${t.name}`);
+    a(out).version++;
+  }
+
+  scale(x: Activation, rows: number, factor: number): void {
+    this.op(2, this.lib.infer_cuda_scale, [a(x).address, rows * x.cols, factor], "scale");
+    a(x).version++;
+  }
+
+  rmsNorm(x: Activation, weight: Weight | null, rows: number, eps: number, out: Activation): void {
+    this.op(3, this.lib.infer_cuda_rms_norm, [a(x).address, weight ? w(weight).address : 0, rows, x.cols, eps,
+      a(out).address], "rms_norm");
+    a(out).version++;
+  }
+
+  rmsNormAdd(x: Activation, weight: Weight, rows: number, eps: number, residual: Activation): void {
+    this.op(4, this.lib.infer_cuda_rms_norm_add, [a(x).address, w(weight).address, rows, x.cols, eps,
+      a(residual).address], "rms_norm_add");
+    a(residual).version++;
+  }
+
+  rmsNormHeads(x: Activation, weight: Weight, rows: number, heads: number, eps: number): void {
+    const headDim = x.cols / heads;
+    this.op(3, this.lib.infer_cuda_rms_norm, [a(x).address, w(weight).address, rows * heads, headDim, eps,
+      a(x).address], "rms_norm (heads)");
+    a(x).version++;
+  }
+
+  /** Makes xq/xd hold rows firstRow .. firstRow + rows - 1 of x in activation format `mode`. */
+  private quantized(x: CudaActivation, firstRow: number, rows: number, mode: number): void {
+    const c = this.cached;
+    if (c && c.act === x && c.version === x.version && c.mode === mode && c.first === firstRow && c.rows >= rows) return;
+    const values = rows * x.cols;
+    if (values > this.xCapacity) {
+      if (this.xq !== 0) this.beforeRealloc();
+      this.release(this.xq);
+      this.release(this.xd);
+      this.xq = this.xd = 0;
+      const capacity = Math.max(values, this.largestActivation);
+      this.xq = this.alloc(capacity, "quantized activations");
+      this.xd = this.alloc(Math.ceil(capacity / 32) * 4, "activation scales");
+      this.xCapacity = capacity;
+    }
+    this.op(5, this.lib.infer_cuda_quantize, [x.address + firstRow * x.cols * 4, rows, x.cols, mode, this.xq, this.xd],
+      "quantize activations");
+    this.cached = { act: x, version: x.version, mode, first: firstRow, rows };
+  }
+
+  matmul(weight: Weight, x: Activation, rows: number, out: Activation, firstRow = 0): void {
+    const t = w(weight), xa = a(x);
+    if (t.dims[0] !== x.cols) throw new InferError("invalid_argument", `matmul ${t.name}: x has ${x.cols} columns`);
+    if (t.activationFormat >= 0) {
+      this.quantized(xa, firstRow, rows, t.activationFormat);
+      this.op(6, this.lib.infer_cuda_matmul, [t.address, t.typeId, t.dims[1], t.dims[0], 0, this.xq, this.xd, rows,
+        a(out).address], `matmul ${t.name}`);
+    } else {
+      this.op(6, this.lib.infer_cuda_matmul, [t.address, t.typeId, t.dims[1], t.dims[0],
+        xa.address + firstRow * x.cols * 4, 0, 0, rows, a(out).address], `matmul ${t.name}`);
+    }
+    a(out).version++;
+  }
+
+  rope(x: Activation, positions: Activation, rows: number, o: RopeOptions): void {
+    let factors = 0;
+    if (o.freqFactors) {
+      const f = w(o.freqFactors);
+      if (f.typeId !== GgmlType.F32 || f.dims[0] * 2 !== o.rotaryDims) {
+        throw new InferError("bad_model", `rope factors '${f.name}' must be ${o.rotaryDims / 2} f32 values`);
+      }
+      factors = f.address;
+    }
+    this.op(7, this.lib.infer_cuda_rope, [a(x).address, rows, o.heads, o.headDim, o.rotaryDims, a(positions).address,
+      o.base, o.scale, o.neox ? 2 : 0, factors], "rope");
+    a(x).version++;
+  }
+
+  storeKv(layer: KvLayer, k: Activation, v: Activation, rows: number, position: number): void {
+    const l = layer as CudaKvLayer;
+    if (!l.ring && position + rows > l.cells) {
+      throw new InferError("context_overflow", `KV cache holds ${l.cells} positions, ${position + rows} needed`);
+    }
+    if (rows > l.cells) throw new InferError("invalid_argument", `${rows} rows do not fit a ring of ${l.cells}`);
+    const kvDim = l.kvHeads * l.headDim;
+    if (k.cols !== kvDim || v.cols !== kvDim) throw new InferError("invalid_argument", "storeKv: k/v width is not kvHeads·headDim");
+    const p = this.positionsFor(position, rows);
+    this.op(8, this.lib.infer_cuda_kv_store, [a(k).address, a(v).address, kvDim, rows, l.k, l.v, p.address, l.cells,
+      l.ring], "kv_store");
+  }
+
+  attention(q: Activation, layer: KvLayer, rows: number, position: number, o: AttentionOptions,
+    out: Activation): void {
+    const l = layer as CudaKvLayer;
+    if (l.ring && (o.window === 0 || l.cells < o.window + rows - 1)) {
+      throw new InferError("invalid_argument", `attention: a ring of ${l.cells} cells needs a window and at least ` +
+        `window + rows - 1 = ${o.window + rows - 1} cells`);
+    }
+    const p = this.positionsFor(position, rows);
+    // Decode: split the keys over blocks so that a long context fills the GPU; prefill has rows.
+    const split = rows <= 2 ? Math.min(32, Math.max(1, Math.ceil(l.cells / 256))) : 1;
+    const need = (n: number) => Number(this.lib.infer_cuda_attention_scratch(n, o.heads, o.headDim, l.cells, split));
+    let chunk = rows;
+    while (chunk > 1 && need(chunk) > ATTENTION_SCRATCH_BUDGET) chunk = Math.ceil(chunk / 2);
+    const floats = need(chunk);
+    if (floats > this.scratchFloats) {
+      if (this.scratch !== 0) this.beforeRealloc();
+      this.release(this.scratch);
+      this.scratch = 0;
+      const capacity = Math.max(floats, Math.min(ATTENTION_SCRATCH_BUDGET, need(q.rows)));
+      this.scratch = this.alloc(capacity * 4, "attention scratch");
+      this.scratchFloats = capacity;
+    }
+    const rowBytes = q.cols * 4;
+    for (let r0 = 0; r0 < rows; r0 += chunk) {
+      const n = Math.min(chunk, rows - r0);
+      this.op(9, this.lib.infer_cuda_attention, [a(q).address + r0 * rowBytes, l.k, l.v, a(out).address + r0 * rowBytes,
+        p.address + r0 * 4, n, o.heads, o.kvHeads, o.headDim, o.window, l.cells, l.ring, o.scale, this.scratch,
+        this.scratchFloats, split], "attention");
+    }
+    a(out).version++;
+  }
+
+  geluMul(gate: Activation, up: Activation, rows: number, out: Activation): void {
+    this.op(10, this.lib.infer_cuda_gelu_mul, [a(gate).address, a(up).address, rows * gate.cols, a(out).address], "gelu_mul");
+    a(out).version++;
+  }
+
+  siluMul(gate: Activation, up: Activation, rows: number, out: Activation): void {
+    this.op(11, this.lib.infer_cuda_silu_mul, [a(gate).address, a(up).address, rows * gate.cols, a(out).address], "silu_mul");
+    a(out).version++;
+  }
+
+  add(x: Activation, y: Activation, rows: number, out: Activation): void {
+    this.op(12, this.lib.infer_cuda_add, [a(x).address, a(y).address, rows * x.cols, a(out).address], "add");
+    a(out).version++;
+  }
+
+  addBias(x: Activation, bias: Weight, rows: number): void {
+    const b = w(bias);
+    if (b.typeId !== GgmlType.F32 || b.dims.length !== 1 || b.dims[0] !== x.cols) {
+      throw new InferError("bad_model", `bias '${b.name}' must be ${x.cols} f32 values`);
+    }
+    this.op(13, this.lib.infer_cuda_add_row_bias, [a(x).address, b.address, rows, x.cols], `add bias ${b.name}`);
+    a(x).version++;
+  }
+
+  read(x: Activation, rows: number): Float32Array {
+    if (this.recording) this.finishStep();
+    const xa = a(x);
+    if (!xa.host) {
+      const { address, buffer } = cudaHostAlloc(x.rows * x.cols * 4, `host copy of '${x.name}'`);
+      this.hostAllocations.push(address);
+      xa.host = new Float32Array(buffer);
+      xa.hostAddress = address;
+    }
+    const bytes = rows * x.cols * 4;
+    check(this.lib.infer_cuda_download(xa.hostAddress as Pointer, xa.address, bytes), `read ${x.name}`);
+    return xa.host.subarray(0, rows * x.cols);
+  }
+
+  setThreads(_n: number): void {
+    // Kernels run on the GPU; the CPU thread pool is not used.
+  }
+
+  // ---- for tests ----------------------------------------------------------------------------
+
+  /** Copies f32 values (or i32 bit patterns) into the first rows of an activation. */
+  write(x: Activation, values: Float32Array | Int32Array): void {
+    this.stopRecording();
+    if (values.length > x.rows * x.cols) throw new InferError("invalid_argument", `write: ${values.length} values do not fit '${x.name}'`);
+    check(this.lib.infer_cuda_upload(a(x).address, values, values.length * 4), `write ${x.name}`);
+    a(x).version++;
+  }
+
+  /** Fills an activation with NaN, so that a test sees every value an op failed to write. */
+  poison(x: Activation): void {
+    this.stopRecording();
+    check(this.lib.infer_cuda_fill32(a(x).address, NAN_BITS, x.rows * x.cols), `poison ${x.name}`);
+    a(x).version++;
+  }
+
+  /** Reads the KV cache of a layer (f16 bits) for tests. */
+  readKv(layer: KvLayer): { k: Uint16Array; v: Uint16Array } {
+    const l = layer as CudaKvLayer;
+    const n = l.cells * l.kvHeads * l.headDim;
+    const k = new Uint16Array(n), v = new Uint16Array(n);
+    check(this.lib.infer_cuda_download(k, l.k, n * 2), "read kv");
+    check(this.lib.infer_cuda_download(v, l.v, n * 2), "read kv");
+    return { k, v };
+  }
+}

@@ -1,0 +1,37 @@
+// Choosing a backend: `cpu`, `cuda`, or `auto` (CUDA when it is available here, else the CPU).
+// Engine.open takes the kind; the CLI's --backend passes it; INFER_BACKEND sets the default.
+import { InferError } from "../errors.ts";
+import type { Backend } from "./backend.ts";
+import { CpuBackend } from "./cpu.ts";
+import { CudaBackend } from "./cuda.ts";
+
+export const backendKinds = ["cpu", "cuda", "auto"] as const;
+export type BackendKind = (typeof backendKinds)[number];
+
+export function parseBackendKind(value: string, what = "--backend"): BackendKind {
+  if ((backendKinds as readonly string[]).includes(value)) return value as BackendKind;
+  throw new InferError("invalid_argument", `${what} must be one of ${backendKinds.join(", ")}, got '${value}'`);
+}
+
+/** The kind asked for, else INFER_BACKEND, else `fallback`. */
+export function defaultBackendKind(fallback: BackendKind = "cpu"): BackendKind {
+  const env = process.env.INFER_BACKEND;
+  return env ? parseBackendKind(env, "INFER_BACKEND") : fallback;
+}
+
+/**
+ * A backend of `kind`. `cuda` throws InferError("CUDA not available: <reason>") where there is no
+ * driver, GPU or kernel file; `auto` then falls back to the CPU.
+ */
+export function createBackend(kind: BackendKind): Backend {
+  if (kind === "cpu") return new CpuBackend();
+  if (kind === "cuda") return CudaBackend.open();
+  try {
+    return CudaBackend.open();
+  } catch (err) {
+    if (err instanceof InferError && (err.code === "unsupported" || err.code === "native_unavailable")) {
+      return new CpuBackend();
+    }
+    throw err;
+  }
+}

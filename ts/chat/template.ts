@@ -1,0 +1,232 @@
+// Chat templates: the model's own Jinja template from its GGUF (tokenizer.chat_template),
+// rendered with @huggingface/jinja as transformers' apply_chat_template renders it (same globals:
+// bos_token, eos_token, add_generation_prompt, raise_exception, strftime_now; tools = None), or
+// the family's template when the GGUF has none (fallback.ts).
+//
+// Tokenizing the rendered prompt: the template's own text is tokenized with control tokens parsed
+// (its `<start_of_turn>` is the control token), the messages' text without (a user who types
+// `<start_of_turn>` gets those characters, not a turn marker). To know which characters came
+// from a message, the template is rendered a second time with a placeholder for each message's
+// content; the text between placeholders is the template's, and the real rendering is matched
+// against it piece by piece. BOS is added only when the template did not write it itself.
+import { Environment, Interpreter, Template } from "@huggingface/jinja";
+import { InferError } from "../errors.ts";
+import type { Tokenizer } from "../tokenizer/index.ts";
+import { CHATML_TEMPLATE, GEMMA_TEMPLATE, LLAMA3_TEMPLATE } from "./fallback.ts";
+
+export type Role = "system" | "user" | "assistant";
+
+export interface ChatMessage {
+  readonly role: Role;
+  readonly content: string;
+}
+
+export interface RenderOptions {
+  /** End with the header of the assistant's next turn (default true). */
+  readonly addGenerationPrompt?: boolean;
+  /** The clock strftime_now reads (default: now). */
+  readonly now?: Date;
+}
+
+/** Where a template came from: the model file, or infer's fallback for its family. */
+export type TemplateOrigin = "gguf" | "gemma" | "llama3" | "chatml";
+
+const MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August",
+  "September", "October", "November", "December"];
+const DAYS = ["Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday"];
+
+/** Python's datetime.strftime in the C locale, for the directives chat templates use. */
+export function strftime(date: Date, format: string): string {
+  const pad = (n: number, w = 2) => String(n).padStart(w, "0");
+  return format.replace(/%[aAbBdHIjmMpSyY%]/g, (d) => {
+    switch (d) {
+      case "%a": return DAYS[date.getDay()].slice(0, 3);
+      case "%A": return DAYS[date.getDay()];
+      case "%b": return MONTHS[date.getMonth()].slice(0, 3);
+      case "%B": return MONTHS[date.getMonth()];
+      case "%d": return pad(date.getDate());
+      case "%H": return pad(date.getHours());
+      case "%I": return pad(((date.getHours() + 11) % 12) + 1);
+      case "%j": {
+        const start = new Date(date.getFullYear(), 0, 1);
+        return pad(Math.floor((date.getTime() - start.getTime()) / 86_400_000) + 1, 3);
+      }
+      case "%m": return pad(date.getMonth() + 1);
+      case "%M": return pad(date.getMinutes());
+      case "%p": return date.getHours() < 12 ? "AM" : "PM";
+      case "%S": return pad(date.getSeconds());
+      case "%y": return pad(date.getFullYear() % 100);
+      case "%Y": return String(date.getFullYear());
+      default: return "%";
+    }
+  });
+}
+
+/** Python's range(), as Jinja offers it. */
+function range(start: number, stop?: number, step = 1): number[] {
+  if (stop === undefined) { stop = start; start = 0; }
+  if (step === 0) throw new InferError("invalid_argument", "chat template: range() step is zero");
+  const out: number[] = [];
+  for (let i = start; step > 0 ? i < stop : i > stop; i += step) out.push(i);
+  return out;
+}
+
+// Private-use characters bracket each placeholder; no tokenizer sees them.
+const OPEN = "\uE000", CLOSE = "\uE001";
+const PLACEHOLDER = /\uE000(\d+)\uE001/g;
+
+export class ChatTemplate {
+  private readonly template: Template;
+
+  constructor(readonly source: string, readonly origin: TemplateOrigin,
+    private readonly specials: { readonly bos?: string; readonly eos?: string } = {}) {
+    try {
+      this.template = new Template(source);
+    } catch (err) {
+      const why = (err as Error).message;
+      throw new InferError("bad_model", `the chat template does not parse: ${why}`);
+    }
+  }
+
+  /** The prompt text, as transformers' apply_chat_template(tokenize=False) gives it. */
+  render(messages: readonly ChatMessage[], options: RenderOptions = {}): string {
+    const env = new Environment();
+    const now = options.now ?? new Date();
+    const globals: Record<string, unknown> = {
+      false: false, true: true, none: null, False: false, True: true, None: null, range,
+      raise_exception: (message: unknown) => {
+        throw new InferError("invalid_argument", `chat template: ${String(message)}`);
+      },
+      strftime_now: (format: string) => strftime(now, format),
+      messages: messages.map((m) => ({ role: m.role, content: m.content })),
+      add_generation_prompt: options.addGenerationPrompt ?? true,
+      tools: null, documents: null,
+    };
+    if (this.specials.bos !== undefined) globals.bos_token = this.specials.bos;
+    if (this.specials.eos !== undefined) globals.eos_token = this.specials.eos;
+    for (const [k, v] of Object.entries(globals)) env.set(k, v);
+    try {
+      return new Interpreter(env).run(this.template.parsed).value as string;
+    } catch (err) {
+      if (err instanceof InferError) throw err;
+      throw new InferError("invalid_argument", `chat template: ${(err as Error).message}`);
+    }
+  }
+
+  /**
+   * The prompt's tokens: control tokens parsed in the template's text only, BOS added when the
+   * tokenizer asks for it and the template did not write it.
+   */
+  encode(tokenizer: Tokenizer, messages: readonly ChatMessage[],
+    options: RenderOptions = {}): number[] {
+    const text = this.render(messages, options);
+    const spans = this.contentSpans(text, messages, options);
+    const fromTemplate = (start: number, end: number) =>
+      spans.every(([s, e]) => end <= s || start >= e);
+    const tokens = tokenizer.encode(text, { addSpecial: false, parseSpecial: fromTemplate });
+    const bos = tokenizer.bos;
+    if (tokenizer.addBos && bos !== null && tokens[0] !== bos) tokens.unshift(bos);
+    return tokens;
+  }
+
+  /** Spans [start, end) of `text` that hold the messages' contents. */
+  contentSpans(text: string, messages: readonly ChatMessage[],
+    options: RenderOptions = {}): [number, number][] {
+    const placeholders = messages.map((m, i) => ({ role: m.role, content: `${OPEN}${i}${CLOSE}` }));
+    const marked = this.render(placeholders, options);
+    const pieces: string[] = [];
+    const order: number[] = [];
+    let last = 0;
+    for (const m of marked.matchAll(PLACEHOLDER)) {
+      pieces.push(marked.slice(last, m.index));
+      order.push(Number(m[1]));
+      last = m.index! + m[0].length;
+    }
+    pieces.push(marked.slice(last));
+    const contents = order.map((i) => messages[i].content);
+    return matchPieces(text, pieces, contents) ?? searchContents(text, messages);
+  }
+}
+
+/**
+ * Reads `text` as pieces[0] content[0] pieces[1] … pieces[n], where each content is the message
+ * as written or trimmed (templates often `| trim` it); null if the text does not read so.
+ */
+function matchPieces(text: string, pieces: readonly string[],
+  contents: readonly string[]): [number, number][] | null {
+  if (!text.startsWith(pieces[0])) return null;
+  let at = pieces[0].length;
+  const spans: [number, number][] = [];
+  for (let i = 0; i < contents.length; i++) {
+    const c = contents[i], next = pieces[i + 1], isLast = i + 1 === contents.length;
+    const found = [c, c.trim(), c.trimStart(), c.trimEnd()].find((v) =>
+      text.startsWith(v, at) && text.startsWith(next, at + v.length) &&
+      (!isLast || at + v.length + next.length === text.length));
+    if (found === undefined) return null;
+    spans.push([at, at + found.length]);
+    at += found.length + next.length;
+  }
+  return at === text.length ? spans : null;
+}
+
+/** A template that rewrites contents (splits, replaces): find each, in order, as best we can. */
+function searchContents(text: string, messages: readonly ChatMessage[]): [number, number][] {
+  const spans: [number, number][] = [];
+  let from = 0;
+  for (const m of messages) {
+    for (const v of [m.content, m.content.trim()]) {
+      if (v.length === 0) continue;
+      const at = text.indexOf(v, from);
+      if (at < 0) continue;
+      spans.push([at, at + v.length]);
+      from = at + v.length;
+      break;
+    }
+  }
+  return spans;
+}
+
+/** A single control token spelled `text` in this vocabulary, or null. */
+function controlToken(tokenizer: Tokenizer, text: string): number | null {
+  const ids = tokenizer.encode(text, { addSpecial: false, parseSpecial: true });
+  if (ids.length !== 1 || tokenizer.decode(ids) !== "") return null;
+  return ids[0];
+}
+
+/** The model's chat template, or its family's when the GGUF carries none. */
+export function chatTemplateFor(metadata: ReadonlyMap<string, unknown>,
+  tokenizer: Tokenizer): ChatTemplate {
+  const specials = {
+    bos: tokenizer.bos === null ? undefined : tokenizer.tokenText(tokenizer.bos),
+    eos: tokenizer.eos === null ? undefined : tokenizer.tokenText(tokenizer.eos),
+  };
+  const own = metadata.get("tokenizer.chat_template");
+  if (typeof own === "string" && own.trim() !== "") return new ChatTemplate(own, "gguf", specials);
+  const arch = String(metadata.get("general.architecture") ?? "");
+  const has = (t: string) => controlToken(tokenizer, t) !== null;
+  if (/^gemma/.test(arch) && has("<start_of_turn>")) {
+    return new ChatTemplate(GEMMA_TEMPLATE, "gemma", specials);
+  }
+  if (has("<|start_header_id|>") && has("<|eot_id|>")) {
+    return new ChatTemplate(LLAMA3_TEMPLATE, "llama3", specials);
+  }
+  if (has("<|im_start|>")) return new ChatTemplate(CHATML_TEMPLATE, "chatml", specials);
+  throw new InferError("unsupported", `the model has no chat template (tokenizer.chat_template) ` +
+    `and infer has none for its family ('${arch}'); use the plain prompt command instead`);
+}
+
+/**
+ * Control tokens that open or close a turn in this template: generation stops at them, so a
+ * model that does not emit end-of-generation still ends its answer where the next turn begins.
+ */
+export function turnTokens(template: ChatTemplate, tokenizer: Tokenizer): number[] {
+  const markers = ["<start_of_turn>", "<end_of_turn>", "<|im_start|>", "<|im_end|>",
+    "<|start_header_id|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<|user|>", "<|assistant|>"];
+  const out: number[] = [];
+  for (const m of markers) {
+    if (!template.source.includes(m)) continue;
+    const id = controlToken(tokenizer, m);
+    if (id !== null) out.push(id);
+  }
+  return out;
+}

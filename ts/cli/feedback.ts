@@ -1,0 +1,64 @@
+// What the CLI says on stderr besides errors: a progress bar while a model loads (only on a
+// terminal, redrawn in place and erased when done), the statistics after a generation, and with
+// --verbose a description of the model and the settings. --quiet silences all of it.
+import { basename } from "node:path";
+import type { Engine, GenerateResult } from "../engine/engine.ts";
+import { quantOf } from "./models.ts";
+
+export type Verbosity = "quiet" | "normal" | "verbose";
+
+export function verbosityOf(v: { quiet?: boolean; verbose?: boolean }): Verbosity {
+  return v.quiet ? "quiet" : v.verbose ? "verbose" : "normal";
+}
+
+/** A load-progress callback drawing a bar on a terminal's stderr, or undefined off one. */
+export function loadProgress(path: string,
+  verbosity: Verbosity): ((done: number, total: number) => void) | undefined {
+  if (verbosity === "quiet" || process.stderr.isTTY !== true) return undefined;
+  const name = basename(path);
+  let last = -1;
+  return (done, total) => {
+    const width = 30, filled = total === 0 ? width : Math.round((done / total) * width);
+    if (filled === last && done !== total) return;
+    last = filled;
+    if (done >= total) {
+      process.stderr.write("\r\x1b[2K"); // erase the bar: what follows starts on a clean line
+      return;
+    }
+    const bar = "#".repeat(filled) + ".".repeat(width - filled);
+    process.stderr.write(`\r\x1b[2Kloading ${name} [${bar}] ${done}/${total} tensors`);
+  };
+}
+
+const rate = (n: number, ms: number) => (ms > 0 ? (n / ms) * 1000 : 0).toFixed(1);
+
+/** One line of statistics after a generation. */
+export function formatStats(r: GenerateResult, loadMs?: number): string {
+  const decodeRate = rate(Math.max(r.tokens.length - 1, 0), r.generateMs);
+  const parts = [
+    `prefilled ${r.prefilled} of ${r.promptTokens.length} prompt tokens, ` +
+      `${rate(r.prefilled, r.promptMs)} tok/s`,
+    `generated ${r.tokens.length} tokens, ${decodeRate} tok/s`,
+    `stop: ${r.stopReason}`,
+  ];
+  if (loadMs !== undefined) parts.unshift(`load ${loadMs.toFixed(0)} ms`);
+  return parts.join(" | ");
+}
+
+/** --verbose: what is about to run. */
+export function describe(engine: Engine, path: string,
+  extra: Record<string, unknown> = {}): string {
+  const info = engine.model.info;
+  const lines = [
+    `model: ${path}`,
+    `  ${info.name} (${info.architecture}), ${quantOf(engine.file)}, ` +
+      `${info.kvShapes.length} layers, vocabulary ${info.vocabSize}, ` +
+      `trained context ${info.contextLength}`,
+    `  context ${engine.contextLength} tokens, batch ${engine.model.maxBatch}, ` +
+      `backend ${engine.backend.name}, loaded in ${engine.loadMs.toFixed(0)} ms`,
+  ];
+  for (const [k, v] of Object.entries(extra)) {
+    lines.push(`${k}: ${typeof v === "string" ? v : JSON.stringify(v)}`);
+  }
+  return lines.join("\n") + "\n";
+}

@@ -1,0 +1,61 @@
+// The CLI's help texts: the overview (`infer --help`) and the generating commands' usage.
+// import, quantize, perplexity and models keep their usage beside their code.
+import { generationHelp } from "./options.ts";
+
+export const overview = `infer: local LLM inference on GGUF models (Zig kernels, TypeScript, Bun)
+
+usage: infer "prompt" [options]        continue a prompt, streaming to stdout (also: infer run ...)
+       infer chat [options]            talk with a model turn by turn in its chat template
+       infer models                    list the models in the cache
+       infer import <hf-folder> -o model.gguf [--quant TYPE]
+                                       convert a Hugging Face model folder to GGUF
+       infer quantize <in.gguf> <out.gguf> --quant TYPE
+                                       re-quantize a GGUF
+       infer perplexity <model.gguf> <text-file> [options]
+                                       score a text as llama-perplexity does
+       infer help [command]            this text, or a command's ('infer <command> --help')
+
+From a source checkout 'infer' is 'bun run infer.ts'; 'bun run build:bin' makes the single
+executable dist/infer. Models: --model takes a GGUF path or the name of a model in the cache
+(INFER_CACHE, default ~/.cache/infer). Environment: INFER_CACHE, INFER_LIB (the native library
+to load), INFER_CPU (force a CPU build: x86_64_v2, x86_64_v3, x86_64_v4_vnni, aarch64, ...),
+INFER_TRACE_FFI=1 (log native calls).
+`;
+
+export const runUsage = `usage: infer [run] "prompt" [options]
+
+Streams the continuation of the prompt to stdout; statistics go to stderr. The prompt is
+tokenized as llama.cpp does: BOS is added, and control-token text such as <start_of_turn> becomes
+the control token. Generation ends at end-of-generation, at -n tokens, at a --stop string, or
+when a --json output is complete.
+
+structured output:
+  --json                 the output is one JSON object
+  --json-schema FILE     the output is JSON valid under the JSON Schema in FILE: objects
+                         (properties in order; required ones present), arrays (items, minItems,
+                         maxItems), strings, numbers, integers, booleans, null, enum, const,
+                         anyOf/oneOf, type lists and local $ref; other keywords are refused
+  --ignore-eos           keep generating past end-of-generation
+
+${generationHelp("default 128")}`;
+
+export const chatUsage = `usage: infer chat [options]
+
+A conversation in the terminal, in the model's chat template (the GGUF's tokenizer.chat_template;
+for a model without one, its family's: Gemma, Llama 3 or ChatML). Each line is your turn (end a
+line with \\ to continue it on the next); the answer streams as it is written. The cache keeps the
+conversation, so each turn evaluates only the new tokens: the statistics after each answer say
+"prefilled N of M prompt tokens". Text you type is never read as control tokens.
+
+  --system TEXT          the system message
+  --load FILE            start from a conversation saved with /save
+
+in the chat:
+  /reset                 forget the conversation (the system message stays)
+  /save FILE             write the conversation as JSON: {"messages": [{"role", "content"}, ...]}
+  /load FILE             replace the conversation with a saved one
+  /help                  the commands
+  /exit or Ctrl-D        leave
+  Ctrl-C                 stop the answer being written; the session goes on
+
+${generationHelp("default 1024 per answer")}`;
