@@ -3,6 +3,7 @@
 // here, at the boundary; each bad one is a single line naming the option.
 import { availableParallelism } from "node:os";
 import type { ParseArgsConfig } from "node:util";
+import { parseBackendKind, type BackendKind } from "../backend/select.ts";
 import { InferError } from "../errors.ts";
 import { defaultSampling, type SamplerOptions } from "../sample/sampler.ts";
 
@@ -23,6 +24,7 @@ export const generationOptions = {
   stop: { type: "string", multiple: true },
   threads: { type: "string", short: "t" },
   "ctx-size": { type: "string", short: "c" },
+  backend: { type: "string" },
   quiet: { type: "boolean", short: "q" },
   verbose: { type: "boolean", short: "v" },
   help: { type: "boolean", short: "h" },
@@ -58,6 +60,7 @@ export function generationHelp(defaultTokens: string): string {
                          default: the installed Gemma 3 270M Q4_K_M)
   -c, --ctx-size N       context length in tokens (default: min(4096, the model's))
   -t, --threads N        CPU threads (default: all cores)
+  --backend B            cpu, cuda, or auto: CUDA when available (default: auto)
 
 generation (defaults are llama.cpp's):
   -n N                   tokens to generate; -1: until the context is full (${defaultTokens})
@@ -140,11 +143,12 @@ export function samplingFrom(v: Values): SamplerOptions {
   };
 }
 
-export function engineSettings(v: Values): { threads: number; contextLength?: number } {
+export function engineSettings(v: Values): { threads: number; contextLength?: number; backend: BackendKind } {
   return {
     threads: intOption(v.threads, "--threads", availableParallelism(), 1),
     contextLength: v["ctx-size"] === undefined ? undefined
       : intOption(v["ctx-size"], "--ctx-size", 0, 1),
+    backend: parseBackendKind(v.backend ?? process.env.INFER_BACKEND ?? "auto"),
   };
 }
 
