@@ -25,7 +25,8 @@ export function buildBinary(outfile: string): void {
     throw new Error("build:bin: no native library in zig-out/lib; run 'bun run build:lib' first");
   }
   const cmd = [process.execPath, "build", "--compile", "--minify-syntax",
-    "--asset-naming=[name].[ext]", join(root, "infer.ts"), ...assets, "--outfile", outfile];
+    "--asset-naming=[name].[ext]", join(root, "infer.ts"),
+    join(root, "ts", "serve", "worker.ts"), ...assets, "--outfile", outfile];
   const p = Bun.spawnSync(cmd, { cwd: root, stdout: "pipe", stderr: "pipe" });
   if (p.exitCode !== 0) {
     throw new Error(`build:bin: bun build failed:\n${p.stderr.toString()}${p.stdout.toString()}`);

@@ -6,6 +6,7 @@ export const overview = `infer: local LLM inference on GGUF models (Zig kernels,
 
 usage: infer "prompt" [options]        continue a prompt, streaming to stdout (also: infer run ...)
        infer chat [options]            talk with a model turn by turn in its chat template
+       infer serve [options]           an OpenAI-compatible HTTP server (/v1/chat/completions, ...)
        infer models                    list the models in the cache
        infer import <hf-folder> -o model.gguf [--quant TYPE]
                                        convert a Hugging Face model folder to GGUF

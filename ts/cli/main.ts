@@ -16,6 +16,7 @@ import {
 } from "./options.ts";
 import { perplexityCommand, perplexityUsage } from "./perplexity.ts";
 import { quantizeCommand, quantizeUsage } from "./quantize.ts";
+import { serveCommand, serveUsage } from "./serve.ts";
 import { defaultModelPath } from "./setup.ts";
 
 /** Subcommands, chosen when the first argument is exactly their name; anything else is a prompt. */
@@ -26,12 +27,13 @@ const commands: Record<string, (argv: string[]) => number | Promise<number>> = {
   import: importCommand,
   quantize: quantizeCommand,
   perplexity: perplexityCommand,
+  serve: serveCommand,
   help: helpCommand,
 };
 
 const usages: Record<string, string> = {
   run: runUsage, chat: chatUsage, models: modelsUsage, import: importUsage, quantize: quantizeUsage,
-  perplexity: perplexityUsage,
+  perplexity: perplexityUsage, serve: serveUsage,
 };
 
 function helpCommand(argv: string[]): number {

@@ -1,0 +1,274 @@
+// Method: the OpenAI-compatible server started in-process on 127.0.0.1 (a free port) with the
+// tiny random Gemma written to a temp file, driven by the official `openai` client: chat and
+// completions, streaming and not, stop strings, JSON schema, usage, errors, /health latency
+// during a long generation, and cancellation freeing the worker. Random weights make the text
+// meaningless, so checks compare the server with itself (greedy streaming = greedy non-streaming;
+// a stop string cuts a known greedy text where it first occurs).
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import OpenAI from "openai";
+import { startServer, type InferServer } from "../ts/serve/server.ts";
+import { tinyGemma3Gguf } from "./support/tiny-gguf.ts";
+
+const KEY = "test-key";
+const EOS = 1; // the toy vocabulary's <eos>: banned where a test needs a long answer
+const noEos = { [EOS]: -100 };
+const LONG = 2000;
+let dir: string, server: InferServer, client: OpenAI;
+
+beforeAll(async () => {
+  dir = mkdtempSync(join(tmpdir(), "infer-serve-"));
+  const modelPath = join(dir, "tiny.gguf");
+  // wider than the default tiny shape, so that a long generation (LONG tokens) lasts seconds
+  writeFileSync(modelPath, tinyGemma3Gguf({ shape: { layers: 4, embedding: 256, feedForward: 1024,
+    heads: 4, kvHeads: 2, headDim: 64 } }));
+  server = await startServer({ modelPath, host: "127.0.0.1", port: 0, apiKey: KEY, maxQueue: 1,
+    contextLength: 2048, threads: 2, backend: "cpu" });
+  client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: KEY, maxRetries: 0, timeout: 20_000 });
+});
+
+afterAll(async () => {
+  await server?.stop();
+  rmSync(dir, { recursive: true, force: true });
+});
+
+const user = [{ role: "user" as const, content: "the cat sat" }];
+
+describe("the OpenAI-compatible server", () => {
+  test("lists its model", async () => {
+    const models = await client.models.list();
+    expect(models.data.map((m) => m.id)).toEqual(["tiny"]);
+  });
+
+  test("chat: streaming gives the same greedy text as not streaming, with usage", async () => {
+    const plain = await client.chat.completions.create({ model: "tiny", messages: user,
+      max_tokens: 12, temperature: 0, logit_bias: noEos });
+    const choice = plain.choices[0];
+    expect(choice.message.role).toBe("assistant");
+    expect(typeof choice.message.content).toBe("string");
+    expect(plain.object).toBe("chat.completion");
+    const u = plain.usage!;
+    expect(u.prompt_tokens).toBeGreaterThan(3);
+    expect(u.completion_tokens).toBeGreaterThan(0);
+    expect(u.completion_tokens).toBeLessThanOrEqual(12);
+    expect(u.total_tokens).toBe(u.prompt_tokens + u.completion_tokens);
+    if (u.completion_tokens === 12) expect(choice.finish_reason).toBe("length");
+
+    const stream = await client.chat.completions.create({ model: "tiny", messages: user,
+      max_tokens: 12, temperature: 0, logit_bias: noEos, stream: true,
+      stream_options: { include_usage: true } });
+    let text = "", finish: string | null = null, usage = null, roles = 0;
+    for await (const chunk of stream) {
+      if (chunk.usage) usage = chunk.usage;
+      for (const c of chunk.choices) {
+        if (c.delta.role) roles++;
+        text += c.delta.content ?? "";
+        finish = c.finish_reason ?? finish;
+      }
+    }
+    expect(roles).toBe(1);
+    expect(text).toBe(choice.message.content!);
+    expect(finish).toBe(choice.finish_reason);
+    expect(usage).toEqual(u);
+  });
+
+  test("completions: exactly max_tokens when end-of-generation is banned; streaming agrees", async () => {
+    const plain = await client.completions.create({ model: "tiny", prompt: "the cat",
+      max_tokens: 10, temperature: 0, logit_bias: noEos });
+    expect(plain.object).toBe("text_completion");
+    expect(plain.usage!.completion_tokens).toBe(10);
+    expect(plain.choices[0].finish_reason).toBe("length");
+    const stream = await client.completions.create({ model: "tiny", prompt: "the cat",
+      max_tokens: 10, temperature: 0, logit_bias: noEos, stream: true });
+    let text = "";
+    for await (const chunk of stream) text += chunk.choices[0]?.text ?? "";
+    expect(text).toBe(plain.choices[0].text);
+    // seeded sampling is reproducible
+    const a = await client.completions.create({ model: "tiny", prompt: "a", max_tokens: 10, seed: 7,
+      temperature: 1, top_p: 0.9, presence_penalty: 0.5, frequency_penalty: 0.5, logit_bias: noEos });
+    const b = await client.completions.create({ model: "tiny", prompt: "a", max_tokens: 10, seed: 7,
+      temperature: 1, top_p: 0.9, presence_penalty: 0.5, frequency_penalty: 0.5, logit_bias: noEos });
+    expect(a.choices[0].text).toBe(b.choices[0].text);
+  });
+
+  test("a stop string ends the text before it, streaming or not", async () => {
+    const full = (await client.completions.create({ model: "tiny", prompt: "the cat sat",
+      max_tokens: 40, temperature: 0, logit_bias: noEos })).choices[0].text;
+    expect(full.length).toBeGreaterThan(8);
+    const stop = full.slice(6, 9);
+    const expected = full.slice(0, full.indexOf(stop));
+    const cut = await client.completions.create({ model: "tiny", prompt: "the cat sat",
+      max_tokens: 40, temperature: 0, logit_bias: noEos, stop: [stop, "\u0000never"] });
+    expect(cut.choices[0].text).toBe(expected);
+    expect(cut.choices[0].finish_reason).toBe("stop");
+    const stream = await client.completions.create({ model: "tiny", prompt: "the cat sat",
+      max_tokens: 40, temperature: 0, logit_bias: noEos, stop, stream: true });
+    let text = "";
+    for await (const chunk of stream) text += chunk.choices[0]?.text ?? "";
+    expect(text).toBe(expected);
+  });
+
+  test("response_format json_schema and json_object give JSON that parses", async () => {
+    const schema = { type: "object", properties: { name: { type: "string" }, ok: { type: "boolean" },
+      n: { type: "integer" } }, required: ["name", "ok", "n"], additionalProperties: false };
+    for (const seed of [1, 2]) {
+      const r = await client.chat.completions.create({ model: "tiny", messages: user, max_tokens: 60,
+        temperature: 0.8, seed, response_format: { type: "json_schema",
+          json_schema: { name: "thing", schema } } });
+      const value = JSON.parse(r.choices[0].message.content!);
+      expect(Object.keys(value)).toEqual(["name", "ok", "n"]);
+      expect(typeof value.name).toBe("string");
+      expect(typeof value.ok).toBe("boolean");
+      expect(Number.isInteger(value.n)).toBe(true);
+      expect(r.choices[0].finish_reason).toBe("stop");
+    }
+    const o = await client.chat.completions.create({ model: "tiny", messages: user, max_tokens: 40,
+      temperature: 0.8, seed: 3, response_format: { type: "json_object" } });
+    const parsed = JSON.parse(o.choices[0].message.content!);
+    expect(typeof parsed).toBe("object");
+  });
+
+  test("errors: 400 naming the field, 401, 404, 413", async () => {
+    const fails = async (p: Promise<unknown>) => {
+      try { await p; } catch (err) { return err as InstanceType<typeof OpenAI.APIError>; }
+      throw new Error("expected an error");
+    };
+    let e = await fails(client.chat.completions.create({ model: "tiny", messages: user, temperature: 5 }));
+    expect(e.status).toBe(400);
+    expect(e.param).toBe("temperature");
+    expect((e.error as { type: string }).type).toBe("invalid_request_error");
+    e = await fails(client.chat.completions.create({ model: "tiny",
+      messages: [{ role: "robot", content: "x" }] as never }));
+    expect(e.status).toBe(400);
+    expect(e.param).toBe("messages[0].role");
+    e = await fails(client.completions.create({ model: "tiny", prompt: "x", logit_bias: { "99999": 1 } }));
+    expect(e.param).toBe("logit_bias");
+    e = await fails(client.chat.completions.create({ model: "tiny", messages: user,
+      response_format: { type: "json_schema", json_schema: { name: "x",
+        schema: { type: "string", pattern: "a+" } } } }));
+    expect(e.status).toBe(400);
+    expect(e.param).toBe("response_format.json_schema.schema");
+    e = await fails(client.chat.completions.create({ model: "gpt-4o", messages: user }));
+    expect(e.status).toBe(404);
+    expect(e.code).toBe("model_not_found");
+    const wrong = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: "nope", maxRetries: 0 });
+    e = await fails(wrong.models.list());
+    expect(e.status).toBe(401);
+    // bodies past the limit, and bodies that are not JSON
+    const big = await fetch(`${server.url}/v1/completions`, { method: "POST",
+      headers: { authorization: `Bearer ${KEY}` }, body: "x".repeat(2 << 20) });
+    expect(big.status).toBe(413);
+    const junk = await fetch(`${server.url}/v1/completions`, { method: "POST",
+      headers: { authorization: `Bearer ${KEY}` }, body: "{nope" });
+    expect(junk.status).toBe(400);
+    expect(((await junk.json()) as Err).error.code).toBe("invalid_json");
+  });
+
+  test("/health answers within 50 ms while a long generation runs, and cancelling frees the worker", async () => {
+    const controller = new AbortController();
+    const stream = await client.completions.create({ model: "tiny", prompt: "the", max_tokens: LONG,
+      temperature: 0, logit_bias: noEos, stream: true }, { signal: controller.signal });
+    const it = stream[Symbol.asyncIterator]();
+    await it.next();
+    const times: number[] = [];
+    let running = 0;
+    for (let i = 0; i < 20; i++) {
+      const t0 = performance.now();
+      const h = await health();
+      times.push(performance.now() - t0);
+      running = Math.max(running, h.running);
+      await Bun.sleep(5);
+    }
+    expect(running).toBe(1); // the generation was still going while /health answered
+    expect(Math.max(...times)).toBeLessThan(50);
+
+    // with one request running, one may wait; the next is refused with 429 and Retry-After
+    const waiting = client.completions.create({ model: "tiny", prompt: "a", max_tokens: 2 });
+    await until(async () => (await health()).queue_depth === 1);
+    const full = await fetch(`${server.url}/v1/completions`, { method: "POST",
+      headers: { authorization: `Bearer ${KEY}`, "content-type": "application/json" },
+      body: JSON.stringify({ model: "tiny", prompt: "b", max_tokens: 2 }) });
+    expect(full.status).toBe(429);
+    expect(full.headers.get("retry-after")).toBe("1");
+    expect(((await full.json()) as Err).error.type).toBe("rate_limit_error");
+
+    const before = await metric("infer_tokens_generated_total");
+    controller.abort(); // the client goes away mid-stream
+    const t0 = performance.now();
+    const queued = await waiting;
+    expect(queued.usage!.completion_tokens).toBeLessThanOrEqual(2);
+    const next = await client.completions.create({ model: "tiny", prompt: "a", max_tokens: 3,
+      logit_bias: noEos });
+    expect(next.usage!.completion_tokens).toBe(3);
+    expect(performance.now() - t0).toBeLessThan(5_000);
+    expect(await metric("infer_requests_cancelled_total")).toBeGreaterThanOrEqual(1);
+    // the cancelled generation stopped well short of its LONG tokens
+    expect(await metric("infer_tokens_generated_total") - before).toBeLessThan(LONG / 2);
+    const h = await health();
+    expect(h).toMatchObject({ status: "ok", running: 0, queue_depth: 0 });
+  }, 30_000);
+
+  test("an aborted request that does not stream is cancelled too", async () => {
+    const controller = new AbortController();
+    const before = await metric("infer_tokens_generated_total");
+    const long = client.completions.create({ model: "tiny", prompt: "the", max_tokens: LONG,
+      temperature: 0, logit_bias: noEos }, { signal: controller.signal }).then(() => null, (e: unknown) => e);
+    await until(async () => (await health()).running === 1);
+    await Bun.sleep(20);
+    controller.abort();
+    expect(await long).toBeInstanceOf(OpenAI.APIUserAbortError);
+    await until(async () => (await health()).running === 0);
+    const next = await client.completions.create({ model: "tiny", prompt: "a", max_tokens: 3,
+      logit_bias: noEos });
+    expect(next.usage!.completion_tokens).toBe(3);
+    expect(await metric("infer_tokens_generated_total") - before).toBeLessThan(LONG / 2);
+  }, 30_000);
+
+  test("a request cancelled while it waits leaves the queue", async () => {
+    const running = new AbortController(), queued = new AbortController();
+    const stream = await client.completions.create({ model: "tiny", prompt: "the", max_tokens: LONG,
+      temperature: 0, logit_bias: noEos, stream: true }, { signal: running.signal });
+    await stream[Symbol.asyncIterator]().next();
+    const waiting = client.completions.create({ model: "tiny", prompt: "a", max_tokens: 2 },
+      { signal: queued.signal }).then(() => null, (e: unknown) => e);
+    await until(async () => (await health()).queue_depth === 1);
+    queued.abort();
+    expect(await waiting).toBeInstanceOf(OpenAI.APIUserAbortError);
+    await until(async () => (await health()).queue_depth === 0);
+    expect((await health()).running).toBe(1); // the running one goes on
+    running.abort();
+    await until(async () => (await health()).running === 0);
+  }, 30_000);
+
+  test("/metrics is Prometheus text", async () => {
+    const text = await (await fetch(`${server.url}/metrics`)).text();
+    expect(text).toMatch(/^# TYPE infer_requests_total counter$/m);
+    expect(text).toMatch(/^infer_queue_depth 0$/m);
+    expect(text).toMatch(/^infer_time_to_first_token_seconds_count [1-9]\d*$/m);
+    expect(text).toMatch(/^infer_requests_total\{endpoint="\/v1\/chat\/completions",status="200"\} \d+$/m);
+  });
+});
+
+type Err = { error: { message: string; type: string; param: string | null; code: string | null } };
+type Health = { status: string; model: string; queue_depth: number; running: number };
+
+async function health(): Promise<Health> {
+  return (await (await fetch(`${server.url}/health`)).json()) as Health;
+}
+
+/** Polls `check` every 5 ms until it holds (at most 10 s). */
+async function until(check: () => Promise<boolean>): Promise<void> {
+  const end = performance.now() + 10_000;
+  while (!(await check())) {
+    if (performance.now() > end) throw new Error("timed out waiting for the server");
+    await Bun.sleep(5);
+  }
+}
+
+async function metric(name: string): Promise<number> {
+  const text = await (await fetch(`${server.url}/metrics`)).text();
+  const m = new RegExp(`^${name} (\\S+)$`, "m").exec(text);
+  return Number(m?.[1]);
+}

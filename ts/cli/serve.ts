@@ -1,0 +1,68 @@
+// `infer serve`: the OpenAI-compatible HTTP server (ts/serve) on one model.
+import { availableParallelism } from "node:os";
+import { parseArgs } from "node:util";
+import { parseBackendKind } from "../backend/select.ts";
+import { startServer } from "../serve/server.ts";
+import { resolveModel } from "./models.ts";
+import { intOption } from "./options.ts";
+import { defaultModelPath } from "./setup.ts";
+
+export const serveUsage = `usage: infer serve [options]
+
+An OpenAI-compatible HTTP server: POST /v1/chat/completions and /v1/completions (streaming by
+SSE or not; temperature, top_p, max_tokens, stop, seed, presence/frequency_penalty, logit_bias,
+response_format json_object / json_schema), GET /v1/models, /health and /metrics (Prometheus).
+The model runs in a worker thread, one request at a time in arrival order; others wait in a
+bounded queue (429 with Retry-After when it is full). A client that disconnects cancels its
+request.
+
+  -m, --model M          a GGUF file or the name of a model in the cache
+                         (default: the installed Gemma 3 270M Q4_K_M)
+  --host H               address to listen on (default 127.0.0.1)
+  --port N               port (default 8080; 0: any free port)
+  -c, --ctx N            context length in tokens (default: min(4096, the model's))
+  -t, --threads N        CPU threads (default: all cores)
+  --backend B            cpu, cuda, or auto: CUDA when available (default: auto)
+  --api-key KEY          require 'Authorization: Bearer KEY' on /v1/* (also: INFER_API_KEY)
+  --queue N              requests that may wait behind the running one (default 16)
+  --max-body BYTES       largest request body (default 1048576)
+  --model-id NAME        the model's name in the API (default: the file name without .gguf)
+  -h, --help             this text
+`;
+
+export async function serveCommand(argv: string[]): Promise<number> {
+  const { values, positionals } = parseArgs({
+    args: argv, allowPositionals: true, options: {
+      model: { type: "string", short: "m" }, host: { type: "string" }, port: { type: "string" },
+      ctx: { type: "string", short: "c" }, "ctx-size": { type: "string" },
+      threads: { type: "string", short: "t" }, backend: { type: "string" },
+      "api-key": { type: "string" }, queue: { type: "string" }, "max-body": { type: "string" },
+      "model-id": { type: "string" }, help: { type: "boolean", short: "h" },
+    },
+  });
+  if (values.help) { process.stdout.write(serveUsage); return 0; }
+  if (positionals.length > 0) { process.stderr.write(serveUsage); return 2; }
+  const ctx = values.ctx ?? values["ctx-size"];
+  const modelPath = resolveModel(values.model ?? defaultModelPath());
+  const server = await startServer({
+    modelPath,
+    host: values.host ?? "127.0.0.1",
+    port: intOption(values.port, "--port", 8080, 0),
+    contextLength: ctx === undefined ? undefined : intOption(ctx, "--ctx", 0, 1),
+    threads: intOption(values.threads, "--threads", availableParallelism(), 1),
+    backend: parseBackendKind(values.backend ?? process.env.INFER_BACKEND ?? "auto"),
+    apiKey: values["api-key"] ?? process.env.INFER_API_KEY ?? null,
+    maxQueue: intOption(values.queue, "--queue", 16, 0),
+    maxBodyBytes: intOption(values["max-body"], "--max-body", 1 << 20, 1024),
+    modelId: values["model-id"],
+  });
+  process.stderr.write(`infer: serving '${server.modelId}' (context ${server.info.contextLength}) ` +
+    `at ${server.url}/v1\n`);
+  await new Promise<void>((resolve) => {
+    process.once("SIGINT", resolve);
+    process.once("SIGTERM", resolve);
+  });
+  process.stderr.write("infer: stopping\n");
+  await server.stop();
+  return 0;
+}

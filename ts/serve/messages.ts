@@ -1,0 +1,41 @@
+// What the HTTP thread and the engine's worker (worker.ts) say to each other.
+import type { BackendKind } from "../backend/select.ts";
+import type { Job } from "./protocol.ts";
+
+export interface OpenSettings {
+  readonly modelPath: string;
+  readonly threads?: number;
+  readonly contextLength?: number;
+  readonly backend?: BackendKind;
+  /** The native library the main thread chose, for a worker in the single executable. */
+  readonly library?: string;
+}
+
+export type ToWorker =
+  | { readonly type: "open"; readonly settings: OpenSettings }
+  | { readonly type: "run"; readonly id: number; readonly job: Job }
+  | { readonly type: "cancel"; readonly id: number }
+  | { readonly type: "close" };
+
+export interface ModelInfo {
+  readonly contextLength: number;
+  readonly vocabSize: number;
+  readonly name: string | null;
+}
+
+export type FromWorker =
+  | { readonly type: "ready"; readonly info: ModelInfo }
+  | { readonly type: "failed"; readonly message: string }
+  /** The prompt is tokenized and fits; generation begins. */
+  | { readonly type: "started"; readonly id: number; readonly promptTokens: number }
+  | { readonly type: "text"; readonly id: number; readonly text: string }
+  | {
+    readonly type: "done"; readonly id: number; readonly text: string;
+    readonly promptTokens: number; readonly completionTokens: number;
+    readonly stopReason: string;
+  }
+  | {
+    readonly type: "error"; readonly id: number; readonly status: number;
+    readonly message: string; readonly param: string | null; readonly code: string | null;
+  }
+  | { readonly type: "closed" };

@@ -1,0 +1,417 @@
+// The OpenAI-compatible HTTP server on Bun.serve. This thread parses, validates and queues
+// requests and streams answers; the engine runs in a Worker (worker.ts), one request at a time
+// in arrival order (a FIFO queue, bounded: 429 with Retry-After when full). A client that goes
+// away (a cancelled stream, an aborted request) has its generation cancelled, or is dropped from
+// the queue, so the worker moves on to the next request.
+import { timingSafeEqual } from "node:crypto";
+import { basename } from "node:path";
+import type { BackendKind } from "../backend/select.ts";
+import { InferError } from "../errors.ts";
+import { isCompiled, libraryPath } from "../native/lib.ts";
+import type { FromWorker, ModelInfo, ToWorker } from "./messages.ts";
+import {
+  ApiError, finishReason, parseJson, parseRequest, type Job, type ParsedRequest,
+} from "./protocol.ts";
+
+export interface ServeOptions {
+  readonly modelPath: string;
+  readonly host?: string;
+  /** 0: any free port. */
+  readonly port?: number;
+  readonly contextLength?: number;
+  readonly threads?: number;
+  readonly backend?: BackendKind;
+  /** Requests must carry `Authorization: Bearer KEY` (/health and /metrics excepted). */
+  readonly apiKey?: string | null;
+  /** Requests waiting behind the running one at most (default 16). */
+  readonly maxQueue?: number;
+  /** Request bodies larger than this are refused (default 1 MiB). */
+  readonly maxBodyBytes?: number;
+  /** The model's name in the API (default: the file name without .gguf). */
+  readonly modelId?: string;
+}
+
+export interface InferServer {
+  readonly url: string;
+  readonly port: number;
+  readonly modelId: string;
+  readonly info: ModelInfo;
+  stop(): Promise<void>;
+}
+
+type WorkerEvent = Exclude<FromWorker, { type: "ready" | "failed" | "closed" }>;
+
+/** One request's events from the worker, read in order. */
+class Ticket {
+  private readonly events: WorkerEvent[] = [];
+  private wake: (() => void) | null = null;
+  finished = false;
+  constructor(readonly id: number, readonly job: Job) {}
+
+  push(e: WorkerEvent): void {
+    this.events.push(e);
+    this.wake?.();
+    this.wake = null;
+  }
+
+  async next(): Promise<WorkerEvent> {
+    while (this.events.length === 0) await new Promise<void>((r) => (this.wake = r));
+    return this.events.shift()!;
+  }
+}
+
+class Metrics {
+  readonly requests = new Map<string, number>();
+  tokensGenerated = 0;
+  promptTokens = 0;
+  ttftSum = 0;
+  ttftCount = 0;
+  generationSeconds = 0;
+  cancelled = 0;
+
+  count(endpoint: string, status: number): void {
+    const key = `endpoint="${endpoint}",status="${status}"`;
+    this.requests.set(key, (this.requests.get(key) ?? 0) + 1);
+  }
+
+  text(queueDepth: number, running: number): string {
+    const lines = [
+      "# HELP infer_requests_total HTTP requests answered, by endpoint and status.",
+      "# TYPE infer_requests_total counter",
+      ...[...this.requests].map(([k, v]) => `infer_requests_total{${k}} ${v}`),
+      "# HELP infer_queue_depth Requests waiting for the engine.",
+      "# TYPE infer_queue_depth gauge", `infer_queue_depth ${queueDepth}`,
+      "# HELP infer_requests_running Requests the engine is generating for.",
+      "# TYPE infer_requests_running gauge", `infer_requests_running ${running}`,
+      "# HELP infer_tokens_generated_total Completion tokens generated.",
+      "# TYPE infer_tokens_generated_total counter", `infer_tokens_generated_total ${this.tokensGenerated}`,
+      "# HELP infer_prompt_tokens_total Prompt tokens of finished requests.",
+      "# TYPE infer_prompt_tokens_total counter", `infer_prompt_tokens_total ${this.promptTokens}`,
+      "# HELP infer_generation_seconds_total Seconds spent generating (tokens/s = tokens / seconds).",
+      "# TYPE infer_generation_seconds_total counter",
+      `infer_generation_seconds_total ${this.generationSeconds.toFixed(6)}`,
+      "# HELP infer_time_to_first_token_seconds From a request's arrival to its first text.",
+      "# TYPE infer_time_to_first_token_seconds summary",
+      `infer_time_to_first_token_seconds_sum ${this.ttftSum.toFixed(6)}`,
+      `infer_time_to_first_token_seconds_count ${this.ttftCount}`,
+      "# HELP infer_requests_cancelled_total Requests whose client went away before the end.",
+      "# TYPE infer_requests_cancelled_total counter", `infer_requests_cancelled_total ${this.cancelled}`,
+    ];
+    return lines.join("\n") + "\n";
+  }
+}
+
+/** The worker and the FIFO queue in front of it. */
+class Scheduler {
+  private readonly queue: Ticket[] = [];
+  private running: Ticket | null = null;
+  private readonly tickets = new Map<number, Ticket>();
+  private nextId = 1;
+  private broken: string | null = null;
+
+  constructor(private readonly worker: Worker, private readonly maxQueue: number) {}
+
+  get depth(): number { return this.queue.length; }
+  get active(): number { return this.running ? 1 : 0; }
+
+  submit(job: Job): Ticket {
+    if (this.broken) throw new ApiError(503, `the engine stopped: ${this.broken}`, null, "engine_unavailable");
+    if (this.running && this.queue.length >= this.maxQueue) {
+      throw new ApiError(429, `the server is busy: ${this.queue.length} requests are waiting`,
+        null, "queue_full");
+    }
+    const t = new Ticket(this.nextId++, job);
+    this.tickets.set(t.id, t);
+    this.queue.push(t);
+    this.dispatch();
+    return t;
+  }
+
+  /** The client went away: drop the request if it waits, stop it if it runs. */
+  cancel(t: Ticket): void {
+    if (t.finished) return;
+    const at = this.queue.indexOf(t);
+    if (at >= 0) {
+      this.queue.splice(at, 1);
+      t.push({ type: "error", id: t.id, status: 499, message: "the client went away", param: null,
+        code: "cancelled" });
+      this.end(t);
+    } else {
+      this.post({ type: "cancel", id: t.id });
+    }
+  }
+
+  onMessage(m: FromWorker): void {
+    if (m.type === "ready" || m.type === "failed" || m.type === "closed") return;
+    const t = this.tickets.get(m.id);
+    if (!t) return;
+    t.push(m);
+    if (m.type === "done" || m.type === "error") this.end(t);
+  }
+
+  /** The worker died: every request fails. */
+  fail(why: string): void {
+    this.broken = why;
+    for (const t of [...this.tickets.values()]) {
+      t.push({ type: "error", id: t.id, status: 500, message: `the engine stopped: ${why}`,
+        param: null, code: "internal_error" });
+      this.end(t);
+    }
+    this.queue.length = 0;
+  }
+
+  private end(t: Ticket): void {
+    t.finished = true;
+    this.tickets.delete(t.id);
+    if (this.running === t) this.running = null;
+    this.dispatch();
+  }
+
+  private dispatch(): void {
+    if (this.running || this.queue.length === 0 || this.broken) return;
+    const t = this.queue.shift()!;
+    this.running = t;
+    this.post({ type: "run", id: t.id, job: t.job });
+  }
+
+  private post(m: ToWorker): void {
+    this.worker.postMessage(m);
+  }
+}
+
+function json(data: unknown, status = 200, headers: Record<string, string> = {}): Response {
+  return new Response(JSON.stringify(data), {
+    status, headers: { "content-type": "application/json", ...headers },
+  });
+}
+
+function errorResponse(err: ApiError): Response {
+  const headers: Record<string, string> = {};
+  if (err.status === 429) headers["retry-after"] = "1";
+  if (err.status === 401) headers["www-authenticate"] = "Bearer";
+  return json(err.body(), err.status, headers);
+}
+
+const randomId = () => crypto.randomUUID().replaceAll("-", "").slice(0, 24);
+
+/**
+ * The worker's module. In the single executable (bun build --compile, ts/cli/build-bin.ts) it is
+ * an entry point of its own, bundled beside the main one under Bun's embedded file system.
+ */
+function workerPath(): string {
+  if (import.meta.url.includes("$bunfs")) return "/$bunfs/root/ts/serve/worker.js";
+  return new URL("./worker.ts", import.meta.url).href;
+}
+
+/** Opens the model in a worker, then listens. */
+export async function startServer(o: ServeOptions): Promise<InferServer> {
+  const worker = new Worker(workerPath());
+  const info = await new Promise<ModelInfo>((resolve, reject) => {
+    worker.onmessage = (e: MessageEvent<FromWorker>) => {
+      if (e.data.type === "ready") resolve(e.data.info);
+      else if (e.data.type === "failed") reject(new InferError("io", e.data.message));
+    };
+    worker.onerror = (e) => reject(new InferError("internal", `the engine worker failed: ${e.message}`));
+    worker.postMessage({ type: "open", settings: {
+      modelPath: o.modelPath, threads: o.threads, contextLength: o.contextLength, backend: o.backend,
+      library: isCompiled() ? libraryPath() : undefined,
+    } } satisfies ToWorker);
+  }).catch((err) => { worker.terminate(); throw err; });
+
+  const modelId = o.modelId ?? basename(o.modelPath).replace(/\.gguf$/i, "");
+  const maxBody = o.maxBodyBytes ?? 1 << 20;
+  const scheduler = new Scheduler(worker, o.maxQueue ?? 16);
+  const metrics = new Metrics();
+  const created = Math.floor(Date.now() / 1000);
+  let closed: (() => void) | null = null;
+  worker.onmessage = (e: MessageEvent<FromWorker>) => {
+    if (e.data.type === "closed") closed?.();
+    else scheduler.onMessage(e.data);
+  };
+  worker.onerror = (e) => scheduler.fail(e.message);
+
+  const key = o.apiKey ? Buffer.from(o.apiKey) : null;
+  const authorized = (req: Request): boolean => {
+    if (!key) return true;
+    const m = /^Bearer\s+(.+)$/i.exec(req.headers.get("authorization") ?? "");
+    const given = Buffer.from(m?.[1].trim() ?? "");
+    return given.length === key.length && timingSafeEqual(given, key);
+  };
+
+  async function readBody(req: Request): Promise<Record<string, unknown>> {
+    const declared = Number(req.headers.get("content-length") ?? "0");
+    const tooLarge = () => new ApiError(413, `the body is larger than ${maxBody} bytes`, null,
+      "request_too_large");
+    if (declared > maxBody) throw tooLarge();
+    const bytes = await req.arrayBuffer();
+    if (bytes.byteLength > maxBody) throw tooLarge();
+    return parseJson(new TextDecoder().decode(bytes));
+  }
+
+  async function generate(req: Request, kind: "chat" | "completion"): Promise<Response> {
+    const arrived = performance.now();
+    const parsed = parseRequest(kind, await readBody(req), info);
+    if (parsed.model !== modelId) {
+      throw new ApiError(404, `the model '${parsed.model}' does not exist; this server has ` +
+        `'${modelId}'`, "model", "model_not_found");
+    }
+    const ticket = scheduler.submit(parsed.job);
+    const abort = () => { if (!ticket.finished) metrics.cancelled++; scheduler.cancel(ticket); };
+    req.signal.addEventListener("abort", abort, { once: true });
+    const first = await ticket.next();
+    if (first.type === "error") {
+      throw new ApiError(first.status, first.message, first.param, first.code);
+    }
+    let firstText = true;
+    const onText = () => {
+      if (!firstText) return;
+      firstText = false;
+      metrics.ttftSum += (performance.now() - arrived) / 1000;
+      metrics.ttftCount++;
+    };
+    const started = performance.now();
+    const onDone = (d: Extract<WorkerEvent, { type: "done" }>) => {
+      metrics.tokensGenerated += d.completionTokens;
+      metrics.promptTokens += d.promptTokens;
+      metrics.generationSeconds += (performance.now() - started) / 1000;
+    };
+    const id = (kind === "chat" ? "chatcmpl-" : "cmpl-") + randomId();
+    const now = Math.floor(Date.now() / 1000);
+    const usage = (d: { promptTokens: number; completionTokens: number }) => ({
+      prompt_tokens: d.promptTokens, completion_tokens: d.completionTokens,
+      total_tokens: d.promptTokens + d.completionTokens,
+    });
+    if (!parsed.stream) {
+      for (;;) {
+        const e = await ticket.next();
+        if (e.type === "text") { onText(); continue; }
+        if (e.type === "error") throw new ApiError(e.status, e.message, e.param, e.code);
+        if (e.type !== "done") continue;
+        onDone(e);
+        const finish = finishReason(e.stopReason);
+        const choice = kind === "chat"
+          ? { index: 0, message: { role: "assistant", content: e.text, refusal: null },
+            logprobs: null, finish_reason: finish }
+          : { index: 0, text: e.text, logprobs: null, finish_reason: finish };
+        return json({
+          id, object: kind === "chat" ? "chat.completion" : "text_completion", created: now,
+          model: modelId, system_fingerprint: null, choices: [choice], usage: usage(e),
+        });
+      }
+    }
+    return streamResponse(ticket, parsed, kind, id, now, { onText, onDone, usage, abort });
+  }
+
+  function streamResponse(ticket: Ticket, parsed: ParsedRequest, kind: "chat" | "completion",
+    id: string, now: number, h: {
+      onText: () => void; onDone: (d: Extract<WorkerEvent, { type: "done" }>) => void;
+      usage: (d: { promptTokens: number; completionTokens: number }) => object; abort: () => void;
+    }): Response {
+    const encoder = new TextEncoder();
+    const object = kind === "chat" ? "chat.completion.chunk" : "text_completion";
+    const chunk = (choices: object[], extra: object = {}) => encoder.encode(`data: ${JSON.stringify({
+      id, object, created: now, model: modelId, system_fingerprint: null, choices, ...extra,
+    })}\n\n`);
+    const choice = (text: string | null, finish: string | null, role = false) => kind === "chat"
+      ? { index: 0, delta: text === null ? {} : role ? { role: "assistant", content: text } : { content: text },
+        logprobs: null, finish_reason: finish }
+      : { index: 0, text: text ?? "", logprobs: null, finish_reason: finish };
+    let opened = false;
+    const body = new ReadableStream<Uint8Array>({
+      async pull(controller) {
+        if (!opened) {
+          opened = true;
+          if (kind === "chat") { controller.enqueue(chunk([choice("", null, true)])); return; }
+        }
+        const e = await ticket.next();
+        if (e.type === "text") {
+          h.onText();
+          controller.enqueue(chunk([choice(e.text, null)]));
+        } else if (e.type === "done") {
+          h.onDone(e);
+          controller.enqueue(chunk([choice(null, finishReason(e.stopReason) ?? "stop")]));
+          if (parsed.includeUsage) controller.enqueue(chunk([], { usage: h.usage(e) }));
+          controller.enqueue(encoder.encode("data: [DONE]\n\n"));
+          controller.close();
+        } else if (e.type === "error") {
+          const err = new ApiError(e.status, e.message, e.param, e.code);
+          controller.enqueue(encoder.encode(`data: ${JSON.stringify(err.body())}\n\n`));
+          controller.close();
+        }
+      },
+      cancel() { h.abort(); },
+    });
+    return new Response(body, { headers: {
+      "content-type": "text/event-stream", "cache-control": "no-cache", connection: "keep-alive",
+    } });
+  }
+
+  async function route(req: Request, path: string): Promise<Response> {
+    if (path === "/health") {
+      return json({ status: "ok", model: modelId, queue_depth: scheduler.depth, running: scheduler.active });
+    }
+    if (path === "/metrics") {
+      return new Response(metrics.text(scheduler.depth, scheduler.active), {
+        headers: { "content-type": "text/plain; version=0.0.4" },
+      });
+    }
+    if (!path.startsWith("/v1/")) throw new ApiError(404, `no route ${path}`, null, "not_found");
+    if (!authorized(req)) {
+      throw new ApiError(401, "the API key is missing or wrong", null, "invalid_api_key");
+    }
+    const method = (m: string) => {
+      if (req.method !== m) throw new ApiError(405, `${path} takes ${m}`, null, "method_not_allowed");
+    };
+    const model = { id: modelId, object: "model", created, owned_by: "infer" };
+    if (path === "/v1/models") { method("GET"); return json({ object: "list", data: [model] }); }
+    if (path.startsWith("/v1/models/")) {
+      method("GET");
+      const asked = decodeURIComponent(path.slice("/v1/models/".length));
+      if (asked !== modelId) throw new ApiError(404, `the model '${asked}' does not exist`, "model", "model_not_found");
+      return json(model);
+    }
+    if (path === "/v1/chat/completions") { method("POST"); return generate(req, "chat"); }
+    if (path === "/v1/completions") { method("POST"); return generate(req, "completion"); }
+    throw new ApiError(404, `no route ${path}`, null, "not_found");
+  }
+
+  const server = Bun.serve({
+    hostname: o.host ?? "127.0.0.1",
+    port: o.port ?? 8080,
+    idleTimeout: 0, // a long generation sends nothing for a while; never cut it off
+    maxRequestBodySize: 4 * maxBody,
+    async fetch(req) {
+      const path = new URL(req.url).pathname;
+      const endpoint = ["/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions"]
+        .find((p) => path === p || path.startsWith(p + "/")) ?? "other";
+      let res: Response;
+      try {
+        res = await route(req, path);
+      } catch (err) {
+        if (err instanceof ApiError) res = errorResponse(err);
+        else {
+          console.error(err);
+          res = errorResponse(new ApiError(500, (err as Error).message, null, "internal_error"));
+        }
+      }
+      metrics.count(endpoint, res.status);
+      return res;
+    },
+  });
+
+  return {
+    url: `http://${server.hostname}:${server.port}`,
+    port: server.port!,
+    modelId,
+    info,
+    async stop() {
+      await server.stop(true);
+      scheduler.fail("the server is stopping");
+      await Promise.race([
+        new Promise<void>((r) => { closed = r; worker.postMessage({ type: "close" } satisfies ToWorker); }),
+        Bun.sleep(2000),
+      ]);
+      worker.terminate();
+    },
+  };
+}
