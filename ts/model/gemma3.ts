@@ -1,12 +1,12 @@
 // Gemma 3 (text), as llama.cpp stores it in GGUF. Read top to bottom in the paper's order:
 // hyperparameters → attention → feed-forward → block → model. Sources: the Gemma 3 technical
 // report; Hugging Face transformers' modeling_gemma3.py; ../shared/MODELS.md.
-import type { Activation, Backend, KvLayer, Weight } from "../backend/backend.ts";
+import type { Backend, KvLayer, Weight } from "../backend/backend.ts";
 import type { GgufFile } from "../gguf/reader.ts";
 import { Hparams, LIMITS } from "./hparams.ts";
 import {
-  attentionBuffers, attentionWeights, ffnBuffers, ffnWeights, gatedFfn, LogitsHead, selfAttention, WeightTable,
-  type AttentionBuffers, type AttentionWeights, type FfnBuffers, type FfnWeights, type SelfAttentionOptions,
+  attentionWeights, decoderBuffers, ffnWeights, gatedFfn, LogitsHead, selfAttention, WeightTable,
+  type AttentionWeights, type DecoderBuffers, type FfnWeights, type SelfAttentionOptions,
 } from "./layers.ts";
 import type { ForwardOptions, Model, ModelInfo } from "./model.ts";
 
@@ -109,14 +109,8 @@ export class Gemma3 implements Model {
   private readonly outputNorm: Weight;
   private readonly head: LogitsHead;
   private readonly blocks: Gemma3Layer[];
-  // Activations, planned once for maxBatch rows.
-  private readonly ids: Activation;
-  private readonly positions: Activation;
-  private readonly x: Activation;
-  private readonly normed: Activation;
-  private readonly branch: Activation;
-  private readonly attn: AttentionBuffers;
-  private readonly ffn: FfnBuffers;
+  /** Activations, planned once for maxBatch rows. */
+  private readonly buf: DecoderBuffers;
 
   constructor(readonly config: Gemma3Config, file: GgufFile, private readonly be: Backend,
     readonly maxBatch: number) {
@@ -131,35 +125,29 @@ export class Gemma3 implements Model {
       architecture: "gemma3", name: c.name, vocabSize: c.vocab, contextLength: c.contextLength,
       kvShapes: this.blocks.map((l) => ({ kvHeads: c.kvHeads, headDim: c.headDim, window: l.options.attention.window })),
     };
-    this.ids = be.positions(maxBatch);
-    this.positions = be.positions(maxBatch);
-    this.x = be.activation("x", maxBatch, c.embedding);
-    this.normed = be.activation("x_normed", maxBatch, c.embedding);
-    this.branch = be.activation("branch", maxBatch, c.embedding);
-    this.attn = attentionBuffers(be, maxBatch, c);
-    this.ffn = ffnBuffers(be, maxBatch, c.feedForward);
+    this.buf = decoderBuffers(be, maxBatch, c);
   }
 
   forward(tokens: ArrayLike<number>, n: number, position: number, cache: readonly KvLayer[],
     options: ForwardOptions = {}): Float32Array {
-    const be = this.be, c = this.config, x = this.x;
-    be.setTokens(this.ids, tokens, n);
-    be.setPositions(this.positions, position, n);
-    be.embed(this.tokenEmbedding, this.ids, n, x);
+    const be = this.be, c = this.config, b = this.buf, x = b.x;
+    be.setTokens(b.ids, tokens, n);
+    be.setPositions(b.positions, position, n);
+    be.embed(this.tokenEmbedding, b.ids, n, x);
     be.scale(x, n, Math.sqrt(c.embedding)); // Gemma scales embeddings by sqrt(hidden)
     for (let i = 0; i < this.blocks.length; i++) {
       const l = this.blocks[i];
       // Sandwich norms: x += post_norm(attn(pre_norm(x))); x += post_norm(ffn(pre_norm(x)))
-      be.rmsNorm(x, l.attentionNorm, n, c.normEps, this.normed);
-      selfAttention(be, this.normed, n, position, this.positions, l.attention, cache[i], l.options,
-        this.attn, this.branch);
-      be.rmsNormAdd(this.branch, l.postAttentionNorm, n, c.normEps, x);
-      be.rmsNorm(x, l.ffnNorm, n, c.normEps, this.normed);
-      gatedFfn(be, this.normed, n, l.ffn, "gelu", this.ffn, this.branch);
-      be.rmsNormAdd(this.branch, l.postFfnNorm, n, c.normEps, x);
+      be.rmsNorm(x, l.attentionNorm, n, c.normEps, b.normed);
+      selfAttention(be, b.normed, n, position, b.positions, l.attention, cache[i], l.options,
+        b.attn, b.branch);
+      be.rmsNormAdd(b.branch, l.postAttentionNorm, n, c.normEps, x);
+      be.rmsNorm(x, l.ffnNorm, n, c.normEps, b.normed);
+      gatedFfn(be, b.normed, n, l.ffn, "gelu", b.ffn, b.branch);
+      be.rmsNormAdd(b.branch, l.postFfnNorm, n, c.normEps, x);
     }
-    be.rmsNorm(x, this.outputNorm, n, c.normEps, this.normed);
-    return options.onLogits ? this.head.allRows(this.normed, n, options.onLogits)
-      : this.head.lastRow(this.normed, n);
+    be.rmsNorm(x, this.outputNorm, n, c.normEps, b.normed);
+    return options.onLogits ? this.head.allRows(b.normed, n, options.onLogits)
+      : this.head.lastRow(b.normed, n);
   }
 }

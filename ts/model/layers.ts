@@ -218,3 +218,27 @@ export class LogitsHead {
 
 /** Receives `rows` rows of logits starting at batch row `firstRow` (a view valid during the call). */
 export type LogitsSink = (firstRow: number, rows: number, logits: Float32Array) => void;
+
+/** The activations one decoder forward pass needs, planned once for `rows` tokens. */
+export interface DecoderBuffers {
+  readonly ids: Activation;
+  readonly positions: Activation;
+  readonly x: Activation;
+  readonly normed: Activation;
+  readonly branch: Activation;
+  readonly attn: AttentionBuffers;
+  readonly ffn: FfnBuffers;
+}
+
+export function decoderBuffers(be: Backend, rows: number,
+  s: AttentionShape & { readonly feedForward: number }): DecoderBuffers {
+  return {
+    ids: be.positions(rows),
+    positions: be.positions(rows),
+    x: be.activation("x", rows, s.embedding),
+    normed: be.activation("x_normed", rows, s.embedding),
+    branch: be.activation("branch", rows, s.embedding),
+    attn: attentionBuffers(be, rows, s),
+    ffn: ffnBuffers(be, rows, s.feedForward),
+  };
+}

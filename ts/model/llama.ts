@@ -3,14 +3,13 @@
 // bottom: hyperparameters → one block → the model. Sources: Touvron et al. 2023 ("Llama 2");
 // Meta's Llama 3 report (RoPE frequency scaling); transformers' modeling_llama.py; llama.cpp's
 // src/models/llama.cpp.
-import type { Activation, Backend, KvLayer, Weight } from "../backend/backend.ts";
+import type { Backend, KvLayer, Weight } from "../backend/backend.ts";
 import { InferError } from "../errors.ts";
 import type { GgufFile } from "../gguf/reader.ts";
 import { Hparams, LIMITS } from "./hparams.ts";
 import {
-  attentionBuffers, attentionWeights, ffnBuffers, ffnWeights, gatedFfn, LogitsHead, selfAttention,
-  WeightTable, type AttentionBuffers, type AttentionWeights, type FfnBuffers, type FfnWeights,
-  type SelfAttentionOptions,
+  attentionWeights, decoderBuffers, ffnWeights, gatedFfn, LogitsHead, selfAttention, WeightTable,
+  type AttentionWeights, type DecoderBuffers, type FfnWeights, type SelfAttentionOptions,
 } from "./layers.ts";
 import type { ForwardOptions, Model, ModelInfo } from "./model.ts";
 
@@ -131,14 +130,8 @@ export class Llama implements Model {
   private readonly outputNorm: Weight;
   private readonly head: LogitsHead;
   private readonly blocks: DecoderLayer[];
-  // Activations, planned once for maxBatch rows.
-  private readonly ids: Activation;
-  private readonly positions: Activation;
-  private readonly x: Activation;
-  private readonly normed: Activation;
-  private readonly branch: Activation;
-  private readonly attn: AttentionBuffers;
-  private readonly ffn: FfnBuffers;
+  /** Activations, planned once for maxBatch rows. */
+  private readonly buf: DecoderBuffers;
 
   constructor(readonly config: DecoderConfig, file: GgufFile, private readonly be: Backend,
     readonly maxBatch: number) {
@@ -157,33 +150,27 @@ export class Llama implements Model {
         contextLength: c.contextLength,
       kvShapes: this.blocks.map(() => ({ kvHeads: c.kvHeads, headDim: c.headDim, window: 0 })),
     };
-    this.ids = be.positions(maxBatch);
-    this.positions = be.positions(maxBatch);
-    this.x = be.activation("x", maxBatch, c.embedding);
-    this.normed = be.activation("x_normed", maxBatch, c.embedding);
-    this.branch = be.activation("branch", maxBatch, c.embedding);
-    this.attn = attentionBuffers(be, maxBatch, c);
-    this.ffn = ffnBuffers(be, maxBatch, c.feedForward);
+    this.buf = decoderBuffers(be, maxBatch, c);
   }
 
   forward(tokens: ArrayLike<number>, n: number, position: number, cache: readonly KvLayer[],
     options: ForwardOptions = {}): Float32Array {
-    const be = this.be, c = this.config, x = this.x;
-    be.setTokens(this.ids, tokens, n);
-    be.setPositions(this.positions, position, n);
-    be.embed(this.tokenEmbedding, this.ids, n, x);
+    const be = this.be, c = this.config, b = this.buf, x = b.x;
+    be.setTokens(b.ids, tokens, n);
+    be.setPositions(b.positions, position, n);
+    be.embed(this.tokenEmbedding, b.ids, n, x);
     for (let i = 0; i < this.blocks.length; i++) {
       const l = this.blocks[i];
-      be.rmsNorm(x, l.attentionNorm, n, c.normEps, this.normed);
-      selfAttention(be, this.normed, n, position, this.positions, l.attention, cache[i], l.options,
-        this.attn, this.branch);
-      be.add(x, this.branch, n, x);
-      be.rmsNorm(x, l.ffnNorm, n, c.normEps, this.normed);
-      gatedFfn(be, this.normed, n, l.ffn, "silu", this.ffn, this.branch);
-      be.add(x, this.branch, n, x);
+      be.rmsNorm(x, l.attentionNorm, n, c.normEps, b.normed);
+      selfAttention(be, b.normed, n, position, b.positions, l.attention, cache[i], l.options,
+        b.attn, b.branch);
+      be.add(x, b.branch, n, x);
+      be.rmsNorm(x, l.ffnNorm, n, c.normEps, b.normed);
+      gatedFfn(be, b.normed, n, l.ffn, "silu", b.ffn, b.branch);
+      be.add(x, b.branch, n, x);
     }
-    be.rmsNorm(x, this.outputNorm, n, c.normEps, this.normed);
-    return options.onLogits ? this.head.allRows(this.normed, n, options.onLogits)
-      : this.head.lastRow(this.normed, n);
+    be.rmsNorm(x, this.outputNorm, n, c.normEps, b.normed);
+    return options.onLogits ? this.head.allRows(b.normed, n, options.onLogits)
+      : this.head.lastRow(b.normed, n);
   }
 }
