@@ -431,7 +431,7 @@ async function main(): Promise<void> {
     "Background load (other processes' CPU and steal during the measured runs, share of all cores; 0% = quiet): " +
       results.map((r) => `${r.model.label} ${r.model.quant} median ${pct(median(r.background))}, ` +
         `max ${pct(r.background.length ? Math.max(...r.background) : null)}` +
-        (r.retried ? ` (${r.retried} runs redone)` : "")).join(" · ") +
+        (r.retried ? ` (${r.retried} run${r.retried === 1 ? "" : "s"} redone)` : "")).join(" · ") +
       `. A run above ${pct(o.maxBackground)} is redone, twice at most.`,
   ];
   console.log(out.join("\n"));
