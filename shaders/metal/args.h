@@ -1,0 +1,86 @@
+// The constant arguments of each kernel, bound with setBytes at the index the kernel declares.
+// Every field is 4 bytes (uint32_t, int32_t or float) so the layout has no padding and
+// ts/backend/metal/plan.ts can pack it field by field; test/metal-plan.test.ts parses this file
+// and checks that the plan packs exactly these fields, in this order.
+#ifndef INFER_METAL_ARGS_H
+#define INFER_METAL_ARGS_H
+
+// y[t][o] = W[o] · x[t], o < n_out, t < n_tok; W rows are row_bytes apart, x and y rows dense.
+typedef struct {
+    uint32_t n_in;
+    uint32_t n_out;
+    uint32_t n_tok;
+    uint32_t row_bytes;
+} MatvecArgs;
+
+// The batched form: each threadgroup computes a tile of tile_out rows × tile_tok tokens, each
+// thread at most MATMUL_ACC_MAX of its outputs.
+#define MATMUL_ACC_MAX 8
+typedef struct {
+    uint32_t n_in;
+    uint32_t n_out;
+    uint32_t n_tok;
+    uint32_t row_bytes;
+    uint32_t tile_out;
+    uint32_t tile_tok;
+} MatmulArgs;
+
+// dst[i] = row ids[i] of a table of n_rows rows of n_cols values (row_bytes apart).
+typedef struct {
+    uint32_t n_cols;
+    uint32_t row_bytes;
+    uint32_t n_ids;
+    uint32_t n_rows;
+} GetRowsArgs;
+
+// One row of n_cols per threadgroup; has_weight 0 means no weight (the buffer is not read).
+typedef struct {
+    uint32_t n_cols;
+    float eps;
+    uint32_t has_weight;
+} RmsNormArgs;
+
+// x[n_tok][n_heads][head_dim]; mode 0 = normal pairs (2i, 2i+1), 2 = NeoX (i, i + n_rot/2).
+typedef struct {
+    uint32_t n_tok;
+    uint32_t n_heads;
+    uint32_t head_dim;
+    uint32_t n_rot;
+    float freq_base;
+    float freq_scale;
+    uint32_t mode;
+    uint32_t has_freq_factors;
+} RopeArgs;
+
+// Element-wise ops over n values; `scale` is the factor of `scale`, cols the bias length.
+typedef struct {
+    uint32_t n;
+    uint32_t n_cols;
+    float scale;
+} EltwiseArgs;
+
+// Rows t < n_tok of k and v (kv_dim values) into the f16 caches at the cell of position pos0 + t.
+typedef struct {
+    uint32_t kv_dim;
+    uint32_t n_tok;
+    uint32_t pos0;
+    uint32_t cells;
+    uint32_t ring;
+} KvStoreArgs;
+
+// Queries t < n_tok at positions pos0 + t over cache cells of n_kv_head·head_dim f16 values;
+// head_dim at most ATTENTION_HEAD_DIM_MAX (each lane keeps head_dim / 32 accumulators).
+#define ATTENTION_HEAD_DIM_MAX 512
+typedef struct {
+    uint32_t n_tok;
+    uint32_t n_head;
+    uint32_t n_kv_head;
+    uint32_t head_dim;
+    uint32_t pos0;
+    uint32_t window;
+    uint32_t cells;
+    uint32_t ring;
+    float scale;
+} AttentionArgs;
+
+#endif

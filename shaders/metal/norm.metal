@@ -1,0 +1,57 @@
+// RMS normalisation (Zhang & Sennrich 2019), one threadgroup per row:
+//   out = (x · 1/sqrt(mean(x²) + eps)) · weight, or residual += that (Gemma's post-norms).
+// Squares are summed per thread, then per simdgroup (simd_sum), then across simdgroups through
+// threadgroup memory (one float per simdgroup) after a barrier. `out` may alias `x`: every thread
+// writes only the elements it read. The CPU sums in f64 (lib/cpu/norm.zig); f32 here.
+#include <metal_stdlib>
+#include "args.h"
+using namespace metal;
+
+inline float rms_scale(device const float* x, uint n_cols, float eps, threadgroup float* partial,
+                       uint tid, uint n_threads, uint sg, uint n_sg, uint lane) {
+    float sum = 0.0f;
+    for (uint i = tid; i < n_cols; i += n_threads) sum += x[i] * x[i];
+    sum = simd_sum(sum);
+    if (lane == 0) partial[sg] = sum;
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    float total = 0.0f;
+    for (uint s = 0; s < n_sg; s++) total += partial[s];
+    return 1.0f / sqrt(total / float(n_cols) + eps);
+}
+
+kernel void rms_norm(device const float* x [[buffer(0)]], device const float* weight [[buffer(1)]],
+                     device float* out [[buffer(2)]], constant RmsNormArgs& args [[buffer(3)]],
+                     threadgroup float* partial [[threadgroup(0)]],
+                     uint row [[threadgroup_position_in_grid]],
+                     uint tid [[thread_index_in_threadgroup]],
+                     uint3 tg_size [[threads_per_threadgroup]],
+                     uint sg [[simdgroup_index_in_threadgroup]],
+                     uint n_sg [[simdgroups_per_threadgroup]],
+                     uint lane [[thread_index_in_simdgroup]]) {
+    device const float* xr = x + ulong(row) * args.n_cols;
+    device float* yr = out + ulong(row) * args.n_cols;
+    const uint n_threads = tg_size.x;
+    const float scale = rms_scale(xr, args.n_cols, args.eps, partial, tid, n_threads, sg, n_sg, lane);
+    for (uint i = tid; i < args.n_cols; i += n_threads) {
+        const float scaled = xr[i] * scale;
+        yr[i] = args.has_weight != 0 ? scaled * weight[i] : scaled;
+    }
+}
+
+kernel void rms_norm_add(device const float* x [[buffer(0)]],
+                         device const float* weight [[buffer(1)]],
+                         device float* residual [[buffer(2)]],
+                         constant RmsNormArgs& args [[buffer(3)]],
+                         threadgroup float* partial [[threadgroup(0)]],
+                         uint row [[threadgroup_position_in_grid]],
+                         uint tid [[thread_index_in_threadgroup]],
+                         uint3 tg_size [[threads_per_threadgroup]],
+                         uint sg [[simdgroup_index_in_threadgroup]],
+                         uint n_sg [[simdgroups_per_threadgroup]],
+                         uint lane [[thread_index_in_simdgroup]]) {
+    device const float* xr = x + ulong(row) * args.n_cols;
+    device float* rr = residual + ulong(row) * args.n_cols;
+    const uint n_threads = tg_size.x;
+    const float scale = rms_scale(xr, args.n_cols, args.eps, partial, tid, n_threads, sg, n_sg, lane);
+    for (uint i = tid; i < args.n_cols; i += n_threads) rr[i] += (xr[i] * scale) * weight[i];
+}

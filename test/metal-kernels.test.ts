@@ -1,0 +1,269 @@
+// Method: every Metal kernel (shaders/metal, compiled as C++ under the emulated execution model of
+// test/support/metal-emu.ts), dispatched as the Metal backend's plan dispatches it, on seeded random
+// inputs with odd sizes, against libinfer's CPU kernels through ts/native (quantized weights made
+// by infer_quantize_row and read back by infer_dequantize), by max normalised error under a named
+// per-op tolerance. Each dispatch runs under a different scheduling seed.
+import { beforeAll, describe, expect, test } from "bun:test";
+import { GgmlType, ggmlTypes } from "../ts/gguf/types.ts";
+import { check, native } from "../ts/native/lib.ts";
+import type { MetalBuffer } from "../ts/backend/metal-device.ts";
+import {
+  planAdd, planAddRowBias, planAttention, planGatedAct, planGetRows, planKvStore, planMatmul,
+  planRmsNorm, planRmsNormAdd, planRope, planScale, MATVEC_TOKENS_MAX, type KernelDispatch,
+} from "../ts/backend/metal-plan.ts";
+import { EmulatedMetalDevice } from "./support/metal-emu.ts";
+
+// Dequantization: the GPU and CPU use the same formula in f32; contraction into an FMA may
+// move the last bit.
+const TOL_DEQUANT = 1e-6;
+// A dot over up to ~800 terms in f32 (lane sums, then simd_sum) against an f64 sum.
+const TOL_MATMUL = 2e-5;
+const TOL_F32 = 1e-5;
+// The same angles as the CPU; sin/cos of up to ~5000 radians from another implementation.
+const TOL_ROPE = 1e-5;
+// The CPU reads GELU from an f16 table (llama.cpp's numerics); here it is computed in f32.
+const TOL_GELU = 2e-3;
+const TOL_ATTENTION = 2e-5;
+
+function rng(seed: number): () => number {
+  let s = seed >>> 0;
+  return () => {
+    s = (s + 0x6d2b79f5) >>> 0;
+    let t = s;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+function randomF32(n: number, rand: () => number, amp = 1): Float32Array {
+  const a = new Float32Array(n);
+  for (let i = 0; i < n; i++) a[i] = (rand() * 2 - 1) * amp;
+  return a;
+}
+
+function normalisedError(got: ArrayLike<number>, want: ArrayLike<number>): number {
+  expect(got.length).toBe(want.length);
+  let maxDiff = 0, maxRef = 0;
+  for (let i = 0; i < want.length; i++) {
+    const d = Math.abs(got[i] - want[i]);
+    maxDiff = Number.isNaN(d) ? Infinity : Math.max(maxDiff, d);
+    maxRef = Math.max(maxRef, Math.abs(want[i]));
+  }
+  return maxDiff / Math.max(maxRef, 1e-30);
+}
+
+let device: EmulatedMetalDevice;
+const lib = native();
+
+beforeAll(() => {
+  device = new EmulatedMetalDevice({ seed: 7 });
+});
+
+type Data = Float32Array | Int32Array | Uint8Array | Uint16Array;
+
+/** Runs one planned dispatch over copies of `inputs`; returns every buffer's bytes afterwards. */
+function run(dispatch: KernelDispatch, inputs: Record<string, Data>): Record<string, Uint8Array> {
+  const buffers: Record<string, MetalBuffer> = {};
+  for (const [name, data] of Object.entries(inputs)) {
+    const b = device.newBuffer(Math.max(data.byteLength, 4), name);
+    b.view.set(new Uint8Array(data.buffer, data.byteOffset, data.byteLength));
+    buffers[name] = b;
+  }
+  const bindings = Object.fromEntries(Object.entries(buffers).map(([k, b]) => [k, { buffer: b, offset: 0 }]));
+  device.encode(dispatch, bindings);
+  device.flush();
+  const out: Record<string, Uint8Array> = {};
+  for (const [name, b] of Object.entries(buffers)) {
+    out[name] = b.view.slice(0, inputs[name].byteLength);
+    device.release(b);
+  }
+  return out;
+}
+
+const f32 = (bytes: Uint8Array) => new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
+
+const weightTypes = ["F32", "F16", "BF16", "Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"] as const;
+
+/** n_in values per row for each type: odd numbers of blocks, and odd lengths for float types. */
+function inputSizes(name: string): number[] {
+  const block = [...ggmlTypes.values()].find((t) => t.name === name)!.blockValues;
+  if (block === 1) return [1, 33, 100];
+  if (block === 32) return [32, 96, 160];
+  return [256, 768];
+}
+
+function quantized(typeName: string, nOut: number, nIn: number, rand: () => number) {
+  const type = [...ggmlTypes.values()].find((t) => t.name === typeName)!;
+  const values = randomF32(nOut * nIn, rand);
+  const bytes = new Uint8Array((nIn / type.blockValues) * type.blockBytes * nOut);
+  check(lib.infer_quantize_row(type.id, values, values.length, bytes), `quantize ${typeName}`);
+  const dequant = new Float32Array(values.length);
+  check(lib.infer_dequantize(type.id, bytes, values.length, dequant), `dequantize ${typeName}`);
+  return { type, bytes, dequant };
+}
+
+describe("matmul kernels against the CPU's dequantized weights", () => {
+  for (const typeName of weightTypes) {
+    test(`${typeName}: matvec and tiled matmul, odd sizes`, () => {
+      const rand = rng(typeName.length * 977 + typeName.charCodeAt(1));
+      for (const nIn of inputSizes(typeName)) {
+        for (const nOut of [1, 7, 67]) {
+          const { type, bytes, dequant } = quantized(typeName, nOut, nIn, rand);
+          for (const nTok of [1, 3, MATVEC_TOKENS_MAX + 1, 19]) {
+            const x = randomF32(nTok * nIn, rand);
+            const want = new Float64Array(nTok * nOut);
+            for (let t = 0; t < nTok; t++) {
+              for (let o = 0; o < nOut; o++) {
+                let s = 0;
+                for (let i = 0; i < nIn; i++) s += dequant[o * nIn + i] * x[t * nIn + i];
+                want[t * nOut + o] = s;
+              }
+            }
+            const plan = planMatmul(type.id, nIn, nOut, nTok);
+            expect(plan.kernel.startsWith(nTok <= MATVEC_TOKENS_MAX ? "matvec_" : "matmul_")).toBe(true);
+            const got = f32(run(plan, { w: bytes, x, y: new Float32Array(nTok * nOut).fill(NaN) }).y);
+            const err = normalisedError(got, want);
+            if (err > TOL_MATMUL) console.error(typeName, { nIn, nOut, nTok, err, kernel: plan.kernel });
+            expect(err).toBeLessThanOrEqual(TOL_MATMUL);
+          }
+        }
+      }
+    });
+
+    test(`${typeName}: get_rows equals infer_dequantize`, () => {
+      const rand = rng(31 + typeName.charCodeAt(0) * 13 + typeName.length);
+      for (const nCols of inputSizes(typeName)) {
+        const nRows = 9;
+        const { type, bytes, dequant } = quantized(typeName, nRows, nCols, rand);
+        const ids = new Int32Array([3, 0, 8, 3, 5]);
+        const want = new Float32Array(ids.length * nCols);
+        ids.forEach((id, i) => want.set(dequant.subarray(id * nCols, (id + 1) * nCols), i * nCols));
+        const plan = planGetRows(type.id, nCols, nRows, ids.length);
+        const got = f32(run(plan, { table: bytes, ids, dst: new Float32Array(want.length).fill(NaN) }).dst);
+        expect(normalisedError(got, want)).toBeLessThanOrEqual(TOL_DEQUANT);
+      }
+    });
+  }
+});
+
+describe("norm, rope, activations against the CPU kernels", () => {
+  test("rms_norm (with and without weight) and rms_norm_add", () => {
+    const rand = rng(5);
+    for (const cols of [1, 7, 33, 257, 640]) {
+      for (const rows of [1, 3]) {
+        const x = randomF32(rows * cols, rand, 3);
+        const w = randomF32(cols, rand);
+        for (const hasWeight of [true, false]) {
+          const want = new Float32Array(rows * cols);
+          check(lib.infer_rms_norm(x, hasWeight ? w : null, rows, cols, 1e-6, want), "rms_norm");
+          const got = f32(run(planRmsNorm(rows, cols, 1e-6, hasWeight), { x, weight: w, out: new Float32Array(rows * cols) }).out);
+          expect(normalisedError(got, want)).toBeLessThanOrEqual(TOL_F32);
+        }
+        const residual = randomF32(rows * cols, rand);
+        const want = residual.slice();
+        check(lib.infer_rms_norm_add(x, w, rows, cols, 1e-6, want), "rms_norm_add");
+        const got = f32(run(planRmsNormAdd(rows, cols, 1e-6), { x, weight: w, residual }).residual);
+        expect(normalisedError(got, want)).toBeLessThanOrEqual(TOL_F32);
+      }
+    }
+  });
+
+  test("rope: normal and NeoX, partial rotation, frequency factors", () => {
+    const rand = rng(11);
+    for (const [headDim, nRot] of [[64, 64], [40, 24], [256, 256]]) {
+      for (const neox of [false, true]) {
+        for (const withFactors of [false, true]) {
+          const nTok = 3, heads = 3;
+          const x = randomF32(nTok * heads * headDim, rand);
+          const positions = new Int32Array([0, 17, 4093]);
+          const ff = new Float32Array(nRot / 2).map(() => 1 + rand() * 3);
+          const want = x.slice();
+          check(lib.infer_rope_ext(want, nTok, heads, headDim, nRot, positions, 10000, 1, neox ? 2 : 0,
+            withFactors ? ff : null), "rope");
+          const plan = planRope({ nTok, heads, headDim, rotaryDims: nRot, base: 10000, scale: 1, neox,
+            freqFactors: withFactors });
+          const got = f32(run(plan, { x, positions, freq_factors: ff }).x);
+          expect(normalisedError(got, want)).toBeLessThanOrEqual(TOL_ROPE);
+        }
+      }
+    }
+  });
+
+  test("gelu_mul, silu_mul, add, scale, add_row_bias", () => {
+    const rand = rng(3);
+    for (const n of [1, 31, 257, 1000]) {
+      const gate = randomF32(n, rand, 6), up = randomF32(n, rand, 2);
+      for (const kind of ["gelu", "silu"] as const) {
+        const want = new Float32Array(n);
+        check((kind === "gelu" ? lib.infer_gelu_mul : lib.infer_silu_mul)(gate, up, n, want), kind);
+        const got = f32(run(planGatedAct(kind, n), { gate, up, out: new Float32Array(n) }).out);
+        expect(normalisedError(got, want)).toBeLessThanOrEqual(kind === "gelu" ? TOL_GELU : TOL_F32);
+      }
+      const sum = new Float32Array(n);
+      check(lib.infer_add(gate, up, n, sum), "add");
+      expect(normalisedError(f32(run(planAdd(n), { a: gate, b: up, out: new Float32Array(n) }).out), sum)).toBe(0);
+      const scaled = gate.slice();
+      check(lib.infer_scale(scaled, n, 0.37), "scale");
+      expect(normalisedError(f32(run(planScale(n, 0.37), { x: gate }).x), scaled)).toBe(0);
+    }
+    for (const [rows, cols] of [[1, 1], [3, 7], [5, 64]]) {
+      const x = randomF32(rows * cols, rand), bias = randomF32(cols, rand);
+      const want = x.slice();
+      check(lib.infer_add_row_bias(want, bias, rows, cols), "add_row_bias");
+      expect(normalisedError(f32(run(planAddRowBias(rows, cols), { x, bias }).x), want)).toBe(0);
+    }
+  });
+});
+
+describe("KV cache and attention against the CPU kernels", () => {
+  test("kv_store rounds to f16 as the CPU does, at ring and linear cells", () => {
+    const rand = rng(17);
+    for (const [kvDim, nTok, pos0, ringCells] of [[64, 3, 5, 0], [40, 5, 14, 8], [7, 1, 0, 0]] as const) {
+      const cells = ringCells || pos0 + nTok;
+      const k = randomF32(nTok * kvDim, rand, 4), v = randomF32(nTok * kvDim, rand, 4);
+      const kWant = new Uint16Array(cells * kvDim), vWant = new Uint16Array(cells * kvDim);
+      for (let t = 0; t < nTok; t++) {
+        const cell = (pos0 + t) % cells;
+        const at = (cache: Uint16Array) => new Uint8Array(cache.buffer, cell * kvDim * 2);
+        check(lib.infer_kv_store(k.subarray(t * kvDim), at(kWant), 1, kvDim), "kv_store");
+        check(lib.infer_kv_store(v.subarray(t * kvDim), at(vWant), 1, kvDim), "kv_store");
+      }
+      const out = run(planKvStore(kvDim, nTok, pos0, cells, ringCells > 0),
+        { k, v, k_cache: new Uint16Array(cells * kvDim), v_cache: new Uint16Array(cells * kvDim) });
+      expect(Array.from(new Uint16Array(out.k_cache.buffer))).toEqual(Array.from(kWant));
+      expect(Array.from(new Uint16Array(out.v_cache.buffer))).toEqual(Array.from(vWant));
+    }
+  });
+
+  test("attention: GQA, sliding windows, rings, odd head sizes", () => {
+    const rand = rng(23);
+    const cases = [
+      // nTok, heads, kvHeads, headDim, pos0, window, ring cells (0: linear)
+      [1, 4, 1, 256, 40, 0, 0], [5, 4, 2, 64, 11, 0, 0], [3, 6, 3, 40, 30, 8, 0],
+      [4, 2, 1, 32, 50, 16, 24], [1, 1, 1, 33, 0, 0, 0], [7, 8, 2, 96, 3, 4, 0],
+    ] as const;
+    for (const [nTok, heads, kvHeads, headDim, pos0, window, ringCells] of cases) {
+      const kvDim = kvHeads * headDim;
+      const cells = ringCells || pos0 + nTok;
+      const kF32 = randomF32(cells * kvDim, rand, 2), vF32 = randomF32(cells * kvDim, rand, 2);
+      const kBits = new Uint16Array(kF32.length), vBits = new Uint16Array(vF32.length);
+      check(lib.infer_kv_store(kF32, new Uint8Array(kBits.buffer), 1, kF32.length), "kv");
+      check(lib.infer_kv_store(vF32, new Uint8Array(vBits.buffer), 1, vF32.length), "kv");
+      // The reference reads the same f16 values as f32 (the CPU's F32 path: no f16 rounding of q).
+      const kRef = new Float32Array(kF32.length), vRef = new Float32Array(vF32.length);
+      check(lib.infer_dequantize(GgmlType.F16, new Uint8Array(kBits.buffer), kBits.length, kRef), "f16");
+      check(lib.infer_dequantize(GgmlType.F16, new Uint8Array(vBits.buffer), vBits.length, vRef), "f16");
+      const q = randomF32(nTok * heads * headDim, rand);
+      const scale = 1 / Math.sqrt(headDim);
+      const want = new Float32Array(q.length);
+      check(lib.infer_attention(q, new Uint8Array(kRef.buffer), new Uint8Array(vRef.buffer), 0, want, nTok, heads,
+        kvHeads, headDim, pos0, kvDim, window, ringCells, scale), "attention");
+      const plan = planAttention({ nTok, heads, kvHeads, headDim, pos0, window, cells, ring: ringCells > 0, scale });
+      const got = f32(run(plan, { q, k_cache: kBits, v_cache: vBits, out: new Float32Array(q.length).fill(NaN) }).out);
+      const err = normalisedError(got, want);
+      if (err > TOL_ATTENTION) console.error({ nTok, heads, kvHeads, headDim, pos0, window, ringCells, err });
+      expect(err).toBeLessThanOrEqual(TOL_ATTENTION);
+    }
+  });
+});

@@ -1,0 +1,253 @@
+// The Metal dispatch plan, as data: for each op and shape, which kernel runs, on how many
+// threadgroups of how many threads, with how much threadgroup memory, which buffer goes to which
+// [[buffer(n)]] (by the kernel's parameter names) and the constant arguments, packed as args.h
+// declares them. The Metal backend (metal.ts) encodes exactly these dispatches, on a Mac through
+// lib/metal and on Linux through the CPU emulation of the same kernels (test/support/
+// metal-emu.ts); test/metal-plan.test.ts checks every plan against the signatures parsed from
+// shaders/metal, so a renamed parameter, a moved index or a changed struct fails a test here.
+import { InferError } from "../errors.ts";
+import { ggmlTypes, type GgmlTypeInfo } from "../gguf/types.ts";
+
+export type Dim3 = readonly [number, number, number];
+
+export interface KernelDispatch {
+  readonly kernel: string;
+  /** Threadgroups per grid. */
+  readonly grid: Dim3;
+  /** Threads per threadgroup. */
+  readonly threads: Dim3;
+  /** Bytes of the [[threadgroup(0)]] buffer; 0 when the kernel has none. */
+  readonly threadgroupBytes: number;
+  /** [[buffer(index)]] of each buffer parameter, by parameter name. */
+  readonly buffers: Readonly<Record<string, number>>;
+  /** The constant arguments: struct name (args.h), buffer index, and bytes. */
+  readonly args: { readonly struct: string; readonly index: number; readonly bytes: Uint8Array };
+}
+
+type FieldType = "u32" | "i32" | "f32";
+
+/** args.h, field by field (test/metal-plan.test.ts checks this table against the header). */
+export const argStructs: Readonly<Record<string, readonly (readonly [string, FieldType])[]>> = {
+  MatvecArgs: [["n_in", "u32"], ["n_out", "u32"], ["n_tok", "u32"], ["row_bytes", "u32"]],
+  MatmulArgs: [["n_in", "u32"], ["n_out", "u32"], ["n_tok", "u32"], ["row_bytes", "u32"],
+    ["tile_out", "u32"], ["tile_tok", "u32"]],
+  GetRowsArgs: [["n_cols", "u32"], ["row_bytes", "u32"], ["n_ids", "u32"], ["n_rows", "u32"]],
+  RmsNormArgs: [["n_cols", "u32"], ["eps", "f32"], ["has_weight", "u32"]],
+  RopeArgs: [["n_tok", "u32"], ["n_heads", "u32"], ["head_dim", "u32"], ["n_rot", "u32"],
+    ["freq_base", "f32"], ["freq_scale", "f32"], ["mode", "u32"], ["has_freq_factors", "u32"]],
+  EltwiseArgs: [["n", "u32"], ["n_cols", "u32"], ["scale", "f32"]],
+  KvStoreArgs: [["kv_dim", "u32"], ["n_tok", "u32"], ["pos0", "u32"], ["cells", "u32"], ["ring", "u32"]],
+  AttentionArgs: [["n_tok", "u32"], ["n_head", "u32"], ["n_kv_head", "u32"], ["head_dim", "u32"],
+    ["pos0", "u32"], ["window", "u32"], ["cells", "u32"], ["ring", "u32"], ["scale", "f32"]],
+};
+
+/** Constants of args.h the plan depends on (checked by the test). */
+export const MATMUL_ACC_MAX = 8;
+export const ATTENTION_HEAD_DIM_MAX = 512;
+
+const SIMD_WIDTH = 32;
+/** Decode matvec: rows per threadgroup (one simdgroup each). */
+const MATVEC_SIMDGROUPS = 4;
+/** Prefill tiles: 32 rows × 16 tokens over 128 threads, 4 outputs each. */
+const MATMUL_TILE_OUT = 32;
+const MATMUL_TILE_TOK = 16;
+const MATMUL_THREADS = 128;
+/** Above this many tokens a matmul uses the tiled kernel. */
+export const MATVEC_TOKENS_MAX = 4;
+const NORM_THREADS = 256;
+const ELTWISE_THREADS = 256;
+const ATTENTION_SIMDGROUPS = 4;
+
+/** The kernel name suffix of each weight type the Metal kernels read. */
+export const metalWeightTypes: Readonly<Record<string, string>> = {
+  F32: "f32", F16: "f16", BF16: "bf16", Q4_0: "q4_0", Q5_0: "q5_0", Q8_0: "q8_0",
+  Q4_K: "q4_k", Q5_K: "q5_k", Q6_K: "q6_k",
+};
+
+export function packArgs(struct: string, values: Readonly<Record<string, number>>): Uint8Array {
+  const fields = argStructs[struct];
+  if (!fields) throw new InferError("internal", `metal plan: no argument struct ${struct}`);
+  const bytes = new Uint8Array(fields.length * 4);
+  const view = new DataView(bytes.buffer);
+  fields.forEach(([name, type], i) => {
+    const v = values[name];
+    if (v === undefined || !Number.isFinite(v)) {
+      throw new InferError("internal", `metal plan: ${struct}.${name} is ${v}`);
+    }
+    if (type === "f32") view.setFloat32(i * 4, v, true);
+    else if (type === "i32") view.setInt32(i * 4, v, true);
+    else {
+      if (!Number.isInteger(v) || v < 0 || v > 0xffffffff) {
+        throw new InferError("invalid_argument", `metal plan: ${struct}.${name} = ${v} is not a u32`);
+      }
+      view.setUint32(i * 4, v, true);
+    }
+  });
+  for (const name of Object.keys(values)) {
+    if (!fields.some(([f]) => f === name)) throw new InferError("internal", `metal plan: ${struct} has no ${name}`);
+  }
+  return bytes;
+}
+
+const ceilDiv = (a: number, b: number) => Math.ceil(a / b);
+
+function weightType(typeId: number): { info: GgmlTypeInfo; suffix: string } {
+  const info = ggmlTypes.get(typeId);
+  const suffix = info ? metalWeightTypes[info.name] : undefined;
+  if (!info || !suffix) {
+    throw new InferError("unsupported", `the Metal backend does not compute ${info?.name ?? `type ${typeId}`} weights`);
+  }
+  return { info, suffix };
+}
+
+function checkedRowBytes(info: GgmlTypeInfo, nIn: number): number {
+  if (nIn % info.blockValues !== 0) {
+    throw new InferError("invalid_argument", `${nIn} inputs are not whole ${info.name} blocks of ${info.blockValues}`);
+  }
+  return (nIn / info.blockValues) * info.blockBytes;
+}
+
+/** y[t][o] = W[o] · x[t]: matvec for a few tokens, the tiled matmul beyond. Buffers w, x, y. */
+export function planMatmul(typeId: number, nIn: number, nOut: number, nTok: number): KernelDispatch {
+  const { info, suffix } = weightType(typeId);
+  const rowBytes = checkedRowBytes(info, nIn);
+  const buffers = { w: 0, x: 1, y: 2 };
+  if (nTok <= MATVEC_TOKENS_MAX) {
+    return {
+      kernel: `matvec_${suffix}`, grid: [ceilDiv(nOut, MATVEC_SIMDGROUPS), nTok, 1],
+      threads: [MATVEC_SIMDGROUPS * SIMD_WIDTH, 1, 1], threadgroupBytes: 0, buffers,
+      args: { struct: "MatvecArgs", index: 3,
+        bytes: packArgs("MatvecArgs", { n_in: nIn, n_out: nOut, n_tok: nTok, row_bytes: rowBytes }) },
+    };
+  }
+  return {
+    kernel: `matmul_${suffix}`, grid: [ceilDiv(nOut, MATMUL_TILE_OUT), ceilDiv(nTok, MATMUL_TILE_TOK), 1],
+    threads: [MATMUL_THREADS, 1, 1], threadgroupBytes: (MATMUL_TILE_OUT + MATMUL_TILE_TOK) * 32 * 4, buffers,
+    args: { struct: "MatmulArgs", index: 3, bytes: packArgs("MatmulArgs", {
+      n_in: nIn, n_out: nOut, n_tok: nTok, row_bytes: rowBytes,
+      tile_out: MATMUL_TILE_OUT, tile_tok: MATMUL_TILE_TOK,
+    }) },
+  };
+}
+
+/** dst[i] = dequantized row ids[i] of a table of nRows rows of nCols. Buffers table, ids, dst. */
+export function planGetRows(typeId: number, nCols: number, nRows: number, nIds: number): KernelDispatch {
+  const { info, suffix } = weightType(typeId);
+  const rowBytes = checkedRowBytes(info, nCols);
+  const chunks = ceilDiv(nCols, 32);
+  const threads = Math.min(64, chunks);
+  return {
+    kernel: `get_rows_${suffix}`, grid: [ceilDiv(chunks, threads), nIds, 1], threads: [threads, 1, 1],
+    threadgroupBytes: 0, buffers: { table: 0, ids: 1, dst: 2 },
+    args: { struct: "GetRowsArgs", index: 3,
+      bytes: packArgs("GetRowsArgs", { n_cols: nCols, row_bytes: rowBytes, n_ids: nIds, n_rows: nRows }) },
+  };
+}
+
+function planNorm(kernel: string, out: string, nRows: number, nCols: number, eps: number,
+  hasWeight: boolean): KernelDispatch {
+  const threads = Math.min(NORM_THREADS, ceilDiv(nCols, SIMD_WIDTH) * SIMD_WIDTH);
+  return {
+    kernel, grid: [nRows, 1, 1], threads: [threads, 1, 1], threadgroupBytes: (threads / SIMD_WIDTH) * 4,
+    buffers: { x: 0, weight: 1, [out]: 2 },
+    args: { struct: "RmsNormArgs", index: 3,
+      bytes: packArgs("RmsNormArgs", { n_cols: nCols, eps, has_weight: hasWeight ? 1 : 0 }) },
+  };
+}
+
+/** out = rms_norm(x) · weight per row. Buffers x, weight (any buffer when hasWeight is false), out. */
+export function planRmsNorm(nRows: number, nCols: number, eps: number, hasWeight: boolean): KernelDispatch {
+  return planNorm("rms_norm", "out", nRows, nCols, eps, hasWeight);
+}
+
+/** residual += rms_norm(x) · weight. Buffers x, weight, residual. */
+export function planRmsNormAdd(nRows: number, nCols: number, eps: number): KernelDispatch {
+  return planNorm("rms_norm_add", "residual", nRows, nCols, eps, true);
+}
+
+export interface RopePlanOptions {
+  readonly nTok: number; readonly heads: number; readonly headDim: number; readonly rotaryDims: number;
+  readonly base: number; readonly scale: number; readonly neox: boolean; readonly freqFactors: boolean;
+}
+
+/** In-place RoPE. Buffers x, positions (i32), freq_factors (any buffer when there are none). */
+export function planRope(o: RopePlanOptions): KernelDispatch {
+  if (o.rotaryDims <= 0 || o.rotaryDims % 2 !== 0 || o.rotaryDims > o.headDim) {
+    throw new InferError("invalid_argument", `rope: ${o.rotaryDims} rotary dims for head_dim ${o.headDim}`);
+  }
+  const pairs = o.rotaryDims / 2;
+  const threads = Math.min(64, pairs);
+  return {
+    kernel: "rope", grid: [ceilDiv(pairs, threads), o.heads, o.nTok], threads: [threads, 1, 1],
+    threadgroupBytes: 0, buffers: { x: 0, positions: 1, freq_factors: 2 },
+    args: { struct: "RopeArgs", index: 3, bytes: packArgs("RopeArgs", {
+      n_tok: o.nTok, n_heads: o.heads, head_dim: o.headDim, n_rot: o.rotaryDims, freq_base: o.base,
+      freq_scale: o.scale, mode: o.neox ? 2 : 0, has_freq_factors: o.freqFactors ? 1 : 0,
+    }) },
+  };
+}
+
+function planEltwise(kernel: string, buffers: Record<string, number>, argsIndex: number, n: number,
+  nCols = 1, scale = 1): KernelDispatch {
+  return {
+    kernel, grid: [Math.max(1, ceilDiv(n, ELTWISE_THREADS)), 1, 1], threads: [ELTWISE_THREADS, 1, 1],
+    threadgroupBytes: 0, buffers,
+    args: { struct: "EltwiseArgs", index: argsIndex, bytes: packArgs("EltwiseArgs", { n, n_cols: nCols, scale }) },
+  };
+}
+
+/** out = act(gate) · up. Buffers gate, up, out. */
+export function planGatedAct(kind: "gelu" | "silu", n: number): KernelDispatch {
+  return planEltwise(kind === "gelu" ? "gelu_mul" : "silu_mul", { gate: 0, up: 1, out: 2 }, 3, n);
+}
+
+/** out = a + b. Buffers a, b, out. */
+export function planAdd(n: number): KernelDispatch {
+  return planEltwise("add", { a: 0, b: 1, out: 2 }, 3, n);
+}
+
+/** x *= factor. Buffer x. */
+export function planScale(n: number, factor: number): KernelDispatch {
+  return planEltwise("scale", { x: 0 }, 1, n, 1, factor);
+}
+
+/** x[r] += bias over rows of nCols. Buffers x, bias. */
+export function planAddRowBias(nRows: number, nCols: number): KernelDispatch {
+  return planEltwise("add_row_bias", { x: 0, bias: 1 }, 2, nRows * nCols, nCols);
+}
+
+/** k and v rows into the f16 caches. Buffers k, v, k_cache, v_cache. */
+export function planKvStore(kvDim: number, nTok: number, pos0: number, cells: number, ring: boolean): KernelDispatch {
+  const threads = Math.min(256, ceilDiv(kvDim, SIMD_WIDTH) * SIMD_WIDTH);
+  return {
+    kernel: "kv_store", grid: [ceilDiv(kvDim, threads), nTok, 1], threads: [threads, 1, 1], threadgroupBytes: 0,
+    buffers: { k: 0, v: 1, k_cache: 2, v_cache: 3 },
+    args: { struct: "KvStoreArgs", index: 4,
+      bytes: packArgs("KvStoreArgs", { kv_dim: kvDim, n_tok: nTok, pos0, cells, ring: ring ? 1 : 0 }) },
+  };
+}
+
+export interface AttentionPlanOptions {
+  readonly nTok: number; readonly heads: number; readonly kvHeads: number; readonly headDim: number;
+  readonly pos0: number; readonly window: number; readonly cells: number; readonly ring: boolean;
+  readonly scale: number;
+}
+
+/** Attention over the f16 cache. Buffers q, k_cache, v_cache, out. */
+export function planAttention(o: AttentionPlanOptions): KernelDispatch {
+  if (o.headDim > ATTENTION_HEAD_DIM_MAX) {
+    throw new InferError("unsupported", `head_dim ${o.headDim} is over the Metal backend's ${ATTENTION_HEAD_DIM_MAX}`);
+  }
+  if (o.kvHeads <= 0 || o.heads % o.kvHeads !== 0) {
+    throw new InferError("invalid_argument", `attention: ${o.heads} heads are not a multiple of ${o.kvHeads} KV heads`);
+  }
+  return {
+    kernel: "attention", grid: [o.heads, o.nTok, 1], threads: [ATTENTION_SIMDGROUPS * SIMD_WIDTH, 1, 1],
+    threadgroupBytes: ATTENTION_SIMDGROUPS * (o.headDim + 2) * 4,
+    buffers: { q: 0, k_cache: 1, v_cache: 2, out: 3 },
+    args: { struct: "AttentionArgs", index: 4, bytes: packArgs("AttentionArgs", {
+      n_tok: o.nTok, n_head: o.heads, n_kv_head: o.kvHeads, head_dim: o.headDim, pos0: o.pos0,
+      window: o.window, cells: o.cells, ring: o.ring ? 1 : 0, scale: o.scale,
+    }) },
+  };
+}

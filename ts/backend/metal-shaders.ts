@@ -1,0 +1,174 @@
+// The Metal kernels as source text: shaders/metal/*.metal with their local headers inlined into
+// one string (what the library compiles with newLibraryWithSource: that call has no file system,
+// so #include "x.h" cannot be resolved there), and what the sources declare, parsed: each
+// kernel's parameters (buffer indices, address spaces, attributes) and each argument struct's
+// fields. The dispatch plan (metal-plan.ts) is checked against these declarations by
+// test/metal-plan.test.ts, and the Linux emulation (test/support/metal-emu.ts) generates its
+// launchers from them, so all three read the kernels the same way.
+import { readdirSync, readFileSync } from "node:fs";
+import { join } from "node:path";
+import { InferError } from "../errors.ts";
+
+/** shaders/metal, or INFER_METAL_SHADERS. */
+export function metalShaderDir(): string {
+  return process.env.INFER_METAL_SHADERS || join(import.meta.dir, "..", "..", "shaders", "metal");
+}
+
+export function metalSourceFiles(dir = metalShaderDir()): string[] {
+  return readdirSync(dir).filter((f) => f.endsWith(".metal")).sort();
+}
+
+/** Every .metal file of `dir` in name order, each local #include inlined at its first use. */
+export function assembleMetalSource(dir = metalShaderDir()): string {
+  const included = new Set<string>();
+  const inline = (file: string, depth: number): string => {
+    if (depth > 8) throw new InferError("internal", `metal: #include nesting too deep at ${file}`);
+    const text = readFileSync(join(dir, file), "utf8");
+    return text.replace(/^#include "([\w./-]+)"[^\n]*$/gm, (_, header: string) => {
+      if (included.has(header)) return `// (${header}: included above)`;
+      included.add(header);
+      return `// ---- ${header}\n${inline(header, depth + 1)}`;
+    });
+  };
+  const files = metalSourceFiles(dir);
+  if (files.length === 0) throw new InferError("unsupported", `Metal not available: no .metal files in ${dir}`);
+  return files.map((f) => `// ==== ${f}\n${inline(f, 0)}`).join("\n");
+}
+
+export type AddressSpace = "device" | "constant" | "threadgroup" | "thread";
+
+export interface KernelParam {
+  readonly name: string;
+  /** The element type (pointers) or the type (references and values), without qualifiers. */
+  readonly type: string;
+  readonly space: AddressSpace;
+  readonly isConst: boolean;
+  readonly pointer: boolean;
+  readonly reference: boolean;
+  /** buffer(n) / threadgroup(n): the binding index; null for a built-in value. */
+  readonly buffer: number | null;
+  readonly threadgroup: number | null;
+  /** A built-in attribute such as thread_position_in_grid; null for bindings. */
+  readonly builtin: string | null;
+}
+
+export interface KernelSignature {
+  readonly name: string;
+  readonly file: string;
+  readonly params: readonly KernelParam[];
+}
+
+/** The built-in attributes the emulation provides (metal_emu.h's Ids). */
+export const metalBuiltins = [
+  "threadgroup_position_in_grid", "thread_position_in_threadgroup", "thread_position_in_grid",
+  "threads_per_threadgroup", "threadgroups_per_grid", "thread_index_in_threadgroup",
+  "thread_index_in_simdgroup", "simdgroup_index_in_threadgroup", "simdgroups_per_threadgroup",
+  "threads_per_simdgroup",
+] as const;
+
+function stripComments(text: string): string {
+  return text.replace(/\/\*[\s\S]*?\*\//g, " ").replace(/\/\/[^\n]*/g, "");
+}
+
+function parseParam(raw: string, where: string): KernelParam {
+  const text = raw.replace(/\s+/g, " ").trim();
+  const m = /^(.*?)\s*\[\[\s*(\w+)\s*(?:\(\s*(\d+)\s*\))?\s*\]\]$/.exec(text);
+  if (!m) throw new InferError("internal", `${where}: parameter '${text}' has no [[attribute]]`);
+  const [, decl, attr, index] = m;
+  const nameMatch = /^(.*?)([*&]?)\s*(\w+)$/.exec(decl);
+  if (!nameMatch) throw new InferError("internal", `${where}: cannot read parameter '${decl}'`);
+  const [, typePart, sigil, name] = nameMatch;
+  const words = typePart.replace(/[*&]/g, " ").trim().split(/\s+/);
+  const spaces: AddressSpace[] = ["device", "constant", "threadgroup", "thread"];
+  const space = (words.find((w) => (spaces as string[]).includes(w)) ?? "thread") as AddressSpace;
+  const type = words.filter((w) => w !== "const" && !(spaces as string[]).includes(w)).join(" ");
+  const pointer = sigil === "*" || typePart.includes("*");
+  const reference = sigil === "&" || typePart.includes("&");
+  const isBinding = attr === "buffer" || attr === "threadgroup";
+  if (isBinding && index === undefined) throw new InferError("internal", `${where}: [[${attr}]] needs an index`);
+  return {
+    name, type, space, isConst: words.includes("const"), pointer, reference,
+    buffer: attr === "buffer" ? Number(index) : null,
+    threadgroup: attr === "threadgroup" ? Number(index) : null,
+    builtin: isBinding ? null : attr,
+  };
+}
+
+/** Splits on commas outside brackets and parentheses. */
+function splitTopLevel(text: string): string[] {
+  const parts: string[] = [];
+  let depth = 0, start = 0;
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i];
+    if (c === "(" || c === "[" || c === "<") depth++;
+    else if (c === ")" || c === "]" || c === ">") depth--;
+    else if (c === "," && depth === 0) {
+      parts.push(text.slice(start, i));
+      start = i + 1;
+    }
+  }
+  parts.push(text.slice(start));
+  return parts.map((p) => p.trim()).filter((p) => p.length > 0);
+}
+
+/** The kernels (`kernel void name(...)`) of one source text. */
+export function parseKernels(source: string, file = "<source>"): KernelSignature[] {
+  const text = stripComments(source);
+  const out: KernelSignature[] = [];
+  const re = /\bkernel\s+void\s+(\w+)\s*\(/g;
+  for (let m = re.exec(text); m; m = re.exec(text)) {
+    let depth = 1, i = re.lastIndex;
+    for (; i < text.length && depth > 0; i++) {
+      if (text[i] === "(") depth++;
+      else if (text[i] === ")") depth--;
+    }
+    const params = splitTopLevel(text.slice(re.lastIndex, i - 1)).map((p) => parseParam(p, `${file}: ${m![1]}`));
+    out.push({ name: m[1], file, params });
+  }
+  return out;
+}
+
+/** Every kernel of shaders/metal, by name (names are unique across files). */
+export function metalKernels(dir = metalShaderDir()): Map<string, KernelSignature> {
+  const kernels = new Map<string, KernelSignature>();
+  for (const file of metalSourceFiles(dir)) {
+    for (const k of parseKernels(readFileSync(join(dir, file), "utf8"), file)) {
+      if (kernels.has(k.name)) throw new InferError("internal", `metal: kernel ${k.name} is defined twice`);
+      kernels.set(k.name, k);
+    }
+  }
+  return kernels;
+}
+
+export interface StructField { readonly name: string; readonly type: string }
+
+/** `typedef struct { fields } Name;` declarations of a header, with their fields in order. */
+export function parseStructs(header: string): Map<string, StructField[]> {
+  const text = stripComments(header);
+  const out = new Map<string, StructField[]>();
+  const re = /typedef\s+struct\s*\{([^}]*)\}\s*(\w+)\s*;/g;
+  for (let m = re.exec(text); m; m = re.exec(text)) {
+    const fields = m[1].split(";").map((f) => f.trim()).filter((f) => f.length > 0).map((f) => {
+      const fm = /^(.*\S)\s+(\w+)(\[[^\]]*\])?$/.exec(f.replace(/\s+/g, " "));
+      if (!fm) throw new InferError("internal", `metal: cannot read field '${f}' of ${m![2]}`);
+      return { name: fm[2], type: fm[1] + (fm[3] ?? "") };
+    });
+    out.set(m[2], fields);
+  }
+  return out;
+}
+
+/** The integer `#define NAME value` constants of a header. */
+export function parseDefines(header: string): Map<string, number> {
+  const out = new Map<string, number>();
+  for (const m of stripComments(header).matchAll(/^#define\s+(\w+)\s+(\d+)\s*$/gm)) out.set(m[1], Number(m[2]));
+  return out;
+}
+
+export function metalArgStructs(dir = metalShaderDir()): Map<string, StructField[]> {
+  return parseStructs(readFileSync(join(dir, "args.h"), "utf8"));
+}
+
+export function metalArgDefines(dir = metalShaderDir()): Map<string, number> {
+  return parseDefines(readFileSync(join(dir, "args.h"), "utf8"));
+}
