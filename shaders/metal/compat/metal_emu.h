@@ -154,7 +154,9 @@ inline bool resolve_simdgroup(Fiber* lanes, uint count, uint group_index) {
                 break;
             default: f.result = 0;
         }
-        f.st = state::runnable;
+    }
+    for (uint i = 0; i < count; i++) {
+        if (lanes[i].st == state::waiting) lanes[i].st = state::runnable;
     }
     return true;
 }

@@ -1,0 +1,127 @@
+// Method: the Metal dispatch plan (ts/backend/metal-plan.ts) checked against what the kernels
+// declare, parsed from shaders/metal: for every op, weight type and a spread of shapes, the kernel
+// exists, each planned buffer name sits at the [[buffer(n)]] the kernel gives that parameter (and
+// every buffer parameter is bound), the constant arguments are the kernel's struct at its index
+// with args.h's fields in order, threadgroup memory is planned exactly when the kernel takes it
+// and is large enough, simdgroup kernels get whole simdgroups, and no kernel is left unplanned.
+import { describe, expect, test } from "bun:test";
+import { ggmlTypes } from "../ts/gguf/types.ts";
+import {
+  argStructs, ATTENTION_HEAD_DIM_MAX, MATMUL_ACC_MAX, metalWeightTypes, planAdd, planAddRowBias,
+  planAttention, planGatedAct, planGetRows, planKvStore, planMatmul, planRmsNorm, planRmsNormAdd,
+  planRope, planScale, type KernelDispatch,
+} from "../ts/backend/metal-plan.ts";
+import {
+  assembleMetalSource, metalArgDefines, metalArgStructs, metalKernels, parseKernels,
+} from "../ts/backend/metal-shaders.ts";
+
+const kernels = metalKernels();
+const simdBuiltins = ["thread_index_in_simdgroup", "simdgroup_index_in_threadgroup", "simdgroups_per_threadgroup"];
+
+function argsOf(d: KernelDispatch): Record<string, number> {
+  const view = new DataView(d.args.bytes.buffer, d.args.bytes.byteOffset, d.args.bytes.byteLength);
+  return Object.fromEntries(argStructs[d.args.struct].map(([name, type], i) =>
+    [name, type === "f32" ? view.getFloat32(i * 4, true) : view.getUint32(i * 4, true)]));
+}
+
+function checkAgainstSignature(d: KernelDispatch): void {
+  const k = kernels.get(d.kernel);
+  expect(k, `kernel ${d.kernel}`).toBeDefined();
+  const buffers = k!.params.filter((p) => p.buffer !== null && p.pointer);
+  expect(Object.fromEntries(buffers.map((p) => [p.name, p.buffer]))).toEqual({ ...d.buffers });
+  for (const p of buffers) expect(p.space).toBe("device");
+  const constants = k!.params.filter((p) => p.buffer !== null && p.reference);
+  expect(constants.length).toBe(1);
+  expect(constants[0].space).toBe("constant");
+  expect(constants[0].type).toBe(d.args.struct);
+  expect(constants[0].buffer).toBe(d.args.index);
+  expect(d.args.bytes.length).toBe(argStructs[d.args.struct].length * 4);
+  const takesThreadgroupMemory = k!.params.some((p) => p.threadgroup !== null);
+  expect(d.threadgroupBytes > 0).toBe(takesThreadgroupMemory);
+  const threads = d.threads[0] * d.threads[1] * d.threads[2];
+  expect(threads).toBeGreaterThan(0);
+  expect(threads).toBeLessThanOrEqual(1024);
+  if (k!.params.some((p) => p.builtin && simdBuiltins.includes(p.builtin))) expect(threads % 32).toBe(0);
+  for (const g of d.grid) expect(Number.isInteger(g) && g >= 1).toBe(true);
+  const unknown = k!.params.filter((p) => p.builtin === null && p.buffer === null && p.threadgroup === null);
+  expect(unknown).toEqual([]);
+}
+
+/** Every plan the backend can make, over a spread of shapes. */
+function allPlans(): KernelDispatch[] {
+  const plans: KernelDispatch[] = [];
+  for (const name of Object.keys(metalWeightTypes)) {
+    const t = [...ggmlTypes.values()].find((x) => x.name === name)!;
+    const nIn = t.blockValues === 1 ? 33 : t.blockValues * 3;
+    for (const nTok of [1, 4, 5, 300]) plans.push(planMatmul(t.id, nIn, 67, nTok));
+    plans.push(planGetRows(t.id, nIn, 10, 3));
+  }
+  for (const cols of [1, 64, 640, 5000]) {
+    plans.push(planRmsNorm(3, cols, 1e-6, true), planRmsNorm(3, cols, 1e-6, false), planRmsNormAdd(3, cols, 1e-6));
+  }
+  for (const neox of [false, true]) {
+    plans.push(planRope({ nTok: 5, heads: 4, headDim: 256, rotaryDims: 128, base: 1e6, scale: 1, neox, freqFactors: !neox }));
+  }
+  plans.push(planGatedAct("gelu", 1000), planGatedAct("silu", 7), planAdd(33), planScale(5, 2), planAddRowBias(3, 17));
+  plans.push(planKvStore(256, 4, 10, 768, true), planKvStore(7, 1, 0, 16, false));
+  for (const headDim of [32, 256, ATTENTION_HEAD_DIM_MAX]) {
+    plans.push(planAttention({ nTok: 3, heads: 8, kvHeads: 2, headDim, pos0: 9, window: 4, cells: 16, ring: true, scale: 0.1 }));
+  }
+  return plans;
+}
+
+describe("the Metal dispatch plan matches the kernels' declarations", () => {
+  test("argument structs: the plan packs args.h's fields, in order, with their types", () => {
+    const parsed = metalArgStructs();
+    const fieldType: Record<string, string> = { uint32_t: "u32", int32_t: "i32", float: "f32" };
+    expect([...parsed.keys()].sort()).toEqual(Object.keys(argStructs).sort());
+    for (const [name, fields] of parsed) {
+      expect(fields.map((f) => [f.name, fieldType[f.type] ?? f.type])).toEqual(argStructs[name].map(([n, t]) => [n, t]));
+    }
+    const defines = metalArgDefines();
+    expect(defines.get("MATMUL_ACC_MAX")).toBe(MATMUL_ACC_MAX);
+    expect(defines.get("ATTENTION_HEAD_DIM_MAX")).toBe(ATTENTION_HEAD_DIM_MAX);
+  });
+
+  test("every plan binds each buffer at the index its kernel declares", () => {
+    for (const d of allPlans()) checkAgainstSignature(d);
+  });
+
+  test("planned threadgroup memory and per-thread work fit what the kernels assume", () => {
+    for (const d of allPlans()) {
+      const a = argsOf(d), threads = d.threads[0] * d.threads[1] * d.threads[2];
+      if (d.kernel.startsWith("matmul_")) {
+        expect(d.threadgroupBytes).toBe((a.tile_out + a.tile_tok) * 32 * 4);
+        expect(a.tile_out * a.tile_tok).toBeLessThanOrEqual(MATMUL_ACC_MAX * threads);
+        expect(d.grid[0] * a.tile_out).toBeGreaterThanOrEqual(a.n_out);
+        expect(d.grid[1] * a.tile_tok).toBeGreaterThanOrEqual(a.n_tok);
+      }
+      if (d.kernel.startsWith("matvec_")) {
+        expect(d.grid[0] * (threads / 32)).toBeGreaterThanOrEqual(a.n_out);
+        expect(d.grid[1]).toBe(a.n_tok);
+      }
+      if (d.kernel.startsWith("rms_norm")) expect(d.threadgroupBytes).toBeGreaterThanOrEqual((threads / 32) * 4);
+      if (d.kernel === "attention") {
+        expect(d.threadgroupBytes).toBeGreaterThanOrEqual((threads / 32) * (a.head_dim + 2) * 4);
+        expect(a.head_dim).toBeLessThanOrEqual(ATTENTION_HEAD_DIM_MAX);
+      }
+    }
+  });
+
+  test("every kernel in shaders/metal is planned, and every weight type has its three kernels", () => {
+    const planned = new Set(allPlans().map((d) => d.kernel));
+    expect([...kernels.keys()].filter((k) => !planned.has(k))).toEqual([]);
+    for (const suffix of Object.values(metalWeightTypes)) {
+      for (const prefix of ["matvec_", "matmul_", "get_rows_"]) expect(kernels.has(prefix + suffix)).toBe(true);
+    }
+  });
+
+  test("the assembled source (what the library compiles) holds every kernel once, no local #include left", () => {
+    const source = assembleMetalSource();
+    expect(source).not.toMatch(/^#include "/m);
+    expect(parseKernels(source).map((k) => k.name).sort()).toEqual([...kernels.keys()].sort());
+    // Threadgroup memory comes only from [[threadgroup(n)]] parameters sized by the plan:
+    // a threadgroup array declared inside a kernel would be sized in no plan.
+    expect(source).not.toMatch(/^\s+threadgroup\s+\w+\s+\w+\s*\[/m);
+  });
+});
