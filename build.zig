@@ -5,6 +5,8 @@
 //!       NEON + dot product). Every variant computes the same bits.
 //!   python3 -m ziglang build test                      -> every inline test under lib/, native CPU
 //!   ... test -Dtarget=aarch64-linux-musl -Dcpu=generic+dotprod -fqemu   -> the same under qemu
+//!   ... -Dtarget=aarch64-macos                         -> the macOS dylibs, Metal host code included
+//!       (lib/metal loads the Objective-C runtime at run time: no SDK needed to build)
 const std = @import("std");
 
 // Pinned: the setup installs exactly this Zig from PyPI (`ziglang`).
@@ -76,10 +78,13 @@ pub fn build(b: *std.Build) void {
 }
 
 fn rootModule(b: *std.Build, target: std.Build.ResolvedTarget, optimize: std.builtin.OptimizeMode) *std.Build.Module {
-    return b.createModule(.{
+    const module = b.createModule(.{
         .root_source_file = b.path("lib/root.zig"),
         .target = target,
         .optimize = optimize,
         .link_libc = true,
     });
+    // shaders/metal/blocks.h: the Metal block layouts, checked against lib/quant by a Zig test.
+    module.addIncludePath(b.path("shaders/metal"));
+    return module;
 }

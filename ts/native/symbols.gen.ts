@@ -65,4 +65,11 @@ export const symbols = {
   infer_cuda_matmul_multi: { args: [FFIType.u32, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64], returns: FFIType.i32 },
   infer_cuda_act_mul_quant: { args: [FFIType.u32, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u32, FFIType.u64, FFIType.u64], returns: FFIType.i32 },
   infer_cuda_rope2: { args: [FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.f32, FFIType.f32, FFIType.u32, FFIType.u64], returns: FFIType.i32 },
+  infer_metal_init: { args: [FFIType.ptr, FFIType.u64, FFIType.ptr, FFIType.u64, FFIType.ptr], returns: FFIType.i32 },
+  infer_metal_device_name: { args: [FFIType.ptr, FFIType.u64], returns: FFIType.i32 },
+  infer_metal_buffer_new: { args: [FFIType.u64, FFIType.ptr, FFIType.ptr], returns: FFIType.i32 },
+  infer_metal_buffer_wrap: { args: [FFIType.u64, FFIType.u64, FFIType.ptr], returns: FFIType.i32 },
+  infer_metal_buffer_free: { args: [FFIType.u64], returns: FFIType.void },
+  infer_metal_encode: { args: [FFIType.u32, FFIType.ptr, FFIType.u32, FFIType.ptr, FFIType.u32, FFIType.ptr, FFIType.u32, FFIType.u32], returns: FFIType.i32 },
+  infer_metal_flush: { args: [], returns: FFIType.i32 },
 } as const;
