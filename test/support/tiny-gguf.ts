@@ -26,10 +26,17 @@ export function toyVocabulary(): { tokens: string[]; scores: number[]; types: nu
 export function tinyGemma3Gguf(options: {
   shape?: TinyShape; architecture?: string; embeddingType?: number; seed?: number;
   dropMetadata?: string[];
+  /**
+   * Scale of the post-attention and post-FFN norms (default 1). At 1 the scaled embedding
+   * dominates the residual and greedy decoding repeats the last token; a larger gain makes the
+   * output depend on the context, as tests of attention and caches need.
+   */
+  branchGain?: number;
 } = {}): Uint8Array {
   const s = options.shape ?? tinyGemma3;
   const arch = options.architecture ?? "gemma3";
   const rand = random(options.seed ?? 1);
+  const gain = options.branchGain ?? 1;
   const vocab = toyVocabulary();
   const f32 = (name: string, dims: number[], scale = 0.2, offset = 0): GgufTensorToWrite => {
     const n = dims.reduce((a, b) => a * b, 1);
@@ -53,10 +60,10 @@ export function tinyGemma3Gguf(options: {
       f32(`${p}.attn_norm.weight`, [e], 0.1, 1), f32(`${p}.attn_q.weight`, [e, q]),
       f32(`${p}.attn_k.weight`, [e, kv]), f32(`${p}.attn_v.weight`, [e, kv]),
       f32(`${p}.attn_q_norm.weight`, [s.headDim], 0.1, 1), f32(`${p}.attn_k_norm.weight`, [s.headDim], 0.1, 1),
-      f32(`${p}.attn_output.weight`, [q, e]), f32(`${p}.post_attention_norm.weight`, [e], 0.1, 1),
+      f32(`${p}.attn_output.weight`, [q, e]), f32(`${p}.post_attention_norm.weight`, [e], 0.1, gain),
       f32(`${p}.ffn_norm.weight`, [e], 0.1, 1), f32(`${p}.ffn_gate.weight`, [e, s.feedForward]),
       f32(`${p}.ffn_up.weight`, [e, s.feedForward]), f32(`${p}.ffn_down.weight`, [s.feedForward, e]),
-      f32(`${p}.post_ffw_norm.weight`, [e], 0.1, 1),
+      f32(`${p}.post_ffw_norm.weight`, [e], 0.1, gain),
     );
   }
   const metadata: [string, GgufTypedValue][] = [

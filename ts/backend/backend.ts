@@ -53,13 +53,19 @@ export interface AttentionOptions {
 
 export interface Backend {
   readonly name: string;
+  /**
+   * The backend honours `firstRow` in setPositions, storeKv and attention, so one batch may hold
+   * rows of several sequences (the server's continuous batching); without it, one at a time.
+   */
+  readonly sequenceBatches?: boolean;
   weight(file: GgufFile, tensor: GgufTensorInfo): Weight;
   activation(name: string, rows: number, cols: number): Activation;
   kvLayer(cells: number, kvHeads: number, headDim: number, type: KvType, ring: boolean): KvLayer;
   positions(rows: number): Activation;
 
   setTokens(dst: Activation, ids: ArrayLike<number>, count: number): void;
-  setPositions(dst: Activation, start: number, count: number): void;
+  /** Rows firstRow .. firstRow + count - 1 of dst get positions start .. start + count - 1. */
+  setPositions(dst: Activation, start: number, count: number, firstRow?: number): void;
   embed(table: Weight, ids: Activation, rows: number, out: Activation): void;
   scale(x: Activation, rows: number, factor: number): void;
   rmsNorm(x: Activation, weight: Weight | null, rows: number, eps: number, out: Activation): void;
@@ -70,9 +76,20 @@ export interface Backend {
   /** out[r] = W · x[r] for the first `rows` rows of x, starting at row `firstRow`. */
   matmul(w: Weight, x: Activation, rows: number, out: Activation, firstRow?: number): void;
   rope(x: Activation, positions: Activation, rows: number, options: RopeOptions): void;
-  storeKv(layer: KvLayer, k: Activation, v: Activation, rows: number, position: number): void;
+  /**
+   * Writes rows firstRow .. firstRow + rows - 1 of k and v into the layer at `position`. A batch
+   * of several sequences stores each sequence's rows into its own layers.
+   */
+  storeKv(layer: KvLayer, k: Activation, v: Activation, rows: number, position: number,
+    firstRow?: number): void;
+  /** Attention of q's rows firstRow .. (at positions position ..) into the same rows of out. */
   attention(q: Activation, layer: KvLayer, rows: number, position: number, options: AttentionOptions,
-    out: Activation): void;
+    out: Activation, firstRow?: number): void;
+  /**
+   * Copies `cells` rows of keys and values from one layer to another of the same shape (the
+   * prefix cache; without it, prefixes are not shared across sequences).
+   */
+  copyKv?(src: KvLayer, srcCell: number, dst: KvLayer, dstCell: number, cells: number): void;
   geluMul(gate: Activation, up: Activation, rows: number, out: Activation): void;
   siluMul(gate: Activation, up: Activation, rows: number, out: Activation): void;
   add(a: Activation, b: Activation, rows: number, out: Activation): void;

@@ -29,7 +29,8 @@ class CpuActivation implements Activation {
 class CpuKvLayer implements KvLayer {
   constructor(readonly cells: number, readonly ring: boolean, readonly kvHeads: number,
     readonly headDim: number, readonly typeId: number, readonly rowBytes: number,
-    readonly k: Pointer, readonly v: Pointer) {}
+    readonly k: Pointer, readonly v: Pointer, readonly kBytes: Uint8Array,
+    readonly vBytes: Uint8Array) {}
 }
 
 function w(x: Weight): CpuWeight { return x as CpuWeight; }
@@ -37,6 +38,7 @@ function a(x: Activation): CpuActivation { return x as CpuActivation; }
 
 export class CpuBackend implements Backend {
   readonly name = "cpu";
+  readonly sequenceBatches = true;
   private readonly arena = new Arena();
   private readonly lib = native();
 
@@ -63,7 +65,7 @@ export class CpuBackend implements Backend {
     const rowBytes = kvHeads * headDim * elementBytes;
     const k = this.arena.alloc(cells * rowBytes), v = this.arena.alloc(cells * rowBytes);
     return new CpuKvLayer(cells, ring, kvHeads, headDim, type === "f16" ? GgmlType.F16 : GgmlType.F32,
-      rowBytes, k.address, v.address);
+      rowBytes, k.address, v.address, k.bytes, v.bytes);
   }
 
   get bytesReserved(): number {
@@ -75,8 +77,8 @@ export class CpuBackend implements Backend {
     for (let i = 0; i < count; i++) view[i] = ids[i];
   }
 
-  setPositions(dst: Activation, start: number, count: number): void {
-    const view = new Int32Array(a(dst).f32.buffer, a(dst).f32.byteOffset, count);
+  setPositions(dst: Activation, start: number, count: number, firstRow = 0): void {
+    const view = new Int32Array(a(dst).f32.buffer, a(dst).f32.byteOffset + firstRow * 4, count);
     for (let i = 0; i < count; i++) view[i] = start + i;
   }
 
@@ -127,7 +129,8 @@ export class CpuBackend implements Backend {
       a(positions).address, o.base, o.scale, o.neox ? 2 : 0), "rope");
   }
 
-  storeKv(layer: KvLayer, k: Activation, v: Activation, rows: number, position: number): void {
+  storeKv(layer: KvLayer, k: Activation, v: Activation, rows: number, position: number,
+    firstRow = 0): void {
     const l = layer as CpuKvLayer;
     if (!l.ring && position + rows > l.cells) {
       throw new InferError("context_overflow", `KV cache holds ${l.cells} positions, ${position + rows} needed`);
@@ -136,8 +139,8 @@ export class CpuBackend implements Backend {
     // A ring wraps at most once per batch: store the rows before and after the wrap separately.
     const cell = l.ring ? position % l.cells : position;
     const first = Math.min(rows, l.cells - cell);
-    this.storeRows(l, k, v, 0, cell, first);
-    if (first < rows) this.storeRows(l, k, v, first, 0, rows - first);
+    this.storeRows(l, k, v, firstRow, cell, first);
+    if (first < rows) this.storeRows(l, k, v, firstRow + first, 0, rows - first);
   }
 
   private storeRows(l: CpuKvLayer, k: Activation, v: Activation, row: number, cell: number, rows: number): void {
@@ -147,10 +150,26 @@ export class CpuBackend implements Backend {
   }
 
   attention(q: Activation, layer: KvLayer, rows: number, position: number, o: AttentionOptions,
-    out: Activation): void {
+    out: Activation, firstRow = 0): void {
     const l = layer as CpuKvLayer;
-    check(this.lib.infer_attention(a(q).address, l.k, l.v, l.typeId, a(out).address, rows, o.heads,
+    const qAddress = offsetAddress(a(q).address, firstRow * q.cols * 4);
+    const outAddress = offsetAddress(a(out).address, firstRow * out.cols * 4);
+    check(this.lib.infer_attention(qAddress, l.k, l.v, l.typeId, outAddress, rows, o.heads,
       o.kvHeads, o.headDim, position, l.kvHeads * l.headDim, o.window, l.ring ? l.cells : 0, o.scale), "attention");
+  }
+
+  copyKv(src: KvLayer, srcCell: number, dst: KvLayer, dstCell: number, cells: number): void {
+    const s = src as CpuKvLayer, d = dst as CpuKvLayer;
+    if (s.rowBytes !== d.rowBytes || s.typeId !== d.typeId) {
+      throw new InferError("invalid_argument", "copyKv: the layers differ in shape or type");
+    }
+    if (srcCell < 0 || dstCell < 0 || srcCell + cells > s.cells || dstCell + cells > d.cells) {
+      throw new InferError("invalid_argument", `copyKv: ${cells} cells from ${srcCell} to ${dstCell} ` +
+        `overrun ${s.cells} / ${d.cells}`);
+    }
+    const bytes = cells * s.rowBytes, from = srcCell * s.rowBytes, to = dstCell * d.rowBytes;
+    d.kBytes.set(s.kBytes.subarray(from, from + bytes), to);
+    d.vBytes.set(s.vBytes.subarray(from, from + bytes), to);
   }
 
   geluMul(gate: Activation, up: Activation, rows: number, out: Activation): void {

@@ -65,6 +65,7 @@ const FUSED_COLS_MAX = 6144;
 
 export class CudaBackend implements Backend {
   readonly name = "cuda";
+  readonly sequenceBatches = true;
   private readonly lib: Lib;
   private readonly graphsEnabled: boolean;
   private readonly fusion: boolean;
@@ -84,8 +85,9 @@ export class CudaBackend implements Backend {
   private hostIds = new Int32Array(256);
   private idCount = 0;
   private positionsAct: CudaActivation | null = null;
-  private positionStart = 0;
-  private positionCount = 0;
+  private hostPositions = new Int32Array(256);
+  /** Rows of positionsAct set since its row 0 was last set. */
+  private positionRows = 0;
   // Graph recording.
   private recording = false;
   private pending: PendingOp[] = [];
@@ -355,24 +357,29 @@ export class CudaBackend implements Backend {
     }
   }
 
-  setPositions(dst: Activation, start: number, count: number): void {
-    if (count > dst.rows) throw new InferError("invalid_argument", `${count} positions do not fit ${dst.rows} rows`);
-    const host = new Int32Array(count);
+  setPositions(dst: Activation, start: number, count: number, firstRow = 0): void {
+    if (firstRow + count > dst.rows) {
+      throw new InferError("invalid_argument", `${count} positions at row ${firstRow} do not fit ${dst.rows} rows`);
+    }
+    if (this.hostPositions.length < dst.rows) this.hostPositions = new Int32Array(dst.rows);
+    const host = this.hostPositions.subarray(firstRow, firstRow + count);
     for (let i = 0; i < count; i++) host[i] = start + i;
-    check(this.lib.infer_cuda_upload(a(dst).address, host, count * 4), "upload positions");
+    check(this.lib.infer_cuda_upload(a(dst).address + firstRow * 4, host, count * 4), "upload positions");
+    if (this.positionsAct !== a(dst) || firstRow === 0) this.positionRows = 0;
     this.positionsAct = a(dst);
-    this.positionStart = start;
-    this.positionCount = count;
+    this.positionRows = Math.max(this.positionRows, firstRow + count);
   }
 
-  /** The device positions of rows position .. position + rows - 1 (uploaded by setPositions). */
-  private positionsFor(position: number, rows: number): CudaActivation {
+  /** The device address of the positions of rows firstRow .. firstRow + rows - 1, checked. */
+  private positionsFor(position: number, rows: number, firstRow: number): number {
     const p = this.positionsAct;
-    if (!p || position !== this.positionStart || rows > this.positionCount) {
+    const set = this.hostPositions;
+    if (!p || firstRow + rows > this.positionRows || set[firstRow] !== position ||
+      set[firstRow + rows - 1] !== position + rows - 1) {
       throw new InferError("internal", `the CUDA backend reads positions from setPositions: ` +
-        `${rows} rows at ${position} asked, ${this.positionCount} at ${this.positionStart} set`);
+        `${rows} rows at ${position} (row ${firstRow}) asked, not set`);
     }
-    return p;
+    return p.address + firstRow * 4;
   }
 
   // ---- ops ----------------------------------------------------------------------------------
@@ -463,7 +470,8 @@ export class CudaBackend implements Backend {
     a(x).version++;
   }
 
-  storeKv(layer: KvLayer, k: Activation, v: Activation, rows: number, position: number): void {
+  storeKv(layer: KvLayer, k: Activation, v: Activation, rows: number, position: number,
+    firstRow = 0): void {
     const l = layer as CudaKvLayer;
     if (!l.ring && position + rows > l.cells) {
       throw new InferError("context_overflow", `KV cache holds ${l.cells} positions, ${position + rows} needed`);
@@ -471,19 +479,33 @@ export class CudaBackend implements Backend {
     if (rows > l.cells) throw new InferError("invalid_argument", `${rows} rows do not fit a ring of ${l.cells}`);
     const kvDim = l.kvHeads * l.headDim;
     if (k.cols !== kvDim || v.cols !== kvDim) throw new InferError("invalid_argument", "storeKv: k/v width is not kvHeads·headDim");
-    const p = this.positionsFor(position, rows);
-    this.op(8, this.lib.infer_cuda_kv_store, [a(k).address, a(v).address, kvDim, rows, l.k, l.v, p.address, l.cells,
-      l.ring], "kv_store");
+    const p = this.positionsFor(position, rows, firstRow);
+    const rowBytes = kvDim * 4;
+    this.op(8, this.lib.infer_cuda_kv_store, [a(k).address + firstRow * rowBytes,
+      a(v).address + firstRow * rowBytes, kvDim, rows, l.k, l.v, p, l.cells, l.ring], "kv_store");
+  }
+
+  copyKv(src: KvLayer, srcCell: number, dst: KvLayer, dstCell: number, cells: number): void {
+    const s = src as CudaKvLayer, d = dst as CudaKvLayer;
+    const rowBytes = s.kvHeads * s.headDim * 2; // f16, the only type kvLayer makes
+    if (rowBytes !== d.kvHeads * d.headDim * 2) throw new InferError("invalid_argument", "copyKv: shapes differ");
+    if (srcCell < 0 || dstCell < 0 || srcCell + cells > s.cells || dstCell + cells > d.cells) {
+      throw new InferError("invalid_argument", `copyKv: ${cells} cells from ${srcCell} to ${dstCell} overrun`);
+    }
+    this.stopRecording();
+    const bytes = cells * rowBytes;
+    check(this.lib.infer_cuda_copy(d.k + dstCell * rowBytes, s.k + srcCell * rowBytes, bytes), "copy kv");
+    check(this.lib.infer_cuda_copy(d.v + dstCell * rowBytes, s.v + srcCell * rowBytes, bytes), "copy kv");
   }
 
   attention(q: Activation, layer: KvLayer, rows: number, position: number, o: AttentionOptions,
-    out: Activation): void {
+    out: Activation, firstRow = 0): void {
     const l = layer as CudaKvLayer;
     if (l.ring && (o.window === 0 || l.cells < o.window + rows - 1)) {
       throw new InferError("invalid_argument", `attention: a ring of ${l.cells} cells needs a window and at least ` +
         `window + rows - 1 = ${o.window + rows - 1} cells`);
     }
-    const p = this.positionsFor(position, rows);
+    const p = this.positionsFor(position, rows, firstRow);
     // Decode: split the keys over blocks so that a long context fills the GPU; prefill has rows.
     const split = rows <= 2 ? Math.min(32, Math.max(1, Math.ceil(l.cells / 256))) : 1;
     const need = (n: number) => Number(this.lib.infer_cuda_attention_scratch(n, o.heads, o.headDim, l.cells, split));
@@ -500,9 +522,9 @@ export class CudaBackend implements Backend {
     }
     const rowBytes = q.cols * 4;
     for (let r0 = 0; r0 < rows; r0 += chunk) {
-      const n = Math.min(chunk, rows - r0);
-      this.op(9, this.lib.infer_cuda_attention, [a(q).address + r0 * rowBytes, l.k, l.v, a(out).address + r0 * rowBytes,
-        p.address + r0 * 4, n, o.heads, o.kvHeads, o.headDim, o.window, l.cells, l.ring, o.scale, this.scratch,
+      const n = Math.min(chunk, rows - r0), r = firstRow + r0;
+      this.op(9, this.lib.infer_cuda_attention, [a(q).address + r * rowBytes, l.k, l.v, a(out).address + r * rowBytes,
+        p + r0 * 4, n, o.heads, o.kvHeads, o.headDim, o.window, l.cells, l.ring, o.scale, this.scratch,
         this.scratchFloats, split], "attention");
     }
     a(out).version++;

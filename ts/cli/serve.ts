@@ -12,19 +12,24 @@ export const serveUsage = `usage: infer serve [options]
 An OpenAI-compatible HTTP server: POST /v1/chat/completions and /v1/completions (streaming by
 SSE or not; temperature, top_p, max_tokens, stop, seed, presence/frequency_penalty, logit_bias,
 response_format json_object / json_schema), GET /v1/models, /health and /metrics (Prometheus).
-The model runs in a worker thread, one request at a time in arrival order; others wait in a
-bounded queue (429 with Retry-After when it is full). A client that disconnects cancels its
-request.
+The model runs in a worker thread that decodes up to --parallel requests together (continuous
+batching: requests join and leave the batch between steps, prompts are evaluated in chunks
+between decode steps); others wait in a bounded queue (429 with Retry-After when it is full).
+A prefix cache shares the keys and values of common prompt beginnings (a system prompt) across
+requests. A client that disconnects cancels its request and frees its slot.
 
   -m, --model M          a GGUF file or the name of a model in the cache
                          (default: the installed Gemma 3 270M Q4_K_M)
   --host H               address to listen on (default 127.0.0.1)
   --port N               port (default 8080; 0: any free port)
-  -c, --ctx N            context length in tokens (default: min(4096, the model's))
+  -c, --ctx N            context length of each sequence (default: min(4096, the model's))
+  --parallel N           requests decoded together, each with its own KV cache (default 4)
+  --prefill-chunk N      prompt tokens per step while other requests decode (default 64)
+  --prefix-cache MIB     memory for the prefix cache (default 128; 0: off)
   -t, --threads N        CPU threads (default: all cores)
   --backend B            cpu, cuda, or auto: CUDA when available (default: auto)
   --api-key KEY          require 'Authorization: Bearer KEY' on /v1/* (also: INFER_API_KEY)
-  --queue N              requests that may wait behind the running one (default 16)
+  --queue N              requests that may wait for a slot (default 16)
   --max-body BYTES       largest request body (default 1048576)
   --model-id NAME        the model's name in the API (default: the file name without .gguf)
   -h, --help             this text
@@ -38,6 +43,8 @@ export async function serveCommand(argv: string[]): Promise<number> {
       threads: { type: "string", short: "t" }, backend: { type: "string" },
       "api-key": { type: "string" }, queue: { type: "string" }, "max-body": { type: "string" },
       "model-id": { type: "string" }, help: { type: "boolean", short: "h" },
+      parallel: { type: "string" }, "prefill-chunk": { type: "string" },
+      "prefix-cache": { type: "string" },
     },
   });
   if (values.help) { process.stdout.write(serveUsage); return 0; }
@@ -53,11 +60,14 @@ export async function serveCommand(argv: string[]): Promise<number> {
     backend: parseBackendKind(values.backend ?? process.env.INFER_BACKEND ?? "auto"),
     apiKey: values["api-key"] ?? process.env.INFER_API_KEY ?? null,
     maxQueue: intOption(values.queue, "--queue", 16, 0),
+    parallel: intOption(values.parallel, "--parallel", 4, 1),
+    prefillChunk: intOption(values["prefill-chunk"], "--prefill-chunk", 64, 1),
+    prefixCacheBytes: intOption(values["prefix-cache"], "--prefix-cache", 128, 0) * (1 << 20),
     maxBodyBytes: intOption(values["max-body"], "--max-body", 1 << 20, 1024),
     modelId: values["model-id"],
   });
-  process.stderr.write(`infer: serving '${server.modelId}' (context ${server.info.contextLength}) ` +
-    `at ${server.url}/v1\n`);
+  process.stderr.write(`infer: serving '${server.modelId}' (context ${server.info.contextLength}, ` +
+    `${server.parallel} in parallel) at ${server.url}/v1\n`);
   await new Promise<void>((resolve) => {
     process.once("SIGINT", resolve);
     process.once("SIGTERM", resolve);

@@ -11,10 +11,13 @@ import { InferError } from "../errors.ts";
 import { openGguf, type GgufFile } from "../gguf/reader.ts";
 import type { Model } from "../model/model.ts";
 import { loadModel } from "../model/registry.ts";
-import { Sampler, type SamplerOptions } from "../sample/sampler.ts";
-import { StopMatcher } from "../sample/stop.ts";
-import { tokenizerFromMetadata, type StreamDecoder, type Tokenizer } from "../tokenizer/index.ts";
-import { createKvCache, type KvCache } from "./kv-cache.ts";
+import { tokenizerFromMetadata, type Tokenizer } from "../tokenizer/index.ts";
+import { Generation, type GenerateOptions, type GenerateResult } from "./generation.ts";
+import { canRewind, createKvCache, type KvCache } from "./kv-cache.ts";
+
+export type {
+  GenerateOptions, GenerateResult, StopReason, TokenConstraint,
+} from "./generation.ts";
 
 export interface EngineOptions {
   readonly modelPath: string;
@@ -27,47 +30,6 @@ export interface EngineOptions {
   readonly backend?: BackendKind;
   /** Called as the model's tensors are prepared (done of total). */
   readonly onProgress?: (done: number, total: number) => void;
-}
-
-/** What constrains the next token (a JSON-schema grammar, for one). */
-export interface TokenConstraint {
-  /** Sets the logits of tokens that may not come next to -Infinity; `budget`: tokens left. */
-  mask(logits: Float32Array, budget: number): void;
-  /** Advances past `token` (one the mask allowed). */
-  accept(token: number): void;
-  /** The output is complete and nothing may follow it. */
-  readonly done: boolean;
-}
-
-export interface GenerateOptions {
-  /** Tokens to generate at most; a negative number: until the context is full. */
-  readonly maxTokens: number;
-  readonly sampling: SamplerOptions;
-  readonly ignoreEos?: boolean;
-  /** Generation ends before any of these strings; none of it is ever emitted. */
-  readonly stop?: readonly string[];
-  /** Tokens that end generation as end-of-generation does (a chat template's turn markers). */
-  readonly stopTokens?: readonly number[];
-  readonly constraint?: TokenConstraint;
-  /** Reuse the cached prefix this prompt shares with the last sequence (default true). */
-  readonly reuseCache?: boolean;
-  /** Polled between tokens; true ends generation ("interrupted"). */
-  readonly shouldStop?: () => boolean;
-  /** Called with each piece of text as soon as it is complete UTF-8 and past any stop string. */
-  readonly onText?: (text: string) => void;
-}
-
-export type StopReason = "eos" | "length" | "context" | "stop" | "complete" | "interrupted";
-
-export interface GenerateResult {
-  readonly promptTokens: number[];
-  /** Prompt tokens evaluated now; the rest came from the cache. */
-  readonly prefilled: number;
-  readonly tokens: number[];
-  readonly text: string;
-  readonly stopReason: StopReason;
-  readonly promptMs: number;
-  readonly generateMs: number;
 }
 
 export class Engine {
@@ -163,24 +125,16 @@ export class Engine {
     return { logits: this.evaluate(prompt.slice(common)), reused: common };
   }
 
-  /**
-   * Whether the cache can drop back to `position`. A sliding-window ring reuses cells, so the
-   * positions the next query sees (the window before `position`) must not have been overwritten
-   * by positions past it: at most cells - window positions may be dropped.
-   */
+  /** Whether the cache can drop back to `position` (see canRewind). */
   private canRewindTo(position: number): boolean {
-    if (position === 0 || position >= this.position) return true;
-    return this.cache.layers.every((layer, i) => {
-      if (!layer.ring) return true;
-      return this.position - position <= layer.cells - this.model.info.kvShapes[i].window;
-    });
+    return canRewind(this.cache, this.model.info, this.position, position);
   }
 
   /** Generates from a prompt (text is tokenized as llama.cpp does: BOS, control tokens parsed). */
   generate(prompt: string | readonly number[], options: GenerateOptions): GenerateResult {
     const g = this.start(prompt, options);
-    while (g.step());
-    return g.finish();
+    while (this.step(g));
+    return g.generation.finish();
   }
 
   /**
@@ -190,106 +144,32 @@ export class Engine {
   async generateAsync(prompt: string | readonly number[],
     options: GenerateOptions): Promise<GenerateResult> {
     const g = this.start(prompt, options);
-    while (g.step()) await new Promise<void>((resolve) => setImmediate(resolve));
-    return g.finish();
+    while (this.step(g)) await new Promise<void>((resolve) => setImmediate(resolve));
+    return g.generation.finish();
   }
 
-  private start(prompt: string | readonly number[], options: GenerateOptions): Generation {
+  private start(prompt: string | readonly number[], options: GenerateOptions):
+    { generation: Generation; logits: Float32Array } {
     const promptTokens = typeof prompt === "string"
       ? this.tokenizer.encode(prompt, { addSpecial: true, parseSpecial: true })
       : [...prompt];
-    return new Generation(this, promptTokens, options);
+    const generation = new Generation(this.tokenizer, promptTokens, this.contextLength, options);
+    const { logits, reused } = this.prefill(promptTokens, options.reuseCache ?? true);
+    generation.promptDone(promptTokens.length - reused);
+    return { generation, logits };
+  }
+
+  /** Samples one token and evaluates it; false once generation has ended. */
+  private step(g: { generation: Generation; logits: Float32Array }): boolean {
+    const token = g.generation.next(g.logits, this.position);
+    if (token === null) return false;
+    g.logits = this.evaluate([token]);
+    return true;
   }
 
   close(): void {
     this.backend.dispose?.();
     this.file.close();
-  }
-}
-
-/** One generation: prefill, then a token per step(). */
-class Generation {
-  private readonly sampler: Sampler;
-  private readonly decoder: StreamDecoder;
-  private readonly stops: StopMatcher;
-  private readonly stopTokens: ReadonlySet<number>;
-  private readonly tokens: number[] = [];
-  private readonly t0 = performance.now();
-  private readonly t1: number;
-  private readonly prefilled: number;
-  private logits: Float32Array;
-  private text = "";
-  private stopReason: StopReason = "length";
-  private finished = false;
-
-  constructor(private readonly engine: Engine, private readonly promptTokens: number[],
-    private readonly o: GenerateOptions) {
-    const { logits, reused } = engine.prefill(promptTokens, o.reuseCache ?? true);
-    this.logits = logits;
-    this.prefilled = promptTokens.length - reused;
-    this.t1 = performance.now();
-    this.sampler = new Sampler(o.sampling);
-    for (const t of promptTokens) this.sampler.accept(t);
-    this.decoder = engine.tokenizer.decoder();
-    this.stops = new StopMatcher(o.stop ?? []);
-    this.stopTokens = new Set(o.stopTokens ?? []);
-    if (o.maxTokens === 0) this.finished = true;
-  }
-
-  private get maxTokens(): number {
-    return this.o.maxTokens < 0 ? Infinity : this.o.maxTokens;
-  }
-
-  /** Samples and emits one token; false once generation has ended. */
-  step(): boolean {
-    if (this.finished) return false;
-    const e = this.engine, o = this.o;
-    if (o.shouldStop?.()) return this.end("interrupted");
-    const constraint = o.constraint;
-    const budget = Math.min(this.maxTokens - this.tokens.length, e.contextLength - e.length);
-    const token = this.sampler.sample(this.logits,
-      constraint ? (x) => constraint.mask(x, budget) : undefined);
-    // Under a constraint, end-of-generation is allowed only once the output is complete.
-    const eog = e.tokenizer.isEndOfGeneration(token);
-    if (this.stopTokens.has(token) || (eog && (!o.ignoreEos || constraint))) return this.end("eos");
-    constraint?.accept(token);
-    this.sampler.accept(token);
-    this.tokens.push(token);
-    this.emit(this.decoder.push(token));
-    if (this.stops.stopped) return this.end("stop");
-    if (constraint?.done) return this.end("complete");
-    if (this.tokens.length >= this.maxTokens) return this.end("length");
-    if (e.length >= e.contextLength) return this.end("context");
-    this.logits = e.evaluate([token]);
-    return true;
-  }
-
-  private emit(piece: string): void {
-    const out = this.stops.push(piece);
-    if (out) {
-      this.text += out;
-      this.o.onText?.(out);
-    }
-  }
-
-  private end(reason: StopReason): false {
-    this.stopReason = reason;
-    this.finished = true;
-    return false;
-  }
-
-  finish(): GenerateResult {
-    if (!this.stops.stopped) this.emit(this.decoder.flush());
-    const tail = this.stops.flush();
-    if (tail) {
-      this.text += tail;
-      this.o.onText?.(tail);
-    }
-    return {
-      promptTokens: this.promptTokens, prefilled: this.prefilled, tokens: this.tokens,
-      text: this.text, stopReason: this.stopReason, promptMs: this.t1 - this.t0,
-      generateMs: performance.now() - this.t1,
-    };
   }
 }
 

@@ -29,3 +29,16 @@ export function createKvCache(be: Backend, info: ModelInfo, contextLength: numbe
   });
   return { layers, contextLength, type };
 }
+
+/**
+ * Whether a cache holding `length` positions can drop back to `position`. A sliding-window ring
+ * reuses cells, so the positions the next query sees (the window before `position`) must not
+ * have been overwritten by positions past it: at most cells - window positions may be dropped.
+ */
+export function canRewind(cache: KvCache, info: ModelInfo, length: number, position: number): boolean {
+  if (position === 0 || position >= length) return true;
+  return cache.layers.every((layer, i) => {
+    if (!layer.ring) return true;
+    return length - position <= layer.cells - info.kvShapes[i].window;
+  });
+}

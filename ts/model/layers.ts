@@ -3,6 +3,7 @@
 import type { Activation, AttentionOptions, Backend, KvLayer, RopeOptions, Weight } from "../backend/backend.ts";
 import { InferError } from "../errors.ts";
 import type { GgufFile } from "../gguf/reader.ts";
+import type { Batch, ForwardOptions, LogitsSink, Model, SequenceRows } from "./model.ts";
 
 /** Looks up tensors by GGUF name, checking each one's shape against what the graph expects. */
 export class WeightTable {
@@ -116,12 +117,13 @@ export interface SelfAttentionOptions {
 }
 
 /**
- * out = W_o · softmax(scale · rope(norm(W_q x)) · rope(norm(W_k x))ᵀ + mask) · W_v x, with this
- * batch's keys and values appended to the cache at `position` first.
+ * out = W_o · softmax(scale · rope(norm(W_q x)) · rope(norm(W_k x))ᵀ + mask) · W_v x. The
+ * projections run over every row of the batch; each segment then appends its keys and values to
+ * its own sequence's layer `layer` and attends over it.
  */
-export function selfAttention(be: Backend, x: Activation, rows: number, position: number,
-  positions: Activation, w: AttentionWeights, kv: KvLayer, o: SelfAttentionOptions,
-  b: AttentionBuffers, out: Activation): void {
+export function selfAttention(be: Backend, x: Activation, rows: number,
+  segments: readonly SequenceRows[], layer: number, positions: Activation, w: AttentionWeights,
+  o: SelfAttentionOptions, b: AttentionBuffers, out: Activation): void {
   be.matmul(w.q, x, rows, b.q);
   be.matmul(w.k, x, rows, b.k);
   be.matmul(w.v, x, rows, b.v);
@@ -132,12 +134,14 @@ export function selfAttention(be: Backend, x: Activation, rows: number, position
   if (w.kNorm) be.rmsNormHeads(b.k, w.kNorm, rows, o.attention.kvHeads, o.normEps);
   be.rope(b.q, positions, rows, o.ropeQ);
   be.rope(b.k, positions, rows, o.ropeK);
-  be.storeKv(kv, b.k, b.v, rows, position);
-  if (o.scaleQueries) {
-    be.scale(b.q, rows, o.attention.scale);
-    be.attention(b.q, kv, rows, position, { ...o.attention, scale: 1 }, b.mixed);
-  } else {
-    be.attention(b.q, kv, rows, position, o.attention, b.mixed);
+  const attention = o.scaleQueries ? { ...o.attention, scale: 1 } : o.attention;
+  if (o.scaleQueries) be.scale(b.q, rows, o.attention.scale);
+  let first = 0;
+  for (const s of segments) {
+    const kv = s.cache[layer];
+    be.storeKv(kv, b.k, b.v, s.rows, s.position, first);
+    be.attention(b.q, kv, s.rows, s.position, attention, b.mixed, first);
+    first += s.rows;
   }
   be.matmul(w.output, b.mixed, rows, out);
   if (w.outputBias) be.addBias(out, w.outputBias, rows);
@@ -176,13 +180,14 @@ export function gatedFfn(be: Backend, x: Activation, rows: number, w: FfnWeights
   be.matmul(w.down, b.gate, rows, out);
 }
 
-/** Rows of logits one chunk holds when every row's logits are asked for: about 32 MiB. */
+/** Rows of logits one chunk holds when many rows' logits are asked for: about 32 MiB. */
 const LOGIT_CHUNK_VALUES = 8 << 20;
 
 /**
- * The LM head: logits = W_out · x (+ bias), for the last row only (decoding) or for every row
- * (perplexity, scoring), the latter in chunks of rows into a buffer allocated on first use so
- * that a 262k-entry vocabulary never needs maxBatch full rows.
+ * The LM head: logits = W_out · x (+ bias) for the rows that need them: the last row (decoding
+ * one sequence), one row per sequence (a batch of sequences) or every row (perplexity), the
+ * latter in chunks of rows into a buffer allocated on first use so that a 262k-entry vocabulary
+ * never needs maxBatch full rows.
  */
 export class LogitsHead {
   private readonly last: Activation;
@@ -193,31 +198,59 @@ export class LogitsHead {
     this.last = be.activation("logits", 1, vocab);
   }
 
-  /** Logits of row n - 1 of x (a view valid until the next call). */
-  lastRow(x: Activation, n: number): Float32Array {
-    this.be.matmul(this.output, x, 1, this.last, n - 1);
-    if (this.bias) this.be.addBias(this.last, this.bias, 1);
-    return this.be.read(this.last, 1);
-  }
-
-  /** Hands every row's logits to `sink`, chunk by chunk; returns the last row's. */
-  allRows(x: Activation, n: number, sink: LogitsSink): Float32Array {
+  /** Hands the logits of rows first .. first + count - 1 of x to `sink`, a chunk at a time. */
+  rows(x: Activation, first: number, count: number, sink: LogitsSink): void {
+    if (count === 0) return;
+    if (count === 1) {
+      this.be.matmul(this.output, x, 1, this.last, first);
+      if (this.bias) this.be.addBias(this.last, this.bias, 1);
+      sink(first, 1, this.be.read(this.last, 1));
+      return;
+    }
     const chunkRows = Math.max(1, Math.min(this.maxBatch, Math.floor(LOGIT_CHUNK_VALUES / this.vocab)));
     this.chunk ??= this.be.activation("logits_all", chunkRows, this.vocab);
-    let view: Float32Array = new Float32Array(0);
-    for (let first = 0; first < n; first += chunkRows) {
-      const rows = Math.min(chunkRows, n - first);
-      this.be.matmul(this.output, x, rows, this.chunk, first);
+    for (let row = first; row < first + count; row += chunkRows) {
+      const rows = Math.min(chunkRows, first + count - row);
+      this.be.matmul(this.output, x, rows, this.chunk, row);
       if (this.bias) this.be.addBias(this.chunk, this.bias, rows);
-      view = this.be.read(this.chunk, rows);
-      sink(first, rows, view);
+      sink(row, rows, this.be.read(this.chunk, rows));
     }
-    return view.subarray(view.length - this.vocab);
   }
 }
 
-/** Receives `rows` rows of logits starting at batch row `firstRow` (a view valid during the call). */
-export type LogitsSink = (firstRow: number, rows: number, logits: Float32Array) => void;
+/** Checks a batch against the model's plan and uploads its token ids and per-row positions. */
+export function setBatchInputs(be: Backend, b: DecoderBuffers, batch: Batch, maxBatch: number): number {
+  let rows = 0;
+  for (const s of batch.segments) {
+    if (!(s.rows > 0) || s.position < 0) {
+      throw new InferError("invalid_argument", `a segment of ${s.rows} rows at ${s.position}`);
+    }
+    be.setPositions(b.positions, s.position, s.rows, rows);
+    rows += s.rows;
+  }
+  if (rows > maxBatch) throw new InferError("invalid_argument", `${rows} rows exceed the batch of ${maxBatch}`);
+  if (!(batch.logitRows >= 0 && batch.logitRows <= rows)) {
+    throw new InferError("invalid_argument", `logits of ${batch.logitRows} rows of ${rows} asked`);
+  }
+  be.setTokens(b.ids, batch.tokens, rows);
+  return rows;
+}
+
+/**
+ * Model.forward in terms of forwardBatch: `count` tokens of one sequence; every row's logits to
+ * options.onLogits when given, else only the last row's; returns the last row's logits.
+ */
+export function forwardOne(m: Model, tokens: ArrayLike<number>, count: number, position: number,
+  cache: readonly KvLayer[], options: ForwardOptions = {}): Float32Array {
+  let last: Float32Array = new Float32Array(0);
+  const sink: LogitsSink = (first, rows, logits) => {
+    options.onLogits?.(first, rows, logits);
+    last = logits;
+  };
+  m.forwardBatch({ tokens, segments: [{ rows: count, position, cache }],
+    logitRows: options.onLogits ? count : 1 }, sink);
+  return last.subarray(last.length - m.info.vocabSize);
+}
 
 /** The activations one decoder forward pass needs, planned once for `rows` tokens. */
 export interface DecoderBuffers {

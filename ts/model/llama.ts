@@ -8,10 +8,11 @@ import { InferError } from "../errors.ts";
 import type { GgufFile } from "../gguf/reader.ts";
 import { Hparams, LIMITS } from "./hparams.ts";
 import {
-  attentionWeights, decoderBuffers, ffnWeights, gatedFfn, LogitsHead, selfAttention, WeightTable,
+  attentionWeights, decoderBuffers, ffnWeights, forwardOne, gatedFfn, LogitsHead, selfAttention,
+  setBatchInputs, WeightTable,
   type AttentionWeights, type DecoderBuffers, type FfnWeights, type SelfAttentionOptions,
 } from "./layers.ts";
-import type { ForwardOptions, Model, ModelInfo } from "./model.ts";
+import type { Batch, ForwardOptions, LogitsSink, Model, ModelInfo } from "./model.ts";
 
 // ---- hyperparameters ------------------------------------------------------------------------
 
@@ -155,22 +156,25 @@ export class Llama implements Model {
 
   forward(tokens: ArrayLike<number>, n: number, position: number, cache: readonly KvLayer[],
     options: ForwardOptions = {}): Float32Array {
+    return forwardOne(this, tokens, n, position, cache, options);
+  }
+
+  forwardBatch(batch: Batch, sink: LogitsSink): void {
     const be = this.be, c = this.config, b = this.buf, x = b.x;
-    be.setTokens(b.ids, tokens, n);
-    be.setPositions(b.positions, position, n);
+    const n = setBatchInputs(be, b, batch, this.maxBatch);
     be.embed(this.tokenEmbedding, b.ids, n, x);
     for (let i = 0; i < this.blocks.length; i++) {
       const l = this.blocks[i];
       be.rmsNorm(x, l.attentionNorm, n, c.normEps, b.normed);
-      selfAttention(be, b.normed, n, position, b.positions, l.attention, cache[i], l.options,
+      selfAttention(be, b.normed, n, batch.segments, i, b.positions, l.attention, l.options,
         b.attn, b.branch);
       be.add(x, b.branch, n, x);
       be.rmsNorm(x, l.ffnNorm, n, c.normEps, b.normed);
       gatedFfn(be, b.normed, n, l.ffn, "silu", b.ffn, b.branch);
       be.add(x, b.branch, n, x);
     }
+    if (batch.logitRows === 0) return; // a prompt's body: only its keys and values were needed
     be.rmsNorm(x, this.outputNorm, n, c.normEps, b.normed);
-    return options.onLogits ? this.head.allRows(b.normed, n, options.onLogits)
-      : this.head.lastRow(b.normed, n);
+    this.head.rows(b.normed, n - batch.logitRows, batch.logitRows, sink);
   }
 }

@@ -1,5 +1,5 @@
 // What every architecture provides to the engine: its shape, and a forward pass over a batch of
-// tokens at consecutive positions of one sequence, writing into that sequence's KV cache.
+// rows from one or several sequences, each writing into (and attending over) its own KV cache.
 import type { KvLayer } from "../backend/backend.ts";
 
 export interface KvShape {
@@ -26,6 +26,34 @@ export interface ForwardOptions {
   readonly onLogits?: (firstRow: number, rows: number, logits: Float32Array) => void;
 }
 
+/** One sequence's rows in a batch: contiguous rows at consecutive positions, its own KV cache. */
+export interface SequenceRows {
+  readonly rows: number;
+  /** The position of the segment's first row. */
+  readonly position: number;
+  readonly cache: readonly KvLayer[];
+}
+
+/**
+ * A forward pass over several sequences at once: every weight is read once for all rows, and each
+ * row is computed with the single-token arithmetic, so a sequence's logits do not depend on what
+ * else shares its batch. A sequence may appear in more than one segment when its earlier
+ * positions come first (a prompt's body, then its last token among the rows that need logits).
+ */
+export interface Batch {
+  /** Token ids of every row, segment after segment. */
+  readonly tokens: ArrayLike<number>;
+  readonly segments: readonly SequenceRows[];
+  /**
+   * Logits are computed for the last `logitRows` rows only (0: none, a prompt's body): the LM
+   * head is the largest matmul.
+   */
+  readonly logitRows: number;
+}
+
+/** Receives `rows` rows of logits starting at batch row `firstRow` (a view valid during the call). */
+export type LogitsSink = (firstRow: number, rows: number, logits: Float32Array) => void;
+
 export interface Model {
   readonly info: ModelInfo;
   /** Largest number of tokens one forward() takes (longer prompts go in chunks). */
@@ -36,4 +64,6 @@ export interface Model {
    */
   forward(tokens: ArrayLike<number>, count: number, position: number, cache: readonly KvLayer[],
     options?: ForwardOptions): Float32Array;
+  /** Runs a batch of segments (at most maxBatch rows in all), handing logits to `sink`. */
+  forwardBatch(batch: Batch, sink: LogitsSink): void;
 }

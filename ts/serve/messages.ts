@@ -9,6 +9,23 @@ export interface OpenSettings {
   readonly backend?: BackendKind;
   /** The native library the main thread chose, for a worker in the single executable. */
   readonly library?: string;
+  /** Sequences decoded together (default 1). */
+  readonly parallel?: number;
+  /** Prompt rows per step while other sequences decode. */
+  readonly prefillChunk?: number;
+  /** Memory for the prefix cache (default 128 MiB); 0: no prefix cache. */
+  readonly prefixCacheBytes?: number;
+}
+
+/** The engine's state, posted by the worker whenever it changes. */
+export interface EngineStats {
+  readonly slots: number;
+  readonly busySlots: number;
+  readonly steps: number;
+  readonly prefixBlocks: number;
+  readonly prefixBytes: number;
+  readonly prefixRestoredTokens: number;
+  readonly prefixLookedUpTokens: number;
 }
 
 export type ToWorker =
@@ -38,4 +55,5 @@ export type FromWorker =
     readonly type: "error"; readonly id: number; readonly status: number;
     readonly message: string; readonly param: string | null; readonly code: string | null;
   }
+  | { readonly type: "stats"; readonly stats: EngineStats }
   | { readonly type: "closed" };

@@ -1,14 +1,15 @@
 // The OpenAI-compatible HTTP server on Bun.serve. This thread parses, validates and queues
-// requests and streams answers; the engine runs in a Worker (worker.ts), one request at a time
-// in arrival order (a FIFO queue, bounded: 429 with Retry-After when full). A client that goes
-// away (a cancelled stream, an aborted request) has its generation cancelled, or is dropped from
-// the queue, so the worker moves on to the next request.
+// requests and streams answers; the engine runs in a Worker (worker.ts) that decodes up to
+// `parallel` requests together (continuous batching, ts/engine/scheduler.ts). Requests beyond
+// those wait here in arrival order (a FIFO queue, bounded: 429 with Retry-After when full). A
+// client that goes away (a cancelled stream, an aborted request) has its sequence cancelled,
+// freeing its slot, or is dropped from the queue.
 import { timingSafeEqual } from "node:crypto";
 import { basename } from "node:path";
 import type { BackendKind } from "../backend/select.ts";
 import { InferError } from "../errors.ts";
 import { isCompiled, libraryPath } from "../native/lib.ts";
-import type { FromWorker, ModelInfo, ToWorker } from "./messages.ts";
+import type { EngineStats, FromWorker, ModelInfo, ToWorker } from "./messages.ts";
 import {
   ApiError, finishReason, parseJson, parseRequest, type Job, type ParsedRequest,
 } from "./protocol.ts";
@@ -23,8 +24,14 @@ export interface ServeOptions {
   readonly backend?: BackendKind;
   /** Requests must carry `Authorization: Bearer KEY` (/health and /metrics excepted). */
   readonly apiKey?: string | null;
-  /** Requests waiting behind the running one at most (default 16). */
+  /** Requests decoded together, each in its own KV-cache slot (default 1). */
+  readonly parallel?: number;
+  /** Requests waiting for a slot at most (default 16). */
   readonly maxQueue?: number;
+  /** Prompt tokens evaluated per step while other requests decode (default 64). */
+  readonly prefillChunk?: number;
+  /** Memory for the prefix cache shared across requests (default 128 MiB); 0: none. */
+  readonly prefixCacheBytes?: number;
   /** Request bodies larger than this are refused (default 1 MiB). */
   readonly maxBodyBytes?: number;
   /** The model's name in the API (default: the file name without .gguf). */
@@ -36,10 +43,12 @@ export interface InferServer {
   readonly port: number;
   readonly modelId: string;
   readonly info: ModelInfo;
+  /** Requests decoded together. */
+  readonly parallel: number;
   stop(): Promise<void>;
 }
 
-type WorkerEvent = Exclude<FromWorker, { type: "ready" | "failed" | "closed" }>;
+type WorkerEvent = Exclude<FromWorker, { type: "ready" | "failed" | "closed" | "stats" }>;
 
 /** One request's events from the worker, read in order. */
 class Ticket {
@@ -74,7 +83,8 @@ class Metrics {
     this.requests.set(key, (this.requests.get(key) ?? 0) + 1);
   }
 
-  text(queueDepth: number, running: number): string {
+  text(queueDepth: number, running: number, engine: EngineStats | null): string {
+    const e = engine;
     const lines = [
       "# HELP infer_requests_total HTTP requests answered, by endpoint and status.",
       "# TYPE infer_requests_total counter",
@@ -96,27 +106,46 @@ class Metrics {
       `infer_time_to_first_token_seconds_count ${this.ttftCount}`,
       "# HELP infer_requests_cancelled_total Requests whose client went away before the end.",
       "# TYPE infer_requests_cancelled_total counter", `infer_requests_cancelled_total ${this.cancelled}`,
+      "# HELP infer_slots Sequence slots (KV caches) of the engine.",
+      "# TYPE infer_slots gauge", `infer_slots ${e?.slots ?? 0}`,
+      "# HELP infer_slots_busy Slots holding a running sequence.",
+      "# TYPE infer_slots_busy gauge", `infer_slots_busy ${e?.busySlots ?? 0}`,
+      "# HELP infer_prefix_cache_blocks Blocks of keys and values the prefix cache holds.",
+      "# TYPE infer_prefix_cache_blocks gauge", `infer_prefix_cache_blocks ${e?.prefixBlocks ?? 0}`,
+      "# HELP infer_prefix_cache_bytes Memory the prefix cache has allocated (bounded by its budget).",
+      "# TYPE infer_prefix_cache_bytes gauge", `infer_prefix_cache_bytes ${e?.prefixBytes ?? 0}`,
+      "# HELP infer_prefix_cache_restored_tokens_total Prompt tokens copied from the prefix cache.",
+      "# TYPE infer_prefix_cache_restored_tokens_total counter",
+      `infer_prefix_cache_restored_tokens_total ${e?.prefixRestoredTokens ?? 0}`,
+      "# HELP infer_prefix_cache_prompt_tokens_total Prompt tokens looked up in the prefix cache.",
+      "# TYPE infer_prefix_cache_prompt_tokens_total counter",
+      `infer_prefix_cache_prompt_tokens_total ${e?.prefixLookedUpTokens ?? 0}`,
+      "# HELP infer_resident_memory_bytes Resident memory of the process (the engine's worker included).",
+      "# TYPE infer_resident_memory_bytes gauge", `infer_resident_memory_bytes ${process.memoryUsage.rss()}`,
     ];
     return lines.join("\n") + "\n";
   }
 }
 
-/** The worker and the FIFO queue in front of it. */
+/** The worker and the FIFO queue in front of it: up to `parallel` requests run at once. */
 class Scheduler {
   private readonly queue: Ticket[] = [];
-  private running: Ticket | null = null;
+  private readonly running = new Set<Ticket>();
   private readonly tickets = new Map<number, Ticket>();
   private nextId = 1;
   private broken: string | null = null;
+  /** The engine's state as the worker last reported it. */
+  engine: EngineStats | null = null;
 
-  constructor(private readonly worker: Worker, private readonly maxQueue: number) {}
+  constructor(private readonly worker: Worker, private readonly maxQueue: number,
+    private readonly parallel: number) {}
 
   get depth(): number { return this.queue.length; }
-  get active(): number { return this.running ? 1 : 0; }
+  get active(): number { return this.running.size; }
 
   submit(job: Job): Ticket {
     if (this.broken) throw new ApiError(503, `the engine stopped: ${this.broken}`, null, "engine_unavailable");
-    if (this.running && this.queue.length >= this.maxQueue) {
+    if (this.running.size >= this.parallel && this.queue.length >= this.maxQueue) {
       throw new ApiError(429, `the server is busy: ${this.queue.length} requests are waiting`,
         null, "queue_full");
     }
@@ -142,6 +171,7 @@ class Scheduler {
   }
 
   onMessage(m: FromWorker): void {
+    if (m.type === "stats") { this.engine = m.stats; return; }
     if (m.type === "ready" || m.type === "failed" || m.type === "closed") return;
     const t = this.tickets.get(m.id);
     if (!t) return;
@@ -163,15 +193,16 @@ class Scheduler {
   private end(t: Ticket): void {
     t.finished = true;
     this.tickets.delete(t.id);
-    if (this.running === t) this.running = null;
+    this.running.delete(t);
     this.dispatch();
   }
 
   private dispatch(): void {
-    if (this.running || this.queue.length === 0 || this.broken) return;
-    const t = this.queue.shift()!;
-    this.running = t;
-    this.post({ type: "run", id: t.id, job: t.job });
+    while (this.running.size < this.parallel && this.queue.length > 0 && !this.broken) {
+      const t = this.queue.shift()!;
+      this.running.add(t);
+      this.post({ type: "run", id: t.id, job: t.job });
+    }
   }
 
   private post(m: ToWorker): void {
@@ -214,13 +245,14 @@ export async function startServer(o: ServeOptions): Promise<InferServer> {
     worker.onerror = (e) => reject(new InferError("internal", `the engine worker failed: ${e.message}`));
     worker.postMessage({ type: "open", settings: {
       modelPath: o.modelPath, threads: o.threads, contextLength: o.contextLength, backend: o.backend,
-      library: isCompiled() ? libraryPath() : undefined,
+      library: isCompiled() ? libraryPath() : undefined, parallel: o.parallel ?? 1,
+      prefillChunk: o.prefillChunk, prefixCacheBytes: o.prefixCacheBytes,
     } } satisfies ToWorker);
   }).catch((err) => { worker.terminate(); throw err; });
 
   const modelId = o.modelId ?? basename(o.modelPath).replace(/\.gguf$/i, "");
   const maxBody = o.maxBodyBytes ?? 1 << 20;
-  const scheduler = new Scheduler(worker, o.maxQueue ?? 16);
+  const scheduler = new Scheduler(worker, o.maxQueue ?? 16, o.parallel ?? 1);
   const metrics = new Metrics();
   const created = Math.floor(Date.now() / 1000);
   let closed: (() => void) | null = null;
@@ -348,10 +380,11 @@ export async function startServer(o: ServeOptions): Promise<InferServer> {
 
   async function route(req: Request, path: string): Promise<Response> {
     if (path === "/health") {
-      return json({ status: "ok", model: modelId, queue_depth: scheduler.depth, running: scheduler.active });
+      return json({ status: "ok", model: modelId, queue_depth: scheduler.depth, running: scheduler.active,
+        slots: scheduler.engine?.slots ?? 0, slots_busy: scheduler.engine?.busySlots ?? 0 });
     }
     if (path === "/metrics") {
-      return new Response(metrics.text(scheduler.depth, scheduler.active), {
+      return new Response(metrics.text(scheduler.depth, scheduler.active, scheduler.engine), {
         headers: { "content-type": "text/plain; version=0.0.4" },
       });
     }
@@ -404,6 +437,7 @@ export async function startServer(o: ServeOptions): Promise<InferServer> {
     port: server.port!,
     modelId,
     info,
+    parallel: o.parallel ?? 1,
     async stop() {
       await server.stop(true);
       scheduler.fail("the server is stopping");

@@ -1,29 +1,33 @@
-// The engine's thread: a Bun Worker that opens the model and runs one job at a time, so the
-// HTTP event loop (server.ts) stays free to answer /health and queue new requests. Text is
-// posted back as it is generated; a "cancel" message (the client went away) is read between
-// tokens, because the generation loop yields to this worker's event loop after each one.
+// The engine's thread: a Bun Worker that opens the model and runs the batch scheduler
+// (ts/engine/scheduler.ts), so the HTTP event loop (server.ts) stays free to answer /health and
+// queue new requests. Jobs join the running batch between steps; text is posted back as it is
+// generated. New jobs and "cancel" messages (the client went away) are read between steps,
+// because the loop yields to this worker's event loop after each forward pass.
 import { chatTemplateFor, turnTokens, type ChatTemplate } from "../chat/template.ts";
 import { Engine, type TokenConstraint } from "../engine/engine.ts";
+import { BatchScheduler } from "../engine/scheduler.ts";
 import { InferError } from "../errors.ts";
 import { JsonGrammar } from "../sample/json-grammar.ts";
 import { anyObject, compileSchema } from "../sample/json-schema.ts";
-import type { FromWorker, ToWorker } from "./messages.ts";
+import type { EngineStats, FromWorker, ToWorker } from "./messages.ts";
 import type { Job } from "./protocol.ts";
 
 declare const self: { postMessage(m: FromWorker): void; onmessage: ((e: MessageEvent<ToWorker>) => void) | null };
 
 let engine: Engine | null = null;
+let scheduler: BatchScheduler | null = null;
 let template: ChatTemplate | null = null;
 let templateError: string | null = null;
 let turnStops: number[] = [];
 const cancelled = new Set<number>();
-const pending: { id: number; job: Job }[] = [];
-let busy = false;
+let looping = false;
 let closing = false;
+let lastStats = "";
 
 function shutDown(): void {
   engine?.close();
   engine = null;
+  scheduler = null;
   post({ type: "closed" });
 }
 
@@ -33,12 +37,17 @@ self.onmessage = (e) => {
   const m = e.data;
   switch (m.type) {
     case "open": open(m.settings); break;
-    case "run": pending.push({ id: m.id, job: m.job }); void drain(); break;
+    case "run":
+      try {
+        submit(m.id, m.job);
+      } catch (err) { // a bug, not the request's fault: report it and serve the next one
+        fail(m.id, 500, (err as Error).message, null, "internal_error");
+      }
+      break;
     case "cancel": cancelled.add(m.id); break;
     case "close":
-      closing = true;
-      pending.length = 0;
-      if (!busy) shutDown();
+      closing = true; // every sequence's shouldStop is now true
+      if (!looping) shutDown();
       break;
   }
 };
@@ -49,6 +58,10 @@ function open(settings: Extract<ToWorker, { type: "open" }>["settings"]): void {
     // loads the one the main thread found.
     if (settings.library && !process.env.INFER_LIB) process.env.INFER_LIB = settings.library;
     engine = Engine.open(settings);
+    const prefixBytes = settings.prefixCacheBytes ?? 128 << 20;
+    scheduler = new BatchScheduler(engine, { slots: settings.parallel ?? 1,
+      prefillChunk: settings.prefillChunk,
+      prefixCache: prefixBytes > 0 ? { bytesMax: prefixBytes } : null });
     try {
       template = chatTemplateFor(engine.file.metadata, engine.tokenizer);
       turnStops = turnTokens(template, engine.tokenizer);
@@ -65,25 +78,36 @@ function open(settings: Extract<ToWorker, { type: "open" }>["settings"]): void {
   }
 }
 
-async function drain(): Promise<void> {
-  if (busy) return;
-  busy = true;
+/** Runs steps while sequences run or wait, yielding to messages between them. */
+async function loop(): Promise<void> {
+  if (looping) return;
+  looping = true;
   try {
-    while (pending.length > 0) {
-      const { id, job } = pending.shift()!;
-      if (cancelled.delete(id)) continue;
-      try {
-        await run(id, job);
-      } catch (err) { // a bug, not the request's fault: report it and serve the next one
-        engine?.reset();
-        fail(id, 500, (err as Error).message, null, "internal_error");
-      }
-      cancelled.delete(id);
+    while (scheduler?.busy) {
+      scheduler.step();
+      postStats();
+      await new Promise<void>((resolve) => setImmediate(resolve));
     }
   } finally {
-    busy = false;
+    looping = false;
+    postStats();
     if (closing) shutDown();
   }
+}
+
+function postStats(): void {
+  const s = scheduler?.stats();
+  if (!s) return;
+  const stats: EngineStats = {
+    slots: s.slots, busySlots: s.busySlots, steps: s.steps,
+    prefixBlocks: s.prefix?.blocks ?? 0, prefixBytes: s.prefix?.bytes ?? 0,
+    prefixRestoredTokens: s.prefix?.restoredTokens ?? 0,
+    prefixLookedUpTokens: s.prefix?.lookedUpTokens ?? 0,
+  };
+  const key = JSON.stringify({ ...stats, steps: 0 });
+  if (key === lastStats) return; // posted when the occupancy or the cache changes, not per step
+  lastStats = key;
+  post({ type: "stats", stats });
 }
 
 function fail(id: number, status: number, message: string, param: string | null = null,
@@ -91,9 +115,11 @@ function fail(id: number, status: number, message: string, param: string | null 
   post({ type: "error", id, status, message, param, code });
 }
 
-async function run(id: number, job: Job): Promise<void> {
-  const e = engine;
-  if (!e) return fail(id, 503, "the model is not loaded");
+/** Tokenizes and checks a job, then hands it to the scheduler. */
+function submit(id: number, job: Job): void {
+  if (cancelled.delete(id)) return;
+  const e = engine, sched = scheduler;
+  if (!e || !sched) return fail(id, 503, "the model is not loaded");
   let prompt: number[];
   try {
     if (job.kind === "chat") {
@@ -118,18 +144,23 @@ async function run(id: number, job: Job): Promise<void> {
     constraint = new JsonGrammar(e.tokenizer, compileSchema(job.format.schema));
   }
   post({ type: "started", id, promptTokens: prompt.length });
-  try {
-    const result = await e.generateAsync(prompt, {
+  sched.submit({
+    prompt,
+    options: {
       maxTokens: job.maxTokens, sampling: job.sampling, stop: [...job.stop], constraint,
       stopTokens: job.kind === "chat" ? turnStops : undefined,
       shouldStop: () => closing || cancelled.has(id),
       onText: (text) => post({ type: "text", id, text }),
-    });
-    post({ type: "done", id, text: result.text, promptTokens: prompt.length,
-      completionTokens: result.tokens.length, stopReason: result.stopReason });
-  } catch (err) {
-    // The cache may hold a half-evaluated sequence: start the next one from nothing.
-    e.reset();
-    fail(id, 500, (err as Error).message, null, "internal_error");
-  }
+    },
+    onDone: (result) => {
+      cancelled.delete(id);
+      post({ type: "done", id, text: result.text, promptTokens: prompt.length,
+        completionTokens: result.tokens.length, stopReason: result.stopReason });
+    },
+    onError: (err) => {
+      cancelled.delete(id);
+      fail(id, 500, err.message, null, "internal_error");
+    },
+  });
+  void loop();
 }

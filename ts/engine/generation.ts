@@ -1,0 +1,153 @@
+// One generation's sampling side, apart from the model: from the logits after each evaluated
+// token it samples the next one through the sampler chain (and a grammar mask), detokenizes,
+// holds back text that could begin a stop string, and decides when to end. The caller evaluates
+// the tokens it returns: the engine one sequence at a time, the batch scheduler many at once.
+import { Sampler, type SamplerOptions } from "../sample/sampler.ts";
+import { StopMatcher } from "../sample/stop.ts";
+import type { StreamDecoder, Tokenizer } from "../tokenizer/index.ts";
+
+/** What constrains the next token (a JSON-schema grammar, for one). */
+export interface TokenConstraint {
+  /** Sets the logits of tokens that may not come next to -Infinity; `budget`: tokens left. */
+  mask(logits: Float32Array, budget: number): void;
+  /** Advances past `token` (one the mask allowed). */
+  accept(token: number): void;
+  /** The output is complete and nothing may follow it. */
+  readonly done: boolean;
+}
+
+export interface GenerateOptions {
+  /** Tokens to generate at most; a negative number: until the context is full. */
+  readonly maxTokens: number;
+  readonly sampling: SamplerOptions;
+  readonly ignoreEos?: boolean;
+  /** Generation ends before any of these strings; none of it is ever emitted. */
+  readonly stop?: readonly string[];
+  /** Tokens that end generation as end-of-generation does (a chat template's turn markers). */
+  readonly stopTokens?: readonly number[];
+  readonly constraint?: TokenConstraint;
+  /** Reuse the cached prefix this prompt shares with the last sequence (default true). */
+  readonly reuseCache?: boolean;
+  /** Polled between tokens; true ends generation ("interrupted"). */
+  readonly shouldStop?: () => boolean;
+  /** Called with each piece of text as soon as it is complete UTF-8 and past any stop string. */
+  readonly onText?: (text: string) => void;
+}
+
+export type StopReason = "eos" | "length" | "context" | "stop" | "complete" | "interrupted";
+
+export interface GenerateResult {
+  readonly promptTokens: number[];
+  /** Prompt tokens evaluated now; the rest came from the cache. */
+  readonly prefilled: number;
+  readonly tokens: number[];
+  readonly text: string;
+  readonly stopReason: StopReason;
+  readonly promptMs: number;
+  readonly generateMs: number;
+}
+
+/** One generation: next() turns the logits after each evaluated token into the next token. */
+export class Generation {
+  private readonly sampler: Sampler;
+  private readonly decoder: StreamDecoder;
+  private readonly stops: StopMatcher;
+  private readonly stopTokens: ReadonlySet<number>;
+  private readonly tokens: number[] = [];
+  private readonly t0 = performance.now();
+  private t1 = this.t0;
+  private prefilled = 0;
+  private text = "";
+  private stopReason: StopReason = "length";
+  private finished = false;
+
+  constructor(private readonly tokenizer: Tokenizer, readonly promptTokens: readonly number[],
+    private readonly contextLength: number, private readonly o: GenerateOptions) {
+    this.sampler = new Sampler(o.sampling);
+    for (const t of promptTokens) this.sampler.accept(t);
+    this.decoder = tokenizer.decoder();
+    this.stops = new StopMatcher(o.stop ?? []);
+    this.stopTokens = new Set(o.stopTokens ?? []);
+    if (o.maxTokens === 0) this.finished = true;
+  }
+
+  /** The prompt is in the cache; `evaluated` of its tokens were evaluated now (the rest reused). */
+  promptDone(evaluated: number): void {
+    this.prefilled = evaluated;
+    this.t1 = performance.now();
+  }
+
+  private get maxTokens(): number {
+    return this.o.maxTokens < 0 ? Infinity : this.o.maxTokens;
+  }
+
+  /** Tokens generated so far. */
+  get count(): number {
+    return this.tokens.length;
+  }
+
+  /** The caller asked to stop (shouldStop); ends the generation as "interrupted" if it did. */
+  interrupted(): boolean {
+    if (this.finished || !this.o.shouldStop?.()) return false;
+    this.end("interrupted");
+    return true;
+  }
+
+  /**
+   * Samples and emits one token from the logits after the last evaluated token, the cache
+   * holding `length` positions; returns the token to evaluate next, or null once generation
+   * has ended.
+   */
+  next(logits: Float32Array, length: number): number | null {
+    if (this.finished || this.interrupted()) return null;
+    const o = this.o, constraint = o.constraint;
+    const budget = Math.min(this.maxTokens - this.tokens.length, this.contextLength - length);
+    const token = this.sampler.sample(logits,
+      constraint ? (x) => constraint.mask(x, budget) : undefined);
+    // Under a constraint, end-of-generation is allowed only once the output is complete.
+    const eog = this.tokenizer.isEndOfGeneration(token);
+    if (this.stopTokens.has(token) || (eog && (!o.ignoreEos || constraint))) return this.end("eos");
+    constraint?.accept(token);
+    this.sampler.accept(token);
+    this.tokens.push(token);
+    this.emit(this.decoder.push(token));
+    if (this.stops.stopped) return this.end("stop");
+    if (constraint?.done) return this.end("complete");
+    if (this.tokens.length >= this.maxTokens) return this.end("length");
+    if (length >= this.contextLength) return this.end("context");
+    return token;
+  }
+
+  get done(): boolean {
+    return this.finished;
+  }
+
+  private emit(piece: string): void {
+    const out = this.stops.push(piece);
+    if (out) {
+      this.text += out;
+      this.o.onText?.(out);
+    }
+  }
+
+  private end(reason: StopReason): null {
+    this.stopReason = reason;
+    this.finished = true;
+    return null;
+  }
+
+  /** Flushes held-back text and returns the result. */
+  finish(): GenerateResult {
+    if (!this.stops.stopped) this.emit(this.decoder.flush());
+    const tail = this.stops.flush();
+    if (tail) {
+      this.text += tail;
+      this.o.onText?.(tail);
+    }
+    return {
+      promptTokens: [...this.promptTokens], prefilled: this.prefilled, tokens: this.tokens,
+      text: this.text, stopReason: this.stopReason, promptMs: this.t1 - this.t0,
+      generateMs: performance.now() - this.t1,
+    };
+  }
+}

@@ -1,0 +1,191 @@
+// The prefix cache: keys and values of token blocks, shared across requests, so that a prompt
+// beginning like an earlier one (a system prompt, the previous turns of a chat) copies those
+// positions instead of evaluating them again. Every row is computed with the single-token
+// arithmetic, so a position's keys and values depend only on the tokens up to it: a copied
+// block is exactly what evaluating it again would give.
+//
+// A block holds `blockTokens` consecutive positions of every layer, as full rows (not a ring).
+// Block j of a sequence is keyed by its parent block (j - 1) and its own tokens, so a lookup
+// walks from the first block and stops at the first miss. Blocks are saved from a sequence's
+// slot right after the step that completes them, while a sliding-window ring still holds them,
+// and restored into a slot's layers at their positions (ring cell p % cells). Storage is a pool
+// of blocks allocated on demand up to `bytesMax` and then reused: when it is full the least
+// recently used block with no children is evicted (a parent is never dropped before its
+// children, which would strand them).
+import type { Backend, KvLayer, KvType } from "../backend/backend.ts";
+import { InferError } from "../errors.ts";
+import type { KvShape } from "../model/model.ts";
+
+export interface PrefixCacheOptions {
+  /** Positions per block (default 32). */
+  readonly blockTokens?: number;
+  /** Memory for blocks at most (default 128 MiB). */
+  readonly bytesMax?: number;
+}
+
+interface Block {
+  readonly id: number;
+  readonly key: string;
+  readonly parent: Block | null;
+  readonly layers: readonly KvLayer[];
+  children: number;
+  evicted: boolean;
+}
+
+/** Where a sequence's chain of saved blocks ends; kept by the sequence between steps. */
+export interface PrefixChain {
+  /** Blocks of the sequence saved or restored so far (positions 0 .. blocks · blockTokens). */
+  blocks: number;
+  last: Block | null;
+}
+
+export interface PrefixCacheStats {
+  readonly blocks: number;
+  readonly bytes: number;
+  readonly bytesMax: number;
+  /** Prompt positions restored from the cache, and looked up, since the start. */
+  readonly restoredTokens: number;
+  readonly lookedUpTokens: number;
+}
+
+export class PrefixCache {
+  readonly blockTokens: number;
+  private readonly blockBytes: number;
+  private readonly blocksMax: number;
+  /** Every live block by key, least recently used first (a Map keeps insertion order). */
+  private readonly byKey = new Map<string, Block>();
+  private readonly free: (readonly KvLayer[])[] = [];
+  private allocated = 0;
+  private nextId = 1;
+  private restored = 0;
+  private lookedUp = 0;
+
+  constructor(private readonly be: Backend, private readonly shapes: readonly KvShape[],
+    private readonly type: KvType, o: PrefixCacheOptions = {}) {
+    if (!be.copyKv) throw new InferError("unsupported", `the ${be.name} backend cannot copy KV rows`);
+    this.blockTokens = o.blockTokens ?? 32;
+    const elementBytes = type === "f16" ? 2 : 4;
+    this.blockBytes = shapes.reduce((sum, s) => sum + 2 * s.kvHeads * s.headDim * elementBytes, 0) *
+      this.blockTokens;
+    this.blocksMax = Math.floor((o.bytesMax ?? 128 << 20) / this.blockBytes);
+    if (!(this.blockTokens >= 1) || this.blocksMax < 1) {
+      throw new InferError("invalid_argument", `a prefix cache of ${o.bytesMax} bytes holds no ` +
+        `block of ${this.blockTokens} positions (${this.blockBytes} bytes)`);
+    }
+  }
+
+  stats(): PrefixCacheStats {
+    return { blocks: this.byKey.size, bytes: this.allocated * this.blockBytes,
+      bytesMax: this.blocksMax * this.blockBytes, restoredTokens: this.restored,
+      lookedUpTokens: this.lookedUp };
+  }
+
+  private key(parent: Block | null, tokens: ArrayLike<number>, block: number): string {
+    const b = this.blockTokens, ids: number[] = [];
+    for (let i = block * b; i < (block + 1) * b; i++) ids.push(tokens[i]);
+    return `${parent?.id ?? 0}:${ids.join(",")}`;
+  }
+
+  /**
+   * Copies the longest cached prefix of `prompt` (whole blocks, fewer than prompt.length
+   * positions: the last prompt token is always evaluated, for its logits) into `layers`;
+   * returns the chain for the sequence to extend, whose `blocks` · blockTokens positions are now
+   * in the slot.
+   */
+  restore(prompt: readonly number[], layers: readonly KvLayer[]): PrefixChain {
+    const found: Block[] = [];
+    const usable = Math.floor((prompt.length - 1) / this.blockTokens);
+    let parent: Block | null = null;
+    for (let j = 0; j < usable; j++) {
+      const block = this.byKey.get(this.key(parent, prompt, j));
+      if (!block) break;
+      found.push(block);
+      parent = block;
+    }
+    this.lookedUp += prompt.length;
+    // Most recently used last, the first block last of all: parents outlive their children.
+    for (let j = found.length - 1; j >= 0; j--) this.touch(found[j]);
+    const positions = found.length * this.blockTokens;
+    this.restored += positions;
+    for (let i = 0; i < layers.length; i++) {
+      const dst = layers[i];
+      // A ring only needs (and holds) its last `cells` positions.
+      const from = dst.ring ? Math.max(0, positions - dst.cells) : 0;
+      for (let j = Math.floor(from / this.blockTokens); j < found.length; j++) {
+        const start = Math.max(from, j * this.blockTokens);
+        this.transfer(dst, found[j].layers[i], j * this.blockTokens, start,
+          (j + 1) * this.blockTokens - start, true);
+      }
+    }
+    return { blocks: found.length, last: found.at(-1) ?? null };
+  }
+
+  /**
+   * Saves the sequence's blocks that are complete among its first `length` positions (tokens
+   * in `tokens`) and not saved yet, reading them from `layers`, whose rings hold the last
+   * `cells` positions.
+   */
+  save(chain: PrefixChain, tokens: ArrayLike<number>, length: number,
+    layers: readonly KvLayer[]): void {
+    const b = this.blockTokens;
+    while ((chain.blocks + 1) * b <= length) {
+      const j = chain.blocks, start = j * b;
+      if (chain.last?.evicted) return; // the chain was broken: its descendants would be unreachable
+      if (layers.some((l) => l.ring && start < length - l.cells)) return; // overwritten already
+      const key = this.key(chain.last, tokens, j);
+      let block = this.byKey.get(key);
+      if (block) this.touch(block);
+      else {
+        const storage = this.storage();
+        if (!storage) return;
+        for (let i = 0; i < layers.length; i++) this.transfer(layers[i], storage[i], start, start, b, false);
+        block = { id: this.nextId++, key, parent: chain.last, layers: storage, children: 0,
+          evicted: false };
+        if (chain.last) chain.last.children++;
+        this.byKey.set(key, block);
+      }
+      chain.last = block;
+      chain.blocks++;
+    }
+  }
+
+  private touch(block: Block): void {
+    this.byKey.delete(block.key);
+    this.byKey.set(block.key, block);
+  }
+
+  /** A free block's layers: from the free list, a new allocation, or an evicted leaf. */
+  private storage(): readonly KvLayer[] | null {
+    const reused = this.free.pop();
+    if (reused) return reused;
+    if (this.allocated < this.blocksMax) {
+      this.allocated++;
+      return this.shapes.map((s) => this.be.kvLayer(this.blockTokens, s.kvHeads, s.headDim, this.type,
+        false));
+    }
+    for (const block of this.byKey.values()) {
+      if (block.children > 0) continue;
+      this.byKey.delete(block.key);
+      block.evicted = true;
+      if (block.parent) block.parent.children--;
+      return block.layers;
+    }
+    return null;
+  }
+
+  /**
+   * Copies positions position .. position + count - 1 between a slot's layer (position p in
+   * cell p, or p % cells in a ring, wrapping) and a block starting at position `blockStart`.
+   */
+  private transfer(slot: KvLayer, block: KvLayer, blockStart: number, position: number,
+    count: number, toSlot: boolean): void {
+    const end = position + count;
+    for (let p = position; p < end;) {
+      const cell = slot.ring ? p % slot.cells : p;
+      const n = Math.min(end - p, slot.cells - cell);
+      if (toSlot) this.be.copyKv!(block, p - blockStart, slot, cell, n);
+      else this.be.copyKv!(slot, cell, block, p - blockStart, n);
+      p += n;
+    }
+  }
+}

@@ -1,0 +1,237 @@
+// Continuous batching: several sequences share every forward pass. Each sequence holds a slot
+// (its own KV cache); requests wait in arrival order for a free slot, join the running batch
+// between steps and leave it when they end, are interrupted, or fail.
+//
+// One step() is one forward pass over:
+//   - one row per decoding sequence (the token it sampled last step), and
+//   - prompt rows of sequences still prefilling, in arrival order, at most `prefillChunk` rows
+//     while others decode (so running streams keep their pace) or a whole batch when none does.
+// A sequence's rows sit together in the batch; a prompt that completes in this step is split
+// into its body and its last token, which goes with the decoding rows at the end of the batch,
+// so that the rows needing logits are the last ones and the LM head runs over them alone.
+// Every row is computed with the single-token arithmetic, so each sequence gets exactly the
+// tokens it would get alone.
+//
+// With a prefix cache, a new sequence first copies the longest cached prefix of its prompt into
+// its slot, and each block a sequence completes is saved for the next ones.
+import { InferError } from "../errors.ts";
+import type { SequenceRows } from "../model/model.ts";
+import type { Engine } from "./engine.ts";
+import { Generation, type GenerateOptions, type GenerateResult } from "./generation.ts";
+import { createKvCache, type KvCache } from "./kv-cache.ts";
+import { PrefixCache, type PrefixCacheOptions, type PrefixChain, type PrefixCacheStats } from "./prefix-cache.ts";
+
+export interface SequenceRequest {
+  /** Prompt tokens: at least one, fewer than the context length. */
+  readonly prompt: readonly number[];
+  /** shouldStop is polled once per step; true ends the sequence as "interrupted". */
+  readonly options: GenerateOptions;
+  /** Called once when the sequence ends (interrupted ones too), with its result. */
+  readonly onDone: (result: GenerateResult) => void;
+  /** Called instead of onDone when the forward pass failed (a bug or an out-of-memory). */
+  readonly onError: (err: Error) => void;
+}
+
+export interface SchedulerOptions {
+  /** Sequences decoded together, each with a KV cache of the engine's context length. */
+  readonly slots: number;
+  /** Prompt rows per step while other sequences decode (default 64). */
+  readonly prefillChunk?: number;
+  /** Share prompt prefixes across sequences (default: on, 128 MiB); null: off. */
+  readonly prefixCache?: PrefixCacheOptions | null;
+}
+
+export interface SchedulerStats {
+  readonly slots: number;
+  readonly busySlots: number;
+  readonly waiting: number;
+  readonly steps: number;
+  readonly prefix: PrefixCacheStats | null;
+}
+
+interface Slot {
+  readonly cache: KvCache;
+  /** The token at each position the cache holds (the prefix cache keys blocks by them). */
+  readonly history: Int32Array;
+}
+
+class Sequence {
+  /** Positions of the slot's cache that hold this sequence's keys and values. */
+  length = 0;
+  /** The token sampled last, to be evaluated next step; null while the prompt is prefilled. */
+  pending: number | null = null;
+  /** Prompt positions copied from the prefix cache. */
+  restored = 0;
+  ended = false;
+  constructor(readonly request: SequenceRequest, readonly slot: Slot,
+    readonly generation: Generation, readonly chain: PrefixChain) {}
+
+  get prompt(): readonly number[] { return this.request.prompt; }
+}
+
+export class BatchScheduler {
+  private readonly slots: Slot[] = [];
+  private readonly free: Slot[] = [];
+  private readonly waiting: SequenceRequest[] = [];
+  private running: Sequence[] = [];
+  private readonly prefix: PrefixCache | null;
+  private readonly prefillChunk: number;
+  private readonly tokens: Int32Array;
+  private steps = 0;
+
+  constructor(private readonly engine: Engine, o: SchedulerOptions) {
+    const be = engine.backend, model = engine.model;
+    if (!(Number.isInteger(o.slots) && o.slots >= 1)) {
+      throw new InferError("invalid_argument", `slots must be a positive integer, got ${o.slots}`);
+    }
+    if (o.slots > 1 && !be.sequenceBatches) {
+      throw new InferError("unsupported", `the ${be.name} backend runs one sequence at a time`);
+    }
+    if (o.slots > model.maxBatch) {
+      throw new InferError("invalid_argument", `${o.slots} slots exceed the batch of ${model.maxBatch}`);
+    }
+    this.prefillChunk = Math.max(1, Math.min(o.prefillChunk ?? 64, model.maxBatch));
+    this.tokens = new Int32Array(model.maxBatch);
+    for (let i = 0; i < o.slots; i++) {
+      // The engine's own cache is the first slot: the server uses the scheduler, not the engine.
+      const cache = i === 0 ? engine.cache
+        : createKvCache(be, model.info, engine.contextLength, engine.cache.type, model.maxBatch);
+      this.slots.push({ cache, history: new Int32Array(engine.contextLength) });
+    }
+    this.free.push(...this.slots);
+    engine.reset();
+    this.prefix = o.prefixCache === null || !be.copyKv ? null
+      : new PrefixCache(be, model.info.kvShapes, engine.cache.type, o.prefixCache);
+  }
+
+  /** Queues a sequence; it joins the batch at the next step with a free slot. */
+  submit(request: SequenceRequest): void {
+    const n = request.prompt.length;
+    if (n === 0 || n >= this.engine.contextLength) {
+      throw new InferError("invalid_argument", `a prompt of ${n} tokens does not fit the context ` +
+        `of ${this.engine.contextLength} with room to answer`);
+    }
+    this.waiting.push(request);
+  }
+
+  /** Whether a step would do anything. */
+  get busy(): boolean {
+    return this.running.length > 0 || this.waiting.length > 0;
+  }
+
+  stats(): SchedulerStats {
+    return { slots: this.slots.length, busySlots: this.slots.length - this.free.length,
+      waiting: this.waiting.length, steps: this.steps, prefix: this.prefix?.stats() ?? null };
+  }
+
+  /** Admits waiting sequences, runs one forward pass, samples, and retires ended sequences. */
+  step(): void {
+    for (const s of this.running) if (s.generation.interrupted()) s.ended = true;
+    this.retire();
+    this.admit();
+    if (this.running.length === 0) return;
+    const plan = this.plan();
+    const vocab = this.engine.model.info.vocabSize;
+    const firstLogitRow = plan.rows - plan.logits.length;
+    try {
+      this.engine.model.forwardBatch(
+        { tokens: this.tokens, segments: plan.segments, logitRows: plan.logits.length },
+        (firstRow, rows, logits) => {
+          for (let r = 0; r < rows; r++) {
+            const s = plan.logits[firstRow - firstLogitRow + r];
+            if (s.pending === null) s.generation.promptDone(s.prompt.length - s.restored);
+            s.pending = s.generation.next(logits.subarray(r * vocab, (r + 1) * vocab), s.length);
+            if (s.pending === null) s.ended = true;
+          }
+        });
+    } catch (err) {
+      // The caches of this batch may hold half a step: fail its sequences, keep serving.
+      for (const s of this.running) this.release(s);
+      const failed = this.running;
+      this.running = [];
+      for (const s of failed) s.request.onError(err as Error);
+      return;
+    }
+    this.steps++;
+    if (this.prefix) {
+      for (const s of this.running) {
+        this.prefix.save(s.chain, s.slot.history, s.length, s.slot.cache.layers);
+      }
+    }
+    this.retire();
+  }
+
+  /** Gives free slots to waiting sequences, in arrival order. */
+  private admit(): void {
+    while (this.free.length > 0 && this.waiting.length > 0) {
+      const request = this.waiting.shift()!;
+      const generation = new Generation(this.engine.tokenizer, request.prompt,
+        this.engine.contextLength, request.options);
+      const slot = this.free.shift()!; // the longest free: a new sequence finds no stale luck
+      const chain = this.prefix ? this.prefix.restore(request.prompt, slot.cache.layers)
+        : { blocks: 0, last: null };
+      const s = new Sequence(request, slot, generation, chain);
+      s.restored = s.length = this.prefix ? chain.blocks * this.prefix.blockTokens : 0;
+      slot.history.set(request.prompt.slice(0, s.length));
+      if (generation.interrupted() || generation.done) s.ended = true;
+      this.running.push(s);
+    }
+  }
+
+  /** This step's rows: prompt bodies first, then the rows that need logits. */
+  private plan(): { segments: SequenceRows[]; logits: Sequence[]; rows: number } {
+    const maxBatch = this.engine.model.maxBatch;
+    const decoding = this.running.filter((s) => s.pending !== null);
+    let budget = Math.min(maxBatch - decoding.length,
+      decoding.length > 0 ? this.prefillChunk : maxBatch);
+    const bodies: { s: Sequence; rows: number }[] = [], finishing: Sequence[] = [];
+    for (const s of this.running) {
+      if (s.pending !== null || budget <= 0) continue;
+      const left = s.prompt.length - s.length, take = Math.min(left, budget);
+      budget -= take;
+      if (take < left) bodies.push({ s, rows: take });
+      else {
+        if (take > 1) bodies.push({ s, rows: take - 1 });
+        finishing.push(s);
+      }
+    }
+    // Bodies of prompts that complete now go last, just before their last tokens.
+    bodies.sort((a, b) => Number(finishing.includes(a.s)) - Number(finishing.includes(b.s)));
+    const segments: SequenceRows[] = [];
+    let rows = 0;
+    const add = (s: Sequence, n: number, token: (i: number) => number) => {
+      for (let i = 0; i < n; i++) {
+        this.tokens[rows + i] = token(i);
+        s.slot.history[s.length + i] = this.tokens[rows + i];
+      }
+      const last = segments.at(-1);
+      if (last && last.cache === s.slot.cache.layers && last.position + last.rows === s.length) {
+        segments[segments.length - 1] = { ...last, rows: last.rows + n };
+      } else segments.push({ rows: n, position: s.length, cache: s.slot.cache.layers });
+      s.length += n;
+      rows += n;
+    };
+    for (const { s, rows: n } of bodies) add(s, n, (i) => s.prompt[s.length + i]);
+    for (const s of finishing) add(s, 1, () => s.prompt[s.length]);
+    for (const s of decoding) add(s, 1, () => s.pending!);
+    if (!this.engine.backend.sequenceBatches && segments.length > 1) {
+      throw new InferError("internal", "a batch of several segments on a one-sequence backend");
+    }
+    return { segments, logits: [...finishing, ...decoding], rows };
+  }
+
+  /** Ends the sequences that ended: their results go out and their slots are free again. */
+  private retire(): void {
+    if (!this.running.some((s) => s.ended)) return;
+    const ended = this.running.filter((s) => s.ended);
+    this.running = this.running.filter((s) => !s.ended);
+    for (const s of ended) {
+      this.release(s);
+      s.request.onDone(s.generation.finish());
+    }
+  }
+
+  private release(s: Sequence): void {
+    this.free.push(s.slot);
+  }
+}
