@@ -1,11 +1,13 @@
-// Choosing a backend: `cpu`, `cuda`, or `auto` (CUDA when it is available here, else the CPU).
+// Choosing a backend: `cpu`, `cuda`, `metal`, or `auto` (Metal on Apple silicon, else CUDA when
+// it is available here, else the CPU).
 // Engine.open takes the kind; the CLI's --backend passes it; INFER_BACKEND sets the default.
 import { InferError } from "../errors.ts";
 import type { Backend } from "./backend.ts";
 import { CpuBackend } from "./cpu.ts";
 import { CudaBackend } from "./cuda.ts";
+import { MetalBackend } from "./metal.ts";
 
-export const backendKinds = ["cpu", "cuda", "auto"] as const;
+export const backendKinds = ["cpu", "cuda", "metal", "auto"] as const;
 export type BackendKind = (typeof backendKinds)[number];
 
 export function parseBackendKind(value: string, what = "--backend"): BackendKind {
@@ -19,15 +21,22 @@ export function defaultBackendKind(fallback: BackendKind = "cpu"): BackendKind {
   return env ? parseBackendKind(env, "INFER_BACKEND") : fallback;
 }
 
+/** Apple silicon, where `auto` prefers Metal. */
+export function isAppleSilicon(): boolean {
+  return process.platform === "darwin" && process.arch === "arm64";
+}
+
 /**
  * A backend of `kind`. `cuda` throws InferError("CUDA not available: <reason>") where there is no
- * driver, GPU or kernel file; `auto` then falls back to the CPU.
+ * driver, GPU or kernel file, `metal` InferError("Metal not available: <reason>") off macOS or
+ * without a Metal device; `auto` then falls back to the CPU.
  */
 export function createBackend(kind: BackendKind): Backend {
   if (kind === "cpu") return new CpuBackend();
   if (kind === "cuda") return CudaBackend.open();
+  if (kind === "metal") return MetalBackend.open();
   try {
-    return CudaBackend.open();
+    return isAppleSilicon() ? MetalBackend.open() : CudaBackend.open();
   } catch (err) {
     if (err instanceof InferError && (err.code === "unsupported" || err.code === "native_unavailable")) {
       return new CpuBackend();

@@ -60,7 +60,8 @@ export function generationHelp(defaultTokens: string): string {
                          default: the installed Gemma 3 270M Q4_K_M)
   -c, --ctx-size N       context length in tokens (default: min(4096, the model's))
   -t, --threads N        CPU threads (default: all cores)
-  --backend B            cpu, cuda, or auto: CUDA when available (default: auto)
+  --backend B            cpu, cuda, metal, or auto: Metal on Apple silicon, else CUDA when
+                         available, else the CPU (default: auto)
 
 generation (defaults are llama.cpp's):
   -n N                   tokens to generate; -1: until the context is full (${defaultTokens})

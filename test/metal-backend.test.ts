@@ -1,0 +1,141 @@
+// Method: the Metal backend (ts/backend/metal.ts, the plan and the kernels) on the emulated device
+// against the CPU backend, through the Backend interface the model graph uses, with the weights of
+// small random GGUFs in every weight type (wrapped, not copied). One attention block is run as a
+// prompt of 5 tokens, then 3 single-token steps, each step's outputs read back and compared by
+// normalised error. setTokens/setPositions between steps with work still queued must see the
+// queued work run first, as on a Mac where a step is one command buffer. Also: on Linux,
+// `--backend metal` fails with one clear line and `auto` does not pick Metal.
+import { afterAll, describe, expect, test } from "bun:test";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import type { Backend } from "../ts/backend/backend.ts";
+import { CpuBackend } from "../ts/backend/cpu.ts";
+import { MetalBackend } from "../ts/backend/metal.ts";
+import { createBackend, isAppleSilicon } from "../ts/backend/select.ts";
+import { InferError } from "../ts/errors.ts";
+import { openGguf, type GgufFile } from "../ts/gguf/reader.ts";
+import { llamaFloat, qwen3KQuants, gemmaMixed, llamaQ4_0, randomQuantGguf } from "./support/random-quant-gguf.ts";
+import { EmulatedMetalDevice } from "./support/metal-emu.ts";
+
+// Whole blocks differ by the CPU's roundings that follow ggml and the GPU kernels do not: the CPU
+// quantizes activations to Q8_0/Q8_K for quantized weights (measured up to ~1e-2 of the largest
+// output here), rounds them to f16/bf16 for F16/BF16 weights, and rounds the query and the
+// probabilities to f16 in attention over the f16 cache (~7e-4); the GPU keeps f32 throughout.
+const TOL_BLOCK_Q = 3e-2;
+const TOL_BLOCK_F = 3e-3;
+
+function normalisedError(got: ArrayLike<number>, want: ArrayLike<number>): number {
+  let maxDiff = 0, maxRef = 0;
+  for (let i = 0; i < want.length; i++) {
+    const d = Math.abs(got[i] - want[i]);
+    maxDiff = Number.isNaN(d) ? Infinity : Math.max(maxDiff, d);
+    maxRef = Math.max(maxRef, Math.abs(want[i]));
+  }
+  return maxDiff / Math.max(maxRef, 1e-30);
+}
+
+const dir = mkdtempSync(join(tmpdir(), "infer-metal-backend-"));
+const files: GgufFile[] = [];
+afterAll(() => {
+  for (const f of files) f.close();
+  rmSync(dir, { recursive: true, force: true });
+});
+
+/** Embeds, norms, projects q/k/v, RoPE, stores K/V, attends and adds the output projection. */
+function attentionBlock(be: Backend, file: GgufFile, spec: typeof gemmaMixed) {
+  const t = (name: string) => be.weight(file, file.tensors.get(name)!);
+  const e = spec.embedding, q = spec.heads * spec.headDim, kv = spec.kvHeads * spec.headDim, rows = 8;
+  const act = (name: string, cols: number) => be.activation(name, rows, cols);
+  const s = {
+    ids: act("ids", 1), pos: be.positions(rows), x: act("x", e), h: act("h", e), q: act("q", q), k: act("k", kv),
+    v: act("v", kv), att: act("att", q), o: act("o", e),
+    layer: be.kvLayer(64, spec.kvHeads, spec.headDim, "f16", false),
+    ring: be.kvLayer(16, spec.kvHeads, spec.headDim, "f16", true),
+  };
+  const w = {
+    embed: t("token_embd.weight"), norm: t("blk.0.attn_norm.weight"), wq: t("blk.0.attn_q.weight"),
+    wk: t("blk.0.attn_k.weight"), wv: t("blk.0.attn_v.weight"), wo: t("blk.0.attn_output.weight"),
+  };
+  return (tokens: number[], position: number): Float32Array[] => {
+    const n = tokens.length;
+    be.setTokens(s.ids, tokens, n);
+    be.setPositions(s.pos, position, n);
+    be.embed(w.embed, s.ids, n, s.x);
+    be.rmsNorm(s.x, w.norm, n, 1e-6, s.h);
+    be.matmul(w.wq, s.h, n, s.q);
+    be.matmul(w.wk, s.h, n, s.k);
+    be.matmul(w.wv, s.h, n, s.v);
+    const rope = { heads: spec.heads, headDim: spec.headDim, rotaryDims: spec.headDim, base: 10000, scale: 1, neox: true };
+    be.rope(s.q, s.pos, n, rope);
+    be.rope(s.k, s.pos, n, { ...rope, heads: spec.kvHeads });
+    be.storeKv(s.layer, s.k, s.v, n, position);
+    be.storeKv(s.ring, s.k, s.v, n, position);
+    const opts = { heads: spec.heads, kvHeads: spec.kvHeads, headDim: spec.headDim, window: 0, scale: 1 / Math.sqrt(spec.headDim) };
+    be.attention(s.q, s.layer, n, position, opts, s.att);
+    const full = be.read(s.att, n).slice();
+    be.attention(s.q, s.ring, n, position, { ...opts, window: 6 }, s.att);
+    be.matmul(w.wo, s.att, n, s.o);
+    be.add(s.o, s.x, n, s.o);
+    const out = be.read(s.o, n).slice();
+    // A matmul of the last row only (firstRow), and an embed still queued when setTokens
+    // overwrites the ids it reads: it must see the old ones.
+    be.matmul(w.wq, s.h, 1, s.q, n - 1);
+    const last = be.read(s.q, 1).slice();
+    be.embed(w.embed, s.ids, n, s.x);
+    be.setTokens(s.ids, tokens.map(() => 0), n);
+    const embedded = be.read(s.x, n).slice();
+    be.setTokens(s.ids, tokens, n);
+    return [full, out, last, embedded];
+  };
+}
+
+describe("the Metal backend on the emulated device equals the CPU backend", () => {
+  for (const [name, spec, tol] of [["Q8_0/Q5_0/Q4_K", gemmaMixed, TOL_BLOCK_Q], ["Q4_0", llamaQ4_0, TOL_BLOCK_Q],
+    ["Q4_K/Q5_K", qwen3KQuants, TOL_BLOCK_Q], ["F16/BF16", llamaFloat, TOL_BLOCK_F]] as const) {
+    test(`attention block, prompt then single tokens: ${name}`, () => {
+      const path = join(dir, `${spec.arch}-${spec.seed}.gguf`);
+      writeFileSync(path, randomQuantGguf({ ...spec, layers: 1 }));
+      const file = openGguf(path);
+      files.push(file);
+      const cpu = new CpuBackend();
+      const device = new EmulatedMetalDevice({ seed: spec.seed });
+      const metal = new MetalBackend(device);
+      try {
+        const runCpu = attentionBlock(cpu, file, spec), runMetal = attentionBlock(metal, file, spec);
+        let position = 0, worst = 0;
+        for (const tokens of [[2, 17, 270, 5, 41], [7], [260], [33]]) {
+          const want = runCpu(tokens, position), got = runMetal(tokens, position);
+          want.forEach((w, i) => {
+            const err = normalisedError(got[i], w);
+            worst = Math.max(worst, err);
+            expect(err).toBeLessThanOrEqual(tol);
+          });
+          position += tokens.length;
+        }
+        console.log(`  ${name}: worst normalised error ${worst.toExponential(2)}`);
+      } finally {
+        metal.dispose();
+        device.dispose();
+      }
+    }, 60_000);
+  }
+});
+
+test("on Linux, --backend metal fails with one clear line and auto does not pick Metal", () => {
+  if (isAppleSilicon()) return;
+  let error: unknown;
+  try {
+    createBackend("metal");
+  } catch (err) {
+    error = err;
+  }
+  expect(error).toBeInstanceOf(InferError);
+  expect((error as InferError).code).toBe("unsupported");
+  expect((error as Error).message).toMatch(/^Metal not available: .+/);
+  expect((error as Error).message).not.toContain("\n");
+  const auto = createBackend("auto");
+  expect(auto.name).not.toBe("metal");
+  auto.dispose?.();
+});
+

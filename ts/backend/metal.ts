@@ -1,0 +1,274 @@
+// The Metal backend: weights are the mmap'd GGUF itself, wrapped once per file in a no-copy
+// buffer and bound by offset; activations and the f16 KV cache are shared buffers; every op is
+// one dispatch planned by metal-plan.ts and encoded into the step's command buffer, which runs
+// when the CPU next needs memory the GPU writes or the CPU is about to write memory the GPU will
+// read (read(), setTokens(), setPositions()): one command buffer per decode step.
+// The device is an interface (metal-device.ts): NativeMetalDevice here (lib/metal, macOS), or the
+// CPU emulation of the same kernels on Linux (test/support/metal-emu.ts), which is how this file
+// is tested without a Mac.
+import { InferError } from "../errors.ts";
+import type { GgufFile, GgufTensorInfo } from "../gguf/reader.ts";
+import { GgmlType } from "../gguf/types.ts";
+import {
+  metalBufferFree, metalBufferNew, metalBufferWrap, metalDeviceName, metalEncode, metalFlush, metalInit,
+} from "../native/metal.ts";
+import type {
+  Activation, AttentionOptions, Backend, KvLayer, KvType, RopeOptions, Weight,
+} from "./backend.ts";
+import { orderBindings, type MetalBinding, type MetalBuffer, type MetalDevice } from "./metal-device.ts";
+import {
+  metalWeightTypes, planAdd, planAddRowBias, planAttention, planGatedAct, planGetRows, planKvStore,
+  planMatmul, planRmsNorm, planRmsNormAdd, planRope, planScale, type KernelDispatch,
+} from "./metal-plan.ts";
+import { assembleMetalSource, parseKernels } from "./metal-shaders.ts";
+
+class NativeBuffer implements MetalBuffer {
+  constructor(readonly handle: number, readonly bytes: number, readonly view: Uint8Array) {}
+}
+
+/** The real device: lib/metal through ts/native/metal.ts. */
+export class NativeMetalDevice implements MetalDevice {
+  readonly name: string;
+  private readonly pipelines = new Map<string, number>();
+  pending = 0;
+
+  private constructor() {
+    const source = assembleMetalSource();
+    const names = parseKernels(source).map((k) => k.name);
+    metalInit(source, names);
+    names.forEach((n, i) => this.pipelines.set(n, i));
+    this.name = metalDeviceName();
+  }
+
+  /** Throws InferError("unsupported", "Metal not available: …") off macOS / Apple GPUs. */
+  static open(): NativeMetalDevice {
+    return new NativeMetalDevice();
+  }
+
+  newBuffer(bytes: number, what: string): MetalBuffer {
+    const { handle, view } = metalBufferNew(bytes, what);
+    return new NativeBuffer(handle, bytes, view);
+  }
+
+  wrap(address: number, bytes: number, what: string): MetalBuffer {
+    return new NativeBuffer(metalBufferWrap(address, bytes, what), bytes, new Uint8Array(0));
+  }
+
+  encode(d: KernelDispatch, bindings: Readonly<Record<string, MetalBinding>>): void {
+    const pipeline = this.pipelines.get(d.kernel);
+    if (pipeline === undefined) throw new InferError("internal", `Metal: no pipeline ${d.kernel}`);
+    const ordered = orderBindings(d, bindings);
+    const count = Math.max(...ordered.map((o) => o.index)) + 1;
+    const table = new BigUint64Array(2 * count);
+    for (const { index, binding } of ordered) {
+      table[2 * index] = BigInt((binding.buffer as NativeBuffer).handle);
+      table[2 * index + 1] = BigInt(binding.offset);
+    }
+    metalEncode(pipeline, new Uint32Array([...d.grid, ...d.threads]), d.threadgroupBytes, table, d.args.bytes,
+      d.args.index, d.kernel);
+    this.pending++;
+  }
+
+  flush(): void {
+    if (this.pending === 0) return;
+    this.pending = 0;
+    metalFlush();
+  }
+
+  release(buffer: MetalBuffer): void {
+    metalBufferFree((buffer as NativeBuffer).handle);
+  }
+
+  dispose(): void {
+    this.flush();
+  }
+}
+
+class MetalWeight implements Weight {
+  constructor(readonly name: string, readonly typeName: string, readonly typeId: number,
+    readonly dims: readonly number[], readonly buffer: MetalBuffer, readonly offset: number) {}
+  get binding(): MetalBinding { return { buffer: this.buffer, offset: this.offset }; }
+}
+
+class MetalActivation implements Activation {
+  constructor(readonly name: string, readonly rows: number, readonly cols: number, readonly buffer: MetalBuffer) {}
+  at(row: number): MetalBinding { return { buffer: this.buffer, offset: row * this.cols * 4 }; }
+  get f32(): Float32Array { return new Float32Array(this.buffer.view.buffer, this.buffer.view.byteOffset, this.rows * this.cols); }
+}
+
+class MetalKvLayer implements KvLayer {
+  constructor(readonly cells: number, readonly ring: boolean, readonly kvHeads: number,
+    readonly headDim: number, readonly k: MetalBuffer, readonly v: MetalBuffer) {}
+}
+
+const w = (x: Weight) => x as MetalWeight;
+const a = (x: Activation) => x as MetalActivation;
+const whole = (buffer: MetalBuffer): MetalBinding => ({ buffer, offset: 0 });
+
+export class MetalBackend implements Backend {
+  readonly name = "metal";
+  private readonly files = new Map<string, MetalBuffer>();
+  private readonly buffers: MetalBuffer[] = [];
+  private hostIds = new Int32Array(0);
+  private disposed = false;
+
+  constructor(private readonly device: MetalDevice) {}
+
+  /** The backend on this machine's Metal device; throws "Metal not available: …" elsewhere. */
+  static open(): MetalBackend {
+    return new MetalBackend(NativeMetalDevice.open());
+  }
+
+  private alloc(bytes: number, what: string): MetalBuffer {
+    if (this.disposed) throw new InferError("internal", "the Metal backend was disposed");
+    const b = this.device.newBuffer(bytes, what);
+    this.buffers.push(b);
+    return b;
+  }
+
+  private run(d: KernelDispatch, bindings: Record<string, MetalBinding>): void {
+    this.device.encode(d, bindings);
+  }
+
+  weight(file: GgufFile, t: GgufTensorInfo): Weight {
+    if (!metalWeightTypes[t.type.name]) {
+      throw new InferError("unsupported", `tensor '${t.name}' has quant type ${t.type.name}, which the Metal backend does not compute`);
+    }
+    let buffer = this.files.get(file.path);
+    if (!buffer) {
+      buffer = this.device.wrap(file.baseAddress, file.bytes.length, `wrapping ${file.path}`);
+      this.files.set(file.path, buffer);
+      this.buffers.push(buffer);
+    }
+    return new MetalWeight(t.name, t.type.name, t.type.id, t.dims, buffer, t.fileOffset);
+  }
+
+  activation(name: string, rows: number, cols: number): Activation {
+    return new MetalActivation(name, rows, cols, this.alloc(rows * cols * 4, `activation '${name}'`));
+  }
+
+  positions(rows: number): Activation {
+    return this.activation("positions", rows, 1);
+  }
+
+  kvLayer(cells: number, kvHeads: number, headDim: number, type: KvType, ring: boolean): KvLayer {
+    if (type !== "f16") throw new InferError("unsupported", `the Metal backend keeps the KV cache in f16, not ${type}`);
+    const bytes = cells * kvHeads * headDim * 2;
+    return new MetalKvLayer(cells, ring, kvHeads, headDim, this.alloc(bytes, "KV cache"), this.alloc(bytes, "KV cache"));
+  }
+
+  // The CPU writes these buffers: work still queued may read them, so it runs first.
+  setTokens(dst: Activation, ids: ArrayLike<number>, count: number): void {
+    if (count > dst.rows) throw new InferError("invalid_argument", `${count} tokens do not fit ${dst.rows} rows`);
+    this.device.flush();
+    const view = new Int32Array(a(dst).f32.buffer, a(dst).f32.byteOffset, count);
+    if (this.hostIds.length < count) this.hostIds = new Int32Array(count);
+    for (let i = 0; i < count; i++) view[i] = this.hostIds[i] = ids[i];
+  }
+
+  setPositions(dst: Activation, start: number, count: number, firstRow = 0): void {
+    if (firstRow + count > dst.rows) throw new InferError("invalid_argument", `${count} positions do not fit ${dst.rows} rows`);
+    this.device.flush();
+    const view = new Int32Array(a(dst).f32.buffer, a(dst).f32.byteOffset + firstRow * 4, count);
+    for (let i = 0; i < count; i++) view[i] = start + i;
+  }
+
+  embed(table: Weight, ids: Activation, rows: number, out: Activation): void {
+    const t = w(table);
+    for (let i = 0; i < rows; i++) {
+      if (this.hostIds[i] < 0 || this.hostIds[i] >= t.dims[1]) {
+        throw new InferError("invalid_argument", `token id ${this.hostIds[i]} is out of range (vocabulary: ${t.dims[1]})`);
+      }
+    }
+    this.run(planGetRows(t.typeId, t.dims[0], t.dims[1], rows), { table: t.binding, ids: a(ids).at(0), dst: a(out).at(0) });
+  }
+
+  scale(x: Activation, rows: number, factor: number): void {
+    this.run(planScale(rows * x.cols, factor), { x: a(x).at(0) });
+  }
+
+  rmsNorm(x: Activation, weight: Weight | null, rows: number, eps: number, out: Activation): void {
+    this.run(planRmsNorm(rows, x.cols, eps, weight !== null),
+      { x: a(x).at(0), weight: weight ? w(weight).binding : a(x).at(0), out: a(out).at(0) });
+  }
+
+  rmsNormAdd(x: Activation, weight: Weight, rows: number, eps: number, residual: Activation): void {
+    this.run(planRmsNormAdd(rows, x.cols, eps), { x: a(x).at(0), weight: w(weight).binding, residual: a(residual).at(0) });
+  }
+
+  rmsNormHeads(x: Activation, weight: Weight, rows: number, heads: number, eps: number): void {
+    this.run(planRmsNorm(rows * heads, x.cols / heads, eps, true),
+      { x: a(x).at(0), weight: w(weight).binding, out: a(x).at(0) });
+  }
+
+  matmul(weight: Weight, x: Activation, rows: number, out: Activation, firstRow = 0): void {
+    const t = w(weight);
+    this.run(planMatmul(t.typeId, t.dims[0], t.dims[1], rows), { w: t.binding, x: a(x).at(firstRow), y: a(out).at(0) });
+  }
+
+  rope(x: Activation, positions: Activation, rows: number, o: RopeOptions): void {
+    const f = o.freqFactors ? w(o.freqFactors) : null;
+    if (f && (f.typeId !== GgmlType.F32 || f.dims[0] * 2 !== o.rotaryDims)) {
+      throw new InferError("bad_model", `rope factors '${f.name}' must be ${o.rotaryDims / 2} f32 values`);
+    }
+    const plan = planRope({ nTok: rows, heads: o.heads, headDim: o.headDim, rotaryDims: o.rotaryDims, base: o.base,
+      scale: o.scale, neox: o.neox, freqFactors: f !== null });
+    this.run(plan, { x: a(x).at(0), positions: a(positions).at(0), freq_factors: f ? f.binding : a(positions).at(0) });
+  }
+
+  storeKv(layer: KvLayer, k: Activation, v: Activation, rows: number, position: number, firstRow = 0): void {
+    const l = layer as MetalKvLayer;
+    if (!l.ring && position + rows > l.cells) {
+      throw new InferError("context_overflow", `KV cache holds ${l.cells} positions, ${position + rows} needed`);
+    }
+    if (rows > l.cells) throw new InferError("invalid_argument", `${rows} rows do not fit a ring of ${l.cells}`);
+    this.run(planKvStore(l.kvHeads * l.headDim, rows, position, l.cells, l.ring),
+      { k: a(k).at(firstRow), v: a(v).at(firstRow), k_cache: whole(l.k), v_cache: whole(l.v) });
+  }
+
+  attention(q: Activation, layer: KvLayer, rows: number, position: number, o: AttentionOptions, out: Activation,
+    firstRow = 0): void {
+    const l = layer as MetalKvLayer;
+    if (l.ring && (o.window === 0 || l.cells < o.window + rows - 1)) {
+      throw new InferError("invalid_argument", `a ring of ${l.cells} cells cannot serve window ${o.window} with ${rows} rows`);
+    }
+    const plan = planAttention({ nTok: rows, heads: o.heads, kvHeads: o.kvHeads, headDim: o.headDim, pos0: position,
+      window: o.window, cells: l.cells, ring: l.ring, scale: o.scale });
+    this.run(plan, { q: a(q).at(firstRow), k_cache: whole(l.k), v_cache: whole(l.v), out: a(out).at(firstRow) });
+  }
+
+  geluMul(gate: Activation, up: Activation, rows: number, out: Activation): void {
+    this.run(planGatedAct("gelu", rows * gate.cols), { gate: a(gate).at(0), up: a(up).at(0), out: a(out).at(0) });
+  }
+
+  siluMul(gate: Activation, up: Activation, rows: number, out: Activation): void {
+    this.run(planGatedAct("silu", rows * gate.cols), { gate: a(gate).at(0), up: a(up).at(0), out: a(out).at(0) });
+  }
+
+  add(x: Activation, y: Activation, rows: number, out: Activation): void {
+    this.run(planAdd(rows * x.cols), { a: a(x).at(0), b: a(y).at(0), out: a(out).at(0) });
+  }
+
+  addBias(x: Activation, bias: Weight, rows: number): void {
+    this.run(planAddRowBias(rows, x.cols), { x: a(x).at(0), bias: w(bias).binding });
+  }
+
+  /** Runs the step's command buffer, then views the rows (shared memory: no copy). */
+  read(x: Activation, rows: number): Float32Array {
+    this.device.flush();
+    return a(x).f32.subarray(0, rows * x.cols);
+  }
+
+  setThreads(): void {
+    // The GPU schedules itself; the CPU threads are not used.
+  }
+
+  dispose(): void {
+    if (this.disposed) return;
+    this.device.flush();
+    for (const b of this.buffers) this.device.release(b);
+    this.buffers.length = 0;
+    this.files.clear();
+    this.disposed = true;
+  }
+}
