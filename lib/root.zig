@@ -96,7 +96,7 @@ export fn infer_dequantize(type_id: u32, src: ?[*]const u8, n: u64, dst: ?[*]f32
     const s = src orelse return status.fail(.invalid_argument, "dequantize: src is null", .{});
     const d = dst orelse return status.fail(.invalid_argument, "dequantize: dst is null", .{});
     if (!quantBlocksOk(t, n, "dequantize: n")) return quantInvalid();
-    t.dequantize_row(s, d, @intCast(n));
+    t.dequantize_row.?(s, d, @intCast(n));
     return 0;
 }
 
@@ -129,7 +129,7 @@ export fn infer_get_rows(
     }
     const cols: usize = @intCast(n_cols);
     for (id_list[0..@intCast(n_ids)], 0..) |id, i| {
-        t.dequantize_row(tbl + @as(usize, @intCast(id)) * row_bytes, out + i * cols, cols);
+        t.dequantize_row.?(tbl + @as(usize, @intCast(id)) * row_bytes, out + i * cols, cols);
     }
     return 0;
 }
@@ -146,8 +146,12 @@ export fn infer_matmul(
     n_tok: u64,
     y: ?[*]f32,
 ) i32 {
-    const t = quantTraitsOrFail(w_type) orelse return @intFromEnum(status.Status.unsupported);
-    if (t.dot == null) {
+    const t = quant_types.getForMatmul(w_type) orelse quantTraitsOrFail(w_type) orelse
+        return @intFromEnum(status.Status.unsupported);
+    if (n_out % t.row_group != 0) {
+        return status.fail(.invalid_argument, "matmul: {s} needs rows in groups of {d}, got {d}", .{ t.name, t.row_group, n_out });
+    }
+    if (t.dot_rows == null) {
         const fmt = "matmul: {s} is an activation format, not a weight type";
         return status.fail(.unsupported, fmt, .{t.name});
     }
@@ -169,6 +173,30 @@ export fn infer_matmul(
             error.Unsupported => status.fail(.unsupported, "matmul: {s} has no dot", .{t.name}),
         };
     };
+    return 0;
+}
+
+/// The layout a matmul weight of `type_id` with n_out rows is faster in (Q4_0 with n_out a
+/// multiple of 8: its rows interleaved by eight), or 0 where it is used as stored. The
+/// repacked weights take the same bytes; pass the returned id to infer_matmul with them.
+export fn infer_repacked_type(type_id: u32, n_out: u64) u32 {
+    const t = quant_types.repackedType(type_id, @intCast(n_out)) orelse return 0;
+    return @intFromEnum(t.id);
+}
+
+/// Writes the n_out x n_in weights at src (type_id, row-major) into dst (as many bytes) in the
+/// layout infer_repacked_type names.
+export fn infer_repack(type_id: u32, src: ?[*]const u8, n_out: u64, n_in: u64, dst: ?[*]u8) i32 {
+    const t = quantTraitsOrFail(type_id) orelse return @intFromEnum(status.Status.unsupported);
+    if (quant_types.repackedType(type_id, @intCast(n_out)) == null) {
+        return status.fail(.unsupported, "repack: {s} with {d} rows has no repacked layout", .{ t.name, n_out });
+    }
+    const s = src orelse return status.fail(.invalid_argument, "repack: src is null", .{});
+    const d = dst orelse return status.fail(.invalid_argument, "repack: dst is null", .{});
+    if (!quantBlocksOk(t, n_in, "repack: n_in")) return quantInvalid();
+    _ = std.math.mul(u64, n_in / t.block_values * t.block_bytes, n_out) catch
+        return status.fail(.invalid_argument, "repack: weight size overflows", .{});
+    quant_types.repack(type_id, s, @intCast(n_out), @intCast(n_in), d);
     return 0;
 }
 

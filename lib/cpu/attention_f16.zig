@@ -74,9 +74,32 @@ fn expV(x: L16) L16 {
         u,
         @mulAdd(L16, splat(0x1.ffffecp-1), b, splat(1.0)),
     );
+    return scalef(j, n);
+}
+
+/// _mm512_scalef_ps(j, n) for the integral n of expV: j · 2^n rounded once; where |n| > 192,
+/// ggml_v_expf returns 0 (n <= 0) or +inf instead. j is in [0.7, 1.5], so j · 2^n1 with
+/// n1 = n / 2 is exact and normal, and the second power of two does the one rounding.
+fn scalef(j: L16, n: L16) L16 {
+    const I16 = @Vector(16, i32);
+    const big = @abs(n) > @as(L16, @splat(192));
+    const n_int: I16 = @intFromFloat(@select(f32, big, @as(L16, @splat(0)), n));
+    const n1 = @divTrunc(n_int, @as(I16, @splat(2)));
+    const n2 = n_int - n1;
+    const scaled = (j * powerOfTwo(n1)) * powerOfTwo(n2);
+    const saturated = @select(f32, n <= @as(L16, @splat(0)), @as(L16, @splat(0)), @as(L16, @splat(std.math.inf(f32))));
+    return @select(f32, big, saturated, scaled);
+}
+
+/// 2^k for k in [-126, 127], built from its exponent bits.
+fn powerOfTwo(k: @Vector(16, i32)) L16 {
+    return @bitCast((k + @as(@Vector(16, i32), @splat(127))) << @splat(23));
+}
+
+/// The per-lane form of scalef (std.math.ldexp rounds as the instruction does): the reference.
+fn scalefScalar(j: L16, n: L16) L16 {
     var out: L16 = undefined;
     for (0..16) |l| {
-        // _mm512_scalef_ps(j, n) = j · 2^n; |n| > 192 saturates to 0 (n <= 0) or +inf.
         out[l] = if (@abs(n[l]) > 192)
             (if (n[l] <= 0) 0 else std.math.inf(f32))
         else
@@ -214,11 +237,77 @@ fn weightedSum(
             while (i < d) : (i += 1) slot[i] = @mulAdd(f32, v_row[i], p, slot[i]);
         }
     }
-    for (out, 0..) |*o, i| {
+    reducePartials(partial, out);
+}
+
+/// out[i] = reduceAccumulators of the 64 partial sums of dimension i (partial[slot * d + i]),
+/// computed for 16 dimensions at a time: every step of the reduction tree is a lane-wise add of
+/// whole rows of partials, the same adds in the same order as reducePartialsScalar.
+fn reducePartials(partial: []const f32, out: []f32) void {
+    const d = out.len;
+    var i: usize = 0;
+    while (i + 16 <= d) : (i += 16) {
+        const row = struct {
+            fn at(p: []const f32, slot: usize, dim: usize, stride: usize) L16 {
+                return p[slot * stride + dim ..][0..16].*;
+            }
+        }.at;
+        // v[l] = (acc0 + acc2) + (acc1 + acc3) at lane l, for each of the 16 dimensions.
+        var v: [16]L16 = undefined;
+        inline for (0..16) |l| {
+            v[l] = (row(partial, l, i, d) + row(partial, 32 + l, i, d)) +
+                (row(partial, 16 + l, i, d) + row(partial, 48 + l, i, d));
+        }
+        // reduce16 over the lanes: halves, then quarters, then pairs.
+        var t8: [8]L16 = undefined;
+        inline for (0..8) |m| t8[m] = v[m + 8] + v[m];
+        var t4: [4]L16 = undefined;
+        inline for (0..4) |m| t4[m] = t8[m + 4] + t8[m];
+        out[i..][0..16].* = (t4[0] + t4[2]) + (t4[1] + t4[3]);
+    }
+    if (i < d) reducePartialsScalar(partial, d, out[i..], i);
+}
+
+/// The reference: dimension by dimension, the 64 partials gathered into ggml's 4 accumulators.
+fn reducePartialsScalar(partial: []const f32, d: usize, out: []f32, first_dim: usize) void {
+    for (out, first_dim..) |*o, i| {
         var acc: [4]L16 = undefined;
         inline for (0..4) |a| {
             for (0..16) |l| acc[a][l] = partial[(16 * a + l) * d + i];
         }
         o.* = reduceAccumulators(acc);
+    }
+}
+
+test "scalef equals ldexp lane by lane, saturation included" {
+    var rng = std.Random.DefaultPrng.init(3);
+    const r = rng.random();
+    for (0..20000) |_| {
+        var j: L16 = undefined;
+        var n: L16 = undefined;
+        for (0..16) |l| {
+            j[l] = 0.7 + r.float(f32) * 0.8;
+            n[l] = @floatFromInt(r.intRangeAtMost(i32, -200, 200));
+        }
+        const want: [16]u32 = @bitCast(scalefScalar(j, n));
+        const got: [16]u32 = @bitCast(scalef(j, n));
+        try std.testing.expectEqual(want, got);
+    }
+}
+
+test "reducePartials equals the dimension-by-dimension reduction bit for bit" {
+    var rng = std.Random.DefaultPrng.init(4);
+    const r = rng.random();
+    for ([_]usize{ 16, 64, 72, 128, 256 }) |d| {
+        const partial = try std.testing.allocator.alloc(f32, step * d);
+        defer std.testing.allocator.free(partial);
+        for (partial) |*p| p.* = (r.float(f32) - 0.5) * std.math.pow(f32, 2, @floatFromInt(r.intRangeAtMost(i32, -8, 8)));
+        const want = try std.testing.allocator.alloc(f32, d);
+        defer std.testing.allocator.free(want);
+        const got = try std.testing.allocator.alloc(f32, d);
+        defer std.testing.allocator.free(got);
+        reducePartialsScalar(partial, d, want, 0);
+        reducePartials(partial, got);
+        try std.testing.expectEqualSlices(u32, std.mem.bytesAsSlice(u32, std.mem.sliceAsBytes(want)), std.mem.bytesAsSlice(u32, std.mem.sliceAsBytes(got)));
     }
 }

@@ -53,11 +53,9 @@ fn runTask(job: *const Job, task: usize) void {
         while (t < job.n_tok) : (t += types.multi_rows_max) {
             const n_rows = @min(types.multi_rows_max, job.n_tok - t);
             const x_rows = job.x + t * job.x_row_bytes;
-            for (row_begin..row_end) |o| {
-                const w_row = job.w + o * job.w_row_bytes;
-                const y_first = job.y + t * job.n_out + o;
-                dot_multi(job.n_in, w_row, x_rows, job.x_row_bytes, n_rows, y_first, job.n_out);
-            }
+            const w_rows = job.w + row_begin * job.w_row_bytes;
+            const y_first = job.y + t * job.n_out + row_begin;
+            dot_multi(job.n_in, w_rows, job.w_row_bytes, row_end - row_begin, x_rows, job.x_row_bytes, n_rows, y_first, job.n_out);
         }
         return;
     }
@@ -98,6 +96,8 @@ pub fn matmul(
     const dot_rows = w_traits.dot_rows orelse return error.Unsupported;
     const act = types.get(@intFromEnum(w_traits.vec_dot_type)) orelse return error.Unsupported;
     std.debug.assert(n_in % w_traits.block_values == 0 and n_in % act.block_values == 0);
+    const row_group: usize = w_traits.row_group;
+    std.debug.assert(n_out % row_group == 0);
 
     scratch_mutex.lock();
     defer scratch_mutex.unlock();
@@ -121,10 +121,11 @@ pub fn matmul(
     const n_threads = threads.threadCount();
     const n_tasks_balanced = n_threads * tasks_per_thread;
     const balanced_rows = std.math.divCeil(usize, n_out, n_tasks_balanced) catch unreachable;
-    const rows_per_task = if (n_tok == 1)
+    const rows_ungrouped = if (n_tok == 1)
         balanced_rows
     else
         @max(1, @min(balanced_rows, tile_bytes_multi_token / w_row_bytes));
+    const rows_per_task = std.mem.alignForward(usize, rows_ungrouped, row_group);
     const job = Job{
         .w = w,
         .w_row_bytes = w_row_bytes,
@@ -142,6 +143,39 @@ pub fn matmul(
 }
 
 const simd = @import("../quant/simd.zig");
+
+test "matmul over repacked Q4_0 equals matmul over the rows as stored, bit for bit" {
+    const alloc = std.testing.allocator;
+    var rng = simd.TestRng.init(91);
+    const q4 = types.get(@intFromEnum(types.TypeId.q4_0)).?;
+    for ([_]usize{ 8, 24, 200 }) |n_out| {
+        for ([_]usize{ 1, 2, 5, 9 }) |n_tok| {
+            const n_in: usize = 96;
+            const w = try alloc.alloc(u8, n_out * q4.rowBytes(n_in));
+            defer alloc.free(w);
+            const wf = try alloc.alloc(f32, n_in);
+            defer alloc.free(wf);
+            for (0..n_out) |o| {
+                rng.floats(wf, 1);
+                q4.quantize_ref.?(wf.ptr, w[o * q4.rowBytes(n_in) ..].ptr, n_in);
+            }
+            const repacked_traits = types.repackedType(@intFromEnum(types.TypeId.q4_0), n_out).?;
+            const w_packed = try alloc.alloc(u8, w.len);
+            defer alloc.free(w_packed);
+            types.repack(@intFromEnum(types.TypeId.q4_0), w.ptr, n_out, n_in, w_packed.ptr);
+            const x = try alloc.alloc(f32, n_tok * n_in);
+            defer alloc.free(x);
+            rng.floats(x, 2);
+            const y = try alloc.alloc(f32, n_tok * n_out);
+            defer alloc.free(y);
+            const y_packed = try alloc.alloc(f32, n_tok * n_out);
+            defer alloc.free(y_packed);
+            try matmul(w.ptr, q4, n_out, n_in, x.ptr, n_tok, y.ptr);
+            try matmul(w_packed.ptr, repacked_traits, n_out, n_in, x.ptr, n_tok, y_packed.ptr);
+            try std.testing.expectEqualSlices(u32, std.mem.bytesAsSlice(u32, std.mem.sliceAsBytes(y)), std.mem.bytesAsSlice(u32, std.mem.sliceAsBytes(y_packed)));
+        }
+    }
+}
 
 test "matmul matches per-row dequantized dots for every weight type" {
     const alloc = std.testing.allocator;
@@ -183,7 +217,7 @@ test "matmul matches per-row dequantized dots for every weight type" {
                 const w_row = try alloc.alloc(f32, n_in);
                 defer alloc.free(w_row);
                 for (0..n_out) |o| {
-                    t.dequantize_row(w_bytes[o * t.rowBytes(n_in) ..].ptr, w_row.ptr, n_in);
+                    t.dequantize_row.?(w_bytes[o * t.rowBytes(n_in) ..].ptr, w_row.ptr, n_in);
                     for (0..n_tok) |tok| {
                         var want: f64 = 0;
                         var magnitude: f64 = 0;

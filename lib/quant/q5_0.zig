@@ -21,12 +21,8 @@ fn highBits(b: *align(1) const Block) u32 {
 
 /// The 32 quants of a block as signed values in [-16, 15], in value order.
 inline fn unpack(b: *align(1) const Block) simd.V32i8 {
-    const packed_qs: @Vector(16, u8) = b.qs;
-    const low = simd.concat16(packed_qs & @as(@Vector(16, u8), @splat(15)), packed_qs >> @splat(4));
-    // Bit j of qh -> lane j: one mask register move on AVX-512.
-    const high_mask: @Vector(32, bool) = @bitCast(highBits(b));
-    const high = @select(u8, high_mask, @as(simd.V32u8, @splat(16)), @as(simd.V32u8, @splat(0)));
-    return @as(simd.V32i8, @bitCast(low | high)) -% @as(simd.V32i8, @splat(16));
+    // Bit j of qh -> lane j: one mask register move on AVX-512 (in unpackUnsigned).
+    return @as(simd.V32i8, @bitCast(unpackUnsigned(b))) -% @as(simd.V32i8, @splat(16));
 }
 
 fn quant(b: *align(1) const Block, j: usize) i32 {
@@ -89,17 +85,18 @@ pub fn dot(w: []align(1) const Block, x: []align(1) const q8_0.Block) f32 {
     return simd.hsum(acc);
 }
 
-/// `dot` of two weight rows with one activation row, interleaved: two independent FMA chains
-/// keep the core busy while each row's arithmetic stays exactly that of `dot`.
-pub fn dotPair(w0: []align(1) const Block, w1: []align(1) const Block, x: []align(1) const q8_0.Block) [2]f32 {
-    std.debug.assert(w0.len == x.len and w1.len == x.len);
-    var acc0: simd.V8f32 = @splat(0);
-    var acc1: simd.V8f32 = @splat(0);
-    for (x, w0, w1) |*xb, *b0, *b1| {
-        acc0 = blockDot(acc0, b0, xb);
-        acc1 = blockDot(acc1, b1, xb);
-    }
-    return .{ simd.hsum(acc0), simd.hsum(acc1) };
+/// Single-token matvec over `n_out` rows, one row at a time (see q8_0.dotRows), in `dot`'s
+/// arithmetic: the quants as unsigned 0..31 with the -16 folded into per-call lane corrections.
+pub fn dotRows(n_blocks: usize, w: [*]const u8, w_row_bytes: usize, n_out: usize, x: [*]align(1) const q8_0.Block, out: [*]f32) void {
+    q8_0.dotRowsOffset(Block, 16, unpackUnsigned, n_blocks, w, w_row_bytes, n_out, x, out);
+}
+
+/// The 32 quants of a block as stored, 0..31 (the signed value plus 16).
+inline fn unpackUnsigned(b: *align(1) const Block) simd.V32u8 {
+    const packed_qs: @Vector(16, u8) = b.qs;
+    const low = simd.concat16(packed_qs & @as(@Vector(16, u8), @splat(15)), packed_qs >> @splat(4));
+    const high_mask: @Vector(32, bool) = @bitCast(highBits(b));
+    return low | @select(u8, high_mask, @as(simd.V32u8, @splat(16)), @as(simd.V32u8, @splat(0)));
 }
 
 inline fn blockDot(

@@ -83,17 +83,84 @@ pub fn dot(w: []align(1) const Block, x: []align(1) const Block) f32 {
     return simd.hsum(acc);
 }
 
-/// `dot` of two weight rows with one activation row, interleaved: two independent FMA chains
-/// keep the core busy while each row's arithmetic stays exactly that of `dot`.
-pub fn dotPair(w0: []align(1) const Block, w1: []align(1) const Block, x: []align(1) const Block) [2]f32 {
-    std.debug.assert(w0.len == x.len and w1.len == x.len);
-    var acc0: simd.V8f32 = @splat(0);
-    var acc1: simd.V8f32 = @splat(0);
-    for (x, w0, w1) |*xb, *b0, *b1| {
-        acc0 = blockDot(acc0, b0, xb);
-        acc1 = blockDot(acc1, b1, xb);
+/// Single-token matvec: `dot` of `n_out` rows, w_row_bytes apart, with one activation row.
+/// Rows are read one after another: on the EPYC measured (bench/matvec.ts), one sequential
+/// stream per core reads memory about twice as fast as two interleaved rows, even though two
+/// rows give the core two independent FMA chains.
+pub fn dotRows(n_blocks: usize, w: [*]const u8, w_row_bytes: usize, n_out: usize, x: [*]align(1) const Block, out: [*]f32) void {
+    if (comptime simd.has_vnni) {
+        // w ^ 0x80 is w + 128 as an unsigned byte, which vpdpbusd takes without a sign trick.
+        return dotRowsOffset(Block, 128, unpackFlipped, n_blocks, w, w_row_bytes, n_out, x, out);
     }
-    return .{ simd.hsum(acc0), simd.hsum(acc1) };
+    for (0..n_out) |o| {
+        const row: [*]align(1) const Block = @ptrCast(w + o * w_row_bytes);
+        out[o] = dot(row[0..n_blocks], x[0..n_blocks]);
+    }
+}
+
+inline fn unpackFlipped(b: *align(1) const Block) simd.V32u8 {
+    return @as(simd.V32u8, @bitCast(b.qs)) ^ @as(simd.V32u8, @splat(0x80));
+}
+
+/// Activation blocks whose lane corrections dotRowsOffset keeps on the stack (n_in <= 32768).
+const offset_rows_max_blocks = 1024;
+
+/// `dot`'s arithmetic for formats whose quants are u - offset with u an unsigned byte (Q8_0 as
+/// w ^ 0x80 with offset 128, Q5_0 with 16): each of the 8 integer lanes of a block is
+/// dpbusd(u, x) - offset * (sum of the lane's four activation quants), which is exactly the
+/// signed lane sum, so the FMA chain sees the integers `dot` sees. The corrections depend only
+/// on the activations: they are computed once per call, not once per row. Callers keep u * x
+/// pairs within i16 where vpmaddubsw is the instruction (AVX2), or use VNNI.
+pub inline fn dotRowsOffset(
+    comptime WBlock: type,
+    comptime offset: i32,
+    comptime unpackU: fn (*align(1) const WBlock) callconv(.@"inline") simd.V32u8,
+    n_blocks: usize,
+    w: [*]const u8,
+    w_row_bytes: usize,
+    n_out: usize,
+    x: [*]align(1) const Block,
+    out: [*]f32,
+) void {
+    if (n_blocks > offset_rows_max_blocks) {
+        for (0..n_out) |o| {
+            const row: [*]align(1) const WBlock = @ptrCast(w + o * w_row_bytes);
+            var acc: simd.V8f32 = @splat(0);
+            for (0..n_blocks) |b| acc = blockDotOffset(WBlock, offset, unpackU, acc, &row[b], &x[b], laneCorrection(offset, &x[b]));
+            out[o] = simd.hsum(acc);
+        }
+        return;
+    }
+    var corrections: [offset_rows_max_blocks]simd.V8i32 = undefined;
+    for (0..n_blocks) |b| corrections[b] = laneCorrection(offset, &x[b]);
+    for (0..n_out) |o| {
+        const row: [*]align(1) const WBlock = @ptrCast(w + o * w_row_bytes);
+        var acc: simd.V8f32 = @splat(0);
+        for (0..n_blocks) |b| acc = blockDotOffset(WBlock, offset, unpackU, acc, &row[b], &x[b], corrections[b]);
+        out[o] = simd.hsum(acc);
+    }
+}
+
+inline fn laneCorrection(comptime offset: i32, x: *align(1) const Block) simd.V8i32 {
+    const ones: simd.V32u8 = @splat(1);
+    return simd.dotU7I8(ones, x.qs) * @as(simd.V8i32, @splat(-offset));
+}
+
+inline fn blockDotOffset(
+    comptime WBlock: type,
+    comptime offset: i32,
+    comptime unpackU: fn (*align(1) const WBlock) callconv(.@"inline") simd.V32u8,
+    acc: simd.V8f32,
+    w: *align(1) const WBlock,
+    x: *align(1) const Block,
+    correction: simd.V8i32,
+) simd.V8f32 {
+    const sumi = if (offset < 128)
+        simd.dotAccU7I8(correction, unpackU(w), x.qs)
+    else
+        simd.dotAccU8I8(correction, unpackU(w), x.qs);
+    const d: simd.V8f32 = @splat(@as(f32, w.d) * @as(f32, x.d));
+    return @mulAdd(simd.V8f32, d, @floatFromInt(sumi), acc);
 }
 
 inline fn blockDot(acc: simd.V8f32, w: *align(1) const Block, x: *align(1) const Block) simd.V8f32 {

@@ -13,7 +13,7 @@ pub const V8i32 = @Vector(8, i32);
 pub const V8f32 = @Vector(8, f32);
 
 const is_x86 = builtin.cpu.arch == .x86_64;
-const has_vnni = is_x86 and
+pub const has_vnni = is_x86 and
     std.Target.x86.featureSetHasAll(builtin.cpu.features, .{ .avx512vnni, .avx512vl });
 const has_avx2 = is_x86 and std.Target.x86.featureSetHas(builtin.cpu.features, .avx2);
 const is_arm = builtin.cpu.arch == .aarch64;
@@ -66,6 +66,12 @@ fn halfMask(comptime first: i32) [16]i32 {
 pub inline fn dotU7I8(a: V32u8, b: V32i8) V8i32 {
     if (comptime has_dotprod) return sdot32(@splat(0), @bitCast(a), b);
     return dotU8I8(a, b);
+}
+
+/// dotAccU8I8 for unsigned operands below 128: one SDOT per 16 bytes on aarch64.
+pub inline fn dotAccU7I8(acc: V8i32, a: V32u8, b: V32i8) V8i32 {
+    if (comptime has_dotprod) return sdot32(acc, @bitCast(a), b);
+    return dotAccU8I8(acc, a, b);
 }
 
 /// acc[k] + sum_{j<4} a[4k+j] * b[4k+j] for k < 8: u8 x i8 products summed in groups of four.

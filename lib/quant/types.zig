@@ -13,6 +13,7 @@ pub const q4_k = @import("q4_k.zig");
 pub const q5_k = @import("q5_k.zig");
 pub const q6_k = @import("q6_k.zig");
 pub const q8_k = @import("q8_k.zig");
+pub const q4_0_x8 = @import("q4_0_x8.zig");
 
 /// ggml_type ids as stored in GGUF tensor infos.
 pub const TypeId = enum(u32) {
@@ -26,6 +27,8 @@ pub const TypeId = enum(u32) {
     q6_k = 14,
     q8_k = 15,
     bf16 = 30,
+    /// Internal layouts made at load time (never in a GGUF file): see `repackedType`.
+    q4_0_x8 = 1002,
     _,
 };
 
@@ -33,11 +36,15 @@ pub const TypeId = enum(u32) {
 pub const DequantizeFn = *const fn (src: [*]const u8, dst: [*]f32, n: usize) void;
 /// Dot of n values: a weight row at w with an activation row (in vec_dot_type) at x.
 pub const DotFn = *const fn (n: usize, w: [*]const u8, x: [*]const u8) f32;
-/// Dots of n values: one weight row at w with `n_rows` (1..multi_rows_max) activation rows
-/// starting at x, x_row_bytes apart; result r goes to out[r * out_stride].
+/// Dots of n values: `n_out` weight rows at w (w_row_bytes apart) with `n_rows`
+/// (1..multi_rows_max) activation rows starting at x, x_row_bytes apart; the result for weight
+/// row o and activation row r goes to out[r * out_stride + o]. Each weight row is unpacked once
+/// for all n_rows.
 pub const DotMultiFn = *const fn (
     n: usize,
     w: [*]const u8,
+    w_row_bytes: usize,
+    n_out: usize,
     x: [*]const u8,
     x_row_bytes: usize,
     n_rows: usize,
@@ -63,7 +70,11 @@ pub const Traits = struct {
     name: []const u8,
     block_values: u32,
     block_bytes: u32,
-    dequantize_row: DequantizeFn,
+    /// Rows stored together (8 for a repacked layout): matmul hands kernels whole groups,
+    /// and a group of rows starts where its first row would in row-major order.
+    row_group: u32 = 1,
+    /// Null for repacked layouts, whose rows are not stored one by one.
+    dequantize_row: ?DequantizeFn,
     /// Fast and reference dots; null for activation-only formats (Q8_K).
     dot: ?DotFn,
     dot_scalar: ?DotFn,
@@ -114,15 +125,8 @@ fn dotRowsFn(comptime W: type, comptime X: type) DotRowsFn {
     return struct {
         fn run(n: usize, w: [*]const u8, w_row_bytes: usize, n_out: usize, x: [*]const u8, out: [*]f32) void {
             const x_blocks = blocks(X, x, n);
+            if (@hasDecl(W, "dotRows")) return W.dotRows(n / W.block_values, w, w_row_bytes, n_out, x_blocks.ptr, out);
             var o: usize = 0;
-            if (@hasDecl(W, "dotPair")) {
-                while (o + 2 <= n_out) : (o += 2) {
-                    const row = w + o * w_row_bytes;
-                    const pair = W.dotPair(blocks(W, row, n), blocks(W, row + w_row_bytes, n), x_blocks);
-                    out[o] = pair[0];
-                    out[o + 1] = pair[1];
-                }
-            }
             while (o < n_out) : (o += 1) out[o] = W.dot(blocks(W, w + o * w_row_bytes, n), x_blocks);
         }
     }.run;
@@ -133,6 +137,8 @@ fn dotMultiFn(comptime W: type, comptime X: type) DotMultiFn {
         fn run(
             n: usize,
             w: [*]const u8,
+            w_row_bytes: usize,
+            n_out: usize,
             x: [*]const u8,
             x_row_bytes: usize,
             n_rows: usize,
@@ -143,8 +149,10 @@ fn dotMultiFn(comptime W: type, comptime X: type) DotMultiFn {
                 inline 1...multi_rows_max => |R| {
                     var rows: [R][*]align(1) const X.Block = undefined;
                     inline for (0..R) |r| rows[r] = @ptrCast(x + r * x_row_bytes);
-                    const sums = W.dotMulti(R, blocks(W, w, n), rows);
-                    inline for (0..R) |r| out[r * out_stride] = sums[r];
+                    for (0..n_out) |o| {
+                        const sums = W.dotMulti(R, blocks(W, w + o * w_row_bytes, n), rows);
+                        inline for (0..R) |r| out[r * out_stride + o] = sums[r];
+                    }
                 },
                 else => unreachable,
             }
@@ -236,10 +244,64 @@ const table = [_]Traits{
     entry(.q8_k, "Q8_K", q8_k, null),
 };
 
-/// The traits of a supported type, or null (see typeName for the message).
+/// The traits of a supported GGUF type, or null (see typeName for the message).
 pub fn get(type_id: u32) ?*const Traits {
     for (&table) |*t| if (@intFromEnum(t.id) == type_id) return t;
     return null;
+}
+
+/// Q4_0 with its rows interleaved by eight (q4_0_x8.zig): matmul only.
+const q4_0_x8_traits = Traits{
+    .id = .q4_0_x8,
+    .name = "Q4_0x8",
+    .block_values = q4_0.block_values,
+    .block_bytes = @sizeOf(q4_0.Block),
+    .row_group = q4_0_x8.rows,
+    .dequantize_row = null,
+    .dot = null,
+    .dot_scalar = null,
+    .dot_multi = struct {
+        fn run(n: usize, w: [*]const u8, w_row_bytes: usize, n_out: usize, x: [*]const u8, x_row_bytes: usize, n_rows: usize, out: [*]f32, out_stride: usize) void {
+            _ = w_row_bytes;
+            switch (n_rows) {
+                inline 1...multi_rows_max => |R| {
+                    var rows: [R][*]align(1) const q8_0.Block = undefined;
+                    inline for (0..R) |r| rows[r] = @ptrCast(x + r * x_row_bytes);
+                    q4_0_x8.dotRowsMulti(R, n / q4_0.block_values, w, n_out, rows, out, out_stride);
+                },
+                else => unreachable,
+            }
+        }
+    }.run,
+    .dot_rows = struct {
+        fn run(n: usize, w: [*]const u8, w_row_bytes: usize, n_out: usize, x: [*]const u8, out: [*]f32) void {
+            _ = w_row_bytes;
+            q4_0_x8.dotRows(n / q4_0.block_values, w, n_out, @ptrCast(x), out);
+        }
+    }.run,
+    .vec_dot_type = .q8_0,
+    .quantize_activation = null,
+    .quantize_ref = null,
+};
+
+/// Traits for matmul: a GGUF type or a repacked layout.
+pub fn getForMatmul(type_id: u32) ?*const Traits {
+    if (type_id == @intFromEnum(TypeId.q4_0_x8)) return &q4_0_x8_traits;
+    return get(type_id);
+}
+
+/// The layout a weight of `type_id` with n_out rows is repacked into for faster matmuls, or
+/// null where it is used as stored. Repacking copies the weights (the mapped file is then only
+/// read for embedding rows), which is what llama.cpp does for the same formats.
+pub fn repackedType(type_id: u32, n_out: usize) ?*const Traits {
+    if (type_id == @intFromEnum(TypeId.q4_0) and n_out % q4_0_x8.rows == 0) return &q4_0_x8_traits;
+    return null;
+}
+
+/// Writes weight rows `src` (type_id, n_out x n_in) in the layout repackedType names.
+pub fn repack(type_id: u32, src: [*]const u8, n_out: usize, n_in: usize, dst: [*]u8) void {
+    std.debug.assert(repackedType(type_id, n_out) != null);
+    q4_0_x8.repack(src, n_out, n_in / q4_0.block_values, dst);
 }
 
 /// ggml's name for any type id (supported or not), for error messages.

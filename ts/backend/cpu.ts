@@ -6,6 +6,7 @@ import type { GgufFile, GgufTensorInfo } from "../gguf/reader.ts";
 import { GgmlType } from "../gguf/types.ts";
 import { check, native, offsetAddress, type Pointer } from "../native/lib.ts";
 import { Arena } from "./arena.ts";
+import { repackForMatmul, type MatmulLayout } from "./cpu-repack.ts";
 import type {
   Activation, AttentionOptions, Backend, KvLayer, KvType, RopeOptions, Weight,
 } from "./backend.ts";
@@ -17,8 +18,10 @@ export const cpuWeightTypes = new Set<number>([
 ]);
 
 class CpuWeight implements Weight {
+  /** What matmul reads (a repacked copy, or the weight as stored); undefined until decided. */
+  layout: MatmulLayout | null | undefined;
   constructor(readonly name: string, readonly typeName: string, readonly typeId: number,
-    readonly dims: readonly number[], readonly address: Pointer) {}
+    readonly dims: readonly number[], readonly address: Pointer, readonly byteLength: number) {}
 }
 
 class CpuActivation implements Activation {
@@ -47,7 +50,17 @@ export class CpuBackend implements Backend {
       throw new InferError("unsupported", `tensor '${t.name}' has quant type ${t.type.name}, ` +
         "which the CPU backend does not compute yet");
     }
-    return new CpuWeight(t.name, t.type.name, t.type.id, t.dims, offsetAddress(file.baseAddress, t.fileOffset));
+    const weight = new CpuWeight(t.name, t.type.name, t.type.id, t.dims,
+      offsetAddress(file.baseAddress, t.fileOffset), t.byteLength);
+    // Repacked now, so the first token does not pay for it; but the token embedding is only
+    // a matmul weight where the LM head is tied to it, so it waits for its first matmul.
+    if (t.name !== "token_embd.weight") this.layoutOf(weight);
+    return weight;
+  }
+
+  private layoutOf(t: CpuWeight): MatmulLayout | null {
+    if (t.layout === undefined) t.layout = repackForMatmul(t.typeId, t.dims, t.address, t.byteLength);
+    return t.layout;
   }
 
   activation(name: string, rows: number, cols: number): Activation {
@@ -111,8 +124,9 @@ export class CpuBackend implements Backend {
   matmul(weight: Weight, x: Activation, rows: number, out: Activation, firstRow = 0): void {
     const t = w(weight);
     const xAddress = offsetAddress(a(x).address, firstRow * x.cols * 4);
-    check(this.lib.infer_matmul(t.address, t.typeId, t.dims[1], t.dims[0], xAddress, rows,
-      a(out).address), `matmul ${t.name}`);
+    const layout = this.layoutOf(t);
+    check(this.lib.infer_matmul(layout?.address ?? t.address, layout?.typeId ?? t.typeId, t.dims[1], t.dims[0],
+      xAddress, rows, a(out).address), `matmul ${t.name}`);
   }
 
   rope(x: Activation, positions: Activation, rows: number, o: RopeOptions): void {
