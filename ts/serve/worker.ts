@@ -19,6 +19,8 @@ let scheduler: BatchScheduler | null = null;
 let template: ChatTemplate | null = null;
 let templateError: string | null = null;
 let turnStops: number[] = [];
+/** Jobs handed to the scheduler and not ended yet; of those, the ones whose client went away. */
+const active = new Set<number>();
 const cancelled = new Set<number>();
 let looping = false;
 let closing = false;
@@ -44,7 +46,7 @@ self.onmessage = (e) => {
         fail(m.id, 500, (err as Error).message, null, "internal_error");
       }
       break;
-    case "cancel": cancelled.add(m.id); break;
+    case "cancel": if (active.has(m.id)) cancelled.add(m.id); break; // late ones are moot
     case "close":
       closing = true; // every sequence's shouldStop is now true
       if (!looping) shutDown();
@@ -117,7 +119,6 @@ function fail(id: number, status: number, message: string, param: string | null 
 
 /** Tokenizes and checks a job, then hands it to the scheduler. */
 function submit(id: number, job: Job): void {
-  if (cancelled.delete(id)) return;
   const e = engine, sched = scheduler;
   if (!e || !sched) return fail(id, 503, "the model is not loaded");
   let prompt: number[];
@@ -144,6 +145,7 @@ function submit(id: number, job: Job): void {
     constraint = new JsonGrammar(e.tokenizer, compileSchema(job.format.schema));
   }
   post({ type: "started", id, promptTokens: prompt.length });
+  const end = () => { active.delete(id); cancelled.delete(id); };
   sched.submit({
     prompt,
     options: {
@@ -153,14 +155,15 @@ function submit(id: number, job: Job): void {
       onText: (text) => post({ type: "text", id, text }),
     },
     onDone: (result) => {
-      cancelled.delete(id);
+      end();
       post({ type: "done", id, text: result.text, promptTokens: prompt.length,
         completionTokens: result.tokens.length, stopReason: result.stopReason });
     },
     onError: (err) => {
-      cancelled.delete(id);
+      end();
       fail(id, 500, err.message, null, "internal_error");
     },
   });
+  active.add(id);
   void loop();
 }
