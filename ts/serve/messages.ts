@@ -38,6 +38,8 @@ export interface ModelInfo {
   readonly contextLength: number;
   readonly vocabSize: number;
   readonly name: string | null;
+  /** Requests decoded together (the asked --parallel, or 1 where the backend cannot batch). */
+  readonly parallel: number;
 }
 
 export type FromWorker =

@@ -252,7 +252,7 @@ export async function startServer(o: ServeOptions): Promise<InferServer> {
 
   const modelId = o.modelId ?? basename(o.modelPath).replace(/\.gguf$/i, "");
   const maxBody = o.maxBodyBytes ?? 1 << 20;
-  const scheduler = new Scheduler(worker, o.maxQueue ?? 16, o.parallel ?? 1);
+  const scheduler = new Scheduler(worker, o.maxQueue ?? 16, info.parallel);
   const metrics = new Metrics();
   const created = Math.floor(Date.now() / 1000);
   let closed: (() => void) | null = null;
@@ -437,7 +437,7 @@ export async function startServer(o: ServeOptions): Promise<InferServer> {
     port: server.port!,
     modelId,
     info,
-    parallel: o.parallel ?? 1,
+    parallel: info.parallel,
     async stop() {
       await server.stop(true);
       scheduler.fail("the server is stopping");

@@ -61,7 +61,9 @@ function open(settings: Extract<ToWorker, { type: "open" }>["settings"]): void {
     if (settings.library && !process.env.INFER_LIB) process.env.INFER_LIB = settings.library;
     engine = Engine.open(settings);
     const prefixBytes = settings.prefixCacheBytes ?? 128 << 20;
-    scheduler = new BatchScheduler(engine, { slots: settings.parallel ?? 1,
+    // A backend that runs one sequence per pass serves one request at a time.
+    const parallel = engine.backend.sequenceBatches ? settings.parallel ?? 1 : 1;
+    scheduler = new BatchScheduler(engine, { slots: parallel,
       prefillChunk: settings.prefillChunk,
       prefixCache: prefixBytes > 0 ? { bytesMax: prefixBytes } : null });
     try {
@@ -72,7 +74,7 @@ function open(settings: Extract<ToWorker, { type: "open" }>["settings"]): void {
     }
     const name = engine.file.metadata.get("general.name");
     post({ type: "ready", info: {
-      contextLength: engine.contextLength, vocabSize: engine.tokenizer.vocabSize,
+      contextLength: engine.contextLength, vocabSize: engine.tokenizer.vocabSize, parallel,
       name: typeof name === "string" ? name : null,
     } });
   } catch (err) {
