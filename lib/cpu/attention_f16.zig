@@ -151,6 +151,21 @@ pub fn attendRows(
     row_begin: usize,
     row_end: usize,
 ) bool {
+    if (s.head_dim % step == 0) return attendRowsGrouped(q, k, v, out, s, row_begin, row_end);
+    return attendRowsPerHead(q, k, v, out, s, row_begin, row_end);
+}
+
+/// One query head at a time: the plain form of the arithmetic, and the path for head sizes
+/// that are not a multiple of 64 (whose dots end in ggml's f64 tail loop).
+pub fn attendRowsPerHead(
+    q: [*]const f32,
+    k: [*]align(1) const f16,
+    v: [*]align(1) const f16,
+    out: [*]f32,
+    s: attention.Shape,
+    row_begin: usize,
+    row_end: usize,
+) bool {
     const d = s.head_dim;
     const group = s.group();
     // Softmax blocks of 16 cells are aligned to cell 0: round the scores up to a whole block.
@@ -170,6 +185,137 @@ pub fn attendRows(
         }
     }
     return true;
+}
+
+/// Query heads that share a KV head, handled together (up to this many per pass).
+const heads_per_pass = 4;
+
+/// The same arithmetic as attendRowsPerHead, for head sizes that are a multiple of 64, with the
+/// query heads of one KV head in passes of up to four: each K and V row is converted from f16
+/// once per pass instead of once per head, and the weighted sum runs slot by slot (cells c,
+/// c + 64, c + 128, ... in ascending order, exactly the order in which attendRowsPerHead adds
+/// them into slot c % 64) with the slot's partial sums in registers rather than in memory.
+fn attendRowsGrouped(
+    q: [*]const f32,
+    k: [*]align(1) const f16,
+    v: [*]align(1) const f16,
+    out: [*]f32,
+    s: attention.Shape,
+    row_begin: usize,
+    row_end: usize,
+) bool {
+    const d = s.head_dim;
+    const group = s.group();
+    const score_len = s.cells() + 16;
+    if (!grow(&scores_buf, heads_per_pass * score_len) or !grow(&partial_buf, heads_per_pass * step * step)) return false;
+    for (row_begin..row_end) |r| {
+        const t = r / s.n_kv_head;
+        const kv_head = r % s.n_kv_head;
+        const begin, const end = s.keyRange(s.pos0 + t);
+        const runs = runsInCellOrder(s, begin, end);
+        var g: usize = 0;
+        while (g < group) : (g += heads_per_pass) {
+            const first_row = (t * s.n_head + kv_head * group + g) * d;
+            switch (@min(heads_per_pass, group - g)) {
+                inline 1...heads_per_pass => |G| attendPass(G, q + first_row, k, v, out + first_row, s, kv_head, runs.constSlice(), score_len),
+                else => unreachable,
+            }
+        }
+    }
+    return true;
+}
+
+fn attendPass(
+    comptime G: usize,
+    q: [*]const f32,
+    k: [*]align(1) const f16,
+    v: [*]align(1) const f16,
+    out: [*]f32,
+    s: attention.Shape,
+    kv_head: usize,
+    runs: []const Run,
+    score_len: usize,
+) void {
+    const d = s.head_dim;
+    var q16_buf: [G][attention.head_dim_max]f32 = undefined;
+    inline for (0..G) |g| {
+        for (q16_buf[g][0..d], q[g * d ..][0..d]) |*dst, x| dst.* = @as(f16, @floatCast(x));
+    }
+    var scores: [G][]f32 = undefined;
+    inline for (0..G) |g| scores[g] = scores_buf[g * score_len ..][0..score_len];
+
+    var lo: usize = std.math.maxInt(usize);
+    var hi: usize = 0;
+    for (runs) |run| {
+        lo = @min(lo, run.cell);
+        hi = @max(hi, run.cell + run.len);
+    }
+    const block_lo = lo - lo % 16;
+    const block_hi = hi + (16 - hi % 16) % 16;
+    var max: [G]f32 = @splat(-std.math.inf(f32));
+    inline for (0..G) |g| @memset(scores[g][block_lo..block_hi], -std.math.inf(f32));
+    for (runs) |run| {
+        for (run.cell..run.cell + run.len) |c| {
+            const dots = dotsF16(G, k + c * s.kv_stride + kv_head * d, &q16_buf, d);
+            inline for (0..G) |g| {
+                scores[g][c] = dots[g] * s.scale;
+                max[g] = @max(max[g], scores[g][c]);
+            }
+        }
+    }
+    inline for (0..G) |g| {
+        var sum: f64 = 0;
+        var c = block_lo;
+        while (c < block_hi) : (c += 16) {
+            const vals = expV(@as(L16, scores[g][c..][0..16].*) - @as(L16, @splat(max[g])));
+            scores[g][c..][0..16].* = vals;
+            sum += reduce16(vals);
+        }
+        const inv: f32 = @floatCast(1.0 / sum);
+        for (runs) |run| {
+            for (scores[g][run.cell..][0..run.len]) |*p| p.* = @as(f16, @floatCast(p.* * inv));
+        }
+    }
+
+    // Weighted sum, 64 dimensions at a time: partial[g][slot][0..64], then reduced.
+    var dim: usize = 0;
+    while (dim < d) : (dim += step) {
+        for (0..step) |slot| {
+            var acc: [G][4]L16 = @splat(@splat(@splat(0)));
+            for (runs) |run| {
+                var c = run.cell + (slot + step - run.cell % step) % step;
+                while (c < run.cell + run.len) : (c += step) {
+                    const v_row = v + c * s.kv_stride + kv_head * d + dim;
+                    inline for (0..4) |j| {
+                        const x = loadF16(v_row + 16 * j);
+                        inline for (0..G) |g| acc[g][j] = @mulAdd(L16, x, @as(L16, @splat(scores[g][c])), acc[g][j]);
+                    }
+                }
+            }
+            inline for (0..G) |g| {
+                inline for (0..4) |j| partial_buf[(g * step + slot) * step + 16 * j ..][0..16].* = acc[g][j];
+            }
+        }
+        inline for (0..G) |g| {
+            reducePartials(partial_buf[g * step * step ..][0 .. step * step], step, out[g * d + dim ..][0..step]);
+        }
+    }
+}
+
+/// ggml_vec_dot_f16(d, k, q_g) for G query rows at once (d a multiple of 64): each k chunk is
+/// converted once and fed to every head's four accumulators.
+inline fn dotsF16(comptime G: usize, k: [*]align(1) const f16, q16: *const [G][attention.head_dim_max]f32, d: usize) [G]f32 {
+    var acc: [G][4]L16 = @splat(@splat(@splat(0)));
+    var i: usize = 0;
+    while (i < d) : (i += step) {
+        inline for (0..4) |j| {
+            const x = loadF16(k + i + 16 * j);
+            inline for (0..G) |g| acc[g][j] = @mulAdd(L16, x, q16[g][i + 16 * j ..][0..16].*, acc[g][j]);
+        }
+    }
+    var dots: [G]f32 = undefined;
+    inline for (0..G) |g| dots[g] = reduceAccumulators(acc[g]);
+    return dots;
 }
 
 /// Leaves the probabilities of the visible cells, rounded to f16 (as f32), in scores_buf[cell].
@@ -237,16 +383,15 @@ fn weightedSum(
             while (i < d) : (i += 1) slot[i] = @mulAdd(f32, v_row[i], p, slot[i]);
         }
     }
-    reducePartials(partial, out);
+    reducePartials(partial, d, out);
 }
 
 /// out[i] = reduceAccumulators of the 64 partial sums of dimension i (partial[slot * d + i]),
 /// computed for 16 dimensions at a time: every step of the reduction tree is a lane-wise add of
 /// whole rows of partials, the same adds in the same order as reducePartialsScalar.
-fn reducePartials(partial: []const f32, out: []f32) void {
-    const d = out.len;
+fn reducePartials(partial: []const f32, d: usize, out: []f32) void {
     var i: usize = 0;
-    while (i + 16 <= d) : (i += 16) {
+    while (i + 16 <= out.len) : (i += 16) {
         const row = struct {
             fn at(p: []const f32, slot: usize, dim: usize, stride: usize) L16 {
                 return p[slot * stride + dim ..][0..16].*;
@@ -265,7 +410,7 @@ fn reducePartials(partial: []const f32, out: []f32) void {
         inline for (0..4) |m| t4[m] = t8[m + 4] + t8[m];
         out[i..][0..16].* = (t4[0] + t4[2]) + (t4[1] + t4[3]);
     }
-    if (i < d) reducePartialsScalar(partial, d, out[i..], i);
+    if (i < out.len) reducePartialsScalar(partial, d, out[i..], i);
 }
 
 /// The reference: dimension by dimension, the 64 partials gathered into ggml's 4 accumulators.
@@ -307,7 +452,47 @@ test "reducePartials equals the dimension-by-dimension reduction bit for bit" {
         const got = try std.testing.allocator.alloc(f32, d);
         defer std.testing.allocator.free(got);
         reducePartialsScalar(partial, d, want, 0);
-        reducePartials(partial, got);
+        reducePartials(partial, d, got);
+        try std.testing.expectEqualSlices(u32, std.mem.bytesAsSlice(u32, std.mem.sliceAsBytes(want)), std.mem.bytesAsSlice(u32, std.mem.sliceAsBytes(got)));
+    }
+}
+
+test "grouped heads equal one head at a time, bit for bit (GQA, windows, a wrapping ring)" {
+    const alloc = std.testing.allocator;
+    var rng = std.Random.DefaultPrng.init(11);
+    const r = rng.random();
+    const Case = struct { d: usize, n_head: usize, n_kv_head: usize, n_tok: usize, pos0: usize, window: usize, ring: usize };
+    const cases = [_]Case{
+        .{ .d = 64, .n_head = 1, .n_kv_head = 1, .n_tok = 3, .pos0 = 0, .window = 0, .ring = 0 },
+        .{ .d = 128, .n_head = 16, .n_kv_head = 8, .n_tok = 5, .pos0 = 70, .window = 0, .ring = 0 },
+        .{ .d = 128, .n_head = 6, .n_kv_head = 1, .n_tok = 1, .pos0 = 200, .window = 0, .ring = 0 },
+        .{ .d = 256, .n_head = 4, .n_kv_head = 1, .n_tok = 7, .pos0 = 150, .window = 100, .ring = 128 },
+        .{ .d = 64, .n_head = 10, .n_kv_head = 2, .n_tok = 4, .pos0 = 300, .window = 64, .ring = 96 },
+    };
+    for (cases) |c| {
+        const kv_stride = c.n_kv_head * c.d;
+        const s = attention.Shape{
+            .n_tok = c.n_tok, .n_head = c.n_head, .n_kv_head = c.n_kv_head, .head_dim = c.d,
+            .pos0 = c.pos0, .kv_stride = kv_stride, .window = c.window, .ring = c.ring, .scale = 0.09,
+        };
+        const q = try alloc.alloc(f32, c.n_tok * c.n_head * c.d);
+        defer alloc.free(q);
+        for (q) |*x| x.* = (r.float(f32) - 0.5) * 4;
+        const cache_len = s.cacheLen();
+        const k = try alloc.alloc(f16, cache_len);
+        defer alloc.free(k);
+        const v = try alloc.alloc(f16, cache_len);
+        defer alloc.free(v);
+        for (k, v) |*a, *b| {
+            a.* = @floatCast((r.float(f32) - 0.5) * 3);
+            b.* = @floatCast((r.float(f32) - 0.5) * 3);
+        }
+        const want = try alloc.alloc(f32, q.len);
+        defer alloc.free(want);
+        const got = try alloc.alloc(f32, q.len);
+        defer alloc.free(got);
+        try std.testing.expect(attendRowsPerHead(q.ptr, k.ptr, v.ptr, want.ptr, s, 0, s.rowCount()));
+        try std.testing.expect(attendRowsGrouped(q.ptr, k.ptr, v.ptr, got.ptr, s, 0, s.rowCount()));
         try std.testing.expectEqualSlices(u32, std.mem.bytesAsSlice(u32, std.mem.sliceAsBytes(want)), std.mem.bytesAsSlice(u32, std.mem.sliceAsBytes(got)));
     }
 }
