@@ -141,6 +141,62 @@ pub inline fn dotRowsOffset(
     }
 }
 
+/// Activation rows x blocks whose corrections dotRowsMultiOffset keeps on the stack.
+const offset_multi_max_blocks = 2048;
+
+/// dotRowsOffset for R activation rows (a batch): each weight block is unpacked once for all R,
+/// and every row's lane corrections and scale are computed once per call. The arithmetic of
+/// each (weight row, activation row) pair is `dot`'s. Results go to out[r * out_stride + o].
+pub inline fn dotRowsMultiOffset(
+    comptime WBlock: type,
+    comptime offset: i32,
+    comptime unpackU: fn (*align(1) const WBlock) callconv(.@"inline") simd.V32u8,
+    comptime R: usize,
+    n_blocks: usize,
+    w: [*]const u8,
+    w_row_bytes: usize,
+    n_out: usize,
+    xs: [R][*]align(1) const Block,
+    out: [*]f32,
+    out_stride: usize,
+) bool {
+    if (R * n_blocks > offset_multi_max_blocks) return false;
+    var corrections: [offset_multi_max_blocks]simd.V8i32 = undefined;
+    var x_scales: [offset_multi_max_blocks]f32 = undefined;
+    inline for (0..R) |r| {
+        for (0..n_blocks) |b| {
+            corrections[r * n_blocks + b] = laneCorrection(offset, &xs[r][b]);
+            x_scales[r * n_blocks + b] = xs[r][b].d;
+        }
+    }
+    for (0..n_out) |o| {
+        const row: [*]align(1) const WBlock = @ptrCast(w + o * w_row_bytes);
+        var acc: [R]simd.V8f32 = @splat(@splat(0));
+        for (0..n_blocks) |b| {
+            const u = unpackU(&row[b]);
+            const d_w: f32 = row[b].d;
+            inline for (0..R) |r| {
+                const correction = corrections[r * n_blocks + b];
+                const sumi = if (offset < 128)
+                    simd.dotAccU7I8(correction, u, xs[r][b].qs)
+                else
+                    simd.dotAccU8I8(correction, u, xs[r][b].qs);
+                const d: simd.V8f32 = @splat(d_w * x_scales[r * n_blocks + b]);
+                acc[r] = @mulAdd(simd.V8f32, d, @floatFromInt(sumi), acc[r]);
+            }
+        }
+        inline for (0..R) |r| out[r * out_stride + o] = simd.hsum(acc[r]);
+    }
+    return true;
+}
+
+/// Batched form of dotRows (see dotRowsMultiOffset); false where the caller must fall back to
+/// dotMulti row by row.
+pub fn dotRowsMulti(comptime R: usize, n_blocks: usize, w: [*]const u8, w_row_bytes: usize, n_out: usize, xs: [R][*]align(1) const Block, out: [*]f32, out_stride: usize) bool {
+    if (comptime !simd.has_vnni) return false;
+    return dotRowsMultiOffset(Block, 128, unpackFlipped, R, n_blocks, w, w_row_bytes, n_out, xs, out, out_stride);
+}
+
 inline fn laneCorrection(comptime offset: i32, x: *align(1) const Block) simd.V8i32 {
     const ones: simd.V32u8 = @splat(1);
     return simd.dotU7I8(ones, x.qs) * @as(simd.V8i32, @splat(-offset));

@@ -149,6 +149,9 @@ fn dotMultiFn(comptime W: type, comptime X: type) DotMultiFn {
                 inline 1...multi_rows_max => |R| {
                     var rows: [R][*]align(1) const X.Block = undefined;
                     inline for (0..R) |r| rows[r] = @ptrCast(x + r * x_row_bytes);
+                    if (@hasDecl(W, "dotRowsMulti")) {
+                        if (W.dotRowsMulti(R, n / W.block_values, w, w_row_bytes, n_out, rows, out, out_stride)) return;
+                    }
                     for (0..n_out) |o| {
                         const sums = W.dotMulti(R, blocks(W, w + o * w_row_bytes, n), rows);
                         inline for (0..R) |r| out[r * out_stride + o] = sums[r];
@@ -316,6 +319,42 @@ pub fn typeName(type_id: u32) []const u8 {
         "IQ4_NL_4_4", "IQ4_NL_4_8", "IQ4_NL_8_8", "MXFP4",
     };
     return if (type_id < names.len) names[type_id] else "unknown";
+}
+
+test "dot_multi equals dot for every weight row and activation row, bit for bit" {
+    var rng = @import("simd.zig").TestRng.init(6);
+    const n = 512;
+    const n_out = 7;
+    for (table) |t| {
+        const dot = t.dot orelse continue;
+        const dot_multi = t.dot_multi orelse continue;
+        const act = get(@intFromEnum(t.vec_dot_type)).?;
+        var w: [n_out * 4 * n]u8 = undefined;
+        rng.bytes(&w);
+        var xf: [n]f32 = undefined;
+        if (t.quantize_ref) |q| {
+            for (0..n_out) |r| {
+                rng.floats(&xf, 1);
+                q(&xf, w[r * t.rowBytes(n) ..].ptr, n);
+            }
+        }
+        var x: [multi_rows_max][4 * n]u8 = undefined;
+        for (&x) |*row| {
+            rng.floats(&xf, 2);
+            if (act.quantize_activation) |q| q(&xf, row, n) else @memcpy(row[0 .. n * 4], std.mem.sliceAsBytes(&xf));
+        }
+        const x_row_bytes = @sizeOf(@TypeOf(x[0]));
+        for (1..multi_rows_max + 1) |n_rows| {
+            var out: [multi_rows_max * n_out]f32 = undefined;
+            dot_multi(n, &w, t.rowBytes(n), n_out, @ptrCast(&x), x_row_bytes, n_rows, &out, n_out);
+            for (0..n_rows) |r| {
+                for (0..n_out) |o| {
+                    const want: u32 = @bitCast(dot(n, w[o * t.rowBytes(n) ..].ptr, &x[r]));
+                    try std.testing.expectEqual(want, @as(u32, @bitCast(out[r * n_out + o])));
+                }
+            }
+        }
+    }
 }
 
 test "table: block sizes match ggml, activation types are dot-less" {
