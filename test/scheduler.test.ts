@@ -167,8 +167,8 @@ describe("the batch scheduler gives each sequence the tokens it gets alone", () 
 });
 
 const goldenModel = defaultModelPath();
-describe.skipIf(!existsSync(goldenModel))("the default model decodes in batches as llama.cpp does alone", () => {
-  test("12 golden prompts, 4 slots, prompts chunked between decode steps: llama.cpp's greedy tokens", async () => {
+describe.skipIf(!existsSync(goldenModel))("the default model in batches, as llama.cpp alone", () => {
+  test("12 golden prompts, 4 slots, prompts chunked between decodes: llama.cpp's tokens", async () => {
     const fixture = await Bun.file(join(import.meta.dir, "fixtures", "gemma3-golden.json")).json();
     const cases = fixture.cases as { name: string; prompt_tokens: number[];
       token_by_token: { generated_tokens: number[] } }[];
@@ -183,6 +183,8 @@ describe.skipIf(!existsSync(goldenModel))("the default model decodes in batches 
     }
     while (scheduler.busy) scheduler.step();
     engine.close();
-    for (const c of cases) expect([c.name, got.get(c.name)]).toEqual([c.name, c.token_by_token.generated_tokens]);
+    for (const c of cases) {
+      expect([c.name, got.get(c.name)]).toEqual([c.name, c.token_by_token.generated_tokens]);
+    }
   }, 240_000);
 });

@@ -50,7 +50,10 @@ const cases: Case[] = [
   ...[3, 25].map((n, i) => ({ kind: "chat" as const, text: sentence(n, 40 + i), maxTokens: 16 })),
 ];
 
-async function run(c: Case, stream: boolean, cancelAfter = -1): Promise<{ text: string; finish: string | null }> {
+interface Answer { text: string; finish: string | null }
+
+/** One request; a stream is aborted after `cancelAfter` chunks when that is positive. */
+async function run(c: Case, stream: boolean, cancelAfter = -1): Promise<Answer> {
   const common = { model: "tiny", max_tokens: c.maxTokens, temperature: 0, logit_bias: noEos };
   const controller = new AbortController();
   const messages = [...(c.system ? [{ role: "system" as const, content: c.system }] : []),
@@ -64,9 +67,10 @@ async function run(c: Case, stream: boolean, cancelAfter = -1): Promise<{ text: 
     return { text: r.choices[0].text, finish: r.choices[0].finish_reason };
   }
   let text = "", finish: string | null = null, chunks = 0;
+  const signal = controller.signal;
   const it = c.kind === "chat"
-    ? await client.chat.completions.create({ ...common, messages, stream: true }, { signal: controller.signal })
-    : await client.completions.create({ ...common, prompt: c.text, stream: true }, { signal: controller.signal });
+    ? await client.chat.completions.create({ ...common, messages, stream: true }, { signal })
+    : await client.completions.create({ ...common, prompt: c.text, stream: true }, { signal });
   try {
     for await (const chunk of it) {
       const choice = chunk.choices[0] as { text?: string; delta?: { content?: string | null };
@@ -89,9 +93,9 @@ async function metric(name: string): Promise<number> {
 const quantile = (xs: number[], q: number) => [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1,
   Math.floor(q * xs.length))];
 
-test(`${CLIENTS} clients, ${REQUESTS} requests, ${PARALLEL} decoded together: each gets its own answer`, async () => {
+test(`${CLIENTS} clients, ${REQUESTS} requests, ${PARALLEL} at a time: each its own answer`, async () => {
   // Every case alone first: the reference answers, and the caches warmed to their working size.
-  const alone: { text: string; finish: string | null }[] = [];
+  const alone: Answer[] = [];
   for (const c of cases) alone.push(await run(c, false));
   expect(new Set(alone.map((a) => a.text)).size).toBeGreaterThan(cases.length / 2);
   const idleRss = await metric("infer_resident_memory_bytes");
@@ -121,7 +125,8 @@ test(`${CLIENTS} clients, ${REQUESTS} requests, ${PARALLEL} decoded together: ea
       } else {
         completed++;
         if (got.text !== want.text || got.finish !== want.finish) {
-          failures.push(`#${i} (${c.kind}, ${c.text.length} chars): ${JSON.stringify(got)} != ${JSON.stringify(want)}`);
+          failures.push(`#${i} (${c.kind}, ${c.text.length} chars): ` +
+            `${JSON.stringify(got)} != ${JSON.stringify(want)}`);
         }
       }
     }

@@ -54,7 +54,6 @@ export class PrefixCache {
   private readonly blocksMax: number;
   /** Every live block by key, least recently used first (a Map keeps insertion order). */
   private readonly byKey = new Map<string, Block>();
-  private readonly free: (readonly KvLayer[])[] = [];
   private allocated = 0;
   private nextId = 1;
   private restored = 0;
@@ -62,7 +61,9 @@ export class PrefixCache {
 
   constructor(private readonly be: Backend, private readonly shapes: readonly KvShape[],
     private readonly type: KvType, o: PrefixCacheOptions = {}) {
-    if (!be.copyKv) throw new InferError("unsupported", `the ${be.name} backend cannot copy KV rows`);
+    if (!be.copyKv) {
+      throw new InferError("unsupported", `the ${be.name} backend cannot copy KV rows`);
+    }
     this.blockTokens = o.blockTokens ?? 32;
     const elementBytes = type === "f16" ? 2 : 4;
     this.blockBytes = shapes.reduce((sum, s) => sum + 2 * s.kvHeads * s.headDim * elementBytes, 0) *
@@ -136,9 +137,11 @@ export class PrefixCache {
       let block = this.byKey.get(key);
       if (block) this.touch(block);
       else {
-        const storage = this.storage();
+        const storage = this.storage(chain.last);
         if (!storage) return;
-        for (let i = 0; i < layers.length; i++) this.transfer(layers[i], storage[i], start, start, b, false);
+        for (let i = 0; i < layers.length; i++) {
+          this.transfer(layers[i], storage[i], start, start, b, false);
+        }
         block = { id: this.nextId++, key, parent: chain.last, layers: storage, children: 0,
           evicted: false };
         if (chain.last) chain.last.children++;
@@ -154,17 +157,15 @@ export class PrefixCache {
     this.byKey.set(block.key, block);
   }
 
-  /** A free block's layers: from the free list, a new allocation, or an evicted leaf. */
-  private storage(): readonly KvLayer[] | null {
-    const reused = this.free.pop();
-    if (reused) return reused;
+  /** Storage for a new block: a new allocation, or an evicted leaf other than `parent`. */
+  private storage(parent: Block | null): readonly KvLayer[] | null {
     if (this.allocated < this.blocksMax) {
       this.allocated++;
-      return this.shapes.map((s) => this.be.kvLayer(this.blockTokens, s.kvHeads, s.headDim, this.type,
-        false));
+      return this.shapes.map((s) =>
+        this.be.kvLayer(this.blockTokens, s.kvHeads, s.headDim, this.type, false));
     }
     for (const block of this.byKey.values()) {
-      if (block.children > 0) continue;
+      if (block.children > 0 || block === parent) continue;
       this.byKey.delete(block.key);
       block.evicted = true;
       if (block.parent) block.parent.children--;

@@ -19,7 +19,9 @@ import type { SequenceRows } from "../model/model.ts";
 import type { Engine } from "./engine.ts";
 import { Generation, type GenerateOptions, type GenerateResult } from "./generation.ts";
 import { createKvCache, type KvCache } from "./kv-cache.ts";
-import { PrefixCache, type PrefixCacheOptions, type PrefixChain, type PrefixCacheStats } from "./prefix-cache.ts";
+import {
+  PrefixCache, type PrefixCacheOptions, type PrefixCacheStats, type PrefixChain,
+} from "./prefix-cache.ts";
 
 export interface SequenceRequest {
   /** Prompt tokens: at least one, fewer than the context length. */
@@ -88,7 +90,8 @@ export class BatchScheduler {
       throw new InferError("unsupported", `the ${be.name} backend runs one sequence at a time`);
     }
     if (o.slots > model.maxBatch) {
-      throw new InferError("invalid_argument", `${o.slots} slots exceed the batch of ${model.maxBatch}`);
+      throw new InferError("invalid_argument",
+        `${o.slots} slots exceed the batch of ${model.maxBatch}`);
     }
     this.prefillChunk = Math.max(1, Math.min(o.prefillChunk ?? 64, model.maxBatch));
     this.tokens = new Int32Array(model.maxBatch);

@@ -228,7 +228,9 @@ export function setBatchInputs(be: Backend, b: DecoderBuffers, batch: Batch, max
     be.setPositions(b.positions, s.position, s.rows, rows);
     rows += s.rows;
   }
-  if (rows > maxBatch) throw new InferError("invalid_argument", `${rows} rows exceed the batch of ${maxBatch}`);
+  if (rows > maxBatch) {
+    throw new InferError("invalid_argument", `${rows} rows exceed the batch of ${maxBatch}`);
+  }
   if (!(batch.logitRows >= 0 && batch.logitRows <= rows)) {
     throw new InferError("invalid_argument", `logits of ${batch.logitRows} rows of ${rows} asked`);
   }
