@@ -164,6 +164,24 @@ describe("the batch scheduler gives each sequence the tokens it gets alone", () 
     expect(third.tokens).toEqual(alone(some[2].prompt, some[2].options).tokens);
     expect(scheduler.stats()).toMatchObject({ busySlots: 0, waiting: 0 });
   }, 60_000);
+
+  test("nothing to generate, and a failing callback, leave every slot free", () => {
+    const engine = open();
+    const scheduler = new BatchScheduler(engine, { slots: 2, prefixCache: null });
+    const outcomes: string[] = [];
+    const submit = (options: Partial<GenerateOptions>) => scheduler.submit({ prompt: prompt(9, 5),
+      options: { maxTokens: 4, sampling: greedy, ...options },
+      onDone: (r) => outcomes.push(`${r.stopReason} ${r.tokens.length}`),
+      onError: (e) => outcomes.push(`error ${e.message}`) });
+    submit({});
+    submit({ onText: () => { throw new Error("the client's socket broke"); } });
+    submit({ maxTokens: 0 });
+    while (scheduler.busy) scheduler.step();
+    engine.close();
+    // the failing one fails alone, though it shared its batch with the first
+    expect(outcomes.sort()).toEqual(["error the client's socket broke", "length 0", "length 4"]);
+    expect(scheduler.stats()).toMatchObject({ busySlots: 0, waiting: 0 });
+  }, 60_000);
 });
 
 const goldenModel = defaultModelPath();

@@ -65,6 +65,8 @@ class Sequence {
   /** Prompt positions copied from the prefix cache. */
   restored = 0;
   ended = false;
+  /** Why the sequence failed on its own (its sampler, grammar or callback threw). */
+  error: Error | null = null;
   constructor(readonly request: SequenceRequest, readonly slot: Slot,
     readonly generation: Generation, readonly chain: PrefixChain) {}
 
@@ -130,8 +132,8 @@ export class BatchScheduler {
   /** Admits waiting sequences, runs one forward pass, samples, and retires ended sequences. */
   step(): void {
     for (const s of this.running) if (s.generation.interrupted()) s.ended = true;
-    this.retire();
     this.admit();
+    this.retire(); // the interrupted, and new ones with nothing to generate
     if (this.running.length === 0) return;
     const plan = this.plan();
     const vocab = this.engine.model.info.vocabSize;
@@ -143,16 +145,18 @@ export class BatchScheduler {
           for (let r = 0; r < rows; r++) {
             const s = plan.logits[firstRow - firstLogitRow + r];
             if (s.pending === null) s.generation.promptDone(s.prompt.length - s.restored);
-            s.pending = s.generation.next(logits.subarray(r * vocab, (r + 1) * vocab), s.length);
+            try {
+              s.pending = s.generation.next(logits.subarray(r * vocab, (r + 1) * vocab), s.length);
+            } catch (err) { // this sequence's own failure: the others go on
+              s.error = err as Error;
+              s.pending = null;
+            }
             if (s.pending === null) s.ended = true;
           }
         });
     } catch (err) {
       // The caches of this batch may hold half a step: fail its sequences, keep serving.
-      for (const s of this.running) this.release(s);
-      const failed = this.running;
-      this.running = [];
-      for (const s of failed) s.request.onError(err as Error);
+      this.failRunning(err as Error);
       return;
     }
     this.steps++;
@@ -223,6 +227,23 @@ export class BatchScheduler {
     return { segments, logits: [...finishing, ...decoding], rows };
   }
 
+  /**
+   * Fails every sequence, running or waiting (after an error outside the forward pass, which
+   * step() handles itself); the scheduler is empty and usable afterwards.
+   */
+  abort(err: Error): void {
+    const waiting = this.waiting.splice(0);
+    this.failRunning(err);
+    for (const r of waiting) r.onError(err);
+  }
+
+  private failRunning(err: Error): void {
+    const failed = this.running;
+    this.running = [];
+    for (const s of failed) this.release(s);
+    for (const s of failed) s.request.onError(err);
+  }
+
   /** Ends the sequences that ended: their results go out and their slots are free again. */
   private retire(): void {
     if (!this.running.some((s) => s.ended)) return;
@@ -230,7 +251,8 @@ export class BatchScheduler {
     this.running = this.running.filter((s) => !s.ended);
     for (const s of ended) {
       this.release(s);
-      s.request.onDone(s.generation.finish());
+      if (s.error) s.request.onError(s.error);
+      else s.request.onDone(s.generation.finish());
     }
   }
 

@@ -88,7 +88,11 @@ async function loop(): Promise<void> {
   looping = true;
   try {
     while (scheduler?.busy) {
-      scheduler.step();
+      try {
+        scheduler.step();
+      } catch (err) { // a bug: the requests in flight fail, the server goes on
+        scheduler.abort(err as Error);
+      }
       postStats();
       await new Promise<void>((resolve) => setImmediate(resolve));
     }
