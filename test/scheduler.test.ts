@@ -121,6 +121,19 @@ describe("the batch scheduler gives each sequence the tokens it gets alone", () 
     expect(again.results[1].prefilled).toBeLessThanOrEqual(8 + 12);
   }, 60_000);
 
+  test("a burst of prompts with one beginning evaluates it once", () => {
+    const system = prompt(280, 8).slice(1);
+    const burst: Job[] = [0, 1, 2, 3].map((i) => ({ prompt: prompt(281 + 3 + 7 * i, 500 + i, system),
+      options: { maxTokens: 6 }, at: 0 }));
+    const { results } = batched(burst, { slots: 4, prefillChunk: 16,
+      prefixCache: { blockTokens: 8 } });
+    const evaluated = results.reduce((sum, r) => sum + r.prefilled, 0);
+    expect(evaluated).toBeLessThan(burst[0].prompt.length + 3 * (8 + 3 + 7 * 3));
+    for (let i = 0; i < burst.length; i++) {
+      expect(results[i].tokens).toEqual(alone(burst[i].prompt, burst[i].options).tokens);
+    }
+  }, 60_000);
+
   test("a tight prefix cache evicts least recently used leaves and stays exact", () => {
     const engine = open();
     const some: Job[] = [0, 1, 2, 3, 4, 5, 6, 7].map((i) => ({

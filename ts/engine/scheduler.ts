@@ -13,7 +13,9 @@
 // tokens it would get alone.
 //
 // With a prefix cache, a new sequence first copies the longest cached prefix of its prompt into
-// its slot, and each block a sequence completes is saved for the next ones.
+// its slot, and each block a sequence completes is saved for the next ones. A sequence whose
+// prompt begins like that of an earlier one still evaluating it waits for those blocks, so a
+// burst of requests with one system prompt evaluates it once.
 import { InferError } from "../errors.ts";
 import type { SequenceRows } from "../model/model.ts";
 import type { Engine } from "./engine.ts";
@@ -67,8 +69,11 @@ class Sequence {
   ended = false;
   /** Why the sequence failed on its own (its sampler, grammar or callback threw). */
   error: Error | null = null;
+  /** Held back this step for an earlier sequence evaluating the same prompt beginning. */
+  parked = false;
+  chain: PrefixChain = { blocks: 0, last: null };
   constructor(readonly request: SequenceRequest, readonly slot: Slot,
-    readonly generation: Generation, readonly chain: PrefixChain) {}
+    readonly generation: Generation) {}
 
   get prompt(): readonly number[] { return this.request.prompt; }
 }
@@ -175,14 +180,38 @@ export class BatchScheduler {
       const generation = new Generation(this.engine.tokenizer, request.prompt,
         this.engine.contextLength, request.options);
       const slot = this.free.shift()!; // the longest free: a new sequence finds no stale luck
-      const chain = this.prefix ? this.prefix.restore(request.prompt, slot.cache.layers)
-        : { blocks: 0, last: null };
-      const s = new Sequence(request, slot, generation, chain);
-      s.restored = s.length = this.prefix ? chain.blocks * this.prefix.blockTokens : 0;
-      slot.history.set(request.prompt.slice(0, s.length));
+      const s = new Sequence(request, slot, generation);
+      this.restore(s);
       if (generation.interrupted() || generation.done) s.ended = true;
       this.running.push(s);
     }
+  }
+
+  /** Copies the longest cached prefix of the prompt into the slot of a sequence yet to start. */
+  private restore(s: Sequence): void {
+    if (!this.prefix) return;
+    s.chain = this.prefix.restore(s.prompt, s.slot.cache.layers);
+    s.restored = s.length = s.chain.blocks * this.prefix.blockTokens;
+    s.slot.history.set(s.prompt.slice(0, s.length));
+  }
+
+  /**
+   * Whether `s`, which has evaluated nothing of its own yet, should wait for an earlier sequence
+   * still evaluating a longer beginning of the same prompt (a burst of requests with one system
+   * prompt): the prefix cache then hands it those blocks instead of their being evaluated twice.
+   */
+  private waitsForEarlier(s: Sequence, index: number): boolean {
+    if (!this.prefix || s.length !== s.restored) return false;
+    const block = this.prefix.blockTokens;
+    for (let i = 0; i < index; i++) {
+      const t = this.running[i];
+      const limit = Math.min(t.prompt.length, s.prompt.length - 1);
+      let shared = 0;
+      while (shared < limit && t.prompt[shared] === s.prompt[shared]) shared++;
+      shared -= shared % block;
+      if (shared > s.length && t.length < shared) return true;
+    }
+    return false;
   }
 
   /** This step's rows: prompt bodies first, then the rows that need logits. */
@@ -192,8 +221,16 @@ export class BatchScheduler {
     let budget = Math.min(maxBatch - decoding.length,
       decoding.length > 0 ? this.prefillChunk : maxBatch);
     const bodies: { s: Sequence; rows: number }[] = [], finishing: Sequence[] = [];
-    for (const s of this.running) {
+    for (const [i, s] of this.running.entries()) {
       if (s.pending !== null || budget <= 0) continue;
+      if (this.waitsForEarlier(s, i)) {
+        s.parked = true;
+        continue;
+      }
+      if (s.parked) { // what it waited for is in the cache now
+        s.parked = false;
+        this.restore(s);
+      }
       const left = s.prompt.length - s.length, take = Math.min(left, budget);
       budget -= take;
       if (take < left) bodies.push({ s, rows: take });
