@@ -175,12 +175,14 @@ describe.skipIf(noCuda)("CUDA ops equal the CPU backend's", () => {
   });
 
   for (const [name] of WEIGHT_TYPES) {
-    test(`matmul ${name}: one row, 13 rows, an offset row`, () => {
+    // 70 rows take the tensor-core kernels (two 64-token tiles, the second partial; 37 weight
+    // rows: a partial 32-row tile).
+    test(`matmul ${name}: one row, 13 rows, 70 rows, an offset row`, () => {
       const [wc, wg] = weights(p, file, `w.${name}`);
-      const x = randomF32(13 * N_IN, 10, 2);
-      for (const rows of [1, 13]) {
-        const [xc, xg] = acts(p, 13, N_IN, x);
-        const [oc, og] = acts(p, 13, N_OUT);
+      const x = randomF32(70 * N_IN, 10, 2);
+      for (const rows of [1, 13, 70]) {
+        const [xc, xg] = acts(p, 70, N_IN, x);
+        const [oc, og] = acts(p, 70, N_OUT);
         p.cpu.matmul(wc, xc, rows, oc);
         p.gpu.matmul(wg, xg, rows, og);
         report(`${name} x ${rows}`, compare(p, oc, og, rows), TOL_MATMUL);

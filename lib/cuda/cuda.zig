@@ -45,6 +45,12 @@ pub const Kernel = enum {
     matvec_multi_q4_k,
     matvec_multi_q5_k,
     matvec_multi_q6_k,
+    mmq_q4_0,
+    mmq_q5_0,
+    mmq_q8_0,
+    mmq_q4_k,
+    mmq_q5_k,
+    mmq_q6_k,
     rms_norm,
     rms_norm_add,
     rms_norm_q,
@@ -77,6 +83,8 @@ pub const WeightKind = struct {
     matvec_8: Kernel,
     /// Several matrices sharing one input and one token (quantized types only).
     matvec_multi: ?Kernel = null,
+    /// The tensor-core kernel for many tokens (32 rows × 64 tokens a block), if any.
+    mmq: ?Kernel = null,
     /// The activation format its matvec reads: 0 = Q8_0 blocks, 1 = Q8_K superblocks, -1 = f32.
     activation: i32,
 };
@@ -86,12 +94,12 @@ pub fn weightKind(type_id: u32) ?WeightKind {
         0 => .{ .name = "F32", .block_values = 1, .block_bytes = 4, .get_rows = .get_rows_f32, .matvec_1 = .matvec_f32_1, .matvec_8 = .matvec_f32_8, .activation = -1 },
         1 => .{ .name = "F16", .block_values = 1, .block_bytes = 2, .get_rows = .get_rows_f16, .matvec_1 = .matvec_f16_1, .matvec_8 = .matvec_f16_8, .activation = -1 },
         30 => .{ .name = "BF16", .block_values = 1, .block_bytes = 2, .get_rows = .get_rows_bf16, .matvec_1 = .matvec_bf16_1, .matvec_8 = .matvec_bf16_8, .activation = -1 },
-        2 => .{ .name = "Q4_0", .block_values = 32, .block_bytes = 18, .get_rows = .get_rows_q4_0, .matvec_1 = .matvec_q4_0_1, .matvec_8 = .matvec_q4_0_8, .matvec_multi = .matvec_multi_q4_0, .activation = 0 },
-        6 => .{ .name = "Q5_0", .block_values = 32, .block_bytes = 22, .get_rows = .get_rows_q5_0, .matvec_1 = .matvec_q5_0_1, .matvec_8 = .matvec_q5_0_8, .matvec_multi = .matvec_multi_q5_0, .activation = 0 },
-        8 => .{ .name = "Q8_0", .block_values = 32, .block_bytes = 34, .get_rows = .get_rows_q8_0, .matvec_1 = .matvec_q8_0_1, .matvec_8 = .matvec_q8_0_8, .matvec_multi = .matvec_multi_q8_0, .activation = 0 },
-        12 => .{ .name = "Q4_K", .block_values = 256, .block_bytes = 144, .get_rows = .get_rows_q4_k, .matvec_1 = .matvec_q4_k_1, .matvec_8 = .matvec_q4_k_8, .matvec_multi = .matvec_multi_q4_k, .activation = 1 },
-        13 => .{ .name = "Q5_K", .block_values = 256, .block_bytes = 176, .get_rows = .get_rows_q5_k, .matvec_1 = .matvec_q5_k_1, .matvec_8 = .matvec_q5_k_8, .matvec_multi = .matvec_multi_q5_k, .activation = 1 },
-        14 => .{ .name = "Q6_K", .block_values = 256, .block_bytes = 210, .get_rows = .get_rows_q6_k, .matvec_1 = .matvec_q6_k_1, .matvec_8 = .matvec_q6_k_8, .matvec_multi = .matvec_multi_q6_k, .activation = 1 },
+        2 => .{ .name = "Q4_0", .block_values = 32, .block_bytes = 18, .get_rows = .get_rows_q4_0, .matvec_1 = .matvec_q4_0_1, .matvec_8 = .matvec_q4_0_8, .matvec_multi = .matvec_multi_q4_0, .mmq = .mmq_q4_0, .activation = 0 },
+        6 => .{ .name = "Q5_0", .block_values = 32, .block_bytes = 22, .get_rows = .get_rows_q5_0, .matvec_1 = .matvec_q5_0_1, .matvec_8 = .matvec_q5_0_8, .matvec_multi = .matvec_multi_q5_0, .mmq = .mmq_q5_0, .activation = 0 },
+        8 => .{ .name = "Q8_0", .block_values = 32, .block_bytes = 34, .get_rows = .get_rows_q8_0, .matvec_1 = .matvec_q8_0_1, .matvec_8 = .matvec_q8_0_8, .matvec_multi = .matvec_multi_q8_0, .mmq = .mmq_q8_0, .activation = 0 },
+        12 => .{ .name = "Q4_K", .block_values = 256, .block_bytes = 144, .get_rows = .get_rows_q4_k, .matvec_1 = .matvec_q4_k_1, .matvec_8 = .matvec_q4_k_8, .matvec_multi = .matvec_multi_q4_k, .mmq = .mmq_q4_k, .activation = 1 },
+        13 => .{ .name = "Q5_K", .block_values = 256, .block_bytes = 176, .get_rows = .get_rows_q5_k, .matvec_1 = .matvec_q5_k_1, .matvec_8 = .matvec_q5_k_8, .matvec_multi = .matvec_multi_q5_k, .mmq = .mmq_q5_k, .activation = 1 },
+        14 => .{ .name = "Q6_K", .block_values = 256, .block_bytes = 210, .get_rows = .get_rows_q6_k, .matvec_1 = .matvec_q6_k_1, .matvec_8 = .matvec_q6_k_8, .matvec_multi = .matvec_multi_q6_k, .mmq = .mmq_q6_k, .activation = 1 },
         else => null,
     };
 }
@@ -158,6 +166,7 @@ fn invalid(comptime fmt: []const u8, args: anytype) i32 {
 /// `unsupported` with a message starting "CUDA not available: ".
 pub fn init(path: []const u8, ordinal: i32) i32 {
     if (state != null) return 0;
+    if (std.posix.getenv("INFER_CUDA_MMQ")) |v| mmq_enabled = !std.mem.eql(u8, v, "0");
     if (driver.load(&api)) |e| {
         const sep: []const u8 = if (e.detail.len > 0) ": " else "";
         return status.fail(.unsupported, "CUDA not available: {s}{s}{s}", .{ e.reason, sep, e.detail });
@@ -469,6 +478,11 @@ pub fn quantize(x: u64, n_rows: u64, n_cols: u64, mode: u32, q: u64, d: u64) i32
     return launch(if (mode == 0) .quantize_q8_0 else .quantize_q8_k, ceilDiv(n / block * 32, 256), 1, 256, .{ x, units, q, d });
 }
 
+/// Batches from this many tokens take the tensor-core kernels (mmq_*); fewer take matvec_8.
+const mmq_min_tokens = 16;
+/// INFER_CUDA_MMQ=0 at init keeps every batch on matvec_8 (for comparisons).
+var mmq_enabled = true;
+
 /// y[t][o] = W[o] · x[t] for t < n_tok. Quantized W reads the activations from xq/xd (see
 /// quantize, in W's activation format); float W reads x.
 pub fn matmul(w: u64, type_id: u32, n_out: u64, n_in: u64, x: u64, xq: u64, xd: u64, n_tok: u64, y: u64) i32 {
@@ -482,6 +496,9 @@ pub fn matmul(w: u64, type_id: u32, n_out: u64, n_in: u64, x: u64, xq: u64, xd: 
     const grid_y = if (n_tok == 1) 1 else ceilDiv(n_tok, 8);
     if (k.activation < 0) return launch(kernel, ceilDiv(n_out, 4), grid_y, 128, .{ w, out, in, x, tok, y });
     if (xq == 0 or xd == 0) return invalid("matmul: {s} needs quantized activations", .{k.name});
+    if (k.mmq) |mmq| {
+        if (n_tok >= mmq_min_tokens and mmq_enabled) return launch(mmq, ceilDiv(n_out, 32), ceilDiv(n_tok, 64), 128, .{ w, out, in, xq, xd, tok, y });
+    }
     return launch(kernel, ceilDiv(n_out, 4), grid_y, 128, .{ w, out, in, xq, xd, tok, y });
 }
 

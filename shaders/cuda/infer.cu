@@ -211,6 +211,118 @@ MATVEC_F(matvec_f16_8, F16W, 8)
 MATVEC_F(matvec_bf16_1, BF16W, 1)
 MATVEC_F(matvec_bf16_8, BF16W, 8)
 
+// ---- quantized matmul on the tensor cores, for prompts -------------------------------------------
+// y[t][o] = W[o] · x[t] for many tokens. A block of 4 warps computes 32 weight rows × 64 tokens;
+// weights and activations are staged in shared memory 8 units (256 values) at a time, each unit's
+// quants as 8 words. Warp w owns tokens 16w..16w+15: per unit, mma.sync m16n8k16 (s8 × s8 → s32)
+// gives the exact integer dot of each 16-value half for 16 tokens × 8 rows, four times over the
+// 32 rows, and T::combine folds them into the output's FMA chain with the unit's scales, unit
+// after unit. Every weight byte is read from memory once per 64 tokens (matvec_8: once per 8).
+#define MMQ_ROWS 32
+#define MMQ_TOKS 64
+#define MMQ_UNITS 8
+#define MMQ_STRIDE (MMQ_UNITS * 8 + 4)  // words per staged row; the 4 spread 8 rows over all 32 banks
+
+__device__ __forceinline__ void mma_s8_16816(int (&c)[4], int a0, int a1, int b0) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%7, %7, %7, %7};"
+      : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+      : "r"(a0), "r"(a1), "r"(b0), "r"(0));
+}
+
+template <class T>
+__device__ __forceinline__ void mmq(const uint8_t* __restrict__ w, int n_out, int n_in, const int8_t* __restrict__ xq,
+                                    const float* __restrict__ xd, int n_tok, float* __restrict__ y) {
+  __shared__ int w_words[MMQ_ROWS * MMQ_STRIDE];
+  __shared__ typename T::P w_params[MMQ_ROWS * MMQ_UNITS];
+  __shared__ int x_words[MMQ_TOKS * MMQ_STRIDE];
+  __shared__ float x_scales[MMQ_TOKS * MMQ_UNITS];
+  __shared__ int2 x_sums[MMQ_TOKS * MMQ_UNITS];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int group = lane >> 2, tig = lane & 3;  // the MMA fragment coordinates of this lane
+  const int row0 = blockIdx.x * MMQ_ROWS, tok0 = blockIdx.y * MMQ_TOKS;
+  const int units = n_in >> 5;
+  const size_t row_bytes = static_cast<size_t>(n_in / T::BV) * T::BB;
+  float acc[4][4], accm[4][4];
+#pragma unroll
+  for (int j = 0; j < 4; j++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) acc[j][e] = accm[j][e] = 0.0f;
+
+  for (int u0 = 0; u0 < units; u0 += MMQ_UNITS) {
+    const int n_units = min(MMQ_UNITS, units - u0);
+    for (int i = tid; i < MMQ_ROWS * MMQ_UNITS; i += blockDim.x) {
+      const int r = i / MMQ_UNITS, uu = i % MMQ_UNITS;
+      typename T::W wt = {};
+      if (row0 + r < n_out && uu < n_units) T::load(w + static_cast<size_t>(row0 + r) * row_bytes, u0 + uu, wt);
+#pragma unroll
+      for (int k = 0; k < 8; k++) w_words[r * MMQ_STRIDE + uu * 8 + k] = wt.v[k];
+      w_params[i] = T::params(wt);
+    }
+    for (int i = tid; i < MMQ_TOKS * MMQ_UNITS; i += blockDim.x) {
+      const int t = i / MMQ_UNITS, uu = i % MMQ_UNITS;
+      int4 a = make_int4(0, 0, 0, 0), b = a;
+      float d = 0.0f;
+      if (tok0 + t < n_tok && uu < n_units) {
+        const int4* p = reinterpret_cast<const int4*>(xq + static_cast<size_t>(tok0 + t) * n_in + 32 * (u0 + uu));
+        a = p[0];
+        b = p[1];
+        d = xd[static_cast<size_t>(tok0 + t) * units + u0 + uu];
+      }
+      int* dst = x_words + t * MMQ_STRIDE + uu * 8;
+      dst[0] = a.x; dst[1] = a.y; dst[2] = a.z; dst[3] = a.w;
+      dst[4] = b.x; dst[5] = b.y; dst[6] = b.z; dst[7] = b.w;
+      x_scales[i] = d;
+      const int lo = dp4a(0x01010101, a.w, dp4a(0x01010101, a.z, dp4a(0x01010101, a.y, dp4a(0x01010101, a.x, 0))));
+      const int hi = dp4a(0x01010101, b.w, dp4a(0x01010101, b.z, dp4a(0x01010101, b.y, dp4a(0x01010101, b.x, 0))));
+      x_sums[i] = make_int2(lo, hi);
+    }
+    __syncthreads();
+    const int t_a = warp * 16 + group;  // this lane's tokens: t_a and t_a + 8
+    for (int uu = 0; uu < n_units; uu++) {
+      const int* xa = x_words + t_a * MMQ_STRIDE + uu * 8 + tig;
+      const int* xb = xa + 8 * MMQ_STRIDE;
+      const int a_lo0 = xa[0], a_lo1 = xb[0], a_hi0 = xa[4], a_hi1 = xb[4];
+      const float dx[2] = {x_scales[t_a * MMQ_UNITS + uu], x_scales[(t_a + 8) * MMQ_UNITS + uu]};
+      const int2 sx[2] = {x_sums[t_a * MMQ_UNITS + uu], x_sums[(t_a + 8) * MMQ_UNITS + uu]};
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        const int* wb = w_words + (8 * j + group) * MMQ_STRIDE + uu * 8 + tig;
+        int c_lo[4], c_hi[4];
+        mma_s8_16816(c_lo, a_lo0, a_lo1, wb[0]);
+        mma_s8_16816(c_hi, a_hi0, a_hi1, wb[4]);
+        // c[0], c[1]: token t_a, rows 8j + 2 tig + 0/1; c[2], c[3]: token t_a + 8.
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int r = 8 * j + 2 * tig + (e & 1), h = e >> 1;
+          T::combine(w_params[r * MMQ_UNITS + uu], c_lo[e], c_hi[e], sx[h].x, sx[h].y, dx[h], acc[j][e], accm[j][e]);
+        }
+      }
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int t = tok0 + warp * 16 + group + 8 * (e >> 1), r = row0 + 8 * j + 2 * tig + (e & 1);
+      if (t < n_tok && r < n_out) y[static_cast<size_t>(t) * n_out + r] = acc[j][e] - accm[j][e];
+    }
+  }
+}
+
+#define MMQ(NAME, T)                                                                                       \
+  extern "C" __global__ void __launch_bounds__(128) NAME(const uint8_t* w, int n_out, int n_in, const int8_t* xq, \
+                                                         const float* xd, int n_tok, float* y) {              \
+    mmq<T>(w, n_out, n_in, xq, xd, n_tok, y);                                                              \
+  }
+MMQ(mmq_q4_0, Q4_0)
+MMQ(mmq_q5_0, Q5_0)
+MMQ(mmq_q8_0, Q8_0)
+MMQ(mmq_q4_k, Q4_K)
+MMQ(mmq_q5_k, Q5_K)
+MMQ(mmq_q6_k, Q6_K)
+
 // Up to three matrices with the same type, input and one token (q/k/v, gate/up) in one launch:
 // row blocks [0, b0) go to matrix 0, the next b1 to matrix 1, the rest to matrix 2. Each row is
 // computed exactly as matvec_*_1 computes it.

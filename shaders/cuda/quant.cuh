@@ -5,6 +5,9 @@
 //   W, load(row, u, w)   the unit's quants as 8 words of 4 bytes (value i in byte i%4 of word i/4)
 //   dot(w, x, dx, acc, accm)   adds the unit's dot with 32 int8 activation quants x (scale dx),
 //                        the way the CPU's vec_dot combines them; the result is acc - accm
+//   P, params(w), combine(p, s_lo, s_hi, x_lo, x_hi, dx, acc, accm)   the same from the integer
+//                        dots of the unit's two 16-value halves and the halves' activation sums,
+//                        for the tensor-core path, which forms those dots with MMA
 // Activations are quantized like the CPU's vec_dot_type: Q8_0 blocks for Q4_0/Q5_0/Q8_0, Q8_K
 // superblocks for the K-quants (one scale per 256 values, repeated per 32-value unit here).
 #pragma once
@@ -45,6 +48,12 @@ struct Q4_0 {
     s -= 8 * sum_x(x);
     acc = __fmaf_rn(static_cast<float>(s), w.d * dx, acc);
   }
+  // The unit's dot from its two 16-value integer halves (tensor-core path, infer.cu mmq).
+  struct P { float d; };
+  __device__ static P params(const W& w) { return {w.d}; }
+  __device__ static void combine(const P& p, int s_lo, int s_hi, int x_lo, int x_hi, float dx, float& acc, float&) {
+    acc = __fmaf_rn(static_cast<float>(s_lo + s_hi - 8 * (x_lo + x_hi)), p.d * dx, acc);
+  }
   __device__ static void dequant(const uint8_t* row, int u, float* y) {
     const uint8_t* b = row + static_cast<size_t>(u) * BB;
     const float d = ld_f16(b);
@@ -77,6 +86,11 @@ struct Q5_0 {
     s -= 16 * sum_x(x);
     acc = __fmaf_rn(static_cast<float>(s), w.d * dx, acc);
   }
+  struct P { float d; };
+  __device__ static P params(const W& w) { return {w.d}; }
+  __device__ static void combine(const P& p, int s_lo, int s_hi, int x_lo, int x_hi, float dx, float& acc, float&) {
+    acc = __fmaf_rn(static_cast<float>(s_lo + s_hi - 16 * (x_lo + x_hi)), p.d * dx, acc);
+  }
   __device__ static void dequant(const uint8_t* row, int u, float* y) {
     const uint8_t* b = row + static_cast<size_t>(u) * BB;
     const float d = ld_f16(b);
@@ -104,6 +118,11 @@ struct Q8_0 {
 #pragma unroll
     for (int i = 0; i < 8; i++) s = dp4a(w.v[i], x[i], s);
     acc = __fmaf_rn(static_cast<float>(s), w.d * dx, acc);
+  }
+  struct P { float d; };
+  __device__ static P params(const W& w) { return {w.d}; }
+  __device__ static void combine(const P& p, int s_lo, int s_hi, int, int, float dx, float& acc, float&) {
+    acc = __fmaf_rn(static_cast<float>(s_lo + s_hi), p.d * dx, acc);
   }
   __device__ static void dequant(const uint8_t* row, int u, float* y) {
     const uint8_t* b = row + static_cast<size_t>(u) * BB;
@@ -145,6 +164,13 @@ struct Q4_K {
     for (int i = 0; i < 8; i++) s = dp4a(w.v[i], x[i], s);
     acc = __fmaf_rn(static_cast<float>(w.sc * s), w.d * dx, acc);
     accm = __fmaf_rn(static_cast<float>(w.m * sum_x(x)), w.dmin * dx, accm);
+  }
+  struct P { float d, dmin; int sc, m; };
+  __device__ static P params(const W& w) { return {w.d, w.dmin, w.sc, w.m}; }
+  __device__ static void combine(const P& p, int s_lo, int s_hi, int x_lo, int x_hi, float dx, float& acc,
+                                 float& accm) {
+    acc = __fmaf_rn(static_cast<float>(p.sc * (s_lo + s_hi)), p.d * dx, acc);
+    accm = __fmaf_rn(static_cast<float>(p.m * (x_lo + x_hi)), p.dmin * dx, accm);
   }
   __device__ static void dequant(const uint8_t* row, int u, float* y) {
     const uint8_t* b = row + static_cast<size_t>(u >> 3) * BB;
@@ -188,6 +214,12 @@ struct Q5_K {
     k.sc = w.sc;
     k.m = w.m;
     Q4_K::dot(k, x, dx, acc, accm);
+  }
+  using P = Q4_K::P;
+  __device__ static P params(const W& w) { return {w.d, w.dmin, w.sc, w.m}; }
+  __device__ static void combine(const P& p, int s_lo, int s_hi, int x_lo, int x_hi, float dx, float& acc,
+                                 float& accm) {
+    Q4_K::combine(p, s_lo, s_hi, x_lo, x_hi, dx, acc, accm);
   }
   __device__ static void dequant(const uint8_t* row, int u, float* y) {
     const uint8_t* b = row + static_cast<size_t>(u >> 3) * BB;
@@ -234,6 +266,12 @@ struct Q6_K {
     }
     const int s = w.sc0 * (a - 32 * xa) + w.sc1 * (c - 32 * xc);
     acc = __fmaf_rn(w.d * dx, static_cast<float>(s), acc);
+  }
+  struct P { float d; int sc0, sc1; };
+  __device__ static P params(const W& w) { return {w.d, w.sc0, w.sc1}; }
+  __device__ static void combine(const P& p, int s_lo, int s_hi, int x_lo, int x_hi, float dx, float& acc, float&) {
+    const int s = p.sc0 * (s_lo - 32 * x_lo) + p.sc1 * (s_hi - 32 * x_hi);
+    acc = __fmaf_rn(p.d * dx, static_cast<float>(s), acc);
   }
   __device__ static void dequant(const uint8_t* row, int u, float* y) {
     const uint8_t* b = row + static_cast<size_t>(u >> 3) * BB;
