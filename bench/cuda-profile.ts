@@ -1,6 +1,7 @@
 // One decode step of the CUDA backend under a profiler: a random-weight model with a real shape
 // (bench/random-model.ts), a 16-token prompt, `--warm` decode steps (graphs captured), then
-// `--steps` steps between cuProfilerStart and cuProfilerStop. Run it under Nsight Compute:
+// `--steps` steps between cuProfilerStart and cuProfilerStop (or, with `--prefill N`, one N-token
+// prompt from position 0 instead of the steps). Run it under Nsight Compute:
 //   ncu --profile-from-start off --clock-control none --graph-profiling node \
 //       --metrics gpu__time_duration.sum --csv bun bench/cuda-profile.ts [--model qwen3-0.6b] [--quant Q4_0]
 import { Engine } from "../ts/engine/engine.ts";
@@ -24,8 +25,11 @@ const argmax = (x: Float32Array) => {
 let logits = engine.evaluate(Array.from({ length: 16 }, (_, i) => 97 + i));
 for (let i = 0; i < Number(arg("--warm", "4")); i++) logits = engine.evaluate([argmax(logits)]);
 const steps = Number(arg("--steps", "1"));
+const prefill = Number(arg("--prefill", "0"));
+if (prefill > 0) engine.reset();
 check(native().infer_cuda_profiler(true), "profiler start");
-for (let i = 0; i < steps; i++) logits = engine.evaluate([argmax(logits)]);
+if (prefill > 0) engine.evaluate(Array.from({ length: prefill }, (_, i) => 97 + (i % 500)));
+else for (let i = 0; i < steps; i++) logits = engine.evaluate([argmax(logits)]);
 check(native().infer_cuda_profiler(false), "profiler stop");
 engine.close();
 console.log(`profiled ${steps} decode step(s) of ${shape.label}`);

@@ -278,16 +278,21 @@ describe.skipIf(noCuda)("CUDA ops equal the CPU backend's", () => {
   });
 
   // Attention over the cache: a full layer and a sliding-window ring, prefill then decode, GQA.
-  for (const [label, cells, ring, window, heads, kvHeads, headDim] of [
-    ["full, GQA 4:1, head_dim 64", 96, false, 0, 8, 2, 64],
-    ["ring of 32, window 8, head_dim 256", 32, true, 8, 4, 1, 256],
-    ["full, 1024 cells (split over the keys), head_dim 128", 1024, false, 0, 4, 2, 128],
+  // Batches of 16+ rows take the tiled prompt kernels (16 queries a block; partial tiles too).
+  const shortSteps = [[0, 13], [13, 1], [14, 7], [21, 1], [22, 9], [31, 1], [32, 1], [33, 1]];
+  for (const [label, cells, ring, window, heads, kvHeads, headDim, steps] of [
+    ["full, GQA 4:1, head_dim 64", 96, false, 0, 8, 2, 64, shortSteps],
+    ["ring of 32, window 8, head_dim 256", 32, true, 8, 4, 1, 256, shortSteps],
+    ["full, 1024 cells (split over the keys), head_dim 128", 1024, false, 0, 4, 2, 128,
+      [[0, 13], [13, 1], [14, 600], [614, 1], [615, 1]]],
+    ["prompts of 40 and 37 rows, GQA 4:1, head_dim 64", 128, false, 0, 8, 2, 64, [[0, 40], [40, 1], [41, 37], [78, 1]]],
+    ["ring of 64, window 24, prompts of 20 to 30 rows, head_dim 256", 64, true, 24, 4, 1, 256,
+      [[0, 20], [20, 1], [21, 17], [38, 1], [39, 30], [69, 1]]],
   ] as const) {
     test(`storeKv + attention: ${label}`, () => {
       const kv: [KvLayer, KvLayer] = [
         p.cpu.kvLayer(cells, kvHeads, headDim, "f16", ring), p.gpu.kvLayer(cells, kvHeads, headDim, "f16", ring),
       ];
-      const steps = cells > 100 ? [[0, 13], [13, 1], [14, 600], [614, 1], [615, 1]] : [[0, 13], [13, 1], [14, 7], [21, 1], [22, 9], [31, 1], [32, 1], [33, 1]];
       let worst = 0;
       for (const [position, rows] of steps) {
         const seed = 50 + position;

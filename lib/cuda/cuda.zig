@@ -45,6 +45,8 @@ pub const Kernel = enum {
     matvec_multi_q4_k,
     matvec_multi_q5_k,
     matvec_multi_q6_k,
+    attn_scores_mma,
+    attn_values_mma,
     mmq_q4_0,
     mmq_q5_0,
     mmq_q8_0,
@@ -570,6 +572,18 @@ pub fn attention(q: u64, k_cache: u64, v_cache: u64, out: u64, positions: u64, n
     const scores = scratch;
     const maxima = scratch + rows * cells * 4;
     const partial = maxima + rows * n_split * 4;
+    if (n_tok >= 16 and n_split == 1 and head_dim <= 256 and head_dim % 16 == 0) {
+        // Prompts: 16 queries of one head per block, the products on the tensor cores (attn_*_mma).
+        const tok: i32 = @intCast(n_tok);
+        const q_tiles = ceilDiv(n_tok, 16);
+        const rc = launch(.attn_scores_mma, q_tiles, n_head, 128, .{
+            q, k_cache, positions, tok, heads, kv_heads, dim, win, c, ring_i, scale_, scores, c, maxima,
+        });
+        if (rc != 0) return rc;
+        return launch(.attn_values_mma, q_tiles, n_head, 128, .{
+            scores, c, maxima, v_cache, positions, tok, heads, kv_heads, dim, win, c, ring_i, out,
+        });
+    }
     var rc = launch(.attn_scores, rows, n_split, 128, .{
         q, k_cache, positions, heads, kv_heads, dim, win, c, ring_i, scale_, scores, c, maxima, splits,
     });

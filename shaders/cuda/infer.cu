@@ -640,6 +640,226 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
   }
 }
 
+// Prompts (16+ rows, one split, head_dim a multiple of 16 up to 256): the same three steps'
+// arithmetic per query (q and p rounded to f16, ggml's expf, the sum of exponentials in f64), the
+// two products on the tensor cores, which take exactly those f16 operands: mma.sync m16n8k16
+// (f16 × f16 → f32). A block takes 16 queries of one head, so K and V are read once per 16
+// queries. attn_scores_mma: each warp takes 8 keys at a time, S(16 × 8) = Q(16 × d) · Kᵀ, the
+// query fragments held in registers; attn_values_mma: 64 keys at a time, the f16 probabilities
+// and the V rows staged in shared memory, out(16 × d) += P(16 × 16) · V(16 × d) per 16 keys, the
+// warps splitting the dimensions.
+constexpr int ATTN_QT = 16;
+constexpr int ATTN_MMA_DIM_MAX = 256;
+constexpr int ATTN_VALUES_KEYS = 64;  // keys staged per step of attn_values_mma
+
+/// The visible keys of query t: [begin, begin + len) of positions.
+__device__ __forceinline__ void attn_range(const int* positions, int t, int window, int& begin, int& len) {
+  const int p = positions[t];
+  begin = (window > 0 && p + 1 > window) ? p + 1 - window : 0;
+  len = p + 1 - begin;
+}
+
+__device__ __forceinline__ void mma_f16_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+/// Union of the visible key ranges of queries t0 .. t0 + nq - 1.
+__device__ __forceinline__ void attn_tile_range(const int* positions, int t0, int nq, int window, int& lo, int& hi) {
+  lo = 0x7fffffff;
+  hi = 0;
+  for (int qi = 0; qi < nq; qi++) {
+    int b, l;
+    attn_range(positions, t0 + qi, window, b, l);
+    lo = min(lo, b);
+    hi = max(hi, b + l);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
+    attn_scores_mma(const float* q, const __half* kc, const int* positions, int n_tok, int n_head, int n_kv_head,
+                    int head_dim, int window, int cells, int ring, float scale, float* scores, int score_stride,
+                    float* split_max) {
+  __shared__ float warp_max[ATTN_THREADS / 32][ATTN_QT];
+  const int t0 = blockIdx.x * ATTN_QT, h = blockIdx.y, kvh = h / (n_head / n_kv_head);
+  const int nq = min(ATTN_QT, n_tok - t0);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, group = lane >> 2, tig = lane & 3;
+  // This lane's queries (fragment rows): group and group + 8.
+  const int qa = group, qb = group + 8;
+  int begin_a = 0, len_a = 0, begin_b = 0, len_b = 0;
+  if (qa < nq) attn_range(positions, t0 + qa, window, begin_a, len_a);
+  if (qb < nq) attn_range(positions, t0 + qb, window, begin_b, len_b);
+  // Query fragments for every 16-dimension step, rounded to f16 as the CPU rounds q.
+  uint32_t qf[ATTN_MMA_DIM_MAX / 16][4];
+  const float* q_a = q + (static_cast<size_t>(t0 + min(qa, nq - 1)) * n_head + h) * head_dim;
+  const float* q_b = q + (static_cast<size_t>(t0 + min(qb, nq - 1)) * n_head + h) * head_dim;
+#pragma unroll
+  for (int ks = 0; ks < ATTN_MMA_DIM_MAX / 16; ks++) {
+    if (16 * ks < head_dim) {
+      const int d = 16 * ks + 2 * tig;
+      qf[ks][0] = pack_half2(q_a[d], q_a[d + 1]);
+      qf[ks][1] = pack_half2(q_b[d], q_b[d + 1]);
+      qf[ks][2] = pack_half2(q_a[d + 8], q_a[d + 9]);
+      qf[ks][3] = pack_half2(q_b[d + 8], q_b[d + 9]);
+    }
+  }
+  int lo, hi;
+  attn_tile_range(positions, t0, nq, window, lo, hi);
+  const int kv_dim = n_kv_head * head_dim;
+  float m_a = -INFINITY, m_b = -INFINITY;
+  for (int j0 = lo + 8 * warp; j0 < hi; j0 += 8 * (ATTN_THREADS / 32)) {
+    // B fragment: key j0 + group, dimensions 16 ks + 2 tig (+1) and + 8 (+9).
+    const int jk = min(j0 + group, hi - 1);
+    const __half* kr = kc + static_cast<size_t>(attn_cell(jk, cells, ring)) * kv_dim + kvh * head_dim;
+    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int ks = 0; ks < ATTN_MMA_DIM_MAX / 16; ks++) {
+      if (16 * ks < head_dim) {
+        const uint32_t b0 = *reinterpret_cast<const uint32_t*>(kr + 16 * ks + 2 * tig);
+        const uint32_t b1 = *reinterpret_cast<const uint32_t*>(kr + 16 * ks + 2 * tig + 8);
+        mma_f16_16816(c, qf[ks], b0, b1);
+      }
+    }
+    // c[0], c[1]: query qa, keys j0 + 2 tig (+1); c[2], c[3]: query qb.
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int j = j0 + 2 * tig + (e & 1);
+      const bool is_a = e < 2;
+      const int qi = is_a ? qa : qb, b = is_a ? begin_a : begin_b, l = is_a ? len_a : len_b;
+      if (qi < nq && j >= b && j < b + l) {
+        const float v = c[e] * scale;
+        scores[(static_cast<size_t>(t0 + qi) * n_head + h) * score_stride + (j - b)] = v;
+        if (is_a) m_a = fmaxf(m_a, v);
+        else m_b = fmaxf(m_b, v);
+      }
+    }
+  }
+  // The lanes of one group share their queries: reduce over tig, then over warps.
+#pragma unroll
+  for (int o = 1; o < 4; o <<= 1) {
+    m_a = fmaxf(m_a, __shfl_xor_sync(FULL_MASK, m_a, o));
+    m_b = fmaxf(m_b, __shfl_xor_sync(FULL_MASK, m_b, o));
+  }
+  if (tig == 0) {
+    warp_max[warp][qa] = m_a;
+    warp_max[warp][qb] = m_b;
+  }
+  __syncthreads();
+  if (threadIdx.x < nq) {
+    float m = -INFINITY;
+    for (int w = 0; w < ATTN_THREADS / 32; w++) m = fmaxf(m, warp_max[w][threadIdx.x]);
+    split_max[static_cast<size_t>(t0 + threadIdx.x) * n_head + h] = m;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
+    attn_values_mma(const float* scores, int score_stride, const float* split_max, const __half* vc,
+                    const int* positions, int n_tok, int n_head, int n_kv_head, int head_dim, int window, int cells,
+                    int ring, float* out) {
+  __shared__ __half ps[ATTN_QT][ATTN_VALUES_KEYS + 8];
+  __shared__ __align__(16) __half vs[ATTN_VALUES_KEYS][ATTN_MMA_DIM_MAX + 8];
+  __shared__ float inv_sum[ATTN_QT], row_max[ATTN_QT];
+  __shared__ int q_begin[ATTN_QT], q_len[ATTN_QT];
+  const int t0 = blockIdx.x * ATTN_QT, h = blockIdx.y, kvh = h / (n_head / n_kv_head);
+  const int nq = min(ATTN_QT, n_tok - t0);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, group = lane >> 2, tig = lane & 3;
+  for (int qi = warp; qi < ATTN_QT; qi += ATTN_THREADS / 32) {
+    if (qi >= nq) {
+      if (lane == 0) q_begin[qi] = q_len[qi] = 0, inv_sum[qi] = 0.0f, row_max[qi] = 0.0f;
+      continue;
+    }
+    int b, l;
+    attn_range(positions, t0 + qi, window, b, l);
+    const size_t row = static_cast<size_t>(t0 + qi) * n_head + h;
+    const float M = split_max[row];
+    const float* sr = scores + row * score_stride;
+    double sum = 0.0;
+    for (int jj = lane; jj < l; jj += 32) sum += static_cast<double>(ggml_expf(sr[jj] - M));
+    sum = warp_sum_d(sum);
+    if (lane == 0) {
+      inv_sum[qi] = static_cast<float>(1.0 / sum);
+      row_max[qi] = M;
+      q_begin[qi] = b;
+      q_len[qi] = l;
+    }
+  }
+  __syncthreads();
+  int lo = 0x7fffffff, hi = 0;
+  for (int qi = 0; qi < nq; qi++) {
+    lo = min(lo, q_begin[qi]);
+    hi = max(hi, q_begin[qi] + q_len[qi]);
+  }
+  const int kv_dim = n_kv_head * head_dim;
+  const int n_tiles = head_dim / 8;  // 8-dimension output tiles, split over the warps
+  float acc[ATTN_MMA_DIM_MAX / 8 / (ATTN_THREADS / 32)][4];
+#pragma unroll
+  for (int i = 0; i < ATTN_MMA_DIM_MAX / 8 / (ATTN_THREADS / 32); i++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) acc[i][e] = 0.0f;
+  for (int j0 = lo; j0 < hi; j0 += ATTN_VALUES_KEYS) {
+    __syncthreads();  // the previous chunk read
+    for (int i = tid; i < ATTN_QT * ATTN_VALUES_KEYS; i += blockDim.x) {
+      const int qi = i / ATTN_VALUES_KEYS, kj = i % ATTN_VALUES_KEYS, j = j0 + kj;
+      float p = 0.0f;
+      if (qi < nq && j >= q_begin[qi] && j < q_begin[qi] + q_len[qi]) {
+        const size_t row = static_cast<size_t>(t0 + qi) * n_head + h;
+        p = __fmul_rn(ggml_expf(scores[row * score_stride + (j - q_begin[qi])] - row_max[qi]), inv_sum[qi]);
+      }
+      ps[qi][kj] = __float2half_rn(p);
+    }
+    // One V row per warp at a time, 16 bytes per lane (rows are 32-byte aligned: head_dim % 16 == 0).
+    for (int kj = warp; kj < ATTN_VALUES_KEYS; kj += ATTN_THREADS / 32) {
+      const int j = j0 + kj;
+      const uint4* src = reinterpret_cast<const uint4*>(vc + static_cast<size_t>(attn_cell(min(j, hi - 1), cells, ring)) * kv_dim +
+                                                        kvh * head_dim);
+      for (int c = lane; c < head_dim / 8; c += 32) {
+        *reinterpret_cast<uint4*>(&vs[kj][8 * c]) = j < hi ? src[c] : make_uint4(0, 0, 0, 0);
+      }
+    }
+    __syncthreads();
+    const int k_steps = min(ATTN_VALUES_KEYS, hi - j0 + 15) / 16;
+    for (int kk = 0; kk < k_steps; kk++) {
+      const int k0 = 16 * kk;
+      // A fragment: P rows group / group + 8, keys k0 + 2 tig (+1) and k0 + 2 tig + 8 (+9).
+      uint32_t a[4];
+      a[0] = *reinterpret_cast<const uint32_t*>(&ps[group][k0 + 2 * tig]);
+      a[1] = *reinterpret_cast<const uint32_t*>(&ps[group + 8][k0 + 2 * tig]);
+      a[2] = *reinterpret_cast<const uint32_t*>(&ps[group][k0 + 2 * tig + 8]);
+      a[3] = *reinterpret_cast<const uint32_t*>(&ps[group + 8][k0 + 2 * tig + 8]);
+#pragma unroll
+      for (int i = 0; i < ATTN_MMA_DIM_MAX / 8 / (ATTN_THREADS / 32); i++) {
+        const int tile = warp + i * (ATTN_THREADS / 32);
+        if (tile < n_tiles) {
+          // B fragment: keys k0 + 2 tig (+1) and + 8 (+9), dimension 8 tile + group.
+          const int d = 8 * tile + group;
+          __half2 b0 = __halves2half2(vs[k0 + 2 * tig][d], vs[k0 + 2 * tig + 1][d]);
+          __half2 b1 = __halves2half2(vs[k0 + 2 * tig + 8][d], vs[k0 + 2 * tig + 9][d]);
+          mma_f16_16816(acc[i], a, *reinterpret_cast<uint32_t*>(&b0), *reinterpret_cast<uint32_t*>(&b1));
+        }
+      }
+    }
+  }
+  // c[0], c[1]: query group, dimensions 8 tile + 2 tig (+1); c[2], c[3]: query group + 8.
+#pragma unroll
+  for (int i = 0; i < ATTN_MMA_DIM_MAX / 8 / (ATTN_THREADS / 32); i++) {
+    const int tile = warp + i * (ATTN_THREADS / 32);
+    if (tile >= n_tiles) continue;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int qi = group + 8 * (e >> 1), d = 8 * tile + 2 * tig + (e & 1);
+      if (qi < nq) out[(static_cast<size_t>(t0 + qi) * n_head + h) * head_dim + d] = acc[i][e];
+    }
+  }
+}
+
 extern "C" __global__ void attn_combine(const float* partial, int n_split, int head_dim, float* out) {
   const int d = threadIdx.x;
   if (d >= head_dim) return;
