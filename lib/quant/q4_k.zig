@@ -338,6 +338,9 @@ pub fn dotMulti(
         const mins = minsPairs(sm.mins);
         const dw: f32 = wb.d;
         const dmin: f32 = wb.dmin;
+        // Per token, the lanes of the quant sum (vector r) and of the mins sum (vector 4 + r);
+        // one transposing reduction turns up to four tokens' pairs into their eight integers.
+        var lanes: [8]simd.V8i32 = @splat(@splat(0));
         inline for (0..R) |r| {
             const xb = &xs[r][i];
             // Two integer chains (exact, so any grouping) to halve the vpdpwssd latency chain.
@@ -346,10 +349,19 @@ pub fn dotMulti(
                 const x_q = simd.load32i(xb.qs[32 * j ..]);
                 sumi[j % 2] = simd.dotScaledAcc(sumi[j % 2], q[j], x_q, scale[j]);
             }
-            const sum_q = @reduce(.Add, sumi[0] + sumi[1]);
-            const sum_min = @reduce(.Add, simd.maddI16(xb.bsums, mins));
-            acc[r] = @mulAdd(f32, @floatFromInt(sum_q), dw * xb.d, acc[r]);
-            acc_min[r] = @mulAdd(f32, @floatFromInt(sum_min), dmin * xb.d, acc_min[r]);
+            lanes[r % 4] = sumi[0] + sumi[1];
+            lanes[4 + r % 4] = simd.maddI16(xb.bsums, mins);
+            if (r % 4 == 3 or r == R - 1) {
+                const sums: [8]i32 = if (R == 1)
+                    .{ @reduce(.Add, lanes[0]), 0, 0, 0, @reduce(.Add, lanes[4]), 0, 0, 0 }
+                else
+                    simd.reduceEight(lanes);
+                inline for (r - r % 4..r + 1) |t| {
+                    const xt = &xs[t][i];
+                    acc[t] = @mulAdd(f32, @floatFromInt(sums[t % 4]), dw * xt.d, acc[t]);
+                    acc_min[t] = @mulAdd(f32, @floatFromInt(sums[4 + t % 4]), dmin * xt.d, acc_min[t]);
+                }
+            }
         }
     }
     var out: [R]f32 = undefined;
