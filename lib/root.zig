@@ -176,8 +176,8 @@ export fn infer_matmul(
     return 0;
 }
 
-/// The layout a matmul weight of `type_id` with n_out rows is faster in (Q4_0 with n_out a
-/// multiple of 8: its rows interleaved by eight), or 0 where it is used as stored. The
+/// The layout a matmul weight of `type_id` with n_out rows is faster in (Q4_0 and Q4_K with n_out
+/// a multiple of 8: their rows interleaved by eight), or 0 where it is used as stored. The
 /// repacked weights take the same bytes; pass the returned id to infer_matmul with them.
 export fn infer_repacked_type(type_id: u32, n_out: u64) u32 {
     const t = quant_types.repackedType(type_id, @intCast(n_out)) orelse return 0;

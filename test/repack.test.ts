@@ -1,6 +1,7 @@
-// Repacked weights (ts/backend/cpu-repack.ts, lib/quant/q4_0_x8.zig): a Q4_0 matrix with its rows
-// interleaved by eight must give exactly what the rows as stored give — single tokens and
-// batches, odd sizes — and a whole model must give the same logits with and without repacking.
+// Repacked weights (ts/backend/cpu-repack.ts, lib/quant/q4_0_x8.zig, q4_k_x8.zig): a Q4_0 or Q4_K
+// matrix with its rows interleaved by eight must give exactly what the rows as stored give —
+// single tokens and batches, odd sizes — and a whole model must give the same logits with and
+// without repacking.
 import { afterAll, describe, expect, test } from "bun:test";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -8,7 +9,7 @@ import { join } from "node:path";
 import { Engine } from "../ts/engine/engine.ts";
 import { GgmlType } from "../ts/gguf/types.ts";
 import { native } from "../ts/native/lib.ts";
-import { llamaQ4_0, randomQuantGguf, randomTensorData } from "./support/random-quant-gguf.ts";
+import { llamaQ4_0, qwen3KQuants, randomQuantGguf, randomTensorData } from "./support/random-quant-gguf.ts";
 
 const lib = native();
 const dir = mkdtempSync(join(tmpdir(), "infer-repack-"));
@@ -18,26 +19,33 @@ function bits(x: Float32Array): Uint32Array {
   return new Uint32Array(x.buffer, x.byteOffset, x.length);
 }
 
-describe("Q4_0 repacked by eight rows", () => {
-  for (const [nOut, nIn] of [[8, 32], [40, 96], [200, 4096], [1000, 352]] as const) {
-    for (const tokens of [1, 3, 4, 7]) {
-      test(`${nOut} x ${nIn}, ${tokens} token(s): equal to the stored rows, bit for bit`, () => {
-        const w = randomTensorData(GgmlType.Q4_0, nOut * nIn, nOut * 31 + nIn, 1);
-        const packedType = lib.infer_repacked_type(GgmlType.Q4_0, nOut);
-        expect(packedType).not.toBe(0);
-        const packed = new Uint8Array(w.length);
-        expect(lib.infer_repack(GgmlType.Q4_0, w, nOut, nIn, packed)).toBe(0);
-        const x = new Float32Array(tokens * nIn).map((_, i) => Math.sin(i * 0.7) * (1 + (i % 5)));
-        const want = new Float32Array(tokens * nOut), got = new Float32Array(tokens * nOut);
-        expect(lib.infer_matmul(w, GgmlType.Q4_0, nOut, nIn, x, tokens, want)).toBe(0);
-        expect(lib.infer_matmul(packed, packedType, nOut, nIn, x, tokens, got)).toBe(0);
-        expect(bits(got)).toEqual(bits(want));
-      });
+describe("Q4_0 and Q4_K repacked by eight rows", () => {
+  const shapes: [string, number, [number, number][]][] = [
+    ["Q4_0", GgmlType.Q4_0, [[8, 32], [40, 96], [200, 4096], [1000, 352]]],
+    ["Q4_K", GgmlType.Q4_K, [[8, 256], [40, 768], [200, 4096]]],
+  ];
+  for (const [name, type, sizes] of shapes) {
+    for (const [nOut, nIn] of sizes) {
+      for (const tokens of [1, 3, 4, 7]) {
+        test(`${name} ${nOut} x ${nIn}, ${tokens} token(s): equal to the stored rows, bit for bit`, () => {
+          const w = randomTensorData(type, nOut * nIn, nOut * 31 + nIn, 1);
+          const packedType = lib.infer_repacked_type(type, nOut);
+          expect(packedType).not.toBe(0);
+          const packed = new Uint8Array(w.length);
+          expect(lib.infer_repack(type, w, nOut, nIn, packed)).toBe(0);
+          const x = new Float32Array(tokens * nIn).map((_, i) => Math.sin(i * 0.7) * (1 + (i % 5)));
+          const want = new Float32Array(tokens * nOut), got = new Float32Array(tokens * nOut);
+          expect(lib.infer_matmul(w, type, nOut, nIn, x, tokens, want)).toBe(0);
+          expect(lib.infer_matmul(packed, packedType, nOut, nIn, x, tokens, got)).toBe(0);
+          expect(bits(got)).toEqual(bits(want));
+        });
+      }
     }
   }
 
-  test("only Q4_0 with rows in eights is repacked; misuse is an error, not garbage", () => {
+  test("only Q4_0 and Q4_K with rows in eights are repacked; misuse is an error, not garbage", () => {
     expect(lib.infer_repacked_type(GgmlType.Q4_0, 12)).toBe(0);
+    expect(lib.infer_repacked_type(GgmlType.Q4_K, 20)).toBe(0);
     expect(lib.infer_repacked_type(GgmlType.Q8_0, 64)).toBe(0);
     const w = new Uint8Array(12 * 18);
     expect(lib.infer_repack(GgmlType.Q4_0, w, 12, 32, new Uint8Array(w.length))).not.toBe(0);
@@ -50,27 +58,29 @@ describe("Q4_0 repacked by eight rows", () => {
   });
 });
 
-test("a Q4_0 model gives the same logits with and without repacking", () => {
-  const path = join(dir, "llama-q4_0.gguf");
-  writeFileSync(path, randomQuantGguf(llamaQ4_0));
-  const prompt = Array.from({ length: 37 }, (_, i) => 6 + ((i * 97) % 260));
-  const run = (repack: boolean) => {
-    const saved = process.env.INFER_REPACK;
-    process.env.INFER_REPACK = repack ? "1" : "0";
-    try {
-      const engine = Engine.open({ modelPath: path, backend: "cpu", contextLength: 256, batch: 16 });
+for (const [name, spec] of [["Llama, Q4_0", llamaQ4_0], ["Qwen 3, Q4_K/Q5_K/Q6_K", qwen3KQuants]] as const) {
+  test(`a ${name} model gives the same logits with and without repacking`, () => {
+    const path = join(dir, `${spec.arch}-${spec.seed}.gguf`);
+    writeFileSync(path, randomQuantGguf(spec));
+    const prompt = Array.from({ length: 37 }, (_, i) => 6 + ((i * 97) % 260));
+    const run = (repack: boolean) => {
+      const saved = process.env.INFER_REPACK;
+      process.env.INFER_REPACK = repack ? "1" : "0";
       try {
-        const logits = [engine.evaluate(prompt).slice()];
-        for (const t of [7, 8, 9]) logits.push(engine.evaluate([t]).slice());
-        return logits;
+        const engine = Engine.open({ modelPath: path, backend: "cpu", contextLength: 256, batch: 16 });
+        try {
+          const logits = [engine.evaluate(prompt).slice()];
+          for (const t of [7, 8, 9]) logits.push(engine.evaluate([t]).slice());
+          return logits;
+        } finally {
+          engine.close();
+        }
       } finally {
-        engine.close();
+        if (saved === undefined) delete process.env.INFER_REPACK;
+        else process.env.INFER_REPACK = saved;
       }
-    } finally {
-      if (saved === undefined) delete process.env.INFER_REPACK;
-      else process.env.INFER_REPACK = saved;
-    }
-  };
-  const stored = run(false), repacked = run(true);
-  for (let i = 0; i < stored.length; i++) expect(bits(repacked[i])).toEqual(bits(stored[i]));
-});
+    };
+    const stored = run(false), repacked = run(true);
+    for (let i = 0; i < stored.length; i++) expect(bits(repacked[i])).toEqual(bits(stored[i]));
+  });
+}

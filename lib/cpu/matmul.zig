@@ -144,35 +144,37 @@ pub fn matmul(
 
 const simd = @import("../quant/simd.zig");
 
-test "matmul over repacked Q4_0 equals matmul over the rows as stored, bit for bit" {
+test "matmul over repacked Q4_0 and Q4_K equals matmul over the rows as stored, bit for bit" {
     const alloc = std.testing.allocator;
     var rng = simd.TestRng.init(91);
-    const q4 = types.get(@intFromEnum(types.TypeId.q4_0)).?;
-    for ([_]usize{ 8, 24, 200 }) |n_out| {
-        for ([_]usize{ 1, 2, 5, 9 }) |n_tok| {
-            const n_in: usize = 96;
-            const w = try alloc.alloc(u8, n_out * q4.rowBytes(n_in));
-            defer alloc.free(w);
-            const wf = try alloc.alloc(f32, n_in);
-            defer alloc.free(wf);
-            for (0..n_out) |o| {
-                rng.floats(wf, 1);
-                q4.quantize_ref.?(wf.ptr, w[o * q4.rowBytes(n_in) ..].ptr, n_in);
+    for ([_]types.TypeId{ .q4_0, .q4_k }) |type_id| {
+        for ([_]usize{ 8, 24, 200 }) |n_out| {
+            const q4 = types.get(@intFromEnum(type_id)).?;
+            for ([_]usize{ 1, 2, 5, 9 }) |n_tok| {
+                const n_in: usize = if (type_id == .q4_0) 96 else 512;
+                const w = try alloc.alloc(u8, n_out * q4.rowBytes(n_in));
+                defer alloc.free(w);
+                const wf = try alloc.alloc(f32, n_in);
+                defer alloc.free(wf);
+                for (0..n_out) |o| {
+                    rng.floats(wf, 1);
+                    q4.quantize_ref.?(wf.ptr, w[o * q4.rowBytes(n_in) ..].ptr, n_in);
+                }
+                const repacked_traits = types.repackedType(@intFromEnum(type_id), n_out).?;
+                const w_packed = try alloc.alloc(u8, w.len);
+                defer alloc.free(w_packed);
+                types.repack(@intFromEnum(type_id), w.ptr, n_out, n_in, w_packed.ptr);
+                const x = try alloc.alloc(f32, n_tok * n_in);
+                defer alloc.free(x);
+                rng.floats(x, 2);
+                const y = try alloc.alloc(f32, n_tok * n_out);
+                defer alloc.free(y);
+                const y_packed = try alloc.alloc(f32, n_tok * n_out);
+                defer alloc.free(y_packed);
+                try matmul(w.ptr, q4, n_out, n_in, x.ptr, n_tok, y.ptr);
+                try matmul(w_packed.ptr, repacked_traits, n_out, n_in, x.ptr, n_tok, y_packed.ptr);
+                try std.testing.expectEqualSlices(u32, std.mem.bytesAsSlice(u32, std.mem.sliceAsBytes(y)), std.mem.bytesAsSlice(u32, std.mem.sliceAsBytes(y_packed)));
             }
-            const repacked_traits = types.repackedType(@intFromEnum(types.TypeId.q4_0), n_out).?;
-            const w_packed = try alloc.alloc(u8, w.len);
-            defer alloc.free(w_packed);
-            types.repack(@intFromEnum(types.TypeId.q4_0), w.ptr, n_out, n_in, w_packed.ptr);
-            const x = try alloc.alloc(f32, n_tok * n_in);
-            defer alloc.free(x);
-            rng.floats(x, 2);
-            const y = try alloc.alloc(f32, n_tok * n_out);
-            defer alloc.free(y);
-            const y_packed = try alloc.alloc(f32, n_tok * n_out);
-            defer alloc.free(y_packed);
-            try matmul(w.ptr, q4, n_out, n_in, x.ptr, n_tok, y.ptr);
-            try matmul(w_packed.ptr, repacked_traits, n_out, n_in, x.ptr, n_tok, y_packed.ptr);
-            try std.testing.expectEqualSlices(u32, std.mem.bytesAsSlice(u32, std.mem.sliceAsBytes(y)), std.mem.bytesAsSlice(u32, std.mem.sliceAsBytes(y_packed)));
         }
     }
 }

@@ -14,6 +14,7 @@ pub const q5_k = @import("q5_k.zig");
 pub const q6_k = @import("q6_k.zig");
 pub const q8_k = @import("q8_k.zig");
 pub const q4_0_x8 = @import("q4_0_x8.zig");
+pub const q4_k_x8 = @import("q4_k_x8.zig");
 
 /// ggml_type ids as stored in GGUF tensor infos.
 pub const TypeId = enum(u32) {
@@ -29,6 +30,7 @@ pub const TypeId = enum(u32) {
     bf16 = 30,
     /// Internal layouts made at load time (never in a GGUF file): see `repackedType`.
     q4_0_x8 = 1002,
+    q4_k_x8 = 1012,
     _,
 };
 
@@ -287,9 +289,44 @@ const q4_0_x8_traits = Traits{
     .quantize_ref = null,
 };
 
+/// Q4_K with its rows interleaved by eight (q4_k_x8.zig): matmul only.
+const q4_k_x8_traits = Traits{
+    .id = .q4_k_x8,
+    .name = "Q4_Kx8",
+    .block_values = q4_k.block_values,
+    .block_bytes = @sizeOf(q4_k.Block),
+    .row_group = q4_k_x8.rows,
+    .dequantize_row = null,
+    .dot = null,
+    .dot_scalar = null,
+    .dot_multi = struct {
+        fn run(n: usize, w: [*]const u8, w_row_bytes: usize, n_out: usize, x: [*]const u8, x_row_bytes: usize, n_rows: usize, out: [*]f32, out_stride: usize) void {
+            _ = w_row_bytes;
+            switch (n_rows) {
+                inline 1...multi_rows_max => |R| {
+                    var rows: [R][*]align(1) const q8_k.Block = undefined;
+                    inline for (0..R) |r| rows[r] = @ptrCast(x + r * x_row_bytes);
+                    q4_k_x8.dotRowsMulti(R, n / q4_k.block_values, w, n_out, rows, out, out_stride);
+                },
+                else => unreachable,
+            }
+        }
+    }.run,
+    .dot_rows = struct {
+        fn run(n: usize, w: [*]const u8, w_row_bytes: usize, n_out: usize, x: [*]const u8, out: [*]f32) void {
+            _ = w_row_bytes;
+            q4_k_x8.dotRows(n / q4_k.block_values, w, n_out, @ptrCast(x), out);
+        }
+    }.run,
+    .vec_dot_type = .q8_k,
+    .quantize_activation = null,
+    .quantize_ref = null,
+};
+
 /// Traits for matmul: a GGUF type or a repacked layout.
 pub fn getForMatmul(type_id: u32) ?*const Traits {
     if (type_id == @intFromEnum(TypeId.q4_0_x8)) return &q4_0_x8_traits;
+    if (type_id == @intFromEnum(TypeId.q4_k_x8)) return &q4_k_x8_traits;
     return get(type_id);
 }
 
@@ -297,14 +334,20 @@ pub fn getForMatmul(type_id: u32) ?*const Traits {
 /// null where it is used as stored. Repacking copies the weights (the mapped file is then only
 /// read for embedding rows), which is what llama.cpp does for the same formats.
 pub fn repackedType(type_id: u32, n_out: usize) ?*const Traits {
-    if (type_id == @intFromEnum(TypeId.q4_0) and n_out % q4_0_x8.rows == 0) return &q4_0_x8_traits;
+    if (n_out % 8 != 0) return null;
+    if (type_id == @intFromEnum(TypeId.q4_0)) return &q4_0_x8_traits;
+    if (type_id == @intFromEnum(TypeId.q4_k)) return &q4_k_x8_traits;
     return null;
 }
 
 /// Writes weight rows `src` (type_id, n_out x n_in) in the layout repackedType names.
 pub fn repack(type_id: u32, src: [*]const u8, n_out: usize, n_in: usize, dst: [*]u8) void {
-    std.debug.assert(repackedType(type_id, n_out) != null);
-    q4_0_x8.repack(src, n_out, n_in / q4_0.block_values, dst);
+    const t = repackedType(type_id, n_out).?;
+    switch (t.id) {
+        .q4_0_x8 => q4_0_x8.repack(src, n_out, n_in / q4_0.block_values, dst),
+        .q4_k_x8 => q4_k_x8.repack(src, n_out, n_in / q4_k.block_values, dst),
+        else => unreachable,
+    }
 }
 
 /// ggml's name for any type id (supported or not), for error messages.

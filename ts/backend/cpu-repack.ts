@@ -1,8 +1,9 @@
-// Weights the CPU kernels multiply faster in another layout than the file's. Q4_0 matrices
-// (rows a multiple of 8) are copied once into lib/quant/q4_0_x8.zig's layout, eight rows
-// interleaved, as llama.cpp repacks them: the same bytes, the same sums in the same order,
-// one vector FMA per block for eight rows instead of one scalar FMA per row. The mapped file
-// stays what embedding lookups read. INFER_REPACK=0 keeps every weight as stored.
+// Weights the CPU kernels multiply faster in another layout than the file's. Q4_0 and Q4_K
+// matrices (rows a multiple of 8) are copied once into lib/quant/q4_0_x8.zig's and
+// q4_k_x8.zig's layouts, eight rows interleaved, as llama.cpp repacks them: the same bytes, the
+// same sums in the same order, one vector FMA per block for eight rows instead of one scalar FMA
+// per row. The mapped file stays what embedding lookups read. INFER_REPACK=0 keeps every
+// weight as stored.
 import { ptr } from "bun:ffi";
 import { check, native, type Pointer } from "../native/lib.ts";
 

@@ -1,0 +1,225 @@
+//! Q4_K repacked for matmul: eight weight rows interleaved, so one vector lane holds one row
+//! (as q4_0_x8.zig does for Q4_0; llama.cpp repacks Q4_K the same way, block_q4_Kx8). Each row
+//! keeps ggml's two f32 FMA chains per superblock (q4_k.dotGgmlScalar):
+//!   acc  = fma(f32(sum_j scale_j * dot_j),                 d_w * d_x,    acc)
+//!   accm = fma(f32(sum_j min_j * (bsum_2j + bsum_2j+1)),   dmin_w * d_x, accm)
+//! Here both chains of eight rows are one vector FMA each, and the integer sums come out with a
+//! row per lane: no horizontal reductions at all.
+//!
+//! A group (eight rows, one 256-value superblock column) is 1,152 bytes, the size of the eight
+//! Q4_K blocks it replaces, so a group of rows 8k..8k+7 starts where row 8k did:
+//!   d, dmin:  the eight rows' f16 scales;
+//!   sm_low:   64 bytes, index 8j + r: (scale_rj & 15) | (min_rj & 15) << 4;
+//!   sm_high:  32 bytes, nibble 8j + r (low nibble first): scale_rj >> 4 | (min_rj >> 4) << 2;
+//!   qs:       32 chunks of 32 bytes; chunk 8c + g holds, for row r, that row's
+//!             qs[32c + 4g .. 32c + 4g + 4] at bytes 4r .. 4r+4: low nibbles are values 4g..4g+3
+//!             of sub-block 2c, high nibbles the same values of sub-block 2c + 1.
+const std = @import("std");
+const simd = @import("simd.zig");
+const q4_k = @import("q4_k.zig");
+const q8_k = @import("q8_k.zig");
+
+pub const rows = 8;
+
+pub const Group = extern struct {
+    d: [rows]f16,
+    dmin: [rows]f16,
+    sm_low: [64]u8,
+    sm_high: [32]u8,
+    qs: [32 * 32]u8,
+};
+comptime {
+    std.debug.assert(@sizeOf(Group) == rows * @sizeOf(q4_k.Block));
+}
+
+/// Interleaves n_out (a multiple of 8) row-major Q4_K rows of n_blocks superblocks.
+pub fn repack(src: [*]const u8, n_out: usize, n_blocks: usize, dst: [*]u8) void {
+    std.debug.assert(n_out % rows == 0);
+    const row_bytes = n_blocks * @sizeOf(q4_k.Block);
+    var o: usize = 0;
+    while (o < n_out) : (o += rows) {
+        const groups: [*]align(1) Group = @ptrCast(dst + o * row_bytes);
+        for (0..n_blocks) |b| {
+            const g = &groups[b];
+            g.sm_high = @splat(0);
+            for (0..rows) |r| {
+                const row: [*]align(1) const q4_k.Block = @ptrCast(src + (o + r) * row_bytes);
+                const blk = &row[b];
+                g.d[r] = blk.d;
+                g.dmin[r] = blk.dmin;
+                const sm = q4_k.unpackScales(&blk.scales);
+                for (0..8) |j| {
+                    const k = 8 * j + r;
+                    g.sm_low[k] = (sm.scales[j] & 15) | (sm.mins[j] & 15) << 4;
+                    const high: u8 = (sm.scales[j] >> 4) | (sm.mins[j] >> 4) << 2;
+                    g.sm_high[k / 2] |= high << @intCast(4 * (k % 2));
+                }
+                for (0..4) |c| {
+                    for (0..8) |gi| {
+                        @memcpy(g.qs[32 * (8 * c + gi) + 4 * r ..][0..4], blk.qs[32 * c + 4 * gi ..][0..4]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The group's scales and mins, 8j + r: sub-block j of row r.
+const GroupScales = struct { scales: @Vector(64, u8), mins: @Vector(64, u8) };
+
+inline fn groupScales(g: *align(1) const Group) GroupScales {
+    const low: @Vector(64, u8) = g.sm_low;
+    const high_bytes: @Vector(32, u8) = g.sm_high;
+    // Each high byte twice (nibbles 2i and 2i+1), then the nibble for the lane's parity.
+    const doubled = @shuffle(u8, high_bytes, undefined, blk: {
+        var m: [64]i32 = undefined;
+        for (0..64) |k| m[k] = @intCast(k / 2);
+        break :blk m;
+    });
+    const parity_shift = comptime blk: {
+        var v: [64]u8 = undefined;
+        for (0..64) |k| v[k] = if (k % 2 == 0) 0 else 4;
+        break :blk v;
+    };
+    const high = (doubled >> @as(@Vector(64, u8), parity_shift)) & @as(@Vector(64, u8), @splat(15));
+    const four: @Vector(64, u8) = @splat(4);
+    return .{
+        .scales = (low & @as(@Vector(64, u8), @splat(15))) | ((high & @as(@Vector(64, u8), @splat(3))) << four),
+        .mins = (low >> four) | ((high >> @as(@Vector(64, u8), @splat(2))) << four),
+    };
+}
+
+/// Lanes 8j .. 8j+7 (sub-block j of the eight rows) as i32 lanes.
+inline fn subBlock(v: @Vector(64, u8), comptime j: usize) simd.V8i32 {
+    const bytes: @Vector(8, u8) = @shuffle(u8, v, undefined, blk: {
+        var m: [8]i32 = undefined;
+        for (0..8) |r| m[r] = @intCast(8 * j + r);
+        break :blk m;
+    });
+    return @intCast(bytes);
+}
+
+/// sum_j scale_j * dot_j for each row (lane), with the nibbles of chunk pair c already split.
+inline fn quantSums(comptime R: usize, g: *align(1) const Group, xs: [R]*align(1) const q8_k.Block, sc: *const [8]simd.V8i32) [R]simd.V8i32 {
+    var sums: [R]simd.V8i32 = @splat(@splat(0));
+    const low_mask: simd.V32u8 = @splat(15);
+    inline for (0..4) |c| {
+        var lo: [R]simd.V8i32 = @splat(@splat(0));
+        var hi: [R]simd.V8i32 = @splat(@splat(0));
+        inline for (0..8) |gi| {
+            const chunk: simd.V32u8 = g.qs[32 * (8 * c + gi) ..][0..32].*;
+            const n_lo = chunk & low_mask;
+            const n_hi = (chunk >> @splat(4)) & low_mask;
+            inline for (0..R) |r| {
+                const words: *align(1) const [64]i32 = @ptrCast(&xs[r].qs);
+                lo[r] = simd.dotAccU7I8(lo[r], n_lo, @bitCast(@as(simd.V8i32, @splat(words[16 * c + gi]))));
+                hi[r] = simd.dotAccU7I8(hi[r], n_hi, @bitCast(@as(simd.V8i32, @splat(words[16 * c + 8 + gi]))));
+            }
+        }
+        inline for (0..R) |r| sums[r] += lo[r] * sc[2 * c] + hi[r] * sc[2 * c + 1];
+    }
+    return sums;
+}
+
+inline fn minSums(x: *align(1) const q8_k.Block, mins: *const [8]simd.V8i32) simd.V8i32 {
+    var sum: simd.V8i32 = @splat(0);
+    inline for (0..8) |j| {
+        const pair: i32 = @as(i32, x.bsums[2 * j]) + x.bsums[2 * j + 1];
+        sum += mins[j] * @as(simd.V8i32, @splat(pair));
+    }
+    return sum;
+}
+
+/// n_out rows (a multiple of 8, from a group boundary) with R activation rows; result (token r,
+/// row o) goes to out[r * out_stride + o].
+pub fn dotRowsMulti(
+    comptime R: usize,
+    n_blocks: usize,
+    w: [*]const u8,
+    n_out: usize,
+    xs: [R][*]align(1) const q8_k.Block,
+    out: [*]f32,
+    out_stride: usize,
+) void {
+    @setEvalBranchQuota(20_000); // the unrolled sub-block and token loops
+    const row_bytes = n_blocks * @sizeOf(q4_k.Block);
+    var o: usize = 0;
+    while (o < n_out) : (o += rows) {
+        const groups: [*]align(1) const Group = @ptrCast(w + o * row_bytes);
+        var acc: [R]simd.V8f32 = @splat(@splat(0));
+        var acc_min: [R]simd.V8f32 = @splat(@splat(0));
+        for (0..n_blocks) |b| {
+            const g = &groups[b];
+            const gs = groupScales(g);
+            var sc: [8]simd.V8i32 = undefined;
+            var mn: [8]simd.V8i32 = undefined;
+            inline for (0..8) |j| {
+                sc[j] = subBlock(gs.scales, j);
+                mn[j] = subBlock(gs.mins, j);
+            }
+            var x_blocks: [R]*align(1) const q8_k.Block = undefined;
+            inline for (0..R) |r| x_blocks[r] = &xs[r][b];
+            const sums = quantSums(R, g, x_blocks, &sc);
+            const d_w: simd.V8f32 = @as(@Vector(rows, f16), g.d);
+            const dmin_w: simd.V8f32 = @as(@Vector(rows, f16), g.dmin);
+            inline for (0..R) |r| {
+                const x = x_blocks[r];
+                const d_x: simd.V8f32 = @splat(x.d);
+                acc[r] = @mulAdd(simd.V8f32, @floatFromInt(sums[r]), d_w * d_x, acc[r]);
+                acc_min[r] = @mulAdd(simd.V8f32, @floatFromInt(minSums(x, &mn)), dmin_w * d_x, acc_min[r]);
+            }
+        }
+        inline for (0..R) |r| out[r * out_stride + o ..][0..rows].* = acc[r] - acc_min[r];
+    }
+}
+
+pub fn dotRows(n_blocks: usize, w: [*]const u8, n_out: usize, x: [*]align(1) const q8_k.Block, out: [*]f32) void {
+    dotRowsMulti(1, n_blocks, w, n_out, .{x}, out, 0);
+}
+
+const test_util = @import("test_util.zig");
+
+test "q4_k_x8: every row equals q4_k.dotGgmlScalar bit for bit, single and batched" {
+    const alloc = std.testing.allocator;
+    var rng = test_util.TestRng.init(1808);
+    for ([_]usize{ 1, 3 }) |n_blocks| {
+        const n_out = 16;
+        const n = n_blocks * 256;
+        const wf = try alloc.alloc(f32, n);
+        defer alloc.free(wf);
+        const w = try alloc.alloc(q4_k.Block, n_out * n_blocks);
+        defer alloc.free(w);
+        for (0..n_out) |o| {
+            rng.floats(wf, 1);
+            q4_k.quantizeRef(wf, w[o * n_blocks ..][0..n_blocks]);
+        }
+        // Random scale bytes too, so every 6-bit scale and min value is exercised.
+        for (w) |*blk| rng.bytes(&blk.scales);
+        const packed_w = try alloc.alloc(u8, n_out * n_blocks * @sizeOf(q4_k.Block));
+        defer alloc.free(packed_w);
+        repack(@ptrCast(w.ptr), n_out, n_blocks, packed_w.ptr);
+
+        const R = 3;
+        var xs: [R][]q8_k.Block = undefined;
+        var x_ptrs: [R][*]align(1) const q8_k.Block = undefined;
+        for (0..R) |r| {
+            xs[r] = try alloc.alloc(q8_k.Block, n_blocks);
+            rng.floats(wf, 3);
+            q8_k.quantize(wf, xs[r]);
+            x_ptrs[r] = xs[r].ptr;
+        }
+        defer for (xs) |x| alloc.free(x);
+        var single: [n_out]f32 = undefined;
+        dotRows(n_blocks, packed_w.ptr, n_out, xs[0].ptr, &single);
+        var multi: [R * n_out]f32 = undefined;
+        dotRowsMulti(R, n_blocks, packed_w.ptr, n_out, x_ptrs, &multi, n_out);
+        for (0..n_out) |row| {
+            const wr = w[row * n_blocks ..][0..n_blocks];
+            try std.testing.expectEqual(@as(u32, @bitCast(q4_k.dotGgmlScalar(wr, xs[0]))), @as(u32, @bitCast(single[row])));
+            for (0..R) |r| {
+                const want: u32 = @bitCast(q4_k.dotGgmlScalar(wr, xs[r]));
+                try std.testing.expectEqual(want, @as(u32, @bitCast(multi[r * n_out + row])));
+            }
+        }
+    }
+}
