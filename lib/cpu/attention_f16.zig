@@ -244,14 +244,7 @@ fn attendPass(
     var scores: [G][]f32 = undefined;
     inline for (0..G) |g| scores[g] = scores_buf[g * score_len ..][0..score_len];
 
-    var lo: usize = std.math.maxInt(usize);
-    var hi: usize = 0;
-    for (runs) |run| {
-        lo = @min(lo, run.cell);
-        hi = @max(hi, run.cell + run.len);
-    }
-    const block_lo = lo - lo % 16;
-    const block_hi = hi + (16 - hi % 16) % 16;
+    const block_lo, const block_hi = blockSpan(runs);
     var max: [G]f32 = @splat(-std.math.inf(f32));
     inline for (0..G) |g| @memset(scores[g][block_lo..block_hi], -std.math.inf(f32));
     for (runs) |run| {
@@ -263,19 +256,7 @@ fn attendPass(
             }
         }
     }
-    inline for (0..G) |g| {
-        var sum: f64 = 0;
-        var c = block_lo;
-        while (c < block_hi) : (c += 16) {
-            const vals = expV(@as(L16, scores[g][c..][0..16].*) - @as(L16, @splat(max[g])));
-            scores[g][c..][0..16].* = vals;
-            sum += reduce16(vals);
-        }
-        const inv: f32 = @floatCast(1.0 / sum);
-        for (runs) |run| {
-            for (scores[g][run.cell..][0..run.len]) |*p| p.* = @as(f16, @floatCast(p.* * inv));
-        }
-    }
+    inline for (0..G) |g| normalizeF16(scores[g], runs, block_lo, block_hi, max[g]);
 
     // Weighted sum, 64 dimensions at a time: partial[g][slot][0..64], then reduced.
     var dim: usize = 0;
@@ -328,15 +309,8 @@ fn softmaxF16(
 ) void {
     const d = q16.len;
     const scores = scores_buf;
+    const block_lo, const block_hi = blockSpan(runs);
     // Every cell of the blocks the visible cells touch starts masked: exp(-inf - max) = 0.
-    var lo: usize = std.math.maxInt(usize);
-    var hi: usize = 0;
-    for (runs) |run| {
-        lo = @min(lo, run.cell);
-        hi = @max(hi, run.cell + run.len);
-    }
-    const block_lo = lo - lo % 16;
-    const block_hi = hi + (16 - hi % 16) % 16;
     @memset(scores[block_lo..block_hi], -std.math.inf(f32));
     var max: f32 = -std.math.inf(f32);
     for (runs) |run| {
@@ -345,6 +319,24 @@ fn softmaxF16(
             max = @max(max, scores[c]);
         }
     }
+    normalizeF16(scores, runs, block_lo, block_hi, max);
+}
+
+/// The 16-cell softmax blocks (aligned to cell 0) that the runs' cells touch: [lo, hi).
+fn blockSpan(runs: []const Run) struct { usize, usize } {
+    var lo: usize = std.math.maxInt(usize);
+    var hi: usize = 0;
+    for (runs) |run| {
+        lo = @min(lo, run.cell);
+        hi = @max(hi, run.cell + run.len);
+    }
+    return .{ lo - lo % 16, hi + (16 - hi % 16) % 16 };
+}
+
+/// soft_max_ext's second half: ggml_v_expf(score - max) over whole 16-cell blocks (masked cells
+/// hold -inf and give 0), summed block by block in f64, then each visible cell's probability
+/// p * (float)(1/sum), rounded to f16 as the next mul_mat reads it.
+fn normalizeF16(scores: []f32, runs: []const Run, block_lo: usize, block_hi: usize, max: f32) void {
     var sum: f64 = 0;
     var c = block_lo;
     while (c < block_hi) : (c += 16) {

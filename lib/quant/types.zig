@@ -255,73 +255,46 @@ pub fn get(type_id: u32) ?*const Traits {
     return null;
 }
 
-/// Q4_0 with its rows interleaved by eight (q4_0_x8.zig): matmul only.
-const q4_0_x8_traits = Traits{
-    .id = .q4_0_x8,
-    .name = "Q4_0x8",
-    .block_values = q4_0.block_values,
-    .block_bytes = @sizeOf(q4_0.Block),
-    .row_group = q4_0_x8.rows,
-    .dequantize_row = null,
-    .dot = null,
-    .dot_scalar = null,
-    .dot_multi = struct {
-        fn run(n: usize, w: [*]const u8, w_row_bytes: usize, n_out: usize, x: [*]const u8, x_row_bytes: usize, n_rows: usize, out: [*]f32, out_stride: usize) void {
-            _ = w_row_bytes;
-            switch (n_rows) {
-                inline 1...multi_rows_max => |R| {
-                    var rows: [R][*]align(1) const q8_0.Block = undefined;
-                    inline for (0..R) |r| rows[r] = @ptrCast(x + r * x_row_bytes);
-                    q4_0_x8.dotRowsMulti(R, n / q4_0.block_values, w, n_out, rows, out, out_stride);
-                },
-                else => unreachable,
+/// The traits of a layout with `Packed.rows` rows interleaved (q4_0_x8.zig, q4_k_x8.zig): made
+/// at load from format `Base` (activations in `X`), read by matmul only, so there is no row to
+/// dequantize and no single-row dot.
+fn repackedEntry(comptime id: TypeId, comptime name: []const u8, comptime Packed: type, comptime Base: type, comptime X: type) Traits {
+    return .{
+        .id = id,
+        .name = name,
+        .block_values = Base.block_values,
+        .block_bytes = @sizeOf(Base.Block),
+        .row_group = Packed.rows,
+        .dequantize_row = null,
+        .dot = null,
+        .dot_scalar = null,
+        .dot_multi = struct {
+            fn run(n: usize, w: [*]const u8, w_row_bytes: usize, n_out: usize, x: [*]const u8, x_row_bytes: usize, n_rows: usize, out: [*]f32, out_stride: usize) void {
+                _ = w_row_bytes; // groups follow each other: the layout knows its own stride
+                switch (n_rows) {
+                    inline 1...multi_rows_max => |R| {
+                        var rows: [R][*]align(1) const X.Block = undefined;
+                        inline for (0..R) |r| rows[r] = @ptrCast(x + r * x_row_bytes);
+                        Packed.dotRowsMulti(R, n / Base.block_values, w, n_out, rows, out, out_stride);
+                    },
+                    else => unreachable,
+                }
             }
-        }
-    }.run,
-    .dot_rows = struct {
-        fn run(n: usize, w: [*]const u8, w_row_bytes: usize, n_out: usize, x: [*]const u8, out: [*]f32) void {
-            _ = w_row_bytes;
-            q4_0_x8.dotRows(n / q4_0.block_values, w, n_out, @ptrCast(x), out);
-        }
-    }.run,
-    .vec_dot_type = .q8_0,
-    .quantize_activation = null,
-    .quantize_ref = null,
-};
+        }.run,
+        .dot_rows = struct {
+            fn run(n: usize, w: [*]const u8, w_row_bytes: usize, n_out: usize, x: [*]const u8, out: [*]f32) void {
+                _ = w_row_bytes;
+                Packed.dotRows(n / Base.block_values, w, n_out, @ptrCast(x), out);
+            }
+        }.run,
+        .vec_dot_type = activationId(X),
+        .quantize_activation = null,
+        .quantize_ref = null,
+    };
+}
 
-/// Q4_K with its rows interleaved by eight (q4_k_x8.zig): matmul only.
-const q4_k_x8_traits = Traits{
-    .id = .q4_k_x8,
-    .name = "Q4_Kx8",
-    .block_values = q4_k.block_values,
-    .block_bytes = @sizeOf(q4_k.Block),
-    .row_group = q4_k_x8.rows,
-    .dequantize_row = null,
-    .dot = null,
-    .dot_scalar = null,
-    .dot_multi = struct {
-        fn run(n: usize, w: [*]const u8, w_row_bytes: usize, n_out: usize, x: [*]const u8, x_row_bytes: usize, n_rows: usize, out: [*]f32, out_stride: usize) void {
-            _ = w_row_bytes;
-            switch (n_rows) {
-                inline 1...multi_rows_max => |R| {
-                    var rows: [R][*]align(1) const q8_k.Block = undefined;
-                    inline for (0..R) |r| rows[r] = @ptrCast(x + r * x_row_bytes);
-                    q4_k_x8.dotRowsMulti(R, n / q4_k.block_values, w, n_out, rows, out, out_stride);
-                },
-                else => unreachable,
-            }
-        }
-    }.run,
-    .dot_rows = struct {
-        fn run(n: usize, w: [*]const u8, w_row_bytes: usize, n_out: usize, x: [*]const u8, out: [*]f32) void {
-            _ = w_row_bytes;
-            q4_k_x8.dotRows(n / q4_k.block_values, w, n_out, @ptrCast(x), out);
-        }
-    }.run,
-    .vec_dot_type = .q8_k,
-    .quantize_activation = null,
-    .quantize_ref = null,
-};
+const q4_0_x8_traits = repackedEntry(.q4_0_x8, "Q4_0x8", q4_0_x8, q4_0, q8_0);
+const q4_k_x8_traits = repackedEntry(.q4_k_x8, "Q4_Kx8", q4_k_x8, q4_k, q8_k);
 
 /// Traits for matmul: a GGUF type or a repacked layout.
 pub fn getForMatmul(type_id: u32) ?*const Traits {
