@@ -9,11 +9,15 @@
 //     skews the ratios less than the rates;
 //   - time to first token of a chat whose long system prompt (--system tokens) repeats while the
 //     user's question changes, with the prefix cache off and on (the cache warmed by one request).
+// The machine is shared: before each round it waits (up to --max-wait seconds) for other
+// processes to use under a quarter of the CPUs, and the table reports the load seen then.
 // Prints a Markdown table last.
 //   bun run bench/serve.ts [--runs 3] [--gen 128] [--system 1000] [--threads N] [--model PATH]
+//                          [--max-wait 120]
 import { availableParallelism } from "node:os";
 import { defaultModelPath } from "../ts/cli/setup.ts";
 import { startServer, type InferServer } from "../ts/serve/server.ts";
+import { backgroundLoad } from "./peers.ts";
 
 function option(name: string, fallback: number): number {
   const i = process.argv.indexOf(name);
@@ -21,6 +25,16 @@ function option(name: string, fallback: number): number {
 }
 const runs = option("--runs", 3), gen = option("--gen", 128), systemTokens = option("--system", 1000);
 const threads = option("--threads", availableParallelism());
+const maxWaitS = option("--max-wait", 120);
+const backgrounds: number[] = [];
+
+/** Waits for other processes to use under a quarter of the CPUs; records what it saw last. */
+async function quiet(): Promise<void> {
+  const end = performance.now() + maxWaitS * 1000;
+  let load = await backgroundLoad(1000);
+  while (load !== null && load >= 0.25 && performance.now() < end) load = await backgroundLoad(1000);
+  if (load !== null) backgrounds.push(load);
+}
 const modelArg = process.argv.indexOf("--model");
 const modelPath = modelArg < 0 ? defaultModelPath() : process.argv[modelArg + 1];
 const STREAMS = [1, 2, 4, 8];
@@ -106,6 +120,7 @@ async function main(): Promise<void> {
     const ratios = new Map<number, number[]>(STREAMS.map((n) => [n, []]));
     for (let r = 0; r <= runs; r++) {
       const rates = new Map<number, number>();
+      await quiet();
       for (const n of [...STREAMS, 1]) {
         const rate = await aggregateDecode(probe, n);
         rates.set(n, n === 1 && rates.has(1) ? (rates.get(1)! + rate) / 2 : rate);
@@ -120,6 +135,7 @@ async function main(): Promise<void> {
     const questions = Array.from({ length: runs + 1 }, (_, i) => `When does the library open on day ${i + 3}?`);
     const cold: number[] = [];
     for (let r = 0; r <= runs; r++) {
+      await quiet();
       const ms = await ttft(probe, questions[r]);
       if (r > 0) cold.push(ms);
       process.stderr.write(`TTFT, no prefix cache: ${ms.toFixed(0)} ms\n`);
@@ -131,6 +147,7 @@ async function main(): Promise<void> {
     try {
       await ttft(cached, "Hello?"); // fills the cache with the system prompt
       for (let r = 0; r < runs; r++) {
+        await quiet();
         const ms = await ttft(cached, questions[r + 1]);
         warm.push(ms);
         process.stderr.write(`TTFT, prefix cache: ${ms.toFixed(0)} ms\n`);
@@ -140,7 +157,9 @@ async function main(): Promise<void> {
     }
 
     const lines = [
-      `model: ${modelPath.split("/").at(-1)}; threads ${threads}; --parallel 8; ${runs} runs (median) after a warm-up`,
+      `model: ${modelPath.split("/").at(-1)}; threads ${threads}; --parallel 8; ${runs} runs ` +
+        `(median) after a warm-up; other processes' CPU share before the rounds: ` +
+        `${backgrounds.map((b) => `${Math.round(b * 100)}%`).join(" ")}`,
       "",
       "| measure | value | ratio |",
       "| --- | ---: | ---: |",
