@@ -116,7 +116,9 @@ threadlocal var partial_buf: []f32 = &.{};
 
 fn grow(buf: *[]f32, n: usize) bool {
     if (buf.len >= n) return true;
-    const grown = std.heap.page_allocator.alloc(f32, @max(n, 4096)) catch return false;
+    // Doubling: the scores grow with the context, one position per decode step, and a fresh
+    // mapping per step would cost its page faults every token.
+    const grown = std.heap.page_allocator.alloc(f32, @max(n, 2 * buf.len, 4096)) catch return false;
     if (buf.len > 0) std.heap.page_allocator.free(buf.*);
     buf.* = grown;
     return true;
@@ -192,9 +194,7 @@ const heads_per_pass = 4;
 
 /// The same arithmetic as attendRowsPerHead, for head sizes that are a multiple of 64, with the
 /// query heads of one KV head in passes of up to four: each K and V row is converted from f16
-/// once per pass instead of once per head, and the weighted sum runs slot by slot (cells c,
-/// c + 64, c + 128, ... in ascending order, exactly the order in which attendRowsPerHead adds
-/// them into slot c % 64) with the slot's partial sums in registers rather than in memory.
+/// once per pass instead of once per head.
 fn attendRowsGrouped(
     q: [*]const f32,
     k: [*]align(1) const f16,
@@ -258,27 +258,27 @@ fn attendPass(
     }
     inline for (0..G) |g| normalizeF16(scores[g], runs, block_lo, block_hi, max[g]);
 
-    // Weighted sum, 64 dimensions at a time: partial[g][slot][0..64], then reduced.
+    // Weighted sum, 64 dimensions at a time: cells in ascending order, each added into its slot
+    // partial[g][c % 64][0..64] (kept in L1: 16 KiB a head), so every slot sums its cells in the
+    // per-head path's order while V is read front to back, which the prefetchers follow.
     var dim: usize = 0;
     while (dim < d) : (dim += step) {
-        for (0..step) |slot| {
-            var acc: [G][4]L16 = @splat(@splat(@splat(0)));
-            for (runs) |run| {
-                var c = run.cell + (slot + step - run.cell % step) % step;
-                while (c < run.cell + run.len) : (c += step) {
-                    const v_row = v + c * s.kv_stride + kv_head * d + dim;
-                    inline for (0..4) |j| {
-                        const x = loadF16(v_row + 16 * j);
-                        inline for (0..G) |g| acc[g][j] = @mulAdd(L16, x, @as(L16, @splat(scores[g][c])), acc[g][j]);
-                    }
+        const partial = partial_buf[0 .. G * step * step];
+        @memset(partial, 0);
+        for (runs) |run| {
+            for (run.cell..run.cell + run.len) |c| {
+                const v_row = v + c * s.kv_stride + kv_head * d + dim;
+                var x: [4]L16 = undefined;
+                inline for (0..4) |j| x[j] = loadF16(v_row + 16 * j);
+                inline for (0..G) |g| {
+                    const p: L16 = @splat(scores[g][c]);
+                    const slot = partial[(g * step + c % step) * step ..][0..step];
+                    inline for (0..4) |j| slot[16 * j ..][0..16].* = @mulAdd(L16, x[j], p, slot[16 * j ..][0..16].*);
                 }
-            }
-            inline for (0..G) |g| {
-                inline for (0..4) |j| partial_buf[(g * step + slot) * step + 16 * j ..][0..16].* = acc[g][j];
             }
         }
         inline for (0..G) |g| {
-            reducePartials(partial_buf[g * step * step ..][0 .. step * step], step, out[g * d + dim ..][0..step]);
+            reducePartials(partial[g * step * step ..][0 .. step * step], step, out[g * d + dim ..][0..step]);
         }
     }
 }
