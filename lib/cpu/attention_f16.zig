@@ -207,7 +207,7 @@ fn attendRowsGrouped(
     const d = s.head_dim;
     const group = s.group();
     const score_len = s.cells() + 16;
-    if (!grow(&scores_buf, heads_per_pass * score_len) or !grow(&partial_buf, heads_per_pass * step * step)) return false;
+    if (!grow(&scores_buf, heads_per_pass * score_len) or !grow(&partial_buf, heads_per_pass * step * 128)) return false;
     for (row_begin..row_end) |r| {
         const t = r / s.n_kv_head;
         const kv_head = r % s.n_kv_head;
@@ -249,6 +249,9 @@ fn attendPass(
     inline for (0..G) |g| @memset(scores[g][block_lo..block_hi], -std.math.inf(f32));
     for (runs) |run| {
         for (run.cell..run.cell + run.len) |c| {
+            // A head's rows sit kv_stride apart, a stride the hardware prefetchers do not pick
+            // up at decode (the cache streams from memory): ask for the row 8 cells ahead.
+            prefetchRow(k + (c + prefetch_cells) * s.kv_stride + kv_head * d, 2 * d);
             const dots = dotsF16(G, k + c * s.kv_stride + kv_head * d, &q16_buf, d);
             inline for (0..G) |g| {
                 scores[g][c] = dots[g] * s.scale;
@@ -258,29 +261,56 @@ fn attendPass(
     }
     inline for (0..G) |g| normalizeF16(scores[g], runs, block_lo, block_hi, max[g]);
 
-    // Weighted sum, 64 dimensions at a time: cells in ascending order, each added into its slot
-    // partial[g][c % 64][0..64] (kept in L1: 16 KiB a head), so every slot sums its cells in the
-    // per-head path's order while V is read front to back, which the prefetchers follow.
+    // Weighted sum, 128 (or 64) dimensions at a time: cells in ascending order, each added into
+    // its slot partial[g][c % 64][0..block] (32 KiB a head, in L1/L2), so every slot sums its
+    // cells in the per-head path's order while V is read front to back, once per block.
+    if (d % 128 == 0) weightedSumBlocks(G, 128, v, s, kv_head, runs, &scores, out) else weightedSumBlocks(G, step, v, s, kv_head, runs, &scores, out);
+}
+
+fn weightedSumBlocks(
+    comptime G: usize,
+    comptime block: usize,
+    v: [*]align(1) const f16,
+    s: attention.Shape,
+    kv_head: usize,
+    runs: []const Run,
+    scores: *const [G][]f32,
+    out: [*]f32,
+) void {
+    const d = s.head_dim;
+    const chunks = block / 16;
     var dim: usize = 0;
-    while (dim < d) : (dim += step) {
-        const partial = partial_buf[0 .. G * step * step];
+    while (dim < d) : (dim += block) {
+        const partial = partial_buf[0 .. G * step * block];
         @memset(partial, 0);
         for (runs) |run| {
             for (run.cell..run.cell + run.len) |c| {
                 const v_row = v + c * s.kv_stride + kv_head * d + dim;
-                var x: [4]L16 = undefined;
-                inline for (0..4) |j| x[j] = loadF16(v_row + 16 * j);
+                prefetchRow(v_row + prefetch_cells * s.kv_stride, 2 * block);
+                var x: [chunks]L16 = undefined;
+                inline for (0..chunks) |j| x[j] = loadF16(v_row + 16 * j);
                 inline for (0..G) |g| {
                     const p: L16 = @splat(scores[g][c]);
-                    const slot = partial[(g * step + c % step) * step ..][0..step];
-                    inline for (0..4) |j| slot[16 * j ..][0..16].* = @mulAdd(L16, x[j], p, slot[16 * j ..][0..16].*);
+                    const slot = partial[(g * step + c % step) * block ..][0..block];
+                    inline for (0..chunks) |j| slot[16 * j ..][0..16].* = @mulAdd(L16, x[j], p, slot[16 * j ..][0..16].*);
                 }
             }
         }
         inline for (0..G) |g| {
-            reducePartials(partial[g * step * step ..][0 .. step * step], step, out[g * d + dim ..][0..step]);
+            reducePartials(partial[g * step * block ..][0 .. step * block], block, out[g * d + dim ..][0..block]);
         }
     }
+}
+
+/// Cells ahead that the K and V loops prefetch.
+const prefetch_cells = 16;
+
+/// Prefetches `bytes` from p, one hint per 64-byte line (a hint past the cache's end is harmless:
+/// prefetches do not fault).
+inline fn prefetchRow(p: [*]align(1) const f16, bytes: usize) void {
+    const base: [*]const u8 = @ptrCast(p);
+    var off: usize = 0;
+    while (off < bytes) : (off += 64) @prefetch(base + off, .{ .locality = 3 });
 }
 
 /// ggml_vec_dot_f16(d, k, q_g) for G query rows at once (d a multiple of 64): each k chunk is
