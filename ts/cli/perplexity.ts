@@ -18,7 +18,7 @@ options:
   -c, --ctx-size N   tokens per chunk (default 512)
   --chunks N         score at most N chunks (default: all)
   -t, --threads N    CPU threads (default: all cores)
-  --backend B        cpu, cuda, or auto: CUDA when available (default: auto)
+  --backend B        cpu, cuda, metal or auto: a GPU when available (default: auto)
   -h, --help         this text
 `;
 

@@ -27,7 +27,7 @@ requests. A client that disconnects cancels its request and frees its slot.
   --prefill-chunk N      prompt tokens per step while other requests decode (default 64)
   --prefix-cache MIB     memory for the prefix cache (default 128; 0: off)
   -t, --threads N        CPU threads (default: all cores)
-  --backend B            cpu, cuda, or auto: CUDA when available (default: auto)
+  --backend B            cpu, cuda, metal or auto: a GPU when available (default: auto)
   --api-key KEY          require 'Authorization: Bearer KEY' on /v1/* (also: INFER_API_KEY)
   --queue N              requests that may wait for a slot (default 16)
   --max-body BYTES       largest request body (default 1048576)

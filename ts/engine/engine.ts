@@ -26,7 +26,7 @@ export interface EngineOptions {
   readonly contextLength?: number;
   readonly batch?: number;
   readonly kvType?: KvType;
-  /** cpu, cuda, or auto (CUDA when available); default: INFER_BACKEND, else cpu. */
+  /** cpu, cuda, metal or auto (a GPU when available); default: INFER_BACKEND, else cpu. */
   readonly backend?: BackendKind;
   /** Called as the model's tensors are prepared (done of total). */
   readonly onProgress?: (done: number, total: number) => void;
