@@ -3,6 +3,7 @@
 // against the machine's measured read bandwidth (bench/bandwidth.ts) in the same run.
 //   bun bench/matvec.ts [--threads N] [--mib 256] [--reps 20] [--types Q4_0,Q8_0]
 //                       [--tokens 1]   (tokens > 1: the batched path, GB/s of weights per pass)
+//                       [--n-in 4096]  (row width: 1024 or 3072 give a prefill's task tiles)
 // Prints a Markdown table. Best-of-reps is reported beside the median: on a shared machine the
 // best pass is the one least disturbed by other processes.
 import { availableParallelism } from "node:os";
@@ -24,7 +25,7 @@ const reps = Number(arg("--reps", "20"));
 const tokens = Number(arg("--tokens", "1"));
 // A name with "x8" measures the repacked layout matmuls use (lib/quant/q4_0_x8.zig).
 const types = arg("--types", "Q4_0x8,Q4_0,Q8_0,Q4_K,Q5_K,Q6_K,F16,BF16").split(",");
-const nIn = 4096;
+const nIn = Number(arg("--n-in", "4096"));
 
 const lib = native();
 if (lib.infer_threads_set(threads) !== 0) throw new Error("threads_set failed");
@@ -59,8 +60,8 @@ const lines: string[] = [];
 lines.push(`threads ${threads}, ${tokens} token(s) per call, W ${mib} MiB of ${nIn}-wide rows, ${reps} reps; ` +
   `read bandwidth ${bandwidth.bestGBs.toFixed(1)} GB/s best (median ${bandwidth.medianGBs.toFixed(1)})`);
 lines.push("");
-lines.push("| type | rows | best GB/s | median GB/s | best % of bandwidth | median ms |");
-lines.push("| --- | ---: | ---: | ---: | ---: | ---: |");
+lines.push("| type | rows | best GB/s | median GB/s | best % of bandwidth | median ms | median GMAC/s |");
+lines.push("| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
 for (const name of types) {
   const repacked = name.endsWith("x8");
   const typeId = typeIds[repacked ? name.slice(0, -2) : name];
@@ -90,6 +91,7 @@ for (const name of types) {
   const gbs = (t: number) => w.length / (t / 1000) / 1e9;
   const best = gbs(ms[0]);
   lines.push(`| ${name} | ${nOut} | ${best.toFixed(1)} | ${gbs(ms[ms.length >> 1]).toFixed(1)} | ` +
-    `${((100 * best) / bandwidth.bestGBs).toFixed(0)}% | ${ms[ms.length >> 1].toFixed(2)} |`);
+    `${((100 * best) / bandwidth.bestGBs).toFixed(0)}% | ${ms[ms.length >> 1].toFixed(2)} | ` +
+    `${((nOut * nIn * tokens) / (ms[ms.length >> 1] / 1000) / 1e9).toFixed(1)} |`);
 }
 console.log(lines.join("\n"));

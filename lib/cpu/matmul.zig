@@ -34,6 +34,7 @@ const Job = struct {
     w_row_bytes: usize,
     dot_rows: types.DotRowsFn,
     dot_multi: ?types.DotMultiFn,
+    multi_rows: usize,
     n_out: usize,
     n_in: usize,
     x: [*]const u8, // activations in the vec_dot type
@@ -50,8 +51,8 @@ fn runTask(job: *const Job, task: usize) void {
         // Tokens in groups: each weight row is unpacked once per group, and the task's rows
         // stay in cache from one group to the next.
         var t: usize = 0;
-        while (t < job.n_tok) : (t += types.multi_rows_max) {
-            const n_rows = @min(types.multi_rows_max, job.n_tok - t);
+        while (t < job.n_tok) : (t += job.multi_rows) {
+            const n_rows = @min(job.multi_rows, job.n_tok - t);
             const x_rows = job.x + t * job.x_row_bytes;
             const w_rows = job.w + row_begin * job.w_row_bytes;
             const y_first = job.y + t * job.n_out + row_begin;
@@ -131,6 +132,7 @@ pub fn matmul(
         .w_row_bytes = w_row_bytes,
         .dot_rows = dot_rows,
         .dot_multi = if (n_tok > 1) w_traits.dot_multi else null,
+        .multi_rows = w_traits.multi_rows,
         .n_out = n_out,
         .n_in = n_in,
         .x = x_act,

@@ -141,16 +141,30 @@ pub inline fn dotRowsOffset(
     }
 }
 
-/// Activation rows x blocks whose corrections dotRowsMultiOffset keeps on the stack.
-const offset_multi_max_blocks = 2048;
+/// Activation rows x blocks that dotRowsMultiSigned keeps, shifted, on the stack.
+const multi_max_blocks = 2048;
 
-/// dotRowsOffset for R activation rows (a batch): each weight block is unpacked once for all R,
-/// and every row's lane corrections and scale are computed once per call. The arithmetic of
-/// each (weight row, activation row) pair is `dot`'s. Results go to out[r * out_stride + o].
-pub inline fn dotRowsMultiOffset(
+/// Activation rows per batched call where the batched kernel is dotRowsMultiSigned with VNNI:
+/// its two weight rows x 8 activation rows keep 16 accumulators in AVX-512's 32 registers, and
+/// each weight block's unpacking, correction and scale serve 8 dots instead of 4.
+pub const multi_rows = if (simd.has_vnni) 8 else 4;
+
+/// On x86 the batched dot multiplies unsigned activations (x + 128, i.e. x ^ 0x80) by signed
+/// weights, the operand order vpdpbusd takes; elsewhere (NEON SDOT) signed by signed directly.
+const shift_activations = simd.is_x86;
+
+/// dotRows for R activation rows (a batch), for formats whose blocks unpack to 32 signed quants
+/// and an f16 scale (Q8_0, Q5_0). The activations are shifted to unsigned bytes once per call,
+/// into 32-byte aligned rows (a 34-byte block stride splits half the loads across cache lines),
+/// so the integer lane sum of a (weight block, activation block) is
+/// dpbusd(x + 128, w) - 128 * (lane sum of w): exactly `dot`'s signed lane sum, with a
+/// correction that depends on the weight block only, made once for all R. Each (weight row,
+/// activation row) pair is `dot`'s FMA chain, block by block. Results go to
+/// out[r * out_stride + o]. Callers on AVX2 without VNNI keep |w| <= 16 (vpmaddubsw pairs of
+/// 255 * w stay within i16); false where the batch is too long for the stack buffers.
+pub inline fn dotRowsMultiSigned(
     comptime WBlock: type,
-    comptime offset: i32,
-    comptime unpackU: fn (*align(1) const WBlock) callconv(.@"inline") simd.V32u8,
+    comptime unpack: fn (*align(1) const WBlock) callconv(.@"inline") simd.V32i8,
     comptime R: usize,
     n_blocks: usize,
     w: [*]const u8,
@@ -160,41 +174,91 @@ pub inline fn dotRowsMultiOffset(
     out: [*]f32,
     out_stride: usize,
 ) bool {
-    if (R * n_blocks > offset_multi_max_blocks) return false;
-    var corrections: [offset_multi_max_blocks]simd.V8i32 = undefined;
-    var x_scales: [offset_multi_max_blocks]f32 = undefined;
+    if (R * n_blocks > multi_max_blocks) return false;
+    var x_quants: [multi_max_blocks]simd.V32i8 = undefined;
+    // Block-major: one block's R activation scales are one vector.
+    var x_scales: [multi_max_blocks / R][R]f32 = undefined;
     inline for (0..R) |r| {
         for (0..n_blocks) |b| {
-            corrections[r * n_blocks + b] = laneCorrection(offset, &xs[r][b]);
-            x_scales[r * n_blocks + b] = xs[r][b].d;
+            const q: simd.V32i8 = xs[r][b].qs;
+            x_quants[r * n_blocks + b] = if (shift_activations) q ^ @as(simd.V32i8, @splat(-128)) else q;
+            x_scales[b][r] = xs[r][b].d;
         }
     }
-    for (0..n_out) |o| {
-        const row: [*]align(1) const WBlock = @ptrCast(w + o * w_row_bytes);
-        var acc: [R]simd.V8f32 = @splat(@splat(0));
-        for (0..n_blocks) |b| {
-            const u = unpackU(&row[b]);
-            const d_w: f32 = row[b].d;
-            inline for (0..R) |r| {
-                const correction = corrections[r * n_blocks + b];
-                const sumi = if (offset < 128)
-                    simd.dotAccU7I8(correction, u, xs[r][b].qs)
-                else
-                    simd.dotAccU8I8(correction, u, xs[r][b].qs);
-                const d: simd.V8f32 = @splat(d_w * x_scales[r * n_blocks + b]);
-                acc[r] = @mulAdd(simd.V8f32, d, @floatFromInt(sumi), acc[r]);
+    var o: usize = 0;
+    while (o + 2 <= n_out) : (o += 2) {
+        rowsMulti(WBlock, unpack, 2, R, n_blocks, w + o * w_row_bytes, w_row_bytes, &x_quants, &x_scales, out + o, out_stride);
+    }
+    if (o < n_out) rowsMulti(WBlock, unpack, 1, R, n_blocks, w + o * w_row_bytes, w_row_bytes, &x_quants, &x_scales, out + o, out_stride);
+    return true;
+}
+
+/// -128 * (sum of each lane's four weight quants): what the activations' +128 shift adds.
+inline fn shiftCorrection(q: simd.V32i8) simd.V8i32 {
+    if (!shift_activations) return @splat(0);
+    const shift: simd.V32u8 = @splat(128);
+    return @as(simd.V8i32, @splat(0)) -% simd.dotU8I8(shift, q);
+}
+
+/// The signed lane sums of x and q, from the shifted activations (see dotRowsMultiSigned).
+inline fn dotShifted(correction: simd.V8i32, x: simd.V32i8, q: simd.V32i8) simd.V8i32 {
+    if (!shift_activations) return simd.dotAccI8I8(correction, q, x);
+    return simd.dotAccU8I8(correction, @bitCast(x), q);
+}
+
+/// W weight rows (w, w + w_row_bytes, ...) with R activation rows: each activation block is
+/// loaded once for the W rows, each weight block is unpacked and corrected once for all R, and
+/// a block's R scale products d_w * d_x are one vector multiply, read back by the FMAs as
+/// broadcast operands (a scalar product and a broadcast per dot were a third of the loop).
+inline fn rowsMulti(
+    comptime WBlock: type,
+    comptime unpack: fn (*align(1) const WBlock) callconv(.@"inline") simd.V32i8,
+    comptime W: usize,
+    comptime R: usize,
+    n_blocks: usize,
+    w: [*]const u8,
+    w_row_bytes: usize,
+    x_quants: *const [multi_max_blocks]simd.V32i8,
+    x_scales: *const [multi_max_blocks / R][R]f32,
+    out: [*]f32,
+    out_stride: usize,
+) void {
+    var rows: [W][*]align(1) const WBlock = undefined;
+    inline for (0..W) |i| rows[i] = @ptrCast(w + i * w_row_bytes);
+    // Made before the dot loop and read there from memory: in-loop products were kept in
+    // registers and each broadcast became a shuffle, competing with the dots for vector ports.
+    var scales: [multi_max_blocks / R][W][R]f32 = undefined;
+    for (0..n_blocks) |b| {
+        const xs: @Vector(R, f32) = x_scales[b];
+        inline for (0..W) |i| scales[b][i] = @as(@Vector(R, f32), @splat(@as(f32, rows[i][b].d))) * xs;
+    }
+    var acc: [W][R]simd.V8f32 = @splat(@splat(@splat(0)));
+    for (0..n_blocks) |b| {
+        var q: [W]simd.V32i8 = undefined;
+        var correction: [W]simd.V8i32 = undefined;
+        inline for (0..W) |i| {
+            q[i] = unpack(&rows[i][b]);
+            correction[i] = shiftCorrection(q[i]);
+        }
+        inline for (0..R) |r| {
+            const x = x_quants[r * n_blocks + b];
+            inline for (0..W) |i| {
+                const sumi = dotShifted(correction[i], x, q[i]);
+                acc[i][r] = @mulAdd(simd.V8f32, @splat(scales[b][i][r]), @floatFromInt(sumi), acc[i][r]);
             }
         }
-        inline for (0..R) |r| out[r * out_stride + o] = simd.hsum(acc[r]);
     }
-    return true;
+    inline for (0..R) |r| {
+        inline for (0..W) |i| out[r * out_stride + i] = simd.hsum(acc[i][r]);
+    }
 }
 
 /// Batched form of dotRows (see dotRowsMultiOffset); false where the caller must fall back to
 /// dotMulti row by row.
 pub fn dotRowsMulti(comptime R: usize, n_blocks: usize, w: [*]const u8, w_row_bytes: usize, n_out: usize, xs: [R][*]align(1) const Block, out: [*]f32, out_stride: usize) bool {
-    if (comptime !simd.has_vnni) return false;
-    return dotRowsMultiOffset(Block, 128, unpackFlipped, R, n_blocks, w, w_row_bytes, n_out, xs, out, out_stride);
+    // AVX2's vpmaddubsw would saturate on pairs of 255 * -128: there, dotMulti row by row.
+    if (comptime simd.is_x86 and !simd.has_vnni) return false;
+    return dotRowsMultiSigned(Block, unpackSelf, R, n_blocks, w, w_row_bytes, n_out, xs, out, out_stride);
 }
 
 inline fn laneCorrection(comptime offset: i32, x: *align(1) const Block) simd.V8i32 {
@@ -225,9 +289,6 @@ inline fn blockDot(acc: simd.V8f32, w: *align(1) const Block, x: *align(1) const
     const d: simd.V8f32 = @splat(@as(f32, w.d) * @as(f32, x.d));
     return @mulAdd(simd.V8f32, d, @floatFromInt(sumi), acc);
 }
-
-/// Activation rows one multi-row dot handles at once (matmul's token tile).
-pub const multi_rows_max = 4;
 
 /// Dots one weight row with R activation rows, unpacking each weight block once: the shared
 /// kernel of Q4_0, Q5_0 and Q8_0, whose blocks all become 32 signed quants and an f16 scale.

@@ -12,7 +12,7 @@ pub const V16i16 = @Vector(16, i16);
 pub const V8i32 = @Vector(8, i32);
 pub const V8f32 = @Vector(8, f32);
 
-const is_x86 = builtin.cpu.arch == .x86_64;
+pub const is_x86 = builtin.cpu.arch == .x86_64;
 pub const has_vnni = is_x86 and
     std.Target.x86.featureSetHasAll(builtin.cpu.features, .{ .avx512vnni, .avx512vl });
 const has_avx2 = is_x86 and std.Target.x86.featureSetHas(builtin.cpu.features, .avx2);

@@ -39,7 +39,7 @@ pub const DequantizeFn = *const fn (src: [*]const u8, dst: [*]f32, n: usize) voi
 /// Dot of n values: a weight row at w with an activation row (in vec_dot_type) at x.
 pub const DotFn = *const fn (n: usize, w: [*]const u8, x: [*]const u8) f32;
 /// Dots of n values: `n_out` weight rows at w (w_row_bytes apart) with `n_rows`
-/// (1..multi_rows_max) activation rows starting at x, x_row_bytes apart; the result for weight
+/// (1..Traits.multi_rows) activation rows starting at x, x_row_bytes apart; the result for weight
 /// row o and activation row r goes to out[r * out_stride + o]. Each weight row is unpacked once
 /// for all n_rows.
 pub const DotMultiFn = *const fn (
@@ -53,7 +53,10 @@ pub const DotMultiFn = *const fn (
     out: [*]f32,
     out_stride: usize,
 ) void;
-pub const multi_rows_max = q8_0.multi_rows_max;
+/// Activation rows per dot_multi call unless a format says otherwise (`multi_rows`).
+const default_multi_rows = 4;
+/// The most activation rows any format's dot_multi takes.
+pub const multi_rows_max = 8;
 /// Dots of n values: `n_out` weight rows at w, w_row_bytes apart, each with the one activation
 /// row at x; out[o] for row o. One call per task, not one indirect call per row.
 pub const DotRowsFn = *const fn (
@@ -82,6 +85,8 @@ pub const Traits = struct {
     dot_scalar: ?DotFn,
     /// Several activation rows per weight-row pass (weights unpacked once); null: use `dot`.
     dot_multi: ?DotMultiFn,
+    /// Activation rows dot_multi takes per call (matmul's token tile).
+    multi_rows: u32 = default_multi_rows,
     /// `dot` over a run of weight rows, for one activation row (single-token matmuls).
     dot_rows: ?DotRowsFn,
     vec_dot_type: TypeId,
@@ -134,6 +139,12 @@ fn dotRowsFn(comptime W: type, comptime X: type) DotRowsFn {
     }.run;
 }
 
+fn multiRows(comptime Fmt: type) comptime_int {
+    const rows = if (@hasDecl(Fmt, "multi_rows")) Fmt.multi_rows else default_multi_rows;
+    std.debug.assert(rows <= multi_rows_max);
+    return rows;
+}
+
 fn dotMultiFn(comptime W: type, comptime X: type) DotMultiFn {
     return struct {
         fn run(
@@ -148,7 +159,7 @@ fn dotMultiFn(comptime W: type, comptime X: type) DotMultiFn {
             out_stride: usize,
         ) void {
             switch (n_rows) {
-                inline 1...multi_rows_max => |R| {
+                inline 1...multiRows(W) => |R| {
                     var rows: [R][*]align(1) const X.Block = undefined;
                     inline for (0..R) |r| rows[r] = @ptrCast(x + r * x_row_bytes);
                     if (@hasDecl(W, "dotRowsMulti")) {
@@ -189,6 +200,7 @@ fn entry(
         .dot = if (X) |x| dotFn(W, x, false) else null,
         .dot_scalar = if (X) |x| dotFn(W, x, true) else null,
         .dot_multi = if (X != null and @hasDecl(W, "dotMulti")) dotMultiFn(W, X.?) else null,
+        .multi_rows = multiRows(W),
         .dot_rows = if (X) |x| dotRowsFn(W, x) else null,
         .vec_dot_type = if (X == null) id else activationId(act),
         .quantize_activation = if (@hasDecl(W, "quantize")) quantizeFn(W, W.quantize) else null,
@@ -272,7 +284,7 @@ fn repackedEntry(comptime id: TypeId, comptime name: []const u8, comptime Packed
             fn run(n: usize, w: [*]const u8, w_row_bytes: usize, n_out: usize, x: [*]const u8, x_row_bytes: usize, n_rows: usize, out: [*]f32, out_stride: usize) void {
                 _ = w_row_bytes; // groups follow each other: the layout knows its own stride
                 switch (n_rows) {
-                    inline 1...multi_rows_max => |R| {
+                    inline 1...multiRows(Packed) => |R| {
                         var rows: [R][*]align(1) const X.Block = undefined;
                         inline for (0..R) |r| rows[r] = @ptrCast(x + r * x_row_bytes);
                         Packed.dotRowsMulti(R, n / Base.block_values, w, n_out, rows, out, out_stride);
@@ -281,6 +293,7 @@ fn repackedEntry(comptime id: TypeId, comptime name: []const u8, comptime Packed
                 }
             }
         }.run,
+        .multi_rows = multiRows(Packed),
         .dot_rows = struct {
             fn run(n: usize, w: [*]const u8, w_row_bytes: usize, n_out: usize, x: [*]const u8, out: [*]f32) void {
                 _ = w_row_bytes;
@@ -360,7 +373,7 @@ test "dot_multi equals dot for every weight row and activation row, bit for bit"
             if (act.quantize_activation) |q| q(&xf, row, n) else @memcpy(row[0 .. n * 4], std.mem.sliceAsBytes(&xf));
         }
         const x_row_bytes = @sizeOf(@TypeOf(x[0]));
-        for (1..multi_rows_max + 1) |n_rows| {
+        for (1..t.multi_rows + 1) |n_rows| {
             var out: [multi_rows_max * n_out]f32 = undefined;
             dot_multi(n, &w, t.rowBytes(n), n_out, @ptrCast(&x), x_row_bytes, n_rows, &out, n_out);
             for (0..n_rows) |r| {
