@@ -8,10 +8,13 @@
 //! Softmax is the online form (Milakov & Gimelshein 2018): a running max m, running sum l and an
 //! unnormalised accumulator that lives in the output row, so no scratch is needed; all query heads
 //! of one KV head are processed together so each K/V row is converted once.
-//! Work is split into "rows" (t, kv_head); attendRows handles a range of them, which is the unit
-//! a thread pool can later hand out.
+//! Work is split into "rows" (kv_head, t); attendRows handles a range of them, and `attention`
+//! hands ranges to the thread pool. Rows run KV-head-major so that a range reads one KV head's
+//! keys and values for many queries: a prompt's K and V over all heads outgrow L2 (2 MiB for
+//! 512 Qwen3 positions), one head's do not.
 const std = @import("std");
 const attention_f16 = @import("attention_f16.zig");
+const threads = @import("threads.zig");
 
 const lanes = 8;
 const V = @Vector(lanes, f32);
@@ -41,9 +44,17 @@ pub const Shape = struct {
     pub fn group(s: Shape) usize {
         return s.n_head / s.n_kv_head;
     }
-    /// The number of (token, kv head) work rows.
+    /// The number of (kv head, token) work rows.
     pub fn rowCount(s: Shape) usize {
         return s.n_tok * s.n_kv_head;
+    }
+    /// The query token of work row r.
+    pub fn rowToken(s: Shape, r: usize) usize {
+        return r % s.n_tok;
+    }
+    /// The KV head of work row r.
+    pub fn rowKvHead(s: Shape, r: usize) usize {
+        return r / s.n_tok;
     }
     /// Visible key range [begin, end) for the query at position p.
     pub fn keyRange(s: Shape, p: usize) struct { usize, usize } {
@@ -124,7 +135,7 @@ fn scaleAdd(y: []f32, c: f32, w: f32, x: []const f32) void {
     while (i < y.len) : (i += 1) y[i] = y[i] * c + w * x[i];
 }
 
-/// Handles work rows [row_begin, row_end), row = t · n_kv_head + kv_head. Returns false only
+/// Handles work rows [row_begin, row_end), row = kv_head · n_tok + t. Returns false only
 /// when the F16 path cannot get memory for its scores.
 pub fn attendRows(
     q: [*]const f32,
@@ -144,8 +155,8 @@ pub fn attendRows(
     var run_max: [group_max]f32 = undefined;
     var run_sum: [group_max]f32 = undefined;
     for (row_begin..row_end) |r| {
-        const t = r / s.n_kv_head;
-        const kv_head = r % s.n_kv_head;
+        const t = s.rowToken(r);
+        const kv_head = s.rowKvHead(r);
         const first_head = kv_head * group;
         const row_base = (t * s.n_head + first_head) * d;
         @memset(out[row_base..][0 .. group * d], 0);
@@ -183,8 +194,35 @@ pub fn attendRows(
     return true;
 }
 
+const Job = struct {
+    q: [*]const f32,
+    k: Cache,
+    v: Cache,
+    out: [*]f32,
+    s: Shape,
+    rows_per_task: usize,
+    failed: std.atomic.Value(bool) = .init(false),
+};
+
+fn runTask(job: *Job, task: usize) void {
+    const begin = task * job.rows_per_task;
+    const end = @min(begin + job.rows_per_task, job.s.rowCount());
+    if (!attendRows(job.q, job.k, job.v, job.out, job.s, begin, end)) job.failed.store(true, .monotonic);
+}
+
+/// Tasks per thread: a row's cost grows with its position (causal), so rows go out in small
+/// ranges that the threads take in turn, which evens out the load.
+const tasks_per_thread = 8;
+
+/// All rows, across the thread pool. False when scratch memory failed.
 pub fn attention(q: [*]const f32, k: Cache, v: Cache, out: [*]f32, s: Shape) bool {
-    return attendRows(q, k, v, out, s, 0, s.rowCount());
+    const rows = s.rowCount();
+    const n_threads = threads.threadCount();
+    if (n_threads <= 1 or rows <= 1) return attendRows(q, k, v, out, s, 0, rows);
+    const n_tasks = @min(rows, n_threads * tasks_per_thread);
+    var job = Job{ .q = q, .k = k, .v = v, .out = out, .s = s, .rows_per_task = std.math.divCeil(usize, rows, n_tasks) catch unreachable };
+    threads.run(std.math.divCeil(usize, rows, job.rows_per_task) catch unreachable, &job, runTask);
+    return !job.failed.load(.monotonic);
 }
 
 /// Two passes per query head, in the textbook order: scores, max, exp and sum, weighted sum.

@@ -175,8 +175,8 @@ pub fn attendRowsPerHead(
     var q16_buf: [attention.head_dim_max]f32 = undefined;
     const q16 = q16_buf[0..d];
     for (row_begin..row_end) |r| {
-        const t = r / s.n_kv_head;
-        const kv_head = r % s.n_kv_head;
+        const t = s.rowToken(r);
+        const kv_head = s.rowKvHead(r);
         const begin, const end = s.keyRange(s.pos0 + t);
         const runs = runsInCellOrder(s, begin, end);
         for (0..group) |g| {
@@ -209,8 +209,8 @@ fn attendRowsGrouped(
     const score_len = s.cells() + 16;
     if (!grow(&scores_buf, heads_per_pass * score_len) or !grow(&partial_buf, heads_per_pass * step * 128)) return false;
     for (row_begin..row_end) |r| {
-        const t = r / s.n_kv_head;
-        const kv_head = r % s.n_kv_head;
+        const t = s.rowToken(r);
+        const kv_head = s.rowKvHead(r);
         const begin, const end = s.keyRange(s.pos0 + t);
         const runs = runsInCellOrder(s, begin, end);
         var g: usize = 0;
@@ -515,6 +515,10 @@ test "grouped heads equal one head at a time, bit for bit (GQA, windows, a wrapp
         defer alloc.free(got);
         try std.testing.expect(attendRowsPerHead(q.ptr, k.ptr, v.ptr, want.ptr, s, 0, s.rowCount()));
         try std.testing.expect(attendRowsGrouped(q.ptr, k.ptr, v.ptr, got.ptr, s, 0, s.rowCount()));
+        try std.testing.expectEqualSlices(u32, std.mem.bytesAsSlice(u32, std.mem.sliceAsBytes(want)), std.mem.bytesAsSlice(u32, std.mem.sliceAsBytes(got)));
+        // And across the thread pool (rows in ranges on several threads).
+        @memset(got, std.math.nan(f32));
+        try std.testing.expect(attention.attention(q.ptr, .{ .f16 = k.ptr }, .{ .f16 = v.ptr }, got.ptr, s));
         try std.testing.expectEqualSlices(u32, std.mem.bytesAsSlice(u32, std.mem.sliceAsBytes(want)), std.mem.bytesAsSlice(u32, std.mem.sliceAsBytes(got)));
     }
 }
