@@ -723,8 +723,8 @@ export fn infer_cuda_attention_scratch(n_tok: u64, n_head: u64, head_dim: u64, c
 }
 
 /// Causal (optionally sliding-window) GQA over the f16 cache, split n_split ways over the keys.
-export fn infer_cuda_attention(q: u64, k_cache: u64, v_cache: u64, out: u64, positions: u64, n_tok: u64, n_head: u64, n_kv_head: u64, head_dim: u64, window: u64, cells: u64, ring: bool, scale: f32, scratch: u64, scratch_floats: u64, n_split: u64) i32 {
-    return cuda.attention(q, k_cache, v_cache, out, positions, n_tok, n_head, n_kv_head, head_dim, window, cells, ring, scale, scratch, scratch_floats, n_split);
+export fn infer_cuda_attention(q: u64, k_cache: u64, v_cache: u64, out: u64, positions: u64, n_tok: u64, n_head: u64, n_kv_head: u64, head_dim: u64, window: u64, cells: u64, ring: bool, scale: f32, scratch: u64, scratch_floats: u64, n_split: u64, arrived: u64) i32 {
+    return cuda.attention(q, k_cache, v_cache, out, positions, n_tok, n_head, n_kv_head, head_dim, window, cells, ring, scale, scratch, scratch_floats, n_split, arrived);
 }
 
 export fn infer_cuda_gelu_mul(gate: u64, up: u64, n: u64, out: u64) i32 {
@@ -775,6 +775,26 @@ export fn infer_cuda_act_mul_quant(kind: u32, gate: u64, up: u64, n_rows: u64, n
 /// RoPE of queries and keys in one launch.
 export fn infer_cuda_rope2(xa: u64, heads_a: u64, xb: u64, heads_b: u64, n_tok: u64, head_dim: u64, n_rot: u64, positions: u64, freq_base: f32, freq_scale: f32, mode: u32, freq_factors: u64) i32 {
     return cuda.rope2(xa, heads_a, xb, heads_b, n_tok, head_dim, n_rot, positions, freq_base, freq_scale, mode, freq_factors);
+}
+
+/// Queues device -> host into pinned memory (infer_cuda_host_alloc) and records event `slot`.
+export fn infer_cuda_download_async(dst: u64, src: u64, bytes: u64, slot: u32) i32 {
+    return cuda.downloadAsync(dst, src, bytes, slot);
+}
+
+/// Waits for the work queued before event `slot` was last recorded.
+export fn infer_cuda_event_wait(slot: u32) i32 {
+    return cuda.eventWait(slot);
+}
+
+/// One token: q/k head norms (wq = wk = 0: none), RoPE of both, k/v into the f16 cache.
+export fn infer_cuda_norm_rope_store(q: u64, heads_q: u64, k: u64, heads_k: u64, v: u64, wq: u64, wk: u64, eps: f32, head_dim: u64, n_rot: u64, positions: u64, freq_base: f32, freq_scale: f32, mode: u32, freq_factors: u64, k_cache: u64, v_cache: u64, cells: u64, ring: bool) i32 {
+    return cuda.normRopeStore(q, heads_q, k, heads_k, v, wq, wk, eps, head_dim, n_rot, positions, freq_base, freq_scale, mode, freq_factors, k_cache, v_cache, cells, ring);
+}
+
+/// out[0] = argmax of n f32 values (greedy sampling on the device); scratch: 16 zeroed bytes.
+export fn infer_cuda_argmax(x: u64, n: u64, scratch: u64, out: u64) i32 {
+    return cuda.argmax(x, n, scratch, out);
 }
 
 test {

@@ -392,6 +392,18 @@ describe.skipIf(noCuda)("random-weight models: CUDA equals the CPU", () => {
       const gpu = withGraphs(true, () => open("cuda"));
       const got = greedy(gpu, prompt, 64);
       const stats = { ...(gpu.backend as CudaBackend).stats };
+      // Greedy decoding with the argmax on the device, a step ahead of the host: the tokens of
+      // the host's argmax, and the same ends (length, a stop token met mid-way, speculative step
+      // dropped), the engine usable after each.
+      const sampling = { temperature: 0, topK: 0, topP: 1, minP: 0, seed: 1 };
+      const generate = (maxTokens: number, stopTokens: number[] = []) => gpu.generate(prompt,
+        { maxTokens, sampling, ignoreEos: true, stopTokens, reuseCache: false });
+      expect(generate(64).tokens).toEqual(got.tokens);
+      const stop = got.tokens[5], firstStop = got.tokens.indexOf(stop);
+      const stopped = generate(64, [stop]);
+      expect([stopped.tokens, stopped.stopReason]).toEqual([got.tokens.slice(0, firstStop), "eos"]);
+      const short = generate(7);
+      expect([short.tokens, short.stopReason]).toEqual([got.tokens.slice(0, 7), "length"]);
       gpu.close();
       const eager = withGraphs(false, () => open("cuda"));
       const plain = greedy(eager, prompt, 64);

@@ -13,6 +13,32 @@ pub const CUfunction = ?*anyopaque;
 pub const CUstream = ?*anyopaque;
 pub const CUgraph = ?*anyopaque;
 pub const CUgraphExec = ?*anyopaque;
+pub const CUevent = ?*anyopaque;
+
+/// cuLaunchKernelEx's attribute (cuda.h CUlaunchAttribute: an id, padding to 8 bytes, a 64-byte union).
+pub const CUlaunchAttribute = extern struct {
+    id: c_int,
+    pad: [4]u8 = .{ 0, 0, 0, 0 },
+    value: [64]u8 align(8) = [_]u8{0} ** 64,
+};
+
+pub const CUlaunchConfig = extern struct {
+    grid_x: c_uint,
+    grid_y: c_uint,
+    grid_z: c_uint,
+    block_x: c_uint,
+    block_y: c_uint,
+    block_z: c_uint,
+    shared_bytes: c_uint,
+    stream: CUstream,
+    attrs: ?[*]CUlaunchAttribute,
+    attr_count: c_uint,
+};
+
+comptime {
+    std.debug.assert(@sizeOf(CUlaunchAttribute) == 72);
+    std.debug.assert(@offsetOf(CUlaunchConfig, "stream") == 32 and @sizeOf(CUlaunchConfig) == 56);
+}
 
 pub const success: CUresult = 0;
 pub const error_out_of_memory: CUresult = 2;
@@ -23,6 +49,10 @@ pub const attr_cc_major: c_int = 75;
 pub const attr_cc_minor: c_int = 76;
 pub const stream_non_blocking: c_uint = 1;
 pub const capture_mode_thread_local: c_int = 1;
+pub const event_disable_timing: c_uint = 2;
+/// CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION: the launch may begin before the kernel
+/// ahead of it in the stream ends; the kernel waits for it with griddepcontrol.wait.
+pub const launch_attribute_programmatic_serialization: c_int = 6;
 
 const cc = std.builtin.CallingConvention.c;
 
@@ -71,12 +101,17 @@ pub const Api = struct {
     cuGraphLaunch: *const fn (CUgraphExec, CUstream) callconv(cc) CUresult,
     cuGraphExecDestroy: *const fn (CUgraphExec) callconv(cc) CUresult,
     cuGraphDestroy: *const fn (CUgraph) callconv(cc) CUresult,
+    cuEventCreate: *const fn (*CUevent, c_uint) callconv(cc) CUresult,
+    cuEventRecord: *const fn (CUevent, CUstream) callconv(cc) CUresult,
+    cuEventSynchronize: *const fn (CUevent) callconv(cc) CUresult,
 };
 
 /// Entry points that may be missing without making CUDA unusable.
 pub const Optional = struct {
     cuProfilerStart: ?*const fn () callconv(cc) CUresult = null,
     cuProfilerStop: ?*const fn () callconv(cc) CUresult = null,
+    /// CUDA 11.8+; without it kernels launch without programmatic dependent launch.
+    cuLaunchKernelEx: ?*const fn (*const CUlaunchConfig, CUfunction, ?[*]?*anyopaque, ?[*]?*anyopaque) callconv(cc) CUresult = null,
 };
 
 pub var optional: Optional = .{};

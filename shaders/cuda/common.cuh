@@ -8,6 +8,19 @@
 
 #define FULL_MASK 0xffffffffu
 
+/// The first statement of every kernel. lib/cuda launches kernels with programmatic dependent
+/// launch on sm_90+ (the kernel may start while the one before it in the stream still runs), so
+/// each kernel first waits for its predecessor's results (griddepcontrol.wait, a no-op when the
+/// launch had no such dependency), then lets its own successor start launching: the successor's
+/// blocks take free SM slots and wait in turn, and the launch latency between kernels overlaps
+/// the running kernel. Every kernel waiting before it touches memory keeps the order transitive.
+__device__ __forceinline__ void pdl_begin() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);

@@ -33,7 +33,7 @@ __device__ __forceinline__ void get_rows_f(const uint8_t* table, int n_cols, con
 }
 
 #define GET_ROWS(NAME, IMPL, T)                                                                      \
-  extern "C" __global__ void NAME(const uint8_t* table, int n_cols, const int* ids, float* out) { \
+  extern "C" __global__ void NAME(const uint8_t* table, int n_cols, const int* ids, float* out) { pdl_begin(); \
     IMPL<T>(table, n_cols, ids, out);                                                                \
   }
 GET_ROWS(get_rows_q4_0, get_rows_q, Q4_0)
@@ -98,6 +98,7 @@ __device__ __forceinline__ void quant_super_q8_k(const float* v, int8_t* q, floa
 
 /// One warp per unit; x is n_units*32 contiguous values.
 extern "C" __global__ void quantize_q8_0(const float* x, int n_units, int8_t* q, float* d) {
+  pdl_begin();
   const int unit = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   if (unit >= n_units) return;
   const size_t base = static_cast<size_t>(unit) * 32;
@@ -106,6 +107,7 @@ extern "C" __global__ void quantize_q8_0(const float* x, int n_units, int8_t* q,
 
 /// One warp per superblock of 256 values.
 extern "C" __global__ void quantize_q8_k(const float* x, int n_super, int8_t* q, float* d) {
+  pdl_begin();
   const int sb = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
   if (sb >= n_super) return;
@@ -155,6 +157,20 @@ __device__ __forceinline__ void matvec_q(const uint8_t* __restrict__ w, int n_ou
   }
 }
 
+/// Pulls the weight row of this warp into L2 before the kernel waits for the kernel ahead of it
+/// (pdl_begin): weights never depend on it, so their DRAM latency overlaps that kernel's tail
+/// instead of following it. 128-byte lines, any block layout.
+template <class T>
+__device__ __forceinline__ void matvec_prefetch(const uint8_t* w, int n_out, int n_in, int row_block) {
+  const int row = row_block * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (row >= n_out) return;
+  const size_t row_bytes = static_cast<size_t>(n_in / T::BV) * T::BB;
+  const uint8_t* wr = w + static_cast<size_t>(row) * row_bytes;
+  for (size_t off = (threadIdx.x & 31) * 128; off < row_bytes; off += 32 * 128) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(wr + off));
+  }
+}
+
 template <class T, int NT>
 __device__ __forceinline__ void matvec_f(const uint8_t* __restrict__ w, int n_out, int n_in,
                                          const float* __restrict__ x, int n_tok, float* __restrict__ y) {
@@ -184,12 +200,14 @@ __device__ __forceinline__ void matvec_f(const uint8_t* __restrict__ w, int n_ou
 
 #define MATVEC_Q(NAME, T, NT)                                                                              \
   extern "C" __global__ void __launch_bounds__(128) NAME(const uint8_t* w, int n_out, int n_in, const int8_t* xq, \
-                                                         const float* xd, int n_tok, float* y) {              \
+                                                         const float* xd, int n_tok, float* y) { \
+    matvec_prefetch<T>(w, n_out, n_in, blockIdx.x);                                                      \
+    pdl_begin();                                                                                          \
     matvec_q<T, NT>(w, n_out, n_in, xq, xd, n_tok, y, blockIdx.x);                                          \
   }
 #define MATVEC_F(NAME, T, NT)                                                                           \
   extern "C" __global__ void __launch_bounds__(128) NAME(const uint8_t* w, int n_out, int n_in, const float* x, \
-                                                         int n_tok, float* y) {                            \
+                                                         int n_tok, float* y) { pdl_begin(); \
     matvec_f<T, NT>(w, n_out, n_in, x, n_tok, y);                                                        \
   }
 MATVEC_Q(matvec_q4_0_1, Q4_0, 1)
@@ -313,7 +331,7 @@ __device__ __forceinline__ void mmq(const uint8_t* __restrict__ w, int n_out, in
 
 #define MMQ(NAME, T)                                                                                       \
   extern "C" __global__ void __launch_bounds__(128) NAME(const uint8_t* w, int n_out, int n_in, const int8_t* xq, \
-                                                         const float* xd, int n_tok, float* y) {              \
+                                                         const float* xd, int n_tok, float* y) { pdl_begin(); \
     mmq<T>(w, n_out, n_in, xq, xd, n_tok, y);                                                              \
   }
 MMQ(mmq_q4_0, Q4_0)
@@ -333,6 +351,10 @@ __device__ __forceinline__ void matvec_multi(const uint8_t* w0, int n0, float* y
   const int rows_per_block = blockDim.x >> 5;
   const int b0 = (n0 + rows_per_block - 1) / rows_per_block, b1 = (n1 + rows_per_block - 1) / rows_per_block;
   const int rb = blockIdx.x;
+  if (rb < b0) matvec_prefetch<T>(w0, n0, n_in, rb);
+  else if (rb < b0 + b1) matvec_prefetch<T>(w1, n1, n_in, rb - b0);
+  else matvec_prefetch<T>(w2, n2, n_in, rb - b0 - b1);
+  pdl_begin();
   if (rb < b0) matvec_q<T, 1>(w0, n0, n_in, xq, xd, 1, y0, rb);
   else if (rb < b0 + b1) matvec_q<T, 1>(w1, n1, n_in, xq, xd, 1, y1, rb - b0);
   else matvec_q<T, 1>(w2, n2, n_in, xq, xd, 1, y2, rb - b0 - b1);
@@ -341,7 +363,7 @@ __device__ __forceinline__ void matvec_multi(const uint8_t* w0, int n0, float* y
 #define MATVEC_MULTI(NAME, T)                                                                                   \
   extern "C" __global__ void __launch_bounds__(128)                                                            \
       NAME(const uint8_t* w0, int n0, float* y0, const uint8_t* w1, int n1, float* y1, const uint8_t* w2, int n2, \
-           float* y2, int n_in, const int8_t* xq, const float* xd) {                                            \
+           float* y2, int n_in, const int8_t* xq, const float* xd) { \
     matvec_multi<T>(w0, n0, y0, w1, n1, y1, w2, n2, y2, n_in, xq, xd);                                         \
   }
 MATVEC_MULTI(matvec_multi_q4_0, Q4_0)
@@ -364,6 +386,7 @@ __device__ __forceinline__ float rms_scale(const float* x, int n_cols, float eps
 }
 
 extern "C" __global__ void rms_norm(const float* x, const float* w, int n_cols, float eps, float* out) {
+  pdl_begin();
   const size_t base = static_cast<size_t>(blockIdx.x) * n_cols;
   const float scale = rms_scale(x + base, n_cols, eps);
   for (int i = threadIdx.x; i < n_cols; i += blockDim.x) {
@@ -374,6 +397,7 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, int n_cols, 
 
 /// residual += (x * scale) * w (Gemma's post-norms fused with the residual add).
 extern "C" __global__ void rms_norm_add(const float* x, const float* w, int n_cols, float eps, float* residual) {
+  pdl_begin();
   const size_t base = static_cast<size_t>(blockIdx.x) * n_cols;
   const float scale = rms_scale(x + base, n_cols, eps);
   for (int i = threadIdx.x; i < n_cols; i += blockDim.x) residual[base + i] += (x[base + i] * scale) * w[i];
@@ -411,6 +435,7 @@ __device__ __forceinline__ void store_quantized_row(F f, size_t base, int n_cols
 /// the quantizing pass waits on no global load.
 extern "C" __global__ void rms_norm_q(const float* x, const float* w, int n_cols, float eps, float* out, int mode,
                                       int8_t* q, float* d) {
+  pdl_begin();
   extern __shared__ float row[];
   float* wrow = row + n_cols;
   const size_t base = static_cast<size_t>(blockIdx.x) * n_cols;
@@ -432,6 +457,7 @@ extern "C" __global__ void rms_norm_q(const float* x, const float* w, int n_cols
 /// Dynamic shared memory: 2 * n_cols floats (the sums, the weights).
 extern "C" __global__ void add_rms_norm_q(const float* a, const float* b, float* sum, const float* w, int n_cols,
                                           float eps, float* out, int mode, int8_t* q, float* d) {
+  pdl_begin();
   extern __shared__ float row[];
   float* wrow = row + n_cols;
   const size_t base = static_cast<size_t>(blockIdx.x) * n_cols;
@@ -454,6 +480,7 @@ extern "C" __global__ void add_rms_norm_q(const float* a, const float* b, float*
 /// launch: blocks [0, rows_a) take xa with wa, the rest xb with wb; each row as rms_norm does it.
 extern "C" __global__ void rms_norm2(float* xa, const float* wa, int rows_a, float* xb, const float* wb, int n_cols,
                                      float eps) {
+  pdl_begin();
   const bool first = static_cast<int>(blockIdx.x) < rows_a;
   float* x = first ? xa + static_cast<size_t>(blockIdx.x) * n_cols
                    : xb + static_cast<size_t>(blockIdx.x - rows_a) * n_cols;
@@ -469,11 +496,9 @@ extern "C" __global__ void rms_norm2(float* xa, const float* wa, int rows_a, flo
 // One block per (token, head), one thread per rotated pair. lib/cpu/rope.zig: theta starts at
 // (float)pos and is multiplied by theta_scale once per pair; angle = freq_scale * (theta / ff).
 
-__device__ __forceinline__ void rope_pair(float* head, int pos, int n_rot, float theta_scale, float freq_scale,
-                                          int neox, const float* ff) {
+__device__ __forceinline__ void rope_pair_i(float* head, int i, int pos, int n_rot, float theta_scale,
+                                            float freq_scale, int neox, const float* ff) {
   const int half = n_rot >> 1;
-  const int i = threadIdx.x;
-  if (i >= half) return;
   float theta = static_cast<float>(pos);
   for (int k = 0; k < i; k++) theta *= theta_scale;
   const float angle = freq_scale * (theta / (ff ? ff[i] : 1.0f));
@@ -484,8 +509,15 @@ __device__ __forceinline__ void rope_pair(float* head, int pos, int n_rot, float
   head[ib] = __fmaf_rn(a, s, __fmul_rn(b, c));
 }
 
+__device__ __forceinline__ void rope_pair(float* head, int pos, int n_rot, float theta_scale, float freq_scale,
+                                          int neox, const float* ff) {
+  if (static_cast<int>(threadIdx.x) < (n_rot >> 1))
+    rope_pair_i(head, threadIdx.x, pos, n_rot, theta_scale, freq_scale, neox, ff);
+}
+
 extern "C" __global__ void rope(float* x, int n_heads, int head_dim, int n_rot, const int* positions,
                                 float theta_scale, float freq_scale, int neox, const float* ff) {
+  pdl_begin();
   const int t = blockIdx.x / n_heads;
   rope_pair(x + static_cast<size_t>(blockIdx.x) * head_dim, positions[t], n_rot, theta_scale, freq_scale, neox, ff);
 }
@@ -493,6 +525,7 @@ extern "C" __global__ void rope(float* x, int n_heads, int head_dim, int n_rot, 
 /// The queries' and the keys' RoPE in one launch (same positions and parameters).
 extern "C" __global__ void rope2(float* xa, int heads_a, float* xb, int heads_b, int head_dim, int n_rot,
                                  const int* positions, float theta_scale, float freq_scale, int neox, const float* ff) {
+  pdl_begin();
   const int per_token = heads_a + heads_b;
   const int t = blockIdx.x / per_token, h = blockIdx.x % per_token;
   float* head = h < heads_a ? xa + (static_cast<size_t>(t) * heads_a + h) * head_dim
@@ -505,6 +538,7 @@ extern "C" __global__ void rope2(float* xa, int heads_a, float* xb, int heads_b,
 /// Row t of k and v (kv_dim values each) into cell positions[t] (mod cells for a ring), as f16.
 extern "C" __global__ void kv_store(const float* k, const float* v, int kv_dim, __half* kc, __half* vc,
                                     const int* positions, int cells, int ring) {
+  pdl_begin();
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= kv_dim) return;
   const int t = blockIdx.y;
@@ -517,12 +551,12 @@ extern "C" __global__ void kv_store(const float* k, const float* v, int kv_dim, 
 }
 
 // ---- attention ---------------------------------------------------------------------------------
-// Three launches, each over (query row = token * n_head + head, split of the visible keys):
+// Two launches, each over (query row = token * n_head + head, split of the visible keys):
 //   attn_scores   s_j = scale * (f16(q) · K_j) for the split's keys into scores[row][j - begin],
 //                 and the split's max
 //   attn_values   M = max of the splits' maxima, S = Σ_j ggml_expf(s_j - M) over all visible keys
-//                 (f64), p_j = f16(ggml_expf(s_j - M) * (float)(1/S)); the split's Σ p_j V_j
-//   attn_combine  out = Σ over splits (only when n_split > 1)
+//                 (f64), p_j = f16(ggml_expf(s_j - M) * (float)(1/S)); the split's Σ p_j V_j;
+//                 with n_split > 1 the row's last split to finish sums the splits in order
 // which is lib/cpu/attention_f16.zig's arithmetic (llama.cpp's CPU graph) in another summation
 // order. A query at position p sees keys max(0, p + 1 - window) .. p (all of them: window 0).
 
@@ -556,6 +590,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
     attn_scores(const float* q, const __half* kc, const int* positions, int n_head, int n_kv_head, int head_dim,
                 int window, int cells, int ring, float scale, float* scores, int score_stride, float* split_max,
                 int n_split) {
+  pdl_begin();
   __shared__ float qs[HEAD_DIM_MAX];
   const AttnRow r = attn_row(positions, n_head, n_kv_head, window, n_split);
   for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
@@ -565,9 +600,12 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const int kv_dim = n_kv_head * head_dim;
   float m = -INFINITY;
+  // Unrolled so that several keys' loads are in flight at once (each key's sum keeps its order).
+#pragma unroll 4
   for (int jj = r.s0 + warp; jj < r.s1; jj += warps) {
     const __half* kr = kc + static_cast<size_t>(attn_cell(r.begin + jj, cells, ring)) * kv_dim + r.kvh * head_dim;
     float s = 0.0f;
+#pragma unroll 4
     for (int d = lane; d < head_dim; d += 32) s = __fmaf_rn(__half2float(kr[d]), qs[d], s);
     s = warp_sum(s) * scale;
     if (lane == 0) scores[static_cast<size_t>(r.row) * score_stride + jj] = s;
@@ -577,25 +615,19 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
   if (threadIdx.x == 0) split_max[static_cast<size_t>(r.row) * n_split + blockIdx.y] = m;
 }
 
-extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
-    attn_values(const float* scores, int score_stride, const float* split_max, const __half* vc,
-                const int* positions, int n_head, int n_kv_head, int head_dim, int window, int cells, int ring,
-                int n_split, float* out, float* partial) {
+/// The sum over a split's keys of p_j V_j into dst (attn_values' body). Thread layout: head_dim
+/// <= 128: G groups of head_dim threads, group g takes keys i ≡ g (mod G); head_dim > 128: one
+/// group, each thread takes dims tid, tid + 128, ... (at most 4).
+__device__ __forceinline__ void attn_values_split(const AttnRow& r, const float* scores, int score_stride,
+                                                  const float* split_max, const __half* vc, int n_kv_head,
+                                                  int head_dim, int cells, int ring, int n_split, float* dst) {
   __shared__ float ps[ATTN_TILE];
   __shared__ float red[ATTN_THREADS * 4];
-  const AttnRow r = attn_row(positions, n_head, n_kv_head, window, n_split);
-  // Thread layout: head_dim <= 128: G groups of head_dim threads, group g takes keys i ≡ g (mod G);
-  // head_dim > 128: one group, each thread takes dims tid, tid + 128, ... (at most 4).
   const int G = head_dim <= ATTN_THREADS ? ATTN_THREADS / head_dim : 1;
   const int g = head_dim <= ATTN_THREADS ? threadIdx.x / head_dim : 0;
   const int d0 = head_dim <= ATTN_THREADS ? threadIdx.x % head_dim : threadIdx.x;
-  float* dst = n_split == 1 ? out + static_cast<size_t>(r.row) * head_dim
-                            : partial + (static_cast<size_t>(r.row) * n_split + blockIdx.y) * head_dim;
-  if (r.s0 >= r.s1) {  // an empty split (short context): contributes zeros
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) dst[d] = 0.0f;
-    return;
-  }
   float M = -INFINITY;
+#pragma unroll 8
   for (int s = 0; s < n_split; s++) M = fmaxf(M, split_max[static_cast<size_t>(r.row) * n_split + s]);
   const float* sr = scores + static_cast<size_t>(r.row) * score_stride;
   double sum = 0.0;
@@ -610,6 +642,8 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
     for (int i = threadIdx.x; i < tn; i += blockDim.x) ps[i] = round_f16(__fmul_rn(ggml_expf(sr[tile + i] - M), inv));
     __syncthreads();
     if (g < G) {
+      // Unrolled: the loads of several V rows in flight at once, summed in key order as before.
+#pragma unroll 8
       for (int i = g; i < tn; i += G) {
         const __half* vr =
             vc + static_cast<size_t>(attn_cell(r.begin + tile + i, cells, ring)) * kv_dim + r.kvh * head_dim;
@@ -638,6 +672,44 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
       if ((head_dim > ATTN_THREADS || k == 0) && d < head_dim) dst[d] = acc[k];
     }
   }
+}
+
+/// The split that finishes a row last sums the row's partial outputs, in split order (what a
+/// separate combine launch did): each block counts itself in arrived[row] after its partial is
+/// visible device-wide; the last one reads them from L2 and leaves the counter zero again.
+__device__ __forceinline__ void attn_combine_last(int row, int n_split, int head_dim, const float* partial,
+                                                  float* out, unsigned int* arrived) {
+  __shared__ bool last;
+  __threadfence();  // this thread's partial values before the count
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(arrived + row, 1u) == static_cast<unsigned int>(n_split - 1);
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+    float s = 0.0f;
+    // The splits' loads in flight together; still summed in split order.
+#pragma unroll 8
+    for (int k = 0; k < n_split; k++) s += __ldcg(partial + (static_cast<size_t>(row) * n_split + k) * head_dim + d);
+    out[static_cast<size_t>(row) * head_dim + d] = s;
+  }
+  if (threadIdx.x == 0) arrived[row] = 0;
+}
+
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
+    attn_values(const float* scores, int score_stride, const float* split_max, const __half* vc,
+                const int* positions, int n_head, int n_kv_head, int head_dim, int window, int cells, int ring,
+                int n_split, float* out, float* partial, unsigned int* arrived) {
+  pdl_begin();
+  const AttnRow r = attn_row(positions, n_head, n_kv_head, window, n_split);
+  float* dst = n_split == 1 ? out + static_cast<size_t>(r.row) * head_dim
+                            : partial + (static_cast<size_t>(r.row) * n_split + blockIdx.y) * head_dim;
+  if (r.s0 >= r.s1) {  // an empty split (short context): contributes zeros
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) dst[d] = 0.0f;
+  } else {
+    attn_values_split(r, scores, score_stride, split_max, vc, n_kv_head, head_dim, cells, ring, n_split, dst);
+  }
+  if (n_split > 1) attn_combine_last(r.row, n_split, head_dim, partial, out, arrived);
 }
 
 // Prompts (16+ rows, one split, head_dim a multiple of 16 up to 256): the same three steps'
@@ -688,6 +760,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
     attn_scores_mma(const float* q, const __half* kc, const int* positions, int n_tok, int n_head, int n_kv_head,
                     int head_dim, int window, int cells, int ring, float scale, float* scores, int score_stride,
                     float* split_max) {
+  pdl_begin();
   __shared__ float warp_max[ATTN_THREADS / 32][ATTN_QT];
   const int t0 = blockIdx.x * ATTN_QT, h = blockIdx.y, kvh = h / (n_head / n_kv_head);
   const int nq = min(ATTN_QT, n_tok - t0);
@@ -764,6 +837,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
     attn_values_mma(const float* scores, int score_stride, const float* split_max, const __half* vc,
                     const int* positions, int n_tok, int n_head, int n_kv_head, int head_dim, int window, int cells,
                     int ring, float* out) {
+  pdl_begin();
   __shared__ __half ps[ATTN_QT][ATTN_VALUES_KEYS + 8];
   __shared__ __align__(16) __half vs[ATTN_VALUES_KEYS][ATTN_MMA_DIM_MAX + 8];
   __shared__ float inv_sum[ATTN_QT], row_max[ATTN_QT];
@@ -860,15 +934,6 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
   }
 }
 
-extern "C" __global__ void attn_combine(const float* partial, int n_split, int head_dim, float* out) {
-  const int d = threadIdx.x;
-  if (d >= head_dim) return;
-  const size_t row = blockIdx.x;
-  float s = 0.0f;
-  for (int k = 0; k < n_split; k++) s += partial[(row * n_split + k) * head_dim + d];
-  out[row * head_dim + d] = s;
-}
-
 // ---- element-wise ----------------------------------------------------------------------------
 
 /// ggml_gelu_f32 as lib/cpu/act.zig's geluTanh (its f16 table entry, rounded through f16).
@@ -883,11 +948,13 @@ __device__ __forceinline__ float gelu_f16_table(float x) {
 }
 
 extern "C" __global__ void gelu_mul(const float* gate, const float* up, int n, float* out) {
+  pdl_begin();
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) out[i] = gelu_f16_table(gate[i]) * up[i];
 }
 
 extern "C" __global__ void silu_mul(const float* gate, const float* up, int n, float* out) {
+  pdl_begin();
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) {
     const float g = gate[i];
@@ -896,16 +963,19 @@ extern "C" __global__ void silu_mul(const float* gate, const float* up, int n, f
 }
 
 extern "C" __global__ void add(const float* a, const float* b, int n, float* out) {
+  pdl_begin();
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) out[i] = a[i] + b[i];
 }
 
 extern "C" __global__ void scale(float* x, int n, float s) {
+  pdl_begin();
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) x[i] *= s;
 }
 
 extern "C" __global__ void add_row_bias(float* x, const float* bias, int n, int n_cols) {
+  pdl_begin();
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) x[i] += bias[i % n_cols];
 }
@@ -943,10 +1013,14 @@ __device__ __forceinline__ void act_mul_q(const float* gate, const float* up, in
 
 extern "C" __global__ void gelu_mul_q(const float* gate, const float* up, int n_groups, float* out, int mode,
                                       int8_t* q, float* d) {
+  pdl_begin();
   act_mul_q<0>(gate, up, n_groups, out, mode, q, d);
 }
 
 extern "C" __global__ void silu_mul_q(const float* gate, const float* up, int n_groups, float* out, int mode,
                                       int8_t* q, float* d) {
+  pdl_begin();
   act_mul_q<1>(gate, up, n_groups, out, mode, q, d);
 }
+
+#include "decode.cuh"

@@ -1,24 +1,29 @@
 // The CUDA backend: weights uploaded once from the mmap'd GGUF into device memory, activations and
 // the f16 KV cache on the device, each op one or a few kernel launches on one stream (lib/cuda/,
-// shaders/cuda/infer.cu). Nothing waits for the GPU until read() copies a result back.
+// shaders/cuda/infer.cu). Nothing waits for the GPU until read() copies a result back, or
+// takeToken() a greedy token.
 //
-// Decode steps (one token) are replayed as CUDA graphs: from setTokens(…, 1) to read() the ops are
-// recorded with a hash of every argument; a sequence seen once before is captured into a graph,
-// and from then on the same sequence launches that graph. Kernels read positions from the device
-// (setPositions uploads them), so the same graph serves every position. INFER_CUDA_GRAPHS=0, or
-// { graphs: false }, runs every op eagerly.
+// Decode steps (one token) are replayed as CUDA graphs: from setTokens(…, 1) (or keepTokens) to
+// read() (or argmaxToken) the ops are recorded with a hash of every argument; a sequence seen once
+// before is captured into a graph (fused first: cuda-fuse.ts), and from then on the same sequence
+// launches that graph. Kernels read positions from the device (setPositions uploads them), so the
+// same graph serves every position of an attention split (attentionSplit). INFER_CUDA_GRAPHS=0,
+// or { graphs: false }, runs every op eagerly.
+//
+// Greedy decoding (Engine): argmaxToken ends a step with the argmax of the logits written to the
+// token ids on the device, where the next step's embedding reads it (keepTokens), and copied to
+// pinned memory behind an event; the host queues the next step before it reads the token.
 import { InferError } from "../errors.ts";
 import type { GgufFile, GgufTensorInfo } from "../gguf/reader.ts";
 import { GgmlType } from "../gguf/types.ts";
 import { cudaCaptureEnd, cudaHostAlloc, cudaInit, cudaMalloc } from "../native/cuda.ts";
 import { check, native, type Pointer } from "../native/lib.ts";
+import { fuseStep, type Arg, type NativeFn, type PendingOp } from "./cuda-fuse.ts";
 import type {
   Activation, AttentionOptions, Backend, KvLayer, KvType, RopeOptions, Weight,
 } from "./backend.ts";
 
 type Lib = ReturnType<typeof native>;
-// eslint-disable-next-line @typescript-eslint/no-explicit-any
-type NativeFn = (...args: any[]) => number;
 
 class CudaWeight implements Weight {
   constructor(readonly name: string, readonly typeName: string, readonly typeId: number,
@@ -45,23 +50,18 @@ function a(x: Activation): CudaActivation { return x as CudaActivation; }
 export interface CudaBackendOptions {
   /** Replay decode steps as CUDA graphs (default: on unless INFER_CUDA_GRAPHS=0). */
   readonly graphs?: boolean;
-  /** Fuse recorded decode steps' ops (default: on unless INFER_CUDA_FUSE=0); see fuse(). */
+  /** Fuse recorded decode steps' ops (default: on unless INFER_CUDA_FUSE=0); see cuda-fuse.ts. */
   readonly fusion?: boolean;
 }
 
 /** Attention scratch above this many f32 values is split into chunks of query rows. */
 const ATTENTION_SCRATCH_BUDGET = 64 << 20;
 const HEAD_DIM_MAX = 512;
-const GRAPHS_MAX = 8;
+/** Decode graphs kept: host and device greedy steps, a few attention splits each. */
+const GRAPHS_MAX = 16;
+/** Token ids queued by argmaxToken at most (lib/cuda/cuda.zig event_slots). */
+const TOKEN_SLOTS = 16;
 const NAN_BITS = 0x7fc00000;
-
-type Arg = number | boolean;
-interface PendingOp { code: number; fn: NativeFn; args: Arg[]; what: string }
-
-// Op codes (the first argument of op()); the peephole in fuse() matches on them.
-const RMS_NORM = 3, QUANTIZE = 5, MATMUL = 6, ROPE = 7, GELU = 10, SILU = 11, ADD = 12;
-/** Fused norms keep a row and its weights in shared memory (lib/cuda/cuda.zig fused_cols_max). */
-const FUSED_COLS_MAX = 6144;
 
 export class CudaBackend implements Backend {
   readonly name = "cuda";
@@ -69,6 +69,7 @@ export class CudaBackend implements Backend {
   private readonly lib: Lib;
   private readonly graphsEnabled: boolean;
   private readonly fusion: boolean;
+  private readonly splitByCells: boolean;
   private readonly deviceAllocations = new Set<number>();
   private readonly hostAllocations: number[] = [];
   private readonly weights = new Map<string, CudaWeight>();
@@ -81,9 +82,22 @@ export class CudaBackend implements Backend {
   private cached: { act: CudaActivation; version: number; mode: number; first: number; rows: number } | null = null;
   private scratch = 0;
   private scratchFloats = 0;
+  /** Zeroed u32 counters of split attention (one per query row; every launch leaves them zero). */
+  private arrived = 0;
+  private arrivedRows = 0;
   // The step: token ids and positions as last uploaded.
   private hostIds = new Int32Array(256);
   private idCount = 0;
+  /** The ids were written on the device by argmaxToken over a vocabulary of idsWidth. */
+  private idsOnDevice = false;
+  private idsWidth = 0;
+  // Greedy tokens: argmax scratch (16 bytes), pinned slots the ids are copied into, and the
+  // slots queued, oldest first.
+  private argmaxScratch = 0;
+  private tokenSlots: Int32Array | null = null;
+  private tokenSlotsAddress = 0;
+  private readonly tokenQueue: number[] = [];
+  private tokenCount = 0;
   private positionsAct: CudaActivation | null = null;
   private hostPositions = new Int32Array(256);
   /** Rows of positionsAct set since its row 0 was last set. */
@@ -98,12 +112,18 @@ export class CudaBackend implements Backend {
   private readonly graphs = new Map<string, number>();
   private readonly seen = new Set<string>();
   /** Decode steps run op by op, graphs captured and replayed; launch calls in the last step before and after fusion. */
-  readonly stats = { eagerSteps: 0, captures: 0, graphLaunches: 0, stepOps: 0, stepOpsFused: 0 };
+  readonly stats = { eagerSteps: 0, captures: 0, graphLaunches: 0, stepOps: 0, stepOpsFused: 0,
+    /** Greedy device steps queued; host ms spent queueing them (from keepTokens) and waiting in takeToken. */
+    greedySteps: 0, greedyQueueMs: 0, greedyWaitMs: 0 };
+  private stepStart = 0;
+  /** The graph launched last (bench/cuda-decode.ts replays it to time the GPU alone). */
+  lastGraph = 0;
 
   private constructor(options: CudaBackendOptions) {
     this.lib = native();
     this.graphsEnabled = options.graphs ?? process.env.INFER_CUDA_GRAPHS !== "0";
     this.fusion = options.fusion ?? process.env.INFER_CUDA_FUSE !== "0";
+    this.splitByCells = process.env.INFER_CUDA_SPLIT === "cells";
   }
 
   /** Initialises CUDA (throws "CUDA not available: …" as an InferError) and makes a backend. */
@@ -216,11 +236,17 @@ export class CudaBackend implements Backend {
     const recorded = this.pending;
     this.pending = [];
     const key = `${this.h1 >>> 0}:${this.h2 >>> 0}:${recorded.length}`;
-    const ops = this.fusion ? this.fuse(recorded) : recorded;
     this.stats.stepOps = recorded.length;
-    this.stats.stepOpsFused = ops.length;
     let exec = this.graphs.get(key);
-    if (exec === undefined && this.seen.has(key)) {
+    if (exec !== undefined) { // the common case: nothing to fuse or capture
+      this.lastGraph = exec;
+      check(this.lib.infer_cuda_graph_launch(exec), "CUDA graph launch");
+      this.stats.graphLaunches++;
+      return;
+    }
+    const ops = this.fusion ? fuseStep(this.lib, recorded) : recorded;
+    this.stats.stepOpsFused = ops.length;
+    if (this.seen.has(key)) {
       check(this.lib.infer_cuda_capture_begin(), "CUDA graph capture");
       try {
         this.runPending(ops);
@@ -247,87 +273,6 @@ export class CudaBackend implements Backend {
     this.runPending(ops);
   }
 
-  /**
-   * Peephole over a recorded step: add → rms_norm → quantize, rms_norm → quantize and
-   * gelu/silu → quantize become one kernel each; two or three one-token matmuls over the same
-   * quantized input (q/k/v, gate/up) one launch; the queries' and keys' RoPE, and their head
-   * norms, one launch each. Every
-   * fused kernel computes its parts' values bit for bit (the unfused path, INFER_CUDA_GRAPHS=0,
-   * is the reference the tests compare it with); fewer launches make a shorter graph.
-   */
-  private fuse(ops: PendingOp[]): PendingOp[] {
-    const L = this.lib, out: PendingOp[] = [];
-    const num = (o: PendingOp) => o.args as number[];
-    for (let i = 0; i < ops.length; i++) {
-      const o = ops[i], n1 = ops[i + 1], n2 = ops[i + 2];
-      if (o.code === ADD && n1?.code === RMS_NORM && n2?.code === QUANTIZE) {
-        const [a, b, n, sum] = num(o), [x, w, rows, cols, eps, normed] = num(n1), [qx, qr, qc, mode, q, d] = num(n2);
-        if (x === sum && rows * cols === n && qx === normed && qr === rows && qc === cols && cols <= FUSED_COLS_MAX) {
-          out.push({ code: -1, fn: L.infer_cuda_add_rms_norm_quant, args: [a, b, sum, w, rows, cols, eps, normed, mode, q, d],
-            what: "add + rms_norm + quantize" });
-          i += 2;
-          continue;
-        }
-      }
-      if (o.code === RMS_NORM && n1?.code === QUANTIZE) {
-        const [x, w, rows, cols, eps, normed] = num(o), [qx, qr, qc, mode, q, d] = num(n1);
-        if (qx === normed && qr === rows && qc === cols && cols <= FUSED_COLS_MAX) {
-          out.push({ code: -1, fn: L.infer_cuda_rms_norm_quant, args: [x, w, rows, cols, eps, normed, mode, q, d],
-            what: "rms_norm + quantize" });
-          i += 1;
-          continue;
-        }
-      }
-      if (o.code === RMS_NORM && n1?.code === RMS_NORM) {
-        // Two in-place norms of the same width (the query and key head norms).
-        const [xa, wa, ra, ca, ea, oa] = num(o), [xb, wb, rb, cb, eb, ob] = num(n1);
-        if (xa === oa && xb === ob && ca === cb && ea === eb && xa !== xb) {
-          out.push({ code: -1, fn: L.infer_cuda_rms_norm2, args: [xa, wa, ra, xb, wb, rb, ca, ea], what: "rms_norm (q and k heads)" });
-          i += 1;
-          continue;
-        }
-      }
-      if ((o.code === GELU || o.code === SILU) && n1?.code === QUANTIZE) {
-        const [g, u, n, y] = num(o), [qx, qr, qc, mode, q, d] = num(n1);
-        if (qx === y && qr * qc === n) {
-          out.push({ code: -1, fn: L.infer_cuda_act_mul_quant, args: [o.code === SILU ? 1 : 0, g, u, qr, qc, y, mode, q, d],
-            what: "gated activation + quantize" });
-          i += 1;
-          continue;
-        }
-      }
-      if (o.code === MATMUL && n1?.code === MATMUL) {
-        // [w, type, n_out, n_in, x, xq, xd, rows, out]
-        const first = num(o), group = [first];
-        const quantized = first[4] === 0 && first[5] !== 0 && first[7] === 1;
-        for (let j = i + 1; quantized && j < ops.length && group.length < 3 && ops[j].code === MATMUL; j++) {
-          const m = num(ops[j]);
-          if (m[1] !== first[1] || m[3] !== first[3] || m[4] !== 0 || m[5] !== first[5] || m[6] !== first[6] || m[7] !== 1) break;
-          group.push(m);
-        }
-        if (group.length >= 2) {
-          const [a, b, c] = [group[0], group[1], group[2] ?? [0, 0, 0, 0, 0, 0, 0, 0, 0]];
-          out.push({ code: -1, fn: L.infer_cuda_matmul_multi, args: [first[1], first[3], first[5], first[6],
-            a[0], a[2], a[8], b[0], b[2], b[8], c[0], c[2], c[8]], what: `${group.length} matmuls` });
-          i += group.length - 1;
-          continue;
-        }
-      }
-      if (o.code === ROPE && n1?.code === ROPE) {
-        // [x, rows, heads, headDim, rot, positions, base, scale, mode, factors]
-        const A = num(o), B = num(n1);
-        if ([1, 3, 4, 5, 6, 7, 8, 9].every((k) => A[k] === B[k])) {
-          out.push({ code: -1, fn: L.infer_cuda_rope2, args: [A[0], A[2], B[0], B[2], A[1], A[3], A[4], A[5], A[6], A[7],
-            A[8], A[9]], what: "rope (q and k)" });
-          i += 1;
-          continue;
-        }
-      }
-      out.push(o);
-    }
-    return out;
-  }
-
   private destroyGraphs(): void {
     for (const handle of this.graphs.values()) this.lib.infer_cuda_graph_destroy(handle);
     this.graphs.clear();
@@ -349,7 +294,23 @@ export class CudaBackend implements Backend {
     if (this.hostIds.length < count) this.hostIds = new Int32Array(count);
     for (let i = 0; i < count; i++) this.hostIds[i] = ids[i];
     this.idCount = count;
+    this.idsOnDevice = false;
     check(this.lib.infer_cuda_upload(a(dst).address, this.hostIds, count * 4), "upload token ids");
+    this.beginStep(count);
+  }
+
+  keepTokens(dst: Activation, count: number): void {
+    this.stopRecording();
+    if (count !== 1 || this.idsWidth === 0) {
+      throw new InferError("internal", `keepTokens: ${count} ids, ${this.idsWidth ? "" : "none "}left by argmaxToken`);
+    }
+    this.idCount = count;
+    this.idsOnDevice = true;
+    this.stepStart = performance.now();
+    this.beginStep(count);
+  }
+
+  private beginStep(count: number): void {
     if (this.graphsEnabled && count === 1) {
       this.recording = true;
       this.h1 = 0x12345678;
@@ -387,7 +348,10 @@ export class CudaBackend implements Backend {
   embed(table: Weight, ids: Activation, rows: number, out: Activation): void {
     const t = w(table);
     if (rows > this.idCount) throw new InferError("internal", `embed: ${rows} ids asked, ${this.idCount} set`);
-    for (let i = 0; i < rows; i++) {
+    if (this.idsOnDevice && this.idsWidth > t.dims[1]) {
+      throw new InferError("invalid_argument", `an argmax over ${this.idsWidth} logits indexes ${t.dims[1]} embeddings`);
+    }
+    for (let i = 0; i < (this.idsOnDevice ? 0 : rows); i++) {
       const id = this.hostIds[i];
       if (id < 0 || id >= t.dims[1]) {
         throw new InferError("invalid_argument", `token id ${id} is out of range (vocabulary: ${t.dims[1]})`);
@@ -507,7 +471,7 @@ export class CudaBackend implements Backend {
     }
     const p = this.positionsFor(position, rows, firstRow);
     // Decode: split the keys over blocks so that a long context fills the GPU; prefill has rows.
-    const split = rows <= 2 ? Math.min(32, Math.max(1, Math.ceil(l.cells / 256))) : 1;
+    const split = rows <= 2 ? this.attentionSplit(l, position + rows) : 1;
     const need = (n: number) => Number(this.lib.infer_cuda_attention_scratch(n, o.heads, o.headDim, l.cells, split));
     let chunk = rows;
     while (chunk > 1 && need(chunk) > ATTENTION_SCRATCH_BUDGET) chunk = Math.ceil(chunk / 2);
@@ -520,14 +484,38 @@ export class CudaBackend implements Backend {
       this.scratch = this.alloc(capacity * 4, "attention scratch");
       this.scratchFloats = capacity;
     }
+    if (split > 1 && rows * o.heads > this.arrivedRows) {
+      if (this.arrived !== 0) this.beforeRealloc();
+      this.release(this.arrived);
+      this.arrived = 0;
+      const capacity = Math.max(rows * o.heads, 2 * o.heads);
+      this.arrived = this.alloc(capacity * 4, "attention counters");
+      check(this.lib.infer_cuda_fill32(this.arrived, 0, capacity), "zero attention counters");
+      this.arrivedRows = capacity;
+    }
     const rowBytes = q.cols * 4;
     for (let r0 = 0; r0 < rows; r0 += chunk) {
       const n = Math.min(chunk, rows - r0), r = firstRow + r0;
       this.op(9, this.lib.infer_cuda_attention, [a(q).address + r * rowBytes, l.k, l.v, a(out).address + r * rowBytes,
         p + r0 * 4, n, o.heads, o.kvHeads, o.headDim, o.window, l.cells, l.ring, o.scale, this.scratch,
-        this.scratchFloats, split], "attention");
+        this.scratchFloats, split, split > 1 ? this.arrived : 0], "attention");
     }
     a(out).version++;
+  }
+
+  /**
+   * Splits of one decode query's keys. A split's keys are a serial chain of loads in its block, so
+   * by default a split takes about 4 visible keys, the count rounded up to a power of two (1 … 32:
+   * 128 keys and more take 32): a graph is captured per power of two the context passes (6 in
+   * all). With INFER_CUDA_SPLIT=cells, a fixed split from the cache size (one graph for every
+   * position; the old choice, slower as the context grows: H200, Qwen3-0.6B shape, 144 keys).
+   */
+  private attentionSplit(l: CudaKvLayer, visible: number): number {
+    if (this.splitByCells) return Math.min(32, Math.max(1, Math.ceil(l.cells / 256)));
+    const keys = Math.min(visible, l.ring ? l.cells : visible);
+    let split = 1;
+    while (split < 32 && split * 4 < keys) split *= 2;
+    return split;
   }
 
   geluMul(gate: Activation, up: Activation, rows: number, out: Activation): void {
@@ -552,6 +540,46 @@ export class CudaBackend implements Backend {
     }
     this.op(13, this.lib.infer_cuda_add_row_bias, [a(x).address, b.address, rows, x.cols], `add bias ${b.name}`);
     a(x).version++;
+  }
+
+  argmaxToken(logits: Activation, ids: Activation): void {
+    if (this.tokenQueue.length >= TOKEN_SLOTS) throw new InferError("internal", "too many greedy tokens queued");
+    if (this.argmaxScratch === 0) {
+      this.argmaxScratch = this.alloc(16, "argmax scratch");
+      check(this.lib.infer_cuda_fill32(this.argmaxScratch, 0, 4), "zero argmax scratch");
+      const { address, buffer } = cudaHostAlloc(TOKEN_SLOTS * 4, "greedy token slots");
+      this.hostAllocations.push(address);
+      this.tokenSlots = new Int32Array(buffer);
+      this.tokenSlotsAddress = address;
+    }
+    this.op(14, this.lib.infer_cuda_argmax, [a(logits).address, logits.cols, this.argmaxScratch, a(ids).address],
+      "argmax");
+    a(ids).version++;
+    this.idsWidth = logits.cols;
+    if (this.recording) this.finishStep();
+    const slot = this.tokenCount++ % TOKEN_SLOTS;
+    check(this.lib.infer_cuda_download_async(this.tokenSlotsAddress + slot * 4, a(ids).address, 4, slot),
+      "queue a greedy token");
+    this.tokenQueue.push(slot);
+    if (this.idsOnDevice) {
+      this.stats.greedySteps++;
+      this.stats.greedyQueueMs += performance.now() - this.stepStart;
+    }
+  }
+
+  takeToken(): number {
+    const slot = this.tokenQueue.shift();
+    if (slot === undefined) throw new InferError("internal", "takeToken: no greedy token queued");
+    const t0 = performance.now();
+    check(this.lib.infer_cuda_event_wait(slot), "greedy token");
+    this.stats.greedyWaitMs += performance.now() - t0;
+    return this.tokenSlots![slot];
+  }
+
+  dropTokens(): void {
+    if (this.tokenQueue.length === 0) return;
+    this.tokenQueue.length = 0;
+    check(this.lib.infer_cuda_sync(), "CUDA sync");
   }
 
   read(x: Activation, rows: number): Float32Array {

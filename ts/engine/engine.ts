@@ -32,6 +32,16 @@ export interface EngineOptions {
   readonly onProgress?: (done: number, total: number) => void;
 }
 
+/** One generation in progress: the logits after the last evaluated token, or a step in flight. */
+interface Running {
+  readonly generation: Generation;
+  logits: Float32Array;
+  /** Greedy decoding with the argmax on the device (see deviceStep). */
+  readonly onDevice: boolean;
+  /** A device step is queued whose argmax is the next token. */
+  inFlight: boolean;
+}
+
 export class Engine {
   private position = 0;
   /** The tokens whose keys and values the cache holds, positions 0..position-1. */
@@ -133,7 +143,11 @@ export class Engine {
   /** Generates from a prompt (text is tokenized as llama.cpp does: BOS, control tokens parsed). */
   generate(prompt: string | readonly number[], options: GenerateOptions): GenerateResult {
     const g = this.start(prompt, options);
-    while (this.step(g));
+    try {
+      while (this.step(g));
+    } finally {
+      this.settle(g);
+    }
     return g.generation.finish();
   }
 
@@ -144,27 +158,83 @@ export class Engine {
   async generateAsync(prompt: string | readonly number[],
     options: GenerateOptions): Promise<GenerateResult> {
     const g = this.start(prompt, options);
-    while (this.step(g)) await new Promise<void>((resolve) => setImmediate(resolve));
+    try {
+      while (this.step(g)) await new Promise<void>((resolve) => setImmediate(resolve));
+    } finally {
+      this.settle(g);
+    }
     return g.generation.finish();
   }
 
-  private start(prompt: string | readonly number[], options: GenerateOptions):
-    { generation: Generation; logits: Float32Array } {
+  private start(prompt: string | readonly number[], options: GenerateOptions): Running {
     const promptTokens = typeof prompt === "string"
       ? this.tokenizer.encode(prompt, { addSpecial: true, parseSpecial: true })
       : [...prompt];
     const generation = new Generation(this.tokenizer, promptTokens, this.contextLength, options);
     const { logits, reused } = this.prefill(promptTokens, options.reuseCache ?? true);
     generation.promptDone(promptTokens.length - reused);
-    return { generation, logits };
+    const be = this.backend;
+    const onDevice = generation.greedy && be.argmaxToken !== undefined &&
+      process.env.INFER_DEVICE_GREEDY !== "0";
+    return { generation, logits, onDevice, inFlight: false };
   }
 
   /** Samples one token and evaluates it; false once generation has ended. */
-  private step(g: { generation: Generation; logits: Float32Array }): boolean {
+  private step(g: Running): boolean {
+    if (g.onDevice) return this.deviceStep(g);
     const token = g.generation.next(g.logits, this.position);
     if (token === null) return false;
     g.logits = this.evaluate([token]);
     return true;
+  }
+
+  /**
+   * Greedy decoding with the argmax on the device, one step ahead of the host: the step that
+   * evaluates token k+1 (the one step k's argmax left in device memory) is queued before the
+   * host reads token k, so the GPU never waits for the host's sampling, streaming or launches.
+   * The tokens and stop decisions are next()'s. When token k ends the generation, step k+1 was
+   * speculative: its keys and values lie past the sequence's length and are never read.
+   */
+  private deviceStep(g: Running): boolean {
+    const be = this.backend;
+    if (!g.inFlight) {
+      const token = g.generation.next(g.logits, this.position); // the prompt's logits, on the host
+      if (token === null) return false;
+      this.queueGreedy(token);
+      this.history[this.position++] = token;
+      g.inFlight = true;
+      return true;
+    }
+    const ahead = this.position < this.contextLength;
+    if (ahead) this.queueGreedy(null);
+    const token = g.generation.accept(be.takeToken!(), this.position);
+    if (token === null) {
+      g.inFlight = false;
+      be.dropTokens!();
+      return false;
+    }
+    if (!ahead) throw new InferError("internal", "a token past the context was accepted");
+    this.history[this.position++] = token;
+    return true;
+  }
+
+  /** Queues one greedy step at the current position: `token`, or (null) the device's. */
+  private queueGreedy(token: number | null): void {
+    this.model.forwardBatch({
+      tokens: token === null ? [] : [token],
+      segments: [{ rows: 1, position: this.position, cache: this.cache.layers }],
+      logitRows: 1, greedy: { tokenOnDevice: token === null },
+    }, () => {
+      throw new InferError("internal", "greedy decoding on the device produced host logits");
+    });
+  }
+
+  /** After a generation (ended or failed): no device step stays queued. */
+  private settle(g: Running): void {
+    if (g.onDevice) {
+      g.inFlight = false;
+      this.backend.dropTokens!();
+    }
   }
 
   close(): void {

@@ -100,10 +100,29 @@ export class Generation {
    */
   next(logits: Float32Array, length: number): number | null {
     if (this.finished || this.interrupted()) return null;
-    const o = this.o, constraint = o.constraint;
+    const constraint = this.o.constraint;
     const budget = Math.min(this.maxTokens - this.tokens.length, this.contextLength - length);
     const token = this.sampler.sample(logits,
       constraint ? (x) => constraint.mask(x, budget) : undefined);
+    return this.take(token, length);
+  }
+
+  /**
+   * Whether every token is the first maximum of the logits (no sampling, bias, penalty or
+   * constraint): then the argmax may be taken on the device and handed to accept().
+   */
+  get greedy(): boolean {
+    return this.sampler.plainGreedy && !this.o.constraint;
+  }
+
+  /** As next(), for the token a greedy argmax already chose from those logits (see greedy). */
+  accept(token: number, length: number): number | null {
+    if (this.finished || this.interrupted()) return null;
+    return this.take(token, length);
+  }
+
+  private take(token: number, length: number): number | null {
+    const o = this.o, constraint = o.constraint;
     // Under a constraint, end-of-generation is allowed only once the output is complete.
     const eog = this.tokenizer.isEndOfGeneration(token);
     if (this.stopTokens.has(token) || (eog && (!o.ignoreEos || constraint))) return this.end("eos");

@@ -152,6 +152,7 @@ export class Gemma3 implements Model {
     }
     if (batch.logitRows === 0) return; // a prompt's body: only its keys and values were needed
     be.rmsNorm(x, this.outputNorm, n, c.normEps, b.normed);
-    this.head.rows(b.normed, n - batch.logitRows, batch.logitRows, sink);
+    this.head.rows(b.normed, n - batch.logitRows, batch.logitRows, sink,
+      batch.greedy ? b.ids : null);
   }
 }

@@ -198,9 +198,24 @@ export class LogitsHead {
     this.last = be.activation("logits", 1, vocab);
   }
 
-  /** Hands the logits of rows first .. first + count - 1 of x to `sink`, a chunk at a time. */
-  rows(x: Activation, first: number, count: number, sink: LogitsSink): void {
+  /**
+   * Hands the logits of rows first .. first + count - 1 of x to `sink`, a chunk at a time; with
+   * `greedyIds` (Batch.greedy), the one row's argmax goes to those ids on the device instead.
+   */
+  rows(x: Activation, first: number, count: number, sink: LogitsSink,
+    greedyIds: Activation | null = null): void {
     if (count === 0) return;
+    if (greedyIds) {
+      const be = this.be;
+      if (count !== 1 || !be.argmaxToken) {
+        throw new InferError("invalid_argument", `greedy decoding on the ${be.name} backend with ` +
+          `${count} rows of logits`);
+      }
+      be.matmul(this.output, x, 1, this.last, first);
+      if (this.bias) be.addBias(this.last, this.bias, 1);
+      be.argmaxToken(this.last, greedyIds);
+      return;
+    }
     if (count === 1) {
       this.be.matmul(this.output, x, 1, this.last, first);
       if (this.bias) this.be.addBias(this.last, this.bias, 1);
@@ -234,7 +249,13 @@ export function setBatchInputs(be: Backend, b: DecoderBuffers, batch: Batch, max
   if (!(batch.logitRows >= 0 && batch.logitRows <= rows)) {
     throw new InferError("invalid_argument", `logits of ${batch.logitRows} rows of ${rows} asked`);
   }
-  be.setTokens(b.ids, batch.tokens, rows);
+  if (batch.greedy && (rows !== 1 || batch.logitRows !== 1)) {
+    throw new InferError("invalid_argument", `greedy decoding on the device takes one row, not ${rows}`);
+  }
+  if (batch.greedy?.tokenOnDevice) {
+    if (!be.keepTokens) throw new InferError("unsupported", `the ${be.name} backend keeps no tokens`);
+    be.keepTokens(b.ids, rows);
+  } else be.setTokens(b.ids, batch.tokens, rows);
   return rows;
 }
 

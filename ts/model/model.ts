@@ -49,6 +49,13 @@ export interface Batch {
    * head is the largest matmul.
    */
   readonly logitRows: number;
+  /**
+   * Greedy decoding on the device (a backend with argmaxToken; one row, logitRows 1): the argmax
+   * of the logits becomes the next batch's token in device memory and is queued for the
+   * backend's takeToken(); the sink is not called. tokenOnDevice: this batch's token is the one
+   * the previous greedy batch left there (`tokens` is not read).
+   */
+  readonly greedy?: { readonly tokenOnDevice: boolean };
 }
 
 /** Receives `rows` rows of logits starting at batch row `firstRow` (a view valid during the call). */

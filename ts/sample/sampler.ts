@@ -99,6 +99,11 @@ export class Sampler {
     return o.repeatLastN !== 0 && any;
   }
 
+  /** Whether sample() is the first maximum of the logits as they are (no bias, penalty, draw). */
+  get plainGreedy(): boolean {
+    return this.options.temperature <= 0 && this.biasIds.length === 0 && !this.penalised;
+  }
+
   /** Records a token of the sequence (prompt or generated) for the penalty window. */
   accept(token: number): void {
     if (!this.penalised) return;
