@@ -1,12 +1,16 @@
 // The CUDA backend on random-weight GGUFs with real shapes (bench/random-model.ts): batch-1 decode
-// after a 16-token prompt (tokens/s, median of runs, greedy argmax on the host included), the same
-// with the decode step's fusions off (INFER_CUDA_FUSE=0) and with CUDA graphs off, a 512-token prefill, and optionally a check against the CPU backend
+// after a 16-token prompt (tokens/s, median of runs) as Engine.generate runs greedy decoding (the
+// argmax on the device, a step queued ahead of the host) and as a host loop (evaluate, then the
+// argmax of the logits in JS: what decode cost before); the GPU time of one decode step (its
+// graph replayed back to back); a 512-token prefill; optionally the decode step's fusions off
+// (INFER_CUDA_FUSE=0) and CUDA graphs off (--variants 1), and a check against the CPU backend
 // (greedy tokens and prompt logits). Prints a table, then one JSON line per model.
 //   bun bench/cuda-decode.ts [--models qwen3-0.6b,llama-3.2-1b] [--quants Q4_0,Q8_0,Q4_K]
-//       [--runs 3] [--gen 128] [--prefill 512] [--check 32] [--ctx 2048]
+//       [--runs 3] [--gen 128] [--prefill 512] [--check 32] [--ctx 2048] [--variants 0]
 import { statSync } from "node:fs";
 import { CudaBackend } from "../ts/backend/cuda.ts";
 import { Engine } from "../ts/engine/engine.ts";
+import { native } from "../ts/native/lib.ts";
 import { cudaDeviceInfo, cudaInit } from "../ts/native/cuda.ts";
 import { ensureRandomModel, randomQuants, randomShapes, type RandomQuant } from "./random-model.ts";
 
@@ -41,6 +45,28 @@ function decode(engine: Engine, prompt: number[], gen: number): { rate: number; 
   return { rate: gen / ((performance.now() - t0) / 1000), tokens, first };
 }
 
+/** The same greedy decode through Engine.generate (device argmax when the backend has one). */
+function generate(engine: Engine, prompt: number[], gen: number): { rate: number; tokens: number[] } {
+  const sampling = { temperature: 0, topK: 0, topP: 1, minP: 0, seed: 1 };
+  const r = engine.generate(prompt, { maxTokens: gen, sampling, ignoreEos: true, reuseCache: false });
+  return { rate: r.tokens.length / (r.generateMs / 1000), tokens: r.tokens };
+}
+
+/**
+ * Microseconds of GPU time per decode step: the graph launched last replayed back to back (at the
+ * position the device holds: the last step's).
+ */
+function replayUs(engine: Engine, times: number): number {
+  const exec = (engine.backend as CudaBackend).lastGraph;
+  if (exec === 0) return NaN;
+  const lib = native();
+  lib.infer_cuda_sync();
+  const t0 = performance.now();
+  for (let i = 0; i < times; i++) lib.infer_cuda_graph_launch(exec);
+  lib.infer_cuda_sync();
+  return ((performance.now() - t0) * 1000) / times;
+}
+
 function withEnv<T>(name: string, on: boolean, f: () => T): T {
   const saved = process.env[name];
   process.env[name] = on ? "1" : "0";
@@ -57,12 +83,12 @@ const models = arg("--models", randomShapes.map((s) => s.key).join(",")).split("
 const quants = arg("--quants", randomQuants.join(",")).split(",") as RandomQuant[];
 const runs = Number(arg("--runs", "3")), gen = Number(arg("--gen", "128"));
 const prefillLength = Number(arg("--prefill", "512")), check = Number(arg("--check", "0"));
-const ctx = Number(arg("--ctx", "2048"));
+const ctx = Number(arg("--ctx", "2048")), variants = arg("--variants", "0") === "1";
 
 cudaInit();
 const info = cudaDeviceInfo();
 console.log(`# ${new Date().toISOString()} ${info.name} (sm_${info.computeCapability}, ${info.multiprocessors} SMs, ` +
-  `driver ${info.driverVersion}); runs ${runs}, gen ${gen}, prompt 16, prefill ${prefillLength}, ctx ${ctx}`);
+  `driver ${info.driverVersion}); PDL ${process.env.INFER_CUDA_PDL === "0" ? "off" : "on"}; runs ${runs}, gen ${gen}, prompt 16, prefill ${prefillLength}, ctx ${ctx}`);
 // Byte-level tokens: ids 97.. are the ASCII letters of the synthetic vocabulary.
 const prompt16 = Array.from({ length: 16 }, (_, i) => 97 + (i % 26));
 const promptLong = Array.from({ length: prefillLength }, (_, i) => 97 + ((i * 7) % 26));
@@ -77,16 +103,24 @@ for (const key of models) {
     const t0 = performance.now();
     const engine = withGraphs(true, open);
     const loadMs = performance.now() - t0;
-    decode(engine, prompt16, 8); // warm-up: kernels loaded, graphs captured
-    const rates: number[] = [];
-    let tokens: number[] = [], first: Float32Array = new Float32Array(0);
-    for (let r = 0; r < runs; r++) {
+    decode(engine, prompt16, gen); // warm-up: kernels loaded, graphs captured (one per split)
+    generate(engine, prompt16, gen);
+    const rates: number[] = [], hostRates: number[] = [];
+    let tokens: number[] = [], deviceTokens: number[] = [], first: Float32Array = new Float32Array(0);
+    for (let r = 0; r < runs; r++) { // interleaved: device greedy, host loop
+      const g = generate(engine, prompt16, gen);
+      rates.push(g.rate);
+      deviceTokens = g.tokens;
       const d = decode(engine, prompt16, gen);
-      rates.push(d.rate);
+      hostRates.push(d.rate);
       tokens = d.tokens;
       first = d.first;
     }
-    const stats = (engine.backend as CudaBackend).stats;
+    generate(engine, prompt16, gen);
+    const lateUs = replayUs(engine, 200); // at the position the runs end at
+    generate(engine, prompt16, 8); // the device-greedy step's graph is the last one used
+    const stepUs = replayUs(engine, 200);
+    const stats = { ...(engine.backend as CudaBackend).stats };
     engine.reset();
     engine.evaluate(promptLong); // warm-up
     const prefill: number[] = [];
@@ -97,14 +131,18 @@ for (const key of models) {
       prefill.push(prefillLength / ((performance.now() - p0) / 1000));
     }
     engine.close();
-    const eager = withGraphs(false, open);
-    decode(eager, prompt16, 8);
-    const eagerRate = decode(eager, prompt16, gen).rate;
-    eager.close();
-    const unfused = withEnv("INFER_CUDA_FUSE", false, () => withGraphs(true, open));
-    decode(unfused, prompt16, 8);
-    const unfusedRate = decode(unfused, prompt16, gen).rate;
-    unfused.close();
+    let eagerRate = NaN, unfusedRate = NaN;
+    if (variants) {
+      const eager = withGraphs(false, open);
+      generate(eager, prompt16, 8);
+      eagerRate = generate(eager, prompt16, gen).rate;
+      eager.close();
+      const unfused = withEnv("INFER_CUDA_FUSE", false, () => withGraphs(true, open));
+      generate(unfused, prompt16, 8);
+      unfusedRate = generate(unfused, prompt16, gen).rate;
+      unfused.close();
+    }
+    const sameDevice = deviceTokens.filter((t, i) => t === tokens[i]).length;
     let agree = "";
     if (check > 0) {
       const cpu = Engine.open({ modelPath: path, backend: "cpu", contextLength: ctx, batch: 64 });
@@ -118,16 +156,22 @@ for (const key of models) {
       const same = want.tokens.filter((t, i) => t === tokens[i]).length;
       agree = `${same}/${check} greedy tokens equal to the CPU's, prompt logits error ${(maxDiff / maxRef).toExponential(2)}`;
     }
+    agree = `device argmax = host argmax ${sameDevice}/${gen}${agree ? "; " : ""}${agree}`;
     const rate = median(rates);
     const row = {
       model: shape.label, quant, fileMiB: Math.round(bytes / 2 ** 20), decodeTokS: +rate.toFixed(1),
-      decodeRuns: rates.map((r) => +r.toFixed(1)), decodeNoGraphsTokS: +eagerRate.toFixed(1), decodeUnfusedTokS: +unfusedRate.toFixed(1),
+      decodeRuns: rates.map((r) => +r.toFixed(1)), hostLoopTokS: +median(hostRates).toFixed(1),
+      hostLoopRuns: hostRates.map((r) => +r.toFixed(1)), stepGpuUs: +stepUs.toFixed(1),
+      stepGpuUsLate: +lateUs.toFixed(1), decodeNoGraphsTokS: +eagerRate.toFixed(1), decodeUnfusedTokS: +unfusedRate.toFixed(1),
       prefillTokS: +median(prefill).toFixed(0), effectiveGBs: +((bytes * rate) / 1e9).toFixed(0), loadMs: Math.round(loadMs),
       graphs: stats, check: agree,
     };
     rows.push(JSON.stringify(row));
     console.log(`${shape.label.padEnd(20)} ${quant.padEnd(5)} ${String(row.fileMiB).padStart(5)} MiB | decode ` +
-      `${rate.toFixed(0).padStart(5)} tok/s (runs ${row.decodeRuns.join(", ")}; unfused ${unfusedRate.toFixed(0)}, ` +
+      `${rate.toFixed(0).padStart(5)} tok/s (runs ${row.decodeRuns.join(", ")}; host loop ${row.hostLoopTokS}; ` +
+      `graph replay ${row.stepGpuUs} us/step at ${16 + 8} tokens, ${row.stepGpuUsLate} at ${16 + gen}; host per greedy step: queue ` +
+      `${(stats.greedyQueueMs * 1000 / stats.greedySteps).toFixed(0)} us, wait ` +
+      `${(stats.greedyWaitMs * 1000 / stats.greedySteps).toFixed(0)} us; unfused ${unfusedRate.toFixed(0)}, ` +
       `graphs off ${eagerRate.toFixed(0)}) | ${stats.stepOpsFused} launch calls a step | ` +
       `prefill ${prefillLength} ${row.prefillTokS} tok/s | weights ${row.effectiveGBs} GB/s | ${agree}`);
   }

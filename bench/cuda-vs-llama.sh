@@ -14,6 +14,6 @@ bash shaders/cuda/build.sh >/dev/null
 (timeout 200 bun test test/cuda.test.ts 2>&1 | grep -v "^\s*$" | tail -75) > $OUT/cuda-test.txt || true; grep -E "^ [0-9]+ (pass|fail)" $OUT/cuda-test.txt || true
 bun -e 'import { ensureRandomModel, randomShapes } from "./bench/random-model.ts"; for (const k of ["qwen3-0.6b","llama-3.2-1b"]) for (const q of ["Q4_0","Q8_0","Q4_K"]) ensureRandomModel(randomShapes.find(s => s.key === k), q);' 2>&1 | tail -2
 wait $B; cat $OUT/llama-build.txt; echo "t=$(( $(date +%s) - T0 ))s"
-timeout 150 bun bench/cuda-decode.ts --models qwen3-0.6b,llama-3.2-1b --quants Q4_0,Q8_0,Q4_K --runs 3 --gen 128 --prefill 512 --check 32 > $OUT/infer-bench.txt 2>&1 || true; grep -v "^{" $OUT/infer-bench.txt | tail -8
+timeout 300 bun bench/cuda-decode.ts --models qwen3-0.6b,llama-3.2-1b --quants Q4_0,Q8_0,Q4_K --runs 3 --gen 128 --prefill 512 --check 32 > $OUT/infer-bench.txt 2>&1 || true; grep -v "^{" $OUT/infer-bench.txt | tail -8
 for f in /tmp/ic/bench-models/*.gguf; do [ -x /tmp/l/llama.cpp/b/bin/llama-bench ] || break; timeout 60 /tmp/l/llama.cpp/b/bin/llama-bench -m $f -p 512 -n 128 -r 3 -ngl 99 -fa 1 -o md 2>/dev/null | grep -E "pp512|tg128" | sed "s|^|$(basename $f) |"; done | tee $OUT/llama-bench.txt
 echo "t=$(( $(date +%s) - T0 ))s"
