@@ -6,13 +6,14 @@
 // (INFER_CUDA_FUSE=0) and CUDA graphs off (--variants 1), and a check against the CPU backend
 // (greedy tokens and prompt logits). Prints a table, then one JSON line per model.
 //   bun bench/cuda-decode.ts [--models qwen3-0.6b,llama-3.2-1b] [--quants Q4_0,Q8_0,Q4_K]
+//       (--models qwen3-4b,llama-3.1-8b: the large shapes of bench/random-model.ts)
 //       [--runs 3] [--gen 128] [--prefill 512] [--check 32] [--ctx 2048] [--variants 0]
 import { statSync } from "node:fs";
 import { CudaBackend } from "../ts/backend/cuda.ts";
 import { Engine } from "../ts/engine/engine.ts";
 import { native } from "../ts/native/lib.ts";
 import { cudaDeviceInfo, cudaInit } from "../ts/native/cuda.ts";
-import { ensureRandomModel, randomQuants, randomShapes, type RandomQuant } from "./random-model.ts";
+import { ensureRandomModel, findShape, randomQuants, randomShapes, type RandomQuant } from "./random-model.ts";
 
 function arg(name: string, fallback: string): string {
   const i = process.argv.indexOf(name);
@@ -94,7 +95,7 @@ const prompt16 = Array.from({ length: 16 }, (_, i) => 97 + (i % 26));
 const promptLong = Array.from({ length: prefillLength }, (_, i) => 97 + ((i * 7) % 26));
 const rows: string[] = [];
 for (const key of models) {
-  const shape = randomShapes.find((s) => s.key === key);
+  const shape = findShape(key);
   if (!shape) throw new Error(`unknown model ${key}`);
   for (const quant of quants) {
     const path = ensureRandomModel(shape, quant);

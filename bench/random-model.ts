@@ -6,6 +6,7 @@
 // non-ASCII bytes, the real special tokens) makes the files load in llama.cpp too; ASCII text
 // never merges, so a prompt of N ASCII letters is N tokens in both engines.
 //   bun bench/random-model.ts [--models qwen3-0.6b,llama-3.2-1b] [--quants Q4_0,Q8_0,Q4_K] [--force]
+//   (also qwen3-4b and llama-3.1-8b, written only when named)
 // Files land in $INFER_CACHE/bench-models (default ~/.cache/infer/bench-models); a file already
 // there (same name, same generator version) is reused.
 import { closeSync, existsSync, mkdirSync, openSync, renameSync, writeSync } from "node:fs";
@@ -55,6 +56,25 @@ export const randomShapes: readonly RandomShape[] = [
     bos: 128000, eos: 128009, addBos: true,
   },
 ];
+
+/** Larger shapes, written only when named (issue 7's GPU bench: --models qwen3-4b,llama-3.1-8b);
+ * the CPU bench's defaults stay the two above. Llama 3.1's RoPE frequency scaling is not written
+ * (it changes no kernel's cost). */
+export const largeShapes: readonly RandomShape[] = [
+  {
+    ...randomShapes[0], key: "qwen3-4b", label: "Qwen3-4B-shape", layers: 36, embedding: 2560, feedForward: 9728,
+    heads: 32, kvHeads: 8,
+  },
+  {
+    ...randomShapes[1], key: "llama-3.1-8b", label: "Llama-3.1-8B-shape", layers: 32, embedding: 4096,
+    feedForward: 14336, heads: 32, kvHeads: 8, headDim: 128,
+  },
+];
+
+/** A shape by key, default or large. */
+export function findShape(key: string): RandomShape | undefined {
+  return randomShapes.find((s) => s.key === key) ?? largeShapes.find((s) => s.key === key);
+}
 
 export const randomQuants = ["Q4_0", "Q8_0", "Q4_K"] as const;
 export type RandomQuant = (typeof randomQuants)[number];
@@ -291,8 +311,8 @@ if (import.meta.main) {
   const keys = (arg("--models") ?? randomShapes.map((s) => s.key).join(",")).split(",");
   const quants = (arg("--quants") ?? randomQuants.join(",")).split(",") as RandomQuant[];
   for (const key of keys) {
-    const shape = randomShapes.find((s) => s.key === key);
-    if (!shape) throw new Error(`unknown model '${key}' (known: ${randomShapes.map((s) => s.key).join(", ")})`);
+    const shape = findShape(key);
+    if (!shape) throw new Error(`unknown model '${key}' (known: ${[...randomShapes, ...largeShapes].map((s) => s.key).join(", ")})`);
     for (const quant of quants) {
       if (!randomQuants.includes(quant)) throw new Error(`unknown quant '${quant}'`);
       const t0 = performance.now();
