@@ -253,7 +253,7 @@ inline fn rowsMulti(
     }
 }
 
-/// Batched form of dotRows (see dotRowsMultiOffset); false where the caller must fall back to
+/// Batched form of dotRows (see dotRowsMultiSigned); false where the caller must fall back to
 /// dotMulti row by row.
 pub fn dotRowsMulti(comptime R: usize, n_blocks: usize, w: [*]const u8, w_row_bytes: usize, n_out: usize, xs: [R][*]align(1) const Block, out: [*]f32, out_stride: usize) bool {
     // AVX2's vpmaddubsw would saturate on pairs of 255 * -128: there, dotMulti row by row.
