@@ -1,8 +1,8 @@
 //! y[t][o] = sum_i W[o][i] * x[t][i]: a weight matrix of n_out rows x n_in columns in any
 //! supported ggml type (row-major; row o starts at o * row_bytes) times n_tok f32 activation
 //! rows. As ggml does, the activations are first quantized once into the weight type's
-//! vec_dot type (Q8_0 for Q4_0/Q5_0/Q8_0, Q8_K for K-quants, f16/bf16 for F16/BF16), then the
-//! output rows are split into tasks across the thread pool. A task computes a tile of rows for
+//! vec_dot type (Q8_0 for Q4_0/Q5_0/Q8_0, Q8_K for K-quants, bf16 for BF16; F16 keeps them in
+//! f32, see f16.zig), then the output rows are split into tasks across the thread pool. A task computes a tile of rows for
 //! every token, so each weight tile is read from memory once and reused from cache per token.
 const std = @import("std");
 const types = @import("../quant/types.zig");
