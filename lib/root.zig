@@ -479,11 +479,30 @@ export fn infer_scale(x: [*]f32, n: u64, s: f32) i32 {
     return 0;
 }
 
+const select = @import("cpu/select.zig");
+
+/// out[0] = the lowest index of the largest of n values (greedy sampling); NaN never wins.
+export fn infer_argmax(x: [*]const f32, n: u64, out: *u32) i32 {
+    if (n == 0 or n > std.math.maxInt(i32)) return opsInvalid("argmax: n = {d} is not in 1..2^31-1", .{n});
+    out.* = @intCast(select.argmax(x[0..n]));
+    return 0;
+}
+
+/// The k largest of n values that are neither -inf nor NaN, best first, equal values in index
+/// order (top-k sampling): ids[0..count) and values[0..count), count (<= k) in out_count[0].
+export fn infer_top_k(x: [*]const f32, n: u64, k: u64, ids: [*]i32, values: [*]f32, out_count: *u32) i32 {
+    if (n == 0 or n > std.math.maxInt(i32)) return opsInvalid("top_k: n = {d} is not in 1..2^31-1", .{n});
+    if (k == 0 or k > n) return opsInvalid("top_k: k = {d} is not in 1..{d}", .{ k, n });
+    out_count.* = @intCast(select.topK(x[0..n], ids[0..k], values[0..k]));
+    return 0;
+}
+
 test {
     _ = norm;
     _ = rope;
     _ = attention;
     _ = act;
+    _ = select;
 }
 // (ops helper section: end)
 

@@ -133,6 +133,26 @@ describe("penalties and bias", () => {
     for (let i = 0; i < 200; i++) expect(banned.sample(x)).not.toBe(1);
   });
 
+  test("bias and penalties edit the caller's logits in place and put them back, even on error", () => {
+    // Token 1 is both biased and penalised: undone last edit first.
+    const o = { ...plain, temperature: 0, repeatPenalty: 3, presencePenalty: 0.5, repeatLastN: 8,
+      logitBias: new Map([[1, 4], [3, -Infinity]]) };
+    const x = new Float32Array([2, 1, 3, 9, -1]);
+    const before = x.slice();
+    const s = new Sampler(o);
+    s.accept(1);
+    s.accept(2);
+    // 0: 2; 1: (1 + 4) / 3 - 0.5 = 1.17; 2: 3 / 3 - 0.5 = 0.5; 3: banned; 4: -1.
+    expect(s.sample(x)).toBe(0);
+    expect(x).toEqual(before);
+    const drawn = new Sampler({ ...o, temperature: 1, seed: 3 });
+    for (let i = 0; i < 50; i++) expect(drawn.sample(x)).not.toBe(3);
+    expect(x).toEqual(before);
+    const banAll = new Sampler({ ...plain, logitBias: new Map([0, 1, 2, 3, 4].map((t) => [t, -Infinity])) });
+    expect(() => banAll.sample(x)).toThrow(/masked/);
+    expect(x).toEqual(before);
+  });
+
   test("a mask that leaves nothing is an error, not a silent token", () => {
     const all = (y: Float32Array) => { y.fill(-Infinity); };
     expect(() => new Sampler({ ...plain }).sample(logits, all)).toThrow(/masked/);
@@ -172,7 +192,10 @@ test("the chain equals the step-by-step reference on random logits and settings"
   const rand = seededRandom(2024);
   for (let trial = 0; trial < 300; trial++) {
     const vocab = 1 + Math.floor(rand() * 3000);
-    const x = Float32Array.from({ length: vocab }, () => (rand() < 0.05 ? -Infinity : rand() * 12 - 4));
+    // A third of the rows are whole numbers: ties at the top-k boundary go to the lower id.
+    const whole = rand() < 0.3;
+    const x = Float32Array.from({ length: vocab }, () => (rand() < 0.05 ? -Infinity
+      : whole ? Math.round(rand() * 12 - 4) : rand() * 12 - 4));
     x[Math.floor(rand() * vocab)] = 9; // at least one finite logit
     const pick = <T>(...v: T[]) => v[Math.floor(rand() * v.length)];
     const o = {

@@ -26,6 +26,8 @@ export const symbols = {
   infer_softmax: { args: [FFIType.ptr, FFIType.u64, FFIType.u64], returns: FFIType.i32 },
   infer_add: { args: [FFIType.ptr, FFIType.ptr, FFIType.u64, FFIType.ptr], returns: FFIType.i32 },
   infer_scale: { args: [FFIType.ptr, FFIType.u64, FFIType.f32], returns: FFIType.i32 },
+  infer_argmax: { args: [FFIType.ptr, FFIType.u64, FFIType.ptr], returns: FFIType.i32 },
+  infer_top_k: { args: [FFIType.ptr, FFIType.u64, FFIType.u64, FFIType.ptr, FFIType.ptr, FFIType.ptr], returns: FFIType.i32 },
   infer_add_row_bias: { args: [FFIType.ptr, FFIType.ptr, FFIType.u64, FFIType.u64], returns: FFIType.i32 },
   infer_bench_read: { args: [FFIType.ptr, FFIType.u64, FFIType.u32], returns: FFIType.f64 },
   infer_cuda_init: { args: [FFIType.ptr, FFIType.u64, FFIType.i32], returns: FFIType.i32 },
