@@ -481,9 +481,15 @@ export fn infer_scale(x: [*]f32, n: u64, s: f32) i32 {
 
 const select = @import("cpu/select.zig");
 
+fn selectCount(n: u64, what: []const u8) bool {
+    if (n > 0 and n <= std.math.maxInt(i32)) return true;
+    _ = opsInvalid("{s}: n = {d} is not in 1..2^31-1", .{ what, n });
+    return false;
+}
+
 /// out[0] = the lowest index of the largest of n values (greedy sampling); NaN never wins.
 export fn infer_argmax(x: [*]const f32, n: u64, out: *u32) i32 {
-    if (n == 0 or n > std.math.maxInt(i32)) return opsInvalid("argmax: n = {d} is not in 1..2^31-1", .{n});
+    if (!selectCount(n, "argmax")) return @intFromEnum(status.Status.invalid_argument);
     out.* = @intCast(select.argmax(x[0..n]));
     return 0;
 }
@@ -491,9 +497,30 @@ export fn infer_argmax(x: [*]const f32, n: u64, out: *u32) i32 {
 /// The k largest of n values that are neither -inf nor NaN, best first, equal values in index
 /// order (top-k sampling): ids[0..count) and values[0..count), count (<= k) in out_count[0].
 export fn infer_top_k(x: [*]const f32, n: u64, k: u64, ids: [*]i32, values: [*]f32, out_count: *u32) i32 {
-    if (n == 0 or n > std.math.maxInt(i32)) return opsInvalid("top_k: n = {d} is not in 1..2^31-1", .{n});
+    if (!selectCount(n, "top_k")) return @intFromEnum(status.Status.invalid_argument);
     if (k == 0 or k > n) return opsInvalid("top_k: k = {d} is not in 1..{d}", .{ k, n });
     out_count.* = @intCast(select.topK(x[0..n], ids[0..k], values[0..k]));
+    return 0;
+}
+
+/// out[0] = the sum of exp((x - max) · scale) over the x at or above floor (-inf: all finite x).
+export fn infer_exp_sum(x: [*]const f32, n: u64, max: f32, scale: f32, floor: f32, out: *f64) i32 {
+    if (!selectCount(n, "exp_sum")) return @intFromEnum(status.Status.invalid_argument);
+    out.* = select.expSum(x[0..n], max, scale, floor);
+    return 0;
+}
+
+/// out[0] = the first index where the running sum of exp((x - max) · scale) reaches target.
+export fn infer_draw(x: [*]const f32, n: u64, max: f32, scale: f32, target: f64, out: *u32) i32 {
+    if (!selectCount(n, "draw")) return @intFromEnum(status.Status.invalid_argument);
+    out.* = @intCast(select.draw(x[0..n], max, scale, target));
+    return 0;
+}
+
+/// ids[0..count) = the indices of the x at or above floor, in order; ids holds n.
+export fn infer_above(x: [*]const f32, n: u64, floor: f32, ids: [*]i32, out_count: *u32) i32 {
+    if (!selectCount(n, "above")) return @intFromEnum(status.Status.invalid_argument);
+    out_count.* = @intCast(select.above(x[0..n], floor, ids[0..n]));
     return 0;
 }
 

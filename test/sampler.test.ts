@@ -209,3 +209,16 @@ test("the chain equals the step-by-step reference on random logits and settings"
     got.ids.forEach((id, i) => expect(got.probs[i]).toBeCloseTo(want.get(id)!, 9));
   }
 });
+
+test("a Gemma-sized row: top-p alone and min-p alone equal the reference", () => {
+  const rand = seededRandom(7);
+  const x = Float32Array.from({ length: 262_144 }, () => rand() * 6 - 12);
+  for (let i = 0; i < 200; i++) x[Math.floor(rand() * x.length)] = rand() * 10;
+  for (const cut of [{ topP: 0.9, minP: 0 }, { topP: 0.5, minP: 0 }, { topP: 1, minP: 0.05 }]) {
+    const o = { ...defaultSampling, temperature: 1, topK: 0, typicalP: 1, seed: 1, ...cut };
+    const got = new Sampler(o).distribution(x);
+    const want = reference(x, o);
+    expect(got.ids).toEqual([...want.keys()]);
+    got.ids.forEach((id, i) => expect(got.probs[i]).toBeCloseTo(want.get(id)!, 9));
+  }
+});

@@ -57,7 +57,7 @@ fn dotF16(k: [*]align(1) const f16, q: []const f32) f32 {
 }
 
 /// ggml_v_expf, the AVX-512 version: a degree-5 polynomial after range reduction by ln 2.
-fn expV(x: L16) L16 {
+pub fn expV(x: L16) L16 {
     const splat = struct {
         fn f(c: f32) L16 {
             return @splat(c);

@@ -57,6 +57,25 @@ export function seededRandom(seed: number): () => number {
 }
 
 const selected = new Uint32Array(1);
+const sum = new Float64Array(1);
+const F32_MAX = 3.4028234663852886e38;
+
+/** Sum of exp((x - max) · scale) over the logits at or above floor (an f32), in the library. */
+function expSum(x: Float32Array, max: number, scale: number, floor: number): number {
+  check(native().infer_exp_sum(x, x.length, max, scale, floor, sum), "softmax");
+  return sum[0];
+}
+
+const f32Bits = new Float32Array(1), u32Bits = new Uint32Array(f32Bits.buffer);
+
+/** The least f32 at or above v: for an f32 logit l, l >= v exactly when l >= atLeastF32(v). */
+function atLeastF32(v: number): number {
+  f32Bits[0] = v;
+  if (f32Bits[0] >= v) return f32Bits[0];
+  if (f32Bits[0] > 0 || Object.is(f32Bits[0], 0)) u32Bits[0]++; // one step toward +Infinity
+  else u32Bits[0]--;
+  return f32Bits[0];
+}
 
 /** The first maximum; NaN never wins, and with nothing above -Infinity it is 0. */
 export function argmax(logits: Float32Array): number {
@@ -156,7 +175,30 @@ export class Sampler {
       if (x[best] === -Infinity) throw new Error("every token is masked");
       return best;
     }
+    if (this.uncut(x.length)) return this.drawAll(x, o.temperature);
     return this.draw(x, this.cut(x), o.temperature);
+  }
+
+  /** Whether no sampler of the chain cuts candidates: the draw is over every finite logit. */
+  private uncut(vocab: number): boolean {
+    const o = this.options;
+    return (o.topK <= 0 || o.topK >= vocab) && !(o.typicalP > 0 && o.typicalP < 1) &&
+      o.topP >= 1 && o.minP <= 0;
+  }
+
+  /** Temperature, softmax and one seeded draw over the whole row, in the library. */
+  private drawAll(x: Float32Array, temperature: number): number {
+    const max = this.max(x), scale = 1 / temperature;
+    const target = this.random() * expSum(x, max, scale, -Infinity);
+    check(native().infer_draw(x, x.length, max, scale, target, selected), "draw");
+    return selected[0];
+  }
+
+  /** The largest logit; an error when none is above -Infinity. */
+  private max(x: Float32Array): number {
+    const max = x[argmax(x)];
+    if (!(max > -Infinity)) throw new Error("every token is masked");
+    return max;
   }
 
   /**
@@ -193,6 +235,8 @@ export class Sampler {
       // Top-p then min-p keep two best-first prefixes: cut by min-p first, so only the few
       // tokens near the top are sorted, and let top-p normalise over everything.
       n = this.aboveFloor(x, o.minP);
+    } else if (all && !typical && o.topP < 1) {
+      n = this.nucleus(x, o.topP);
     } else {
       n = this.topK(x, o.topK > 0 ? o.topK : x.length);
       if (n === 0) throw new Error("every token is masked");
@@ -288,20 +332,34 @@ export class Sampler {
    * the softmax normaliser (sum of exp(logit - max)) over every finite logit.
    */
   private aboveFloor(x: Float32Array, p: number): number {
-    let max = -Infinity;
-    for (let i = 0; i < x.length; i++) if (x[i] > max) max = x[i];
-    if (max === -Infinity) throw new Error("every token is masked");
-    const floor = max + Math.log(p), ids = this.ids;
-    let n = 0, z = 0;
-    for (let i = 0; i < x.length; i++) {
-      const v = x[i];
-      if (v === -Infinity) continue;
-      z += Math.exp(v - max);
-      if (v >= floor) ids[n++] = i;
+    const max = this.max(x);
+    this.z = expSum(x, max, 1, -Infinity);
+    return this.sortedAbove(x, atLeastF32(max + Math.log(p)));
+  }
+
+  /**
+   * Top-p with nothing cut before it: the tokens at or above a floor stepped down from the
+   * largest logit until they hold p of the mass, best first (top-p then takes its prefix of
+   * them, which a sort of the whole row would give too); leaves the normaliser in z.
+   */
+  private nucleus(x: Float32Array, p: number): number {
+    const max = this.max(x);
+    const z = this.z = expSum(x, max, 1, -Infinity);
+    let floor = max;
+    for (let step = 1; expSum(x, max, 1, floor) < p * z; step *= 2) {
+      // exp(-128) is 4e-56 of the largest weight: past that, the floor takes every finite logit.
+      floor = step > 128 ? -F32_MAX : max - step;
+      if (floor === -F32_MAX) break;
     }
+    return this.sortedAbove(x, floor);
+  }
+
+  /** ids[0..n) := the tokens with logit >= floor (an f32), best first; returns n. */
+  private sortedAbove(x: Float32Array, floor: number): number {
+    check(native().infer_above(x, x.length, floor, this.ids, selected), "above");
+    const n = selected[0];
     this.values = x;
-    ids.subarray(0, n).sort(this.byLogit);
-    this.z = z;
+    this.ids.subarray(0, n).sort(this.byLogit);
     return n;
   }
 
