@@ -326,7 +326,7 @@ test "softmax sums and draws: fast paths equal the scalar references" {
                 const got = draw(x[0..n], max, scale, target);
                 const want = drawScalar(x[0..n], max, scale, target);
                 if (got != want) { // only at a boundary: the running sums differ by rounding
-                    const before = expSumScalar(x[0..@min(got, want) + 1], max, scale, -std.math.inf(f32));
+                    const before = expSumScalar(x[0 .. @min(got, want) + 1], max, scale, -std.math.inf(f32));
                     try std.testing.expectApproxEqRel(target, before, 1e-5);
                 }
                 try std.testing.expect(weightScalar(x[got], max, scale) > 0);
