@@ -130,6 +130,42 @@ describe("the OpenAI-compatible server", () => {
     expect(typeof parsed).toBe("object");
   });
 
+  test("n choices: choice i is the request alone with seed + i; streaming agrees; the prompt counts once", async () => {
+    // (This random model's logits are so peaked that both seeds may well give one text.)
+    const ask = { model: "tiny", messages: user, max_tokens: 8, temperature: 2, seed: 42, logit_bias: noEos };
+    const both = await client.chat.completions.create({ ...ask, n: 2 });
+    expect(both.choices.map((c) => c.index)).toEqual([0, 1]);
+    const alone = [await client.chat.completions.create(ask),
+      await client.chat.completions.create({ ...ask, seed: 43 })];
+    const texts = alone.map((a) => a.choices[0].message.content);
+    expect(both.choices.map((c) => c.message.content)).toEqual(texts);
+    expect(both.usage!.prompt_tokens).toBe(alone[0].usage!.prompt_tokens);
+    expect(both.usage!.completion_tokens).toBe(alone[0].usage!.completion_tokens +
+      alone[1].usage!.completion_tokens);
+
+    const stream = await client.chat.completions.create({ ...ask, n: 2, stream: true,
+      stream_options: { include_usage: true } });
+    const streamed = ["", ""], finishes: (string | null)[] = [null, null];
+    let roles = 0, usage = null;
+    for await (const chunk of stream) {
+      if (chunk.usage) usage = chunk.usage;
+      for (const c of chunk.choices) {
+        if (c.delta.role) roles++;
+        streamed[c.index] += c.delta.content ?? "";
+        finishes[c.index] = c.finish_reason ?? finishes[c.index];
+      }
+    }
+    expect(roles).toBe(2);
+    expect(streamed).toEqual(texts as string[]);
+    expect(finishes).toEqual(both.choices.map((c) => c.finish_reason));
+    expect(usage).toEqual(both.usage!);
+
+    const completions = await client.completions.create({ model: "tiny", prompt: "the cat",
+      max_tokens: 6, temperature: 0, n: 2, logit_bias: noEos });
+    expect(completions.choices).toHaveLength(2);
+    expect(completions.choices[0].text).toBe(completions.choices[1].text); // greedy: alike
+  });
+
   test("errors: 400 naming the field, 401, 404, 413", async () => {
     const fails = async (p: Promise<unknown>) => {
       try { await p; } catch (err) { return err as InstanceType<typeof OpenAI.APIError>; }
@@ -145,6 +181,10 @@ describe("the OpenAI-compatible server", () => {
     expect(e.param).toBe("messages[0].role");
     e = await fails(client.completions.create({ model: "tiny", prompt: "x", logit_bias: { "99999": 1 } }));
     expect(e.param).toBe("logit_bias");
+    // One slot and a queue of one: three choices could never be served together.
+    e = await fails(client.completions.create({ model: "tiny", prompt: "x", n: 3 }));
+    expect(e.status).toBe(400);
+    expect(e.param).toBe("n");
     e = await fails(client.chat.completions.create({ model: "tiny", messages: user,
       response_format: { type: "json_schema", json_schema: { name: "x",
         schema: { type: "string", pattern: "a+" } } } }));

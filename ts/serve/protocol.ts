@@ -44,6 +44,8 @@ export interface ParsedRequest {
   readonly model: string;
   readonly stream: boolean;
   readonly includeUsage: boolean;
+  /** Choices asked for: each is a sequence of its own (seed + i when a seed is given). */
+  readonly n: number;
   readonly job: Job;
 }
 
@@ -190,7 +192,6 @@ export function parseRequest(kind: "chat" | "completion", body: Body, limits: Li
     includeUsage = boolean(body.stream_options as Body, "include_usage");
   }
   const n = integer(body, "n", 1, 1, 128);
-  if (n !== 1) throw bad("n", "'n' must be 1 (one choice per request is served)", "unsupported_value");
   let prompt: string | undefined, msgs: ChatMessage[] | undefined;
   if (kind === "chat") {
     msgs = messages(body);
@@ -218,7 +219,7 @@ export function parseRequest(kind: "chat" | "completion", body: Body, limits: Li
     kind, messages: msgs, prompt, maxTokens, sampling, stop: stops(body),
     format: responseFormat(body),
   };
-  return { model: body.model, stream, includeUsage, job };
+  return { model: body.model, stream, includeUsage, n, job };
 }
 
 export type FinishReason = "stop" | "length" | null;

@@ -49,6 +49,7 @@ export interface InferServer {
 }
 
 type WorkerEvent = Exclude<FromWorker, { type: "ready" | "failed" | "closed" | "stats" }>;
+type Done = Extract<WorkerEvent, { type: "done" }>;
 
 /** One request's events from the worker, read in order. */
 class Ticket {
@@ -143,17 +144,25 @@ class Scheduler {
   get depth(): number { return this.queue.length; }
   get active(): number { return this.running.size; }
 
-  submit(job: Job): Ticket {
+  /** Queues the jobs of one request (its choices) together, or none of them. */
+  submit(jobs: Job[]): Ticket[] {
     if (this.broken) throw new ApiError(503, `the engine stopped: ${this.broken}`, null, "engine_unavailable");
-    if (this.running.size >= this.parallel && this.queue.length >= this.maxQueue) {
+    if (jobs.length > this.parallel + this.maxQueue) {
+      throw new ApiError(400, `'n' must be at most ${this.parallel + this.maxQueue} on this ` +
+        `server (${this.parallel} slots and a queue of ${this.maxQueue})`, "n", "invalid_value");
+    }
+    const room = Math.max(0, this.parallel - this.running.size) + this.maxQueue - this.queue.length;
+    if (jobs.length > room) {
       throw new ApiError(429, `the server is busy: ${this.queue.length} requests are waiting`,
         null, "queue_full");
     }
-    const t = new Ticket(this.nextId++, job);
-    this.tickets.set(t.id, t);
-    this.queue.push(t);
+    const tickets = jobs.map((job) => new Ticket(this.nextId++, job));
+    for (const t of tickets) {
+      this.tickets.set(t.id, t);
+      this.queue.push(t);
+    }
     this.dispatch();
-    return t;
+    return tickets;
   }
 
   /** The client went away: drop the request if it waits, stop it if it runs. */
@@ -287,12 +296,20 @@ export async function startServer(o: ServeOptions): Promise<InferServer> {
       throw new ApiError(404, `the model '${parsed.model}' does not exist; this server has ` +
         `'${modelId}'`, "model", "model_not_found");
     }
-    const ticket = scheduler.submit(parsed.job);
-    const abort = () => { if (!ticket.finished) metrics.cancelled++; scheduler.cancel(ticket); };
+    // Choice i samples with seed + i, so that a seeded request's choices differ and repeat.
+    const seed = parsed.job.sampling.seed;
+    const tickets = scheduler.submit(Array.from({ length: parsed.n }, (_, i) => ({
+      ...parsed.job, sampling: { ...parsed.job.sampling, seed: seed < 0 ? -1 : (seed + i) >>> 0 },
+    })));
+    const cancelAll = () => { for (const t of tickets) scheduler.cancel(t); };
+    const abort = () => { if (tickets.some((t) => !t.finished)) metrics.cancelled++; cancelAll(); };
     req.signal.addEventListener("abort", abort, { once: true });
-    const first = await ticket.next();
-    if (first.type === "error") {
-      throw new ApiError(first.status, first.message, first.param, first.code);
+    for (const t of tickets) {
+      const first = await t.next();
+      if (first.type === "error") {
+        cancelAll();
+        throw new ApiError(first.status, first.message, first.param, first.code);
+      }
     }
     let firstText = true;
     const onText = () => {
@@ -302,73 +319,104 @@ export async function startServer(o: ServeOptions): Promise<InferServer> {
       metrics.ttftCount++;
     };
     const started = performance.now();
-    const onDone = (d: Extract<WorkerEvent, { type: "done" }>) => {
-      metrics.tokensGenerated += d.completionTokens;
-      metrics.promptTokens += d.promptTokens;
+    const onDone = (done: Done[]) => {
+      for (const d of done) metrics.tokensGenerated += d.completionTokens;
+      metrics.promptTokens += done[0].promptTokens;
       metrics.generationSeconds += (performance.now() - started) / 1000;
     };
     const id = (kind === "chat" ? "chatcmpl-" : "cmpl-") + randomId();
     const now = Math.floor(Date.now() / 1000);
-    const usage = (d: { promptTokens: number; completionTokens: number }) => ({
-      prompt_tokens: d.promptTokens, completion_tokens: d.completionTokens,
-      total_tokens: d.promptTokens + d.completionTokens,
-    });
+    // The prompt is counted once, however many choices share it (as OpenAI counts it).
+    const usage = (done: Done[]) => {
+      const completion = done.reduce((sum, d) => sum + d.completionTokens, 0);
+      return { prompt_tokens: done[0].promptTokens, completion_tokens: completion,
+        total_tokens: done[0].promptTokens + completion };
+    };
     if (!parsed.stream) {
-      for (;;) {
-        const e = await ticket.next();
-        if (e.type === "text") { onText(); continue; }
-        if (e.type === "error") throw new ApiError(e.status, e.message, e.param, e.code);
-        if (e.type !== "done") continue;
-        onDone(e);
-        const finish = finishReason(e.stopReason);
-        const choice = kind === "chat"
-          ? { index: 0, message: { role: "assistant", content: e.text, refusal: null },
-            logprobs: null, finish_reason: finish }
-          : { index: 0, text: e.text, logprobs: null, finish_reason: finish };
-        return json({
-          id, object: kind === "chat" ? "chat.completion" : "text_completion", created: now,
-          model: modelId, system_fingerprint: null, choices: [choice], usage: usage(e),
-        });
+      const finish = async (t: Ticket): Promise<Done> => {
+        for (;;) {
+          const e = await t.next();
+          if (e.type === "text") { onText(); continue; }
+          if (e.type === "error") throw new ApiError(e.status, e.message, e.param, e.code);
+          if (e.type === "done") return e;
+        }
+      };
+      let done: Done[];
+      try {
+        done = await Promise.all(tickets.map(finish));
+      } catch (err) {
+        cancelAll();
+        throw err;
       }
+      onDone(done);
+      const choices = done.map((e, index) => {
+        const finishReasonText = finishReason(e.stopReason);
+        return kind === "chat"
+          ? { index, message: { role: "assistant", content: e.text, refusal: null },
+            logprobs: null, finish_reason: finishReasonText }
+          : { index, text: e.text, logprobs: null, finish_reason: finishReasonText };
+      });
+      return json({
+        id, object: kind === "chat" ? "chat.completion" : "text_completion", created: now,
+        model: modelId, system_fingerprint: null, choices, usage: usage(done),
+      });
     }
-    return streamResponse(ticket, parsed, kind, id, now, { onText, onDone, usage, abort });
+    return streamResponse(tickets, parsed, kind, id, now, { onText, onDone, usage, cancelAll, abort });
   }
 
-  function streamResponse(ticket: Ticket, parsed: ParsedRequest, kind: "chat" | "completion",
+  /** SSE chunks of every choice as they come; usage (if asked) and [DONE] after the last. */
+  function streamResponse(tickets: Ticket[], parsed: ParsedRequest, kind: "chat" | "completion",
     id: string, now: number, h: {
-      onText: () => void; onDone: (d: Extract<WorkerEvent, { type: "done" }>) => void;
-      usage: (d: { promptTokens: number; completionTokens: number }) => object; abort: () => void;
+      onText: () => void; onDone: (done: Done[]) => void; usage: (done: Done[]) => object;
+      cancelAll: () => void; abort: () => void;
     }): Response {
     const encoder = new TextEncoder();
     const object = kind === "chat" ? "chat.completion.chunk" : "text_completion";
     const chunk = (choices: object[], extra: object = {}) => encoder.encode(`data: ${JSON.stringify({
       id, object, created: now, model: modelId, system_fingerprint: null, choices, ...extra,
     })}\n\n`);
-    const choice = (text: string | null, finish: string | null, role = false) => kind === "chat"
-      ? { index: 0, delta: text === null ? {} : role ? { role: "assistant", content: text } : { content: text },
-        logprobs: null, finish_reason: finish }
-      : { index: 0, text: text ?? "", logprobs: null, finish_reason: finish };
+    const choice = (index: number, text: string | null, finish: string | null, role = false) =>
+      kind === "chat"
+        ? { index, delta: text === null ? {} : role ? { role: "assistant", content: text } : { content: text },
+          logprobs: null, finish_reason: finish }
+        : { index, text: text ?? "", logprobs: null, finish_reason: finish };
+    // One pending read per choice still running; whichever event comes first is sent first.
+    const pending = new Map<number, Promise<{ index: number; e: WorkerEvent }>>();
+    const read = (index: number) =>
+      pending.set(index, tickets[index].next().then((e) => ({ index, e })));
+    tickets.forEach((_, index) => read(index));
+    const done: Done[] = [];
     let opened = false;
     const body = new ReadableStream<Uint8Array>({
       async pull(controller) {
         if (!opened) {
           opened = true;
-          if (kind === "chat") { controller.enqueue(chunk([choice("", null, true)])); return; }
+          if (kind === "chat") {
+            tickets.forEach((_, index) => controller.enqueue(chunk([choice(index, "", null, true)])));
+            return;
+          }
         }
-        const e = await ticket.next();
+        const { index, e } = await Promise.race(pending.values());
+        pending.delete(index);
         if (e.type === "text") {
           h.onText();
-          controller.enqueue(chunk([choice(e.text, null)]));
+          controller.enqueue(chunk([choice(index, e.text, null)]));
+          read(index);
         } else if (e.type === "done") {
-          h.onDone(e);
-          controller.enqueue(chunk([choice(null, finishReason(e.stopReason) ?? "stop")]));
-          if (parsed.includeUsage) controller.enqueue(chunk([], { usage: h.usage(e) }));
+          done[index] = e;
+          controller.enqueue(chunk([choice(index, null, finishReason(e.stopReason) ?? "stop")]));
+          if (pending.size > 0) return;
+          h.onDone(done);
+          if (parsed.includeUsage) controller.enqueue(chunk([], { usage: h.usage(done) }));
           controller.enqueue(encoder.encode("data: [DONE]\n\n"));
           controller.close();
         } else if (e.type === "error") {
+          h.cancelAll();
           const err = new ApiError(e.status, e.message, e.param, e.code);
           controller.enqueue(encoder.encode(`data: ${JSON.stringify(err.body())}\n\n`));
           controller.close();
+        } else {
+          read(index);
         }
       },
       cancel() { h.abort(); },
