@@ -45,6 +45,28 @@ export fn infer_file_close(handle: ?*anyopaque) void {
     std.heap.c_allocator.destroy(mapping);
 }
 
+const pages = @import("pages.zig");
+
+/// Zeroed anonymous memory for weights and caches read on every token: 2 MiB-aligned, in huge
+/// pages where the system allows (lib/pages.zig). out[0] = its address; free with
+/// infer_pages_free and the same byte count.
+export fn infer_pages_alloc(bytes: u64, out: *u64) i32 {
+    if (bytes == 0 or bytes > 1 << 46) return status.fail(.invalid_argument, "pages_alloc: {d} bytes", .{bytes});
+    const region = pages.alloc(@intCast(bytes)) catch
+        return status.fail(.out_of_memory, "cannot map {d} bytes", .{bytes});
+    out.* = @intFromPtr(region.ptr);
+    return 0;
+}
+
+export fn infer_pages_free(address: u64, bytes: u64) void {
+    if (address == 0 or address % pages.huge_bytes != 0) return;
+    pages.free(@ptrFromInt(address), @intCast(bytes));
+}
+
+test {
+    _ = pages;
+}
+
 // ---- quant formats, matmul, threads (lib/quant/, lib/cpu/matmul.zig, lib/cpu/threads.zig) ------
 // (kernels helper section: begin)
 const quant_types = @import("quant/types.zig");

@@ -4,7 +4,7 @@ import { mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { InferError } from "../ts/errors.ts";
-import { mapFile, native } from "../ts/native/lib.ts";
+import { allocPages, mapFile, native } from "../ts/native/lib.ts";
 import { generate } from "../ts/native/gen-symbols.ts";
 
 test("library loads and reports its version", () => {
@@ -24,6 +24,18 @@ test("mapFile gives a view of the bytes", () => {
   const m = mapFile(path);
   expect(new TextDecoder().decode(m.bytes)).toBe("hello mapped world");
   m.close();
+});
+
+test("allocPages gives zeroed, writable memory aligned to a huge page; 0 bytes is an error", () => {
+  const region = allocPages(3 << 20);
+  expect((region.address as number) % (2 << 20)).toBe(0);
+  expect(region.bytes.length).toBe(3 << 20);
+  expect(region.bytes.every((b) => b === 0)).toBe(true);
+  region.bytes.fill(7);
+  expect(region.bytes[(3 << 20) - 1]).toBe(7);
+  region.free();
+  region.free(); // once only, however often it is called
+  expect(() => allocPages(0)).toThrow(InferError);
 });
 
 test("a missing file is an InferError naming the path", () => {

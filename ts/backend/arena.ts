@@ -1,7 +1,13 @@
-// Host memory planned once per context. Regions are carved from large ArrayBuffers whose native
+// Host memory planned once per context. Regions are carved from large blocks whose native
 // address is taken once (large buffers are never moved by the JS engine, unlike small typed
 // arrays), so hot-path calls pass plain addresses and nothing is allocated per token.
-import { addressOf, offsetAddress, type Pointer } from "../native/lib.ts";
+//
+// An arena of weights streamed every token takes its blocks from the library in huge pages
+// (lib/pages.zig): the repacked Q4_0 / Q4_K weights decode ~5% faster from them. Caches and
+// activations stay in ordinary pages: in huge pages the K and V rows of every layer, carved at
+// power-of-two offsets, fall into the same cache sets, and decode at 1,000 tokens of context ran
+// 20% slower. free() returns every block; the regions must not be used after it.
+import { addressOf, allocPages, offsetAddress, type PageRegion, type Pointer } from "../native/lib.ts";
 
 const BLOCK_BYTES = 16 << 20;
 const ALIGN = 64;
@@ -11,23 +17,43 @@ export interface Region {
   readonly address: Pointer;
 }
 
+interface Block { bytes: Uint8Array; address: Pointer; used: number; region: PageRegion | null }
+
 export class Arena {
-  private blocks: { bytes: Uint8Array; address: Pointer; used: number }[] = [];
+  private blocks: Block[] = [];
   bytesReserved = 0;
+
+  /** Regions larger than a block get one of their own. */
+  constructor(private readonly o: { blockBytes?: number; hugePages?: boolean } = {}) {}
 
   alloc(byteLength: number): Region {
     const size = Math.ceil(Math.max(byteLength, 1) / ALIGN) * ALIGN;
     let block = this.blocks.find((b) => b.bytes.length - b.used >= size);
     if (!block) {
-      const bytes = new Uint8Array(new ArrayBuffer(Math.max(BLOCK_BYTES, size + ALIGN)));
-      const address = addressOf(bytes);
-      const pad = (ALIGN - ((address as number) % ALIGN)) % ALIGN;
-      block = { bytes, address, used: pad };
+      block = this.newBlock(Math.max(this.o.blockBytes ?? BLOCK_BYTES, size));
       this.blocks.push(block);
-      this.bytesReserved += bytes.length;
+      this.bytesReserved += block.bytes.length;
     }
     const start = block.used;
     block.used += size;
     return { bytes: block.bytes.subarray(start, start + byteLength), address: offsetAddress(block.address, start) };
+  }
+
+  private newBlock(size: number): Block {
+    if (this.o.hugePages) { // 2 MiB-aligned
+      const region = allocPages(size);
+      return { bytes: region.bytes, address: region.address, used: 0, region };
+    }
+    const bytes = new Uint8Array(new ArrayBuffer(size + ALIGN));
+    const address = addressOf(bytes);
+    const pad = (ALIGN - ((address as number) % ALIGN)) % ALIGN;
+    return { bytes, address, used: pad, region: null };
+  }
+
+  /** Returns the library's blocks now (ordinary ones go with the garbage collector). */
+  free(): void {
+    for (const b of this.blocks) b.region?.free();
+    this.blocks = [];
+    this.bytesReserved = 0;
   }
 }

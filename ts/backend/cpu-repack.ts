@@ -4,13 +4,13 @@
 // same sums in the same order, one vector FMA per block for eight rows instead of one scalar FMA
 // per row. The mapped file stays what embedding lookups read. INFER_REPACK=0 keeps every
 // weight as stored.
-import { ptr } from "bun:ffi";
 import { check, native, type Pointer } from "../native/lib.ts";
+import type { Arena } from "./arena.ts";
 
 export interface MatmulLayout {
   readonly typeId: number;
   readonly address: Pointer;
-  /** The copy (held so it lives as long as the weight). */
+  /** The copy, in the backend's weight arena (huge pages: see lib/pages.zig). */
   readonly bytes: Uint8Array;
 }
 
@@ -23,13 +23,12 @@ export function repackEnabled(): boolean {
  * `address`, or null where the kernels use it as stored.
  */
 export function repackForMatmul(typeId: number, dims: readonly number[], address: Pointer,
-  byteLength: number): MatmulLayout | null {
+  byteLength: number, arena: Arena): MatmulLayout | null {
   if (!repackEnabled() || dims.length !== 2) return null;
   const lib = native();
   const packedType = lib.infer_repacked_type(typeId, dims[1]);
   if (packedType === 0) return null;
-  const bytes = new Uint8Array(byteLength);
-  const packedAddress = ptr(bytes);
-  check(lib.infer_repack(typeId, address, dims[1], dims[0], packedAddress), "repack");
-  return { typeId: packedType, address: packedAddress, bytes };
+  const region = arena.alloc(byteLength);
+  check(lib.infer_repack(typeId, address, dims[1], dims[0], region.address), "repack");
+  return { typeId: packedType, address: region.address, bytes: region.bytes };
 }

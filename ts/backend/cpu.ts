@@ -43,6 +43,8 @@ export class CpuBackend implements Backend {
   readonly name = "cpu";
   readonly sequenceBatches = true;
   private readonly arena = new Arena();
+  /** Repacked weights, packed back to back (one huge page's slack in all, not one per tensor). */
+  private readonly weights = new Arena({ blockBytes: 64 << 20, hugePages: true });
   private readonly lib = native();
 
   weight(file: GgufFile, t: GgufTensorInfo): Weight {
@@ -59,8 +61,16 @@ export class CpuBackend implements Backend {
   }
 
   private layoutOf(t: CpuWeight): MatmulLayout | null {
-    if (t.layout === undefined) t.layout = repackForMatmul(t.typeId, t.dims, t.address, t.byteLength);
+    if (t.layout === undefined) {
+      t.layout = repackForMatmul(t.typeId, t.dims, t.address, t.byteLength, this.weights);
+    }
     return t.layout;
+  }
+
+  /** Frees the repacked weights, caches and activations: nothing of this backend is usable after. */
+  dispose(): void {
+    this.weights.free();
+    this.arena.free();
   }
 
   activation(name: string, rows: number, cols: number): Activation {

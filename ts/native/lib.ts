@@ -132,6 +132,33 @@ export function mapFile(path: string): MappedFile {
   };
 }
 
+/**
+ * Zeroed memory owned by the library, in huge pages where the system allows (lib/pages.zig):
+ * for what the kernels stream through every token. Lives until free() (or the process's end).
+ */
+export interface PageRegion {
+  readonly bytes: Uint8Array;
+  readonly address: Pointer;
+  free(): void;
+}
+
+export function allocPages(byteLength: number): PageRegion {
+  const lib = native();
+  const out = new BigUint64Array(1);
+  check(lib.infer_pages_alloc(byteLength, out), "allocate");
+  const address = Number(out[0]) as Pointer;
+  let live = true;
+  return {
+    bytes: new Uint8Array(toArrayBuffer(address, 0, byteLength)),
+    address,
+    free() {
+      if (!live) return;
+      live = false;
+      lib.infer_pages_free(address as number, byteLength);
+    },
+  };
+}
+
 export function addressOf(view: Uint8Array | Float32Array | Int32Array | Uint16Array): Pointer {
   return ptr(view);
 }
