@@ -2,13 +2,13 @@
 // hostile or damaged file can be broken; the reader must answer each with InferError("bad_gguf")
 // naming the problem — never another exception, a crash or a hang.
 import { describe, expect, test } from "bun:test";
-import { mkdtempSync, writeFileSync } from "node:fs";
+import { closeSync, mkdtempSync, openSync, rmSync, writeFileSync, writeSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { InferError } from "../ts/errors.ts";
 import { openGguf, parseGguf } from "../ts/gguf/reader.ts";
 import { GgmlType } from "../ts/gguf/types.ts";
-import { gguf, writeGguf, type GgufTensorToWrite } from "../ts/gguf/writer.ts";
+import { gguf, ggufLayout, writeGguf, type GgufTensorToWrite } from "../ts/gguf/writer.ts";
 
 function sample(version = 3): Uint8Array {
   const f32 = new Float32Array([1, 2, 3, 4, 5, 6, 7, 8]);
@@ -93,6 +93,38 @@ describe("round trip", () => {
     expect(Array.from(new Float32Array(f.tensorBytes(a).slice().buffer))).toEqual([1, 2, 3, 4, 5, 6, 7, 8]);
     expect(f.tensorAddress(a)).toBe(f.baseAddress + a.fileOffset);
     f.close();
+  });
+
+  test("a file past 4 GiB (an 8B model in Q8_0 is 8.5 GB) opens, and its last tensor is readable", () => {
+    // Sparse: the header, then a hole up to the end of 5 GiB of tensors, with one marked byte.
+    const dir = mkdtempSync(join(tmpdir(), "infer-gguf-"));
+    const path = join(dir, "big.gguf");
+    const rows = 1 << 20, cols = 1280; // 1,280 F32 values a row: 5 MiB per 1,024 rows
+    const tensors = [{ name: "a.weight", type: GgmlType.F32, dims: [cols, rows / 2] },
+      { name: "b.weight", type: GgmlType.F32, dims: [cols, rows / 2] }];
+    const layout = ggufLayout([["general.architecture", { type: "str", value: "llama" }]], tensors);
+    const total = layout.header.length + layout.dataBytes[0] + layout.paddingBytes[0] + layout.dataBytes[1];
+    expect(total).toBeGreaterThan(2 ** 32);
+    const fd = openSync(path, "w");
+    try {
+      writeSync(fd, layout.header);
+      writeSync(fd, new Uint8Array([42]), 0, 1, total - 1);
+    } finally {
+      closeSync(fd);
+    }
+    const f = openGguf(path);
+    try {
+      expect(f.length).toBe(total);
+      const b = f.tensors.get("b.weight")!;
+      expect(b.fileOffset + b.byteLength).toBe(total);
+      const bytes = f.tensorBytes(b);
+      expect(bytes.length).toBe(b.byteLength);
+      expect(bytes[0]).toBe(0);
+      expect(bytes[bytes.length - 1]).toBe(42);
+    } finally {
+      f.close();
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 });
 

@@ -136,7 +136,7 @@ export class MetalBackend implements Backend {
     }
     let buffer = this.files.get(file.path);
     if (!buffer) {
-      buffer = this.device.wrap(file.baseAddress, file.bytes.length, `wrapping ${file.path}`);
+      buffer = this.device.wrap(file.baseAddress, file.length, `wrapping ${file.path}`);
       this.files.set(file.path, buffer);
       this.buffers.push(buffer);
     }

@@ -46,7 +46,7 @@ export class SafetensorsCheckpoint {
       for (const path of files) {
         const mapping = mapFile(path);
         shards.set(path, { path, mapping });
-        for (const t of parseHeader(mapping.bytes, path)) {
+        for (const t of parseHeader(mapping.bytes, path, mapping.length)) {
           if (tensors.has(t.name)) {
             throw new InferError("bad_model", `${basename(path)}: tensor '${t.name}' is also in ` +
               `${basename(tensors.get(t.name)!.file)}`);
@@ -70,8 +70,7 @@ export class SafetensorsCheckpoint {
     if (t.elementCount === 0) return out;
     if (dtype.ggml === GgmlType.F32) {
       // Copy through bytes: the data need not be 4-byte aligned in the file.
-      new Uint8Array(out.buffer).set(shard.mapping.bytes.subarray(t.fileOffset,
-        t.fileOffset + t.elementCount * 4));
+      new Uint8Array(out.buffer).set(shard.mapping.view(t.fileOffset, t.elementCount * 4));
       return out;
     }
     const src = offsetAddress(shard.mapping.base, t.fileOffset);
@@ -134,13 +133,14 @@ function checkIndex(folder: string, tensors: ReadonlyMap<string, SafetensorsTens
   }
 }
 
-export function parseHeader(bytes: Uint8Array, path: string): SafetensorsTensor[] {
+/** `fileLength`: the whole file's size where `bytes` is only its beginning (a mapping's view). */
+export function parseHeader(bytes: Uint8Array, path: string, fileLength = bytes.length): SafetensorsTensor[] {
   const where = basename(path);
-  if (bytes.length < 8) bad(`${where}: truncated safetensors file (${bytes.length} bytes)`);
+  if (fileLength < 8) bad(`${where}: truncated safetensors file (${fileLength} bytes)`);
   const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
   const headerBytes = Number(view.getBigUint64(0, true));
-  if (headerBytes > HEADER_BYTES_MAX || 8 + headerBytes > bytes.length) {
-    bad(`${where}: header of ${headerBytes} bytes does not fit the file of ${bytes.length} (truncated?)`);
+  if (headerBytes > HEADER_BYTES_MAX || 8 + headerBytes > fileLength) {
+    bad(`${where}: header of ${headerBytes} bytes does not fit the file of ${fileLength} (truncated?)`);
   }
   let header: Record<string, unknown>;
   try {
@@ -150,7 +150,7 @@ export function parseHeader(bytes: Uint8Array, path: string): SafetensorsTensor[
   }
   if (typeof header !== "object" || header === null || Array.isArray(header)) bad(
     `${where}: header is not an object`);
-  const dataStart = 8 + headerBytes, dataBytes = bytes.length - dataStart;
+  const dataStart = 8 + headerBytes, dataBytes = fileLength - dataStart;
   const out: SafetensorsTensor[] = [];
   for (const [name, entry] of Object.entries(header)) {
     if (name === "__metadata__") continue;

@@ -37,7 +37,10 @@ export interface GgufHeader {
 
 export interface GgufFile extends GgufHeader {
   readonly path: string;
+  /** The file's beginning (all of it up to VIEW_BYTES_MAX): the header; tensors: tensorBytes. */
   readonly bytes: Uint8Array;
+  /** The file's size. */
+  readonly length: number;
   /** Native address of byte 0 of the file (for handing tensors to the library). */
   readonly baseAddress: number;
   tensorAddress(t: GgufTensorInfo): number;
@@ -153,7 +156,11 @@ function readArray(c: Cursor, what: string, depth: number): GgufArray {
   return new ctor(bytes.buffer, 0, count);
 }
 
-export function parseGguf(bytes: Uint8Array, where = "gguf"): GgufHeader {
+/**
+ * Parses the header at the start of `bytes`; `fileLength` is the whole file's size where `bytes`
+ * is only its beginning (a mapping's first view: see VIEW_BYTES_MAX).
+ */
+export function parseGguf(bytes: Uint8Array, where = "gguf", fileLength = bytes.length): GgufHeader {
   const c: Cursor = new Cursor(bytes, where); // annotated so c.fail() narrows
   if (bytes.length < 4 || c.view.getUint32(0, true) !== GGUF_MAGIC) {
     c.fail("not a GGUF file (bad magic)");
@@ -195,7 +202,7 @@ export function parseGguf(bytes: Uint8Array, where = "gguf"): GgufHeader {
       const n = c.u64(`'${name}' dimension ${d}`);
       if (n === 0) c.fail(`tensor '${name}' has a zero dimension`);
       count *= n;
-      if (count > bytes.length * 8) c.fail(`tensor '${name}' is larger than the file could hold`);
+      if (count > fileLength * 8) c.fail(`tensor '${name}' is larger than the file could hold`);
       dims.push(n);
     }
     const typeId = c.u32(`'${name}' type`);
@@ -210,7 +217,7 @@ export function parseGguf(bytes: Uint8Array, where = "gguf"): GgufHeader {
   }
 
   const dataOffset = Math.ceil(c.pos / alignment) * alignment;
-  const dataBytes = bytes.length - dataOffset;
+  const dataBytes = fileLength - dataOffset;
   const tensors = new Map<string, GgufTensorInfo>();
   for (const t of raw) {
     const byteLength = (t.count / t.type.blockValues) * t.type.blockBytes;
@@ -231,7 +238,7 @@ export function openGguf(path: string): GgufFile {
   const mapped: MappedFile = mapFile(path);
   let header: GgufHeader;
   try {
-    header = parseGguf(mapped.bytes, path);
+    header = parseGguf(mapped.bytes, path, mapped.length);
   } catch (err) {
     mapped.close();
     throw err;
@@ -240,9 +247,10 @@ export function openGguf(path: string): GgufFile {
     ...header,
     path,
     bytes: mapped.bytes,
+    length: mapped.length,
     baseAddress: mapped.base,
     tensorAddress: (t) => mapped.base + t.fileOffset,
-    tensorBytes: (t) => mapped.bytes.subarray(t.fileOffset, t.fileOffset + t.byteLength),
+    tensorBytes: (t) => mapped.view(t.fileOffset, t.byteLength),
     close: () => mapped.close(),
   };
 }

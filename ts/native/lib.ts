@@ -105,10 +105,21 @@ export function check(status: number, what: string): void {
   throw new InferError(statusCodes[status] ?? "internal", `${what}: ${message}`);
 }
 
-/** A read-only mapping of a file, owned by the library; `bytes` is a view, not a copy. */
+/**
+ * JavaScriptCore's ArrayBuffers stop at 4 GiB (an 8 GB GGUF failed with "Out of memory"), files
+ * do not: views of a mapping are at most this long.
+ */
+export const VIEW_BYTES_MAX = 2 ** 32 - 2 ** 16;
+
+/** A read-only mapping of a file, owned by the library; views of it, never copies. */
 export interface MappedFile {
+  /** The file's first min(length, VIEW_BYTES_MAX) bytes: what headers are parsed from. */
   readonly bytes: Uint8Array;
+  /** The file's size. */
+  readonly length: number;
   readonly base: number;
+  /** A view of `length` bytes at `offset` (a tensor's data; at most VIEW_BYTES_MAX). */
+  view(offset: number, length: number): Uint8Array;
   close(): void;
 }
 
@@ -119,11 +130,19 @@ export function mapFile(path: string): MappedFile {
   const handleOut = out.subarray(0, 1), baseOut = out.subarray(1, 2), lenOut = out.subarray(2, 3);
   check(lib.infer_file_open(pathBytes, pathBytes.length, handleOut, baseOut, lenOut), "map file");
   const handle = Number(out[0]), base = Number(out[1]), length = Number(out[2]);
-  const bytes = new Uint8Array(toArrayBuffer(base as Pointer, 0, length));
+  const bytes = new Uint8Array(toArrayBuffer(base as Pointer, 0, Math.min(length, VIEW_BYTES_MAX)));
   let open = true;
   return {
     bytes,
+    length,
     base,
+    view(offset, count) {
+      if (offset < 0 || count < 0 || offset + count > length || count > VIEW_BYTES_MAX) {
+        throw new InferError("invalid_argument", `${path}: no view of ${count} bytes at ${offset}`);
+      }
+      if (offset + count <= bytes.length) return bytes.subarray(offset, offset + count);
+      return new Uint8Array(toArrayBuffer((base + offset) as Pointer, 0, count));
+    },
     close() {
       if (!open) return;
       open = false;
