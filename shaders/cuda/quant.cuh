@@ -294,7 +294,7 @@ struct F32W {
 };
 struct F16W {
   __device__ static float at(const uint8_t* w, size_t i) { return __half2float(reinterpret_cast<const __half*>(w)[i]); }
-  __device__ static float act(float x) { return round_f16(x); }
+  __device__ static float act(float x) { return x; }  // f32 activations, as lib/quant/f16.zig
 };
 struct BF16W {
   __device__ static float at(const uint8_t* w, size_t i) {
