@@ -4,13 +4,20 @@
 // argmax of the logits in JS: what decode cost before); the GPU time of one decode step (its
 // graph replayed back to back); a 512-token prefill; optionally the decode step's fusions off
 // (INFER_CUDA_FUSE=0) and CUDA graphs off (--variants 1), and a check against the CPU backend
-// (greedy tokens and prompt logits). Prints a table, then one JSON line per model.
+// (greedy tokens and prompt logits); with --depth N, greedy decode after an N-token prompt; with
+// --batches 8,32, the server's batched decode: B sequences (16-token prompts, a KV cache each)
+// stepped together through Model.forwardBatch, one row each, the next tokens picked from the
+// logits (aggregate tokens/s over `gen` steps, as llama-batched-bench's S_TG). Prints a table,
+// then one JSON line per model.
 //   bun bench/cuda-decode.ts [--models qwen3-0.6b,llama-3.2-1b] [--quants Q4_0,Q8_0,Q4_K]
 //       (--models qwen3-4b,llama-3.1-8b: the large shapes of bench/random-model.ts)
 //       [--runs 3] [--gen 128] [--prefill 512] [--check 32] [--ctx 2048] [--variants 0]
+//       [--depth 4096 (needs --ctx past depth + gen)] [--batches 8,32]
 import { statSync } from "node:fs";
 import { CudaBackend } from "../ts/backend/cuda.ts";
 import { Engine } from "../ts/engine/engine.ts";
+import { createKvCache } from "../ts/engine/kv-cache.ts";
+import { argmax as argmaxNative } from "../ts/sample/sampler.ts";
 import { native } from "../ts/native/lib.ts";
 import { cudaDeviceInfo, cudaInit } from "../ts/native/cuda.ts";
 import { ensureRandomModel, findShape, randomQuants, randomShapes, type RandomQuant } from "./random-model.ts";
@@ -68,6 +75,36 @@ function replayUs(engine: Engine, times: number): number {
   return ((performance.now() - t0) * 1000) / times;
 }
 
+/**
+ * Aggregate tokens/s of `steps` decode steps over `b` sequences at once (after 16-token
+ * prompts and two untimed steps): each step one forwardBatch of b rows, each row's next token
+ * the argmax of its logits.
+ */
+function batchedRate(engine: Engine, b: number, steps: number): number {
+  const model = engine.model, vocab = model.info.vocabSize, warm = 2;
+  const caches = Array.from({ length: b }, () =>
+    createKvCache(engine.backend, model.info, 16 + warm + steps + 1, "f16", model.maxBatch));
+  let next = new Array<number>(b).fill(0);
+  const pick = (first: number, rows: number, logits: Float32Array) => {
+    for (let r = 0; r < rows; r++) next[first + r] = argmaxNative(logits.subarray(r * vocab, (r + 1) * vocab));
+  };
+  // The prompts one by one (their last rows' logits give the first tokens).
+  caches.forEach((c, i) => {
+    const prompt = prompt16.map((t, j) => (j === 0 ? 97 + (i % 26) : t));
+    model.forwardBatch({ tokens: prompt, segments: [{ rows: 16, position: 0, cache: c.layers }], logitRows: 1 },
+      (_first, rows, logits) => { next[i] = argmaxNative(logits.subarray((rows - 1) * vocab, rows * vocab)); });
+  });
+  let t0 = 0;
+  for (let s = 0; s < warm + steps; s++) {
+    if (s === warm) t0 = performance.now();
+    const tokens = next;
+    next = new Array<number>(b).fill(0);
+    model.forwardBatch({ tokens, logitRows: b,
+      segments: caches.map((c) => ({ rows: 1, position: 16 + s, cache: c.layers })) }, pick);
+  }
+  return (b * steps) / ((performance.now() - t0) / 1000);
+}
+
 function withEnv<T>(name: string, on: boolean, f: () => T): T {
   const saved = process.env[name];
   process.env[name] = on ? "1" : "0";
@@ -85,6 +122,9 @@ const quants = arg("--quants", randomQuants.join(",")).split(",") as RandomQuant
 const runs = Number(arg("--runs", "3")), gen = Number(arg("--gen", "128"));
 const prefillLength = Number(arg("--prefill", "512")), check = Number(arg("--check", "0"));
 const ctx = Number(arg("--ctx", "2048")), variants = arg("--variants", "0") === "1";
+const depth = Number(arg("--depth", "0"));
+const batches = arg("--batches", "").split(",").filter((b) => b !== "").map(Number);
+if (depth > 0 && depth + gen + 16 > ctx) throw new Error(`--depth ${depth} needs --ctx of at least ${depth + gen + 16}`);
 
 cudaInit();
 const info = cudaDeviceInfo();
@@ -131,6 +171,13 @@ for (const key of models) {
       engine.evaluate(promptLong);
       prefill.push(prefillLength / ((performance.now() - p0) / 1000));
     }
+    let depthRate = NaN;
+    if (depth > 0) {
+      const promptDepth = Array.from({ length: depth }, (_, i) => 97 + ((i * 11) % 26));
+      generate(engine, promptDepth, 8); // warm-up at that depth
+      depthRate = median(Array.from({ length: runs }, () => generate(engine, promptDepth, gen).rate));
+    }
+    const batchRates = batches.map((b) => batchedRate(engine, b, gen));
     engine.close();
     let eagerRate = NaN, unfusedRate = NaN;
     if (variants) {
@@ -165,7 +212,8 @@ for (const key of models) {
       hostLoopRuns: hostRates.map((r) => +r.toFixed(1)), stepGpuUs: +stepUs.toFixed(1),
       stepGpuUsLate: +lateUs.toFixed(1), decodeNoGraphsTokS: +eagerRate.toFixed(1), decodeUnfusedTokS: +unfusedRate.toFixed(1),
       prefillTokS: +median(prefill).toFixed(0), effectiveGBs: +((bytes * rate) / 1e9).toFixed(0), loadMs: Math.round(loadMs),
-      graphs: stats, check: agree,
+      graphs: stats, check: agree, depth, depthTokS: +depthRate.toFixed(1),
+      batched: Object.fromEntries(batches.map((b, i) => [b, +batchRates[i].toFixed(0)])),
     };
     rows.push(JSON.stringify(row));
     console.log(`${shape.label.padEnd(20)} ${quant.padEnd(5)} ${String(row.fileMiB).padStart(5)} MiB | decode ` +
@@ -174,7 +222,9 @@ for (const key of models) {
       `${(stats.greedyQueueMs * 1000 / stats.greedySteps).toFixed(0)} us, wait ` +
       `${(stats.greedyWaitMs * 1000 / stats.greedySteps).toFixed(0)} us; unfused ${unfusedRate.toFixed(0)}, ` +
       `graphs off ${eagerRate.toFixed(0)}) | ${stats.stepOpsFused} launch calls a step | ` +
-      `prefill ${prefillLength} ${row.prefillTokS} tok/s | weights ${row.effectiveGBs} GB/s | ${agree}`);
+      `prefill ${prefillLength} ${row.prefillTokS} tok/s | weights ${row.effectiveGBs} GB/s | ${agree}` +
+      (depth > 0 ? ` | decode at depth ${depth} ${row.depthTokS} tok/s` : "") +
+      batches.map((b, i) => ` | batch ${b} ${batchRates[i].toFixed(0)} tok/s`).join(""));
   }
 }
 for (const r of rows) console.log(r);

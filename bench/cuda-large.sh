@@ -9,16 +9,18 @@
 # llama-bench (flash attention on, all layers on the GPU) on the same files, one after the other.
 # Needs .device/bun.xz, .device/llama-src.tar.xz, $BASE_DIR and zig-out/lib carried. Writes
 # to $OUT; every step has a timeout, so a slow one leaves the others' results.
-#   MODELS=qwen3-4b,llama-3.1-8b QUANTS=Q4_0,Q4_K,Q8_0 AB=Q4_0 RUNS=1 LLAMA_BENCH=1 bash bench/cuda-large.sh
-# (LLAMA_BENCH=0: infer alone, no llama.cpp build.)
+#   MODELS=qwen3-4b,llama-3.1-8b QUANTS=Q4_0,Q4_K,Q8_0 AB=Q4_0 RUNS=1 LLAMA_BENCH=1 TESTS=1 bash bench/cuda-large.sh
+# (LLAMA_BENCH=0: infer alone, no llama.cpp build; AB=: no A/B; TESTS=0: no CUDA tests.) Measures:
+# decode after 16 tokens and after 4,096, a 2,048-token prefill, and decode of 8 and 32 sequences
+# at once; llama.cpp: llama-bench -p 2048 -n 128, -n 128 -d 4096, llama-batched-bench -npl 8,32.
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-LLAMA_BENCH=${LLAMA_BENCH:-1}; MODELS=${MODELS:-qwen3-4b,llama-3.1-8b}; QUANTS=${QUANTS:-Q4_0,Q4_K,Q8_0}; AB=${AB:-Q4_0}; BASE_DIR=${BASE_DIR:-.device/base-cuda}; RUNS=${RUNS:-1}
+LLAMA_BENCH=${LLAMA_BENCH:-1}; MODELS=${MODELS:-qwen3-4b,llama-3.1-8b}; QUANTS=${QUANTS:-Q4_0,Q4_K,Q8_0}; AB=${AB:-Q4_0}; BASE_DIR=${BASE_DIR:-.device/base-cuda}; RUNS=${RUNS:-1}; TESTS=${TESTS:-1}
 T0=$(date +%s); t() { echo "t=$(( $(date +%s) - T0 ))s $*"; }
 mkdir -p /tmp/bin && xz -dc .device/bun.xz > /tmp/bin/bun && chmod +x /tmp/bin/bun && export PATH=/tmp/bin:$PATH
 export INFER_CACHE=/tmp/ic
 [ "$LLAMA_BENCH" = 1 ] && mkdir -p /tmp/l && tar xJf .device/llama-src.tar.xz -C /tmp/l
 [ "$LLAMA_BENCH" = 1 ] && (cd /tmp/l/llama.cpp && cmake -B b -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF \
-  -DLLAMA_BUILD_TESTS=OFF > /tmp/cmake.log 2>&1 && nice cmake --build b -j12 --target llama-bench \
+  -DLLAMA_BUILD_TESTS=OFF > /tmp/cmake.log 2>&1 && nice cmake --build b -j12 --target llama-bench llama-batched-bench \
   > /tmp/build.log 2>&1; echo "llama build rc=$? at $(( $(date +%s) - T0 ))s") > "$OUT/llama-build.txt" 2>&1 &
 LLAMA=$!; [ "$LLAMA_BENCH" = 1 ] || LLAMA=
 mkdir -p /tmp/base && cp "$BASE_DIR"/*.cu* /tmp/base/
@@ -28,11 +30,14 @@ nvcc -O3 -std=c++17 -fmad=false -gencode "arch=compute_90,code=[sm_90,compute_90
   -o /tmp/base/infer.fatbin /tmp/base/infer.cu 2>> "$OUT/nvcc.txt" &
 OLD=$!
 wait $NEW $OLD; t "kernels built" | tee "$OUT/log.txt"
-(timeout 240 bun test test/cuda.test.ts 2>&1 | grep -v "^\s*$" | tail -60) > "$OUT/cuda-test.txt" || true
-grep -E "^ [0-9]+ (pass|fail)" "$OUT/cuda-test.txt" | tee -a "$OUT/log.txt"
+if [ "$TESTS" = 1 ]; then
+  (timeout 240 bun test test/cuda.test.ts 2>&1 | grep -v "^\s*$" | tail -60) > "$OUT/cuda-test.txt" || true
+  grep -E "^ [0-9]+ (pass|fail)" "$OUT/cuda-test.txt" | tee -a "$OUT/log.txt"
+fi
 timeout 240 bun bench/random-model.ts --models "$MODELS" --quants "$QUANTS" > /dev/null 2>&1 || true
 t "models written" | tee -a "$OUT/log.txt"
-bench() { timeout 150 bun bench/cuda-decode.ts --models "$MODELS" --quants "$1" --runs "$RUNS" --gen 128 --prefill 512 2>&1 | grep -v "^\s*$"; }
+bench() { timeout 200 bun bench/cuda-decode.ts --models "$MODELS" --quants "$1" --runs "$RUNS" --gen 128 \
+  --prefill 2048 --depth 4096 --ctx 4352 --batches 8,32 2>&1 | grep -v "^\s*$"; }
 for q in ${AB//,/ }; do
   INFER_CUDA_KERNELS=/tmp/base/infer.fatbin bench "$q" | sed "s/^/base $q: /" >> "$OUT/infer.txt" || true
 done
@@ -41,7 +46,12 @@ t "infer done" | tee -a "$OUT/log.txt"
 [ -n "$LLAMA" ] && wait $LLAMA && cat "$OUT/llama-build.txt" | tee -a "$OUT/log.txt"
 for f in /tmp/ic/bench-models/*.gguf; do
   [ -x /tmp/l/llama.cpp/b/bin/llama-bench ] || break
-  timeout 90 /tmp/l/llama.cpp/b/bin/llama-bench -m "$f" -p 512 -n 128 -r 2 -ngl 99 -fa 1 -o md 2>/dev/null \
-    | grep -E "pp512|tg128" | sed "s|^|$(basename "$f") |"
+  name=$(basename "$f")
+  timeout 90 /tmp/l/llama.cpp/b/bin/llama-bench -m "$f" -p 2048 -n 128 -r 2 -ngl 99 -fa 1 -o md 2>/dev/null \
+    | grep -E "pp2048|tg128" | sed "s|^|$name |"
+  timeout 90 /tmp/l/llama.cpp/b/bin/llama-bench -m "$f" -p 0 -n 128 -d 4096 -r 1 -ngl 99 -fa 1 -o md 2>/dev/null \
+    | grep -E "tg128" | sed "s|^|$name |"
+  timeout 120 /tmp/l/llama.cpp/b/bin/llama-batched-bench -m "$f" -c 8192 -b 2048 -ub 512 -npp 16 -ntg 128 \
+    -npl 8,32 -ngl 99 -fa on 2>&1 | grep -E "^\|\s+16 \|" | sed "s|^|$name batched |"
 done > "$OUT/llama-bench.txt"
 t "llama-bench done" | tee -a "$OUT/log.txt"
