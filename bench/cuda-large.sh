@@ -14,7 +14,7 @@
 # decode after 16 tokens and after 4,096, a 2,048-token prefill, and decode of 8 and 32 sequences
 # at once; llama.cpp: llama-bench -p 2048 -n 128, -n 128 -d 4096, llama-batched-bench -npl 8,32.
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-LLAMA_BENCH=${LLAMA_BENCH:-1}; MODELS=${MODELS:-qwen3-4b,llama-3.1-8b}; QUANTS=${QUANTS:-Q4_0,Q4_K,Q8_0}; AB=${AB:-Q4_0}; BASE_DIR=${BASE_DIR:-.device/base-cuda}; RUNS=${RUNS:-1}; TESTS=${TESTS:-1}
+LLAMA_BENCH=${LLAMA_BENCH:-1}; MODELS=${MODELS:-qwen3-4b,llama-3.1-8b}; QUANTS=${QUANTS:-Q4_0,Q4_K,Q8_0}; AB=${AB-Q4_0}; BASE_DIR=${BASE_DIR:-.device/base-cuda}; RUNS=${RUNS:-1}; TESTS=${TESTS:-1}
 T0=$(date +%s); t() { echo "t=$(( $(date +%s) - T0 ))s $*"; }
 mkdir -p /tmp/bin && xz -dc .device/bun.xz > /tmp/bin/bun && chmod +x /tmp/bin/bun && export PATH=/tmp/bin:$PATH
 export INFER_CACHE=/tmp/ic
