@@ -1,9 +1,10 @@
 //! Picking tokens from a row of logits: the first maximum (greedy), the k largest (top-k), the
 //! logits at or above a floor (min-p, top-p), softmax sums and a draw from the softmax over the
 //! whole row (sampling with nothing cut, as an OpenAI request's defaults ask). A vocabulary of
-//! 262,144 logits is a megabyte; the sampler's JavaScript scans took 0.2 ms (argmax), 0.65 ms
-//! (top-40), 3.3 ms (a draw over every token) and 80 ms (top-p alone, a sort of the whole row)
-//! per row, next to a batched server step of ~30 ms for eight streams.
+//! 262,144 logits is a megabyte; in JavaScript the sampler took 0.11 ms a row for greedy, 0.39 ms
+//! with llama.cpp's defaults, 2.3 ms with nothing cut and 145 ms for top-p alone (a sort of the
+//! whole row), next to a batched server step of ~30 ms for eight streams (bun bench/sampling.ts,
+//! bench/RESULTS.md).
 //!
 //! Semantics, shared by the scalar references and the fast paths:
 //!   - argmax: the lowest index holding the largest value; NaN never wins, and a row with
