@@ -13,7 +13,7 @@
 // processes to use under a quarter of the CPUs, and the table reports the load seen then.
 // Prints a Markdown table last.
 //   bun run bench/serve.ts [--runs 3] [--gen 128] [--system 1000] [--threads N] [--model PATH]
-//                          [--max-wait 120]
+//                          [--max-wait 120] [--temperature 0 (greedy; 1: an OpenAI default request)]
 import { availableParallelism } from "node:os";
 import { defaultModelPath } from "../ts/cli/setup.ts";
 import { startServer, type InferServer } from "../ts/serve/server.ts";
@@ -24,6 +24,8 @@ function option(name: string, fallback: number): number {
   return i < 0 ? fallback : Number(process.argv[i + 1]);
 }
 const runs = option("--runs", 3), gen = option("--gen", 128), systemTokens = option("--system", 1000);
+// 0: greedy; 1 with nothing else set is what an OpenAI client's default request samples with.
+const temperature = option("--temperature", 0);
 const threads = option("--threads", availableParallelism());
 const maxWaitS = option("--max-wait", 120);
 const backgrounds: number[] = [];
@@ -48,7 +50,7 @@ async function stream(server: InferServer, body: object): Promise<StreamTiming> 
   const path = "messages" in body ? "/v1/chat/completions" : "/v1/completions";
   const res = await fetch(server.url + path, { method: "POST", headers: { "content-type": "application/json" },
     body: JSON.stringify({ model: server.modelId, stream: true, stream_options: { include_usage: true },
-      temperature: 0, logit_bias: noEnd, ...body }) });
+      temperature, seed: 1, logit_bias: noEnd, ...body }) });
   if (!res.ok || !res.body) throw new Error(`${res.status}: ${await res.text()}`);
   let firstMs = 0, tokens = 0, buffered = "";
   const decoder = new TextDecoder();
@@ -157,7 +159,7 @@ async function main(): Promise<void> {
     }
 
     const lines = [
-      `model: ${modelPath.split("/").at(-1)}; threads ${threads}; --parallel 8; ${runs} runs ` +
+      `model: ${modelPath.split("/").at(-1)}; threads ${threads}; --parallel 8; temperature ${temperature}; ${runs} runs ` +
         `(median) after a warm-up; other processes' CPU share before the rounds: ` +
         `${backgrounds.map((b) => `${Math.round(b * 100)}%`).join(" ")}`,
       "",
