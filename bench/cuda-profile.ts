@@ -6,14 +6,14 @@
 //       --metrics gpu__time_duration.sum --csv bun bench/cuda-profile.ts [--model qwen3-0.6b] [--quant Q4_0]
 import { Engine } from "../ts/engine/engine.ts";
 import { check, native } from "../ts/native/lib.ts";
-import { ensureRandomModel, randomShapes, type RandomQuant } from "./random-model.ts";
+import { ensureRandomModel, findShape, type RandomQuant } from "./random-model.ts";
 
 function arg(name: string, fallback: string): string {
   const i = process.argv.indexOf(name);
   return i >= 0 && i + 1 < process.argv.length ? process.argv[i + 1] : fallback;
 }
 
-const shape = randomShapes.find((s) => s.key === arg("--model", "qwen3-0.6b"));
+const shape = findShape(arg("--model", "qwen3-0.6b")); // the large shapes too (llama-3.1-8b, ...)
 if (!shape) throw new Error("unknown model");
 const path = ensureRandomModel(shape, arg("--quant", "Q4_0") as RandomQuant);
 const engine = Engine.open({ modelPath: path, backend: "cuda", contextLength: 2048, batch: 512 });
