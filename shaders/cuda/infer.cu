@@ -586,68 +586,6 @@ constexpr int ATTN_THREADS = 128;
 constexpr int HEAD_DIM_MAX = 512;
 constexpr int ATTN_TILE = 256;
 
-/// attn_scores for the G query heads of one KV head at once (grouped-query attention): the block
-/// of the group's first head reads each key row once for all G, where a block per head read it G
-/// times; a thread per key, the row in 16-byte loads, each score a sequential f32 sum over the
-/// head's dimensions (no warp sum per key). The group's other blocks exit.
-template <int G>
-__device__ __forceinline__ void attn_scores_group(const AttnRow& r, const float* q, const __half* kc, int n_kv_head,
-                                                  int head_dim, int cells, int ring, float scale, float* scores,
-                                                  int score_stride, float* split_max, int n_split) {
-  __shared__ float qg[G * 256];
-  __shared__ float red[G][ATTN_THREADS / 32];
-  // The group's heads are rows r.row .. r.row + G - 1 of q (heads are consecutive within a token).
-  for (int i = threadIdx.x; i < G * head_dim; i += blockDim.x) {
-    qg[i] = round_f16(q[static_cast<size_t>(r.row) * head_dim + i]);
-  }
-  __syncthreads();
-  const int kv_dim = n_kv_head * head_dim;
-  float m[G];
-#pragma unroll
-  for (int g = 0; g < G; g++) m[g] = -INFINITY;
-  for (int jj = r.s0 + threadIdx.x; jj < r.s1; jj += blockDim.x) {
-    const uint4* kr = reinterpret_cast<const uint4*>(
-        kc + static_cast<size_t>(attn_cell(r.begin + jj, cells, ring)) * kv_dim + r.kvh * head_dim);
-    float s[G];
-#pragma unroll
-    for (int g = 0; g < G; g++) s[g] = 0.0f;
-    for (int c = 0; c < head_dim / 8; c++) {
-      const uint4 raw = __ldg(kr + c);
-      const __half2* h2 = reinterpret_cast<const __half2*>(&raw);
-      float k8[8];
-#pragma unroll
-      for (int i = 0; i < 4; i++) {
-        const float2 f = __half22float2(h2[i]);
-        k8[2 * i] = f.x;
-        k8[2 * i + 1] = f.y;
-      }
-#pragma unroll
-      for (int g = 0; g < G; g++) {
-#pragma unroll
-        for (int k = 0; k < 8; k++) s[g] = __fmaf_rn(k8[k], qg[g * head_dim + 8 * c + k], s[g]);
-      }
-    }
-#pragma unroll
-    for (int g = 0; g < G; g++) {
-      const float v = s[g] * scale;
-      scores[static_cast<size_t>(r.row + g) * score_stride + jj] = v;
-      m[g] = fmaxf(m[g], v);
-    }
-  }
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-  for (int g = 0; g < G; g++) {
-    const float v = warp_max(m[g]);
-    if (lane == 0) red[g][warp] = v;
-  }
-  __syncthreads();
-  if (threadIdx.x < G) {
-    float v = -INFINITY;
-    for (int w = 0; w < ATTN_THREADS / 32; w++) v = fmaxf(v, red[threadIdx.x][w]);
-    split_max[static_cast<size_t>(r.row + threadIdx.x) * n_split + blockIdx.y] = v;
-  }
-}
-
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
     attn_scores(const float* q, const __half* kc, const int* positions, int n_head, int n_kv_head, int head_dim,
                 int window, int cells, int ring, float scale, float* scores, int score_stride, float* split_max,
@@ -655,18 +593,6 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
   pdl_begin();
   __shared__ float qs[HEAD_DIM_MAX];
   const AttnRow r = attn_row(positions, n_head, n_kv_head, window, n_split);
-  const int group = n_head / n_kv_head;
-  // Only splits of 256 keys or more: with few keys a thread per key leaves the block idle (decode
-  // at 16-144 tokens ran 3-9% slower with every split grouped, and 8 sequences of the 0.6B shape
-  // 14% slower from 128 keys); the split's length is the same for all the group's blocks.
-  if (r.s1 - r.s0 >= 2 * ATTN_THREADS && head_dim % 8 == 0 && head_dim <= 256 && blockDim.x == ATTN_THREADS &&
-      (group == 2 || group == 4 || group == 8)) {
-    if (r.h % group != 0) return;
-    if (group == 2) attn_scores_group<2>(r, q, kc, n_kv_head, head_dim, cells, ring, scale, scores, score_stride, split_max, n_split);
-    else if (group == 4) attn_scores_group<4>(r, q, kc, n_kv_head, head_dim, cells, ring, scale, scores, score_stride, split_max, n_split);
-    else attn_scores_group<8>(r, q, kc, n_kv_head, head_dim, cells, ring, scale, scores, score_stride, split_max, n_split);
-    return;
-  }
   for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
     qs[d] = round_f16(q[static_cast<size_t>(r.row) * head_dim + d]);
   }
