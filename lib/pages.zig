@@ -1,5 +1,5 @@
-//! Anonymous memory for what the kernels stream through on every token: repacked weights and
-//! KV caches. Regions are aligned to 2 MiB and, on Linux, advised into transparent huge pages
+//! Anonymous memory for what the kernels stream through on every token: the repacked weights
+//! (ts/backend/arena.ts says why not the KV caches). Regions are aligned to 2 MiB and, on Linux, advised into transparent huge pages
 //! (MADV_HUGEPAGE; this machine's default is "madvise", so nothing is huge unless asked). With
 //! 4 KiB pages a read stream crosses a page every 64 cache lines, where the hardware prefetcher
 //! stops and the TLB misses: two cores read 21.8 GB/s from 4 KiB pages and 29-30 GB/s from huge

@@ -7,11 +7,10 @@
 import { check, native, type Pointer } from "../native/lib.ts";
 import type { Arena } from "./arena.ts";
 
+/** The copy: its type and address in the backend's weight arena, which owns it. */
 export interface MatmulLayout {
   readonly typeId: number;
   readonly address: Pointer;
-  /** The copy, in the backend's weight arena (huge pages: see lib/pages.zig). */
-  readonly bytes: Uint8Array;
 }
 
 export function repackEnabled(): boolean {
@@ -30,5 +29,5 @@ export function repackForMatmul(typeId: number, dims: readonly number[], address
   if (packedType === 0) return null;
   const region = arena.alloc(byteLength);
   check(lib.infer_repack(typeId, address, dims[1], dims[0], region.address), "repack");
-  return { typeId: packedType, address: region.address, bytes: region.bytes };
+  return { typeId: packedType, address: region.address };
 }

@@ -156,7 +156,6 @@ export class Sampler {
 
   /** Picks the next token from `logits` (not modified), after `mask` if one is given. */
   sample(logits: Float32Array, mask?: LogitMask): number {
-    const o = this.options;
     const changed = this.biasIds.length > 0 || this.penalised || mask !== undefined;
     if (!changed || mask !== undefined) return this.pick(changed ? this.prepare(logits, mask) : logits);
     // Bias and penalties change a few logits: in place (a copy of a 262,144-logit row cost more
@@ -348,8 +347,11 @@ export class Sampler {
     let floor = max;
     for (let step = 1; expSum(x, max, 1, floor) < p * z; step *= 2) {
       // exp(-128) is 4e-56 of the largest weight: past that, the floor takes every finite logit.
-      floor = step > 128 ? -F32_MAX : max - step;
-      if (floor === -F32_MAX) break;
+      if (step > 128) {
+        floor = -F32_MAX;
+        break;
+      }
+      floor = max - step;
     }
     return this.sortedAbove(x, floor);
   }
