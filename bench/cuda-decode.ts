@@ -13,6 +13,7 @@
 //       (--models qwen3-4b,llama-3.1-8b: the large shapes of bench/random-model.ts)
 //       [--runs 3] [--gen 128] [--prefill 512] [--check 32] [--ctx 2048] [--variants 0]
 //       [--depth 4096 (needs --ctx past depth + gen)] [--batches 8,32]
+//       [--sweep 24,144,1024,4096: GPU µs of a decode step at each context (needs --ctx past the last)]
 import { statSync } from "node:fs";
 import { CudaBackend } from "../ts/backend/cuda.ts";
 import { Engine } from "../ts/engine/engine.ts";
@@ -123,6 +124,7 @@ const runs = Number(arg("--runs", "3")), gen = Number(arg("--gen", "128"));
 const prefillLength = Number(arg("--prefill", "512")), check = Number(arg("--check", "0"));
 const ctx = Number(arg("--ctx", "2048")), variants = arg("--variants", "0") === "1";
 const depth = Number(arg("--depth", "0"));
+const sweep = arg("--sweep", "").split(",").filter((c) => c !== "").map(Number);
 const batches = arg("--batches", "").split(",").filter((b) => b !== "").map(Number);
 if (depth > 0 && depth + gen + 16 > ctx) throw new Error(`--depth ${depth} needs --ctx of at least ${depth + gen + 16}`);
 
@@ -177,6 +179,11 @@ for (const key of models) {
       generate(engine, promptDepth, 8); // warm-up at that depth
       depthRate = median(Array.from({ length: runs }, () => generate(engine, promptDepth, gen).rate));
     }
+    // GPU µs of one decode step at each context length of --sweep (its graph replayed).
+    const sweepUs = sweep.map((c) => {
+      generate(engine, Array.from({ length: c - 8 }, (_, i) => 97 + ((i * 13) % 26)), 8);
+      return +replayUs(engine, 100).toFixed(1);
+    });
     const batchRates = batches.map((b) => batchedRate(engine, b, gen));
     engine.close();
     let eagerRate = NaN, unfusedRate = NaN;
@@ -214,6 +221,7 @@ for (const key of models) {
       prefillTokS: +median(prefill).toFixed(0), effectiveGBs: +((bytes * rate) / 1e9).toFixed(0), loadMs: Math.round(loadMs),
       graphs: stats, check: agree, depth, depthTokS: +depthRate.toFixed(1),
       batched: Object.fromEntries(batches.map((b, i) => [b, +batchRates[i].toFixed(0)])),
+      stepUsByContext: Object.fromEntries(sweep.map((c, i) => [c, sweepUs[i]])),
     };
     rows.push(JSON.stringify(row));
     console.log(`${shape.label.padEnd(20)} ${quant.padEnd(5)} ${String(row.fileMiB).padStart(5)} MiB | decode ` +
@@ -224,7 +232,8 @@ for (const key of models) {
       `graphs off ${eagerRate.toFixed(0)}) | ${stats.stepOpsFused} launch calls a step | ` +
       `prefill ${prefillLength} ${row.prefillTokS} tok/s | weights ${row.effectiveGBs} GB/s | ${agree}` +
       (depth > 0 ? ` | decode at depth ${depth} ${row.depthTokS} tok/s` : "") +
-      batches.map((b, i) => ` | batch ${b} ${batchRates[i].toFixed(0)} tok/s`).join(""));
+      batches.map((b, i) => ` | batch ${b} ${batchRates[i].toFixed(0)} tok/s`).join("") +
+      (sweep.length ? ` | step us by context: ${sweep.map((c, i) => `${c}: ${sweepUs[i]}`).join(", ")}` : ""));
   }
 }
 for (const r of rows) console.log(r);

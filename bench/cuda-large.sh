@@ -1,20 +1,19 @@
 #!/usr/bin/env bash
-# The CUDA figures of bench/RESULTS.md for the large shapes (Qwen3-4B, Llama-3.1-8B) in one call on
-# a GPU machine (the `device` tool): builds the kernels of this tree and, for an A/B in the same
-# call, the ones in $BASE_DIR (default .device/base-cuda: shaders/cuda/*.cu* of the revision to
-# compare, written here with `git show REV:shaders/cuda/F`; the device gets no git history) ;
-# builds llama.cpp (CUDA, sm_90, from
-# node-llama-cpp 3.21.1's bundle, .device/llama-src.tar.xz) meanwhile; runs the CUDA tests; writes
-# the random-weight GGUFs; then infer's bench/cuda-decode.ts with both kernel builds and
-# llama-bench (flash attention on, all layers on the GPU) on the same files, one after the other.
-# Needs .device/bun.xz, .device/llama-src.tar.xz, $BASE_DIR and zig-out/lib carried. Writes
-# to $OUT; every step has a timeout, so a slow one leaves the others' results.
-#   MODELS=qwen3-4b,llama-3.1-8b QUANTS=Q4_0,Q4_K,Q8_0 AB=Q4_0 RUNS=1 LLAMA_BENCH=1 TESTS=1 bash bench/cuda-large.sh
+# The CUDA figures of bench/RESULTS.md beside llama.cpp in one call on a GPU machine (the `device`
+# tool): builds the kernels of this tree and llama.cpp (CUDA, sm_90, from node-llama-cpp 3.21.1's
+# bundle, .device/llama-src.tar.xz) meanwhile; runs the CUDA tests; writes the random-weight GGUFs;
+# then infer's bench/cuda-decode.ts (and, for an A/B in the same call, the AB quants again with
+# the environment $VARIANT, e.g. VARIANT=INFER_CUDA_ATTN=heads) and llama-bench (flash attention
+# on, all layers on the GPU) on the same files, one after the other. Needs .device/bun.xz,
+# .device/llama-src.tar.xz and zig-out/lib carried. Writes to $OUT; every step has a timeout, so
+# a slow one leaves the others' results.
+#   MODELS=qwen3-4b,llama-3.1-8b QUANTS=Q4_0,Q4_K,Q8_0 AB=Q4_0 VARIANT=INFER_CUDA_ATTN=heads RUNS=1 \
+#     LLAMA_BENCH=1 TESTS=1 bash bench/cuda-large.sh
 # (LLAMA_BENCH=0: infer alone, no llama.cpp build; AB=: no A/B; TESTS=0: no CUDA tests.) Measures:
 # decode after 16 tokens and after 4,096, a 2,048-token prefill, and decode of 8 and 32 sequences
 # at once; llama.cpp: llama-bench -p 2048 -n 128, -n 128 -d 4096, llama-batched-bench -npl 8,32.
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-LLAMA_BENCH=${LLAMA_BENCH:-1}; MODELS=${MODELS:-qwen3-4b,llama-3.1-8b}; QUANTS=${QUANTS:-Q4_0,Q4_K,Q8_0}; AB=${AB-Q4_0}; BASE_DIR=${BASE_DIR:-.device/base-cuda}; RUNS=${RUNS:-1}; TESTS=${TESTS:-1}
+LLAMA_BENCH=${LLAMA_BENCH:-1}; MODELS=${MODELS:-qwen3-4b,llama-3.1-8b}; QUANTS=${QUANTS:-Q4_0,Q4_K,Q8_0}; AB=${AB-}; VARIANT=${VARIANT:-INFER_CUDA_ATTN=heads}; RUNS=${RUNS:-1}; TESTS=${TESTS:-1}
 T0=$(date +%s); t() { echo "t=$(( $(date +%s) - T0 ))s $*"; }
 mkdir -p /tmp/bin && xz -dc .device/bun.xz > /tmp/bin/bun && chmod +x /tmp/bin/bun && export PATH=/tmp/bin:$PATH
 export INFER_CACHE=/tmp/ic
@@ -23,15 +22,9 @@ export INFER_CACHE=/tmp/ic
   -DLLAMA_BUILD_TESTS=OFF > /tmp/cmake.log 2>&1 && nice cmake --build b -j12 --target llama-bench llama-batched-bench \
   > /tmp/build.log 2>&1; echo "llama build rc=$? at $(( $(date +%s) - T0 ))s") > "$OUT/llama-build.txt" 2>&1 &
 LLAMA=$!; [ "$LLAMA_BENCH" = 1 ] || LLAMA=
-mkdir -p /tmp/base && cp "$BASE_DIR"/*.cu* /tmp/base/
-bash shaders/cuda/build.sh > /dev/null 2> "$OUT/nvcc.txt" &
-NEW=$!
-nvcc -O3 -std=c++17 -fmad=false -gencode "arch=compute_90,code=[sm_90,compute_90]" -fatbin \
-  -o /tmp/base/infer.fatbin /tmp/base/infer.cu 2>> "$OUT/nvcc.txt" &
-OLD=$!
-wait $NEW $OLD; t "kernels built" | tee "$OUT/log.txt"
+bash shaders/cuda/build.sh > /dev/null 2> "$OUT/nvcc.txt"; t "kernels built" | tee "$OUT/log.txt"
 if [ "$TESTS" = 1 ]; then
-  (timeout 240 bun test test/cuda.test.ts 2>&1 | grep -v "^\s*$" | tail -60) > "$OUT/cuda-test.txt" || true
+  (timeout 300 bun test test/cuda.test.ts test/cuda-batch.test.ts 2>&1 | grep -v "^\s*$" | tail -80) > "$OUT/cuda-test.txt" || true
   grep -E "^ [0-9]+ (pass|fail)" "$OUT/cuda-test.txt" | tee -a "$OUT/log.txt"
 fi
 timeout 240 bun bench/random-model.ts --models "$MODELS" --quants "$QUANTS" > /dev/null 2>&1 || true
@@ -39,7 +32,7 @@ t "models written" | tee -a "$OUT/log.txt"
 bench() { timeout 200 bun bench/cuda-decode.ts --models "$MODELS" --quants "$1" --runs "$RUNS" --gen 128 \
   --prefill 2048 --depth 4096 --ctx 4352 --batches 8,32 2>&1 | grep -v "^\s*$"; }
 for q in ${AB//,/ }; do
-  INFER_CUDA_KERNELS=/tmp/base/infer.fatbin bench "$q" | sed "s/^/base $q: /" >> "$OUT/infer.txt" || true
+  ( export "$VARIANT"; bench "$q" ) | sed "s/^/variant $q: /" >> "$OUT/infer.txt" || true
 done
 for q in ${QUANTS//,/ }; do bench "$q" | sed "s/^/new $q: /" >> "$OUT/infer.txt" || true; done
 t "infer done" | tee -a "$OUT/log.txt"

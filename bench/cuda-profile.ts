@@ -4,6 +4,7 @@
 // prompt from position 0 instead of the steps). Run it under Nsight Compute:
 //   ncu --profile-from-start off --clock-control none --graph-profiling node \
 //       --metrics gpu__time_duration.sum --csv bun bench/cuda-profile.ts [--model qwen3-0.6b] [--quant Q4_0]
+//       [--context 16 (prompt before the steps)] [--ctx 2048 (cache)] [--batch 512] [--steps 1] [--warm 4] [--prefill N]
 import { Engine } from "../ts/engine/engine.ts";
 import { check, native } from "../ts/native/lib.ts";
 import { ensureRandomModel, findShape, type RandomQuant } from "./random-model.ts";
@@ -16,13 +17,16 @@ function arg(name: string, fallback: string): string {
 const shape = findShape(arg("--model", "qwen3-0.6b")); // the large shapes too (llama-3.1-8b, ...)
 if (!shape) throw new Error("unknown model");
 const path = ensureRandomModel(shape, arg("--quant", "Q4_0") as RandomQuant);
-const engine = Engine.open({ modelPath: path, backend: "cuda", contextLength: 2048, batch: 512 });
+const engine = Engine.open({ modelPath: path, backend: "cuda", contextLength: Number(arg("--ctx", "2048")),
+  batch: Number(arg("--batch", "512")) });
 const argmax = (x: Float32Array) => {
   let b = 0;
   for (let i = 1; i < x.length; i++) if (x[i] > x[b]) b = i;
   return b;
 };
-let logits = engine.evaluate(Array.from({ length: 16 }, (_, i) => 97 + i));
+// --context N: the decode steps after an N-token prompt (attention over N keys).
+const context = Number(arg("--context", "16"));
+let logits = engine.evaluate(Array.from({ length: context }, (_, i) => 97 + (i % 26)));
 for (let i = 0; i < Number(arg("--warm", "4")); i++) logits = engine.evaluate([argmax(logits)]);
 const steps = Number(arg("--steps", "1"));
 const prefill = Number(arg("--prefill", "0"));

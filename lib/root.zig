@@ -791,8 +791,26 @@ export fn infer_cuda_attention_scratch(n_tok: u64, n_head: u64, head_dim: u64, c
 }
 
 /// Causal (optionally sliding-window) GQA over the f16 cache, split n_split ways over the keys.
-export fn infer_cuda_attention(q: u64, k_cache: u64, v_cache: u64, out: u64, positions: u64, n_tok: u64, n_head: u64, n_kv_head: u64, head_dim: u64, window: u64, cells: u64, ring: bool, scale: f32, scratch: u64, scratch_floats: u64, n_split: u64, arrived: u64) i32 {
-    return cuda.attention(q, k_cache, v_cache, out, positions, n_tok, n_head, n_kv_head, head_dim, window, cells, ring, scale, scratch, scratch_floats, n_split, arrived);
+/// per_head: the per-query-head kernels (attn_scores + attn_values) even where attn_decode_* fits.
+export fn infer_cuda_attention(q: u64, k_cache: u64, v_cache: u64, out: u64, positions: u64, n_tok: u64, n_head: u64, n_kv_head: u64, head_dim: u64, window: u64, cells: u64, ring: bool, scale: f32, scratch: u64, scratch_floats: u64, n_split: u64, arrived: u64, per_head: bool) i32 {
+    return cuda.attention(q, k_cache, v_cache, out, positions, n_tok, n_head, n_kv_head, head_dim, window, cells, ring, scale, scratch, scratch_floats, n_split, arrived, per_head);
+}
+
+/// Attention of rows of different sequences in one launch (the server's batched decode): row t
+/// over the f16 caches at kv_table[2t] (keys) and kv_table[2t + 1] (values), a device table of
+/// 2 * n_tok addresses.
+export fn infer_cuda_attention_rows(q: u64, kv_table: u64, out: u64, positions: u64, n_tok: u64, n_head: u64, n_kv_head: u64, head_dim: u64, window: u64, cells: u64, ring: bool, scale: f32, scratch: u64, scratch_floats: u64, n_split: u64, arrived: u64) i32 {
+    return cuda.attentionRows(q, kv_table, out, positions, n_tok, n_head, n_kv_head, head_dim, window, cells, ring, scale, scratch, scratch_floats, n_split, arrived);
+}
+
+/// Whether infer_cuda_attention_rows takes these shapes.
+export fn infer_cuda_attention_rows_fit(n_head: u64, n_kv_head: u64, head_dim: u64) bool {
+    return cuda.decodeAttentionFits(n_head, n_kv_head, head_dim);
+}
+
+/// Keys and values of rows of different sequences into their caches (the table as above).
+export fn infer_cuda_kv_store_rows(k: u64, v: u64, kv_dim: u64, n_tok: u64, kv_table: u64, positions: u64, cells: u64, ring: bool) i32 {
+    return cuda.kvStoreRows(k, v, kv_dim, n_tok, kv_table, positions, cells, ring);
 }
 
 export fn infer_cuda_gelu_mul(gate: u64, up: u64, n: u64, out: u64) i32 {

@@ -88,6 +88,39 @@ describe.skipIf(noCuda)("several sequences in one CUDA batch", () => {
     gpu.close();
   }, 60_000);
 
+  test("batched decode steps deep in the context (one launch for all sequences, keys split)", () => {
+    // Six layers: the sixth is global, so its attention sees every key (split 4 to 8 ways).
+    const deepPath = join(dir, "tiny-6.gguf");
+    writeFileSync(deepPath, tinyGemma3Gguf({ branchGain: 16, shape: { layers: 6, embedding: 128,
+      feedForward: 256, heads: 8, kvHeads: 2, headDim: 32 } }));
+    const openDeep = (backend: "cpu" | "cuda") => Engine.open({ modelPath: deepPath, contextLength: 512, batch: 320, backend });
+    const cpu = openDeep("cpu"), gpu = openDeep("cuda");
+    const vocab = cpu.model.info.vocabSize;
+    const long = [150, 290, 213].map((n, s) => Array.from({ length: n }, (_, i) => 6 + ((i * 31 + s * 7) % 250)));
+    const gpuCaches = long.map(() => createKvCache(gpu.backend, gpu.model.info, 512, "f16", gpu.model.maxBatch));
+    const cpuCaches = long.map(() => createKvCache(cpu.backend, cpu.model.info, 512, "f16", cpu.model.maxBatch));
+    for (const [i, p] of long.entries()) {
+      gpu.model.forward(p, p.length, 0, gpuCaches[i].layers);
+      cpu.model.forward(p, p.length, 0, cpuCaches[i].layers);
+    }
+    let worst = 0;
+    for (let step = 0; step < 3; step++) {
+      const next = long.map((_, i) => 20 + 3 * step + i);
+      let got = new Float32Array(0);
+      gpu.model.forwardBatch({ tokens: next, logitRows: next.length,
+        segments: long.map((p, i) => ({ rows: 1, position: p.length + step, cache: gpuCaches[i].layers })) },
+      (_first, _rows, logits) => { got = logits.slice(); });
+      for (const [i, p] of long.entries()) {
+        const want = cpu.model.forward([next[i]], 1, p.length + step, cpuCaches[i].layers);
+        worst = Math.max(worst, maxError(got.subarray(i * vocab, (i + 1) * vocab), want));
+      }
+    }
+    console.log(`cuda batch: decode at 150-290 tokens, worst logits error ${worst.toExponential(2)}`);
+    expect(worst).toBeLessThan(TOL_LOGITS_F);
+    cpu.close();
+    gpu.close();
+  }, 60_000);
+
   test("the batch scheduler serves requests to the end on CUDA, with the prefix cache", () => {
     const gpu = open("cuda");
     const scheduler = new BatchScheduler(gpu, { slots: 3, prefillChunk: 8,

@@ -176,13 +176,14 @@ describe.skipIf(noCuda)("CUDA ops equal the CPU backend's", () => {
 
   for (const [name] of WEIGHT_TYPES) {
     // 70 rows take the tensor-core kernels (two 64-token tiles, the second partial; 37 weight
-    // rows: a partial 32-row tile).
-    test(`matmul ${name}: one row, 13 rows, 70 rows, an offset row`, () => {
+    // rows: a partial 32-row tile); 300 rows their prompt tile (3 tiles of 128 tokens, the last
+    // partial; a partial 64-row tile).
+    test(`matmul ${name}: one row, 13 rows, 70 rows, 300 rows, an offset row`, () => {
       const [wc, wg] = weights(p, file, `w.${name}`);
-      const x = randomF32(70 * N_IN, 10, 2);
-      for (const rows of [1, 13, 70]) {
-        const [xc, xg] = acts(p, 70, N_IN, x);
-        const [oc, og] = acts(p, 70, N_OUT);
+      const x = randomF32(300 * N_IN, 10, 2);
+      for (const rows of [1, 13, 70, 300]) {
+        const [xc, xg] = acts(p, 300, N_IN, x);
+        const [oc, og] = acts(p, 300, N_OUT);
         p.cpu.matmul(wc, xc, rows, oc);
         p.gpu.matmul(wg, xg, rows, og);
         report(`${name} x ${rows}`, compare(p, oc, og, rows), TOL_MATMUL);
@@ -288,6 +289,23 @@ describe.skipIf(noCuda)("CUDA ops equal the CPU backend's", () => {
     ["prompts of 40 and 37 rows, GQA 4:1, head_dim 64", 128, false, 0, 8, 2, 64, [[0, 40], [40, 1], [41, 37], [78, 1]]],
     ["ring of 64, window 24, prompts of 20 to 30 rows, head_dim 256", 64, true, 24, 4, 1, 256,
       [[0, 20], [20, 1], [21, 17], [38, 1], [39, 30], [69, 1]]],
+    // Batches under 16 rows and decode take attn_decode_* (a block per KV head and split, tiles of
+    // 128 keys): several tiles in one split, many splits, each group size, the wrap of a ring.
+    ["full, 512 cells, batches of 3 to 9 rows past 300 keys, GQA 2:1, head_dim 128", 512, false, 0, 4, 2, 128,
+      [[0, 300], [300, 5], [305, 9], [314, 1]]],
+    ["full, 512 cells, batches of 3 to 9 rows past 300 keys, GQA 4:1, head_dim 64", 512, false, 0, 8, 2, 64,
+      [[0, 300], [300, 3], [303, 9], [312, 1]]],
+    ["full, 1600 cells, decode past 1,500 keys in 16 splits, GQA 8:1, head_dim 128", 1600, false, 0, 8, 1, 128,
+      [[0, 1500], [1500, 1], [1501, 2], [1503, 1]]],
+    ["full, 4200 cells, decode past 4,000 keys in 32 splits, GQA 4:1, head_dim 64", 4200, false, 0, 8, 2, 64,
+      [[0, 4000], [4000, 1], [4001, 2], [4003, 1]]],
+    ["ring of 640, window 512, decode after the wrap in 8 splits, GQA 4:1, head_dim 64", 640, true, 512, 8, 2, 64,
+      [[0, 128], [128, 128], [256, 128], [384, 128], [512, 128], [640, 1], [641, 2], [643, 1]]],
+    ["full, no GQA, head_dim 96", 256, false, 0, 2, 2, 96, shortSteps],
+    ["full, GQA 3:1, head_dim 32", 256, false, 0, 6, 2, 32, shortSteps],
+    // Groups over 8 heads (and head_dim not a multiple of 8) take the per-head attn_scores/values.
+    ["full, GQA 12:1, head_dim 40 (per-head kernels)", 128, false, 0, 12, 1, 40, shortSteps],
+    ["full, head_dim 36 (per-head kernels)", 128, false, 0, 2, 1, 36, shortSteps],
   ] as const) {
     test(`storeKv + attention: ${label}`, () => {
       const kv: [KvLayer, KvLayer] = [

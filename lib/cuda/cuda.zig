@@ -53,6 +53,12 @@ pub const Kernel = enum {
     mmq_q4_k,
     mmq_q5_k,
     mmq_q6_k,
+    mmq_q4_0_64x128,
+    mmq_q5_0_64x128,
+    mmq_q8_0_64x128,
+    mmq_q4_k_64x128,
+    mmq_q5_k_64x128,
+    mmq_q6_k_64x128,
     rms_norm,
     rms_norm_add,
     rms_norm_q,
@@ -61,8 +67,15 @@ pub const Kernel = enum {
     rope,
     rope2,
     kv_store,
+    kv_store_rows,
     attn_scores,
     attn_values,
+    attn_decode_g1,
+    attn_decode_g2,
+    attn_decode_g4,
+    attn_decode_g8,
+    attn_prompt_d64,
+    attn_prompt_d128,
     gelu_mul,
     silu_mul,
     add,
@@ -178,6 +191,13 @@ fn invalid(comptime fmt: []const u8, args: anytype) i32 {
 pub fn init(path: []const u8, ordinal: i32) i32 {
     if (state != null) return 0;
     if (std.posix.getenv("INFER_CUDA_MMQ")) |v| mmq_enabled = !std.mem.eql(u8, v, "0");
+    if (std.posix.getenv("INFER_CUDA_MMQ_TILE")) |v| {
+        for (mmq_tiles, 0..) |t, i| {
+            var buf: [32]u8 = undefined;
+            const name = std.fmt.bufPrint(&buf, "{d}x{d}", .{ t.rows, t.toks }) catch continue;
+            if (std.mem.eql(u8, v, name)) mmq_tile = i;
+        }
+    }
     if (driver.load(&api)) |e| {
         const sep: []const u8 = if (e.detail.len > 0) ": " else "";
         return status.fail(.unsupported, "CUDA not available: {s}{s}{s}", .{ e.reason, sep, e.detail });
@@ -507,8 +527,8 @@ fn launchShared(k: Kernel, grid_x: u64, grid_y: u64, block: u32, shared: u32, ar
 /// attribute a launch waits for the kernel before it as a plain stream does.
 fn pdlFor(k: Kernel) bool {
     return switch (k) {
-        .mmq_q4_0, .mmq_q5_0, .mmq_q8_0, .mmq_q4_k, .mmq_q5_k, .mmq_q6_k, .attn_scores_mma, .attn_values_mma => false,
-        else => true,
+        .attn_scores_mma, .attn_values_mma, .attn_prompt_d64, .attn_prompt_d128 => false,
+        else => !std.mem.startsWith(u8, @tagName(k), "mmq_"),
     };
 }
 
@@ -559,6 +579,20 @@ const mmq_min_tokens = 16;
 /// INFER_CUDA_MMQ=0 at init keeps every batch on matvec_8 (for comparisons).
 var mmq_enabled = true;
 
+/// The tiles of the mmq_* kernels (weight rows × tokens a block; the kernels of one tile are six
+/// consecutive Kernel values, in mmq_q4_0 .. mmq_q6_k order, from `first`): the small tile for
+/// batches, the large one for prompts from mmq_large_tokens. Measured on an H200 (bench/RESULTS.md,
+/// 2,048-token prompts and 32-sequence batches of the 0.6B and 8B shapes): 64 × 128 prefill
+/// +7–26%, but half the speed at 32 tokens; 128 × 64 and 64 × 64 tiles were slower than both.
+const MmqTile = struct { rows: u32, toks: u32, first: Kernel };
+const mmq_tiles = [_]MmqTile{
+    .{ .rows = 32, .toks = 64, .first = .mmq_q4_0 },
+    .{ .rows = 64, .toks = 128, .first = .mmq_q4_0_64x128 },
+};
+const mmq_large_tokens = 256;
+/// INFER_CUDA_MMQ_TILE=32x64 or 64x128 at init: that tile for every batch (for comparisons).
+var mmq_tile: ?usize = null;
+
 /// y[t][o] = W[o] · x[t] for t < n_tok. Quantized W reads the activations from xq/xd (see
 /// quantize, in W's activation format); float W reads x.
 pub fn matmul(w: u64, type_id: u32, n_out: u64, n_in: u64, x: u64, xq: u64, xd: u64, n_tok: u64, y: u64) i32 {
@@ -573,7 +607,11 @@ pub fn matmul(w: u64, type_id: u32, n_out: u64, n_in: u64, x: u64, xq: u64, xd: 
     if (k.activation < 0) return launch(kernel, ceilDiv(n_out, 4), grid_y, 128, .{ w, out, in, x, tok, y });
     if (xq == 0 or xd == 0) return invalid("matmul: {s} needs quantized activations", .{k.name});
     if (k.mmq) |mmq| {
-        if (n_tok >= mmq_min_tokens and mmq_enabled) return launch(mmq, ceilDiv(n_out, 32), ceilDiv(n_tok, 64), 128, .{ w, out, in, xq, xd, tok, y });
+        if (n_tok >= mmq_min_tokens and mmq_enabled) {
+            const tile = mmq_tiles[mmq_tile orelse @intFromBool(n_tok >= mmq_large_tokens)];
+            const variant: Kernel = @enumFromInt(@intFromEnum(tile.first) + (@intFromEnum(mmq) - @intFromEnum(Kernel.mmq_q4_0)));
+            return launch(variant, ceilDiv(n_out, tile.rows), ceilDiv(n_tok, tile.toks), tile.toks * 2, .{ w, out, in, xq, xd, tok, y });
+        }
     }
     return launch(kernel, ceilDiv(n_out, 4), grid_y, 128, .{ w, out, in, xq, xd, tok, y });
 }
@@ -627,16 +665,45 @@ pub fn kvStore(k: u64, v: u64, kv_dim: u64, n_tok: u64, k_cache: u64, v_cache: u
 pub const head_dim_max = 512;
 pub const split_max = 64;
 
-/// f32 values of attention scratch: scores, split maxima and (n_split > 1) partial outputs.
+/// f32 values of attention scratch, enough for either way: scores, split maxima and (n_split >
+/// 1) partial outputs (attn_scores/attn_values), or each split's maximum and sum of exponentials
+/// and partial outputs (attn_decode_*).
 pub fn attentionScratch(n_tok: u64, n_head: u64, head_dim: u64, cells: u64, n_split: u64) u64 {
     const rows = n_tok * n_head;
-    return rows * cells + rows * n_split + (if (n_split > 1) rows * n_split * head_dim else 0);
+    return rows * cells + 2 * rows * n_split + (if (n_split > 1) rows * n_split * head_dim else 0);
 }
 
 /// Attention of n_tok queries (at positions[t]) over an f16 cache of `cells` rows: see the
 /// attn_* kernels. `scratch` holds attentionScratch(...) f32 values; with n_split > 1, `arrived`
 /// holds n_tok * n_head u32 counters, zero before the call and left zero by it.
-pub fn attention(q: u64, k_cache: u64, v_cache: u64, out: u64, positions: u64, n_tok: u64, n_head: u64, n_kv_head: u64, head_dim: u64, window: u64, cells: u64, ring: bool, scale_: f32, scratch: u64, scratch_floats: u64, n_split: u64, arrived: u64) i32 {
+pub fn attention(q: u64, k_cache: u64, v_cache: u64, out: u64, positions: u64, n_tok: u64, n_head: u64, n_kv_head: u64, head_dim: u64, window: u64, cells: u64, ring: bool, scale_: f32, scratch: u64, scratch_floats: u64, n_split: u64, arrived: u64, per_head: bool) i32 {
+    return attend(per_head, q, k_cache, v_cache, 0, out, positions, n_tok, n_head, n_kv_head, head_dim, window, cells, ring, scale_, scratch, scratch_floats, n_split, arrived);
+}
+
+/// Whether attention of these shapes runs as attn_decode_* (rows under 16), the kernels that
+/// also take a table of caches (attentionRows).
+pub fn decodeAttentionFits(n_head: u64, n_kv_head: u64, head_dim: u64) bool {
+    return n_kv_head > 0 and n_head % n_kv_head == 0 and n_head / n_kv_head <= 8 and head_dim % 8 == 0 and head_dim > 0 and head_dim <= 256;
+}
+
+/// Attention of n_tok rows of different sequences, row t over the caches at kv_table[2t] (keys)
+/// and kv_table[2t + 1] (values), all of `cells` rows (the server's batched decode): one launch.
+pub fn attentionRows(q: u64, kv_table: u64, out: u64, positions: u64, n_tok: u64, n_head: u64, n_kv_head: u64, head_dim: u64, window: u64, cells: u64, ring: bool, scale_: f32, scratch: u64, scratch_floats: u64, n_split: u64, arrived: u64) i32 {
+    if (!decodeAttentionFits(n_head, n_kv_head, head_dim))
+        return invalid("attention_rows: {d} heads over {d} KV heads of {d} dims take one sequence at a time", .{ n_head, n_kv_head, head_dim });
+    if (kv_table == 0) return invalid("attention_rows: no table of caches", .{});
+    return attend(false, q, 0, 0, kv_table, out, positions, n_tok, n_head, n_kv_head, head_dim, window, cells, ring, scale_, scratch, scratch_floats, n_split, arrived);
+}
+
+/// kvStore for rows of different sequences, row t into the caches of kv_table (see attentionRows).
+pub fn kvStoreRows(k: u64, v: u64, kv_dim: u64, n_tok: u64, kv_table: u64, positions: u64, cells: u64, ring: bool) i32 {
+    if (kv_table == 0) return invalid("kv_store_rows: no table of caches", .{});
+    const dim = int(kv_dim) orelse return tooLarge("kv_store_rows: kv_dim", kv_dim);
+    const c = int(cells) orelse return tooLarge("kv_store_rows: cells", cells);
+    return launch(.kv_store_rows, ceilDiv(kv_dim, 256), n_tok, 256, .{ k, v, dim, kv_table, positions, c, @as(i32, @intFromBool(ring)) });
+}
+
+fn attend(per_head: bool, q: u64, k_cache: u64, v_cache: u64, kv_table: u64, out: u64, positions: u64, n_tok: u64, n_head: u64, n_kv_head: u64, head_dim: u64, window: u64, cells: u64, ring: bool, scale_: f32, scratch: u64, scratch_floats: u64, n_split: u64, arrived: u64) i32 {
     if (n_kv_head == 0 or n_head == 0 or n_head % n_kv_head != 0)
         return invalid("attention: n_head {d} is not a multiple of n_kv_head {d}", .{ n_head, n_kv_head });
     if (head_dim == 0 or head_dim > head_dim_max)
@@ -657,7 +724,13 @@ pub fn attention(q: u64, k_cache: u64, v_cache: u64, out: u64, positions: u64, n
     const scores = scratch;
     const maxima = scratch + rows * cells * 4;
     const partial = maxima + rows * n_split * 4;
-    if (n_tok >= 16 and n_split == 1 and head_dim <= 256 and head_dim % 16 == 0) {
+    if (kv_table == 0 and n_tok >= 16 and n_split == 1 and !per_head and (head_dim == 64 or head_dim == 128) and n_head % n_kv_head == 0) {
+        // Prompts: flash attention, 64 queries of one head a block (attn_prompt_*; no scratch).
+        return launch(if (head_dim == 64) .attn_prompt_d64 else .attn_prompt_d128, ceilDiv(n_tok, 64), n_head, 128, .{
+            q, k_cache, v_cache, positions, @as(i32, @intCast(n_tok)), heads, kv_heads, win, c, ring_i, scale_, out,
+        });
+    }
+    if (kv_table == 0 and n_tok >= 16 and n_split == 1 and head_dim <= 256 and head_dim % 16 == 0) {
         // Prompts: 16 queries of one head per block, the products on the tensor cores (attn_*_mma).
         const tok: i32 = @intCast(n_tok);
         const q_tiles = ceilDiv(n_tok, 16);
@@ -667,6 +740,16 @@ pub fn attention(q: u64, k_cache: u64, v_cache: u64, out: u64, positions: u64, n
         if (rc != 0) return rc;
         return launch(.attn_values_mma, q_tiles, n_head, 128, .{
             scores, c, maxima, v_cache, positions, tok, heads, kv_heads, dim, win, c, ring_i, out,
+        });
+    }
+    const group = n_head / n_kv_head;
+    if (!per_head and decodeAttentionFits(n_head, n_kv_head, head_dim)) {
+        // Decode and small batches: a block per (row, KV head, split), all the group's query heads.
+        const kernel: Kernel = if (group == 1) .attn_decode_g1 else if (group == 2) .attn_decode_g2 else if (group <= 4) .attn_decode_g4 else .attn_decode_g8;
+        const part_ml = scratch;
+        const part = scratch + rows * n_split * 2 * 4;
+        return launch(kernel, n_tok * n_kv_head, n_split, 128, .{
+            q, k_cache, v_cache, kv_table, positions, heads, kv_heads, dim, win, c, ring_i, scale_, splits, out, part_ml, part, arrived,
         });
     }
     const rc = launch(.attn_scores, rows, n_split, 128, .{
@@ -812,8 +895,8 @@ test "weight kinds cover the CPU's weight types" {
 }
 
 test "attention scratch: scores, maxima, partials" {
-    try std.testing.expectEqual(@as(u64, 2 * 4 * 100 + 2 * 4 * 1), attentionScratch(2, 4, 64, 100, 1));
-    try std.testing.expectEqual(@as(u64, 4 * 100 + 4 * 8 + 4 * 8 * 64), attentionScratch(1, 4, 64, 100, 8));
+    try std.testing.expectEqual(@as(u64, 2 * 4 * 100 + 2 * 2 * 4 * 1), attentionScratch(2, 4, 64, 100, 1));
+    try std.testing.expectEqual(@as(u64, 4 * 100 + 2 * 4 * 8 + 4 * 8 * 64), attentionScratch(1, 4, 64, 100, 8));
 }
 
 test "without a driver, init reports CUDA as not available" {
@@ -822,5 +905,15 @@ test "without a driver, init reports CUDA as not available" {
     if (state == null) {
         try std.testing.expect(rc != 0);
         try std.testing.expect(std.mem.startsWith(u8, std.mem.span(status.lastError()), "CUDA not available: "));
+    }
+}
+
+test "each mmq tile's six kernels follow mmq_q4_0 .. mmq_q6_k" {
+    for (mmq_tiles) |t| {
+        for (0..6) |i| {
+            const base: Kernel = @enumFromInt(@intFromEnum(Kernel.mmq_q4_0) + i);
+            const variant: Kernel = @enumFromInt(@intFromEnum(t.first) + i);
+            try std.testing.expect(std.mem.startsWith(u8, @tagName(variant), @tagName(base)));
+        }
     }
 }

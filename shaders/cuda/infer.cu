@@ -7,8 +7,12 @@
 // Arithmetic follows the CPU backend (lib/cpu/*.zig) operation for operation where that is cheap,
 // so that logits agree to rounding: activations are quantized exactly as the CPU's vec_dot_type
 // (integer dots per block), RMSNorm sums squares in f64, RoPE builds its angles with the same f32
-// recurrence, attention rounds the query and the probabilities to f16 and uses ggml's expf, and
-// GELU rounds through f16 as ggml's table does.
+// recurrence, and GELU rounds through f16 as ggml's table does. Attention rounds the query to
+// f16; the one-pass kernels that run by default (attend_decode.cuh for decode and small batches,
+// attend_prompt.cuh for prompts of head_dim 64/128) use a running maximum, so their probabilities
+// differ from the CPU's by rounding; the per-head kernels below (attn_scores/attn_values and their
+// MMA forms, INFER_CUDA_ATTN=heads and the shapes the others do not take) follow the CPU's three
+// steps (f16 probabilities after the global max and sum, ggml's expf, the sum in f64).
 #include "common.cuh"
 #include "quant.cuh"
 
@@ -236,11 +240,11 @@ MATVEC_F(matvec_bf16_8, BF16W, 8)
 // gives the exact integer dot of each 16-value half for 16 tokens × 8 rows, four times over the
 // 32 rows, and T::combine folds them into the output's FMA chain with the unit's scales, unit
 // after unit. Every weight byte is read from memory once per 64 tokens (matvec_8: once per 8).
-#define MMQ_ROWS 32
-#define MMQ_TOKS 64
-#define MMQ_UNITS 8
-#define MMQ_STRIDE (MMQ_UNITS * 8 + 4)  // words per staged row; the 4 spread 8 rows over all 32 banks
-
+// Tiles: ROWS weight rows × TOKS tokens a block (TOKS / 16 warps, each 16 tokens × all ROWS
+// rows), UNITS units staged at a time: mmq_* 32 × 64 × 8 for batches, mmq_*_64x128 (64 × 128 × 4,
+// every weight byte read half as often and every activation byte half as often) for prompts of
+// 256 tokens and more (lib/cuda/cuda.zig mmq_tiles: +12–26% on a 2,048-token prompt of the 8B
+// shape; at 32 tokens the larger tile leaves most of the GPU idle and runs at half the speed).
 __device__ __forceinline__ void mma_s8_16816(int (&c)[4], int a0, int a1, int b0) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%7, %7, %7, %7};"
@@ -248,37 +252,40 @@ __device__ __forceinline__ void mma_s8_16816(int (&c)[4], int a0, int a1, int b0
       : "r"(a0), "r"(a1), "r"(b0), "r"(0));
 }
 
-template <class T>
+template <class T, int ROWS, int TOKS, int UNITS>
 __device__ __forceinline__ void mmq(const uint8_t* __restrict__ w, int n_out, int n_in, const int8_t* __restrict__ xq,
                                     const float* __restrict__ xd, int n_tok, float* __restrict__ y) {
-  __shared__ int w_words[MMQ_ROWS * MMQ_STRIDE];
-  __shared__ typename T::P w_params[MMQ_ROWS * MMQ_UNITS];
-  __shared__ int x_words[MMQ_TOKS * MMQ_STRIDE];
-  __shared__ float x_scales[MMQ_TOKS * MMQ_UNITS];
-  __shared__ int2 x_sums[MMQ_TOKS * MMQ_UNITS];
+  constexpr int STRIDE = UNITS * 8 + 4;  // words per staged row; the 4 spread 8 rows over all 32 banks
+  constexpr int J = ROWS / 8;            // 8-row MMA tiles per warp
+  constexpr int THREADS = TOKS * 2;
+  __shared__ int w_words[ROWS * STRIDE];
+  __shared__ typename T::P w_params[ROWS * UNITS];
+  __shared__ int x_words[TOKS * STRIDE];
+  __shared__ float x_scales[TOKS * UNITS];
+  __shared__ int2 x_sums[TOKS * UNITS];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int group = lane >> 2, tig = lane & 3;  // the MMA fragment coordinates of this lane
-  const int row0 = blockIdx.x * MMQ_ROWS, tok0 = blockIdx.y * MMQ_TOKS;
+  const int row0 = blockIdx.x * ROWS, tok0 = blockIdx.y * TOKS;
   const int units = n_in >> 5;
   const size_t row_bytes = static_cast<size_t>(n_in / T::BV) * T::BB;
-  float acc[4][4], accm[4][4];
+  float acc[J][4], accm[J][4];
 #pragma unroll
-  for (int j = 0; j < 4; j++)
+  for (int j = 0; j < J; j++)
 #pragma unroll
     for (int e = 0; e < 4; e++) acc[j][e] = accm[j][e] = 0.0f;
 
-  for (int u0 = 0; u0 < units; u0 += MMQ_UNITS) {
-    const int n_units = min(MMQ_UNITS, units - u0);
-    for (int i = tid; i < MMQ_ROWS * MMQ_UNITS; i += blockDim.x) {
-      const int r = i / MMQ_UNITS, uu = i % MMQ_UNITS;
+  for (int u0 = 0; u0 < units; u0 += UNITS) {
+    const int n_units = min(UNITS, units - u0);
+    for (int i = tid; i < ROWS * UNITS; i += THREADS) {
+      const int r = i / UNITS, uu = i % UNITS;
       typename T::W wt = {};
       if (row0 + r < n_out && uu < n_units) T::load(w + static_cast<size_t>(row0 + r) * row_bytes, u0 + uu, wt);
 #pragma unroll
-      for (int k = 0; k < 8; k++) w_words[r * MMQ_STRIDE + uu * 8 + k] = wt.v[k];
+      for (int k = 0; k < 8; k++) w_words[r * STRIDE + uu * 8 + k] = wt.v[k];
       w_params[i] = T::params(wt);
     }
-    for (int i = tid; i < MMQ_TOKS * MMQ_UNITS; i += blockDim.x) {
-      const int t = i / MMQ_UNITS, uu = i % MMQ_UNITS;
+    for (int i = tid; i < TOKS * UNITS; i += THREADS) {
+      const int t = i / UNITS, uu = i % UNITS;
       int4 a = make_int4(0, 0, 0, 0), b = a;
       float d = 0.0f;
       if (tok0 + t < n_tok && uu < n_units) {
@@ -287,7 +294,7 @@ __device__ __forceinline__ void mmq(const uint8_t* __restrict__ w, int n_out, in
         b = p[1];
         d = xd[static_cast<size_t>(tok0 + t) * units + u0 + uu];
       }
-      int* dst = x_words + t * MMQ_STRIDE + uu * 8;
+      int* dst = x_words + t * STRIDE + uu * 8;
       dst[0] = a.x; dst[1] = a.y; dst[2] = a.z; dst[3] = a.w;
       dst[4] = b.x; dst[5] = b.y; dst[6] = b.z; dst[7] = b.w;
       x_scales[i] = d;
@@ -298,14 +305,14 @@ __device__ __forceinline__ void mmq(const uint8_t* __restrict__ w, int n_out, in
     __syncthreads();
     const int t_a = warp * 16 + group;  // this lane's tokens: t_a and t_a + 8
     for (int uu = 0; uu < n_units; uu++) {
-      const int* xa = x_words + t_a * MMQ_STRIDE + uu * 8 + tig;
-      const int* xb = xa + 8 * MMQ_STRIDE;
+      const int* xa = x_words + t_a * STRIDE + uu * 8 + tig;
+      const int* xb = xa + 8 * STRIDE;
       const int a_lo0 = xa[0], a_lo1 = xb[0], a_hi0 = xa[4], a_hi1 = xb[4];
-      const float dx[2] = {x_scales[t_a * MMQ_UNITS + uu], x_scales[(t_a + 8) * MMQ_UNITS + uu]};
-      const int2 sx[2] = {x_sums[t_a * MMQ_UNITS + uu], x_sums[(t_a + 8) * MMQ_UNITS + uu]};
+      const float dx[2] = {x_scales[t_a * UNITS + uu], x_scales[(t_a + 8) * UNITS + uu]};
+      const int2 sx[2] = {x_sums[t_a * UNITS + uu], x_sums[(t_a + 8) * UNITS + uu]};
 #pragma unroll
-      for (int j = 0; j < 4; j++) {
-        const int* wb = w_words + (8 * j + group) * MMQ_STRIDE + uu * 8 + tig;
+      for (int j = 0; j < J; j++) {
+        const int* wb = w_words + (8 * j + group) * STRIDE + uu * 8 + tig;
         int c_lo[4], c_hi[4];
         mma_s8_16816(c_lo, a_lo0, a_lo1, wb[0]);
         mma_s8_16816(c_hi, a_hi0, a_hi1, wb[4]);
@@ -313,14 +320,14 @@ __device__ __forceinline__ void mmq(const uint8_t* __restrict__ w, int n_out, in
 #pragma unroll
         for (int e = 0; e < 4; e++) {
           const int r = 8 * j + 2 * tig + (e & 1), h = e >> 1;
-          T::combine(w_params[r * MMQ_UNITS + uu], c_lo[e], c_hi[e], sx[h].x, sx[h].y, dx[h], acc[j][e], accm[j][e]);
+          T::combine(w_params[r * UNITS + uu], c_lo[e], c_hi[e], sx[h].x, sx[h].y, dx[h], acc[j][e], accm[j][e]);
         }
       }
     }
     __syncthreads();
   }
 #pragma unroll
-  for (int j = 0; j < 4; j++) {
+  for (int j = 0; j < J; j++) {
 #pragma unroll
     for (int e = 0; e < 4; e++) {
       const int t = tok0 + warp * 16 + group + 8 * (e >> 1), r = row0 + 8 * j + 2 * tig + (e & 1);
@@ -329,17 +336,22 @@ __device__ __forceinline__ void mmq(const uint8_t* __restrict__ w, int n_out, in
   }
 }
 
-#define MMQ(NAME, T)                                                                                       \
-  extern "C" __global__ void __launch_bounds__(128) NAME(const uint8_t* w, int n_out, int n_in, const int8_t* xq, \
-                                                         const float* xd, int n_tok, float* y) { pdl_begin(); \
-    mmq<T>(w, n_out, n_in, xq, xd, n_tok, y);                                                              \
+#define MMQ(NAME, T, ROWS, TOKS, UNITS)                                                                      \
+  extern "C" __global__ void __launch_bounds__(TOKS * 2) NAME(const uint8_t* w, int n_out, int n_in,           \
+                                                              const int8_t* xq, const float* xd, int n_tok, \
+                                                              float* y) {                                  \
+    pdl_begin();                                                                                           \
+    mmq<T, ROWS, TOKS, UNITS>(w, n_out, n_in, xq, xd, n_tok, y);                                           \
   }
-MMQ(mmq_q4_0, Q4_0)
-MMQ(mmq_q5_0, Q5_0)
-MMQ(mmq_q8_0, Q8_0)
-MMQ(mmq_q4_k, Q4_K)
-MMQ(mmq_q5_k, Q5_K)
-MMQ(mmq_q6_k, Q6_K)
+#define MMQ_TYPES(SUFFIX, ROWS, TOKS, UNITS)          \
+  MMQ(mmq_q4_0##SUFFIX, Q4_0, ROWS, TOKS, UNITS)      \
+  MMQ(mmq_q5_0##SUFFIX, Q5_0, ROWS, TOKS, UNITS)      \
+  MMQ(mmq_q8_0##SUFFIX, Q8_0, ROWS, TOKS, UNITS)      \
+  MMQ(mmq_q4_k##SUFFIX, Q4_K, ROWS, TOKS, UNITS)      \
+  MMQ(mmq_q5_k##SUFFIX, Q5_K, ROWS, TOKS, UNITS)      \
+  MMQ(mmq_q6_k##SUFFIX, Q6_K, ROWS, TOKS, UNITS)
+MMQ_TYPES(, 32, 64, 8)
+MMQ_TYPES(_64x128, 64, 128, 4)
 
 // Up to three matrices with the same type, input and one token (q/k/v, gate/up) in one launch:
 // row blocks [0, b0) go to matrix 0, the next b1 to matrix 1, the rest to matrix 2. Each row is
@@ -1024,3 +1036,5 @@ extern "C" __global__ void silu_mul_q(const float* gate, const float* up, int n_
 }
 
 #include "decode.cuh"
+#include "attend_decode.cuh"
+#include "attend_prompt.cuh"

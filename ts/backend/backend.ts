@@ -86,6 +86,15 @@ export interface Backend {
   attention(q: Activation, layer: KvLayer, rows: number, position: number, options: AttentionOptions,
     out: Activation, firstRow?: number): void;
   /**
+   * Rows firstRow .. firstRow + layers.length - 1 of q, k and v are one row each of different
+   * sequences (the server's batched decode), row i at positions[i] with its cache layer layers[i]:
+   * stores each row's key and value and attends over its own cache, in fewer launches than a
+   * sequence at a time. Returns false, having done nothing, where it cannot (selfAttention then
+   * takes one sequence at a time).
+   */
+  attendRows?(q: Activation, k: Activation, v: Activation, layers: readonly KvLayer[], positions: readonly number[],
+    options: AttentionOptions, out: Activation, firstRow?: number): boolean;
+  /**
    * Copies `cells` rows of keys and values from one layer to another of the same shape (the
    * prefix cache; without it, prefixes are not shared across sequences).
    */

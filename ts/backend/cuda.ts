@@ -59,6 +59,23 @@ const ATTENTION_SCRATCH_BUDGET = 64 << 20;
 const HEAD_DIM_MAX = 512;
 /** Decode graphs kept: host and device greedy steps, a few attention splits each. */
 const GRAPHS_MAX = 16;
+/**
+ * Keys a split of the grouped decode attention aims at: one tile of attn_decode_* (a split of
+ * one tile needs no second pass; more splits pay for the last block's combine, ~3 µs), and 4 a
+ * split for the per-head kernels (INFER_CUDA_ATTN=heads).
+ */
+const GROUP_SPLIT_KEYS = 128;
+const PER_HEAD_SPLIT_KEYS = 4;
+
+/** The splits of `keys` keys, about `perSplit` a split: a power of two, at most 32. */
+function splitFor(keys: number, perSplit: number): number {
+  let split = 1;
+  while (split < 32 && split * perSplit < keys) split *= 2;
+  return split;
+}
+
+/** Tables of cache addresses kept for attendRows (one per layer and set of sequences batched). */
+const KV_TABLES_MAX = 4096;
 /** Token ids queued by argmaxToken at most (lib/cuda/cuda.zig event_slots). */
 const TOKEN_SLOTS = 16;
 const NAN_BITS = 0x7fc00000;
@@ -70,6 +87,7 @@ export class CudaBackend implements Backend {
   private readonly graphsEnabled: boolean;
   private readonly fusion: boolean;
   private readonly splitByCells: boolean;
+  private readonly attentionKernels: "heads" | "groups";
   private readonly deviceAllocations = new Set<number>();
   private readonly hostAllocations: number[] = [];
   private readonly weights = new Map<string, CudaWeight>();
@@ -85,6 +103,7 @@ export class CudaBackend implements Backend {
   /** Zeroed u32 counters of split attention (one per query row; every launch leaves them zero). */
   private arrived = 0;
   private arrivedRows = 0;
+  private readonly kvTables = new Map<string, number>();
   // The step: token ids and positions as last uploaded.
   private hostIds = new Int32Array(256);
   private idCount = 0;
@@ -102,6 +121,9 @@ export class CudaBackend implements Backend {
   private hostPositions = new Int32Array(256);
   /** Rows of positionsAct set since its row 0 was last set. */
   private positionRows = 0;
+  /** Rows of hostPositions set and not uploaded yet: dirtyFrom .. dirtyTo - 1. */
+  private dirtyFrom = Infinity;
+  private dirtyTo = 0;
   // Graph recording.
   private recording = false;
   private pending: PendingOp[] = [];
@@ -124,6 +146,8 @@ export class CudaBackend implements Backend {
     this.graphsEnabled = options.graphs ?? process.env.INFER_CUDA_GRAPHS !== "0";
     this.fusion = options.fusion ?? process.env.INFER_CUDA_FUSE !== "0";
     this.splitByCells = process.env.INFER_CUDA_SPLIT === "cells";
+    const kernels = process.env.INFER_CUDA_ATTN ?? "groups";
+    this.attentionKernels = kernels === "heads" ? "heads" : "groups";
   }
 
   /** Initialises CUDA (throws "CUDA not available: …" as an InferError) and makes a backend. */
@@ -209,6 +233,7 @@ export class CudaBackend implements Backend {
 
   /** Runs (or records, during a decode step) one native launch call. */
   private op(code: number, fn: NativeFn, args: Arg[], what: string): void {
+    if (this.dirtyTo !== 0) this.flushPositions();
     if (!this.recording) {
       check(fn(...args), what);
       return;
@@ -322,13 +347,29 @@ export class CudaBackend implements Backend {
     if (firstRow + count > dst.rows) {
       throw new InferError("invalid_argument", `${count} positions at row ${firstRow} do not fit ${dst.rows} rows`);
     }
-    if (this.hostPositions.length < dst.rows) this.hostPositions = new Int32Array(dst.rows);
+    if (this.positionsAct !== a(dst)) this.flushPositions();
+    if (this.hostPositions.length < dst.rows) {
+      const grown = new Int32Array(dst.rows);
+      grown.set(this.hostPositions);
+      this.hostPositions = grown;
+    }
     const host = this.hostPositions.subarray(firstRow, firstRow + count);
     for (let i = 0; i < count; i++) host[i] = start + i;
-    check(this.lib.infer_cuda_upload(a(dst).address + firstRow * 4, host, count * 4), "upload positions");
     if (this.positionsAct !== a(dst) || firstRow === 0) this.positionRows = 0;
     this.positionsAct = a(dst);
     this.positionRows = Math.max(this.positionRows, firstRow + count);
+    // Uploaded by the next op (one copy for all the segments of a batch).
+    this.dirtyFrom = Math.min(this.dirtyFrom, firstRow);
+    this.dirtyTo = Math.max(this.dirtyTo, firstRow + count);
+  }
+
+  private flushPositions(): void {
+    if (this.dirtyTo === 0 || !this.positionsAct) return;
+    const from = this.dirtyFrom, to = this.dirtyTo;
+    this.dirtyFrom = Infinity;
+    this.dirtyTo = 0;
+    check(this.lib.infer_cuda_upload(this.positionsAct.address + from * 4, this.hostPositions.subarray(from, to),
+      (to - from) * 4), "upload positions");
   }
 
   /** The device address of the positions of rows firstRow .. firstRow + rows - 1, checked. */
@@ -471,8 +512,66 @@ export class CudaBackend implements Backend {
     }
     const p = this.positionsFor(position, rows, firstRow);
     // Decode: split the keys over blocks so that a long context fills the GPU; prefill has rows.
-    const split = rows <= 2 ? this.attentionSplit(l, position + rows) : 1;
-    const need = (n: number) => Number(this.lib.infer_cuda_attention_scratch(n, o.heads, o.headDim, l.cells, split));
+    const { split, perHead } = rows <= 2 ? this.decodePlan(l, position + rows)
+      : { split: 1, perHead: this.attentionKernels === "heads" };
+    const chunk = this.attentionScratchFor(rows, q.rows, o, l.cells, split);
+    const rowBytes = q.cols * 4;
+    for (let r0 = 0; r0 < rows; r0 += chunk) {
+      const n = Math.min(chunk, rows - r0), r = firstRow + r0;
+      this.op(9, this.lib.infer_cuda_attention, [a(q).address + r * rowBytes, l.k, l.v, a(out).address + r * rowBytes,
+        p + r0 * 4, n, o.heads, o.kvHeads, o.headDim, o.window, l.cells, l.ring, o.scale, this.scratch,
+        this.scratchFloats, split, split > 1 ? this.arrived : 0, perHead], "attention");
+    }
+    a(out).version++;
+  }
+
+  /**
+   * Rows of different sequences, one each (the server's batched decode): their keys and values
+   * stored and their attention computed in one launch each (kv_store_rows, attn_decode_* with a
+   * table of the caches' addresses), where one launch per sequence and layer set the step's cost.
+   */
+  attendRows(q: Activation, k: Activation, v: Activation, layers: readonly KvLayer[], positions: readonly number[],
+    o: AttentionOptions, out: Activation, firstRow = 0): boolean {
+    const l0 = layers[0] as CudaKvLayer;
+    if (!this.lib.infer_cuda_attention_rows_fit(o.heads, o.kvHeads, o.headDim)) return false;
+    for (const layer of layers) {
+      const l = layer as CudaKvLayer;
+      if (l.cells !== l0.cells || l.ring !== l0.ring || l.kvHeads !== l0.kvHeads || l.headDim !== l0.headDim) return false;
+    }
+    const rows = layers.length, kvDim = l0.kvHeads * l0.headDim;
+    if (k.cols !== kvDim || v.cols !== kvDim) throw new InferError("invalid_argument", "attendRows: k/v width is not kvHeads·headDim");
+    if (l0.ring && (o.window === 0 || l0.cells < o.window)) {
+      throw new InferError("invalid_argument", `attention: a ring of ${l0.cells} cells needs a window of at most that`);
+    }
+    let visible = 0;
+    for (let i = 0; i < rows; i++) {
+      if (!l0.ring && positions[i] + 1 > l0.cells) {
+        throw new InferError("context_overflow", `KV cache holds ${l0.cells} positions, ${positions[i] + 1} needed`);
+      }
+      this.positionsFor(positions[i], 1, firstRow + i);
+      visible = Math.max(visible, positions[i] + 1);
+    }
+    const p = this.positionsFor(positions[0], 1, firstRow);
+    const table = this.kvTable(layers as readonly CudaKvLayer[]);
+    const split = splitFor(Math.min(visible, l0.ring ? l0.cells : visible), GROUP_SPLIT_KEYS);
+    if (this.attentionScratchFor(rows, rows, o, l0.cells, split) < rows) return false;
+    const kvBytes = kvDim * 4;
+    this.op(15, this.lib.infer_cuda_kv_store_rows, [a(k).address + firstRow * kvBytes, a(v).address + firstRow * kvBytes,
+      kvDim, rows, table, p, l0.cells, l0.ring], "kv_store_rows");
+    const rowBytes = q.cols * 4;
+    this.op(16, this.lib.infer_cuda_attention_rows, [a(q).address + firstRow * rowBytes, table,
+      a(out).address + firstRow * rowBytes, p, rows, o.heads, o.kvHeads, o.headDim, o.window, l0.cells, l0.ring,
+      o.scale, this.scratch, this.scratchFloats, split, split > 1 ? this.arrived : 0], "attention_rows");
+    a(out).version++;
+    return true;
+  }
+
+  /**
+   * Scratch (and split counters) for attention of `rows` rows: the rows a launch may take within
+   * ATTENTION_SCRATCH_BUDGET (all of them, unless a prompt is long), the scratch grown to fit.
+   */
+  private attentionScratchFor(rows: number, maxRows: number, o: AttentionOptions, cells: number, split: number): number {
+    const need = (n: number) => Number(this.lib.infer_cuda_attention_scratch(n, o.heads, o.headDim, cells, split));
     let chunk = rows;
     while (chunk > 1 && need(chunk) > ATTENTION_SCRATCH_BUDGET) chunk = Math.ceil(chunk / 2);
     const floats = need(chunk);
@@ -480,7 +579,7 @@ export class CudaBackend implements Backend {
       if (this.scratch !== 0) this.beforeRealloc();
       this.release(this.scratch);
       this.scratch = 0;
-      const capacity = Math.max(floats, Math.min(ATTENTION_SCRATCH_BUDGET, need(q.rows)));
+      const capacity = Math.max(floats, Math.min(ATTENTION_SCRATCH_BUDGET, need(maxRows)));
       this.scratch = this.alloc(capacity * 4, "attention scratch");
       this.scratchFloats = capacity;
     }
@@ -493,29 +592,45 @@ export class CudaBackend implements Backend {
       check(this.lib.infer_cuda_fill32(this.arrived, 0, capacity), "zero attention counters");
       this.arrivedRows = capacity;
     }
-    const rowBytes = q.cols * 4;
-    for (let r0 = 0; r0 < rows; r0 += chunk) {
-      const n = Math.min(chunk, rows - r0), r = firstRow + r0;
-      this.op(9, this.lib.infer_cuda_attention, [a(q).address + r * rowBytes, l.k, l.v, a(out).address + r * rowBytes,
-        p + r0 * 4, n, o.heads, o.kvHeads, o.headDim, o.window, l.cells, l.ring, o.scale, this.scratch,
-        this.scratchFloats, split, split > 1 ? this.arrived : 0], "attention");
+    return chunk;
+  }
+
+  /** A device table of the layers' key and value cache addresses (attendRows), kept per set of caches. */
+  private kvTable(layers: readonly CudaKvLayer[]): number {
+    let key = "";
+    for (const l of layers) key += `${l.k},`;
+    const known = this.kvTables.get(key);
+    if (known !== undefined) return known;
+    if (this.kvTables.size >= KV_TABLES_MAX) {
+      this.beforeRealloc(); // queued kernels may read the tables
+      for (const t of this.kvTables.values()) this.release(t);
+      this.kvTables.clear();
     }
-    a(out).version++;
+    const host = new BigUint64Array(2 * layers.length);
+    layers.forEach((l, i) => {
+      host[2 * i] = BigInt(l.k);
+      host[2 * i + 1] = BigInt(l.v);
+    });
+    const table = this.alloc(host.byteLength, "KV cache table");
+    check(this.lib.infer_cuda_upload(table, host, host.byteLength), "upload KV cache table");
+    this.kvTables.set(key, table);
+    return table;
   }
 
   /**
-   * Splits of one decode query's keys. A split's keys are a serial chain of loads in its block, so
-   * by default a split takes about 4 visible keys, the count rounded up to a power of two (1 … 32:
-   * 128 keys and more take 32): a graph is captured per power of two the context passes (6 in
-   * all). With INFER_CUDA_SPLIT=cells, a fixed split from the cache size (one graph for every
-   * position; the old choice, slower as the context grows: H200, Qwen3-0.6B shape, 144 keys).
+   * How one decode row (or two) attends: attn_decode_* (a block per KV head and split, every key
+   * and value row read once for the group's query heads; INFER_CUDA_ATTN=heads: the per-head
+   * attn_scores + attn_values instead, slower at every context measured, kept for comparison),
+   * the keys split about GROUP_SPLIT_KEYS a split (PER_HEAD_SPLIT_KEYS per head), rounded up to a
+   * power of two, at most 32, so that a long context fills the GPU with blocks: a graph is
+   * captured per split the context passes. INFER_CUDA_SPLIT=cells: a fixed split from the cache
+   * size (one graph for every position; slower as the context grows).
    */
-  private attentionSplit(l: CudaKvLayer, visible: number): number {
-    if (this.splitByCells) return Math.min(32, Math.max(1, Math.ceil(l.cells / 256)));
+  private decodePlan(l: CudaKvLayer, visible: number): { split: number; perHead: boolean } {
     const keys = Math.min(visible, l.ring ? l.cells : visible);
-    let split = 1;
-    while (split < 32 && split * 4 < keys) split *= 2;
-    return split;
+    const perHead = this.attentionKernels === "heads";
+    if (this.splitByCells) return { split: Math.min(32, Math.max(1, Math.ceil(l.cells / 256))), perHead };
+    return { split: splitFor(keys, perHead ? PER_HEAD_SPLIT_KEYS : GROUP_SPLIT_KEYS), perHead };
   }
 
   geluMul(gate: Activation, up: Activation, rows: number, out: Activation): void {

@@ -119,7 +119,8 @@ export interface SelfAttentionOptions {
 /**
  * out = W_o · softmax(scale · rope(norm(W_q x)) · rope(norm(W_k x))ᵀ + mask) · W_v x. The
  * projections run over every row of the batch; each segment then appends its keys and values to
- * its own sequence's layer `layer` and attends over it.
+ * its own sequence's layer `layer` and attends over it (a batch of one row per sequence, the
+ * server's decode step, in one call where the backend has attendRows).
  */
 export function selfAttention(be: Backend, x: Activation, rows: number,
   segments: readonly SequenceRows[], layer: number, positions: Activation, w: AttentionWeights,
@@ -136,12 +137,16 @@ export function selfAttention(be: Backend, x: Activation, rows: number,
   be.rope(b.k, positions, rows, o.ropeK);
   const attention = o.scaleQueries ? { ...o.attention, scale: 1 } : o.attention;
   if (o.scaleQueries) be.scale(b.q, rows, o.attention.scale);
-  let first = 0;
-  for (const s of segments) {
-    const kv = s.cache[layer];
-    be.storeKv(kv, b.k, b.v, s.rows, s.position, first);
-    be.attention(b.q, kv, s.rows, s.position, attention, b.mixed, first);
-    first += s.rows;
+  const oneRowEach = segments.length > 1 && be.attendRows !== undefined && segments.every((s) => s.rows === 1);
+  if (!oneRowEach || !be.attendRows!(b.q, b.k, b.v, segments.map((s) => s.cache[layer]),
+    segments.map((s) => s.position), attention, b.mixed, 0)) {
+    let first = 0;
+    for (const s of segments) {
+      const kv = s.cache[layer];
+      be.storeKv(kv, b.k, b.v, s.rows, s.position, first);
+      be.attention(b.q, kv, s.rows, s.position, attention, b.mixed, first);
+      first += s.rows;
+    }
   }
   be.matmul(w.output, b.mixed, rows, out);
   if (w.outputBias) be.addBias(out, w.outputBias, rows);

@@ -1,0 +1,287 @@
+// Attention for a few query rows (decode, batches under 16 rows): flash-decoding. A block takes
+// one KV head of one row and one split of its visible keys, and all G query heads that share that
+// KV head, so each key and value row is read once per group rather than once per query head. Per
+// tile of 128 keys: a thread scores one key for the G heads (16-byte loads of the f16 key row,
+// the query rounded to f16 as on the CPU), the tile's maximum rescales the running sums (online
+// softmax), and the threads then sum p_j V_j, each owning 8 dimensions of one V row of a key
+// group. A split writes its unnormalised output with its maximum and sum of exponentials; the
+// split that finishes last combines them in split order (attn_combine_last's pattern).
+//
+// With a table (kv_table != null, the server's batched decode), row t reads its own sequence's
+// cache at kv_table[2t] (keys) and kv_table[2t + 1] (values), so one launch serves every
+// sequence of the batch; kc and vc are then unused.
+//
+// Departure from the CPU arithmetic (lib/cpu/attention_f16.zig, which the other attention kernels
+// follow): the probabilities stay f32 rather than being rounded to f16 after a global max and
+// sum, which one pass cannot know; the output differs from the CPU's by that rounding, about
+// 1e-4 of its scale (test/cuda.test.ts bounds it at 1e-3).
+#pragma once
+#include "common.cuh"
+
+constexpr int DECODE_THREADS = 128;
+constexpr int DECODE_TILE = 128;           // keys scored per tile: one a thread
+constexpr int DECODE_HEAD_DIM_MAX = 256;   // head_dim a multiple of 8 up to this
+constexpr int DECODE_GROUP_MAX = 8;        // query heads per KV head
+
+__device__ __forceinline__ void unpack_half8(const uint4& raw, float (&v)[8]) {
+  const __half2* h = reinterpret_cast<const __half2*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    const float2 f = __half22float2(h[i]);
+    v[2 * i] = f.x;
+    v[2 * i + 1] = f.y;
+  }
+}
+
+/// GM: the group size the registers are laid out for (1, 2, 4 or 8); the group G <= GM.
+template <int GM>
+__device__ __forceinline__ void attn_decode_body(const float* q, const __half* kc, const __half* vc,
+                                                 const unsigned long long* kv_table,
+                                                 const int* positions, int n_head, int n_kv_head, int head_dim,
+                                                 int window, int cells, int ring, float scale, int n_split,
+                                                 float* out, float* part_ml, float* partial,
+                                                 unsigned int* arrived) {
+  __shared__ __align__(16) float qs[GM * DECODE_HEAD_DIM_MAX];
+  __shared__ float ps[GM * DECODE_TILE];
+  __shared__ float tile_max[GM];
+  __shared__ float warp_l[DECODE_THREADS / 32][GM];
+  __shared__ float split_m[GM];
+  __shared__ __align__(16) float red[GM * 1024];
+  __shared__ bool last;
+  const int G = n_head / n_kv_head;
+  const int t = blockIdx.x / n_kv_head, kvh = blockIdx.x % n_kv_head, split = blockIdx.y;
+  const int h0 = kvh * G;
+  if (kv_table != nullptr) {
+    kc = reinterpret_cast<const __half*>(kv_table[2 * t]);
+    vc = reinterpret_cast<const __half*>(kv_table[2 * t + 1]);
+  }
+  const int p = positions[t];
+  const int begin = (window > 0 && p + 1 > window) ? p + 1 - window : 0;
+  const int len = p + 1 - begin;
+  const int chunk = (len + n_split - 1) / n_split;
+  const int s0 = min(len, split * chunk), s1 = min(len, s0 + chunk);
+  const int kv_dim = n_kv_head * head_dim;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  // The G query heads of this KV head are contiguous in the row.
+  const float* qr = q + (static_cast<size_t>(t) * n_head + h0) * head_dim;
+  // Heads G .. GM - 1 (a group smaller than the layout) are zeros: the loops below run over GM
+  // heads without branches, those heads' scores and probabilities zero.
+  for (int i = tid; i < GM * head_dim; i += DECODE_THREADS) qs[i] = i < G * head_dim ? round_f16(qr[i]) : 0.0f;
+  const int L = head_dim >> 3;          // threads per V row, 8 dimensions each
+  const int KG = DECODE_THREADS / L;    // key groups
+  const int kg = tid / L, c = tid % L;
+  float acc[GM][8], m[GM], l[GM];
+#pragma unroll
+  for (int g = 0; g < GM; g++) {
+    m[g] = -INFINITY;
+    l[g] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 8; e++) acc[g][e] = 0.0f;
+  }
+  __syncthreads();
+  for (int tile = s0; tile < s1; tile += DECODE_TILE) {
+    const int tn = min(DECODE_TILE, s1 - tile);
+    float s[GM];
+#pragma unroll
+    for (int g = 0; g < GM; g++) s[g] = -INFINITY;
+    if (tid < tn) {
+      const uint4* kr = reinterpret_cast<const uint4*>(
+          kc + static_cast<size_t>(attn_cell(begin + tile + tid, cells, ring)) * kv_dim + kvh * head_dim);
+      float d[GM];
+#pragma unroll
+      for (int g = 0; g < GM; g++) d[g] = 0.0f;
+      // KB chunks of the key row in flight (all of a 128-dim row where registers allow), then
+      // their products.
+      constexpr int KB = GM <= 4 ? 16 : 8;
+      for (int i0 = 0; i0 < L; i0 += KB) {
+        uint4 raw[KB];
+#pragma unroll
+        for (int u = 0; u < KB; u++)
+          if (i0 + u < L) raw[u] = __ldg(kr + i0 + u);
+#pragma unroll
+        for (int u = 0; u < KB; u++) {
+          if (i0 + u < L) {
+            float k8[8];
+            unpack_half8(raw[u], k8);
+#pragma unroll
+            for (int g = 0; g < GM; g++) {
+              const float4 qa = *reinterpret_cast<const float4*>(qs + g * head_dim + 8 * (i0 + u));
+              const float4 qb = *reinterpret_cast<const float4*>(qs + g * head_dim + 8 * (i0 + u) + 4);
+              float x = d[g];
+              x = __fmaf_rn(k8[0], qa.x, x);
+              x = __fmaf_rn(k8[1], qa.y, x);
+              x = __fmaf_rn(k8[2], qa.z, x);
+              x = __fmaf_rn(k8[3], qa.w, x);
+              x = __fmaf_rn(k8[4], qb.x, x);
+              x = __fmaf_rn(k8[5], qb.y, x);
+              x = __fmaf_rn(k8[6], qb.z, x);
+              x = __fmaf_rn(k8[7], qb.w, x);
+              d[g] = x;
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int g = 0; g < GM; g++) s[g] = d[g] * scale;
+    }
+#pragma unroll
+    for (int g = 0; g < GM; g++) ps[g * DECODE_TILE + tid] = s[g];
+    __syncthreads();
+    for (int g = warp; g < G; g += DECODE_THREADS / 32) {
+      const float* r = ps + g * DECODE_TILE;
+      const float v = warp_max(fmaxf(fmaxf(r[lane], r[lane + 32]), fmaxf(r[lane + 64], r[lane + 96])));
+      if (lane == 0) tile_max[g] = v;
+    }
+    __syncthreads();
+    float alpha[GM];
+#pragma unroll
+    for (int g = 0; g < GM; g++) {
+      const float mn = g < G ? fmaxf(m[g], tile_max[g]) : 0.0f;  // finite: the tile has a key
+      alpha[g] = ggml_expf(m[g] - mn);                           // 0 on the first tile (m = -inf)
+      m[g] = mn;
+      const float pv = tid < tn && g < G ? ggml_expf(s[g] - mn) : 0.0f;
+      l[g] = l[g] * alpha[g] + pv;
+      ps[g * DECODE_TILE + tid] = pv;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int g = 0; g < GM; g++)
+#pragma unroll
+      for (int e = 0; e < 8; e++) acc[g][e] *= alpha[g];
+    if (kg < KG) {
+      // 4 value rows in flight, then their products.
+      for (int j0 = kg; j0 < tn; j0 += 4 * KG) {
+        uint4 raw[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+          const int j = j0 + u * KG;
+          if (j < tn) {
+            raw[u] = __ldg(reinterpret_cast<const uint4*>(
+                vc + static_cast<size_t>(attn_cell(begin + tile + j, cells, ring)) * kv_dim + kvh * head_dim) + c);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+          const int j = j0 + u * KG;
+          if (j < tn) {
+            float v8[8];
+            unpack_half8(raw[u], v8);
+#pragma unroll
+            for (int g = 0; g < GM; g++) {
+              const float pj = ps[g * DECODE_TILE + j];
+#pragma unroll
+              for (int e = 0; e < 8; e++) acc[g][e] = __fmaf_rn(pj, v8[e], acc[g][e]);
+            }
+          }
+        }
+      }
+    }
+    __syncthreads();  // ps is rewritten by the next tile
+  }
+  // The split's sums over the block: l by warps, the outputs over the key groups.
+#pragma unroll
+  for (int g = 0; g < GM; g++) {
+    if (g < G) {
+      const float v = warp_sum(l[g]);
+      if (lane == 0) warp_l[warp][g] = v;
+      if (tid == 0) split_m[g] = m[g];  // the same in every thread
+    }
+  }
+  if (kg < KG) {
+#pragma unroll
+    for (int g = 0; g < GM; g++)
+      if (g < G) {
+        float* r = red + (g * KG + kg) * head_dim + 8 * c;
+#pragma unroll
+        for (int e = 0; e < 8; e++) r[e] = acc[g][e];
+      }
+  }
+  __syncthreads();
+  const size_t row0 = static_cast<size_t>(t) * n_head + h0;  // the group's first query row
+  for (int i = tid; i < G * head_dim; i += DECODE_THREADS) {
+    const int g = i / head_dim, dim = i % head_dim;
+    float o = 0.0f;
+    for (int k = 0; k < KG; k++) o += red[(g * KG + k) * head_dim + dim];
+    float sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < DECODE_THREADS / 32; w++) sum += warp_l[w][g];
+    if (n_split == 1) {
+      out[(row0 + g) * head_dim + dim] = o / sum;
+    } else {
+      partial[((row0 + g) * n_split + split) * head_dim + dim] = o;
+      if (dim == 0) {
+        part_ml[((row0 + g) * n_split + split) * 2] = split_m[g];  // -inf for an empty split, with sum 0
+        part_ml[((row0 + g) * n_split + split) * 2 + 1] = sum;
+      }
+    }
+  }
+  if (n_split == 1) return;
+  __threadfence();  // this thread's partial values before the count
+  __syncthreads();
+  const int group = t * n_kv_head + kvh;
+  if (tid == 0) last = atomicAdd(arrived + group, 1u) == static_cast<unsigned int>(n_split - 1);
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  // Each split's weight exp(m_k - M) and the denominator, once per head; then every output sums
+  // its splits with their loads in flight together (the partials are in L2).
+  __shared__ float weight[GM][64];
+  __shared__ float denom[GM];
+  for (int g = warp; g < G; g += DECODE_THREADS / 32) {
+    const float* ml = part_ml + (row0 + g) * n_split * 2;
+    const float m0 = lane < n_split ? __ldcg(ml + 2 * lane) : -INFINITY;
+    const float m1 = lane + 32 < n_split ? __ldcg(ml + 2 * (lane + 32)) : -INFINITY;
+    const float l0 = lane < n_split ? __ldcg(ml + 2 * lane + 1) : 0.0f;
+    const float l1 = lane + 32 < n_split ? __ldcg(ml + 2 * (lane + 32) + 1) : 0.0f;
+    const float M = warp_max(fmaxf(m0, m1));
+    const float w0 = ggml_expf(m0 - M), w1 = ggml_expf(m1 - M);  // 0 for an empty split
+    weight[g][lane] = w0;
+    weight[g][lane + 32] = w1;
+    const float d = warp_sum(w0 * l0 + w1 * l1);
+    if (lane == 0) denom[g] = d;
+  }
+  __syncthreads();
+  for (int i = tid; i < G * head_dim; i += DECODE_THREADS) {
+    const int g = i / head_dim, dim = i % head_dim;
+    const float* src = partial + (row0 + g) * n_split * head_dim + dim;
+    float num = 0.0f;
+#pragma unroll 16
+    for (int k = 0; k < n_split; k++) num += weight[g][k] * __ldcg(src + static_cast<size_t>(k) * head_dim);
+    out[(row0 + g) * head_dim + dim] = num / denom[g];
+  }
+  if (tid == 0) arrived[group] = 0;
+}
+
+#define ATTN_DECODE(NAME, GM)                                                                                   \
+  extern "C" __global__ void __launch_bounds__(DECODE_THREADS)                                                 \
+      NAME(const float* q, const __half* kc, const __half* vc, const unsigned long long* kv_table,               \
+           const int* positions, int n_head, int n_kv_head,                                                     \
+           int head_dim, int window, int cells, int ring, float scale, int n_split, float* out, float* part_ml, \
+           float* partial, unsigned int* arrived) {                                                              \
+    pdl_begin();                                                                                                 \
+    attn_decode_body<GM>(q, kc, vc, kv_table, positions, n_head, n_kv_head, head_dim, window, cells, ring, scale, n_split, \
+                         out, part_ml, partial, arrived);                                                        \
+  }
+ATTN_DECODE(attn_decode_g1, 1)
+ATTN_DECODE(attn_decode_g2, 2)
+ATTN_DECODE(attn_decode_g4, 4)
+ATTN_DECODE(attn_decode_g8, 8)
+
+/// kv_store for rows of several sequences: row t's keys and values into the caches named by
+/// kv_table[2t] and kv_table[2t + 1] (as attn_decode_* reads them), at positions[t].
+extern "C" __global__ void kv_store_rows(const float* k, const float* v, int kv_dim,
+                                         const unsigned long long* kv_table, const int* positions, int cells,
+                                         int ring) {
+  pdl_begin();
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= kv_dim) return;
+  const int t = blockIdx.y;
+  const int pos = positions[t];
+  const int cell = ring ? pos % cells : pos;
+  if (cell < 0 || cell >= cells) return;
+  __half* kc = reinterpret_cast<__half*>(kv_table[2 * t]);
+  __half* vc = reinterpret_cast<__half*>(kv_table[2 * t + 1]);
+  const size_t src = static_cast<size_t>(t) * kv_dim + i, dst = static_cast<size_t>(cell) * kv_dim + i;
+  kc[dst] = __float2half_rn(k[src]);
+  vc[dst] = __float2half_rn(v[src]);
+}
