@@ -7,8 +7,8 @@
 // read() (or argmaxToken) the ops are recorded with a hash of every argument; a sequence seen once
 // before is captured into a graph (fused first: cuda-fuse.ts), and from then on the same sequence
 // launches that graph. Kernels read positions from the device (setPositions uploads them), so the
-// same graph serves every position of an attention split (attentionSplit). INFER_CUDA_GRAPHS=0,
-// or { graphs: false }, runs every op eagerly.
+// same graph serves every position of an attention split (decodePlan). The recording and the
+// graphs are cuda-graphs.ts. INFER_CUDA_GRAPHS=0, or { graphs: false }, runs every op eagerly.
 //
 // Greedy decoding (Engine): argmaxToken ends a step with the argmax of the logits written to the
 // token ids on the device, where the next step's embedding reads it (keepTokens), and copied to
@@ -16,9 +16,11 @@
 import { InferError } from "../errors.ts";
 import type { GgufFile, GgufTensorInfo } from "../gguf/reader.ts";
 import { GgmlType } from "../gguf/types.ts";
-import { cudaCaptureEnd, cudaHostAlloc, cudaInit, cudaMalloc } from "../native/cuda.ts";
+import { cudaHostAlloc, cudaInit, cudaMalloc } from "../native/cuda.ts";
 import { check, native, type Pointer } from "../native/lib.ts";
-import { fuseStep, type Arg, type NativeFn, type PendingOp } from "./cuda-fuse.ts";
+import type { Arg, NativeFn } from "./cuda-fuse.ts";
+import { AttentionBuffers, decodePlan } from "./cuda-attention.ts";
+import { StepGraphs, type StepStats } from "./cuda-graphs.ts";
 import type {
   Activation, AttentionOptions, Backend, KvLayer, KvType, RopeOptions, Weight,
 } from "./backend.ts";
@@ -54,28 +56,7 @@ export interface CudaBackendOptions {
   readonly fusion?: boolean;
 }
 
-/** Attention scratch above this many f32 values is split into chunks of query rows. */
-const ATTENTION_SCRATCH_BUDGET = 64 << 20;
 const HEAD_DIM_MAX = 512;
-/** Decode graphs kept: host and device greedy steps, a few attention splits each. */
-const GRAPHS_MAX = 16;
-/**
- * Keys a split of the grouped decode attention aims at: one tile of attn_decode_* (a split of
- * one tile needs no second pass; more splits pay for the last block's combine, ~3 µs), and 4 a
- * split for the per-head kernels (INFER_CUDA_ATTN=heads).
- */
-const GROUP_SPLIT_KEYS = 128;
-const PER_HEAD_SPLIT_KEYS = 4;
-
-/** The splits of `keys` keys, about `perSplit` a split: a power of two, at most 32. */
-function splitFor(keys: number, perSplit: number): number {
-  let split = 1;
-  while (split < 32 && split * perSplit < keys) split *= 2;
-  return split;
-}
-
-/** Tables of cache addresses kept for attendRows (one per layer and set of sequences batched). */
-const KV_TABLES_MAX = 4096;
 /** Token ids queued by argmaxToken at most (lib/cuda/cuda.zig event_slots). */
 const TOKEN_SLOTS = 16;
 const NAN_BITS = 0x7fc00000;
@@ -85,7 +66,6 @@ export class CudaBackend implements Backend {
   readonly sequenceBatches = true;
   private readonly lib: Lib;
   private readonly graphsEnabled: boolean;
-  private readonly fusion: boolean;
   private readonly splitByCells: boolean;
   private readonly attentionKernels: "heads" | "groups";
   private readonly deviceAllocations = new Set<number>();
@@ -98,12 +78,8 @@ export class CudaBackend implements Backend {
   private xCapacity = 0;
   private largestActivation = 0;
   private cached: { act: CudaActivation; version: number; mode: number; first: number; rows: number } | null = null;
-  private scratch = 0;
-  private scratchFloats = 0;
-  /** Zeroed u32 counters of split attention (one per query row; every launch leaves them zero). */
-  private arrived = 0;
-  private arrivedRows = 0;
-  private readonly kvTables = new Map<string, number>();
+  /** Attention scratch, split counters and tables of caches (cuda-attention.ts). */
+  private readonly attn: AttentionBuffers;
   // The step: token ids and positions as last uploaded.
   private hostIds = new Int32Array(256);
   private idCount = 0;
@@ -124,19 +100,10 @@ export class CudaBackend implements Backend {
   /** Rows of hostPositions set and not uploaded yet: dirtyFrom .. dirtyTo - 1. */
   private dirtyFrom = Infinity;
   private dirtyTo = 0;
-  // Graph recording.
-  private recording = false;
-  private pending: PendingOp[] = [];
-  private h1 = 0;
-  private h2 = 0;
-  private readonly hashF64 = new Float64Array(1);
-  private readonly hashU32 = new Uint32Array(this.hashF64.buffer);
-  private readonly graphs = new Map<string, number>();
-  private readonly seen = new Set<string>();
+  /** Decode steps recorded, fused, captured and replayed as CUDA graphs (cuda-graphs.ts). */
+  private readonly steps: StepGraphs;
   /** Decode steps run op by op, graphs captured and replayed; launch calls in the last step before and after fusion. */
-  readonly stats = { eagerSteps: 0, captures: 0, graphLaunches: 0, stepOps: 0, stepOpsFused: 0,
-    /** Greedy device steps queued; host ms spent queueing them (from keepTokens) and waiting in takeToken. */
-    greedySteps: 0, greedyQueueMs: 0, greedyWaitMs: 0 };
+  get stats(): StepStats { return this.steps.stats; }
   private stepStart = 0;
   /** The graph launched last (bench/cuda-decode.ts replays it to time the GPU alone). */
   lastGraph = 0;
@@ -144,7 +111,12 @@ export class CudaBackend implements Backend {
   private constructor(options: CudaBackendOptions) {
     this.lib = native();
     this.graphsEnabled = options.graphs ?? process.env.INFER_CUDA_GRAPHS !== "0";
-    this.fusion = options.fusion ?? process.env.INFER_CUDA_FUSE !== "0";
+    this.attn = new AttentionBuffers(this.lib, {
+      alloc: (bytes, what) => this.alloc(bytes, what),
+      release: (address) => this.release(address),
+      beforeRealloc: () => this.beforeRealloc(),
+    });
+    this.steps = new StepGraphs(this.lib, options.fusion ?? process.env.INFER_CUDA_FUSE !== "0");
     this.splitByCells = process.env.INFER_CUDA_SPLIT === "cells";
     const kernels = process.env.INFER_CUDA_ATTN ?? "groups";
     this.attentionKernels = kernels === "heads" ? "heads" : "groups";
@@ -212,7 +184,7 @@ export class CudaBackend implements Backend {
   dispose(): void {
     if (this.disposed) return;
     try { this.lib.infer_cuda_sync(); } catch { /* freeing anyway */ }
-    this.destroyGraphs();
+    this.steps.destroy();
     for (const address of this.deviceAllocations) this.lib.infer_cuda_free(address);
     this.deviceAllocations.clear();
     for (const address of this.hostAllocations) this.lib.infer_cuda_host_free(address);
@@ -223,91 +195,22 @@ export class CudaBackend implements Backend {
 
   // ---- recording and graphs -----------------------------------------------------------------
 
-  private mix(v: number): void {
-    this.hashF64[0] = v;
-    this.h1 = Math.imul(this.h1 ^ this.hashU32[0], 0x9e3779b1);
-    this.h1 = (this.h1 << 13) | (this.h1 >>> 19);
-    this.h2 = Math.imul(this.h2 ^ this.hashU32[1] ^ this.h1, 0x85ebca77);
-    this.h2 = (this.h2 << 17) | (this.h2 >>> 15);
-  }
-
   /** Runs (or records, during a decode step) one native launch call. */
   private op(code: number, fn: NativeFn, args: Arg[], what: string): void {
     if (this.dirtyTo !== 0) this.flushPositions();
-    if (!this.recording) {
-      check(fn(...args), what);
-      return;
-    }
-    this.pending.push({ code, fn, args, what });
-    this.mix(code);
-    for (const v of args) this.mix(+v);
-  }
-
-  private runPending(ops: PendingOp[]): void {
-    for (const p of ops) check(p.fn(...p.args), p.what);
+    if (this.steps.recording) this.steps.record({ code, fn, args, what });
+    else check(fn(...args), what);
   }
 
   /** Runs what was recorded so far eagerly and records no more in this step. */
   private stopRecording(): void {
-    if (!this.recording) return;
-    this.recording = false;
-    const ops = this.pending;
-    this.pending = [];
-    this.runPending(ops);
-  }
-
-  private finishStep(): void {
-    this.recording = false;
-    const recorded = this.pending;
-    this.pending = [];
-    const key = `${this.h1 >>> 0}:${this.h2 >>> 0}:${recorded.length}`;
-    this.stats.stepOps = recorded.length;
-    let exec = this.graphs.get(key);
-    if (exec !== undefined) { // the common case: nothing to fuse or capture
-      this.lastGraph = exec;
-      check(this.lib.infer_cuda_graph_launch(exec), "CUDA graph launch");
-      this.stats.graphLaunches++;
-      return;
-    }
-    const ops = this.fusion ? fuseStep(this.lib, recorded) : recorded;
-    this.stats.stepOpsFused = ops.length;
-    if (this.seen.has(key)) {
-      check(this.lib.infer_cuda_capture_begin(), "CUDA graph capture");
-      try {
-        this.runPending(ops);
-      } catch (err) {
-        this.lib.infer_cuda_capture_abort();
-        throw err;
-      }
-      exec = cudaCaptureEnd();
-      if (this.graphs.size >= GRAPHS_MAX) {
-        const [oldest, handle] = this.graphs.entries().next().value as [string, number];
-        this.lib.infer_cuda_graph_destroy(handle);
-        this.graphs.delete(oldest);
-      }
-      this.graphs.set(key, exec);
-      this.stats.captures++;
-    }
-    if (exec !== undefined) {
-      check(this.lib.infer_cuda_graph_launch(exec), "CUDA graph launch");
-      this.stats.graphLaunches++;
-      return;
-    }
-    this.seen.add(key);
-    this.stats.eagerSteps++;
-    this.runPending(ops);
-  }
-
-  private destroyGraphs(): void {
-    for (const handle of this.graphs.values()) this.lib.infer_cuda_graph_destroy(handle);
-    this.graphs.clear();
-    this.seen.clear();
+    this.steps.stop();
   }
 
   /** Scratch reallocation: recorded ops and graphs point at the old buffers. */
   private beforeRealloc(): void {
-    this.stopRecording();
-    this.destroyGraphs();
+    this.steps.stop();
+    this.steps.destroy();
     check(this.lib.infer_cuda_sync(), "CUDA sync");
   }
 
@@ -336,11 +239,7 @@ export class CudaBackend implements Backend {
   }
 
   private beginStep(count: number): void {
-    if (this.graphsEnabled && count === 1) {
-      this.recording = true;
-      this.h1 = 0x12345678;
-      this.h2 = 0x9abcdef0;
-    }
+    if (this.graphsEnabled && count === 1) this.steps.begin();
   }
 
   setPositions(dst: Activation, start: number, count: number, firstRow = 0): void {
@@ -512,15 +411,15 @@ export class CudaBackend implements Backend {
     }
     const p = this.positionsFor(position, rows, firstRow);
     // Decode: split the keys over blocks so that a long context fills the GPU; prefill has rows.
-    const { split, perHead } = rows <= 2 ? this.decodePlan(l, position + rows)
+    const { split, perHead } = rows <= 2 ? decodePlan(this.attentionKernels, this.splitByCells, l, position + rows)
       : { split: 1, perHead: this.attentionKernels === "heads" };
-    const chunk = this.attentionScratchFor(rows, q.rows, o, l.cells, split);
+    const chunk = this.attn.ensure(rows, q.rows, o, l.cells, split);
     const rowBytes = q.cols * 4;
     for (let r0 = 0; r0 < rows; r0 += chunk) {
       const n = Math.min(chunk, rows - r0), r = firstRow + r0;
       this.op(9, this.lib.infer_cuda_attention, [a(q).address + r * rowBytes, l.k, l.v, a(out).address + r * rowBytes,
-        p + r0 * 4, n, o.heads, o.kvHeads, o.headDim, o.window, l.cells, l.ring, o.scale, this.scratch,
-        this.scratchFloats, split, split > 1 ? this.arrived : 0, perHead], "attention");
+        p + r0 * 4, n, o.heads, o.kvHeads, o.headDim, o.window, l.cells, l.ring, o.scale, this.attn.scratch,
+        this.attn.scratchFloats, split, split > 1 ? this.attn.arrived : 0, perHead], "attention");
     }
     a(out).version++;
   }
@@ -552,85 +451,18 @@ export class CudaBackend implements Backend {
       visible = Math.max(visible, positions[i] + 1);
     }
     const p = this.positionsFor(positions[0], 1, firstRow);
-    const table = this.kvTable(layers as readonly CudaKvLayer[]);
-    const split = splitFor(Math.min(visible, l0.ring ? l0.cells : visible), GROUP_SPLIT_KEYS);
-    if (this.attentionScratchFor(rows, rows, o, l0.cells, split) < rows) return false;
+    const table = this.attn.kvTable(layers as readonly CudaKvLayer[]);
+    const split = decodePlan("groups", false, l0, visible).split;
+    if (this.attn.ensure(rows, rows, o, l0.cells, split) < rows) return false;
     const kvBytes = kvDim * 4;
     this.op(15, this.lib.infer_cuda_kv_store_rows, [a(k).address + firstRow * kvBytes, a(v).address + firstRow * kvBytes,
       kvDim, rows, table, p, l0.cells, l0.ring], "kv_store_rows");
     const rowBytes = q.cols * 4;
     this.op(16, this.lib.infer_cuda_attention_rows, [a(q).address + firstRow * rowBytes, table,
       a(out).address + firstRow * rowBytes, p, rows, o.heads, o.kvHeads, o.headDim, o.window, l0.cells, l0.ring,
-      o.scale, this.scratch, this.scratchFloats, split, split > 1 ? this.arrived : 0], "attention_rows");
+      o.scale, this.attn.scratch, this.attn.scratchFloats, split, split > 1 ? this.attn.arrived : 0], "attention_rows");
     a(out).version++;
     return true;
-  }
-
-  /**
-   * Scratch (and split counters) for attention of `rows` rows: the rows a launch may take within
-   * ATTENTION_SCRATCH_BUDGET (all of them, unless a prompt is long), the scratch grown to fit.
-   */
-  private attentionScratchFor(rows: number, maxRows: number, o: AttentionOptions, cells: number, split: number): number {
-    const need = (n: number) => Number(this.lib.infer_cuda_attention_scratch(n, o.heads, o.headDim, cells, split));
-    let chunk = rows;
-    while (chunk > 1 && need(chunk) > ATTENTION_SCRATCH_BUDGET) chunk = Math.ceil(chunk / 2);
-    const floats = need(chunk);
-    if (floats > this.scratchFloats) {
-      if (this.scratch !== 0) this.beforeRealloc();
-      this.release(this.scratch);
-      this.scratch = 0;
-      const capacity = Math.max(floats, Math.min(ATTENTION_SCRATCH_BUDGET, need(maxRows)));
-      this.scratch = this.alloc(capacity * 4, "attention scratch");
-      this.scratchFloats = capacity;
-    }
-    if (split > 1 && rows * o.heads > this.arrivedRows) {
-      if (this.arrived !== 0) this.beforeRealloc();
-      this.release(this.arrived);
-      this.arrived = 0;
-      const capacity = Math.max(rows * o.heads, 2 * o.heads);
-      this.arrived = this.alloc(capacity * 4, "attention counters");
-      check(this.lib.infer_cuda_fill32(this.arrived, 0, capacity), "zero attention counters");
-      this.arrivedRows = capacity;
-    }
-    return chunk;
-  }
-
-  /** A device table of the layers' key and value cache addresses (attendRows), kept per set of caches. */
-  private kvTable(layers: readonly CudaKvLayer[]): number {
-    let key = "";
-    for (const l of layers) key += `${l.k},`;
-    const known = this.kvTables.get(key);
-    if (known !== undefined) return known;
-    if (this.kvTables.size >= KV_TABLES_MAX) {
-      this.beforeRealloc(); // queued kernels may read the tables
-      for (const t of this.kvTables.values()) this.release(t);
-      this.kvTables.clear();
-    }
-    const host = new BigUint64Array(2 * layers.length);
-    layers.forEach((l, i) => {
-      host[2 * i] = BigInt(l.k);
-      host[2 * i + 1] = BigInt(l.v);
-    });
-    const table = this.alloc(host.byteLength, "KV cache table");
-    check(this.lib.infer_cuda_upload(table, host, host.byteLength), "upload KV cache table");
-    this.kvTables.set(key, table);
-    return table;
-  }
-
-  /**
-   * How one decode row (or two) attends: attn_decode_* (a block per KV head and split, every key
-   * and value row read once for the group's query heads; INFER_CUDA_ATTN=heads: the per-head
-   * attn_scores + attn_values instead, slower at every context measured, kept for comparison),
-   * the keys split about GROUP_SPLIT_KEYS a split (PER_HEAD_SPLIT_KEYS per head), rounded up to a
-   * power of two, at most 32, so that a long context fills the GPU with blocks: a graph is
-   * captured per split the context passes. INFER_CUDA_SPLIT=cells: a fixed split from the cache
-   * size (one graph for every position; slower as the context grows).
-   */
-  private decodePlan(l: CudaKvLayer, visible: number): { split: number; perHead: boolean } {
-    const keys = Math.min(visible, l.ring ? l.cells : visible);
-    const perHead = this.attentionKernels === "heads";
-    if (this.splitByCells) return { split: Math.min(32, Math.max(1, Math.ceil(l.cells / 256))), perHead };
-    return { split: splitFor(keys, perHead ? PER_HEAD_SPLIT_KEYS : GROUP_SPLIT_KEYS), perHead };
   }
 
   geluMul(gate: Activation, up: Activation, rows: number, out: Activation): void {
@@ -671,7 +503,7 @@ export class CudaBackend implements Backend {
       "argmax");
     a(ids).version++;
     this.idsWidth = logits.cols;
-    if (this.recording) this.finishStep();
+    if (this.steps.recording) this.lastGraph = this.steps.finish() || this.lastGraph;
     const slot = this.tokenCount++ % TOKEN_SLOTS;
     check(this.lib.infer_cuda_download_async(this.tokenSlotsAddress + slot * 4, a(ids).address, 4, slot),
       "queue a greedy token");
@@ -698,7 +530,7 @@ export class CudaBackend implements Backend {
   }
 
   read(x: Activation, rows: number): Float32Array {
-    if (this.recording) this.finishStep();
+    if (this.steps.recording) this.lastGraph = this.steps.finish() || this.lastGraph;
     const xa = a(x);
     if (!xa.host) {
       const { address, buffer } = cudaHostAlloc(x.rows * x.cols * 4, `host copy of '${x.name}'`);
