@@ -274,26 +274,45 @@ __device__ __forceinline__ void mmq(const uint8_t* __restrict__ w, int n_out, in
 #pragma unroll
     for (int e = 0; e < 4; e++) acc[j][e] = accm[j][e] = 0.0f;
 
+  // Staging: every thread's loads of a step issued together (unrolled, then stored), so that a
+  // step waits for one memory round trip rather than one per (row, unit) pair in turn.
+  constexpr int WP = ROWS * UNITS / THREADS, XP = TOKS * UNITS / THREADS;
+  static_assert(WP * THREADS == ROWS * UNITS && XP * THREADS == TOKS * UNITS, "staging pairs per thread");
   for (int u0 = 0; u0 < units; u0 += UNITS) {
     const int n_units = min(UNITS, units - u0);
-    for (int i = tid; i < ROWS * UNITS; i += THREADS) {
-      const int r = i / UNITS, uu = i % UNITS;
-      typename T::W wt = {};
-      if (row0 + r < n_out && uu < n_units) T::load(w + static_cast<size_t>(row0 + r) * row_bytes, u0 + uu, wt);
+    typename T::W wts[WP];
+    int4 xa[XP], xb[XP];
+    float xds[XP];
 #pragma unroll
-      for (int k = 0; k < 8; k++) w_words[r * STRIDE + uu * 8 + k] = wt.v[k];
-      w_params[i] = T::params(wt);
+    for (int k = 0; k < WP; k++) {
+      const int i = tid + k * THREADS, r = i / UNITS, uu = i % UNITS;
+      wts[k] = {};
+      if (row0 + r < n_out && uu < n_units) T::load(w + static_cast<size_t>(row0 + r) * row_bytes, u0 + uu, wts[k]);
     }
-    for (int i = tid; i < TOKS * UNITS; i += THREADS) {
-      const int t = i / UNITS, uu = i % UNITS;
-      int4 a = make_int4(0, 0, 0, 0), b = a;
-      float d = 0.0f;
+#pragma unroll
+    for (int k = 0; k < XP; k++) {
+      const int i = tid + k * THREADS, t = i / UNITS, uu = i % UNITS;
+      xa[k] = xb[k] = make_int4(0, 0, 0, 0);
+      xds[k] = 0.0f;
       if (tok0 + t < n_tok && uu < n_units) {
         const int4* p = reinterpret_cast<const int4*>(xq + static_cast<size_t>(tok0 + t) * n_in + 32 * (u0 + uu));
-        a = p[0];
-        b = p[1];
-        d = xd[static_cast<size_t>(tok0 + t) * units + u0 + uu];
+        xa[k] = p[0];
+        xb[k] = p[1];
+        xds[k] = xd[static_cast<size_t>(tok0 + t) * units + u0 + uu];
       }
+    }
+#pragma unroll
+    for (int k = 0; k < WP; k++) {
+      const int i = tid + k * THREADS, r = i / UNITS, uu = i % UNITS;
+#pragma unroll
+      for (int e = 0; e < 8; e++) w_words[r * STRIDE + uu * 8 + e] = T::mma_word(wts[k].v[e]);
+      w_params[i] = T::params(wts[k]);
+    }
+#pragma unroll
+    for (int k = 0; k < XP; k++) {
+      const int i = tid + k * THREADS, t = i / UNITS, uu = i % UNITS;
+      const int4 a = xa[k], b = xb[k];
+      const float d = xds[k];
       int* dst = x_words + t * STRIDE + uu * 8;
       dst[0] = a.x; dst[1] = a.y; dst[2] = a.z; dst[3] = a.w;
       dst[4] = b.x; dst[5] = b.y; dst[6] = b.z; dst[7] = b.w;

@@ -5,6 +5,7 @@
 //   W, load(row, u, w)   the unit's quants as 8 words of 4 bytes (value i in byte i%4 of word i/4)
 //   dot(w, x, dx, acc, accm)   adds the unit's dot with 32 int8 activation quants x (scale dx),
 //                        the way the CPU's vec_dot combines them; the result is acc - accm
+//   mma_word(v)          a word of W as the tensor-core path stages it (Q4_0/Q5_0: signed quants)
 //   P, params(w), combine(p, s_lo, s_hi, x_lo, x_hi, dx, acc, accm)   the same from the integer
 //                        dots of the unit's two 16-value halves and the halves' activation sums,
 //                        for the tensor-core path, which forms those dots with MMA
@@ -21,6 +22,14 @@ __device__ __forceinline__ int sum_x(const int* x) {
 #pragma unroll
   for (int i = 0; i < 8; i++) s = dp4a(0x01010101, x[i], s);
   return s;
+}
+
+/// Each byte (at most 127) minus the same byte of `bias`, wrapped to a signed byte: the 0x80 of
+/// every byte keeps the subtraction from borrowing across bytes and is taken back after. Q4_0's
+/// and Q5_0's quants staged for the tensor cores become their signed values (q - 8, q - 16), so
+/// their dots need no correction by the activations' sums (the same integer either way).
+__device__ __forceinline__ int sub_bytes(uint32_t q, uint32_t bias) {
+  return static_cast<int>(((q | 0x80808080u) - bias) ^ 0x80808080u);
 }
 
 /// Bit 4 of byte k = bit k of h (k < 4): Q5_0's fifth bits.
@@ -48,11 +57,13 @@ struct Q4_0 {
     s -= 8 * sum_x(x);
     acc = __fmaf_rn(static_cast<float>(s), w.d * dx, acc);
   }
-  // The unit's dot from its two 16-value integer halves (tensor-core path, infer.cu mmq).
+  // The unit's dot from its two 16-value integer halves (tensor-core path, infer.cu mmq), whose
+  // staged words are the signed quants (mma_word): no correction by the activations' sums.
+  __device__ static int mma_word(int v) { return sub_bytes(v, 0x08080808u); }
   struct P { float d; };
   __device__ static P params(const W& w) { return {w.d}; }
-  __device__ static void combine(const P& p, int s_lo, int s_hi, int x_lo, int x_hi, float dx, float& acc, float&) {
-    acc = __fmaf_rn(static_cast<float>(s_lo + s_hi - 8 * (x_lo + x_hi)), p.d * dx, acc);
+  __device__ static void combine(const P& p, int s_lo, int s_hi, int, int, float dx, float& acc, float&) {
+    acc = __fmaf_rn(static_cast<float>(s_lo + s_hi), p.d * dx, acc);
   }
   __device__ static void dequant(const uint8_t* row, int u, float* y) {
     const uint8_t* b = row + static_cast<size_t>(u) * BB;
@@ -86,10 +97,11 @@ struct Q5_0 {
     s -= 16 * sum_x(x);
     acc = __fmaf_rn(static_cast<float>(s), w.d * dx, acc);
   }
+  __device__ static int mma_word(int v) { return sub_bytes(v, 0x10101010u); }
   struct P { float d; };
   __device__ static P params(const W& w) { return {w.d}; }
-  __device__ static void combine(const P& p, int s_lo, int s_hi, int x_lo, int x_hi, float dx, float& acc, float&) {
-    acc = __fmaf_rn(static_cast<float>(s_lo + s_hi - 16 * (x_lo + x_hi)), p.d * dx, acc);
+  __device__ static void combine(const P& p, int s_lo, int s_hi, int, int, float dx, float& acc, float&) {
+    acc = __fmaf_rn(static_cast<float>(s_lo + s_hi), p.d * dx, acc);
   }
   __device__ static void dequant(const uint8_t* row, int u, float* y) {
     const uint8_t* b = row + static_cast<size_t>(u) * BB;
@@ -119,6 +131,7 @@ struct Q8_0 {
     for (int i = 0; i < 8; i++) s = dp4a(w.v[i], x[i], s);
     acc = __fmaf_rn(static_cast<float>(s), w.d * dx, acc);
   }
+  __device__ static int mma_word(int v) { return v; }
   struct P { float d; };
   __device__ static P params(const W& w) { return {w.d}; }
   __device__ static void combine(const P& p, int s_lo, int s_hi, int, int, float dx, float& acc, float&) {
@@ -165,6 +178,7 @@ struct Q4_K {
     acc = __fmaf_rn(static_cast<float>(w.sc * s), w.d * dx, acc);
     accm = __fmaf_rn(static_cast<float>(w.m * sum_x(x)), w.dmin * dx, accm);
   }
+  __device__ static int mma_word(int v) { return v; }
   struct P { float d, dmin; int sc, m; };
   __device__ static P params(const W& w) { return {w.d, w.dmin, w.sc, w.m}; }
   __device__ static void combine(const P& p, int s_lo, int s_hi, int x_lo, int x_hi, float dx, float& acc,
@@ -215,6 +229,7 @@ struct Q5_K {
     k.m = w.m;
     Q4_K::dot(k, x, dx, acc, accm);
   }
+  __device__ static int mma_word(int v) { return v; }
   using P = Q4_K::P;
   __device__ static P params(const W& w) { return {w.d, w.dmin, w.sc, w.m}; }
   __device__ static void combine(const P& p, int s_lo, int s_hi, int x_lo, int x_hi, float dx, float& acc,
@@ -267,6 +282,7 @@ struct Q6_K {
     const int s = w.sc0 * (a - 32 * xa) + w.sc1 * (c - 32 * xc);
     acc = __fmaf_rn(w.d * dx, static_cast<float>(s), acc);
   }
+  __device__ static int mma_word(int v) { return v; }
   struct P { float d; int sc0, sc1; };
   __device__ static P params(const W& w) { return {w.d, w.sc0, w.sc1}; }
   __device__ static void combine(const P& p, int s_lo, int s_hi, int x_lo, int x_hi, float dx, float& acc, float&) {
