@@ -93,7 +93,7 @@ export class AttentionBuffers {
   /** A device table of the layers' key and value cache addresses (attendRows), kept per set of caches. */
   kvTable(layers: readonly { readonly k: number; readonly v: number }[]): number {
     let key = "";
-    for (const l of layers) key += `${l.k},`;
+    for (const l of layers) key += `${l.k}:${l.v},`;
     const known = this.kvTables.get(key);
     if (known !== undefined) return known;
     if (this.kvTables.size >= KV_TABLES_MAX) {
