@@ -1,0 +1,288 @@
+// Matrix × vector(s) and the tensor-core matmul of infer.cu (included there, in this order):
+// quantized and float matvecs for decode and small batches, MMQ for prompts and larger batches,
+// and the fused matvec of up to three matrices for a decode step.
+#pragma once
+#include "common.cuh"
+#include "quant.cuh"
+
+// ---- matrix × vector(s) ------------------------------------------------------------------------
+// y[t][o] = W[o] · x[t]. One warp per output row, 4 rows per block of 128 threads; each lane takes
+// 32-value units lane, lane+32, ...; NT tokens share each weight load (NT = 8 for prefill).
+
+template <class T, int NT>
+__device__ __forceinline__ void matvec_q(const uint8_t* __restrict__ w, int n_out, int n_in,
+                                         const int8_t* __restrict__ xq, const float* __restrict__ xd, int n_tok,
+                                         float* __restrict__ y, int row_block) {
+  const int lane = threadIdx.x & 31;
+  const int row = row_block * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (row >= n_out) return;
+  const int t0 = blockIdx.y * NT;
+  const int units = n_in >> 5;
+  const size_t row_bytes = static_cast<size_t>(n_in / T::BV) * T::BB;
+  const uint8_t* wr = w + static_cast<size_t>(row) * row_bytes;
+  float acc[NT], accm[NT];
+#pragma unroll
+  for (int t = 0; t < NT; t++) acc[t] = accm[t] = 0.0f;
+#pragma unroll 2
+  for (int u = lane; u < units; u += 32) {
+    typename T::W wt;
+    T::load(wr, u, wt);
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+      if (NT == 1 || t0 + t < n_tok) {
+        const int4* xp = reinterpret_cast<const int4*>(xq + static_cast<size_t>(t0 + t) * n_in + 32 * u);
+        const int4 a = xp[0], b = xp[1];
+        const int x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        T::dot(wt, x, xd[static_cast<size_t>(t0 + t) * units + u], acc[t], accm[t]);
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < NT; t++) {
+    const float s = warp_sum(acc[t]) - warp_sum(accm[t]);
+    if (lane == 0 && (NT == 1 || t0 + t < n_tok)) y[static_cast<size_t>(t0 + t) * n_out + row] = s;
+  }
+}
+
+/// Pulls the weight row of this warp into L2 before the kernel waits for the kernel ahead of it
+/// (pdl_begin): weights never depend on it, so their DRAM latency overlaps that kernel's tail
+/// instead of following it. 128-byte lines, any block layout.
+template <class T>
+__device__ __forceinline__ void matvec_prefetch(const uint8_t* w, int n_out, int n_in, int row_block) {
+  const int row = row_block * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (row >= n_out) return;
+  const size_t row_bytes = static_cast<size_t>(n_in / T::BV) * T::BB;
+  const uint8_t* wr = w + static_cast<size_t>(row) * row_bytes;
+  for (size_t off = (threadIdx.x & 31) * 128; off < row_bytes; off += 32 * 128) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(wr + off));
+  }
+}
+
+template <class T, int NT>
+__device__ __forceinline__ void matvec_f(const uint8_t* __restrict__ w, int n_out, int n_in,
+                                         const float* __restrict__ x, int n_tok, float* __restrict__ y) {
+  const int lane = threadIdx.x & 31;
+  const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (row >= n_out) return;
+  const int t0 = blockIdx.y * NT;
+  const size_t base = static_cast<size_t>(row) * n_in;
+  float acc[NT];
+#pragma unroll
+  for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+  for (int i = lane; i < n_in; i += 32) {
+    const float wv = T::at(w, base + i);
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+      if (NT == 1 || t0 + t < n_tok) {
+        acc[t] = __fmaf_rn(wv, T::act(x[static_cast<size_t>(t0 + t) * n_in + i]), acc[t]);
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < NT; t++) {
+    const float s = warp_sum(acc[t]);
+    if (lane == 0 && (NT == 1 || t0 + t < n_tok)) y[static_cast<size_t>(t0 + t) * n_out + row] = s;
+  }
+}
+
+#define MATVEC_Q(NAME, T, NT)                                                                              \
+  extern "C" __global__ void __launch_bounds__(128) NAME(const uint8_t* w, int n_out, int n_in, const int8_t* xq, \
+                                                         const float* xd, int n_tok, float* y) { \
+    matvec_prefetch<T>(w, n_out, n_in, blockIdx.x);                                                      \
+    pdl_begin();                                                                                          \
+    matvec_q<T, NT>(w, n_out, n_in, xq, xd, n_tok, y, blockIdx.x);                                          \
+  }
+#define MATVEC_F(NAME, T, NT)                                                                           \
+  extern "C" __global__ void __launch_bounds__(128) NAME(const uint8_t* w, int n_out, int n_in, const float* x, \
+                                                         int n_tok, float* y) { pdl_begin(); \
+    matvec_f<T, NT>(w, n_out, n_in, x, n_tok, y);                                                        \
+  }
+MATVEC_Q(matvec_q4_0_1, Q4_0, 1)
+MATVEC_Q(matvec_q4_0_8, Q4_0, 8)
+MATVEC_Q(matvec_q5_0_1, Q5_0, 1)
+MATVEC_Q(matvec_q5_0_8, Q5_0, 8)
+MATVEC_Q(matvec_q8_0_1, Q8_0, 1)
+MATVEC_Q(matvec_q8_0_8, Q8_0, 8)
+MATVEC_Q(matvec_q4_k_1, Q4_K, 1)
+MATVEC_Q(matvec_q4_k_8, Q4_K, 8)
+MATVEC_Q(matvec_q5_k_1, Q5_K, 1)
+MATVEC_Q(matvec_q5_k_8, Q5_K, 8)
+MATVEC_Q(matvec_q6_k_1, Q6_K, 1)
+MATVEC_Q(matvec_q6_k_8, Q6_K, 8)
+MATVEC_F(matvec_f32_1, F32W, 1)
+MATVEC_F(matvec_f32_8, F32W, 8)
+MATVEC_F(matvec_f16_1, F16W, 1)
+MATVEC_F(matvec_f16_8, F16W, 8)
+MATVEC_F(matvec_bf16_1, BF16W, 1)
+MATVEC_F(matvec_bf16_8, BF16W, 8)
+
+// ---- quantized matmul on the tensor cores, for prompts -------------------------------------------
+// y[t][o] = W[o] · x[t] for many tokens. A block of 4 warps computes 32 weight rows × 64 tokens;
+// weights and activations are staged in shared memory 8 units (256 values) at a time, each unit's
+// quants as 8 words. Warp w owns tokens 16w..16w+15: per unit, mma.sync m16n8k16 (s8 × s8 → s32)
+// gives the exact integer dot of each 16-value half for 16 tokens × 8 rows, four times over the
+// 32 rows, and T::combine folds them into the output's FMA chain with the unit's scales, unit
+// after unit. Every weight byte is read from memory once per 64 tokens (matvec_8: once per 8).
+// Tiles: ROWS weight rows × TOKS tokens a block (TOKS / 16 warps, each 16 tokens × all ROWS
+// rows), UNITS units staged at a time: mmq_* 32 × 64 × 8 for batches, mmq_*_64x128 (64 × 128 × 4,
+// every weight byte read half as often and every activation byte half as often) for prompts of
+// 256 tokens and more (lib/cuda/cuda.zig mmq_tiles: +12–26% on a 2,048-token prompt of the 8B
+// shape; at 32 tokens the larger tile leaves most of the GPU idle and runs at half the speed).
+__device__ __forceinline__ void mma_s8_16816(int (&c)[4], int a0, int a1, int b0) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%7, %7, %7, %7};"
+      : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+      : "r"(a0), "r"(a1), "r"(b0), "r"(0));
+}
+
+template <class T, int ROWS, int TOKS, int UNITS>
+__device__ __forceinline__ void mmq(const uint8_t* __restrict__ w, int n_out, int n_in, const int8_t* __restrict__ xq,
+                                    const float* __restrict__ xd, int n_tok, float* __restrict__ y) {
+  constexpr int STRIDE = UNITS * 8 + 4;  // words per staged row; the 4 spread 8 rows over all 32 banks
+  constexpr int J = ROWS / 8;            // 8-row MMA tiles per warp
+  constexpr int THREADS = TOKS * 2;
+  __shared__ int w_words[ROWS * STRIDE];
+  __shared__ typename T::P w_params[ROWS * UNITS];
+  __shared__ int x_words[TOKS * STRIDE];
+  __shared__ float x_scales[TOKS * UNITS];
+  __shared__ int2 x_sums[TOKS * UNITS];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int group = lane >> 2, tig = lane & 3;  // the MMA fragment coordinates of this lane
+  const int row0 = blockIdx.x * ROWS, tok0 = blockIdx.y * TOKS;
+  const int units = n_in >> 5;
+  const size_t row_bytes = static_cast<size_t>(n_in / T::BV) * T::BB;
+  float acc[J][4], accm[J][4];
+#pragma unroll
+  for (int j = 0; j < J; j++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) acc[j][e] = accm[j][e] = 0.0f;
+
+  // Staging: every thread's loads of a step issued together (unrolled, then stored), so that a
+  // step waits for one memory round trip rather than one per (row, unit) pair in turn.
+  constexpr int WP = ROWS * UNITS / THREADS, XP = TOKS * UNITS / THREADS;
+  static_assert(WP * THREADS == ROWS * UNITS && XP * THREADS == TOKS * UNITS, "staging pairs per thread");
+  for (int u0 = 0; u0 < units; u0 += UNITS) {
+    const int n_units = min(UNITS, units - u0);
+    typename T::W wts[WP];
+    int4 xa[XP], xb[XP];
+    float xds[XP];
+#pragma unroll
+    for (int k = 0; k < WP; k++) {
+      const int i = tid + k * THREADS, r = i / UNITS, uu = i % UNITS;
+      wts[k] = {};
+      if (row0 + r < n_out && uu < n_units) T::load(w + static_cast<size_t>(row0 + r) * row_bytes, u0 + uu, wts[k]);
+    }
+#pragma unroll
+    for (int k = 0; k < XP; k++) {
+      const int i = tid + k * THREADS, t = i / UNITS, uu = i % UNITS;
+      xa[k] = xb[k] = make_int4(0, 0, 0, 0);
+      xds[k] = 0.0f;
+      if (tok0 + t < n_tok && uu < n_units) {
+        const int4* p = reinterpret_cast<const int4*>(xq + static_cast<size_t>(tok0 + t) * n_in + 32 * (u0 + uu));
+        xa[k] = p[0];
+        xb[k] = p[1];
+        xds[k] = xd[static_cast<size_t>(tok0 + t) * units + u0 + uu];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < WP; k++) {
+      const int i = tid + k * THREADS, r = i / UNITS, uu = i % UNITS;
+#pragma unroll
+      for (int e = 0; e < 8; e++) w_words[r * STRIDE + uu * 8 + e] = T::mma_word(wts[k].v[e]);
+      w_params[i] = T::params(wts[k]);
+    }
+#pragma unroll
+    for (int k = 0; k < XP; k++) {
+      const int i = tid + k * THREADS, t = i / UNITS, uu = i % UNITS;
+      const int4 a = xa[k], b = xb[k];
+      const float d = xds[k];
+      int* dst = x_words + t * STRIDE + uu * 8;
+      dst[0] = a.x; dst[1] = a.y; dst[2] = a.z; dst[3] = a.w;
+      dst[4] = b.x; dst[5] = b.y; dst[6] = b.z; dst[7] = b.w;
+      x_scales[i] = d;
+      const int lo = dp4a(0x01010101, a.w, dp4a(0x01010101, a.z, dp4a(0x01010101, a.y, dp4a(0x01010101, a.x, 0))));
+      const int hi = dp4a(0x01010101, b.w, dp4a(0x01010101, b.z, dp4a(0x01010101, b.y, dp4a(0x01010101, b.x, 0))));
+      x_sums[i] = make_int2(lo, hi);
+    }
+    __syncthreads();
+    const int t_a = warp * 16 + group;  // this lane's tokens: t_a and t_a + 8
+    for (int uu = 0; uu < n_units; uu++) {
+      const int* xa = x_words + t_a * STRIDE + uu * 8 + tig;
+      const int* xb = xa + 8 * STRIDE;
+      const int a_lo0 = xa[0], a_lo1 = xb[0], a_hi0 = xa[4], a_hi1 = xb[4];
+      const float dx[2] = {x_scales[t_a * UNITS + uu], x_scales[(t_a + 8) * UNITS + uu]};
+      const int2 sx[2] = {x_sums[t_a * UNITS + uu], x_sums[(t_a + 8) * UNITS + uu]};
+#pragma unroll
+      for (int j = 0; j < J; j++) {
+        const int* wb = w_words + (8 * j + group) * STRIDE + uu * 8 + tig;
+        int c_lo[4], c_hi[4];
+        mma_s8_16816(c_lo, a_lo0, a_lo1, wb[0]);
+        mma_s8_16816(c_hi, a_hi0, a_hi1, wb[4]);
+        // c[0], c[1]: token t_a, rows 8j + 2 tig + 0/1; c[2], c[3]: token t_a + 8.
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int r = 8 * j + 2 * tig + (e & 1), h = e >> 1;
+          T::combine(w_params[r * UNITS + uu], c_lo[e], c_hi[e], sx[h].x, sx[h].y, dx[h], acc[j][e], accm[j][e]);
+        }
+      }
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int j = 0; j < J; j++) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int t = tok0 + warp * 16 + group + 8 * (e >> 1), r = row0 + 8 * j + 2 * tig + (e & 1);
+      if (t < n_tok && r < n_out) y[static_cast<size_t>(t) * n_out + r] = acc[j][e] - accm[j][e];
+    }
+  }
+}
+
+#define MMQ(NAME, T, ROWS, TOKS, UNITS)                                                                      \
+  extern "C" __global__ void __launch_bounds__(TOKS * 2) NAME(const uint8_t* w, int n_out, int n_in,           \
+                                                              const int8_t* xq, const float* xd, int n_tok, \
+                                                              float* y) {                                  \
+    pdl_begin();                                                                                           \
+    mmq<T, ROWS, TOKS, UNITS>(w, n_out, n_in, xq, xd, n_tok, y);                                           \
+  }
+#define MMQ_TYPES(SUFFIX, ROWS, TOKS, UNITS)          \
+  MMQ(mmq_q4_0##SUFFIX, Q4_0, ROWS, TOKS, UNITS)      \
+  MMQ(mmq_q5_0##SUFFIX, Q5_0, ROWS, TOKS, UNITS)      \
+  MMQ(mmq_q8_0##SUFFIX, Q8_0, ROWS, TOKS, UNITS)      \
+  MMQ(mmq_q4_k##SUFFIX, Q4_K, ROWS, TOKS, UNITS)      \
+  MMQ(mmq_q5_k##SUFFIX, Q5_K, ROWS, TOKS, UNITS)      \
+  MMQ(mmq_q6_k##SUFFIX, Q6_K, ROWS, TOKS, UNITS)
+MMQ_TYPES(, 32, 64, 8)
+MMQ_TYPES(_64x128, 64, 128, 4)
+
+// Up to three matrices with the same type, input and one token (q/k/v, gate/up) in one launch:
+// row blocks [0, b0) go to matrix 0, the next b1 to matrix 1, the rest to matrix 2. Each row is
+// computed exactly as matvec_*_1 computes it.
+template <class T>
+__device__ __forceinline__ void matvec_multi(const uint8_t* w0, int n0, float* y0, const uint8_t* w1, int n1,
+                                             float* y1, const uint8_t* w2, int n2, float* y2, int n_in,
+                                             const int8_t* xq, const float* xd) {
+  const int rows_per_block = blockDim.x >> 5;
+  const int b0 = (n0 + rows_per_block - 1) / rows_per_block, b1 = (n1 + rows_per_block - 1) / rows_per_block;
+  const int rb = blockIdx.x;
+  if (rb < b0) matvec_prefetch<T>(w0, n0, n_in, rb);
+  else if (rb < b0 + b1) matvec_prefetch<T>(w1, n1, n_in, rb - b0);
+  else matvec_prefetch<T>(w2, n2, n_in, rb - b0 - b1);
+  pdl_begin();
+  if (rb < b0) matvec_q<T, 1>(w0, n0, n_in, xq, xd, 1, y0, rb);
+  else if (rb < b0 + b1) matvec_q<T, 1>(w1, n1, n_in, xq, xd, 1, y1, rb - b0);
+  else matvec_q<T, 1>(w2, n2, n_in, xq, xd, 1, y2, rb - b0 - b1);
+}
+
+#define MATVEC_MULTI(NAME, T)                                                                                   \
+  extern "C" __global__ void __launch_bounds__(128)                                                            \
+      NAME(const uint8_t* w0, int n0, float* y0, const uint8_t* w1, int n1, float* y1, const uint8_t* w2, int n2, \
+           float* y2, int n_in, const int8_t* xq, const float* xd) { \
+    matvec_multi<T>(w0, n0, y0, w1, n1, y1, w2, n2, y2, n_in, xq, xd);                                         \
+  }
+MATVEC_MULTI(matvec_multi_q4_0, Q4_0)
+MATVEC_MULTI(matvec_multi_q5_0, Q5_0)
+MATVEC_MULTI(matvec_multi_q8_0, Q8_0)
+MATVEC_MULTI(matvec_multi_q4_k, Q4_K)
+MATVEC_MULTI(matvec_multi_q5_k, Q5_K)
+MATVEC_MULTI(matvec_multi_q6_k, Q6_K)
