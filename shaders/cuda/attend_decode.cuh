@@ -273,15 +273,8 @@ extern "C" __global__ void kv_store_rows(const float* k, const float* v, int kv_
                                          const unsigned long long* kv_table, const int* positions, int cells,
                                          int ring) {
   pdl_begin();
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= kv_dim) return;
   const int t = blockIdx.y;
-  const int pos = positions[t];
-  const int cell = ring ? pos % cells : pos;
-  if (cell < 0 || cell >= cells) return;
   __half* kc = reinterpret_cast<__half*>(kv_table[2 * t]);
   __half* vc = reinterpret_cast<__half*>(kv_table[2 * t + 1]);
-  const size_t src = static_cast<size_t>(t) * kv_dim + i, dst = static_cast<size_t>(cell) * kv_dim + i;
-  kc[dst] = __float2half_rn(k[src]);
-  vc[dst] = __float2half_rn(v[src]);
+  store_kv_value(k, v, kv_dim, kc, vc, positions, cells, ring);
 }

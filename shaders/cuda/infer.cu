@@ -287,10 +287,10 @@ extern "C" __global__ void rope2(float* xa, int heads_a, float* xb, int heads_b,
 
 // ---- KV cache ----------------------------------------------------------------------------------
 
-/// Row t of k and v (kv_dim values each) into cell positions[t] (mod cells for a ring), as f16.
-extern "C" __global__ void kv_store(const float* k, const float* v, int kv_dim, __half* kc, __half* vc,
-                                    const int* positions, int cells, int ring) {
-  pdl_begin();
+/// Value i of row t = blockIdx.y of k and v (kv_dim values each) into cell positions[t] (mod cells
+/// for a ring) of kc and vc, as f16 (kv_store and kv_store_rows).
+__device__ __forceinline__ void store_kv_value(const float* k, const float* v, int kv_dim, __half* kc, __half* vc,
+                                               const int* positions, int cells, int ring) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= kv_dim) return;
   const int t = blockIdx.y;
@@ -300,6 +300,13 @@ extern "C" __global__ void kv_store(const float* k, const float* v, int kv_dim, 
   const size_t src = static_cast<size_t>(t) * kv_dim + i, dst = static_cast<size_t>(cell) * kv_dim + i;
   kc[dst] = __float2half_rn(k[src]);
   vc[dst] = __float2half_rn(v[src]);
+}
+
+/// Row t of k and v into cell positions[t] of one cache.
+extern "C" __global__ void kv_store(const float* k, const float* v, int kv_dim, __half* kc, __half* vc,
+                                    const int* positions, int cells, int ring) {
+  pdl_begin();
+  store_kv_value(k, v, kv_dim, kc, vc, positions, cells, ring);
 }
 
 #include "attend_heads.cuh"
