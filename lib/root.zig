@@ -692,6 +692,18 @@ export fn infer_cuda_weight_activation(type_id: u32) i32 {
     return if (cuda.weightKind(type_id)) |k| k.activation else -2;
 }
 
+/// The type id a weight of ggml type `type_id` with rows of n_in values computes as once
+/// infer_cuda_repack has run on it (its GPU layout, or type_id when it keeps the GGUF's).
+export fn infer_cuda_repacked_type(type_id: u32, n_in: u64) u32 {
+    return cuda.repackedType(type_id, n_in);
+}
+
+/// Rewrites a just-uploaded weight (n_rows rows of n_in values) into infer_cuda_repacked_type's
+/// layout, in place, in stream order.
+export fn infer_cuda_repack(w: u64, type_id: u32, n_rows: u64, n_in: u64) i32 {
+    return cuda.repack(w, type_id, n_rows, n_in);
+}
+
 export fn infer_cuda_malloc(bytes: u64, out: *u64) i32 {
     return cuda.malloc(bytes, out);
 }

@@ -120,6 +120,8 @@ const WEIGHT_TYPES: [string, number][] = [
   ["Q6_K", GgmlType.Q6_K],
 ];
 const N_IN = 768, N_OUT = 37, COLS = 96;
+const LONG_ROWS = [6144, 12288];
+const LONG_ROW_TYPES = WEIGHT_TYPES.filter(([name]) => ["Q4_0", "Q8_0", "Q4_K", "Q6_K"].includes(name));
 
 /** One GGUF of test tensors: a weight of each type, norm weights, RoPE factors, a bias. */
 function opsFile(): GgufFile {
@@ -128,6 +130,12 @@ function opsFile(): GgufFile {
   }));
   const f32 = (name: string, values: Float32Array) =>
     tensors.push({ name, type: GgmlType.F32, dims: [values.length], data: new Uint8Array(values.buffer) });
+  // Long rows: one-token matvecs share a row among 2 warps from 6,144 values, 4 from 12,288.
+  for (const [name, type] of LONG_ROW_TYPES) {
+    for (const n of LONG_ROWS) {
+      tensors.push({ name: `w.${name}.${n}`, type, dims: [n, N_OUT], data: randomTensorData(type, n * N_OUT, n + type, 0.05) });
+    }
+  }
   f32("norm", randomF32(COLS, 1, 0.5).map((v) => v + 1));
   f32("norm.head", randomF32(32, 2, 0.5).map((v) => v + 1));
   f32("factors", randomF32(16, 3, 1).map((v) => v + 2));
@@ -169,41 +177,63 @@ function compare(p: Pair, c: Activation, g: Activation, rows: number): number {
 describe.skipIf(noCuda)("CUDA ops equal the CPU backend's", () => {
   const file = noCuda ? null! : opsFile();
   const p: Pair = noCuda ? null! : { cpu: new CpuBackend(), gpu: CudaBackend.open({ graphs: false }) };
+  // The same weights kept in the GGUF's layouts (Q4_0, Q8_0 and Q4_K of 768-wide rows take the
+  // GPU layouts of shaders/cuda/packed.cuh in p.gpu).
+  const gguf: Pair = noCuda ? null! : { cpu: p.cpu, gpu: CudaBackend.open({ graphs: false, gpuLayouts: false }) };
+  const PACKED = new Set(["Q4_0", "Q8_0", "Q4_K"]);
   afterAll(() => {
     p?.gpu.dispose();
+    gguf?.gpu.dispose();
     file?.close();
   });
 
   for (const [name] of WEIGHT_TYPES) {
-    // 70 rows take the tensor-core kernels (two 64-token tiles, the second partial; 37 weight
-    // rows: a partial 32-row tile); 300 rows their prompt tile (3 tiles of 128 tokens, the last
-    // partial; a partial 64-row tile).
-    test(`matmul ${name}: one row, 13 rows, 70 rows, 300 rows, an offset row`, () => {
-      const [wc, wg] = weights(p, file, `w.${name}`);
-      const x = randomF32(300 * N_IN, 10, 2);
-      for (const rows of [1, 13, 70, 300]) {
-        const [xc, xg] = acts(p, 300, N_IN, x);
-        const [oc, og] = acts(p, 300, N_OUT);
-        p.cpu.matmul(wc, xc, rows, oc);
-        p.gpu.matmul(wg, xg, rows, og);
-        report(`${name} x ${rows}`, compare(p, oc, og, rows), TOL_MATMUL);
-        const [oc1, og1] = acts(p, 1, N_OUT);
-        p.cpu.matmul(wc, xc, 1, oc1, 5);
-        p.gpu.matmul(wg, xg, 1, og1, 5);
-        report(`${name} row 5`, compare(p, oc1, og1, 1), TOL_MATMUL);
-      }
-    });
+    const layouts: [string, Pair][] = PACKED.has(name) ? [["", p], [" (GGUF layout)", gguf]] : [["", p]];
+    for (const [layout, q] of layouts) {
+      // 70 rows take the tensor-core kernels (two 64-token tiles, the second partial; 37 weight
+      // rows: a partial 32-row tile); 300 rows their prompt tile (3 tiles of 128 tokens, the last
+      // partial; a partial 64-row tile).
+      test(`matmul ${name}${layout}: one row, 13 rows, 70 rows, 300 rows, an offset row`, () => {
+        const [wc, wg] = weights(q, file, `w.${name}`);
+        expect((wg as unknown as { gpuLayout: boolean }).gpuLayout).toBe(PACKED.has(name) && q === p);
+        const x = randomF32(300 * N_IN, 10, 2);
+        for (const rows of [1, 13, 70, 300]) {
+          const [xc, xg] = acts(q, 300, N_IN, x);
+          const [oc, og] = acts(q, 300, N_OUT);
+          q.cpu.matmul(wc, xc, rows, oc);
+          q.gpu.matmul(wg, xg, rows, og);
+          report(`${name}${layout} x ${rows}`, compare(q, oc, og, rows), TOL_MATMUL);
+          const [oc1, og1] = acts(q, 1, N_OUT);
+          q.cpu.matmul(wc, xc, 1, oc1, 5);
+          q.gpu.matmul(wg, xg, 1, og1, 5);
+          report(`${name}${layout} row 5`, compare(q, oc1, og1, 1), TOL_MATMUL);
+        }
+      });
 
-    test(`embed ${name}`, () => {
-      const [wc, wg] = weights(p, file, `w.${name}`);
-      const ids = [0, 36, 5, 5, 17];
-      const [ic, ig] = acts(p, ids.length, 1);
-      p.cpu.setTokens(ic, ids, ids.length);
-      p.gpu.setTokens(ig, ids, ids.length);
-      const [oc, og] = acts(p, ids.length, N_IN);
-      p.cpu.embed(wc, ic, ids.length, oc);
-      p.gpu.embed(wg, ig, ids.length, og);
-      report(`embed ${name}`, compare(p, oc, og, ids.length), TOL_EXACTISH);
+      test(`embed ${name}${layout}`, () => {
+        const [wc, wg] = weights(q, file, `w.${name}`);
+        const ids = [0, 36, 5, 5, 17];
+        const [ic, ig] = acts(q, ids.length, 1);
+        q.cpu.setTokens(ic, ids, ids.length);
+        q.gpu.setTokens(ig, ids, ids.length);
+        const [oc, og] = acts(q, ids.length, N_IN);
+        q.cpu.embed(wc, ic, ids.length, oc);
+        q.gpu.embed(wg, ig, ids.length, og);
+        report(`embed ${name}${layout}`, compare(q, oc, og, ids.length), TOL_EXACTISH);
+      });
+    }
+  }
+
+  for (const [name] of LONG_ROW_TYPES) {
+    test(`matmul ${name}, one row of ${LONG_ROWS.join(" and ")} values (2 and 4 warps a row)`, () => {
+      for (const n of LONG_ROWS) {
+        const [wc, wg] = weights(p, file, `w.${name}.${n}`);
+        const [xc, xg] = acts(p, 1, n, randomF32(n, n, 2));
+        const [oc, og] = acts(p, 1, N_OUT);
+        p.cpu.matmul(wc, xc, 1, oc);
+        p.gpu.matmul(wg, xg, 1, og);
+        report(`${name} ${n} wide`, compare(p, oc, og, 1), TOL_MATMUL);
+      }
     });
   }
 
@@ -374,10 +404,12 @@ function withGraphs<T>(on: boolean, f: () => T): T {
   }
 }
 
+const llamaQ4_0Q8_0: RandomQuantSpec = { ...llamaQ4_0, types: { ...llamaQ4_0.types, ffn: GgmlType.Q8_0 } };
 const MODELS: [string, RandomQuantSpec, number, number, number][] = [
   // name, spec, prompt length, batch (prompts longer than the batch run in chunks), logits tolerance
   ["Gemma 3 (Q8_0/Q5_0/Q4_K/Q6_K, head_dim 256, ring wraps)", gemmaMixed, 300, 64, TOL_LOGITS_Q],
-  ["Llama (Q4_0, Q6_K head, rope factors)", llamaQ4_0, 40, 256, TOL_LOGITS_Q],
+  // Q4_0 q/k/v/o and Q8_0 gate/up of 512-wide rows: the GPU layouts (packed.cuh), fused matvecs.
+  ["Llama (Q4_0, Q8_0 gate/up, Q6_K head, rope factors)", llamaQ4_0Q8_0, 40, 256, TOL_LOGITS_Q],
   ["Qwen 3 (Q4_K/Q5_K/Q6_K, QK-norm, NeoX)", qwen3KQuants, 24, 16, TOL_LOGITS_Q],
   ["Llama (F16/BF16/F32)", llamaFloat, 12, 256, TOL_LOGITS_F],
 ];

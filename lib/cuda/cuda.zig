@@ -19,6 +19,12 @@ pub const Kernel = enum {
     get_rows_f32,
     get_rows_f16,
     get_rows_bf16,
+    get_rows_q4_0r,
+    get_rows_q8_0r,
+    get_rows_q4_kr,
+    repack_q4_0,
+    repack_q8_0,
+    repack_q4_k,
     quantize_q8_0,
     quantize_q8_k,
     matvec_q4_0_1,
@@ -39,12 +45,21 @@ pub const Kernel = enum {
     matvec_f16_8,
     matvec_bf16_1,
     matvec_bf16_8,
+    matvec_q4_0r_1,
+    matvec_q4_0r_8,
+    matvec_q8_0r_1,
+    matvec_q8_0r_8,
+    matvec_q4_kr_1,
+    matvec_q4_kr_8,
     matvec_multi_q4_0,
     matvec_multi_q5_0,
     matvec_multi_q8_0,
     matvec_multi_q4_k,
     matvec_multi_q5_k,
     matvec_multi_q6_k,
+    matvec_multi_q4_0r,
+    matvec_multi_q8_0r,
+    matvec_multi_q4_kr,
     attn_scores_mma,
     attn_values_mma,
     mmq_q4_0,
@@ -53,12 +68,18 @@ pub const Kernel = enum {
     mmq_q4_k,
     mmq_q5_k,
     mmq_q6_k,
+    mmq_q4_0r,
+    mmq_q8_0r,
+    mmq_q4_kr,
     mmq_q4_0_64x128,
     mmq_q5_0_64x128,
     mmq_q8_0_64x128,
     mmq_q4_k_64x128,
     mmq_q5_k_64x128,
     mmq_q6_k_64x128,
+    mmq_q4_0r_64x128,
+    mmq_q8_0r_64x128,
+    mmq_q4_kr_64x128,
     rms_norm,
     rms_norm_add,
     rms_norm_q,
@@ -99,8 +120,8 @@ pub const WeightKind = struct {
     matvec_8: Kernel,
     /// Several matrices sharing one input and one token (quantized types only).
     matvec_multi: ?Kernel = null,
-    /// The tensor-core kernel for many tokens (32 rows × 64 tokens a block), if any.
-    mmq: ?Kernel = null,
+    /// The tensor-core kernels for many tokens, one per tile of mmq_tiles, if any.
+    mmq: ?[2]Kernel = null,
     /// The activation format its matvec reads: 0 = Q8_0 blocks, 1 = Q8_K superblocks, -1 = f32.
     activation: i32,
 };
@@ -110,14 +131,47 @@ pub fn weightKind(type_id: u32) ?WeightKind {
         0 => .{ .name = "F32", .block_values = 1, .block_bytes = 4, .get_rows = .get_rows_f32, .matvec_1 = .matvec_f32_1, .matvec_8 = .matvec_f32_8, .activation = -1 },
         1 => .{ .name = "F16", .block_values = 1, .block_bytes = 2, .get_rows = .get_rows_f16, .matvec_1 = .matvec_f16_1, .matvec_8 = .matvec_f16_8, .activation = -1 },
         30 => .{ .name = "BF16", .block_values = 1, .block_bytes = 2, .get_rows = .get_rows_bf16, .matvec_1 = .matvec_bf16_1, .matvec_8 = .matvec_bf16_8, .activation = -1 },
-        2 => .{ .name = "Q4_0", .block_values = 32, .block_bytes = 18, .get_rows = .get_rows_q4_0, .matvec_1 = .matvec_q4_0_1, .matvec_8 = .matvec_q4_0_8, .matvec_multi = .matvec_multi_q4_0, .mmq = .mmq_q4_0, .activation = 0 },
-        6 => .{ .name = "Q5_0", .block_values = 32, .block_bytes = 22, .get_rows = .get_rows_q5_0, .matvec_1 = .matvec_q5_0_1, .matvec_8 = .matvec_q5_0_8, .matvec_multi = .matvec_multi_q5_0, .mmq = .mmq_q5_0, .activation = 0 },
-        8 => .{ .name = "Q8_0", .block_values = 32, .block_bytes = 34, .get_rows = .get_rows_q8_0, .matvec_1 = .matvec_q8_0_1, .matvec_8 = .matvec_q8_0_8, .matvec_multi = .matvec_multi_q8_0, .mmq = .mmq_q8_0, .activation = 0 },
-        12 => .{ .name = "Q4_K", .block_values = 256, .block_bytes = 144, .get_rows = .get_rows_q4_k, .matvec_1 = .matvec_q4_k_1, .matvec_8 = .matvec_q4_k_8, .matvec_multi = .matvec_multi_q4_k, .mmq = .mmq_q4_k, .activation = 1 },
-        13 => .{ .name = "Q5_K", .block_values = 256, .block_bytes = 176, .get_rows = .get_rows_q5_k, .matvec_1 = .matvec_q5_k_1, .matvec_8 = .matvec_q5_k_8, .matvec_multi = .matvec_multi_q5_k, .mmq = .mmq_q5_k, .activation = 1 },
-        14 => .{ .name = "Q6_K", .block_values = 256, .block_bytes = 210, .get_rows = .get_rows_q6_k, .matvec_1 = .matvec_q6_k_1, .matvec_8 = .matvec_q6_k_8, .matvec_multi = .matvec_multi_q6_k, .mmq = .mmq_q6_k, .activation = 1 },
+        2 => .{ .name = "Q4_0", .block_values = 32, .block_bytes = 18, .get_rows = .get_rows_q4_0, .matvec_1 = .matvec_q4_0_1, .matvec_8 = .matvec_q4_0_8, .matvec_multi = .matvec_multi_q4_0, .mmq = .{ .mmq_q4_0, .mmq_q4_0_64x128 }, .activation = 0 },
+        6 => .{ .name = "Q5_0", .block_values = 32, .block_bytes = 22, .get_rows = .get_rows_q5_0, .matvec_1 = .matvec_q5_0_1, .matvec_8 = .matvec_q5_0_8, .matvec_multi = .matvec_multi_q5_0, .mmq = .{ .mmq_q5_0, .mmq_q5_0_64x128 }, .activation = 0 },
+        8 => .{ .name = "Q8_0", .block_values = 32, .block_bytes = 34, .get_rows = .get_rows_q8_0, .matvec_1 = .matvec_q8_0_1, .matvec_8 = .matvec_q8_0_8, .matvec_multi = .matvec_multi_q8_0, .mmq = .{ .mmq_q8_0, .mmq_q8_0_64x128 }, .activation = 0 },
+        12 => .{ .name = "Q4_K", .block_values = 256, .block_bytes = 144, .get_rows = .get_rows_q4_k, .matvec_1 = .matvec_q4_k_1, .matvec_8 = .matvec_q4_k_8, .matvec_multi = .matvec_multi_q4_k, .mmq = .{ .mmq_q4_k, .mmq_q4_k_64x128 }, .activation = 1 },
+        13 => .{ .name = "Q5_K", .block_values = 256, .block_bytes = 176, .get_rows = .get_rows_q5_k, .matvec_1 = .matvec_q5_k_1, .matvec_8 = .matvec_q5_k_8, .matvec_multi = .matvec_multi_q5_k, .mmq = .{ .mmq_q5_k, .mmq_q5_k_64x128 }, .activation = 1 },
+        14 => .{ .name = "Q6_K", .block_values = 256, .block_bytes = 210, .get_rows = .get_rows_q6_k, .matvec_1 = .matvec_q6_k_1, .matvec_8 = .matvec_q6_k_8, .matvec_multi = .matvec_multi_q6_k, .mmq = .{ .mmq_q6_k, .mmq_q6_k_64x128 }, .activation = 1 },
+        // The GPU layouts of shaders/cuda/packed.cuh (repack): groups of 256 values, the bytes of
+        // the blocks they came from.
+        packed_type | 2 => .{ .name = "Q4_0 (GPU layout)", .block_values = 256, .block_bytes = 144, .get_rows = .get_rows_q4_0r, .matvec_1 = .matvec_q4_0r_1, .matvec_8 = .matvec_q4_0r_8, .matvec_multi = .matvec_multi_q4_0r, .mmq = .{ .mmq_q4_0r, .mmq_q4_0r_64x128 }, .activation = 0 },
+        packed_type | 8 => .{ .name = "Q8_0 (GPU layout)", .block_values = 256, .block_bytes = 272, .get_rows = .get_rows_q8_0r, .matvec_1 = .matvec_q8_0r_1, .matvec_8 = .matvec_q8_0r_8, .matvec_multi = .matvec_multi_q8_0r, .mmq = .{ .mmq_q8_0r, .mmq_q8_0r_64x128 }, .activation = 0 },
+        packed_type | 12 => .{ .name = "Q4_K (GPU layout)", .block_values = 256, .block_bytes = 144, .get_rows = .get_rows_q4_kr, .matvec_1 = .matvec_q4_kr_1, .matvec_8 = .matvec_q4_kr_8, .matvec_multi = .matvec_multi_q4_kr, .mmq = .{ .mmq_q4_kr, .mmq_q4_kr_64x128 }, .activation = 1 },
         else => null,
     };
+}
+
+/// Type ids of weights in a GPU layout: the ggml type id with this bit set (see repack).
+pub const packed_type: u32 = 0x100;
+
+/// The type id a weight of ggml type `type_id` and rows of n_in values computes as after
+/// repack: its GPU layout (Q4_0, Q8_0, Q4_K with rows of whole 256-value groups), else type_id.
+pub fn repackedType(type_id: u32, n_in: u64) u32 {
+    if (n_in == 0 or n_in % 256 != 0) return type_id;
+    return switch (type_id) {
+        2, 8, 12 => packed_type | type_id,
+        else => type_id,
+    };
+}
+
+/// Rewrites n_rows rows of n_in values of ggml type `type_id` at w (device memory, just
+/// uploaded) into the GPU layout repackedType names, in place, in stream order. A type without
+/// one is left as it is.
+pub fn repack(w: u64, type_id: u32, n_rows: u64, n_in: u64) i32 {
+    const to = repackedType(type_id, n_in);
+    if (to == type_id) return 0;
+    const groups = std.math.mul(u64, n_rows, n_in / 256) catch return tooLarge("repack: groups", n_rows);
+    const kernel: Kernel = switch (type_id) {
+        2 => .repack_q4_0,
+        8 => .repack_q8_0,
+        else => .repack_q4_k,
+    };
+    return launch(kernel, ceilDiv(groups, 128), 1, 128, .{ w, @as(i64, @intCast(groups)) });
 }
 
 const State = struct {
@@ -191,6 +245,10 @@ fn invalid(comptime fmt: []const u8, args: anytype) i32 {
 pub fn init(path: []const u8, ordinal: i32) i32 {
     if (state != null) return 0;
     if (std.posix.getenv("INFER_CUDA_MMQ")) |v| mmq_enabled = !std.mem.eql(u8, v, "0");
+    if (std.posix.getenv("INFER_CUDA_MATVEC_SPLIT")) |v| {
+        const n = std.fmt.parseInt(u32, v, 10) catch 0;
+        if (n == 1 or n == 2 or n == 4) matvec_split = n;
+    }
     if (std.posix.getenv("INFER_CUDA_MMQ_TILE")) |v| {
         for (mmq_tiles, 0..) |t, i| {
             var buf: [32]u8 = undefined;
@@ -579,19 +637,31 @@ const mmq_min_tokens = 16;
 /// INFER_CUDA_MMQ=0 at init keeps every batch on matvec_8 (for comparisons).
 var mmq_enabled = true;
 
-/// The tiles of the mmq_* kernels (weight rows × tokens a block; the kernels of one tile are six
-/// consecutive Kernel values, in mmq_q4_0 .. mmq_q6_k order, from `first`): the small tile for
+/// The tiles of the mmq_* kernels (weight rows × tokens a block; WeightKind.mmq has a kernel for
+/// each, in this order): the small tile for
 /// batches, the large one for prompts from mmq_large_tokens. Measured on an H200 (bench/RESULTS.md,
 /// 2,048-token prompts and 32-sequence batches of the 0.6B and 8B shapes): 64 × 128 prefill
 /// +7–26%, but half the speed at 32 tokens; 128 × 64 and 64 × 64 tiles were slower than both.
-const MmqTile = struct { rows: u32, toks: u32, first: Kernel };
+const MmqTile = struct { rows: u32, toks: u32 };
 const mmq_tiles = [_]MmqTile{
-    .{ .rows = 32, .toks = 64, .first = .mmq_q4_0 },
-    .{ .rows = 64, .toks = 128, .first = .mmq_q4_0_64x128 },
+    .{ .rows = 32, .toks = 64 },
+    .{ .rows = 64, .toks = 128 },
 };
 const mmq_large_tokens = 256;
 /// INFER_CUDA_MMQ_TILE=32x64 or 64x128 at init: that tile for every batch (for comparisons).
 var mmq_tile: ?usize = null;
+
+/// Warps sharing a row of a one-token quantized matvec (shaders/cuda/matmul.cuh matvec_q): rows
+/// of 384 units (12,288 values) and more take 4, from 192 units 2, so that a long row is not one
+/// warp's serial work (an 8B model's 14,336-wide down projection: 4,096 rows, one wave of single
+/// warps). The fused matvec_multi uses the same rule, so its rows equal matvec_1's bit for bit.
+/// INFER_CUDA_MATVEC_SPLIT=1|2|4 at init: that split for every row (for comparisons).
+fn matvecSplit(n_in: u64) u32 {
+    if (matvec_split) |s| return s;
+    const units = n_in / 32;
+    return if (units >= 384) 4 else if (units >= 192) 2 else 1;
+}
+var matvec_split: ?u32 = null;
 
 /// y[t][o] = W[o] · x[t] for t < n_tok. Quantized W reads the activations from xq/xd (see
 /// quantize, in W's activation format); float W reads x.
@@ -608,12 +678,13 @@ pub fn matmul(w: u64, type_id: u32, n_out: u64, n_in: u64, x: u64, xq: u64, xd: 
     if (xq == 0 or xd == 0) return invalid("matmul: {s} needs quantized activations", .{k.name});
     if (k.mmq) |mmq| {
         if (n_tok >= mmq_min_tokens and mmq_enabled) {
-            const tile = mmq_tiles[mmq_tile orelse @intFromBool(n_tok >= mmq_large_tokens)];
-            const variant: Kernel = @enumFromInt(@intFromEnum(tile.first) + (@intFromEnum(mmq) - @intFromEnum(Kernel.mmq_q4_0)));
-            return launch(variant, ceilDiv(n_out, tile.rows), ceilDiv(n_tok, tile.toks), tile.toks * 2, .{ w, out, in, xq, xd, tok, y });
+            const i = mmq_tile orelse @intFromBool(n_tok >= mmq_large_tokens);
+            const tile = mmq_tiles[i];
+            return launch(mmq[i], ceilDiv(n_out, tile.rows), ceilDiv(n_tok, tile.toks), tile.toks * 2, .{ w, out, in, xq, xd, tok, y });
         }
     }
-    return launch(kernel, ceilDiv(n_out, 4), grid_y, 128, .{ w, out, in, xq, xd, tok, y });
+    const split: u32 = if (n_tok == 1) matvecSplit(n_in) else 1;
+    return launch(kernel, ceilDiv(n_out, 4 / split), grid_y, 128, .{ w, out, in, xq, xd, tok, y, @as(i32, @intCast(split)) });
 }
 
 /// Threads of a row's RMSNorm (rms_norm, rms_norm_q, add_rms_norm_q). A decode step has a row or
@@ -861,8 +932,10 @@ pub fn matmulMulti(type_id: u32, n_in: u64, xq: u64, xd: u64, w0: u64, n0: u64, 
     const a = int(n0) orelse return tooLarge("matmul_multi: n0", n0);
     const b = int(n1) orelse return tooLarge("matmul_multi: n1", n1);
     const c = int(n2) orelse return tooLarge("matmul_multi: n2", n2);
-    const blocks = ceilDiv(n0, 4) + ceilDiv(n1, 4) + ceilDiv(n2, 4);
-    return launch(kernel, blocks, 1, 128, .{ w0, a, y0, w1, b, y1, w2, c, y2, in, xq, xd });
+    const split = matvecSplit(n_in);
+    const rows_per_block = 4 / split;
+    const blocks = ceilDiv(n0, rows_per_block) + ceilDiv(n1, rows_per_block) + ceilDiv(n2, rows_per_block);
+    return launch(kernel, blocks, 1, 128, .{ w0, a, y0, w1, b, y1, w2, c, y2, in, xq, xd, @as(i32, @intCast(split)) });
 }
 
 /// out = act(gate) * up (kind 0 = GELU, 1 = SiLU) over n_rows x n_cols, quantized.
@@ -908,12 +981,14 @@ test "without a driver, init reports CUDA as not available" {
     }
 }
 
-test "each mmq tile's six kernels follow mmq_q4_0 .. mmq_q6_k" {
-    for (mmq_tiles) |t| {
-        for (0..6) |i| {
-            const base: Kernel = @enumFromInt(@intFromEnum(Kernel.mmq_q4_0) + i);
-            const variant: Kernel = @enumFromInt(@intFromEnum(t.first) + i);
-            try std.testing.expect(std.mem.startsWith(u8, @tagName(variant), @tagName(base)));
-        }
+test "GPU layouts: whole 256-value groups of Q4_0, Q8_0 and Q4_K, the GGUF's bytes per row" {
+    try std.testing.expectEqual(packed_type | 2, repackedType(2, 768));
+    try std.testing.expectEqual(@as(u32, 2), repackedType(2, 640));
+    try std.testing.expectEqual(@as(u32, 6), repackedType(6, 768));
+    for ([_]u32{ 2, 8, 12 }) |id| {
+        const from = weightKind(id).?;
+        const to = weightKind(repackedType(id, 4096)).?;
+        try std.testing.expectEqual(4096 / from.block_values * from.block_bytes, 4096 / to.block_values * to.block_bytes);
+        try std.testing.expectEqual(from.activation, to.activation);
     }
 }

@@ -16,6 +16,7 @@
 // steps (f16 probabilities after the global max and sum, ggml's expf, the sum in f64).
 #include "common.cuh"
 #include "quant.cuh"
+#include "packed.cuh"
 
 // ---- embedding rows --------------------------------------------------------------------------
 
@@ -47,6 +48,9 @@ GET_ROWS(get_rows_q8_0, get_rows_q, Q8_0)
 GET_ROWS(get_rows_q4_k, get_rows_q, Q4_K)
 GET_ROWS(get_rows_q5_k, get_rows_q, Q5_K)
 GET_ROWS(get_rows_q6_k, get_rows_q, Q6_K)
+GET_ROWS(get_rows_q4_0r, get_rows_q, Q4_0R)
+GET_ROWS(get_rows_q8_0r, get_rows_q, Q8_0R)
+GET_ROWS(get_rows_q4_kr, get_rows_q, Q4_KR)
 GET_ROWS(get_rows_f32, get_rows_f, F32W)
 GET_ROWS(get_rows_f16, get_rows_f, F16W)
 GET_ROWS(get_rows_bf16, get_rows_f, BF16W)

@@ -4,18 +4,52 @@
 #pragma once
 #include "common.cuh"
 #include "quant.cuh"
+#include "packed.cuh"
 
 // ---- matrix × vector(s) ------------------------------------------------------------------------
-// y[t][o] = W[o] · x[t]. One warp per output row, 4 rows per block of 128 threads; each lane takes
-// 32-value units lane, lane+32, ...; NT tokens share each weight load (NT = 8 for prefill).
+// y[t][o] = W[o] · x[t]. 4 warps a block of 128 threads; `split` warps (1, 2 or 4) share an output
+// row, warp part p of a row taking the 32-value units 32p + lane, 32(p + split) + lane, ..., and
+// the row's parts summed in part order through shared memory: a 14,336-wide row (an 8B model's
+// down projection) is 4 warps' work rather than one warp's 14 units a lane, in turn, so that the
+// matrix is read by 4 times as many warps with the same bytes in flight each. NT tokens share each
+// weight load (NT = 8 for prefill, split 1).
+
+/// Adds the dots of the units u0, u0 + stride, ... (< units) of one weight row to acc/accm.
+/// UB units per lane in flight: a batch's weight loads are unconditional (past the row's end they
+/// read its last unit again and are not summed), so no branch separates them and a warp waits for
+/// one memory round trip per batch where a guarded load, unpacked inside its branch, waited for
+/// each in turn. The units are summed in the same order whatever UB is.
+template <class T, int NT, int UB>
+__device__ __forceinline__ void matvec_units(const uint8_t* __restrict__ wr, int n_in, int units, int u0, int stride,
+                                             const int8_t* __restrict__ xq, const float* __restrict__ xd,
+                                             int t0, int n_tok, float (&acc)[NT], float (&accm)[NT]) {
+  for (; u0 < units; u0 += stride * UB) {
+    typename T::W wt[UB];
+#pragma unroll
+    for (int k = 0; k < UB; k++) T::load(wr, min(u0 + stride * k, units - 1), wt[k]);
+#pragma unroll
+    for (int k = 0; k < UB; k++) {
+      const int u = u0 + stride * k;
+#pragma unroll
+      for (int t = 0; t < NT; t++) {
+        if (u < units && (NT == 1 || t0 + t < n_tok)) {
+          const int4* xp = reinterpret_cast<const int4*>(xq + static_cast<size_t>(t0 + t) * n_in + 32 * u);
+          const int4 a = xp[0], b = xp[1];
+          const int x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+          T::dot(wt[k], x, xd[static_cast<size_t>(t0 + t) * units + u], acc[t], accm[t]);
+        }
+      }
+    }
+  }
+}
 
 template <class T, int NT>
 __device__ __forceinline__ void matvec_q(const uint8_t* __restrict__ w, int n_out, int n_in,
                                          const int8_t* __restrict__ xq, const float* __restrict__ xd, int n_tok,
-                                         float* __restrict__ y, int row_block) {
-  const int lane = threadIdx.x & 31;
-  const int row = row_block * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (row >= n_out) return;
+                                         float* __restrict__ y, int row_block, int split) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int row = row_block * ((blockDim.x >> 5) / split) + warp / split, part = warp % split;
+  const bool live = row < n_out;
   const int t0 = blockIdx.y * NT;
   const int units = n_in >> 5;
   const size_t row_bytes = static_cast<size_t>(n_in / T::BV) * T::BB;
@@ -23,37 +57,48 @@ __device__ __forceinline__ void matvec_q(const uint8_t* __restrict__ w, int n_ou
   float acc[NT], accm[NT];
 #pragma unroll
   for (int t = 0; t < NT; t++) acc[t] = accm[t] = 0.0f;
-#pragma unroll 2
-  for (int u = lane; u < units; u += 32) {
-    typename T::W wt;
-    T::load(wr, u, wt);
+  // One token: batches of 4 units a lane (a 4,096-wide Q4_0 row in one round trip), or of the 1
+  // or 2 a short row has (a 1,024-wide row is one unit a lane: 3 more loads would be wasted).
+  const int stride = 32 * split, u0 = lane + 32 * part, per_lane = (units + stride - 1) / stride;
+  if (live) {
+    if (NT > 1) matvec_units<T, NT, 2>(wr, n_in, units, u0, stride, xq, xd, t0, n_tok, acc, accm);
+    else if (per_lane >= 3) matvec_units<T, NT, 4>(wr, n_in, units, u0, stride, xq, xd, t0, n_tok, acc, accm);
+    else if (per_lane == 2) matvec_units<T, NT, 2>(wr, n_in, units, u0, stride, xq, xd, t0, n_tok, acc, accm);
+    else matvec_units<T, NT, 1>(wr, n_in, units, u0, stride, xq, xd, t0, n_tok, acc, accm);
+  }
+  if (split == 1) {
 #pragma unroll
     for (int t = 0; t < NT; t++) {
-      if (NT == 1 || t0 + t < n_tok) {
-        const int4* xp = reinterpret_cast<const int4*>(xq + static_cast<size_t>(t0 + t) * n_in + 32 * u);
-        const int4 a = xp[0], b = xp[1];
-        const int x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-        T::dot(wt, x, xd[static_cast<size_t>(t0 + t) * units + u], acc[t], accm[t]);
-      }
+      const float s = warp_sum(acc[t]) - warp_sum(accm[t]);
+      if (live && lane == 0 && (NT == 1 || t0 + t < n_tok)) y[static_cast<size_t>(t0 + t) * n_out + row] = s;
     }
+    return;
   }
+  __shared__ float parts[4][NT];  // blockDim.x = 128: 4 warps
 #pragma unroll
   for (int t = 0; t < NT; t++) {
     const float s = warp_sum(acc[t]) - warp_sum(accm[t]);
-    if (lane == 0 && (NT == 1 || t0 + t < n_tok)) y[static_cast<size_t>(t0 + t) * n_out + row] = s;
+    if (lane == 0) parts[warp][t] = s;
+  }
+  __syncthreads();
+  if (live && part == 0 && lane < NT && (NT == 1 || t0 + lane < n_tok)) {
+    float s = 0.0f;
+    for (int p = 0; p < split; p++) s += parts[warp + p][lane];
+    y[static_cast<size_t>(t0 + lane) * n_out + row] = s;
   }
 }
 
-/// Pulls the weight row of this warp into L2 before the kernel waits for the kernel ahead of it
-/// (pdl_begin): weights never depend on it, so their DRAM latency overlaps that kernel's tail
-/// instead of following it. 128-byte lines, any block layout.
+/// Pulls this warp's part of its weight row into L2 before the kernel waits for the kernel ahead
+/// of it (pdl_begin): weights never depend on it, so their DRAM latency overlaps that kernel's
+/// tail instead of following it. 128-byte lines, any block layout.
 template <class T>
-__device__ __forceinline__ void matvec_prefetch(const uint8_t* w, int n_out, int n_in, int row_block) {
-  const int row = row_block * (blockDim.x >> 5) + (threadIdx.x >> 5);
+__device__ __forceinline__ void matvec_prefetch(const uint8_t* w, int n_out, int n_in, int row_block, int split) {
+  const int warp = threadIdx.x >> 5;
+  const int row = row_block * ((blockDim.x >> 5) / split) + warp / split, part = warp % split;
   if (row >= n_out) return;
   const size_t row_bytes = static_cast<size_t>(n_in / T::BV) * T::BB;
   const uint8_t* wr = w + static_cast<size_t>(row) * row_bytes;
-  for (size_t off = (threadIdx.x & 31) * 128; off < row_bytes; off += 32 * 128) {
+  for (size_t off = ((threadIdx.x & 31) + 32 * part) * 128; off < row_bytes; off += 32 * 128 * split) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(wr + off));
   }
 }
@@ -87,10 +132,10 @@ __device__ __forceinline__ void matvec_f(const uint8_t* __restrict__ w, int n_ou
 
 #define MATVEC_Q(NAME, T, NT)                                                                              \
   extern "C" __global__ void __launch_bounds__(128) NAME(const uint8_t* w, int n_out, int n_in, const int8_t* xq, \
-                                                         const float* xd, int n_tok, float* y) { \
-    matvec_prefetch<T>(w, n_out, n_in, blockIdx.x);                                                      \
+                                                         const float* xd, int n_tok, float* y, int split) { \
+    matvec_prefetch<T>(w, n_out, n_in, blockIdx.x, split);                                               \
     pdl_begin();                                                                                          \
-    matvec_q<T, NT>(w, n_out, n_in, xq, xd, n_tok, y, blockIdx.x);                                          \
+    matvec_q<T, NT>(w, n_out, n_in, xq, xd, n_tok, y, blockIdx.x, split);                                   \
   }
 #define MATVEC_F(NAME, T, NT)                                                                           \
   extern "C" __global__ void __launch_bounds__(128) NAME(const uint8_t* w, int n_out, int n_in, const float* x, \
@@ -109,6 +154,12 @@ MATVEC_Q(matvec_q5_k_1, Q5_K, 1)
 MATVEC_Q(matvec_q5_k_8, Q5_K, 8)
 MATVEC_Q(matvec_q6_k_1, Q6_K, 1)
 MATVEC_Q(matvec_q6_k_8, Q6_K, 8)
+MATVEC_Q(matvec_q4_0r_1, Q4_0R, 1)
+MATVEC_Q(matvec_q4_0r_8, Q4_0R, 8)
+MATVEC_Q(matvec_q8_0r_1, Q8_0R, 1)
+MATVEC_Q(matvec_q8_0r_8, Q8_0R, 8)
+MATVEC_Q(matvec_q4_kr_1, Q4_KR, 1)
+MATVEC_Q(matvec_q4_kr_8, Q4_KR, 8)
 MATVEC_F(matvec_f32_1, F32W, 1)
 MATVEC_F(matvec_f32_8, F32W, 8)
 MATVEC_F(matvec_f16_1, F16W, 1)
@@ -158,7 +209,10 @@ __device__ __forceinline__ void mmq(const uint8_t* __restrict__ w, int n_out, in
     for (int e = 0; e < 4; e++) acc[j][e] = accm[j][e] = 0.0f;
 
   // Staging: every thread's loads of a step issued together (unrolled, then stored), so that a
-  // step waits for one memory round trip rather than one per (row, unit) pair in turn.
+  // step waits for one memory round trip rather than one per (row, unit) pair in turn. The loads
+  // are unconditional (rows, tokens and units past the ends read the last ones again: their
+  // products are never written or never summed); a guarded load is unpacked inside its branch,
+  // which serializes the loads.
   constexpr int WP = ROWS * UNITS / THREADS, XP = TOKS * UNITS / THREADS;
   static_assert(WP * THREADS == ROWS * UNITS && XP * THREADS == TOKS * UNITS, "staging pairs per thread");
   for (int u0 = 0; u0 < units; u0 += UNITS) {
@@ -168,21 +222,16 @@ __device__ __forceinline__ void mmq(const uint8_t* __restrict__ w, int n_out, in
     float xds[XP];
 #pragma unroll
     for (int k = 0; k < WP; k++) {
-      const int i = tid + k * THREADS, r = i / UNITS, uu = i % UNITS;
-      wts[k] = {};
-      if (row0 + r < n_out && uu < n_units) T::load(w + static_cast<size_t>(row0 + r) * row_bytes, u0 + uu, wts[k]);
+      const int i = tid + k * THREADS, r = min(row0 + i / UNITS, n_out - 1), uu = min(i % UNITS, n_units - 1);
+      T::load(w + static_cast<size_t>(r) * row_bytes, u0 + uu, wts[k]);
     }
 #pragma unroll
     for (int k = 0; k < XP; k++) {
-      const int i = tid + k * THREADS, t = i / UNITS, uu = i % UNITS;
-      xa[k] = xb[k] = make_int4(0, 0, 0, 0);
-      xds[k] = 0.0f;
-      if (tok0 + t < n_tok && uu < n_units) {
-        const int4* p = reinterpret_cast<const int4*>(xq + static_cast<size_t>(tok0 + t) * n_in + 32 * (u0 + uu));
-        xa[k] = p[0];
-        xb[k] = p[1];
-        xds[k] = xd[static_cast<size_t>(tok0 + t) * units + u0 + uu];
-      }
+      const int i = tid + k * THREADS, t = min(tok0 + i / UNITS, n_tok - 1), uu = min(i % UNITS, n_units - 1);
+      const int4* p = reinterpret_cast<const int4*>(xq + static_cast<size_t>(t) * n_in + 32 * (u0 + uu));
+      xa[k] = p[0];
+      xb[k] = p[1];
+      xds[k] = xd[static_cast<size_t>(t) * units + u0 + uu];
     }
 #pragma unroll
     for (int k = 0; k < WP; k++) {
@@ -251,34 +300,37 @@ __device__ __forceinline__ void mmq(const uint8_t* __restrict__ w, int n_out, in
   MMQ(mmq_q8_0##SUFFIX, Q8_0, ROWS, TOKS, UNITS)      \
   MMQ(mmq_q4_k##SUFFIX, Q4_K, ROWS, TOKS, UNITS)      \
   MMQ(mmq_q5_k##SUFFIX, Q5_K, ROWS, TOKS, UNITS)      \
-  MMQ(mmq_q6_k##SUFFIX, Q6_K, ROWS, TOKS, UNITS)
+  MMQ(mmq_q6_k##SUFFIX, Q6_K, ROWS, TOKS, UNITS)    \
+  MMQ(mmq_q4_0r##SUFFIX, Q4_0R, ROWS, TOKS, UNITS)    \
+  MMQ(mmq_q8_0r##SUFFIX, Q8_0R, ROWS, TOKS, UNITS)    \
+  MMQ(mmq_q4_kr##SUFFIX, Q4_KR, ROWS, TOKS, UNITS)
 MMQ_TYPES(, 32, 64, 8)
 MMQ_TYPES(_64x128, 64, 128, 4)
 
 // Up to three matrices with the same type, input and one token (q/k/v, gate/up) in one launch:
 // row blocks [0, b0) go to matrix 0, the next b1 to matrix 1, the rest to matrix 2. Each row is
-// computed exactly as matvec_*_1 computes it.
+// computed exactly as matvec_*_1 computes it (the same split for the same n_in).
 template <class T>
 __device__ __forceinline__ void matvec_multi(const uint8_t* w0, int n0, float* y0, const uint8_t* w1, int n1,
                                              float* y1, const uint8_t* w2, int n2, float* y2, int n_in,
-                                             const int8_t* xq, const float* xd) {
-  const int rows_per_block = blockDim.x >> 5;
+                                             const int8_t* xq, const float* xd, int split) {
+  const int rows_per_block = (blockDim.x >> 5) / split;
   const int b0 = (n0 + rows_per_block - 1) / rows_per_block, b1 = (n1 + rows_per_block - 1) / rows_per_block;
   const int rb = blockIdx.x;
-  if (rb < b0) matvec_prefetch<T>(w0, n0, n_in, rb);
-  else if (rb < b0 + b1) matvec_prefetch<T>(w1, n1, n_in, rb - b0);
-  else matvec_prefetch<T>(w2, n2, n_in, rb - b0 - b1);
+  if (rb < b0) matvec_prefetch<T>(w0, n0, n_in, rb, split);
+  else if (rb < b0 + b1) matvec_prefetch<T>(w1, n1, n_in, rb - b0, split);
+  else matvec_prefetch<T>(w2, n2, n_in, rb - b0 - b1, split);
   pdl_begin();
-  if (rb < b0) matvec_q<T, 1>(w0, n0, n_in, xq, xd, 1, y0, rb);
-  else if (rb < b0 + b1) matvec_q<T, 1>(w1, n1, n_in, xq, xd, 1, y1, rb - b0);
-  else matvec_q<T, 1>(w2, n2, n_in, xq, xd, 1, y2, rb - b0 - b1);
+  if (rb < b0) matvec_q<T, 1>(w0, n0, n_in, xq, xd, 1, y0, rb, split);
+  else if (rb < b0 + b1) matvec_q<T, 1>(w1, n1, n_in, xq, xd, 1, y1, rb - b0, split);
+  else matvec_q<T, 1>(w2, n2, n_in, xq, xd, 1, y2, rb - b0 - b1, split);
 }
 
 #define MATVEC_MULTI(NAME, T)                                                                                   \
   extern "C" __global__ void __launch_bounds__(128)                                                            \
       NAME(const uint8_t* w0, int n0, float* y0, const uint8_t* w1, int n1, float* y1, const uint8_t* w2, int n2, \
-           float* y2, int n_in, const int8_t* xq, const float* xd) { \
-    matvec_multi<T>(w0, n0, y0, w1, n1, y1, w2, n2, y2, n_in, xq, xd);                                         \
+           float* y2, int n_in, const int8_t* xq, const float* xd, int split) { \
+    matvec_multi<T>(w0, n0, y0, w1, n1, y1, w2, n2, y2, n_in, xq, xd, split);                                  \
   }
 MATVEC_MULTI(matvec_multi_q4_0, Q4_0)
 MATVEC_MULTI(matvec_multi_q5_0, Q5_0)
@@ -286,3 +338,6 @@ MATVEC_MULTI(matvec_multi_q8_0, Q8_0)
 MATVEC_MULTI(matvec_multi_q4_k, Q4_K)
 MATVEC_MULTI(matvec_multi_q5_k, Q5_K)
 MATVEC_MULTI(matvec_multi_q6_k, Q6_K)
+MATVEC_MULTI(matvec_multi_q4_0r, Q4_0R)
+MATVEC_MULTI(matvec_multi_q8_0r, Q8_0R)
+MATVEC_MULTI(matvec_multi_q4_kr, Q4_KR)

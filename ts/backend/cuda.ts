@@ -28,8 +28,10 @@ import type {
 type Lib = ReturnType<typeof native>;
 
 class CudaWeight implements Weight {
+  /** typeId: the ggml type, or with gpuLayout the id of its GPU layout (shaders/cuda/packed.cuh). */
   constructor(readonly name: string, readonly typeName: string, readonly typeId: number,
-    readonly dims: readonly number[], readonly address: number, readonly activationFormat: number) {}
+    readonly dims: readonly number[], readonly address: number, readonly activationFormat: number,
+    readonly gpuLayout: boolean) {}
 }
 
 class CudaActivation implements Activation {
@@ -54,6 +56,9 @@ export interface CudaBackendOptions {
   readonly graphs?: boolean;
   /** Fuse recorded decode steps' ops (default: on unless INFER_CUDA_FUSE=0); see cuda-fuse.ts. */
   readonly fusion?: boolean;
+  /** Rewrite Q4_0, Q8_0 and Q4_K weights with rows of whole 256-value groups into the GPU
+   * layouts of shaders/cuda/packed.cuh at upload (default: on unless INFER_CUDA_REPACK=0). */
+  readonly gpuLayouts?: boolean;
 }
 
 const HEAD_DIM_MAX = 512;
@@ -66,6 +71,7 @@ export class CudaBackend implements Backend {
   readonly sequenceBatches = true;
   private readonly lib: Lib;
   private readonly graphsEnabled: boolean;
+  private readonly gpuLayouts: boolean;
   private readonly splitByCells: boolean;
   private readonly attentionKernels: "heads" | "groups";
   private readonly deviceAllocations = new Set<number>();
@@ -111,6 +117,7 @@ export class CudaBackend implements Backend {
   private constructor(options: CudaBackendOptions) {
     this.lib = native();
     this.graphsEnabled = options.graphs ?? process.env.INFER_CUDA_GRAPHS !== "0";
+    this.gpuLayouts = options.gpuLayouts ?? process.env.INFER_CUDA_REPACK !== "0";
     this.attn = new AttentionBuffers(this.lib, {
       alloc: (bytes, what) => this.alloc(bytes, what),
       release: (address) => this.release(address),
@@ -153,7 +160,12 @@ export class CudaBackend implements Backend {
     }
     const address = this.alloc(t.byteLength, `uploading '${t.name}' (${t.byteLength} bytes)`);
     check(this.lib.infer_cuda_upload(address, file.tensorAddress(t) as Pointer, t.byteLength), `upload ${t.name}`);
-    const weight = new CudaWeight(t.name, t.type.name, t.type.id, t.dims, address, format);
+    // Rows of whole 256-value groups of Q4_0, Q8_0 and Q4_K take the GPU layout: one aligned load
+    // per lane and unit in the matvecs (same bytes, same results).
+    const rows = t.dims.slice(1).reduce((n, d) => n * d, 1);
+    const typeId = this.gpuLayouts ? this.lib.infer_cuda_repacked_type(t.type.id, t.dims[0]) : t.type.id;
+    if (typeId !== t.type.id) check(this.lib.infer_cuda_repack(address, t.type.id, rows, t.dims[0]), `repack ${t.name}`);
+    const weight = new CudaWeight(t.name, t.type.name, typeId, t.dims, address, format, typeId !== t.type.id);
     this.weights.set(key, weight);
     return weight;
   }

@@ -40,6 +40,8 @@ export const symbols = {
   infer_cuda_set_debug_sync: { args: [FFIType.bool], returns: FFIType.void },
   infer_cuda_profiler: { args: [FFIType.bool], returns: FFIType.i32 },
   infer_cuda_weight_activation: { args: [FFIType.u32], returns: FFIType.i32 },
+  infer_cuda_repacked_type: { args: [FFIType.u32, FFIType.u64], returns: FFIType.u32 },
+  infer_cuda_repack: { args: [FFIType.u64, FFIType.u32, FFIType.u64, FFIType.u64], returns: FFIType.i32 },
   infer_cuda_malloc: { args: [FFIType.u64, FFIType.ptr], returns: FFIType.i32 },
   infer_cuda_free: { args: [FFIType.u64], returns: FFIType.void },
   infer_cuda_host_alloc: { args: [FFIType.u64, FFIType.ptr], returns: FFIType.i32 },
