@@ -122,6 +122,10 @@ pub const WeightKind = struct {
     matvec_multi: ?Kernel = null,
     /// The tensor-core kernels for many tokens, one per tile of mmq_tiles, if any.
     mmq: ?[2]Kernel = null,
+    /// Prompts of mmq_large_tokens and more take the large tile. Not for Q4_K and Q5_K: their
+    /// small-tile kernel stages whole superblocks and sums each as integers (shaders/cuda/
+    /// matmul.cuh mmq, SUPER), which the large tile's half-superblock stages cannot.
+    mmq_large: bool = true,
     /// The activation format its matvec reads: 0 = Q8_0 blocks, 1 = Q8_K superblocks, -1 = f32.
     activation: i32,
 };
@@ -134,14 +138,14 @@ pub fn weightKind(type_id: u32) ?WeightKind {
         2 => .{ .name = "Q4_0", .block_values = 32, .block_bytes = 18, .get_rows = .get_rows_q4_0, .matvec_1 = .matvec_q4_0_1, .matvec_8 = .matvec_q4_0_8, .matvec_multi = .matvec_multi_q4_0, .mmq = .{ .mmq_q4_0, .mmq_q4_0_64x128 }, .activation = 0 },
         6 => .{ .name = "Q5_0", .block_values = 32, .block_bytes = 22, .get_rows = .get_rows_q5_0, .matvec_1 = .matvec_q5_0_1, .matvec_8 = .matvec_q5_0_8, .matvec_multi = .matvec_multi_q5_0, .mmq = .{ .mmq_q5_0, .mmq_q5_0_64x128 }, .activation = 0 },
         8 => .{ .name = "Q8_0", .block_values = 32, .block_bytes = 34, .get_rows = .get_rows_q8_0, .matvec_1 = .matvec_q8_0_1, .matvec_8 = .matvec_q8_0_8, .matvec_multi = .matvec_multi_q8_0, .mmq = .{ .mmq_q8_0, .mmq_q8_0_64x128 }, .activation = 0 },
-        12 => .{ .name = "Q4_K", .block_values = 256, .block_bytes = 144, .get_rows = .get_rows_q4_k, .matvec_1 = .matvec_q4_k_1, .matvec_8 = .matvec_q4_k_8, .matvec_multi = .matvec_multi_q4_k, .mmq = .{ .mmq_q4_k, .mmq_q4_k_64x128 }, .activation = 1 },
-        13 => .{ .name = "Q5_K", .block_values = 256, .block_bytes = 176, .get_rows = .get_rows_q5_k, .matvec_1 = .matvec_q5_k_1, .matvec_8 = .matvec_q5_k_8, .matvec_multi = .matvec_multi_q5_k, .mmq = .{ .mmq_q5_k, .mmq_q5_k_64x128 }, .activation = 1 },
+        12 => .{ .name = "Q4_K", .block_values = 256, .block_bytes = 144, .get_rows = .get_rows_q4_k, .matvec_1 = .matvec_q4_k_1, .matvec_8 = .matvec_q4_k_8, .matvec_multi = .matvec_multi_q4_k, .mmq = .{ .mmq_q4_k, .mmq_q4_k_64x128 }, .activation = 1, .mmq_large = false },
+        13 => .{ .name = "Q5_K", .block_values = 256, .block_bytes = 176, .get_rows = .get_rows_q5_k, .matvec_1 = .matvec_q5_k_1, .matvec_8 = .matvec_q5_k_8, .matvec_multi = .matvec_multi_q5_k, .mmq = .{ .mmq_q5_k, .mmq_q5_k_64x128 }, .activation = 1, .mmq_large = false },
         14 => .{ .name = "Q6_K", .block_values = 256, .block_bytes = 210, .get_rows = .get_rows_q6_k, .matvec_1 = .matvec_q6_k_1, .matvec_8 = .matvec_q6_k_8, .matvec_multi = .matvec_multi_q6_k, .mmq = .{ .mmq_q6_k, .mmq_q6_k_64x128 }, .activation = 1 },
         // The GPU layouts of shaders/cuda/packed.cuh (repack): groups of 256 values, the bytes of
         // the blocks they came from.
         packed_type | 2 => .{ .name = "Q4_0 (GPU layout)", .block_values = 256, .block_bytes = 144, .get_rows = .get_rows_q4_0r, .matvec_1 = .matvec_q4_0r_1, .matvec_8 = .matvec_q4_0r_8, .matvec_multi = .matvec_multi_q4_0r, .mmq = .{ .mmq_q4_0r, .mmq_q4_0r_64x128 }, .activation = 0 },
         packed_type | 8 => .{ .name = "Q8_0 (GPU layout)", .block_values = 256, .block_bytes = 272, .get_rows = .get_rows_q8_0r, .matvec_1 = .matvec_q8_0r_1, .matvec_8 = .matvec_q8_0r_8, .matvec_multi = .matvec_multi_q8_0r, .mmq = .{ .mmq_q8_0r, .mmq_q8_0r_64x128 }, .activation = 0 },
-        packed_type | 12 => .{ .name = "Q4_K (GPU layout)", .block_values = 256, .block_bytes = 144, .get_rows = .get_rows_q4_kr, .matvec_1 = .matvec_q4_kr_1, .matvec_8 = .matvec_q4_kr_8, .matvec_multi = .matvec_multi_q4_kr, .mmq = .{ .mmq_q4_kr, .mmq_q4_kr_64x128 }, .activation = 1 },
+        packed_type | 12 => .{ .name = "Q4_K (GPU layout)", .block_values = 256, .block_bytes = 144, .get_rows = .get_rows_q4_kr, .matvec_1 = .matvec_q4_kr_1, .matvec_8 = .matvec_q4_kr_8, .matvec_multi = .matvec_multi_q4_kr, .mmq = .{ .mmq_q4_kr, .mmq_q4_kr_64x128 }, .activation = 1, .mmq_large = false },
         else => null,
     };
 }
@@ -678,7 +682,7 @@ pub fn matmul(w: u64, type_id: u32, n_out: u64, n_in: u64, x: u64, xq: u64, xd: 
     if (xq == 0 or xd == 0) return invalid("matmul: {s} needs quantized activations", .{k.name});
     if (k.mmq) |mmq| {
         if (n_tok >= mmq_min_tokens and mmq_enabled) {
-            const i = mmq_tile orelse @intFromBool(n_tok >= mmq_large_tokens);
+            const i = mmq_tile orelse @intFromBool(k.mmq_large and n_tok >= mmq_large_tokens);
             const tile = mmq_tiles[i];
             return launch(mmq[i], ceilDiv(n_out, tile.rows), ceilDiv(n_tok, tile.toks), tile.toks * 2, .{ w, out, in, xq, xd, tok, y });
         }

@@ -32,6 +32,7 @@ __device__ __forceinline__ void load_group(const uint8_t* g, uint8_t (&s)[BYTES]
 
 struct Q4_0R {
   static constexpr int BV = 256, BB = 144;
+  static constexpr bool SUPER = false;
   using W = Q4_0::W;
   using P = Q4_0::P;
   __device__ static void load(const uint8_t* row, int u, W& w) {
@@ -73,6 +74,7 @@ struct Q4_0R {
 
 struct Q8_0R {
   static constexpr int BV = 256, BB = 272;
+  static constexpr bool SUPER = false;
   using W = Q8_0::W;
   using P = Q8_0::P;
   __device__ static void load(const uint8_t* row, int u, W& w) {
@@ -114,6 +116,7 @@ struct Q8_0R {
 
 struct Q4_KR {
   static constexpr int BV = 256, BB = 144;
+  static constexpr bool SUPER = true;
   using W = Q4_K::W;
   using P = Q4_K::P;
   /// Sub-block j's 6-bit scale and min from the head's 12 scale bytes (words s1..s3 of the head),
@@ -146,6 +149,10 @@ struct Q4_KR {
   __device__ static void combine(const P& p, int s_lo, int s_hi, int x_lo, int x_hi, float dx, float& acc,
                                  float& accm) {
     Q4_K::combine(p, s_lo, s_hi, x_lo, x_hi, dx, acc, accm);
+  }
+  __device__ static int ip(const W& w) { return Q4_K::ip(w); }
+  __device__ static void icombine(int p, int s_lo, int s_hi, int x_lo, int x_hi, int& isum, int& msum) {
+    Q4_K::icombine(p, s_lo, s_hi, x_lo, x_hi, isum, msum);
   }
   __device__ static void dequant(const uint8_t* row, int u, float* y) {
     const uint8_t* g = row + static_cast<size_t>(u >> 3) * BB;

@@ -9,6 +9,9 @@
 //   P, params(w), combine(p, s_lo, s_hi, x_lo, x_hi, dx, acc, accm)   the same from the integer
 //                        dots of the unit's two 16-value halves and the halves' activation sums,
 //                        for the tensor-core path, which forms those dots with MMA
+//   SUPER, ip(w), icombine(p, s_lo, s_hi, x_lo, x_hi, isum, msum)   K-quants with one activation
+//                        scale per superblock: the same as integer sums over the superblock
+//                        (matmul.cuh mmq), which then meet the float scales once
 // Activations are quantized like the CPU's vec_dot_type: Q8_0 blocks for Q4_0/Q5_0/Q8_0, Q8_K
 // superblocks for the K-quants (one scale per 256 values, repeated per 32-value unit here).
 #pragma once
@@ -39,6 +42,7 @@ __device__ __forceinline__ uint32_t spread4(uint32_t h) {
 
 struct Q4_0 {
   static constexpr int BV = 32, BB = 18;
+  static constexpr bool SUPER = false;
   struct W { int v[8]; float d; };
   __device__ static void load(const uint8_t* row, int u, W& w) {
     const uint8_t* b = row + static_cast<size_t>(u) * BB;
@@ -78,6 +82,7 @@ struct Q4_0 {
 
 struct Q5_0 {
   static constexpr int BV = 32, BB = 22;
+  static constexpr bool SUPER = false;
   struct W { int v[8]; float d; };
   __device__ static void load(const uint8_t* row, int u, W& w) {
     const uint8_t* b = row + static_cast<size_t>(u) * BB;
@@ -118,6 +123,7 @@ struct Q5_0 {
 
 struct Q8_0 {
   static constexpr int BV = 32, BB = 34;
+  static constexpr bool SUPER = false;
   struct W { int v[8]; float d; };
   __device__ static void load(const uint8_t* row, int u, W& w) {
     const uint8_t* b = row + static_cast<size_t>(u) * BB;
@@ -157,6 +163,7 @@ __device__ __forceinline__ void scale_min_k4(const uint8_t* s, int j, int& sc, i
 
 struct Q4_K {
   static constexpr int BV = 256, BB = 144;
+  static constexpr bool SUPER = true;
   struct W { int v[8]; float d, dmin; int sc, m; };
   __device__ static void load(const uint8_t* row, int u, W& w) {
     const uint8_t* b = row + static_cast<size_t>(u >> 3) * BB;
@@ -186,6 +193,15 @@ struct Q4_K {
     acc = __fmaf_rn(static_cast<float>(p.sc * (s_lo + s_hi)), p.d * dx, acc);
     accm = __fmaf_rn(static_cast<float>(p.m * (x_lo + x_hi)), p.dmin * dx, accm);
   }
+  // SUPER (the tensor-core path with one activation scale per superblock, as Q8_K has): the
+  // unit's 6-bit scale and min packed for the staging (ip), their integer products summed over
+  // the superblock (icombine), the sums then meeting d·dx and dmin·dx once a superblock, as the
+  // CPU's dot does (lib/quant/q4_k.zig dotGgmlScalar).
+  __device__ static int ip(const W& w) { return w.sc | (w.m << 16); }
+  __device__ static void icombine(int p, int s_lo, int s_hi, int x_lo, int x_hi, int& isum, int& msum) {
+    isum += (p & 0xFFFF) * (s_lo + s_hi);
+    msum += (p >> 16) * (x_lo + x_hi);
+  }
   __device__ static void dequant(const uint8_t* row, int u, float* y) {
     const uint8_t* b = row + static_cast<size_t>(u >> 3) * BB;
     const int j = u & 7;
@@ -201,6 +217,7 @@ struct Q4_K {
 
 struct Q5_K {
   static constexpr int BV = 256, BB = 176;
+  static constexpr bool SUPER = true;
   struct W { int v[8]; float d, dmin; int sc, m; };
   __device__ static void load(const uint8_t* row, int u, W& w) {
     const uint8_t* b = row + static_cast<size_t>(u >> 3) * BB;
@@ -236,6 +253,10 @@ struct Q5_K {
                                  float& accm) {
     Q4_K::combine(p, s_lo, s_hi, x_lo, x_hi, dx, acc, accm);
   }
+  __device__ static int ip(const W& w) { return w.sc | (w.m << 16); }
+  __device__ static void icombine(int p, int s_lo, int s_hi, int x_lo, int x_hi, int& isum, int& msum) {
+    Q4_K::icombine(p, s_lo, s_hi, x_lo, x_hi, isum, msum);
+  }
   __device__ static void dequant(const uint8_t* row, int u, float* y) {
     const uint8_t* b = row + static_cast<size_t>(u >> 3) * BB;
     const int j = u & 7, c = j >> 1, hi = j & 1;
@@ -254,6 +275,7 @@ struct Q5_K {
 
 struct Q6_K {
   static constexpr int BV = 256, BB = 210;
+  static constexpr bool SUPER = false;
   struct W { int v[8]; float d; int sc0, sc1; };
   __device__ static void load(const uint8_t* row, int u, W& w) {
     const uint8_t* b = row + static_cast<size_t>(u >> 3) * BB;
