@@ -4,7 +4,7 @@ nvJitLink (PTX -> SASS) from PyPI's CUDA wheels, with build.sh's flags. Prints c
 each kernel's registers, shared memory and spills; --sass NAME disassembles kernel NAME (needs
 cuobjdump, e.g. from the nvidia-cuda-cuobjdump wheel, on PATH or in the wheels' bin folder).
   pip install nvidia-cuda-nvrtc nvidia-nvjitlink [nvidia-cuda-cuobjdump]
-  python3 shaders/cuda/check.py [--sass attn_decode_g4]
+  python3 shaders/cuda/check.py [--sass attn_decode_g4] [--ptx FILE]
 """
 import ctypes, glob, os, re, shutil, subprocess, sys, tempfile
 
@@ -47,6 +47,8 @@ def main():
     nvrtc.nvrtcGetPTXSize(prog, ctypes.byref(n))
     ptx = ctypes.create_string_buffer(n.value)
     nvrtc.nvrtcGetPTX(prog, ptx)
+    if "--ptx" in sys.argv:  # the PTX, e.g. to show that a refactor leaves every kernel as it was
+        open(sys.argv[sys.argv.index("--ptx") + 1], "wb").write(ptx.raw.rstrip(b"\0"))
     handle = ctypes.c_void_p()
     lopts = (ctypes.c_char_p * 3)(b"-arch=sm_90", b"-O3", b"-verbose")
     assert jitlink.nvJitLinkCreate(ctypes.byref(handle), 3, lopts) == 0

@@ -30,25 +30,48 @@ __device__ __forceinline__ void load_group(const uint8_t* g, uint8_t (&s)[BYTES]
   for (int i = 0; i < BYTES / 16; i++) reinterpret_cast<uint4*>(s)[i] = reinterpret_cast<const uint4*>(g)[i];
 }
 
-struct Q4_0R {
+/// 8 blocks of an f16 scale and QB bytes of quants (Q4_0: 16, Q8_0: 32) into a head of the 8
+/// scales and the 8 runs of quants, in place.
+template <int QB>
+__device__ __forceinline__ void repack_scaled_blocks(uint8_t* g) {
+  constexpr int B = 2 + QB;
+  uint8_t s[8 * B];
+  load_group(g, s);
+  for (int j = 0; j < 8; j++) {
+    g[2 * j] = s[B * j];
+    g[2 * j + 1] = s[B * j + 1];
+    for (int b = 0; b < QB; b++) g[16 + QB * j + b] = s[B * j + 2 + b];
+  }
+}
+
+/// The arithmetic of a GGUF type, which its GPU layout keeps: only where the bytes sit differs.
+template <class Base>
+struct SameArithmetic {
+  static constexpr bool SUPER = Base::SUPER;
+  using W = typename Base::W;
+  using P = typename Base::P;
+  __device__ static void dot(const W& w, const int* x, float dx, float& acc, float& accm) {
+    Base::dot(w, x, dx, acc, accm);
+  }
+  __device__ static int mma_word(int v) { return Base::mma_word(v); }
+  __device__ static P params(const W& w) { return Base::params(w); }
+  __device__ static void combine(const P& p, int s_lo, int s_hi, int x_lo, int x_hi, float dx, float& acc,
+                                 float& accm) {
+    Base::combine(p, s_lo, s_hi, x_lo, x_hi, dx, acc, accm);
+  }
+  __device__ static int ip(const W& w) { return Base::ip(w); }
+  __device__ static void icombine(int p, int s_lo, int s_hi, int x_lo, int x_hi, int& isum, int& msum) {
+    Base::icombine(p, s_lo, s_hi, x_lo, x_hi, isum, msum);
+  }
+};
+
+struct Q4_0R : SameArithmetic<Q4_0> {
   static constexpr int BV = 256, BB = 144;
-  static constexpr bool SUPER = false;
-  using W = Q4_0::W;
-  using P = Q4_0::P;
   __device__ static void load(const uint8_t* row, int u, W& w) {
     const uint8_t* g = row + static_cast<size_t>(u >> 3) * BB;
     const int j = u & 7;
     w.d = ld_f16(g + 2 * j);
     nibbles(*reinterpret_cast<const uint4*>(g + 16 + 16 * j), w.v);
-  }
-  __device__ static void dot(const W& w, const int* x, float dx, float& acc, float& accm) {
-    Q4_0::dot(w, x, dx, acc, accm);
-  }
-  __device__ static int mma_word(int v) { return Q4_0::mma_word(v); }
-  __device__ static P params(const W& w) { return Q4_0::params(w); }
-  __device__ static void combine(const P& p, int s_lo, int s_hi, int x_lo, int x_hi, float dx, float& acc,
-                                 float& accm) {
-    Q4_0::combine(p, s_lo, s_hi, x_lo, x_hi, dx, acc, accm);
   }
   __device__ static void dequant(const uint8_t* row, int u, float* y) {
     const uint8_t* g = row + static_cast<size_t>(u >> 3) * BB;
@@ -60,23 +83,11 @@ struct Q4_0R {
       y[l + 16] = static_cast<float>((qs[l] >> 4) - 8) * d;
     }
   }
-  /// 8 Q4_0 blocks (d, then 16 bytes of quants each) into this layout, in place.
-  __device__ static void repack(uint8_t* g) {
-    uint8_t s[BB];
-    load_group(g, s);
-    for (int j = 0; j < 8; j++) {
-      g[2 * j] = s[18 * j];
-      g[2 * j + 1] = s[18 * j + 1];
-      for (int b = 0; b < 16; b++) g[16 + 16 * j + b] = s[18 * j + 2 + b];
-    }
-  }
+  __device__ static void repack(uint8_t* g) { repack_scaled_blocks<16>(g); }
 };
 
-struct Q8_0R {
+struct Q8_0R : SameArithmetic<Q8_0> {
   static constexpr int BV = 256, BB = 272;
-  static constexpr bool SUPER = false;
-  using W = Q8_0::W;
-  using P = Q8_0::P;
   __device__ static void load(const uint8_t* row, int u, W& w) {
     const uint8_t* g = row + static_cast<size_t>(u >> 3) * BB;
     const int j = u & 7;
@@ -86,15 +97,6 @@ struct Q8_0R {
     w.v[0] = a.x; w.v[1] = a.y; w.v[2] = a.z; w.v[3] = a.w;
     w.v[4] = b.x; w.v[5] = b.y; w.v[6] = b.z; w.v[7] = b.w;
   }
-  __device__ static void dot(const W& w, const int* x, float dx, float& acc, float& accm) {
-    Q8_0::dot(w, x, dx, acc, accm);
-  }
-  __device__ static int mma_word(int v) { return v; }
-  __device__ static P params(const W& w) { return Q8_0::params(w); }
-  __device__ static void combine(const P& p, int s_lo, int s_hi, int x_lo, int x_hi, float dx, float& acc,
-                                 float& accm) {
-    Q8_0::combine(p, s_lo, s_hi, x_lo, x_hi, dx, acc, accm);
-  }
   __device__ static void dequant(const uint8_t* row, int u, float* y) {
     const uint8_t* g = row + static_cast<size_t>(u >> 3) * BB;
     const int j = u & 7;
@@ -102,23 +104,11 @@ struct Q8_0R {
     const uint8_t* qs = g + 16 + 32 * j;
     for (int l = 0; l < 32; l++) y[l] = static_cast<float>(static_cast<int8_t>(qs[l])) * d;
   }
-  /// 8 Q8_0 blocks (d, then 32 quants each) into this layout, in place.
-  __device__ static void repack(uint8_t* g) {
-    uint8_t s[BB];
-    load_group(g, s);
-    for (int j = 0; j < 8; j++) {
-      g[2 * j] = s[34 * j];
-      g[2 * j + 1] = s[34 * j + 1];
-      for (int b = 0; b < 32; b++) g[16 + 32 * j + b] = s[34 * j + 2 + b];
-    }
-  }
+  __device__ static void repack(uint8_t* g) { repack_scaled_blocks<32>(g); }
 };
 
-struct Q4_KR {
+struct Q4_KR : SameArithmetic<Q4_K> {
   static constexpr int BV = 256, BB = 144;
-  static constexpr bool SUPER = true;
-  using W = Q4_K::W;
-  using P = Q4_K::P;
   /// Sub-block j's 6-bit scale and min from the head's 12 scale bytes (words s1..s3 of the head),
   /// as scale_min_k4 reads them, with shifts instead of indexed bytes (no local memory).
   __device__ static void scale_min(uint32_t s1, uint32_t s2, uint32_t s3, int j, int& sc, int& m) {
@@ -140,19 +130,6 @@ struct Q4_KR {
     w.dmin = __half2float(__ushort_as_half(static_cast<unsigned short>(head.x >> 16)));
     scale_min(head.y, head.z, head.w, j, w.sc, w.m);
     nibbles(*reinterpret_cast<const uint4*>(g + 16 + 16 * j), w.v);
-  }
-  __device__ static void dot(const W& w, const int* x, float dx, float& acc, float& accm) {
-    Q4_K::dot(w, x, dx, acc, accm);
-  }
-  __device__ static int mma_word(int v) { return v; }
-  __device__ static P params(const W& w) { return Q4_K::params(w); }
-  __device__ static void combine(const P& p, int s_lo, int s_hi, int x_lo, int x_hi, float dx, float& acc,
-                                 float& accm) {
-    Q4_K::combine(p, s_lo, s_hi, x_lo, x_hi, dx, acc, accm);
-  }
-  __device__ static int ip(const W& w) { return Q4_K::ip(w); }
-  __device__ static void icombine(int p, int s_lo, int s_hi, int x_lo, int x_hi, int& isum, int& msum) {
-    Q4_K::icombine(p, s_lo, s_hi, x_lo, x_hi, isum, msum);
   }
   __device__ static void dequant(const uint8_t* row, int u, float* y) {
     const uint8_t* g = row + static_cast<size_t>(u >> 3) * BB;
