@@ -7,9 +7,9 @@ import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { CpuBackend } from "../ts/backend/cpu.ts";
-import { Engine } from "../ts/engine/engine.ts";
 import { GgmlType } from "../ts/gguf/types.ts";
 import { native } from "../ts/native/lib.ts";
+import { promptAndStepLogits } from "./support/engine-logits.ts";
 import { llamaQ4_0, qwen3KQuants, randomQuantGguf, randomTensorData } from "./support/random-quant-gguf.ts";
 
 const lib = native();
@@ -66,16 +66,7 @@ for (const [name, spec] of [["Llama, Q4_0", llamaQ4_0], ["Qwen 3, Q4_K/Q5_K/Q6_K
     const path = join(dir, `${spec.arch}-${spec.seed}.gguf`);
     writeFileSync(path, randomQuantGguf(spec));
     const prompt = Array.from({ length: 37 }, (_, i) => 6 + ((i * 97) % 260));
-    const run = () => {
-      const engine = Engine.open({ modelPath: path, backend: "cpu", contextLength: 256, batch: 16 });
-      try {
-        const logits = [engine.evaluate(prompt).slice()];
-        for (const t of [7, 8, 9]) logits.push(engine.evaluate([t]).slice());
-        return logits;
-      } finally {
-        engine.close();
-      }
-    };
+    const run = () => promptAndStepLogits(path, prompt);
     type Matmuls = CpuBackend["matmuls"];
     const proto = CpuBackend.prototype as { matmuls?: Matmuls };
     const saved = proto.matmuls!;

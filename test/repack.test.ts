@@ -6,9 +6,9 @@ import { afterAll, describe, expect, test } from "bun:test";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { Engine } from "../ts/engine/engine.ts";
 import { GgmlType } from "../ts/gguf/types.ts";
 import { native } from "../ts/native/lib.ts";
+import { promptAndStepLogits } from "./support/engine-logits.ts";
 import { llamaQ4_0, qwen3KQuants, randomQuantGguf, randomTensorData } from "./support/random-quant-gguf.ts";
 
 const lib = native();
@@ -67,14 +67,7 @@ for (const [name, spec] of [["Llama, Q4_0", llamaQ4_0], ["Qwen 3, Q4_K/Q5_K/Q6_K
       const saved = process.env.INFER_REPACK;
       process.env.INFER_REPACK = repack ? "1" : "0";
       try {
-        const engine = Engine.open({ modelPath: path, backend: "cpu", contextLength: 256, batch: 16 });
-        try {
-          const logits = [engine.evaluate(prompt).slice()];
-          for (const t of [7, 8, 9]) logits.push(engine.evaluate([t]).slice());
-          return logits;
-        } finally {
-          engine.close();
-        }
+        return promptAndStepLogits(path, prompt);
       } finally {
         if (saved === undefined) delete process.env.INFER_REPACK;
         else process.env.INFER_REPACK = saved;
