@@ -48,6 +48,8 @@ export class CpuBackend implements Backend {
   /** Repacked weights, packed back to back (one huge page's slack in all, not one per tensor). */
   private readonly weights = new Arena({ blockBytes: 64 << 20, hugePages: true });
   private readonly lib = native();
+  /** q/k/v and gate/up as one call each (INFER_MATMUL_MULTI=0: a call per matrix, for A/B runs). */
+  private readonly matmulMulti = process.env.INFER_MATMUL_MULTI !== "0";
 
   weight(file: GgufFile, t: GgufTensorInfo): Weight {
     if (!cpuWeightTypes.has(t.type.id)) {
@@ -142,7 +144,7 @@ export class CpuBackend implements Backend {
   }
 
   matmuls(ws: readonly Weight[], x: Activation, rows: number, outs: readonly Activation[]): boolean {
-    if (ws.length < 2 || ws.length > 3) return false;
+    if (!this.matmulMulti || ws.length < 2 || ws.length > 3) return false;
     const parts = ws.map((weight) => {
       const t = w(weight), layout = this.layoutOf(t);
       const typeId = layout?.typeId ?? t.typeId;
