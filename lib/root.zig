@@ -168,90 +168,34 @@ export fn infer_matmul(
     n_tok: u64,
     y: ?[*]f32,
 ) i32 {
-    const t = switch (matmulTraits(w, w_type, n_out, n_in, n_tok, y)) {
-        .traits => |t| t,
-        .failed => |code| return code,
-    };
-    const acts = x orelse return status.fail(.invalid_argument, "matmul: x is null", .{});
-    cpu_matmul.matmul(w.?, t, @intCast(n_out), @intCast(n_in), acts, @intCast(n_tok), y.?) catch |err| return matmulFailed(err, t);
-    return 0;
-}
-
-/// infer_matmul for two or three weights over the same x (w2 = null: two): the activations
-/// quantized once, all the rows one parallel op, each y as infer_matmul computes it. The types
-/// must share an activation format (infer_matmul_activation); `unsupported` otherwise.
-export fn infer_matmul_multi(
-    x: ?[*]const f32,
-    n_in: u64,
-    n_tok: u64,
-    w0: ?[*]const u8,
-    t0: u32,
-    n0: u64,
-    y0: ?[*]f32,
-    w1: ?[*]const u8,
-    t1: u32,
-    n1: u64,
-    y1: ?[*]f32,
-    w2: ?[*]const u8,
-    t2: u32,
-    n2: u64,
-    y2: ?[*]f32,
-) i32 {
-    const acts = x orelse return status.fail(.invalid_argument, "matmul_multi: x is null", .{});
-    const ws = [_]?[*]const u8{ w0, w1, w2 };
-    const ts = [_]u32{ t0, t1, t2 };
-    const ns = [_]u64{ n0, n1, n2 };
-    const ys = [_]?[*]f32{ y0, y1, y2 };
-    var parts: [cpu_matmul.max_parts]cpu_matmul.Part = undefined;
-    const count: usize = if (w2 == null) 2 else 3;
-    for (0..count) |i| {
-        const t = switch (matmulTraits(ws[i], ts[i], ns[i], n_in, n_tok, ys[i])) {
-            .traits => |t| t,
-            .failed => |code| return code,
-        };
-        if (i > 0 and t.vec_dot_type != parts[0].traits.vec_dot_type)
-            return status.fail(.unsupported, "matmul_multi: {s} and {s} quantize x differently", .{ parts[0].traits.name, t.name });
-        parts[i] = .{ .w = ws[i].?, .traits = t, .n_out = @intCast(ns[i]), .y = ys[i].? };
-    }
-    cpu_matmul.matmulMulti(parts[0..count], @intCast(n_in), acts, @intCast(n_tok)) catch |err| return matmulFailed(err, parts[0].traits);
-    return 0;
-}
-
-/// The activation format (a ggml type id: Q8_0, Q8_K, BF16 or F32) a matmul weight of this type
-/// (or repacked layout) quantizes x into, or -1 for a type that is not a matmul weight.
-export fn infer_matmul_activation(type_id: u32) i32 {
-    const t = quant_types.getForMatmul(type_id) orelse quant_types.get(type_id) orelse return -1;
-    if (t.dot_rows == null) return -1;
-    return @intCast(@intFromEnum(t.vec_dot_type));
-}
-
-/// The checks of infer_matmul on one weight: its traits, or the status of the failure recorded.
-const MatmulCheck = union(enum) { traits: *const quant_types.Traits, failed: i32 };
-
-fn matmulTraits(w: ?[*]const u8, w_type: u32, n_out: u64, n_in: u64, n_tok: u64, y: ?[*]f32) MatmulCheck {
     const t = quant_types.getForMatmul(w_type) orelse quantTraitsOrFail(w_type) orelse
-        return .{ .failed = @intFromEnum(status.Status.unsupported) };
-    if (n_out % t.row_group != 0)
-        return .{ .failed = status.fail(.invalid_argument, "matmul: {s} needs rows in groups of {d}, got {d}", .{ t.name, t.row_group, n_out }) };
-    if (t.dot_rows == null)
-        return .{ .failed = status.fail(.unsupported, "matmul: {s} is an activation format, not a weight type", .{t.name}) };
-    if (w == null) return .{ .failed = status.fail(.invalid_argument, "matmul: w is null", .{}) };
-    if (y == null) return .{ .failed = status.fail(.invalid_argument, "matmul: y is null", .{}) };
-    if (!quantBlocksOk(t, n_in, "matmul: n_in")) return .{ .failed = quantInvalid() };
+        return @intFromEnum(status.Status.unsupported);
+    if (n_out % t.row_group != 0) {
+        return status.fail(.invalid_argument, "matmul: {s} needs rows in groups of {d}, got {d}", .{ t.name, t.row_group, n_out });
+    }
+    if (t.dot_rows == null) {
+        const fmt = "matmul: {s} is an activation format, not a weight type";
+        return status.fail(.unsupported, fmt, .{t.name});
+    }
+    const weights = w orelse return status.fail(.invalid_argument, "matmul: w is null", .{});
+    const acts = x orelse return status.fail(.invalid_argument, "matmul: x is null", .{});
+    const out = y orelse return status.fail(.invalid_argument, "matmul: y is null", .{});
+    if (!quantBlocksOk(t, n_in, "matmul: n_in")) return quantInvalid();
     const act_traits = quant_types.get(@intFromEnum(t.vec_dot_type)).?;
-    if (!quantBlocksOk(act_traits, n_in, "matmul: n_in")) return .{ .failed = quantInvalid() };
+    if (!quantBlocksOk(act_traits, n_in, "matmul: n_in")) return quantInvalid();
     _ = std.math.mul(u64, n_in / t.block_values * t.block_bytes, n_out) catch
-        return .{ .failed = status.fail(.invalid_argument, "matmul: weight size overflows", .{}) };
+        return status.fail(.invalid_argument, "matmul: weight size overflows", .{});
     _ = std.math.mul(u64, n_tok, @max(n_in, n_out) * 4) catch
-        return .{ .failed = status.fail(.invalid_argument, "matmul: activation size overflows", .{}) };
-    return .{ .traits = t };
-}
-
-fn matmulFailed(err: cpu_matmul.Error, t: *const quant_types.Traits) i32 {
-    return switch (err) {
-        error.OutOfMemory => status.fail(.out_of_memory, "matmul: no memory for x", .{}),
-        error.Unsupported => status.fail(.unsupported, "matmul: {s} has no dot", .{t.name}),
+        return status.fail(.invalid_argument, "matmul: activation size overflows", .{});
+    const rows: usize = @intCast(n_out);
+    const cols: usize = @intCast(n_in);
+    cpu_matmul.matmul(weights, t, rows, cols, acts, @intCast(n_tok), out) catch |err| {
+        return switch (err) {
+            error.OutOfMemory => status.fail(.out_of_memory, "matmul: no memory for x", .{}),
+            error.Unsupported => status.fail(.unsupported, "matmul: {s} has no dot", .{t.name}),
+        };
     };
+    return 0;
 }
 
 /// The layout a matmul weight of `type_id` with n_out rows is faster in (Q4_0 and Q4_K with n_out

@@ -97,100 +97,41 @@ pub fn matmul(
     y: [*]f32,
 ) Error!void {
     if (n_out == 0 or n_tok == 0) return;
-    if (w_traits.dot_rows == null) return error.Unsupported;
-    scratch_mutex.lock();
-    defer scratch_mutex.unlock();
-    const acts = try activations(w_traits, n_in, x, n_tok);
-    const job = try plan(w, w_traits, n_out, n_in, acts, n_tok, y);
-    threads.run(taskCount(&job), &job, runTask);
-}
-
-/// One matrix of a matmulMulti: W (n_out rows of the matmul's n_in values) and its output y.
-pub const Part = struct {
-    w: [*]const u8,
-    traits: *const types.Traits,
-    n_out: usize,
-    y: [*]f32,
-};
-
-pub const max_parts = 3;
-
-/// matmul for up to max_parts matrices over the same activations (a layer's q/k/v, gate/up):
-/// x is quantized once and every matrix's row tiles run as one parallel op, where separate calls
-/// paid each its own quantization, wake-up and tail (a decode step of a 0.6B model makes ~200
-/// calls). Each y equals matmul's bit for bit: the same tiles and kernels. The matrices must
-/// share a vec_dot type (error.Unsupported otherwise).
-pub fn matmulMulti(parts: []const Part, n_in: usize, x: [*]const f32, n_tok: usize) Error!void {
-    std.debug.assert(parts.len >= 1 and parts.len <= max_parts);
-    for (parts) |p| {
-        if (p.traits.dot_rows == null or p.traits.vec_dot_type != parts[0].traits.vec_dot_type) return error.Unsupported;
-    }
-    if (n_tok == 0) return;
-    scratch_mutex.lock();
-    defer scratch_mutex.unlock();
-    const acts = try activations(parts[0].traits, n_in, x, n_tok);
-    var multi = MultiJob{ .jobs = undefined, .ends = undefined, .n = parts.len };
-    var total: usize = 0;
-    for (parts, 0..) |p, i| {
-        multi.jobs[i] = try plan(p.w, p.traits, p.n_out, n_in, acts, n_tok, p.y);
-        total += taskCount(&multi.jobs[i]);
-        multi.ends[i] = total;
-    }
-    threads.run(total, &multi, runMultiTask);
-}
-
-const MultiJob = struct {
-    jobs: [max_parts]Job,
-    /// Tasks of jobs 0..i together: job i runs the global tasks ends[i-1] .. ends[i] - 1.
-    ends: [max_parts]usize,
-    n: usize,
-};
-
-fn runMultiTask(multi: *const MultiJob, task: usize) void {
-    var first: usize = 0;
-    for (multi.jobs[0..multi.n], multi.ends[0..multi.n]) |*job, end| {
-        if (task < end) return runTask(job, task - first);
-        first = end;
-    }
-}
-
-/// The activations in the vec_dot type of `w_traits` (in `scratch`, under scratch_mutex), or x
-/// itself where that type is f32.
-const Activations = struct { x: [*]const u8, row_bytes: usize };
-
-fn activations(w_traits: *const types.Traits, n_in: usize, x: [*]const f32, n_tok: usize) Error!Activations {
+    const dot_rows = w_traits.dot_rows orelse return error.Unsupported;
     const act = types.get(@intFromEnum(w_traits.vec_dot_type)) orelse return error.Unsupported;
     std.debug.assert(n_in % w_traits.block_values == 0 and n_in % act.block_values == 0);
-    const x_row_bytes = act.rowBytes(n_in);
-    if (act.id == .f32) return .{ .x = @ptrCast(x), .row_bytes = x_row_bytes };
-    const buf = try ensureScratch(n_tok * x_row_bytes);
-    const qjob = QuantizeJob{
-        .quantize = act.quantize_activation.?,
-        .x = x,
-        .n_in = n_in,
-        .dst = buf.ptr,
-        .dst_row_bytes = x_row_bytes,
-    };
-    if (n_tok == 1) runQuantizeTask(&qjob, 0) else threads.run(n_tok, &qjob, runQuantizeTask);
-    return .{ .x = buf.ptr, .row_bytes = x_row_bytes };
-}
-
-/// The tasks of one matrix: tiles of rows, each for every token.
-fn plan(w: [*]const u8, w_traits: *const types.Traits, n_out: usize, n_in: usize, acts: Activations, n_tok: usize, y: [*]f32) Error!Job {
-    const dot_rows = w_traits.dot_rows orelse return error.Unsupported;
     const row_group: usize = w_traits.row_group;
     std.debug.assert(n_out % row_group == 0);
+
+    scratch_mutex.lock();
+    defer scratch_mutex.unlock();
+
+    var x_act: [*]const u8 = @ptrCast(x);
+    const x_row_bytes = act.rowBytes(n_in);
+    if (act.id != .f32) {
+        const buf = try ensureScratch(n_tok * x_row_bytes);
+        const qjob = QuantizeJob{
+            .quantize = act.quantize_activation.?,
+            .x = x,
+            .n_in = n_in,
+            .dst = buf.ptr,
+            .dst_row_bytes = x_row_bytes,
+        };
+        if (n_tok == 1) runQuantizeTask(&qjob, 0) else threads.run(n_tok, &qjob, runQuantizeTask);
+        x_act = buf.ptr;
+    }
+
     const w_row_bytes = w_traits.rowBytes(n_in);
     const n_threads = threads.threadCount();
     const n_tasks_balanced = n_threads * tasks_per_thread;
-    const balanced_rows = @max(1, std.math.divCeil(usize, n_out, n_tasks_balanced) catch unreachable);
+    const balanced_rows = std.math.divCeil(usize, n_out, n_tasks_balanced) catch unreachable;
     const rows_ungrouped = if (n_tok == 1)
         balanced_rows
     else
         @max(1, @min(balanced_rows, tile_bytes_multi_token / w_row_bytes));
     // Batched kernels take weight rows in pairs (q8_0.dotRowsMultiSigned): even tiles.
     const rows_per_task = std.mem.alignForward(usize, rows_ungrouped, if (n_tok > 1) @max(row_group, 2) else row_group);
-    return Job{
+    const job = Job{
         .w = w,
         .w_row_bytes = w_row_bytes,
         .dot_rows = dot_rows,
@@ -198,16 +139,13 @@ fn plan(w: [*]const u8, w_traits: *const types.Traits, n_out: usize, n_in: usize
         .multi_rows = w_traits.multi_rows,
         .n_out = n_out,
         .n_in = n_in,
-        .x = acts.x,
-        .x_row_bytes = acts.row_bytes,
+        .x = x_act,
+        .x_row_bytes = x_row_bytes,
         .n_tok = n_tok,
         .y = y,
         .rows_per_task = rows_per_task,
     };
-}
-
-fn taskCount(job: *const Job) usize {
-    return std.math.divCeil(usize, job.n_out, job.rows_per_task) catch unreachable;
+    threads.run(std.math.divCeil(usize, n_out, rows_per_task) catch unreachable, &job, runTask);
 }
 
 const simd = @import("../quant/simd.zig");
@@ -245,61 +183,6 @@ test "matmul over repacked Q4_0 and Q4_K equals matmul over the rows as stored, 
             }
         }
     }
-}
-
-test "matmulMulti equals a matmul per matrix, bit for bit; mixed activation types are refused" {
-    const alloc = std.testing.allocator;
-    var rng = simd.TestRng.init(93);
-    const n_in: usize = 512;
-    // q/k/v-like parts of different heights, as stored and repacked (rows interleaved by 8).
-    for ([_]types.TypeId{ .q8_0, .q4_0, .q4_k, .q6_k }) |type_id| {
-        for ([_]usize{ 1, 5 }) |n_tok| {
-            const outs = [_]usize{ 64, 16, 24 };
-            var parts: [3]Part = undefined;
-            var ws: [3][]u8 = undefined;
-            var ys: [3][]f32 = undefined;
-            var want: [3][]f32 = undefined;
-            const x = try alloc.alloc(f32, n_tok * n_in);
-            defer alloc.free(x);
-            rng.floats(x, 2);
-            for (outs, 0..) |n_out, i| {
-                const stored = types.get(@intFromEnum(type_id)).?;
-                const traits = types.repackedType(@intFromEnum(type_id), n_out) orelse stored;
-                const wf = try alloc.alloc(f32, n_in);
-                defer alloc.free(wf);
-                const raw = try alloc.alloc(u8, n_out * stored.rowBytes(n_in));
-                defer alloc.free(raw);
-                for (0..n_out) |o| {
-                    rng.floats(wf, 1);
-                    stored.quantize_ref.?(wf.ptr, raw[o * stored.rowBytes(n_in) ..].ptr, n_in);
-                }
-                ws[i] = try alloc.alloc(u8, raw.len);
-                if (traits != stored) types.repack(@intFromEnum(type_id), raw.ptr, n_out, n_in, ws[i].ptr) else @memcpy(ws[i], raw);
-                ys[i] = try alloc.alloc(f32, n_tok * n_out);
-                want[i] = try alloc.alloc(f32, n_tok * n_out);
-                parts[i] = .{ .w = ws[i].ptr, .traits = traits, .n_out = n_out, .y = ys[i].ptr };
-                try matmul(ws[i].ptr, traits, n_out, n_in, x.ptr, n_tok, want[i].ptr);
-            }
-            defer for (0..3) |i| {
-                alloc.free(ws[i]);
-                alloc.free(ys[i]);
-                alloc.free(want[i]);
-            };
-            try matmulMulti(&parts, n_in, x.ptr, n_tok);
-            for (0..3) |i| {
-                try std.testing.expectEqualSlices(u32, std.mem.bytesAsSlice(u32, std.mem.sliceAsBytes(want[i])), std.mem.bytesAsSlice(u32, std.mem.sliceAsBytes(ys[i])));
-            }
-            try matmulMulti(parts[0..2], n_in, x.ptr, n_tok);
-        }
-    }
-    var y: [8]f32 = undefined;
-    var w = [_]u8{0} ** 1024;
-    const mixed = [_]Part{
-        .{ .w = &w, .traits = types.get(@intFromEnum(types.TypeId.q8_0)).?, .n_out = 1, .y = &y },
-        .{ .w = &w, .traits = types.get(@intFromEnum(types.TypeId.q4_k)).?, .n_out = 1, .y = &y },
-    };
-    var x = [_]f32{0} ** 256;
-    try std.testing.expectError(error.Unsupported, matmulMulti(&mixed, 256, &x, 1));
 }
 
 test "matmul matches per-row dequantized dots for every weight type" {

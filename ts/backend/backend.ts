@@ -75,12 +75,6 @@ export interface Backend {
   rmsNormHeads(x: Activation, weight: Weight, rows: number, heads: number, eps: number): void;
   /** out[r] = W · x[r] for the first `rows` rows of x, starting at row `firstRow`. */
   matmul(w: Weight, x: Activation, rows: number, out: Activation, firstRow?: number): void;
-  /**
-   * matmul of two or three weights over the same first `rows` rows of x (a layer's q/k/v, its
-   * gate/up) in one call, outs[i] as matmul(ws[i], ...) computes it. Optional; false when these
-   * weights cannot share the call (the caller then runs matmul per weight).
-   */
-  matmuls?(ws: readonly Weight[], x: Activation, rows: number, outs: readonly Activation[]): boolean;
   rope(x: Activation, positions: Activation, rows: number, options: RopeOptions): void;
   /**
    * Writes rows firstRow .. firstRow + rows - 1 of k and v into the layer at `position`. A batch

@@ -20,8 +20,6 @@ export const cpuWeightTypes = new Set<number>([
 class CpuWeight implements Weight {
   /** What matmul reads (a repacked copy, or the weight as stored); undefined until decided. */
   layout: MatmulLayout | null | undefined;
-  /** The activation format its matmul quantizes x into (infer_matmul_activation), once known. */
-  activationFormat: number | undefined;
   constructor(readonly name: string, readonly typeName: string, readonly typeId: number,
     readonly dims: readonly number[], readonly address: Pointer, readonly byteLength: number) {}
 }
@@ -48,8 +46,6 @@ export class CpuBackend implements Backend {
   /** Repacked weights, packed back to back (one huge page's slack in all, not one per tensor). */
   private readonly weights = new Arena({ blockBytes: 64 << 20, hugePages: true });
   private readonly lib = native();
-  /** q/k/v and gate/up as one call each (INFER_MATMUL_MULTI=0: a call per matrix, for A/B runs). */
-  private readonly matmulMulti = process.env.INFER_MATMUL_MULTI !== "0";
 
   weight(file: GgufFile, t: GgufTensorInfo): Weight {
     if (!cpuWeightTypes.has(t.type.id)) {
@@ -141,24 +137,6 @@ export class CpuBackend implements Backend {
     const layout = this.layoutOf(t);
     check(this.lib.infer_matmul(layout?.address ?? t.address, layout?.typeId ?? t.typeId, t.dims[1], t.dims[0],
       xAddress, rows, a(out).address), `matmul ${t.name}`);
-  }
-
-  matmuls(ws: readonly Weight[], x: Activation, rows: number, outs: readonly Activation[]): boolean {
-    if (!this.matmulMulti || ws.length < 2 || ws.length > 3) return false;
-    const parts = ws.map((weight) => {
-      const t = w(weight), layout = this.layoutOf(t);
-      const typeId = layout?.typeId ?? t.typeId;
-      t.activationFormat ??= this.lib.infer_matmul_activation(typeId);
-      return { t, address: layout?.address ?? t.address, typeId };
-    });
-    // One quantization of x serves them only in the same activation format.
-    const format = parts[0].t.activationFormat;
-    if (format! < 0 || parts.some((p) => p.t.dims[0] !== x.cols || p.t.activationFormat !== format)) return false;
-    const arg = (i: number): [Pointer | null, number, number, Pointer | null] => i < parts.length
-      ? [parts[i].address, parts[i].typeId, parts[i].t.dims[1], a(outs[i]).address] : [null, 0, 0, null];
-    check(this.lib.infer_matmul_multi(a(x).address, x.cols, rows, ...arg(0), ...arg(1), ...arg(2)),
-      `matmul ${parts.map((p) => p.t.name).join(" + ")}`);
-    return true;
   }
 
   rope(x: Activation, positions: Activation, rows: number, o: RopeOptions): void {

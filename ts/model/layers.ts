@@ -125,7 +125,9 @@ export interface SelfAttentionOptions {
 export function selfAttention(be: Backend, x: Activation, rows: number,
   segments: readonly SequenceRows[], layer: number, positions: Activation, w: AttentionWeights,
   o: SelfAttentionOptions, b: AttentionBuffers, out: Activation): void {
-  matmuls(be, [w.q, w.k, w.v], x, rows, [b.q, b.k, b.v]);
+  be.matmul(w.q, x, rows, b.q);
+  be.matmul(w.k, x, rows, b.k);
+  be.matmul(w.v, x, rows, b.v);
   if (w.qBias) be.addBias(b.q, w.qBias, rows);
   if (w.kBias) be.addBias(b.k, w.kBias, rows);
   if (w.vBias) be.addBias(b.v, w.vBias, rows);
@@ -148,12 +150,6 @@ export function selfAttention(be: Backend, x: Activation, rows: number,
   }
   be.matmul(w.output, b.mixed, rows, out);
   if (w.outputBias) be.addBias(out, w.outputBias, rows);
-}
-
-/** outs[i] = ws[i] · x over the first `rows` rows: one call where the backend can, else one each. */
-function matmuls(be: Backend, ws: readonly Weight[], x: Activation, rows: number, outs: readonly Activation[]): void {
-  if (be.matmuls?.(ws, x, rows, outs)) return;
-  for (let i = 0; i < ws.length; i++) be.matmul(ws[i], x, rows, outs[i]);
 }
 
 export interface FfnWeights {
@@ -182,7 +178,8 @@ export function ffnBuffers(be: Backend, rows: number, hidden: number): FfnBuffer
 /** out = W_down · (act(W_gate x) ⊙ W_up x): GeGLU for Gemma, SwiGLU for Llama and Qwen. */
 export function gatedFfn(be: Backend, x: Activation, rows: number, w: FfnWeights,
   activation: "gelu" | "silu", b: FfnBuffers, out: Activation): void {
-  matmuls(be, [w.gate, w.up], x, rows, [b.gate, b.up]);
+  be.matmul(w.gate, x, rows, b.gate);
+  be.matmul(w.up, x, rows, b.up);
   if (activation === "gelu") be.geluMul(b.gate, b.up, rows, b.gate);
   else be.siluMul(b.gate, b.up, rows, b.gate);
   be.matmul(w.down, b.gate, rows, out);

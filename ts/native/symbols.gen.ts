@@ -12,8 +12,6 @@ export const symbols = {
   infer_dequantize: { args: [FFIType.u32, FFIType.ptr, FFIType.u64, FFIType.ptr], returns: FFIType.i32 },
   infer_get_rows: { args: [FFIType.u32, FFIType.ptr, FFIType.u64, FFIType.u64, FFIType.ptr, FFIType.u64, FFIType.ptr], returns: FFIType.i32 },
   infer_matmul: { args: [FFIType.ptr, FFIType.u32, FFIType.u64, FFIType.u64, FFIType.ptr, FFIType.u64, FFIType.ptr], returns: FFIType.i32 },
-  infer_matmul_multi: { args: [FFIType.ptr, FFIType.u64, FFIType.u64, FFIType.ptr, FFIType.u32, FFIType.u64, FFIType.ptr, FFIType.ptr, FFIType.u32, FFIType.u64, FFIType.ptr, FFIType.ptr, FFIType.u32, FFIType.u64, FFIType.ptr], returns: FFIType.i32 },
-  infer_matmul_activation: { args: [FFIType.u32], returns: FFIType.i32 },
   infer_repacked_type: { args: [FFIType.u32, FFIType.u64], returns: FFIType.u32 },
   infer_repack: { args: [FFIType.u32, FFIType.ptr, FFIType.u64, FFIType.u64, FFIType.ptr], returns: FFIType.i32 },
   infer_quantize_row: { args: [FFIType.u32, FFIType.ptr, FFIType.u64, FFIType.ptr], returns: FFIType.i32 },
