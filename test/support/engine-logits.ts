@@ -1,5 +1,5 @@
 // The logits a CPU engine gives for a prompt and then a few single tokens: what tests compare
-// bit for bit between two ways of computing the same model (repacked or not, fused or not).
+// bit for bit between two ways of computing the same model (e.g. repacked or not).
 import { Engine } from "../../ts/engine/engine.ts";
 
 export function promptAndStepLogits(modelPath: string, prompt: readonly number[],
