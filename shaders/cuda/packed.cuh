@@ -134,10 +134,8 @@ struct Q4_KR : SameArithmetic<Q4_K> {
   __device__ static void dequant(const uint8_t* row, int u, float* y) {
     const uint8_t* g = row + static_cast<size_t>(u >> 3) * BB;
     const int j = u & 7;
-    int sc, m;
-    scale_min_k4(g + 4, j, sc, m);
-    const float d1 = ld_f16(g) * static_cast<float>(sc);
-    const float m1 = ld_f16(g + 2) * static_cast<float>(m);
+    float d1, m1;
+    sub_block_scales(g, j, d1, m1);
     const uint8_t* qs = g + 16 + 16 * j;
     for (int l = 0; l < 16; l++) {
       y[l] = d1 * static_cast<float>(qs[l] & 15) - m1;

@@ -161,6 +161,15 @@ __device__ __forceinline__ void scale_min_k4(const uint8_t* s, int j, int& sc, i
   }
 }
 
+/// d·scale and dmin·min of sub-block j of the Q4_K/Q5_K superblock at b (its head as stored:
+/// d, dmin, the 12 scale bytes), rounded as ggml's dequantization rounds them.
+__device__ __forceinline__ void sub_block_scales(const uint8_t* b, int j, float& d1, float& m1) {
+  int sc, m;
+  scale_min_k4(b + 4, j, sc, m);
+  d1 = ld_f16(b) * static_cast<float>(sc);
+  m1 = ld_f16(b + 2) * static_cast<float>(m);
+}
+
 struct Q4_K {
   static constexpr int BV = 256, BB = 144;
   static constexpr bool SUPER = true;
@@ -205,10 +214,8 @@ struct Q4_K {
   __device__ static void dequant(const uint8_t* row, int u, float* y) {
     const uint8_t* b = row + static_cast<size_t>(u >> 3) * BB;
     const int j = u & 7;
-    int sc, m;
-    scale_min_k4(b + 4, j, sc, m);
-    const float d1 = ld_f16(b) * static_cast<float>(sc);
-    const float m1 = ld_f16(b + 2) * static_cast<float>(m);
+    float d1, m1;
+    sub_block_scales(b, j, d1, m1);
     const uint8_t* qs = b + 16 + 32 * (j >> 1);
     const int shift = (j & 1) * 4;
     for (int l = 0; l < 32; l++) y[l] = d1 * static_cast<float>((qs[l] >> shift) & 15) - m1;
@@ -260,10 +267,8 @@ struct Q5_K {
   __device__ static void dequant(const uint8_t* row, int u, float* y) {
     const uint8_t* b = row + static_cast<size_t>(u >> 3) * BB;
     const int j = u & 7, c = j >> 1, hi = j & 1;
-    int sc, m;
-    scale_min_k4(b + 4, j, sc, m);
-    const float d1 = ld_f16(b) * static_cast<float>(sc);
-    const float m1 = ld_f16(b + 2) * static_cast<float>(m);
+    float d1, m1;
+    sub_block_scales(b, j, d1, m1);
     const uint8_t* qh = b + 16;
     const uint8_t* qs = b + 48 + 32 * c;
     for (int l = 0; l < 32; l++) {
