@@ -494,9 +494,9 @@ const mmq_min_tokens = 16;
 /// INFER_CUDA_MMQ=0 at init keeps every batch on matvec_8 (for comparisons).
 var mmq_enabled = true;
 
-/// The tiles of the mmq_* kernels (weight rows × tokens a block; WeightKind.mmq has a kernel for
-/// each, in this order): the small tile for
-/// batches, the large one for prompts from mmq_large_tokens. Measured on an H200 (bench/RESULTS.md,
+/// The tiles of the mmq_* kernels (weight rows × tokens a block): the small one for batches
+/// (WeightKind.mmq), the large one for prompts from mmq_large_tokens (WeightKind.mmq_prompt, where
+/// the type has one; else the small tile). Measured on an H200 (bench/RESULTS.md,
 /// 2,048-token prompts and 32-sequence batches of the 0.6B and 8B shapes): 64 × 128 prefill
 /// +7–26%, but half the speed at 32 tokens; 128 × 64 and 64 × 64 tiles were slower than both.
 const MmqTile = struct { rows: u32, toks: u32 };
@@ -505,7 +505,8 @@ const mmq_tiles = [_]MmqTile{
     .{ .rows = 64, .toks = 128 },
 };
 const mmq_large_tokens = 256;
-/// INFER_CUDA_MMQ_TILE=32x64 or 64x128 at init: that tile for every batch (for comparisons).
+/// INFER_CUDA_MMQ_TILE=32x64 or 64x128 at init: that tile for every batch of the types that have
+/// it (for comparisons).
 var mmq_tile: ?usize = null;
 
 /// Warps sharing a row of a one-token quantized matvec (shaders/cuda/matmul.cuh matvec_q): rows
@@ -535,9 +536,9 @@ pub fn matmul(w: u64, type_id: u32, n_out: u64, n_in: u64, x: u64, xq: u64, xd: 
     if (xq == 0 or xd == 0) return invalid("matmul: {s} needs quantized activations", .{k.name});
     if (k.mmq) |mmq| {
         if (n_tok >= mmq_min_tokens and mmq_enabled) {
-            const i = mmq_tile orelse @intFromBool(k.mmq_large and n_tok >= mmq_large_tokens);
-            const tile = mmq_tiles[i];
-            return launch(mmq[i], ceilDiv(n_out, tile.rows), ceilDiv(n_tok, tile.toks), tile.toks * 2, .{ w, out, in, xq, xd, tok, y });
+            const large = (mmq_tile orelse @intFromBool(n_tok >= mmq_large_tokens)) == 1 and k.mmq_prompt != null;
+            const tile = mmq_tiles[@intFromBool(large)];
+            return launch(if (large) k.mmq_prompt.? else mmq, ceilDiv(n_out, tile.rows), ceilDiv(n_tok, tile.toks), tile.toks * 2, .{ w, out, in, xq, xd, tok, y });
         }
     }
     const split: u32 = if (n_tok == 1) matvecSplit(n_in) else 1;

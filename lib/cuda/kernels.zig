@@ -70,12 +70,9 @@ pub const Kernel = enum {
     mmq_q4_0_64x128,
     mmq_q5_0_64x128,
     mmq_q8_0_64x128,
-    mmq_q4_k_64x128,
-    mmq_q5_k_64x128,
     mmq_q6_k_64x128,
     mmq_q4_0r_64x128,
     mmq_q8_0r_64x128,
-    mmq_q4_kr_64x128,
     rms_norm,
     rms_norm_add,
     rms_norm_q,
@@ -116,12 +113,12 @@ pub const WeightKind = struct {
     matvec_8: Kernel,
     /// Several matrices sharing one input and one token (quantized types only).
     matvec_multi: ?Kernel = null,
-    /// The tensor-core kernels for many tokens, one per tile of mmq_tiles, if any.
-    mmq: ?[2]Kernel = null,
-    /// Prompts of mmq_large_tokens and more take the large tile. Not for Q4_K and Q5_K: their
-    /// small-tile kernel stages whole superblocks and sums each as integers (shaders/cuda/
-    /// matmul.cuh mmq, SUPER), which the large tile's half-superblock stages cannot.
-    mmq_large: bool = true,
+    /// The tensor-core kernel for batches of many tokens (the 32 × 64 tile), if any.
+    mmq: ?Kernel = null,
+    /// Its 64 × 128 tile, which prompts of lib/cuda/cuda.zig's mmq_large_tokens and more take.
+    /// None for Q4_K and Q5_K: their small-tile kernel stages whole superblocks and sums each as
+    /// integers (shaders/cuda/matmul.cuh mmq, SUPER), which a half-superblock stage cannot.
+    mmq_prompt: ?Kernel = null,
     /// The activation format its matvec reads: 0 = Q8_0 blocks, 1 = Q8_K superblocks, -1 = f32.
     activation: i32,
 };
@@ -131,17 +128,17 @@ pub fn weightKind(type_id: u32) ?WeightKind {
         0 => .{ .name = "F32", .block_values = 1, .block_bytes = 4, .get_rows = .get_rows_f32, .matvec_1 = .matvec_f32_1, .matvec_8 = .matvec_f32_8, .activation = -1 },
         1 => .{ .name = "F16", .block_values = 1, .block_bytes = 2, .get_rows = .get_rows_f16, .matvec_1 = .matvec_f16_1, .matvec_8 = .matvec_f16_8, .activation = -1 },
         30 => .{ .name = "BF16", .block_values = 1, .block_bytes = 2, .get_rows = .get_rows_bf16, .matvec_1 = .matvec_bf16_1, .matvec_8 = .matvec_bf16_8, .activation = -1 },
-        2 => .{ .name = "Q4_0", .block_values = 32, .block_bytes = 18, .get_rows = .get_rows_q4_0, .matvec_1 = .matvec_q4_0_1, .matvec_8 = .matvec_q4_0_8, .matvec_multi = .matvec_multi_q4_0, .mmq = .{ .mmq_q4_0, .mmq_q4_0_64x128 }, .activation = 0 },
-        6 => .{ .name = "Q5_0", .block_values = 32, .block_bytes = 22, .get_rows = .get_rows_q5_0, .matvec_1 = .matvec_q5_0_1, .matvec_8 = .matvec_q5_0_8, .matvec_multi = .matvec_multi_q5_0, .mmq = .{ .mmq_q5_0, .mmq_q5_0_64x128 }, .activation = 0 },
-        8 => .{ .name = "Q8_0", .block_values = 32, .block_bytes = 34, .get_rows = .get_rows_q8_0, .matvec_1 = .matvec_q8_0_1, .matvec_8 = .matvec_q8_0_8, .matvec_multi = .matvec_multi_q8_0, .mmq = .{ .mmq_q8_0, .mmq_q8_0_64x128 }, .activation = 0 },
-        12 => .{ .name = "Q4_K", .block_values = 256, .block_bytes = 144, .get_rows = .get_rows_q4_k, .matvec_1 = .matvec_q4_k_1, .matvec_8 = .matvec_q4_k_8, .matvec_multi = .matvec_multi_q4_k, .mmq = .{ .mmq_q4_k, .mmq_q4_k_64x128 }, .activation = 1, .mmq_large = false },
-        13 => .{ .name = "Q5_K", .block_values = 256, .block_bytes = 176, .get_rows = .get_rows_q5_k, .matvec_1 = .matvec_q5_k_1, .matvec_8 = .matvec_q5_k_8, .matvec_multi = .matvec_multi_q5_k, .mmq = .{ .mmq_q5_k, .mmq_q5_k_64x128 }, .activation = 1, .mmq_large = false },
-        14 => .{ .name = "Q6_K", .block_values = 256, .block_bytes = 210, .get_rows = .get_rows_q6_k, .matvec_1 = .matvec_q6_k_1, .matvec_8 = .matvec_q6_k_8, .matvec_multi = .matvec_multi_q6_k, .mmq = .{ .mmq_q6_k, .mmq_q6_k_64x128 }, .activation = 1 },
+        2 => .{ .name = "Q4_0", .block_values = 32, .block_bytes = 18, .get_rows = .get_rows_q4_0, .matvec_1 = .matvec_q4_0_1, .matvec_8 = .matvec_q4_0_8, .matvec_multi = .matvec_multi_q4_0, .mmq = .mmq_q4_0, .mmq_prompt = .mmq_q4_0_64x128, .activation = 0 },
+        6 => .{ .name = "Q5_0", .block_values = 32, .block_bytes = 22, .get_rows = .get_rows_q5_0, .matvec_1 = .matvec_q5_0_1, .matvec_8 = .matvec_q5_0_8, .matvec_multi = .matvec_multi_q5_0, .mmq = .mmq_q5_0, .mmq_prompt = .mmq_q5_0_64x128, .activation = 0 },
+        8 => .{ .name = "Q8_0", .block_values = 32, .block_bytes = 34, .get_rows = .get_rows_q8_0, .matvec_1 = .matvec_q8_0_1, .matvec_8 = .matvec_q8_0_8, .matvec_multi = .matvec_multi_q8_0, .mmq = .mmq_q8_0, .mmq_prompt = .mmq_q8_0_64x128, .activation = 0 },
+        12 => .{ .name = "Q4_K", .block_values = 256, .block_bytes = 144, .get_rows = .get_rows_q4_k, .matvec_1 = .matvec_q4_k_1, .matvec_8 = .matvec_q4_k_8, .matvec_multi = .matvec_multi_q4_k, .mmq = .mmq_q4_k, .activation = 1 },
+        13 => .{ .name = "Q5_K", .block_values = 256, .block_bytes = 176, .get_rows = .get_rows_q5_k, .matvec_1 = .matvec_q5_k_1, .matvec_8 = .matvec_q5_k_8, .matvec_multi = .matvec_multi_q5_k, .mmq = .mmq_q5_k, .activation = 1 },
+        14 => .{ .name = "Q6_K", .block_values = 256, .block_bytes = 210, .get_rows = .get_rows_q6_k, .matvec_1 = .matvec_q6_k_1, .matvec_8 = .matvec_q6_k_8, .matvec_multi = .matvec_multi_q6_k, .mmq = .mmq_q6_k, .mmq_prompt = .mmq_q6_k_64x128, .activation = 1 },
         // The GPU layouts of shaders/cuda/packed.cuh (repack): groups of 256 values, the bytes of
         // the blocks they came from.
-        packed_type | 2 => .{ .name = "Q4_0 (GPU layout)", .block_values = 256, .block_bytes = 144, .get_rows = .get_rows_q4_0r, .matvec_1 = .matvec_q4_0r_1, .matvec_8 = .matvec_q4_0r_8, .matvec_multi = .matvec_multi_q4_0r, .mmq = .{ .mmq_q4_0r, .mmq_q4_0r_64x128 }, .activation = 0 },
-        packed_type | 8 => .{ .name = "Q8_0 (GPU layout)", .block_values = 256, .block_bytes = 272, .get_rows = .get_rows_q8_0r, .matvec_1 = .matvec_q8_0r_1, .matvec_8 = .matvec_q8_0r_8, .matvec_multi = .matvec_multi_q8_0r, .mmq = .{ .mmq_q8_0r, .mmq_q8_0r_64x128 }, .activation = 0 },
-        packed_type | 12 => .{ .name = "Q4_K (GPU layout)", .block_values = 256, .block_bytes = 144, .get_rows = .get_rows_q4_kr, .matvec_1 = .matvec_q4_kr_1, .matvec_8 = .matvec_q4_kr_8, .matvec_multi = .matvec_multi_q4_kr, .mmq = .{ .mmq_q4_kr, .mmq_q4_kr_64x128 }, .activation = 1, .mmq_large = false },
+        packed_type | 2 => .{ .name = "Q4_0 (GPU layout)", .block_values = 256, .block_bytes = 144, .get_rows = .get_rows_q4_0r, .matvec_1 = .matvec_q4_0r_1, .matvec_8 = .matvec_q4_0r_8, .matvec_multi = .matvec_multi_q4_0r, .mmq = .mmq_q4_0r, .mmq_prompt = .mmq_q4_0r_64x128, .activation = 0 },
+        packed_type | 8 => .{ .name = "Q8_0 (GPU layout)", .block_values = 256, .block_bytes = 272, .get_rows = .get_rows_q8_0r, .matvec_1 = .matvec_q8_0r_1, .matvec_8 = .matvec_q8_0r_8, .matvec_multi = .matvec_multi_q8_0r, .mmq = .mmq_q8_0r, .mmq_prompt = .mmq_q8_0r_64x128, .activation = 0 },
+        packed_type | 12 => .{ .name = "Q4_K (GPU layout)", .block_values = 256, .block_bytes = 144, .get_rows = .get_rows_q4_kr, .matvec_1 = .matvec_q4_kr_1, .matvec_8 = .matvec_q4_kr_8, .matvec_multi = .matvec_multi_q4_kr, .mmq = .mmq_q4_kr, .activation = 1 },
         else => null,
     };
 }

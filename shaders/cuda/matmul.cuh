@@ -203,7 +203,8 @@ __device__ __forceinline__ void mmq(const uint8_t* __restrict__ w, int n_out, in
   // the superblock, then meet d·dx and dmin·dx in one FMA each, as the CPU's dot does; per unit
   // that is two integer multiply-adds where the float combine took about ten instructions, the
   // cost that held the Q4_K prompt at a third of Q4_0's speed.
-  constexpr bool SUPER = T::SUPER && UNITS == 8;
+  constexpr bool SUPER = T::SUPER;
+  static_assert(!SUPER || UNITS == 8, "a stage of a K-quant is one whole superblock");
   __shared__ int w_words[ROWS * STRIDE];
   __shared__ typename pick<SUPER, int, typename T::P>::type w_params[ROWS * UNITS];
   __shared__ float2 w_dm[SUPER ? ROWS : 1];  // the superblock's d and dmin, per row
@@ -334,18 +335,21 @@ __device__ __forceinline__ void mmq(const uint8_t* __restrict__ w, int n_out, in
     pdl_begin();                                                                                           \
     mmq<T, ROWS, TOKS, UNITS>(w, n_out, n_in, xq, xd, n_tok, y);                                           \
   }
-#define MMQ_TYPES(SUFFIX, ROWS, TOKS, UNITS)          \
-  MMQ(mmq_q4_0##SUFFIX, Q4_0, ROWS, TOKS, UNITS)      \
-  MMQ(mmq_q5_0##SUFFIX, Q5_0, ROWS, TOKS, UNITS)      \
-  MMQ(mmq_q8_0##SUFFIX, Q8_0, ROWS, TOKS, UNITS)      \
-  MMQ(mmq_q4_k##SUFFIX, Q4_K, ROWS, TOKS, UNITS)      \
-  MMQ(mmq_q5_k##SUFFIX, Q5_K, ROWS, TOKS, UNITS)      \
-  MMQ(mmq_q6_k##SUFFIX, Q6_K, ROWS, TOKS, UNITS)    \
-  MMQ(mmq_q4_0r##SUFFIX, Q4_0R, ROWS, TOKS, UNITS)    \
-  MMQ(mmq_q8_0r##SUFFIX, Q8_0R, ROWS, TOKS, UNITS)    \
-  MMQ(mmq_q4_kr##SUFFIX, Q4_KR, ROWS, TOKS, UNITS)
-MMQ_TYPES(, 32, 64, 8)
-MMQ_TYPES(_64x128, 64, 128, 4)
+MMQ(mmq_q4_0, Q4_0, 32, 64, 8)
+MMQ(mmq_q5_0, Q5_0, 32, 64, 8)
+MMQ(mmq_q8_0, Q8_0, 32, 64, 8)
+MMQ(mmq_q4_k, Q4_K, 32, 64, 8)
+MMQ(mmq_q5_k, Q5_K, 32, 64, 8)
+MMQ(mmq_q6_k, Q6_K, 32, 64, 8)
+MMQ(mmq_q4_0r, Q4_0R, 32, 64, 8)
+MMQ(mmq_q8_0r, Q8_0R, 32, 64, 8)
+MMQ(mmq_q4_kr, Q4_KR, 32, 64, 8)
+MMQ(mmq_q4_0_64x128, Q4_0, 64, 128, 4)
+MMQ(mmq_q5_0_64x128, Q5_0, 64, 128, 4)
+MMQ(mmq_q8_0_64x128, Q8_0, 64, 128, 4)
+MMQ(mmq_q6_k_64x128, Q6_K, 64, 128, 4)
+MMQ(mmq_q4_0r_64x128, Q4_0R, 64, 128, 4)
+MMQ(mmq_q8_0r_64x128, Q8_0R, 64, 128, 4)
 
 // Up to three matrices with the same type, input and one token (q/k/v, gate/up) in one launch:
 // row blocks [0, b0) go to matrix 0, the next b1 to matrix 1, the rest to matrix 2. Each row is
