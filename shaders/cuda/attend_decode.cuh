@@ -252,12 +252,40 @@ __device__ __forceinline__ void attn_decode_body(const float* q, const __half* k
   if (tid == 0) arrived[group] = 0;
 }
 
+/// Before pdl_begin: the key and value rows of this block's first tile pulled into L2. All but the
+/// newest were written by earlier steps and have since been pushed out by the weights streaming
+/// through; the hint overlaps their DRAM round trip with the kernel before (the positions and
+/// the table are the host's uploads, in place before the step began).
+__device__ __forceinline__ void attn_decode_prefetch(const __half* kc, const __half* vc,
+                                                     const unsigned long long* kv_table, const int* positions,
+                                                     int n_kv_head, int head_dim, int window, int cells, int ring,
+                                                     int n_split) {
+  const int t = blockIdx.x / n_kv_head, kvh = blockIdx.x % n_kv_head, split = blockIdx.y;
+  if (kv_table != nullptr) {
+    kc = reinterpret_cast<const __half*>(kv_table[2 * t]);
+    vc = reinterpret_cast<const __half*>(kv_table[2 * t + 1]);
+  }
+  const int p = positions[t];
+  const int begin = (window > 0 && p + 1 > window) ? p + 1 - window : 0;
+  const int len = p + 1 - begin;
+  const int chunk = (len + n_split - 1) / n_split;
+  const int s0 = min(len, split * chunk), s1 = min(len, s0 + chunk);
+  const int j = s0 + static_cast<int>(threadIdx.x);
+  if (j >= min(s1, s0 + DECODE_TILE)) return;
+  const size_t row = static_cast<size_t>(attn_cell(begin + j, cells, ring)) * n_kv_head * head_dim + kvh * head_dim;
+  for (int b = 0; b < 2 * head_dim; b += 128) {
+    prefetch_l2(reinterpret_cast<const char*>(kc + row) + b);
+    prefetch_l2(reinterpret_cast<const char*>(vc + row) + b);
+  }
+}
+
 #define ATTN_DECODE(NAME, GM)                                                                                   \
   extern "C" __global__ void __launch_bounds__(DECODE_THREADS)                                                 \
       NAME(const float* q, const __half* kc, const __half* vc, const unsigned long long* kv_table,               \
            const int* positions, int n_head, int n_kv_head,                                                     \
            int head_dim, int window, int cells, int ring, float scale, int n_split, float* out, float* part_ml, \
            float* partial, unsigned int* arrived) {                                                              \
+    attn_decode_prefetch(kc, vc, kv_table, positions, n_kv_head, head_dim, window, cells, ring, n_split);         \
     pdl_begin();                                                                                                 \
     attn_decode_body<GM>(q, kc, vc, kv_table, positions, n_head, n_kv_head, head_dim, window, cells, ring, scale, n_split, \
                          out, part_ml, partial, arrived);                                                        \

@@ -13,12 +13,21 @@
 /// each kernel first waits for its predecessor's results (griddepcontrol.wait, a no-op when the
 /// launch had no such dependency), then lets its own successor start launching: the successor's
 /// blocks take free SM slots and wait in turn, and the launch latency between kernels overlaps
-/// the running kernel. Every kernel waiting before it touches memory keeps the order transitive.
+/// the running kernel. Every kernel waiting before it touches memory that a kernel writes keeps
+/// the order transitive; before the wait a kernel may read only what no kernel writes (weights)
+/// and pull anything into L2 (prefetch_l2: a hint, which cannot read stale data). Letting the
+/// successor launch before the wait (a chain of kernels resident ahead) was measured slower: 8B
+/// Q4_0 decode 431 vs 435 tok/s, 0.6B 1,166 vs 1,276 (bench/RESULTS.md, 2026-11-30 11:40).
 __device__ __forceinline__ void pdl_begin() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;");
 #endif
+}
+
+/// Pulls the 128-byte line holding p into L2 (no value is read; no fault on any address).
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

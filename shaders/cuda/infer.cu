@@ -186,20 +186,32 @@ __device__ __forceinline__ void store_quantized_row(F f, size_t base, int n_cols
   }
 }
 
+/// Before pdl_begin: the norm's weights (which no kernel writes) into shared memory, and the row
+/// the kernel will read first pulled into L2, so that after the wait only the kernel-before's
+/// output is a round trip away.
+__device__ __forceinline__ void stage_norm(const float* w, float* wrow, int n_cols, const float* row) {
+  if (w) {
+#pragma unroll 4
+    for (int i = threadIdx.x; i < n_cols; i += blockDim.x) wrow[i] = w[i];
+  }
+  for (int i = 32 * threadIdx.x; i < n_cols; i += 32 * blockDim.x) prefetch_l2(row + i);
+}
+
 /// rms_norm, then the result quantized for the matmuls that read it (rms_norm + quantize_*).
-/// The row and the weights are staged in shared memory (2 * n_cols floats) by the first pass, so
-/// the quantizing pass waits on no global load.
+/// The row and the weights are staged in shared memory (2 * n_cols floats), so the quantizing
+/// pass waits on no global load.
 extern "C" __global__ void rms_norm_q(const float* x, const float* w, int n_cols, float eps, float* out, int mode,
                                       int8_t* q, float* d) {
-  pdl_begin();
   extern __shared__ float row[];
   float* wrow = row + n_cols;
   const size_t base = static_cast<size_t>(blockIdx.x) * n_cols;
+  stage_norm(w, wrow, n_cols, x + base);
+  pdl_begin();
   double s = 0.0;
+#pragma unroll 4
   for (int i = threadIdx.x; i < n_cols; i += blockDim.x) {
     const float v = x[base + i];
     row[i] = v;
-    if (w) wrow[i] = w[i];
     s += static_cast<double>(v * v);
   }
   s = block_sum_d(s);  // as rms_scale, term for term; its barriers also publish row[] and wrow[]
@@ -210,21 +222,24 @@ extern "C" __global__ void rms_norm_q(const float* x, const float* w, int n_cols
 }
 
 /// sum = a + b (may alias a), then rms_norm(sum) quantized: add + rms_norm + quantize_*.
-/// Dynamic shared memory: 2 * n_cols floats (the sums, the weights).
+/// Dynamic shared memory: 2 * n_cols floats (the sums, the weights). Every load of a and b comes
+/// before the first store to sum, so the loads are in flight together (a store to sum, which
+/// may be a, would otherwise hold back the next load).
 extern "C" __global__ void add_rms_norm_q(const float* a, const float* b, float* sum, const float* w, int n_cols,
                                           float eps, float* out, int mode, int8_t* q, float* d) {
-  pdl_begin();
   extern __shared__ float row[];
   float* wrow = row + n_cols;
   const size_t base = static_cast<size_t>(blockIdx.x) * n_cols;
+  stage_norm(w, wrow, n_cols, a + base);
+  pdl_begin();
   double s = 0.0;
+#pragma unroll 4
   for (int i = threadIdx.x; i < n_cols; i += blockDim.x) {
     const float v = a[base + i] + b[base + i];
     row[i] = v;
-    if (w) wrow[i] = w[i];
-    sum[base + i] = v;
     s += static_cast<double>(v * v);
   }
+  for (int i = threadIdx.x; i < n_cols; i += blockDim.x) sum[base + i] = row[i];  // this thread's own
   s = block_sum_d(s);
   const float mean = static_cast<float>(s / static_cast<double>(n_cols));
   const float scale = 1.0f / sqrtf(mean + eps);

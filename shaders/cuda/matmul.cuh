@@ -99,7 +99,7 @@ __device__ __forceinline__ void matvec_prefetch(const uint8_t* w, int n_out, int
   const size_t row_bytes = static_cast<size_t>(n_in / T::BV) * T::BB;
   const uint8_t* wr = w + static_cast<size_t>(row) * row_bytes;
   for (size_t off = ((threadIdx.x & 31) + 32 * part) * 128; off < row_bytes; off += 32 * 128 * split) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(wr + off));
+    prefetch_l2(wr + off);
   }
 }
 

@@ -37,7 +37,21 @@ export class StepGraphs {
   readonly stats: StepStats = { eagerSteps: 0, captures: 0, graphLaunches: 0, stepOps: 0, stepOpsFused: 0,
     greedySteps: 0, greedyQueueMs: 0, greedyWaitMs: 0 };
 
+  /**
+   * Profiling only (bench/cuda-step-parts.ts): fused ops whose description matches are left out
+   * of the step, so that the step's GPU time without them prices them in place, overlaps and
+   * all. The step's results are then wrong. Each setting has graphs of its own (the key names
+   * it), so a bench can replay the graphs of several settings in turn.
+   */
+  private skip: RegExp | null = null;
+  /** What the ops of the last fused step do, in order (bench/cuda-step-parts.ts lists them). */
+  lastFused: string[] = [];
+
   constructor(private readonly lib: Lib, private readonly fusion: boolean) {}
+
+  setSkip(skip: RegExp | null): void {
+    this.skip = skip;
+  }
 
   begin(): void {
     this.recording = true;
@@ -80,12 +94,14 @@ export class StepGraphs {
     this.recording = false;
     const recorded = this.pending;
     this.pending = [];
-    const key = `${this.h1 >>> 0}:${this.h2 >>> 0}:${recorded.length}`;
+    const key = `${this.h1 >>> 0}:${this.h2 >>> 0}:${recorded.length}${this.skip ? `:${this.skip.source}` : ""}`;
     this.stats.stepOps = recorded.length;
     let exec = this.graphs.get(key);
     if (exec === undefined) { // the common case has nothing to fuse or capture
-      const ops = this.fusion ? fuseStep(this.lib, recorded) : recorded;
+      const fused = this.fusion ? fuseStep(this.lib, recorded) : recorded;
+      const ops = this.skip ? fused.filter((o) => !this.skip!.test(o.what)) : fused;
       this.stats.stepOpsFused = ops.length;
+      this.lastFused = ops.map((o) => o.what);
       if (!this.seen.has(key)) {
         this.seen.add(key);
         this.stats.eagerSteps++;

@@ -113,6 +113,13 @@ export class CudaBackend implements Backend {
   private stepStart = 0;
   /** The graph launched last (bench/cuda-decode.ts replays it to time the GPU alone). */
   lastGraph = 0;
+  /** Profiling only: leaves the matching ops out of decode steps (StepGraphs.setSkip). */
+  profileSkip(skip: RegExp | null): void {
+    this.steps.setSkip(skip);
+    this.lastGraph = 0;
+  }
+  /** What the ops of the last decode step's graph do, in order. */
+  get lastStepOps(): string[] { return this.steps.lastFused; }
 
   private constructor(options: CudaBackendOptions) {
     this.lib = native();
