@@ -121,6 +121,7 @@ const WEIGHT_TYPES: [string, number][] = [
 ];
 const N_IN = 768, N_OUT = 37, COLS = 96;
 const LONG_ROWS = [6144, 12288];
+const TALL: [number, number][] = [[256, 17_000], [6144, 8_500]];
 const LONG_ROW_TYPES = WEIGHT_TYPES.filter(([name]) => ["Q4_0", "Q8_0", "Q4_K", "Q6_K"].includes(name));
 
 /** One GGUF of test tensors: a weight of each type, norm weights, RoPE factors, a bias. */
@@ -135,6 +136,11 @@ function opsFile(): GgufFile {
     for (const n of LONG_ROWS) {
       tensors.push({ name: `w.${name}.${n}`, type, dims: [n, N_OUT], data: randomTensorData(type, n * N_OUT, n + type, 0.05) });
     }
+  }
+  // Tall Q4_0 matrices: more row blocks than one wave of blocks (16 a multiprocessor at most), so
+  // each block of a one-token matvec loops over several (split rows too).
+  for (const [n, rows] of TALL) {
+    tensors.push({ name: `w.tall.${n}`, type: GgmlType.Q4_0, dims: [n, rows], data: randomTensorData(GgmlType.Q4_0, n * rows, rows, 0.05) });
   }
   f32("norm", randomF32(COLS, 1, 0.5).map((v) => v + 1));
   f32("norm.head", randomF32(32, 2, 0.5).map((v) => v + 1));
@@ -236,6 +242,17 @@ describe.skipIf(noCuda)("CUDA ops equal the CPU backend's", () => {
       }
     });
   }
+
+  test("matmul Q4_0, one row through 17,000 rows of 256 and 8,500 of 6,144 (blocks loop over row blocks)", () => {
+    for (const [n, rows] of TALL) {
+      const [wc, wg] = weights(p, file, `w.tall.${n}`);
+      const [xc, xg] = acts(p, 1, n, randomF32(n, rows, 2));
+      const [oc, og] = acts(p, 1, rows);
+      p.cpu.matmul(wc, xc, 1, oc);
+      p.gpu.matmul(wg, xg, 1, og);
+      report(`Q4_0 ${rows} x ${n}`, compare(p, oc, og, 1), TOL_MATMUL);
+    }
+  });
 
   test("embed rejects an id outside the table", () => {
     const [, wg] = weights(p, file, "w.Q8_0");

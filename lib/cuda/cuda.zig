@@ -37,6 +37,8 @@ const State = struct {
     stream: driver.CUstream,
     module: driver.CUmodule,
     kernels: [kernel_count]driver.CUfunction,
+    /// Blocks of 128 threads of each kernel resident on a multiprocessor at once (0: not asked yet).
+    resident: [kernel_count]u8 = [_]u8{0} ** kernel_count,
     name: [256]u8,
     sm_count: i32,
     cc_major: i32,
@@ -106,6 +108,7 @@ pub fn init(path: []const u8, ordinal: i32) i32 {
         const n = std.fmt.parseInt(u32, v, 10) catch 0;
         if (n == 1 or n == 2 or n == 4) matvec_split = n;
     }
+    if (std.posix.getenv("INFER_CUDA_MATVEC_CTAS")) |v| matvec_ctas = std.fmt.parseInt(u32, v, 10) catch null;
     if (std.posix.getenv("INFER_CUDA_MMQ_TILE")) |v| {
         for (mmq_tiles, 0..) |t, i| {
             var buf: [32]u8 = undefined;
@@ -521,6 +524,36 @@ fn matvecSplit(n_in: u64) u32 {
 }
 var matvec_split: ?u32 = null;
 
+/// One-token matvecs (matvec_*_1, matvec_multi_*) launch one wave: as many blocks as fit on the
+/// GPU at once (the driver's occupancy for 128 threads × multiprocessors), each looping over row
+/// blocks. Every block is then resident from the start, so the kernel lets its successor launch
+/// (pdl_begin) at once and the next norm or attention waits on the GPU already, where a grid of a
+/// block per row block (up to 7,168 for an 8B model's gate/up) let it launch only once its last
+/// wave had started. Measured on an H200 (bench/RESULTS.md, 11:25): 8B Q4_0 418 -> 435 tok/s,
+/// 0.6B 1,233 -> 1,273; a grid past one wave (8 blocks a multiprocessor where 6 fit, Q8_0) was
+/// slower than a block per row block. INFER_CUDA_MATVEC_CTAS=n at init: n blocks a multiprocessor
+/// instead, 0 a block per row block (for comparisons).
+var matvec_ctas: ?u32 = null;
+fn matvecGrid(kernel: Kernel, row_blocks: u64) u64 {
+    const s = ready() orelse return row_blocks;
+    const per_sm: u64 = matvec_ctas orelse resident(s, kernel);
+    if (per_sm == 0) return row_blocks;
+    return @min(row_blocks, per_sm * @as(u64, @intCast(s.sm_count)));
+}
+
+/// Blocks of 128 threads (no dynamic shared memory) of kernel k resident on a multiprocessor at
+/// once, as the driver computes it from registers and shared memory; 0 when it cannot say.
+fn resident(s: *State, k: Kernel) u8 {
+    const i = @intFromEnum(k);
+    if (s.resident[i] == 0) {
+        const occupancy = driver.optional.cuOccupancyMaxActiveBlocksPerMultiprocessor orelse return 0;
+        var n: c_int = 0;
+        if (occupancy(&n, s.kernels[i], 128, 0) != driver.success or n <= 0) return 0;
+        s.resident[i] = @intCast(@min(n, 255));
+    }
+    return s.resident[i];
+}
+
 /// y[t][o] = W[o] · x[t] for t < n_tok. Quantized W reads the activations from xq/xd (see
 /// quantize, in W's activation format); float W reads x.
 pub fn matmul(w: u64, type_id: u32, n_out: u64, n_in: u64, x: u64, xq: u64, xd: u64, n_tok: u64, y: u64) i32 {
@@ -542,7 +575,8 @@ pub fn matmul(w: u64, type_id: u32, n_out: u64, n_in: u64, x: u64, xq: u64, xd: 
         }
     }
     const split: u32 = if (n_tok == 1) matvecSplit(n_in) else 1;
-    return launch(kernel, ceilDiv(n_out, 4 / split), grid_y, 128, .{ w, out, in, xq, xd, tok, y, @as(i32, @intCast(split)) });
+    const row_blocks = ceilDiv(n_out, 4 / split);
+    return launch(kernel, if (n_tok == 1) matvecGrid(kernel, row_blocks) else row_blocks, grid_y, 128, .{ w, out, in, xq, xd, tok, y, @as(i32, @intCast(split)) });
 }
 
 /// Threads of a row's RMSNorm (rms_norm, rms_norm_q, add_rms_norm_q). A decode step has a row or
@@ -793,7 +827,7 @@ pub fn matmulMulti(type_id: u32, n_in: u64, xq: u64, xd: u64, w0: u64, n0: u64, 
     const split = matvecSplit(n_in);
     const rows_per_block = 4 / split;
     const blocks = ceilDiv(n0, rows_per_block) + ceilDiv(n1, rows_per_block) + ceilDiv(n2, rows_per_block);
-    return launch(kernel, blocks, 1, 128, .{ w0, a, y0, w1, b, y1, w2, c, y2, in, xq, xd, @as(i32, @intCast(split)) });
+    return launch(kernel, matvecGrid(kernel, blocks), 1, 128, .{ w0, a, y0, w1, b, y1, w2, c, y2, in, xq, xd, @as(i32, @intCast(split)) });
 }
 
 /// out = act(gate) * up (kind 0 = GELU, 1 = SiLU) over n_rows x n_cols, quantized.

@@ -112,6 +112,8 @@ pub const Optional = struct {
     cuProfilerStop: ?*const fn () callconv(cc) CUresult = null,
     /// CUDA 11.8+; without it kernels launch without programmatic dependent launch.
     cuLaunchKernelEx: ?*const fn (*const CUlaunchConfig, CUfunction, ?[*]?*anyopaque, ?[*]?*anyopaque) callconv(cc) CUresult = null,
+    /// Without it one-token matvecs launch a block per row block rather than one wave.
+    cuOccupancyMaxActiveBlocksPerMultiprocessor: ?*const fn (*c_int, CUfunction, c_int, usize) callconv(cc) CUresult = null,
 };
 
 pub var optional: Optional = .{};

@@ -17,7 +17,7 @@
 /// the order transitive; before the wait a kernel may read only what no kernel writes (weights)
 /// and pull anything into L2 (prefetch_l2: a hint, which cannot read stale data). Letting the
 /// successor launch before the wait (a chain of kernels resident ahead) was measured slower: 8B
-/// Q4_0 decode 431 vs 435 tok/s, 0.6B 1,166 vs 1,276 (bench/RESULTS.md, 2026-11-30 11:40).
+/// Q4_0 decode 431 vs 435 tok/s, 0.6B 1,166 vs 1,276 (bench/RESULTS.md, 2026-11-30 11:05).
 __device__ __forceinline__ void pdl_begin() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");

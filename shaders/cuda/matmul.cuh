@@ -130,12 +130,25 @@ __device__ __forceinline__ void matvec_f(const uint8_t* __restrict__ w, int n_ou
   }
 }
 
+/// Row blocks b, b + gridDim.x, ... of `blocks` for block b: one each when the grid has a block per
+/// row block (the default), several when lib/cuda caps the grid (INFER_CUDA_MATVEC_CTAS). The
+/// `parts` of a split row are rewritten by the next row block only after every warp read them.
+template <class F>
+__device__ __forceinline__ void for_row_blocks(int blocks, int split, F f) {
+  for (int rb = blockIdx.x; rb < blocks; rb += gridDim.x) {
+    f(rb);
+    if (split > 1 && rb + static_cast<int>(gridDim.x) < blocks) __syncthreads();
+  }
+}
+
 #define MATVEC_Q(NAME, T, NT)                                                                              \
   extern "C" __global__ void __launch_bounds__(128) NAME(const uint8_t* w, int n_out, int n_in, const int8_t* xq, \
                                                          const float* xd, int n_tok, float* y, int split) { \
     matvec_prefetch<T>(w, n_out, n_in, blockIdx.x, split);                                               \
     pdl_begin();                                                                                          \
-    matvec_q<T, NT>(w, n_out, n_in, xq, xd, n_tok, y, blockIdx.x, split);                                   \
+    const int per_block = 4 / split;                                                                      \
+    for_row_blocks((n_out + per_block - 1) / per_block, split,                                            \
+                   [&](int rb) { matvec_q<T, NT>(w, n_out, n_in, xq, xd, n_tok, y, rb, split); });        \
   }
 #define MATVEC_F(NAME, T, NT)                                                                           \
   extern "C" __global__ void __launch_bounds__(128) NAME(const uint8_t* w, int n_out, int n_in, const float* x, \
@@ -360,14 +373,17 @@ __device__ __forceinline__ void matvec_multi(const uint8_t* w0, int n0, float* y
                                              const int8_t* xq, const float* xd, int split) {
   const int rows_per_block = (blockDim.x >> 5) / split;
   const int b0 = (n0 + rows_per_block - 1) / rows_per_block, b1 = (n1 + rows_per_block - 1) / rows_per_block;
-  const int rb = blockIdx.x;
-  if (rb < b0) matvec_prefetch<T>(w0, n0, n_in, rb, split);
-  else if (rb < b0 + b1) matvec_prefetch<T>(w1, n1, n_in, rb - b0, split);
-  else matvec_prefetch<T>(w2, n2, n_in, rb - b0 - b1, split);
+  const int b2 = (n2 + rows_per_block - 1) / rows_per_block;
+  const int first = blockIdx.x;
+  if (first < b0) matvec_prefetch<T>(w0, n0, n_in, first, split);
+  else if (first < b0 + b1) matvec_prefetch<T>(w1, n1, n_in, first - b0, split);
+  else matvec_prefetch<T>(w2, n2, n_in, first - b0 - b1, split);
   pdl_begin();
-  if (rb < b0) matvec_q<T, 1>(w0, n0, n_in, xq, xd, 1, y0, rb, split);
-  else if (rb < b0 + b1) matvec_q<T, 1>(w1, n1, n_in, xq, xd, 1, y1, rb - b0, split);
-  else matvec_q<T, 1>(w2, n2, n_in, xq, xd, 1, y2, rb - b0 - b1, split);
+  for_row_blocks(b0 + b1 + b2, split, [&](int rb) {
+    if (rb < b0) matvec_q<T, 1>(w0, n0, n_in, xq, xd, 1, y0, rb, split);
+    else if (rb < b0 + b1) matvec_q<T, 1>(w1, n1, n_in, xq, xd, 1, y1, rb - b0, split);
+    else matvec_q<T, 1>(w2, n2, n_in, xq, xd, 1, y2, rb - b0 - b1, split);
+  });
 }
 
 #define MATVEC_MULTI(NAME, T)                                                                                   \
