@@ -33,6 +33,33 @@ __device__ __forceinline__ void unpack_half8(const uint4& raw, float (&v)[8]) {
   }
 }
 
+/// What a block of attn_decode_* attends: row t's KV head kvh, the keys [s0, s1) of its split
+/// among the visible ones (from position `begin`), in the caches kc and vc (the row's own, from
+/// the table, when there is one).
+struct DecodeSpan {
+  int t, kvh, split, begin, s0, s1;
+  const __half* kc;
+  const __half* vc;
+};
+
+__device__ __forceinline__ DecodeSpan decode_span(const __half* kc, const __half* vc,
+                                                  const unsigned long long* kv_table, const int* positions,
+                                                  int n_kv_head, int window, int n_split) {
+  DecodeSpan r;
+  r.t = blockIdx.x / n_kv_head;
+  r.kvh = blockIdx.x % n_kv_head;
+  r.split = blockIdx.y;
+  r.kc = kv_table != nullptr ? reinterpret_cast<const __half*>(kv_table[2 * r.t]) : kc;
+  r.vc = kv_table != nullptr ? reinterpret_cast<const __half*>(kv_table[2 * r.t + 1]) : vc;
+  const int p = positions[r.t];
+  r.begin = (window > 0 && p + 1 > window) ? p + 1 - window : 0;
+  const int len = p + 1 - r.begin;
+  const int chunk = (len + n_split - 1) / n_split;
+  r.s0 = min(len, r.split * chunk);
+  r.s1 = min(len, r.s0 + chunk);
+  return r;
+}
+
 /// GM: the group size the registers are laid out for (1, 2, 4 or 8); the group G <= GM.
 template <int GM>
 __device__ __forceinline__ void attn_decode_body(const float* q, const __half* kc, const __half* vc,
@@ -49,17 +76,11 @@ __device__ __forceinline__ void attn_decode_body(const float* q, const __half* k
   __shared__ __align__(16) float red[GM * 1024];
   __shared__ bool last;
   const int G = n_head / n_kv_head;
-  const int t = blockIdx.x / n_kv_head, kvh = blockIdx.x % n_kv_head, split = blockIdx.y;
+  const DecodeSpan span = decode_span(kc, vc, kv_table, positions, n_kv_head, window, n_split);
+  const int t = span.t, kvh = span.kvh, split = span.split, begin = span.begin, s0 = span.s0, s1 = span.s1;
+  kc = span.kc;
+  vc = span.vc;
   const int h0 = kvh * G;
-  if (kv_table != nullptr) {
-    kc = reinterpret_cast<const __half*>(kv_table[2 * t]);
-    vc = reinterpret_cast<const __half*>(kv_table[2 * t + 1]);
-  }
-  const int p = positions[t];
-  const int begin = (window > 0 && p + 1 > window) ? p + 1 - window : 0;
-  const int len = p + 1 - begin;
-  const int chunk = (len + n_split - 1) / n_split;
-  const int s0 = min(len, split * chunk), s1 = min(len, s0 + chunk);
   const int kv_dim = n_kv_head * head_dim;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   // The G query heads of this KV head are contiguous in the row.
@@ -260,22 +281,14 @@ __device__ __forceinline__ void attn_decode_prefetch(const __half* kc, const __h
                                                      const unsigned long long* kv_table, const int* positions,
                                                      int n_kv_head, int head_dim, int window, int cells, int ring,
                                                      int n_split) {
-  const int t = blockIdx.x / n_kv_head, kvh = blockIdx.x % n_kv_head, split = blockIdx.y;
-  if (kv_table != nullptr) {
-    kc = reinterpret_cast<const __half*>(kv_table[2 * t]);
-    vc = reinterpret_cast<const __half*>(kv_table[2 * t + 1]);
-  }
-  const int p = positions[t];
-  const int begin = (window > 0 && p + 1 > window) ? p + 1 - window : 0;
-  const int len = p + 1 - begin;
-  const int chunk = (len + n_split - 1) / n_split;
-  const int s0 = min(len, split * chunk), s1 = min(len, s0 + chunk);
-  const int j = s0 + static_cast<int>(threadIdx.x);
-  if (j >= min(s1, s0 + DECODE_TILE)) return;
-  const size_t row = static_cast<size_t>(attn_cell(begin + j, cells, ring)) * n_kv_head * head_dim + kvh * head_dim;
+  const DecodeSpan span = decode_span(kc, vc, kv_table, positions, n_kv_head, window, n_split);
+  const int j = span.s0 + static_cast<int>(threadIdx.x);
+  if (j >= min(span.s1, span.s0 + DECODE_TILE)) return;
+  const size_t row =
+      static_cast<size_t>(attn_cell(span.begin + j, cells, ring)) * n_kv_head * head_dim + span.kvh * head_dim;
   for (int b = 0; b < 2 * head_dim; b += 128) {
-    prefetch_l2(reinterpret_cast<const char*>(kc + row) + b);
-    prefetch_l2(reinterpret_cast<const char*>(vc + row) + b);
+    prefetch_l2(reinterpret_cast<const char*>(span.kc + row) + b);
+    prefetch_l2(reinterpret_cast<const char*>(span.vc + row) + b);
   }
 }
 
