@@ -765,114 +765,114 @@ export fn infer_cuda_graph_destroy(exec: u64) void {
 
 /// dst[i] = row ids[i] (i < n_ids, ids on the device) of a table of rows of n_cols values.
 export fn infer_cuda_get_rows(type_id: u32, table: u64, n_cols: u64, n_ids: u64, ids: u64, dst: u64) i32 {
-    return cuda.getRows(type_id, table, n_cols, n_ids, ids, dst);
+    return cuda.ops.getRows(type_id, table, n_cols, n_ids, ids, dst);
 }
 
 /// Quantizes f32 rows for a quantized matmul: mode 0 = Q8_0, 1 = Q8_K (q: int8, d: f32 per 32).
 export fn infer_cuda_quantize(x: u64, n_rows: u64, n_cols: u64, mode: u32, q: u64, d: u64) i32 {
-    return cuda.quantize(x, n_rows, n_cols, mode, q, d);
+    return cuda.ops.quantize(x, n_rows, n_cols, mode, q, d);
 }
 
 /// y[t][o] = W[o] · x[t]; quantized W reads xq/xd (infer_cuda_quantize), float W reads x.
 export fn infer_cuda_matmul(w: u64, type_id: u32, n_out: u64, n_in: u64, x: u64, xq: u64, xd: u64, n_tok: u64, y: u64) i32 {
-    return cuda.matmul(w, type_id, n_out, n_in, x, xq, xd, n_tok, y);
+    return cuda.ops.matmul(w, type_id, n_out, n_in, x, xq, xd, n_tok, y);
 }
 
 /// out = rms_norm(x) · weight per row (weight 0: none); out may alias x.
 export fn infer_cuda_rms_norm(x: u64, weight: u64, n_rows: u64, n_cols: u64, eps: f32, out: u64) i32 {
-    return cuda.rmsNorm(x, weight, n_rows, n_cols, eps, out);
+    return cuda.ops.rmsNorm(x, weight, n_rows, n_cols, eps, out);
 }
 
 export fn infer_cuda_rms_norm_add(x: u64, weight: u64, n_rows: u64, n_cols: u64, eps: f32, residual: u64) i32 {
-    return cuda.rmsNormAdd(x, weight, n_rows, n_cols, eps, residual);
+    return cuda.ops.rmsNormAdd(x, weight, n_rows, n_cols, eps, residual);
 }
 
 /// In-place RoPE as infer_rope_ext; positions (i32 per token) and freq factors (0: none) on the device.
 export fn infer_cuda_rope(x: u64, n_tok: u64, n_heads: u64, head_dim: u64, n_rot: u64, positions: u64, freq_base: f32, freq_scale: f32, mode: u32, freq_factors: u64) i32 {
-    return cuda.rope(x, n_tok, n_heads, head_dim, n_rot, positions, freq_base, freq_scale, mode, freq_factors);
+    return cuda.ops.rope(x, n_tok, n_heads, head_dim, n_rot, positions, freq_base, freq_scale, mode, freq_factors);
 }
 
 /// Rows of k and v into the f16 cache at cell positions[t] (mod cells when ring).
 export fn infer_cuda_kv_store(k: u64, v: u64, kv_dim: u64, n_tok: u64, k_cache: u64, v_cache: u64, positions: u64, cells: u64, ring: bool) i32 {
-    return cuda.kvStore(k, v, kv_dim, n_tok, k_cache, v_cache, positions, cells, ring);
+    return cuda.ops.kvStore(k, v, kv_dim, n_tok, k_cache, v_cache, positions, cells, ring);
 }
 
 /// f32 values of scratch infer_cuda_attention needs.
 export fn infer_cuda_attention_scratch(n_tok: u64, n_head: u64, head_dim: u64, cells: u64, n_split: u64) u64 {
-    return cuda.attentionScratch(n_tok, n_head, head_dim, cells, n_split);
+    return cuda.ops.attentionScratch(n_tok, n_head, head_dim, cells, n_split);
 }
 
 /// Causal (optionally sliding-window) GQA over the f16 cache, split n_split ways over the keys.
 /// per_head: the per-query-head kernels (attn_scores + attn_values) even where attn_decode_* fits.
 export fn infer_cuda_attention(q: u64, k_cache: u64, v_cache: u64, out: u64, positions: u64, n_tok: u64, n_head: u64, n_kv_head: u64, head_dim: u64, window: u64, cells: u64, ring: bool, scale: f32, scratch: u64, scratch_floats: u64, n_split: u64, arrived: u64, per_head: bool) i32 {
-    return cuda.attention(q, k_cache, v_cache, out, positions, n_tok, n_head, n_kv_head, head_dim, window, cells, ring, scale, scratch, scratch_floats, n_split, arrived, per_head);
+    return cuda.ops.attention(q, k_cache, v_cache, out, positions, n_tok, n_head, n_kv_head, head_dim, window, cells, ring, scale, scratch, scratch_floats, n_split, arrived, per_head);
 }
 
 /// Attention of rows of different sequences in one launch (the server's batched decode): row t
 /// over the f16 caches at kv_table[2t] (keys) and kv_table[2t + 1] (values), a device table of
 /// 2 * n_tok addresses.
 export fn infer_cuda_attention_rows(q: u64, kv_table: u64, out: u64, positions: u64, n_tok: u64, n_head: u64, n_kv_head: u64, head_dim: u64, window: u64, cells: u64, ring: bool, scale: f32, scratch: u64, scratch_floats: u64, n_split: u64, arrived: u64) i32 {
-    return cuda.attentionRows(q, kv_table, out, positions, n_tok, n_head, n_kv_head, head_dim, window, cells, ring, scale, scratch, scratch_floats, n_split, arrived);
+    return cuda.ops.attentionRows(q, kv_table, out, positions, n_tok, n_head, n_kv_head, head_dim, window, cells, ring, scale, scratch, scratch_floats, n_split, arrived);
 }
 
 /// Whether infer_cuda_attention_rows takes these shapes.
 export fn infer_cuda_attention_rows_fit(n_head: u64, n_kv_head: u64, head_dim: u64) bool {
-    return cuda.decodeAttentionFits(n_head, n_kv_head, head_dim);
+    return cuda.ops.decodeAttentionFits(n_head, n_kv_head, head_dim);
 }
 
 /// Keys and values of rows of different sequences into their caches (the table as above).
 export fn infer_cuda_kv_store_rows(k: u64, v: u64, kv_dim: u64, n_tok: u64, kv_table: u64, positions: u64, cells: u64, ring: bool) i32 {
-    return cuda.kvStoreRows(k, v, kv_dim, n_tok, kv_table, positions, cells, ring);
+    return cuda.ops.kvStoreRows(k, v, kv_dim, n_tok, kv_table, positions, cells, ring);
 }
 
 export fn infer_cuda_gelu_mul(gate: u64, up: u64, n: u64, out: u64) i32 {
-    return cuda.geluMul(gate, up, n, out);
+    return cuda.ops.geluMul(gate, up, n, out);
 }
 
 export fn infer_cuda_silu_mul(gate: u64, up: u64, n: u64, out: u64) i32 {
-    return cuda.siluMul(gate, up, n, out);
+    return cuda.ops.siluMul(gate, up, n, out);
 }
 
 export fn infer_cuda_add(a: u64, b: u64, n: u64, out: u64) i32 {
-    return cuda.add(a, b, n, out);
+    return cuda.ops.add(a, b, n, out);
 }
 
 export fn infer_cuda_scale(x: u64, n: u64, s: f32) i32 {
-    return cuda.scale(x, n, s);
+    return cuda.ops.scale(x, n, s);
 }
 
 export fn infer_cuda_add_row_bias(x: u64, bias: u64, n_rows: u64, n_cols: u64) i32 {
-    return cuda.addRowBias(x, bias, n_rows, n_cols);
+    return cuda.ops.addRowBias(x, bias, n_rows, n_cols);
 }
 
 /// rms_norm then quantize of its output (the two calls fused; equal bit for bit).
 export fn infer_cuda_rms_norm_quant(x: u64, weight: u64, n_rows: u64, n_cols: u64, eps: f32, out: u64, mode: u32, q: u64, d: u64) i32 {
-    return cuda.rmsNormQuant(x, weight, n_rows, n_cols, eps, out, mode, q, d);
+    return cuda.ops.rmsNormQuant(x, weight, n_rows, n_cols, eps, out, mode, q, d);
 }
 
 /// sum = a + b, out = rms_norm(sum) · weight, quantized (add + rms_norm + quantize fused).
 export fn infer_cuda_add_rms_norm_quant(a: u64, b: u64, sum: u64, weight: u64, n_rows: u64, n_cols: u64, eps: f32, out: u64, mode: u32, q: u64, d: u64) i32 {
-    return cuda.addRmsNormQuant(a, b, sum, weight, n_rows, n_cols, eps, out, mode, q, d);
+    return cuda.ops.addRmsNormQuant(a, b, sum, weight, n_rows, n_cols, eps, out, mode, q, d);
 }
 
 /// In-place rms_norm of two tensors (query and key head norms) in one launch.
 export fn infer_cuda_rms_norm2(xa: u64, wa: u64, rows_a: u64, xb: u64, wb: u64, rows_b: u64, n_cols: u64, eps: f32) i32 {
-    return cuda.rmsNorm2(xa, wa, rows_a, xb, wb, rows_b, n_cols, eps);
+    return cuda.ops.rmsNorm2(xa, wa, rows_a, xb, wb, rows_b, n_cols, eps);
 }
 
 /// Two or three one-token matmuls over the same quantized input in one launch (n2 = 0: two).
 export fn infer_cuda_matmul_multi(type_id: u32, n_in: u64, xq: u64, xd: u64, w0: u64, n0: u64, y0: u64, w1: u64, n1: u64, y1: u64, w2: u64, n2: u64, y2: u64) i32 {
-    return cuda.matmulMulti(type_id, n_in, xq, xd, w0, n0, y0, w1, n1, y1, w2, n2, y2);
+    return cuda.ops.matmulMulti(type_id, n_in, xq, xd, w0, n0, y0, w1, n1, y1, w2, n2, y2);
 }
 
 /// gelu_mul (kind 0) or silu_mul (kind 1), then quantize of the product.
 export fn infer_cuda_act_mul_quant(kind: u32, gate: u64, up: u64, n_rows: u64, n_cols: u64, out: u64, mode: u32, q: u64, d: u64) i32 {
-    return cuda.actMulQuant(kind, gate, up, n_rows, n_cols, out, mode, q, d);
+    return cuda.ops.actMulQuant(kind, gate, up, n_rows, n_cols, out, mode, q, d);
 }
 
 /// RoPE of queries and keys in one launch.
 export fn infer_cuda_rope2(xa: u64, heads_a: u64, xb: u64, heads_b: u64, n_tok: u64, head_dim: u64, n_rot: u64, positions: u64, freq_base: f32, freq_scale: f32, mode: u32, freq_factors: u64) i32 {
-    return cuda.rope2(xa, heads_a, xb, heads_b, n_tok, head_dim, n_rot, positions, freq_base, freq_scale, mode, freq_factors);
+    return cuda.ops.rope2(xa, heads_a, xb, heads_b, n_tok, head_dim, n_rot, positions, freq_base, freq_scale, mode, freq_factors);
 }
 
 /// Queues device -> host into pinned memory (infer_cuda_host_alloc) and records event `slot`.
@@ -887,16 +887,17 @@ export fn infer_cuda_event_wait(slot: u32) i32 {
 
 /// One token: q/k head norms (wq = wk = 0: none), RoPE of both, k/v into the f16 cache.
 export fn infer_cuda_norm_rope_store(q: u64, heads_q: u64, k: u64, heads_k: u64, v: u64, wq: u64, wk: u64, eps: f32, head_dim: u64, n_rot: u64, positions: u64, freq_base: f32, freq_scale: f32, mode: u32, freq_factors: u64, k_cache: u64, v_cache: u64, cells: u64, ring: bool) i32 {
-    return cuda.normRopeStore(q, heads_q, k, heads_k, v, wq, wk, eps, head_dim, n_rot, positions, freq_base, freq_scale, mode, freq_factors, k_cache, v_cache, cells, ring);
+    return cuda.ops.normRopeStore(q, heads_q, k, heads_k, v, wq, wk, eps, head_dim, n_rot, positions, freq_base, freq_scale, mode, freq_factors, k_cache, v_cache, cells, ring);
 }
 
 /// out[0] = argmax of n f32 values (greedy sampling on the device); scratch: 16 zeroed bytes.
 export fn infer_cuda_argmax(x: u64, n: u64, scratch: u64, out: u64) i32 {
-    return cuda.argmax(x, n, scratch, out);
+    return cuda.ops.argmax(x, n, scratch, out);
 }
 
 test {
     _ = cuda;
+    _ = cuda.ops;
 }
 // (cuda helper section: end)
 

@@ -1,9 +1,9 @@
-//! Host-side dispatch of the CUDA backend: device and context, one stream, device memory, the
-//! kernel module (shaders/cuda/infer.cu, compiled by shaders/cuda/build.sh and loaded from a path
-//! at run time), stream capture into CUDA graphs, and one function per op that validates its
-//! arguments and launches kernels. Every driver call's status becomes a Status with a message
-//! (lib/status.zig); nothing here needs CUDA at build time (lib/cuda/driver.zig loads libcuda).
-//! Device addresses cross the C ABI as u64.
+//! Host side of the CUDA backend: device and context, one stream, device memory, the kernel
+//! module (shaders/cuda/infer.cu, compiled by shaders/cuda/build.sh and loaded from a path at
+//! run time), stream capture into CUDA graphs, and the launch of a kernel; the ops, a function
+//! each that validates its arguments and launches kernels, are lib/cuda/ops.zig. Every driver
+//! call's status becomes a Status with a message (lib/status.zig); nothing here needs CUDA at
+//! build time (lib/cuda/driver.zig loads libcuda). Device addresses cross the C ABI as u64.
 const std = @import("std");
 const status = @import("../status.zig");
 const driver = @import("driver.zig");
@@ -15,6 +15,9 @@ pub const weightKind = kernels.weightKind;
 pub const packed_type = kernels.packed_type;
 pub const repackedType = kernels.repackedType;
 const kernel_count = kernels.kernel_count;
+
+/// The ops (what each validates and launches): lib/cuda/ops.zig.
+pub const ops = @import("ops.zig");
 
 /// Rewrites n_rows rows of n_in values of ggml type `type_id` at w (device memory, just
 /// uploaded) into the GPU layout repackedType names, in place, in stream order. A type without
@@ -31,7 +34,7 @@ pub fn repack(w: u64, type_id: u32, n_rows: u64, n_in: u64) i32 {
     return launch(kernel, ceilDiv(groups, 128), 1, 128, .{ w, @as(i64, @intCast(groups)) });
 }
 
-const State = struct {
+pub const State = struct {
     device: driver.CUdevice,
     context: driver.CUcontext,
     stream: driver.CUstream,
@@ -66,7 +69,7 @@ fn notInitialized() i32 {
 }
 
 /// The state, with its context current on this thread; null after recording an error.
-fn ready() ?*State {
+pub fn ready() ?*State {
     const s = &(state orelse {
         _ = notInitialized();
         return null;
@@ -92,7 +95,7 @@ fn cuFail(rc: driver.CUresult, comptime what: []const u8, args: anytype) i32 {
     return status.fail(kind, "CUDA error {s}: {s} ({s})", .{ prefix, name, text });
 }
 
-fn invalid(comptime fmt: []const u8, args: anytype) i32 {
+pub fn invalid(comptime fmt: []const u8, args: anytype) i32 {
     return status.fail(.invalid_argument, fmt, args);
 }
 
@@ -103,19 +106,7 @@ fn invalid(comptime fmt: []const u8, args: anytype) i32 {
 /// `unsupported` with a message starting "CUDA not available: ".
 pub fn init(path: []const u8, ordinal: i32) i32 {
     if (state != null) return 0;
-    if (std.posix.getenv("INFER_CUDA_MMQ")) |v| mmq_enabled = !std.mem.eql(u8, v, "0");
-    if (std.posix.getenv("INFER_CUDA_MATVEC_SPLIT")) |v| {
-        const n = std.fmt.parseInt(u32, v, 10) catch 0;
-        if (n == 1 or n == 2 or n == 4) matvec_split = n;
-    }
-    if (std.posix.getenv("INFER_CUDA_MATVEC_CTAS")) |v| matvec_ctas = std.fmt.parseInt(u32, v, 10) catch null;
-    if (std.posix.getenv("INFER_CUDA_MMQ_TILE")) |v| {
-        for (mmq_tiles, 0..) |t, i| {
-            var buf: [32]u8 = undefined;
-            const name = std.fmt.bufPrint(&buf, "{d}x{d}", .{ t.rows, t.toks }) catch continue;
-            if (std.mem.eql(u8, v, name)) mmq_tile = i;
-        }
-    }
+    ops.readSettings();
     if (driver.load(&api)) |e| {
         const sep: []const u8 = if (e.detail.len > 0) ": " else "";
         return status.fail(.unsupported, "CUDA not available: {s}{s}{s}", .{ e.reason, sep, e.detail });
@@ -381,12 +372,12 @@ pub fn graphDestroy(exec: u64) void {
 
 /// Launches kernel `k` with the tuple `args`, whose field types must be the kernel's parameter
 /// types (u64 for pointers, i32 for int, f32 for float).
-fn launch(k: Kernel, grid_x: u64, grid_y: u64, block: u32, args: anytype) i32 {
+pub fn launch(k: Kernel, grid_x: u64, grid_y: u64, block: u32, args: anytype) i32 {
     return launchShared(k, grid_x, grid_y, block, 0, args);
 }
 
 /// launch with `shared` bytes of dynamic shared memory.
-fn launchShared(k: Kernel, grid_x: u64, grid_y: u64, block: u32, shared: u32, args: anytype) i32 {
+pub fn launchShared(k: Kernel, grid_x: u64, grid_y: u64, block: u32, shared: u32, args: anytype) i32 {
     const s = ready() orelse return @intFromEnum(status.Status.internal);
     if (grid_x == 0 or grid_y == 0) return 0;
     if (grid_x > std.math.maxInt(i32) or grid_y > 65535)
@@ -450,413 +441,17 @@ fn pdlFor(k: Kernel) bool {
     };
 }
 
-fn ceilDiv(a: u64, b: u64) u64 {
+pub fn ceilDiv(a: u64, b: u64) u64 {
     return (a + b - 1) / b;
 }
 
 /// An element count as a kernel's int, or null when it does not fit.
-fn int(v: u64) ?i32 {
+pub fn int(v: u64) ?i32 {
     return if (v <= std.math.maxInt(i32)) @intCast(v) else null;
 }
 
-fn tooLarge(what: []const u8, v: u64) i32 {
+pub fn tooLarge(what: []const u8, v: u64) i32 {
     return invalid("{s} = {d} is too large for the CUDA kernels", .{ what, v });
-}
-
-// ---- ops ---------------------------------------------------------------------------------------
-
-/// dst[i] = row ids[i] of a table of n_table_rows rows of n_cols values (ids on the device,
-/// already checked against n_table_rows by the caller).
-pub fn getRows(type_id: u32, table: u64, n_cols: u64, n_ids: u64, ids: u64, dst: u64) i32 {
-    const w = weightKind(type_id) orelse return unsupportedType(type_id);
-    if (n_cols == 0 or n_cols % w.block_values != 0 or (n_cols % 32 != 0 and w.block_values > 1))
-        return invalid("get_rows: n_cols {d} is not a multiple of the {s} block", .{ n_cols, w.name });
-    const cols = int(n_cols) orelse return tooLarge("get_rows: n_cols", n_cols);
-    if (w.block_values == 1) {
-        return launch(w.get_rows, ceilDiv(n_cols, 128), n_ids, 128, .{ table, cols, ids, dst });
-    }
-    return launch(w.get_rows, ceilDiv(n_cols / 32, 128), n_ids, 128, .{ table, cols, ids, dst });
-}
-
-fn unsupportedType(type_id: u32) i32 {
-    return status.fail(.unsupported, "the CUDA backend does not compute ggml type {d} yet", .{type_id});
-}
-
-/// Quantizes n_rows x n_cols f32 values at x into q (int8) and d (one f32 scale per 32 values):
-/// mode 0 = Q8_0 blocks, 1 = Q8_K superblocks (n_cols a multiple of 256).
-pub fn quantize(x: u64, n_rows: u64, n_cols: u64, mode: u32, q: u64, d: u64) i32 {
-    const block: u64 = if (mode == 0) 32 else if (mode == 1) 256 else return invalid("quantize: mode {d}", .{mode});
-    if (n_cols % block != 0) return invalid("quantize: n_cols {d} is not a multiple of {d}", .{ n_cols, block });
-    const n = std.math.mul(u64, n_rows, n_cols) catch return tooLarge("quantize: values", n_rows);
-    const units = int(n / block) orelse return tooLarge("quantize: blocks", n / block);
-    return launch(if (mode == 0) .quantize_q8_0 else .quantize_q8_k, ceilDiv(n / block * 32, 256), 1, 256, .{ x, units, q, d });
-}
-
-/// Batches from this many tokens take the tensor-core kernels (mmq_*); fewer take matvec_8.
-const mmq_min_tokens = 16;
-/// INFER_CUDA_MMQ=0 at init keeps every batch on matvec_8 (for comparisons).
-var mmq_enabled = true;
-
-/// The tiles of the mmq_* kernels (weight rows × tokens a block): the small one for batches
-/// (WeightKind.mmq), the large one for prompts from mmq_large_tokens (WeightKind.mmq_prompt, where
-/// the type has one; else the small tile). Measured on an H200 (bench/RESULTS.md,
-/// 2,048-token prompts and 32-sequence batches of the 0.6B and 8B shapes): 64 × 128 prefill
-/// +7–26%, but half the speed at 32 tokens; 128 × 64 and 64 × 64 tiles were slower than both.
-const MmqTile = struct { rows: u32, toks: u32 };
-const mmq_tiles = [_]MmqTile{
-    .{ .rows = 32, .toks = 64 },
-    .{ .rows = 64, .toks = 128 },
-};
-const mmq_large_tokens = 256;
-/// INFER_CUDA_MMQ_TILE=32x64 or 64x128 at init: that tile for every batch of the types that have
-/// it (for comparisons).
-var mmq_tile: ?usize = null;
-
-/// Warps sharing a row of a one-token quantized matvec (shaders/cuda/matmul.cuh matvec_q): rows
-/// of 384 units (12,288 values) and more take 4, from 192 units 2, so that a long row is not one
-/// warp's serial work (an 8B model's 14,336-wide down projection: 4,096 rows, one wave of single
-/// warps). The fused matvec_multi uses the same rule, so its rows equal matvec_1's bit for bit.
-/// INFER_CUDA_MATVEC_SPLIT=1|2|4 at init: that split for every row (for comparisons).
-fn matvecSplit(n_in: u64) u32 {
-    if (matvec_split) |s| return s;
-    const units = n_in / 32;
-    return if (units >= 384) 4 else if (units >= 192) 2 else 1;
-}
-var matvec_split: ?u32 = null;
-
-/// One-token matvecs (matvec_*_1, matvec_multi_*) launch one wave: as many blocks as fit on the
-/// GPU at once (the driver's occupancy for 128 threads × multiprocessors), each looping over row
-/// blocks. Every block is then resident from the start, so the kernel lets its successor launch
-/// (pdl_begin) at once and the next norm or attention waits on the GPU already, where a grid of a
-/// block per row block (up to 7,168 for an 8B model's gate/up) let it launch only once its last
-/// wave had started. Measured on an H200 (bench/RESULTS.md, 11:25): 8B Q4_0 418 -> 435 tok/s,
-/// 0.6B 1,233 -> 1,273; a grid past one wave (8 blocks a multiprocessor where 6 fit, Q8_0) was
-/// slower than a block per row block. INFER_CUDA_MATVEC_CTAS=n at init: n blocks a multiprocessor
-/// instead, 0 a block per row block (for comparisons).
-var matvec_ctas: ?u32 = null;
-fn matvecGrid(kernel: Kernel, row_blocks: u64) u64 {
-    const s = ready() orelse return row_blocks;
-    const per_sm: u64 = matvec_ctas orelse resident(s, kernel);
-    if (per_sm == 0) return row_blocks;
-    return @min(row_blocks, per_sm * @as(u64, @intCast(s.sm_count)));
-}
-
-/// Blocks of 128 threads (no dynamic shared memory) of kernel k resident on a multiprocessor at
-/// once, as the driver computes it from registers and shared memory; 0 when it cannot say.
-fn resident(s: *State, k: Kernel) u8 {
-    const i = @intFromEnum(k);
-    if (s.resident[i] == 0) {
-        const occupancy = driver.optional.cuOccupancyMaxActiveBlocksPerMultiprocessor orelse return 0;
-        var n: c_int = 0;
-        if (occupancy(&n, s.kernels[i], 128, 0) != driver.success or n <= 0) return 0;
-        s.resident[i] = @intCast(@min(n, 255));
-    }
-    return s.resident[i];
-}
-
-/// y[t][o] = W[o] · x[t] for t < n_tok. Quantized W reads the activations from xq/xd (see
-/// quantize, in W's activation format); float W reads x.
-pub fn matmul(w: u64, type_id: u32, n_out: u64, n_in: u64, x: u64, xq: u64, xd: u64, n_tok: u64, y: u64) i32 {
-    const k = weightKind(type_id) orelse return unsupportedType(type_id);
-    if (n_in == 0 or n_in % k.block_values != 0 or (k.block_values > 1 and n_in % 32 != 0))
-        return invalid("matmul: n_in {d} is not a multiple of the {s} block", .{ n_in, k.name });
-    const out = int(n_out) orelse return tooLarge("matmul: n_out", n_out);
-    const in = int(n_in) orelse return tooLarge("matmul: n_in", n_in);
-    const tok = int(n_tok) orelse return tooLarge("matmul: n_tok", n_tok);
-    const kernel = if (n_tok == 1) k.matvec_1 else k.matvec_8;
-    const grid_y = if (n_tok == 1) 1 else ceilDiv(n_tok, 8);
-    if (k.activation < 0) return launch(kernel, ceilDiv(n_out, 4), grid_y, 128, .{ w, out, in, x, tok, y });
-    if (xq == 0 or xd == 0) return invalid("matmul: {s} needs quantized activations", .{k.name});
-    if (k.mmq) |mmq| {
-        if (n_tok >= mmq_min_tokens and mmq_enabled) {
-            const large = (mmq_tile orelse @intFromBool(n_tok >= mmq_large_tokens)) == 1 and k.mmq_prompt != null;
-            const tile = mmq_tiles[@intFromBool(large)];
-            return launch(if (large) k.mmq_prompt.? else mmq, ceilDiv(n_out, tile.rows), ceilDiv(n_tok, tile.toks), tile.toks * 2, .{ w, out, in, xq, xd, tok, y });
-        }
-    }
-    const split: u32 = if (n_tok == 1) matvecSplit(n_in) else 1;
-    const row_blocks = ceilDiv(n_out, 4 / split);
-    return launch(kernel, if (n_tok == 1) matvecGrid(kernel, row_blocks) else row_blocks, grid_y, 128, .{ w, out, in, xq, xd, tok, y, @as(i32, @intCast(split)) });
-}
-
-/// Threads of a row's RMSNorm (rms_norm, rms_norm_q, add_rms_norm_q). A decode step has a row or
-/// a few, so its latency is the block's: 1,024 threads, a warp per 32-value unit quantizing a
-/// 1,024-wide row in one pass; many rows (a prompt) and rows of up to 256 values (head norms) keep
-/// 256. The three kernels choose alike, so they sum the squares in the same order (the fused step
-/// equals the unfused one bit for bit), and a head norm sums as rms_norm2's 256 threads do.
-fn normThreads(n_rows: u64, n_cols: u64) u32 {
-    return if (n_cols > 256 and n_rows <= 8) 1024 else 256;
-}
-
-pub fn rmsNorm(x: u64, weight: u64, n_rows: u64, n_cols: u64, eps: f32, out: u64) i32 {
-    const cols = int(n_cols) orelse return tooLarge("rms_norm: n_cols", n_cols);
-    if (cols == 0) return invalid("rms_norm: n_cols must be > 0", .{});
-    return launch(.rms_norm, n_rows, 1, normThreads(n_rows, n_cols), .{ x, weight, cols, eps, out });
-}
-
-pub fn rmsNormAdd(x: u64, weight: u64, n_rows: u64, n_cols: u64, eps: f32, residual: u64) i32 {
-    const cols = int(n_cols) orelse return tooLarge("rms_norm_add: n_cols", n_cols);
-    if (cols == 0) return invalid("rms_norm_add: n_cols must be > 0", .{});
-    return launch(.rms_norm_add, n_rows, 1, 256, .{ x, weight, cols, eps, residual });
-}
-
-extern "c" fn powf(x: f32, y: f32) f32;
-
-pub fn rope(x: u64, n_tok: u64, n_heads: u64, head_dim: u64, n_rot: u64, positions: u64, freq_base: f32, freq_scale: f32, mode: u32, freq_factors: u64) i32 {
-    if (mode != 0 and mode != 2) return invalid("rope: mode {d} is not 0 (normal) or 2 (neox)", .{mode});
-    if (n_rot == 0 or n_rot % 2 != 0 or n_rot > head_dim or n_rot > 2048)
-        return invalid("rope: n_rot {d} must be even, > 0, <= head_dim {d} and <= 2048", .{ n_rot, head_dim });
-    if (!(freq_base > 0) or !std.math.isFinite(freq_base) or !std.math.isFinite(freq_scale))
-        return invalid("rope: bad freq_base {d} or freq_scale {d}", .{ freq_base, freq_scale });
-    const heads = int(n_heads) orelse return tooLarge("rope: n_heads", n_heads);
-    const dim = int(head_dim) orelse return tooLarge("rope: head_dim", head_dim);
-    // powf(base, -2/n_rot) from the C library, as lib/cpu/rope.zig (and ggml) computes it.
-    const theta_scale = powf(freq_base, -2.0 / @as(f32, @floatFromInt(n_rot)));
-    const blocks = std.math.mul(u64, n_tok, n_heads) catch return tooLarge("rope: rows", n_tok);
-    return launch(.rope, blocks, 1, @intCast(n_rot / 2), .{
-        x, heads, dim, @as(i32, @intCast(n_rot)), positions, theta_scale, freq_scale, @as(i32, if (mode == 2) 1 else 0), freq_factors,
-    });
-}
-
-/// Rows t < n_tok of k and v (kv_dim values each) into cell positions[t] (mod cells when ring).
-pub fn kvStore(k: u64, v: u64, kv_dim: u64, n_tok: u64, k_cache: u64, v_cache: u64, positions: u64, cells: u64, ring: bool) i32 {
-    const dim = int(kv_dim) orelse return tooLarge("kv_store: kv_dim", kv_dim);
-    const c = int(cells) orelse return tooLarge("kv_store: cells", cells);
-    return launch(.kv_store, ceilDiv(kv_dim, 256), n_tok, 256, .{ k, v, dim, k_cache, v_cache, positions, c, @as(i32, @intFromBool(ring)) });
-}
-
-pub const head_dim_max = 512;
-pub const split_max = 64;
-
-/// f32 values of attention scratch, enough for either way: scores, split maxima and (n_split >
-/// 1) partial outputs (attn_scores/attn_values), or each split's maximum and sum of exponentials
-/// and partial outputs (attn_decode_*).
-pub fn attentionScratch(n_tok: u64, n_head: u64, head_dim: u64, cells: u64, n_split: u64) u64 {
-    const rows = n_tok * n_head;
-    return rows * cells + 2 * rows * n_split + (if (n_split > 1) rows * n_split * head_dim else 0);
-}
-
-/// Attention of n_tok queries (at positions[t]) over an f16 cache of `cells` rows: see the
-/// attn_* kernels. `scratch` holds attentionScratch(...) f32 values; with n_split > 1, `arrived`
-/// holds n_tok * n_head u32 counters, zero before the call and left zero by it.
-pub fn attention(q: u64, k_cache: u64, v_cache: u64, out: u64, positions: u64, n_tok: u64, n_head: u64, n_kv_head: u64, head_dim: u64, window: u64, cells: u64, ring: bool, scale_: f32, scratch: u64, scratch_floats: u64, n_split: u64, arrived: u64, per_head: bool) i32 {
-    return attend(per_head, q, k_cache, v_cache, 0, out, positions, n_tok, n_head, n_kv_head, head_dim, window, cells, ring, scale_, scratch, scratch_floats, n_split, arrived);
-}
-
-/// Whether attention of these shapes runs as attn_decode_* (rows under 16), the kernels that
-/// also take a table of caches (attentionRows).
-pub fn decodeAttentionFits(n_head: u64, n_kv_head: u64, head_dim: u64) bool {
-    return n_kv_head > 0 and n_head % n_kv_head == 0 and n_head / n_kv_head <= 8 and head_dim % 8 == 0 and head_dim > 0 and head_dim <= 256;
-}
-
-/// Attention of n_tok rows of different sequences, row t over the caches at kv_table[2t] (keys)
-/// and kv_table[2t + 1] (values), all of `cells` rows (the server's batched decode): one launch.
-pub fn attentionRows(q: u64, kv_table: u64, out: u64, positions: u64, n_tok: u64, n_head: u64, n_kv_head: u64, head_dim: u64, window: u64, cells: u64, ring: bool, scale_: f32, scratch: u64, scratch_floats: u64, n_split: u64, arrived: u64) i32 {
-    if (!decodeAttentionFits(n_head, n_kv_head, head_dim))
-        return invalid("attention_rows: {d} heads over {d} KV heads of {d} dims take one sequence at a time", .{ n_head, n_kv_head, head_dim });
-    if (kv_table == 0) return invalid("attention_rows: no table of caches", .{});
-    return attend(false, q, 0, 0, kv_table, out, positions, n_tok, n_head, n_kv_head, head_dim, window, cells, ring, scale_, scratch, scratch_floats, n_split, arrived);
-}
-
-/// kvStore for rows of different sequences, row t into the caches of kv_table (see attentionRows).
-pub fn kvStoreRows(k: u64, v: u64, kv_dim: u64, n_tok: u64, kv_table: u64, positions: u64, cells: u64, ring: bool) i32 {
-    if (kv_table == 0) return invalid("kv_store_rows: no table of caches", .{});
-    const dim = int(kv_dim) orelse return tooLarge("kv_store_rows: kv_dim", kv_dim);
-    const c = int(cells) orelse return tooLarge("kv_store_rows: cells", cells);
-    return launch(.kv_store_rows, ceilDiv(kv_dim, 256), n_tok, 256, .{ k, v, dim, kv_table, positions, c, @as(i32, @intFromBool(ring)) });
-}
-
-fn attend(per_head: bool, q: u64, k_cache: u64, v_cache: u64, kv_table: u64, out: u64, positions: u64, n_tok: u64, n_head: u64, n_kv_head: u64, head_dim: u64, window: u64, cells: u64, ring: bool, scale_: f32, scratch: u64, scratch_floats: u64, n_split: u64, arrived: u64) i32 {
-    if (n_kv_head == 0 or n_head == 0 or n_head % n_kv_head != 0)
-        return invalid("attention: n_head {d} is not a multiple of n_kv_head {d}", .{ n_head, n_kv_head });
-    if (head_dim == 0 or head_dim > head_dim_max)
-        return invalid("attention: head_dim {d} not in 1..{d} on CUDA", .{ head_dim, head_dim_max });
-    if (n_split == 0 or n_split > split_max) return invalid("attention: n_split {d} not in 1..{d}", .{ n_split, split_max });
-    if (n_split > 1 and arrived == 0) return invalid("attention: {d} splits need counters", .{n_split});
-    if (ring and window == 0) return invalid("attention: a ring needs a window", .{});
-    const need = attentionScratch(n_tok, n_head, head_dim, cells, n_split);
-    if (need > scratch_floats) return invalid("attention: scratch of {d} values, {d} needed", .{ scratch_floats, need });
-    const heads = int(n_head) orelse return tooLarge("attention: n_head", n_head);
-    const kv_heads = int(n_kv_head) orelse return tooLarge("attention: n_kv_head", n_kv_head);
-    const dim: i32 = @intCast(head_dim);
-    const win = int(window) orelse return tooLarge("attention: window", window);
-    const c = int(cells) orelse return tooLarge("attention: cells", cells);
-    const splits: i32 = @intCast(n_split);
-    const ring_i: i32 = @intFromBool(ring);
-    const rows = n_tok * n_head;
-    const scores = scratch;
-    const maxima = scratch + rows * cells * 4;
-    const partial = maxima + rows * n_split * 4;
-    if (kv_table == 0 and n_tok >= 16 and n_split == 1 and !per_head and (head_dim == 64 or head_dim == 128) and n_head % n_kv_head == 0) {
-        // Prompts: flash attention, 64 queries of one head a block (attn_prompt_*; no scratch).
-        return launch(if (head_dim == 64) .attn_prompt_d64 else .attn_prompt_d128, ceilDiv(n_tok, 64), n_head, 128, .{
-            q, k_cache, v_cache, positions, @as(i32, @intCast(n_tok)), heads, kv_heads, win, c, ring_i, scale_, out,
-        });
-    }
-    if (kv_table == 0 and n_tok >= 16 and n_split == 1 and head_dim <= 256 and head_dim % 16 == 0) {
-        // Prompts: 16 queries of one head per block, the products on the tensor cores (attn_*_mma).
-        const tok: i32 = @intCast(n_tok);
-        const q_tiles = ceilDiv(n_tok, 16);
-        const rc = launch(.attn_scores_mma, q_tiles, n_head, 128, .{
-            q, k_cache, positions, tok, heads, kv_heads, dim, win, c, ring_i, scale_, scores, c, maxima,
-        });
-        if (rc != 0) return rc;
-        return launch(.attn_values_mma, q_tiles, n_head, 128, .{
-            scores, c, maxima, v_cache, positions, tok, heads, kv_heads, dim, win, c, ring_i, out,
-        });
-    }
-    const group = n_head / n_kv_head;
-    if (!per_head and decodeAttentionFits(n_head, n_kv_head, head_dim)) {
-        // Decode and small batches: a block per (row, KV head, split), all the group's query heads.
-        const kernel: Kernel = if (group == 1) .attn_decode_g1 else if (group == 2) .attn_decode_g2 else if (group <= 4) .attn_decode_g4 else .attn_decode_g8;
-        const part_ml = scratch;
-        const part = scratch + rows * n_split * 2 * 4;
-        return launch(kernel, n_tok * n_kv_head, n_split, 128, .{
-            q, k_cache, v_cache, kv_table, positions, heads, kv_heads, dim, win, c, ring_i, scale_, splits, out, part_ml, part, arrived,
-        });
-    }
-    const rc = launch(.attn_scores, rows, n_split, 128, .{
-        q, k_cache, positions, heads, kv_heads, dim, win, c, ring_i, scale_, scores, c, maxima, splits,
-    });
-    if (rc != 0) return rc;
-    return launch(.attn_values, rows, n_split, 128, .{
-        scores, c, maxima, v_cache, positions, heads, kv_heads, dim, win, c, ring_i, splits, out, partial, arrived,
-    });
-}
-
-/// One token's query and key head norms (wq = wk = 0: none), their RoPE, and the store of the
-/// keys and values into the f16 cache at positions[0]: rms_norm2 + rope2 + kv_store in one launch
-/// (see norm_rope_store in shaders/cuda/decode.cuh).
-pub fn normRopeStore(q: u64, heads_q: u64, k: u64, heads_k: u64, v: u64, wq: u64, wk: u64, eps: f32, head_dim: u64, n_rot: u64, positions: u64, freq_base: f32, freq_scale: f32, mode: u32, freq_factors: u64, k_cache: u64, v_cache: u64, cells: u64, ring: bool) i32 {
-    if (mode != 0 and mode != 2) return invalid("norm_rope_store: mode {d} is not 0 (normal) or 2 (neox)", .{mode});
-    if (n_rot == 0 or n_rot % 2 != 0 or n_rot > head_dim or head_dim > head_dim_max)
-        return invalid("norm_rope_store: n_rot {d} must be even, > 0, <= head_dim {d} <= {d}", .{ n_rot, head_dim, head_dim_max });
-    if ((wq == 0) != (wk == 0)) return invalid("norm_rope_store: both head norms or neither", .{});
-    const hq = int(heads_q) orelse return tooLarge("norm_rope_store: heads_q", heads_q);
-    const hk = int(heads_k) orelse return tooLarge("norm_rope_store: heads_k", heads_k);
-    const c = int(cells) orelse return tooLarge("norm_rope_store: cells", cells);
-    const theta_scale = powf(freq_base, -2.0 / @as(f32, @floatFromInt(n_rot)));
-    return launch(.norm_rope_store, heads_q + heads_k, 1, 256, .{
-        q, hq, k, hk, v, wq, wk, eps, @as(i32, @intCast(head_dim)), @as(i32, @intCast(n_rot)), positions, theta_scale,
-        freq_scale, @as(i32, if (mode == 2) 1 else 0), freq_factors, k_cache, v_cache, c, @as(i32, @intFromBool(ring)),
-    });
-}
-
-/// out[0] = the index of the largest of the n f32 values at x (the first on ties, as the host's
-/// argmax): greedy sampling on the device. `scratch`: 16 bytes, zero before the first call, which
-/// every call leaves zero again (see argmax_f32 in shaders/cuda/decode.cuh).
-pub fn argmax(x: u64, n: u64, scratch: u64, out: u64) i32 {
-    const s = ready() orelse return @intFromEnum(status.Status.internal);
-    const count = int(n) orelse return tooLarge("argmax: n", n);
-    if (n == 0) return invalid("argmax of nothing", .{});
-    const blocks = @min(ceilDiv(n, 256 * 4), @as(u64, @intCast(s.sm_count)));
-    return launch(.argmax_f32, blocks, 1, 256, .{ x, count, scratch, scratch + 8, out });
-}
-
-fn elementwise(k: Kernel, n: u64, args: anytype) i32 {
-    _ = int(n) orelse return tooLarge(@tagName(k), n);
-    return launch(k, ceilDiv(n, 256), 1, 256, args);
-}
-
-pub fn geluMul(gate: u64, up: u64, n: u64, out: u64) i32 {
-    return elementwise(.gelu_mul, n, .{ gate, up, @as(i32, @intCast(@min(n, std.math.maxInt(i32)))), out });
-}
-
-pub fn siluMul(gate: u64, up: u64, n: u64, out: u64) i32 {
-    return elementwise(.silu_mul, n, .{ gate, up, @as(i32, @intCast(@min(n, std.math.maxInt(i32)))), out });
-}
-
-pub fn add(a: u64, b: u64, n: u64, out: u64) i32 {
-    return elementwise(.add, n, .{ a, b, @as(i32, @intCast(@min(n, std.math.maxInt(i32)))), out });
-}
-
-pub fn scale(x: u64, n: u64, s: f32) i32 {
-    return elementwise(.scale, n, .{ x, @as(i32, @intCast(@min(n, std.math.maxInt(i32)))), s });
-}
-
-pub fn addRowBias(x: u64, bias: u64, n_rows: u64, n_cols: u64) i32 {
-    if (n_cols == 0) return invalid("add_row_bias: n_cols must be > 0", .{});
-    const n = std.math.mul(u64, n_rows, n_cols) catch return tooLarge("add_row_bias: values", n_rows);
-    return elementwise(.add_row_bias, n, .{ x, bias, @as(i32, @intCast(@min(n, std.math.maxInt(i32)))), @as(i32, @intCast(@min(n_cols, std.math.maxInt(i32)))) });
-}
-
-// ---- fused ops (the CUDA backend's decode-step peephole; each equals its parts bit for bit) ----
-
-fn quantMode(mode: u32, n_cols: u64) ?i32 {
-    const block: u64 = if (mode == 0) 32 else if (mode == 1) 256 else return null;
-    if (n_cols % block != 0) return null;
-    return @intCast(mode);
-}
-
-/// rms_norm, then quantize (mode as infer_cuda_quantize) of its output.
-pub fn rmsNormQuant(x: u64, weight: u64, n_rows: u64, n_cols: u64, eps: f32, out: u64, mode: u32, q: u64, d: u64) i32 {
-    const m = quantMode(mode, n_cols) orelse return invalid("rms_norm_quant: mode {d} with n_cols {d}", .{ mode, n_cols });
-    if (n_cols == 0 or n_cols > fused_cols_max) return invalid("rms_norm_quant: n_cols {d} not in 1..{d}", .{ n_cols, fused_cols_max });
-    const cols: i32 = @intCast(n_cols);
-    return launchShared(.rms_norm_q, n_rows, 1, normThreads(n_rows, n_cols), @intCast(n_cols * 8), .{ x, weight, cols, eps, out, m, q, d });
-}
-
-/// Fused norms keep a row and its weights in shared memory: 2 * 6144 floats = 48 KiB.
-pub const fused_cols_max = 6144;
-
-/// In-place rms_norm of rows_a rows at xa (weights wa) and rows_b rows at xb (weights wb).
-pub fn rmsNorm2(xa: u64, wa: u64, rows_a: u64, xb: u64, wb: u64, rows_b: u64, n_cols: u64, eps: f32) i32 {
-    const cols = int(n_cols) orelse return tooLarge("rms_norm2: n_cols", n_cols);
-    if (cols == 0) return invalid("rms_norm2: n_cols must be > 0", .{});
-    const ra = int(rows_a) orelse return tooLarge("rms_norm2: rows_a", rows_a);
-    return launch(.rms_norm2, rows_a + rows_b, 1, 256, .{ xa, wa, ra, xb, wb, cols, eps });
-}
-
-/// sum = a + b (sum may alias a), then rms_norm(sum) into out, quantized.
-pub fn addRmsNormQuant(a: u64, b: u64, sum: u64, weight: u64, n_rows: u64, n_cols: u64, eps: f32, out: u64, mode: u32, q: u64, d: u64) i32 {
-    const m = quantMode(mode, n_cols) orelse return invalid("add_rms_norm_quant: mode {d} with n_cols {d}", .{ mode, n_cols });
-    if (n_cols == 0 or n_cols > fused_cols_max) return invalid("add_rms_norm_quant: n_cols {d} not in 1..{d}", .{ n_cols, fused_cols_max });
-    const cols: i32 = @intCast(n_cols);
-    return launchShared(.add_rms_norm_q, n_rows, 1, normThreads(n_rows, n_cols), @intCast(n_cols * 8), .{ a, b, sum, weight, cols, eps, out, m, q, d });
-}
-
-/// Up to three matmuls of one token over the same quantized input (n2 = 0: two matrices).
-pub fn matmulMulti(type_id: u32, n_in: u64, xq: u64, xd: u64, w0: u64, n0: u64, y0: u64, w1: u64, n1: u64, y1: u64, w2: u64, n2: u64, y2: u64) i32 {
-    const k = weightKind(type_id) orelse return unsupportedType(type_id);
-    const kernel = k.matvec_multi orelse return invalid("matmul_multi: {s} is not a quantized type", .{k.name});
-    if (n_in == 0 or n_in % k.block_values != 0) return invalid("matmul_multi: n_in {d} is not a multiple of the {s} block", .{ n_in, k.name });
-    const in = int(n_in) orelse return tooLarge("matmul_multi: n_in", n_in);
-    const a = int(n0) orelse return tooLarge("matmul_multi: n0", n0);
-    const b = int(n1) orelse return tooLarge("matmul_multi: n1", n1);
-    const c = int(n2) orelse return tooLarge("matmul_multi: n2", n2);
-    const split = matvecSplit(n_in);
-    const rows_per_block = 4 / split;
-    const blocks = ceilDiv(n0, rows_per_block) + ceilDiv(n1, rows_per_block) + ceilDiv(n2, rows_per_block);
-    return launch(kernel, matvecGrid(kernel, blocks), 1, 128, .{ w0, a, y0, w1, b, y1, w2, c, y2, in, xq, xd, @as(i32, @intCast(split)) });
-}
-
-/// out = act(gate) * up (kind 0 = GELU, 1 = SiLU) over n_rows x n_cols, quantized.
-pub fn actMulQuant(kind: u32, gate: u64, up: u64, n_rows: u64, n_cols: u64, out: u64, mode: u32, q: u64, d: u64) i32 {
-    const m = quantMode(mode, n_cols) orelse return invalid("act_mul_quant: mode {d} with n_cols {d}", .{ mode, n_cols });
-    const n = std.math.mul(u64, n_rows, n_cols) catch return tooLarge("act_mul_quant: values", n_rows);
-    const groups = int(n / (if (mode == 0) @as(u64, 32) else 256)) orelse return tooLarge("act_mul_quant: groups", n);
-    const kernel: Kernel = if (kind == 0) .gelu_mul_q else if (kind == 1) .silu_mul_q else return invalid("act_mul_quant: kind {d}", .{kind});
-    return launch(kernel, ceilDiv(@as(u64, @intCast(groups)) * 32, 256), 1, 256, .{ gate, up, groups, out, m, q, d });
-}
-
-/// RoPE of two tensors (queries and keys) with the same positions and parameters.
-pub fn rope2(xa: u64, heads_a: u64, xb: u64, heads_b: u64, n_tok: u64, head_dim: u64, n_rot: u64, positions: u64, freq_base: f32, freq_scale: f32, mode: u32, freq_factors: u64) i32 {
-    if (mode != 0 and mode != 2) return invalid("rope2: mode {d} is not 0 (normal) or 2 (neox)", .{mode});
-    if (n_rot == 0 or n_rot % 2 != 0 or n_rot > head_dim or n_rot > 2048)
-        return invalid("rope2: n_rot {d} must be even, > 0, <= head_dim {d} and <= 2048", .{ n_rot, head_dim });
-    const ha = int(heads_a) orelse return tooLarge("rope2: heads_a", heads_a);
-    const hb = int(heads_b) orelse return tooLarge("rope2: heads_b", heads_b);
-    const dim = int(head_dim) orelse return tooLarge("rope2: head_dim", head_dim);
-    const theta_scale = powf(freq_base, -2.0 / @as(f32, @floatFromInt(n_rot)));
-    const blocks = std.math.mul(u64, n_tok, heads_a + heads_b) catch return tooLarge("rope2: rows", n_tok);
-    return launch(.rope2, blocks, 1, @intCast(n_rot / 2), .{
-        xa, ha, xb, hb, dim, @as(i32, @intCast(n_rot)), positions, theta_scale, freq_scale, @as(i32, if (mode == 2) 1 else 0), freq_factors,
-    });
-}
-
-test "attention scratch: scores, maxima, partials" {
-    try std.testing.expectEqual(@as(u64, 2 * 4 * 100 + 2 * 2 * 4 * 1), attentionScratch(2, 4, 64, 100, 1));
-    try std.testing.expectEqual(@as(u64, 4 * 100 + 2 * 4 * 8 + 4 * 8 * 64), attentionScratch(1, 4, 64, 100, 8));
 }
 
 test "without a driver, init reports CUDA as not available" {

@@ -115,7 +115,7 @@ pub const WeightKind = struct {
     matvec_multi: ?Kernel = null,
     /// The tensor-core kernel for batches of many tokens (the 32 × 64 tile), if any.
     mmq: ?Kernel = null,
-    /// Its 64 × 128 tile, which prompts of lib/cuda/cuda.zig's mmq_large_tokens and more take.
+    /// Its 64 × 128 tile, which prompts of lib/cuda/ops.zig's mmq_large_tokens and more take.
     /// None for Q4_K and Q5_K: their small-tile kernel stages whole superblocks and sums each as
     /// integers (shaders/cuda/matmul.cuh mmq, SUPER), which a half-superblock stage cannot.
     mmq_prompt: ?Kernel = null,

@@ -1,7 +1,7 @@
 // Every CUDA kernel of libinfer's CUDA backend (lib/cuda/), one module loaded at run time with
 // cuModuleLoadData: this file and the headers it includes (matmul.cuh, attend_heads.cuh,
 // decode.cuh, attend_decode.cuh, attend_prompt.cuh). Built by shaders/cuda/build.sh; kernel
-// names are extern "C" and listed in lib/cuda/cuda.zig (Kernel). Activations are f32 row-major [rows][cols]; the KV cache is f16
+// names are extern "C" and listed in lib/cuda/kernels.zig (Kernel). Activations are f32 row-major [rows][cols]; the KV cache is f16
 // [cell][kv_head][head_dim]; positions are i32 per row and are read on the device, so that one
 // captured decode step (a CUDA graph) replays at any position.
 //

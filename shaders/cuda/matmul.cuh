@@ -190,7 +190,7 @@ MATVEC_F(matvec_bf16_8, BF16W, 8)
 // Tiles: ROWS weight rows × TOKS tokens a block (TOKS / 16 warps, each 16 tokens × all ROWS
 // rows), UNITS units staged at a time: mmq_* 32 × 64 × 8 for batches, mmq_*_64x128 (64 × 128 × 4,
 // every weight byte read half as often and every activation byte half as often) for prompts of
-// 256 tokens and more (lib/cuda/cuda.zig mmq_tiles: +12–26% on a 2,048-token prompt of the 8B
+// 256 tokens and more (lib/cuda/ops.zig mmq_tiles: +12–26% on a 2,048-token prompt of the 8B
 // shape; at 32 tokens the larger tile leaves most of the GPU idle and runs at half the speed),
 // but for Q4_K and Q5_K, which keep the small tile: it stages a whole superblock (SUPER below).
 __device__ __forceinline__ void mma_s8_16816(int (&c)[4], int a0, int a1, int b0) {
