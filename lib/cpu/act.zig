@@ -10,6 +10,8 @@ const std = @import("std");
 
 const lanes = 8;
 const V = @Vector(lanes, f32);
+const L16 = @Vector(16, f32);
+const expV = @import("expf.zig").expV;
 
 // The C library's tanhf, as ggml's table init calls it (ggml_gelu_f32): an f64 tanh rounds a few
 // of the 65,536 table entries differently.
@@ -54,8 +56,10 @@ pub fn siluReference(x: f32) f32 {
     return @floatCast(xd / (1 + @exp(-xd)));
 }
 
-fn siluV(x: V) V {
-    return x / (@as(V, @splat(1)) + @exp(-x));
+/// ggml_v_silu: x / (1 + ggml_v_expf(0 - x)), 16 lanes (lib/cpu/expf.zig). ggml's swiglu takes
+/// whole 16-value blocks so, and the rest one value at a time with libm's expf (silu below).
+fn siluV(x: L16) L16 {
+    return x / (@as(L16, @splat(1)) + expV(@as(L16, @splat(0)) - x));
 }
 
 fn silu(x: f32) f32 {
@@ -79,18 +83,19 @@ pub fn gated(kind: Gate, gate: []const f32, up: []const f32, out: []f32) void {
     std.debug.assert(gate.len == up.len and out.len == gate.len);
     if (kind == .gelu_tanh) gelu_table_once.call();
     var i: usize = 0;
-    while (i + lanes <= gate.len) : (i += lanes) {
-        const g: V = gate[i..][0..lanes].*;
-        const u: V = up[i..][0..lanes].*;
-        const a = switch (kind) {
-            .gelu_tanh => blk: { // table lookups: no vector gather worth having here
-                var r: V = undefined;
-                inline for (0..lanes) |l| r[l] = gelu(g[l]);
-                break :blk r;
-            },
-            .silu => siluV(g),
-        };
-        out[i..][0..lanes].* = a * u;
+    switch (kind) {
+        .gelu_tanh => while (i + lanes <= gate.len) : (i += lanes) {
+            const g: V = gate[i..][0..lanes].*;
+            const u: V = up[i..][0..lanes].*;
+            var r: V = undefined; // table lookups: no vector gather worth having here
+            inline for (0..lanes) |l| r[l] = gelu(g[l]);
+            out[i..][0..lanes].* = r * u;
+        },
+        .silu => while (i + 16 <= gate.len) : (i += 16) {
+            const g: L16 = gate[i..][0..16].*;
+            const u: L16 = up[i..][0..16].*;
+            out[i..][0..16].* = siluV(g) * u;
+        },
     }
     while (i < gate.len) : (i += 1) {
         const a = switch (kind) {

@@ -12,6 +12,7 @@
 //! visited. The results equal llama.cpp's AVX-512 build on any CPU.
 const std = @import("std");
 const attention = @import("attention.zig");
+const expV = @import("expf.zig").expV;
 
 const L16 = @Vector(16, f32);
 /// Elements per step of ggml_vec_dot_f16: 4 accumulators × 16 lanes.
@@ -54,58 +55,6 @@ fn dotF16(k: [*]align(1) const f16, q: []const f32) f32 {
     var sum: f64 = reduceAccumulators(acc);
     while (i < n) : (i += 1) sum += @as(f32, k[i]) * q[i];
     return @floatCast(sum);
-}
-
-/// ggml_v_expf, the AVX-512 version: a degree-5 polynomial after range reduction by ln 2.
-pub fn expV(x: L16) L16 {
-    const splat = struct {
-        fn f(c: f32) L16 {
-            return @splat(c);
-        }
-    }.f;
-    const r = splat(0x1.8p23);
-    const z = @mulAdd(L16, x, splat(0x1.715476p+0), r);
-    const n = z - r;
-    const b = @mulAdd(L16, -n, splat(0x1.7f7d1cp-20), @mulAdd(L16, -n, splat(0x1.62e4p-1), x));
-    const u = b * b;
-    const j = @mulAdd(
-        L16,
-        @mulAdd(L16, @mulAdd(L16, splat(0x1.0e4020p-7), b, splat(0x1.573e2ep-5)), u, @mulAdd(L16, splat(0x1.555e66p-3), b, splat(0x1.fffdb6p-2))),
-        u,
-        @mulAdd(L16, splat(0x1.ffffecp-1), b, splat(1.0)),
-    );
-    return scalef(j, n);
-}
-
-/// _mm512_scalef_ps(j, n) for the integral n of expV: j · 2^n rounded once; where |n| > 192,
-/// ggml_v_expf returns 0 (n <= 0) or +inf instead. j is in [0.7, 1.5], so j · 2^n1 with
-/// n1 = n / 2 is exact and normal, and the second power of two does the one rounding.
-fn scalef(j: L16, n: L16) L16 {
-    const I16 = @Vector(16, i32);
-    const big = @abs(n) > @as(L16, @splat(192));
-    const n_int: I16 = @intFromFloat(@select(f32, big, @as(L16, @splat(0)), n));
-    const n1 = @divTrunc(n_int, @as(I16, @splat(2)));
-    const n2 = n_int - n1;
-    const scaled = (j * powerOfTwo(n1)) * powerOfTwo(n2);
-    const saturated = @select(f32, n <= @as(L16, @splat(0)), @as(L16, @splat(0)), @as(L16, @splat(std.math.inf(f32))));
-    return @select(f32, big, saturated, scaled);
-}
-
-/// 2^k for k in [-126, 127], built from its exponent bits.
-fn powerOfTwo(k: @Vector(16, i32)) L16 {
-    return @bitCast((k + @as(@Vector(16, i32), @splat(127))) << @splat(23));
-}
-
-/// The per-lane form of scalef (std.math.ldexp rounds as the instruction does): the reference.
-fn scalefScalar(j: L16, n: L16) L16 {
-    var out: L16 = undefined;
-    for (0..16) |l| {
-        out[l] = if (@abs(n[l]) > 192)
-            (if (n[l] <= 0) 0 else std.math.inf(f32))
-        else
-            std.math.ldexp(j[l], @as(i32, @intFromFloat(n[l])));
-    }
-    return out;
 }
 
 /// Per-thread scratch, grown (never shrunk) on demand so the hot path does not allocate once a
@@ -443,22 +392,6 @@ fn reducePartialsScalar(partial: []const f32, d: usize, out: []f32, first_dim: u
             for (0..16) |l| acc[a][l] = partial[(16 * a + l) * d + i];
         }
         o.* = reduceAccumulators(acc);
-    }
-}
-
-test "scalef equals ldexp lane by lane, saturation included" {
-    var rng = std.Random.DefaultPrng.init(3);
-    const r = rng.random();
-    for (0..20000) |_| {
-        var j: L16 = undefined;
-        var n: L16 = undefined;
-        for (0..16) |l| {
-            j[l] = 0.7 + r.float(f32) * 0.8;
-            n[l] = @floatFromInt(r.intRangeAtMost(i32, -200, 200));
-        }
-        const want: [16]u32 = @bitCast(scalefScalar(j, n));
-        const got: [16]u32 = @bitCast(scalef(j, n));
-        try std.testing.expectEqual(want, got);
     }
 }
 

@@ -19,7 +19,7 @@ const lanes = 16;
 const V = @Vector(lanes, f32);
 const Vi = @Vector(lanes, u32);
 const Vd = @Vector(lanes, f64);
-const expV = @import("attention_f16.zig").expV;
+const expV = @import("expf.zig").expV;
 
 pub fn argmaxScalar(x: []const f32) usize {
     var best: usize = 0;
