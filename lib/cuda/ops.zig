@@ -100,10 +100,11 @@ var matvec_split: ?u32 = null;
 /// blocks. Every block is then resident from the start, so the kernel lets its successor launch
 /// (pdl_begin) at once and the next norm or attention waits on the GPU already, where a grid of a
 /// block per row block (up to 7,168 for an 8B model's gate/up) let it launch only once its last
-/// wave had started. Measured on an H200 (bench/RESULTS.md, 11:25): 8B Q4_0 418 -> 435 tok/s,
-/// 0.6B 1,233 -> 1,273; a grid past one wave (8 blocks a multiprocessor where 6 fit, Q8_0) was
-/// slower than a block per row block. INFER_CUDA_MATVEC_CTAS=n at init: n blocks a multiprocessor
-/// instead, 0 a block per row block (for comparisons).
+/// wave had started. Measured on an H200 (bench/RESULTS.md, 2026-11-30 11:20 and 11:25): decode
+/// 8B Q4_0 406 -> 423 tok/s, 0.6B 1,227 -> 1,263 in the same call; a grid past one wave (8
+/// blocks a multiprocessor where Q8_0's 6 fit) was slower than a block per row block.
+/// INFER_CUDA_MATVEC_CTAS=n at init: n blocks a multiprocessor instead, 0 a block per row block
+/// (for comparisons).
 var matvec_ctas: ?u32 = null;
 fn matvecGrid(kernel: Kernel, row_blocks: u64) u64 {
     const s = ready() orelse return row_blocks;
