@@ -130,9 +130,11 @@ __device__ __forceinline__ void matvec_f(const uint8_t* __restrict__ w, int n_ou
   }
 }
 
-/// Row blocks b, b + gridDim.x, ... of `blocks` for block b: one each when the grid has a block per
-/// row block (the default), several when lib/cuda caps the grid (INFER_CUDA_MATVEC_CTAS). The
-/// `parts` of a split row are rewritten by the next row block only after every warp read them.
+/// Row blocks b, b + gridDim.x, ... of `blocks` for block b: several when lib/cuda launches a
+/// one-token matvec as one wave of blocks (lib/cuda/ops.zig matvecGrid, the default), one each
+/// when the grid has a block per row block (batches; INFER_CUDA_MATVEC_CTAS=0). Only the first
+/// row block's weights are prefetched ahead of the wait. The `parts` of a split row are rewritten
+/// by the next row block only after every warp read them.
 template <class F>
 __device__ __forceinline__ void for_row_blocks(int blocks, int split, F f) {
   for (int rb = blockIdx.x; rb < blocks; rb += gridDim.x) {
