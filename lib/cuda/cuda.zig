@@ -34,20 +34,22 @@ pub fn repack(w: u64, type_id: u32, n_rows: u64, n_in: u64) i32 {
     return launch(kernel, ceilDiv(groups, 128), 1, 128, .{ w, @as(i64, @intCast(groups)) });
 }
 
+/// Every field has its default, so init starts from `.{}`: a field added later cannot be left
+/// undefined (the occupancy cache once was).
 pub const State = struct {
-    device: driver.CUdevice,
-    context: driver.CUcontext,
-    stream: driver.CUstream,
-    module: driver.CUmodule,
-    kernels: [kernel_count]driver.CUfunction,
+    device: driver.CUdevice = 0,
+    context: driver.CUcontext = null,
+    stream: driver.CUstream = null,
+    module: driver.CUmodule = null,
+    kernels: [kernel_count]driver.CUfunction = [_]driver.CUfunction{null} ** kernel_count,
     /// Blocks of 128 threads of each kernel resident on a multiprocessor at once (0: not asked yet).
     resident: [kernel_count]u8 = [_]u8{0} ** kernel_count,
-    name: [256]u8,
-    sm_count: i32,
-    cc_major: i32,
-    cc_minor: i32,
-    l2_bytes: i32,
-    driver_version: i32,
+    name: [256]u8 = [_]u8{0} ** 256,
+    sm_count: i32 = 0,
+    cc_major: i32 = 0,
+    cc_minor: i32 = 0,
+    l2_bytes: i32 = 0,
+    driver_version: i32 = 0,
     capturing: bool = false,
     debug_sync: bool = false,
     /// Launches carry the programmatic-serialization attribute (sm_90+, INFER_CUDA_PDL != 0): a
@@ -124,14 +126,9 @@ pub fn init(path: []const u8, ordinal: i32) i32 {
     if (count == 0) return status.fail(.unsupported, "CUDA not available: no CUDA device found", .{});
     if (ordinal < 0 or ordinal >= count)
         return invalid("CUDA device {d} does not exist ({d} device(s))", .{ ordinal, count });
-    var s: State = undefined;
-    s.capturing = false;
-    s.debug_sync = false;
-    s.pdl = false;
-    s.events = [_]driver.CUevent{null} ** event_slots;
+    var s: State = .{};
     rc = api.cuDeviceGet(&s.device, ordinal);
     if (rc != driver.success) return cuFail(rc, "getting device {d}", .{ordinal});
-    @memset(&s.name, 0);
     _ = api.cuDeviceGetName(&s.name, s.name.len - 1, s.device);
     var attr: c_int = 0;
     _ = api.cuDeviceGetAttribute(&attr, driver.attr_multiprocessor_count, s.device);
