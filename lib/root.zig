@@ -815,6 +815,18 @@ export fn infer_cuda_attention_rows(q: u64, kv_table: u64, out: u64, positions: 
     return cuda.ops.attentionRows(q, kv_table, out, positions, n_tok, n_head, n_kv_head, head_dim, window, cells, ring, scale, scratch, scratch_floats, n_split, arrived);
 }
 
+/// Prompts of at least min_tokens tokens (0: none) take quantized matmuls as cuBLAS f16 GEMMs
+/// (lib/cuda/ops.zig gemmF16); "unsupported" when cuBLAS does not load.
+export fn infer_cuda_set_cublas(min_tokens: u32) i32 {
+    return cuda.ops.setCublas(min_tokens);
+}
+
+/// The prompt length from which matmuls run as cuBLAS GEMMs (0: never; cuBLAS may still be
+/// missing, in which case MMQ runs).
+export fn infer_cuda_cublas_min_tokens() u32 {
+    return cuda.ops.cublasMinTokens();
+}
+
 /// Whether infer_cuda_attention_rows takes these shapes.
 export fn infer_cuda_attention_rows_fit(n_head: u64, n_kv_head: u64, head_dim: u64) bool {
     return cuda.ops.decodeAttentionFits(n_head, n_kv_head, head_dim);

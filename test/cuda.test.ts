@@ -15,7 +15,7 @@
 // NEAR_TIE × the measured logit difference at that step (a near-tie, decided by rounding). The
 // graph/fused path must equal the eager path bit for bit.
 // The measured errors are printed, so a GPU run records them.
-import { afterAll, describe, expect, test } from "bun:test";
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -29,6 +29,7 @@ import { openGguf, type GgufFile } from "../ts/gguf/reader.ts";
 import { GgmlType } from "../ts/gguf/types.ts";
 import { gguf, writeGguf, type GgufTensorToWrite } from "../ts/gguf/writer.ts";
 import { cudaStatus } from "../ts/native/cuda.ts";
+import { dequantize } from "../ts/convert/quantize.ts";
 import {
   gemmaMixed, llamaFloat, llamaQ4_0, qwen3KQuants, randomQuantGguf, randomTensorData, type RandomQuantSpec,
 } from "./support/random-quant-gguf.ts";
@@ -44,6 +45,8 @@ else console.log(`cuda.test.ts: on ${status.info.name} (sm_${status.info.compute
 const TOL_MATMUL = 1e-5;
 // Dequantization and element-wise f32 arithmetic are the CPU's operation for operation.
 const TOL_EXACTISH = 1e-6;
+// f16 products summed in f32 by cuBLAS against the same products summed in f64.
+const TOL_GEMM_F16 = 1e-4;
 // RoPE: CUDA's sinf/cosf are within 2 ulp of glibc's.
 const TOL_ROPE = 1e-5;
 // GELU goes through an f16 table on both; a tanhf ulp can move an entry by one f16 ulp.
@@ -187,7 +190,14 @@ describe.skipIf(noCuda)("CUDA ops equal the CPU backend's", () => {
   // GPU layouts of shaders/cuda/packed.cuh in p.gpu).
   const gguf: Pair = noCuda ? null! : { cpu: p.cpu, gpu: CudaBackend.open({ graphs: false, gpuLayouts: false }) };
   const PACKED = new Set(["Q4_0", "Q8_0", "Q4_K"]);
+  // These tests hold the kernels to the CPU's arithmetic (8-bit activations), so prompts stay off
+  // cuBLAS's f16 GEMM (its own test below); the setting is the process's, restored after.
+  const cublasDefault = noCuda ? 0 : p.gpu.cublasMinTokens;
+  beforeAll(() => p?.gpu.setCublas(0));
   afterAll(() => {
+    try {
+      p?.gpu.setCublas(cublasDefault);
+    } catch {} // no cuBLAS here: it stays off
     p?.gpu.dispose();
     gguf?.gpu.dispose();
     file?.close();
@@ -251,6 +261,44 @@ describe.skipIf(noCuda)("CUDA ops equal the CPU backend's", () => {
       p.cpu.matmul(wc, xc, 1, oc);
       p.gpu.matmul(wg, xg, 1, og);
       report(`Q4_0 ${rows} x ${n}`, compare(p, oc, og, 1), TOL_MATMUL);
+    }
+  });
+
+  // Prompts as cuBLAS f16 GEMMs (lib/cuda/ops.zig gemmF16): the weight dequantized and rounded to
+  // f16, the activations rounded to f16, products summed in f32 — against that sum in f64 here
+  // (not against the CPU, whose activations are 8-bit).
+  test("matmul of 300 rows as a cuBLAS f16 GEMM: every quantized type, both layouts", () => {
+    try {
+      p.gpu.setCublas(16);
+    } catch (err) {
+      console.log(`  cuBLAS GEMM test skipped: ${(err as Error).message}`);
+      return;
+    }
+    try {
+      const rows = 300, x = randomF32(rows * N_IN, 11, 2);
+      const x16 = x.map((v) => Math.f16round(v));
+      for (const [name, type] of WEIGHT_TYPES) {
+        if (type === GgmlType.F32 || type === GgmlType.F16 || type === GgmlType.BF16) continue;
+        const t = file.tensors.get(`w.${name}`)!;
+        const w16 = dequantize(file.tensorBytes(t), type, N_IN * N_OUT, t.name).map((v) => Math.f16round(v));
+        const want = new Float32Array(rows * N_OUT);
+        for (let r = 0; r < rows; r++) {
+          for (let o = 0; o < N_OUT; o++) {
+            let sum = 0;
+            for (let i = 0; i < N_IN; i++) sum += w16[o * N_IN + i] * x16[r * N_IN + i];
+            want[r * N_OUT + o] = sum;
+          }
+        }
+        for (const [layout, q] of PACKED.has(name) ? [["", p], [" (GGUF layout)", gguf]] as const : [["", p]] as const) {
+          const [, wg] = weights(q, file, `w.${name}`);
+          const [, xg] = acts(q, rows, N_IN, x);
+          const [, og] = acts(q, rows, N_OUT);
+          q.gpu.matmul(wg, xg, rows, og);
+          report(`cuBLAS ${name}${layout} x ${rows}`, normalisedError(q.gpu.read(og, rows), want), TOL_GEMM_F16);
+        }
+      }
+    } finally {
+      p.gpu.setCublas(0);
     }
   });
 
@@ -501,6 +549,30 @@ describe.skipIf(noCuda)("random-weight models: CUDA equals the CPU", () => {
       for (let i = 0; i < 64; i++) expect(normalisedError(plain.stepLogits[i], got.stepLogits[i])).toBe(0);
       expect(stats.graphLaunches).toBeGreaterThan(50);
       expect(stats.stepOpsFused).toBeLessThan(stats.stepOps);
+
+      // The prompt through cuBLAS's f16 GEMMs (every chunk of ≥ 16 rows; the float model keeps
+      // its own kernels): its logits, and the steps after it while the tokens agree, within the
+      // same tolerance of the CPU.
+      const viaCublas = open("cuda");
+      const cuda = viaCublas.backend as CudaBackend, saved = cuda.cublasMinTokens;
+      try {
+        cuda.setCublas(16);
+      } catch (err) {
+        console.log(`  ${name}: prompt through cuBLAS skipped: ${(err as Error).message}`);
+        viaCublas.close();
+        return;
+      }
+      try {
+        const f16 = greedy(viaCublas, prompt, 8);
+        let worst = normalisedError(f16.promptLogits, want.promptLogits);
+        for (let i = 0; i < 7 && f16.tokens[i] === want.tokens[i]; i++)
+          worst = Math.max(worst, normalisedError(f16.stepLogits[i], want.stepLogits[i]));
+        console.log(`  ${name}: prompt through cuBLAS: logits error ${worst.toExponential(2)} (tolerance ${tolerance})`);
+        expect(worst).toBeLessThanOrEqual(tolerance);
+      } finally {
+        cuda.setCublas(saved);
+        viaCublas.close();
+      }
     }, 120_000);
   }
 });

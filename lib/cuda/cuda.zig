@@ -58,7 +58,33 @@ pub const State = struct {
     pdl: bool = false,
     /// Events that mark asynchronous downloads done (downloadAsync / eventWait), by slot.
     events: [event_slots]driver.CUevent = [_]driver.CUevent{null} ** event_slots,
+    /// Device scratch of the f16 copies a cuBLAS GEMM reads (ops.zig gemmF16), grown on demand.
+    f16_scratch: u64 = 0,
+    f16_scratch_bytes: u64 = 0,
 };
+
+/// At least `bytes` of device scratch for f16 copies (the old scratch freed once the stream has
+/// drained: queued kernels may still read it).
+pub fn scratchF16(bytes: u64, out: *u64) i32 {
+    const s = ready() orelse return @intFromEnum(status.Status.internal);
+    if (s.capturing) return invalid("f16 scratch: not during a capture", .{});
+    if (s.f16_scratch_bytes < bytes) {
+        if (s.f16_scratch != 0) {
+            const rc = api.cuStreamSynchronize(s.stream);
+            if (rc != driver.success) return cuFail(rc, "waiting for the stream", .{});
+            free(s.f16_scratch);
+            s.f16_scratch = 0;
+            s.f16_scratch_bytes = 0;
+        }
+        var ptr: u64 = 0;
+        const rc = malloc(bytes, &ptr);
+        if (rc != 0) return rc;
+        s.f16_scratch = ptr;
+        s.f16_scratch_bytes = bytes;
+    }
+    out.* = s.f16_scratch;
+    return 0;
+}
 
 pub const event_slots = 16;
 

@@ -99,6 +99,16 @@ pub const Kernel = enum {
     silu_mul_q,
     argmax_f32,
     norm_rope_store,
+    dequant_f16_q4_0,
+    dequant_f16_q5_0,
+    dequant_f16_q8_0,
+    dequant_f16_q4_k,
+    dequant_f16_q5_k,
+    dequant_f16_q6_k,
+    dequant_f16_q4_0r,
+    dequant_f16_q8_0r,
+    dequant_f16_q4_kr,
+    f32_to_f16,
 };
 
 pub const kernel_count = @typeInfo(Kernel).@"enum".fields.len;
@@ -121,6 +131,8 @@ pub const WeightKind = struct {
     mmq_prompt: ?Kernel = null,
     /// The activation format its matvec reads: 0 = Q8_0 blocks, 1 = Q8_K superblocks, -1 = f32.
     activation: i32,
+    /// Its rows dequantized to f16, for the cuBLAS GEMM of long prompts (quantized types).
+    dequant_f16: ?Kernel = null,
 };
 
 pub fn weightKind(type_id: u32) ?WeightKind {
@@ -128,17 +140,17 @@ pub fn weightKind(type_id: u32) ?WeightKind {
         0 => .{ .name = "F32", .block_values = 1, .block_bytes = 4, .get_rows = .get_rows_f32, .matvec_1 = .matvec_f32_1, .matvec_8 = .matvec_f32_8, .activation = -1 },
         1 => .{ .name = "F16", .block_values = 1, .block_bytes = 2, .get_rows = .get_rows_f16, .matvec_1 = .matvec_f16_1, .matvec_8 = .matvec_f16_8, .activation = -1 },
         30 => .{ .name = "BF16", .block_values = 1, .block_bytes = 2, .get_rows = .get_rows_bf16, .matvec_1 = .matvec_bf16_1, .matvec_8 = .matvec_bf16_8, .activation = -1 },
-        2 => .{ .name = "Q4_0", .block_values = 32, .block_bytes = 18, .get_rows = .get_rows_q4_0, .matvec_1 = .matvec_q4_0_1, .matvec_8 = .matvec_q4_0_8, .matvec_multi = .matvec_multi_q4_0, .mmq = .mmq_q4_0, .mmq_prompt = .mmq_q4_0_64x128, .activation = 0 },
-        6 => .{ .name = "Q5_0", .block_values = 32, .block_bytes = 22, .get_rows = .get_rows_q5_0, .matvec_1 = .matvec_q5_0_1, .matvec_8 = .matvec_q5_0_8, .matvec_multi = .matvec_multi_q5_0, .mmq = .mmq_q5_0, .mmq_prompt = .mmq_q5_0_64x128, .activation = 0 },
-        8 => .{ .name = "Q8_0", .block_values = 32, .block_bytes = 34, .get_rows = .get_rows_q8_0, .matvec_1 = .matvec_q8_0_1, .matvec_8 = .matvec_q8_0_8, .matvec_multi = .matvec_multi_q8_0, .mmq = .mmq_q8_0, .mmq_prompt = .mmq_q8_0_64x128, .activation = 0 },
-        12 => .{ .name = "Q4_K", .block_values = 256, .block_bytes = 144, .get_rows = .get_rows_q4_k, .matvec_1 = .matvec_q4_k_1, .matvec_8 = .matvec_q4_k_8, .matvec_multi = .matvec_multi_q4_k, .mmq = .mmq_q4_k, .activation = 1 },
-        13 => .{ .name = "Q5_K", .block_values = 256, .block_bytes = 176, .get_rows = .get_rows_q5_k, .matvec_1 = .matvec_q5_k_1, .matvec_8 = .matvec_q5_k_8, .matvec_multi = .matvec_multi_q5_k, .mmq = .mmq_q5_k, .activation = 1 },
-        14 => .{ .name = "Q6_K", .block_values = 256, .block_bytes = 210, .get_rows = .get_rows_q6_k, .matvec_1 = .matvec_q6_k_1, .matvec_8 = .matvec_q6_k_8, .matvec_multi = .matvec_multi_q6_k, .mmq = .mmq_q6_k, .mmq_prompt = .mmq_q6_k_64x128, .activation = 1 },
+        2 => .{ .name = "Q4_0", .block_values = 32, .block_bytes = 18, .get_rows = .get_rows_q4_0, .matvec_1 = .matvec_q4_0_1, .matvec_8 = .matvec_q4_0_8, .matvec_multi = .matvec_multi_q4_0, .mmq = .mmq_q4_0, .mmq_prompt = .mmq_q4_0_64x128, .activation = 0, .dequant_f16 = .dequant_f16_q4_0 },
+        6 => .{ .name = "Q5_0", .block_values = 32, .block_bytes = 22, .get_rows = .get_rows_q5_0, .matvec_1 = .matvec_q5_0_1, .matvec_8 = .matvec_q5_0_8, .matvec_multi = .matvec_multi_q5_0, .mmq = .mmq_q5_0, .mmq_prompt = .mmq_q5_0_64x128, .activation = 0, .dequant_f16 = .dequant_f16_q5_0 },
+        8 => .{ .name = "Q8_0", .block_values = 32, .block_bytes = 34, .get_rows = .get_rows_q8_0, .matvec_1 = .matvec_q8_0_1, .matvec_8 = .matvec_q8_0_8, .matvec_multi = .matvec_multi_q8_0, .mmq = .mmq_q8_0, .mmq_prompt = .mmq_q8_0_64x128, .activation = 0, .dequant_f16 = .dequant_f16_q8_0 },
+        12 => .{ .name = "Q4_K", .block_values = 256, .block_bytes = 144, .get_rows = .get_rows_q4_k, .matvec_1 = .matvec_q4_k_1, .matvec_8 = .matvec_q4_k_8, .matvec_multi = .matvec_multi_q4_k, .mmq = .mmq_q4_k, .activation = 1, .dequant_f16 = .dequant_f16_q4_k },
+        13 => .{ .name = "Q5_K", .block_values = 256, .block_bytes = 176, .get_rows = .get_rows_q5_k, .matvec_1 = .matvec_q5_k_1, .matvec_8 = .matvec_q5_k_8, .matvec_multi = .matvec_multi_q5_k, .mmq = .mmq_q5_k, .activation = 1, .dequant_f16 = .dequant_f16_q5_k },
+        14 => .{ .name = "Q6_K", .block_values = 256, .block_bytes = 210, .get_rows = .get_rows_q6_k, .matvec_1 = .matvec_q6_k_1, .matvec_8 = .matvec_q6_k_8, .matvec_multi = .matvec_multi_q6_k, .mmq = .mmq_q6_k, .mmq_prompt = .mmq_q6_k_64x128, .activation = 1, .dequant_f16 = .dequant_f16_q6_k },
         // The GPU layouts of shaders/cuda/packed.cuh (repack): groups of 256 values, the bytes of
         // the blocks they came from.
-        packed_type | 2 => .{ .name = "Q4_0 (GPU layout)", .block_values = 256, .block_bytes = 144, .get_rows = .get_rows_q4_0r, .matvec_1 = .matvec_q4_0r_1, .matvec_8 = .matvec_q4_0r_8, .matvec_multi = .matvec_multi_q4_0r, .mmq = .mmq_q4_0r, .mmq_prompt = .mmq_q4_0r_64x128, .activation = 0 },
-        packed_type | 8 => .{ .name = "Q8_0 (GPU layout)", .block_values = 256, .block_bytes = 272, .get_rows = .get_rows_q8_0r, .matvec_1 = .matvec_q8_0r_1, .matvec_8 = .matvec_q8_0r_8, .matvec_multi = .matvec_multi_q8_0r, .mmq = .mmq_q8_0r, .mmq_prompt = .mmq_q8_0r_64x128, .activation = 0 },
-        packed_type | 12 => .{ .name = "Q4_K (GPU layout)", .block_values = 256, .block_bytes = 144, .get_rows = .get_rows_q4_kr, .matvec_1 = .matvec_q4_kr_1, .matvec_8 = .matvec_q4_kr_8, .matvec_multi = .matvec_multi_q4_kr, .mmq = .mmq_q4_kr, .activation = 1 },
+        packed_type | 2 => .{ .name = "Q4_0 (GPU layout)", .block_values = 256, .block_bytes = 144, .get_rows = .get_rows_q4_0r, .matvec_1 = .matvec_q4_0r_1, .matvec_8 = .matvec_q4_0r_8, .matvec_multi = .matvec_multi_q4_0r, .mmq = .mmq_q4_0r, .mmq_prompt = .mmq_q4_0r_64x128, .activation = 0, .dequant_f16 = .dequant_f16_q4_0r },
+        packed_type | 8 => .{ .name = "Q8_0 (GPU layout)", .block_values = 256, .block_bytes = 272, .get_rows = .get_rows_q8_0r, .matvec_1 = .matvec_q8_0r_1, .matvec_8 = .matvec_q8_0r_8, .matvec_multi = .matvec_multi_q8_0r, .mmq = .mmq_q8_0r, .mmq_prompt = .mmq_q8_0r_64x128, .activation = 0, .dequant_f16 = .dequant_f16_q8_0r },
+        packed_type | 12 => .{ .name = "Q4_K (GPU layout)", .block_values = 256, .block_bytes = 144, .get_rows = .get_rows_q4_kr, .matvec_1 = .matvec_q4_kr_1, .matvec_8 = .matvec_q4_kr_8, .matvec_multi = .matvec_multi_q4_kr, .mmq = .mmq_q4_kr, .activation = 1, .dequant_f16 = .dequant_f16_q4_kr },
         else => null,
     };
 }

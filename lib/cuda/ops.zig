@@ -17,6 +17,7 @@ const invalid = cuda.invalid;
 const ceilDiv = cuda.ceilDiv;
 const int = cuda.int;
 const tooLarge = cuda.tooLarge;
+const cublas = @import("cublas.zig");
 
 /// The INFER_CUDA_* settings of the ops (cuda.init calls this before the first launch).
 pub fn readSettings() void {
@@ -26,6 +27,7 @@ pub fn readSettings() void {
         if (n == 1 or n == 2 or n == 4) matvec_split = n;
     }
     if (std.posix.getenv("INFER_CUDA_MATVEC_CTAS")) |v| matvec_ctas = std.fmt.parseInt(u32, v, 10) catch null;
+    if (std.posix.getenv("INFER_CUDA_CUBLAS")) |v| cublas_min_tokens = std.fmt.parseInt(u32, v, 10) catch cublas_min_tokens;
     if (std.posix.getenv("INFER_CUDA_MMQ_TILE")) |v| {
         for (mmq_tiles, 0..) |t, i| {
             var buf: [32]u8 = undefined;
@@ -139,6 +141,9 @@ pub fn matmul(w: u64, type_id: u32, n_out: u64, n_in: u64, x: u64, xq: u64, xd: 
     const grid_y = if (n_tok == 1) 1 else ceilDiv(n_tok, 8);
     if (k.activation < 0) return launch(kernel, ceilDiv(n_out, 4), grid_y, 128, .{ w, out, in, x, tok, y });
     if (xq == 0 or xd == 0) return invalid("matmul: {s} needs quantized activations", .{k.name});
+    if (x != 0 and cublas_min_tokens > 0 and n_tok >= cublas_min_tokens) {
+        if (gemmF16(k, w, out, in, x, tok, y)) |rc| return rc;
+    }
     if (k.mmq) |mmq| {
         if (n_tok >= mmq_min_tokens and mmq_enabled) {
             const large = (mmq_tile orelse @intFromBool(n_tok >= mmq_large_tokens)) == 1 and k.mmq_prompt != null;
@@ -149,6 +154,53 @@ pub fn matmul(w: u64, type_id: u32, n_out: u64, n_in: u64, x: u64, xq: u64, xd: 
     const split: u32 = if (n_tok == 1) matvecSplit(n_in) else 1;
     const row_blocks = ceilDiv(n_out, 4 / split);
     return launch(kernel, if (n_tok == 1) matvecGrid(kernel, row_blocks) else row_blocks, grid_y, 128, .{ w, out, in, xq, xd, tok, y, @as(i32, @intCast(split)) });
+}
+
+/// Prompts of at least this many tokens (0: none) take a quantized matmul as a cuBLAS f16 GEMM
+/// where cuBLAS loads: the weight dequantized to f16 (the CPU's values, rounded to f16), the
+/// activations rounded to f16 (where MMQ quantizes them to 8 bits as the CPU does), the products
+/// summed in f32 on the tensor cores (wgmma on Hopper, which MMQ's mma.sync does not reach).
+/// Below it MMQ wins: dequantizing a whole weight costs as much as MMQ's pass over a few dozen
+/// tokens (bench/RESULTS.md has the crossover). INFER_CUDA_CUBLAS=n at init (0: never),
+/// infer_cuda_set_cublas at run time.
+pub const cublas_default_min_tokens: u32 = 128;
+var cublas_min_tokens: u32 = cublas_default_min_tokens;
+
+pub fn cublasMinTokens() u32 {
+    return cublas_min_tokens;
+}
+
+/// Sets cublas_min_tokens (0: off); fails with "unsupported" when cuBLAS does not load.
+pub fn setCublas(min_tokens: u32) i32 {
+    const s = ready() orelse return @intFromEnum(status.Status.internal);
+    if (min_tokens > 0 and !cublas.ready(s.stream))
+        return status.fail(.unsupported, "cuBLAS not available: no libcublas.so.13 or .12 (INFER_CUBLAS names one)", .{});
+    cublas_min_tokens = min_tokens;
+    return 0;
+}
+
+/// y = x · wᵀ through cuBLAS (see cublas_min_tokens); null to leave it to the MMQ kernels: no
+/// cuBLAS, a type without an f16 dequantization, a graph being captured (the scratch may have to
+/// grow), or no memory for the scratch.
+fn gemmF16(k: kernels.WeightKind, w: u64, n_out: i32, n_in: i32, x: u64, n_tok: i32, y: u64) ?i32 {
+    const s = ready() orelse return null;
+    const dequant = k.dequant_f16 orelse return null;
+    if (s.capturing or !cublas.ready(s.stream)) return null;
+    const w_values = @as(u64, @intCast(n_out)) * @as(u64, @intCast(n_in));
+    const x_values = @as(u64, @intCast(n_tok)) * @as(u64, @intCast(n_in));
+    var scratch: u64 = 0;
+    var rc = cuda.scratchF16(2 * (w_values + x_values), &scratch);
+    if (rc != 0) return null;
+    const w16 = scratch;
+    const x16 = scratch + 2 * w_values;
+    const grid = @as(u64, @intCast(s.sm_count)) * 8;
+    rc = launch(dequant, @min(grid, ceilDiv(w_values / 32, 256)), 1, 256, .{ w, n_out, n_in, w16 });
+    if (rc != 0) return rc;
+    rc = launch(.f32_to_f16, @min(grid, ceilDiv(x_values, 256)), 1, 256, .{ x, @as(i64, @intCast(x_values)), x16 });
+    if (rc != 0) return rc;
+    const st = cublas.gemmF16(w16, x16, y, n_out, n_in, n_tok);
+    if (st != cublas.status_success) return invalid("matmul: cuBLAS GEMM {d} x {d} x {d} failed (status {d})", .{ n_tok, n_out, n_in, st });
+    return 0;
 }
 
 /// Threads of a row's RMSNorm (rms_norm, rms_norm_q, add_rms_norm_q). A decode step has a row or

@@ -55,6 +55,65 @@ GET_ROWS(get_rows_f32, get_rows_f, F32W)
 GET_ROWS(get_rows_f16, get_rows_f, F16W)
 GET_ROWS(get_rows_bf16, get_rows_f, BF16W)
 
+// ---- f16 copies for the cuBLAS GEMM of long prompts (lib/cuda/cublas.zig) ---------------------
+
+/// out (f16, n_rows × n_cols row-major) = the weight's values, each 32-value unit dequantized with
+/// the CPU's arithmetic (T::dequant) and rounded to f16. A block takes 256 consecutive units (a
+/// thread each), stages them in shared memory and stores them as the one contiguous 16 KB run they
+/// are in the output: each thread storing its own 64 bytes would be 32 scattered stores a warp
+/// instruction (measured: an 8B model's weights took ~40 ms this way, ~10× their bytes' time).
+template <class T>
+__device__ __forceinline__ void dequant_f16(const uint8_t* w, int n_rows, int n_cols, __half* out) {
+  constexpr int UNITS = 256;  // = blockDim.x
+  __shared__ uint4 staged[UNITS * 4];
+  const int units = n_cols >> 5;
+  const size_t total = static_cast<size_t>(n_rows) * units;
+  const size_t row_bytes = static_cast<size_t>(n_cols / T::BV) * T::BB;
+  for (size_t first = static_cast<size_t>(blockIdx.x) * UNITS; first < total;
+       first += static_cast<size_t>(gridDim.x) * UNITS) {
+    const size_t i = first + threadIdx.x;
+    if (i < total) {
+      float y[32];
+      T::dequant(w + (i / units) * row_bytes, static_cast<int>(i % units), y);
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+        __half2 h[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) h[j] = __floats2half2_rn(y[8 * k + 2 * j], y[8 * k + 2 * j + 1]);
+        staged[threadIdx.x * 4 + k] = *reinterpret_cast<const uint4*>(h);
+      }
+    }
+    __syncthreads();
+    const int n = 4 * static_cast<int>(total - first < UNITS ? total - first : UNITS);
+    uint4* dst = reinterpret_cast<uint4*>(out + first * 32);
+    for (int j = threadIdx.x; j < n; j += UNITS) dst[j] = staged[j];
+    __syncthreads();
+  }
+}
+
+#define DEQUANT_F16(NAME, T)                                                                       \
+  extern "C" __global__ void NAME(const uint8_t* w, int n_rows, int n_cols, __half* out) {         \
+    pdl_begin();                                                                                   \
+    dequant_f16<T>(w, n_rows, n_cols, out);                                                        \
+  }
+DEQUANT_F16(dequant_f16_q4_0, Q4_0)
+DEQUANT_F16(dequant_f16_q5_0, Q5_0)
+DEQUANT_F16(dequant_f16_q8_0, Q8_0)
+DEQUANT_F16(dequant_f16_q4_k, Q4_K)
+DEQUANT_F16(dequant_f16_q5_k, Q5_K)
+DEQUANT_F16(dequant_f16_q6_k, Q6_K)
+DEQUANT_F16(dequant_f16_q4_0r, Q4_0R)
+DEQUANT_F16(dequant_f16_q8_0r, Q8_0R)
+DEQUANT_F16(dequant_f16_q4_kr, Q4_KR)
+
+/// out[i] = x[i] rounded to f16, i < n (grid-stride).
+extern "C" __global__ void f32_to_f16(const float* x, long long n, __half* out) {
+  pdl_begin();
+  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<long long>(gridDim.x) * blockDim.x)
+    out[i] = __float2half_rn(x[i]);
+}
+
 // ---- activation quantization -------------------------------------------------------------------
 
 /// Q8_0 as lib/quant/q8_0.zig's quantize: per 32 values d = amax/127 (stored as f16),

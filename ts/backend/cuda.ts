@@ -62,6 +62,8 @@ export interface CudaBackendOptions {
 }
 
 const HEAD_DIM_MAX = 512;
+/** Rows from which a quantized matmul may run as a cuBLAS GEMM (the MMQ range, lib/cuda/ops.zig). */
+const CUBLAS_ROWS_MIN = 16;
 /** Token ids queued by argmaxToken at most (lib/cuda/cuda.zig event_slots). */
 const TOKEN_SLOTS = 16;
 const NAN_BITS = 0x7fc00000;
@@ -113,6 +115,20 @@ export class CudaBackend implements Backend {
   private stepStart = 0;
   /** The graph launched last (bench/cuda-decode.ts replays it to time the GPU alone). */
   lastGraph = 0;
+  /**
+   * Prompts of at least `minTokens` rows (0: none) take quantized matmuls as cuBLAS f16 GEMMs
+   * (lib/cuda/ops.zig; the default, or INFER_CUDA_CUBLAS=n at init, is `cublasMinTokens`);
+   * throws "cuBLAS not available: …" where it does not load. One setting for the process.
+   */
+  setCublas(minTokens: number): void {
+    check(this.lib.infer_cuda_set_cublas(minTokens), "cuBLAS");
+  }
+
+  /** The prompt length from which quantized matmuls run as cuBLAS GEMMs where cuBLAS loads (0: never). */
+  get cublasMinTokens(): number {
+    return this.lib.infer_cuda_cublas_min_tokens();
+  }
+
   /** Profiling only: leaves the matching ops out of decode steps (StepGraphs.setSkip). */
   profileSkip(skip: RegExp | null): void {
     this.steps.setSkip(skip);
@@ -370,7 +386,10 @@ export class CudaBackend implements Backend {
     if (t.dims[0] !== x.cols) throw new InferError("invalid_argument", `matmul ${t.name}: x has ${x.cols} columns`);
     if (t.activationFormat >= 0) {
       this.quantized(xa, firstRow, rows, t.activationFormat);
-      this.op(6, this.lib.infer_cuda_matmul, [t.address, t.typeId, t.dims[1], t.dims[0], 0, this.xq, this.xd, rows,
+      // Prompts pass the f32 rows too, for the cuBLAS f16 GEMM (lib/cuda/ops.zig gemmF16); a
+      // decode step's matmuls (one row) keep x = 0, which the fusion rules match on.
+      const x32 = rows >= CUBLAS_ROWS_MIN ? xa.address + firstRow * x.cols * 4 : 0;
+      this.op(6, this.lib.infer_cuda_matmul, [t.address, t.typeId, t.dims[1], t.dims[0], x32, this.xq, this.xd, rows,
         a(out).address], `matmul ${t.name}`);
     } else {
       this.op(6, this.lib.infer_cuda_matmul, [t.address, t.typeId, t.dims[1], t.dims[0],
