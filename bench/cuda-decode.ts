@@ -11,7 +11,8 @@
 // then one JSON line per model.
 //   bun bench/cuda-decode.ts [--models qwen3-0.6b,llama-3.2-1b] [--quants Q4_0,Q8_0,Q4_K]
 //       (--models qwen3-4b,llama-3.1-8b: the large shapes of bench/random-model.ts)
-//       [--runs 3] [--gen 128] [--prefill 512] [--check 32] [--ctx 2048] [--variants 0]
+//       [--runs 3] [--gen 128] [--prefill 512] [--prefill-batch N (default: the prefill)]
+//       [--check 32] [--ctx 2048] [--variants 0]
 //       [--depth 4096 (needs --ctx past depth + gen)] [--batches 8,32]
 //       [--sweep 24,144,1024,4096: GPU µs of a decode step at each context (needs --ctx past the last)]
 import { statSync } from "node:fs";
@@ -122,6 +123,9 @@ const models = arg("--models", randomShapes.map((s) => s.key).join(",")).split("
 const quants = arg("--quants", randomQuants.join(",")).split(",") as RandomQuant[];
 const runs = Number(arg("--runs", "3")), gen = Number(arg("--gen", "128"));
 const prefillLength = Number(arg("--prefill", "512")), check = Number(arg("--check", "0"));
+// Rows a forward pass takes (Engine's batch): the whole prefill by default; 512 matches
+// llama-bench's default micro-batch.
+const prefillBatch = Number(arg("--prefill-batch", String(prefillLength)));
 const ctx = Number(arg("--ctx", "2048")), variants = arg("--variants", "0") === "1";
 const depth = Number(arg("--depth", "0"));
 const sweep = arg("--sweep", "").split(",").filter((c) => c !== "").map(Number);
@@ -131,7 +135,8 @@ if (depth > 0 && depth + gen + 16 > ctx) throw new Error(`--depth ${depth} needs
 cudaInit();
 const info = cudaDeviceInfo();
 console.log(`# ${new Date().toISOString()} ${info.name} (sm_${info.computeCapability}, ${info.multiprocessors} SMs, ` +
-  `driver ${info.driverVersion}); PDL ${process.env.INFER_CUDA_PDL === "0" ? "off" : "on"}; runs ${runs}, gen ${gen}, prompt 16, prefill ${prefillLength}, ctx ${ctx}`);
+  `driver ${info.driverVersion}); PDL ${process.env.INFER_CUDA_PDL === "0" ? "off" : "on"}; runs ${runs}, gen ${gen}, prompt 16, prefill ${prefillLength} ` +
+  `(batches of ${prefillBatch}), ctx ${ctx}`);
 // Byte-level tokens: ids 97.. are the ASCII letters of the synthetic vocabulary.
 const prompt16 = Array.from({ length: 16 }, (_, i) => 97 + (i % 26));
 const promptLong = Array.from({ length: prefillLength }, (_, i) => 97 + ((i * 7) % 26));
@@ -142,7 +147,7 @@ for (const key of models) {
   for (const quant of quants) {
     const path = ensureRandomModel(shape, quant);
     const bytes = statSync(path).size;
-    const open = () => Engine.open({ modelPath: path, backend: "cuda", contextLength: ctx, batch: prefillLength });
+    const open = () => Engine.open({ modelPath: path, backend: "cuda", contextLength: ctx, batch: prefillBatch });
     const t0 = performance.now();
     const engine = withGraphs(true, open);
     const loadMs = performance.now() - t0;

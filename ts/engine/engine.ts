@@ -24,6 +24,11 @@ export interface EngineOptions {
   readonly threads?: number;
   /** Positions the KV cache holds (default: min(4096, the model's trained context)). */
   readonly contextLength?: number;
+  /**
+   * Prompt rows a forward pass takes at most (longer prompts run in chunks): default 256 on the
+   * CPU, 512 on CUDA (llama.cpp's default micro-batch), where a chunk's matmuls dequantize every
+   * weight once (cuBLAS GEMMs from 128 rows) and longer chunks pay that less often.
+   */
   readonly batch?: number;
   readonly kvType?: KvType;
   /** cpu, cuda, metal or auto (a GPU when available); default: INFER_BACKEND, else cpu. */
@@ -65,7 +70,7 @@ export class Engine {
       const onProgress = options.onProgress;
       const total = file.tensors.size;
       const counted = onProgress ? countingWeights(backend, total, onProgress) : backend;
-      const model = loadModel(file, counted, { maxBatch: options.batch ?? 256 });
+      const model = loadModel(file, counted, { maxBatch: options.batch ?? (backend.name === "cuda" ? 512 : 256) });
       onProgress?.(total, total);
       const tokenizer = tokenizerFromMetadata(file.metadata);
       const contextLength = options.contextLength ?? Math.min(4096, model.info.contextLength);
