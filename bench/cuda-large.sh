@@ -9,7 +9,9 @@
 # a slow one leaves the others' results.
 #   MODELS=qwen3-4b,llama-3.1-8b QUANTS=Q4_0,Q4_K,Q8_0 AB=Q4_0 VARIANT=INFER_CUDA_ATTN=heads RUNS=1 \
 #     LLAMA_BENCH=1 TESTS=1 bash bench/cuda-large.sh
-# (LLAMA_BENCH=0: infer alone, no llama.cpp build; AB=: no A/B; TESTS=0: no CUDA tests.) Measures:
+# (LLAMA_BENCH=0: infer alone, no llama.cpp build; AB=: no A/B; TESTS=0: no CUDA tests;
+# PREFILL_BATCH=512: infer's prompt in chunks of 512 rows, as llama-bench's micro-batches; default
+# one chunk of 2,048.) Measures:
 # decode after 16 tokens and after 4,096, a 2,048-token prefill, and decode of 8 and 32 sequences
 # at once; llama.cpp: llama-bench -p 2048 -n 128, -n 128 -d 4096, llama-batched-bench -npl 8,32.
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -35,7 +37,7 @@ for m in ${MODELS//,/ }; do for q in ${QUANTS//,/ }; do  # one writer per file, 
 done; done; wait "${WRITERS[@]}"
 t "models written" | tee -a "$OUT/log.txt"
 bench() { timeout 200 bun bench/cuda-decode.ts --models "$MODELS" --quants "$1" --runs "$RUNS" --gen 128 \
-  --prefill 2048 --depth 4096 --ctx 4352 --batches 8,32 2>&1 | grep -v "^\s*$"; }
+  --prefill 2048 --prefill-batch "${PREFILL_BATCH:-2048}" --depth 4096 --ctx 4352 --batches 8,32 2>&1 | grep -v "^\s*$"; }
 for q in ${AB//,/ }; do
   ( export "$VARIANT"; bench "$q" ) | sed "s/^/variant $q: /" >> "$OUT/infer.txt" || true
 done
