@@ -11,7 +11,7 @@
 // then one JSON line per model.
 //   bun bench/cuda-decode.ts [--models qwen3-0.6b,llama-3.2-1b] [--quants Q4_0,Q8_0,Q4_K]
 //       (--models qwen3-4b,llama-3.1-8b: the large shapes of bench/random-model.ts)
-//       [--runs 3] [--gen 128] [--prefill 512] [--prefill-batch N (default: the prefill)]
+//       [--runs 3] [--gen 128] [--prefill 512] [--prefill-batch N (default: the prefill or the largest batch)]
 //       [--check 32] [--ctx 2048] [--variants 0]
 //       [--depth 4096 (needs --ctx past depth + gen)] [--batches 8,32]
 //       [--sweep 24,144,1024,4096: GPU µs of a decode step at each context (needs --ctx past the last)]
@@ -123,13 +123,13 @@ const models = arg("--models", randomShapes.map((s) => s.key).join(",")).split("
 const quants = arg("--quants", randomQuants.join(",")).split(",") as RandomQuant[];
 const runs = Number(arg("--runs", "3")), gen = Number(arg("--gen", "128"));
 const prefillLength = Number(arg("--prefill", "512")), check = Number(arg("--check", "0"));
-// Rows a forward pass takes (Engine's batch): the whole prefill by default; 512 matches
-// llama-bench's default micro-batch.
-const prefillBatch = Number(arg("--prefill-batch", String(prefillLength)));
 const ctx = Number(arg("--ctx", "2048")), variants = arg("--variants", "0") === "1";
 const depth = Number(arg("--depth", "0"));
 const sweep = arg("--sweep", "").split(",").filter((c) => c !== "").map(Number);
 const batches = arg("--batches", "").split(",").filter((b) => b !== "").map(Number);
+// Rows a forward pass takes (Engine's batch): the whole prefill, or the largest --batches, by
+// default; 512 matches llama-bench's default micro-batch.
+const prefillBatch = Number(arg("--prefill-batch", String(Math.max(prefillLength, ...batches))));
 if (depth > 0 && depth + gen + 16 > ctx) throw new Error(`--depth ${depth} needs --ctx of at least ${depth + gen + 16}`);
 
 cudaInit();

@@ -10,6 +10,7 @@ import { join } from "node:path";
 import { defaultModelPath } from "../ts/cli/setup.ts";
 import { Engine } from "../ts/engine/engine.ts";
 import type { GenerateOptions, GenerateResult } from "../ts/engine/generation.ts";
+import { createKvCache } from "../ts/engine/kv-cache.ts";
 import { BatchScheduler, type SchedulerOptions } from "../ts/engine/scheduler.ts";
 import { tinyGemma3Gguf } from "./support/tiny-gguf.ts";
 
@@ -195,6 +196,15 @@ describe("the batch scheduler gives each sequence the tokens it gets alone", () 
     expect(outcomes.sort()).toEqual(["error the client's socket broke", "length 0", "length 4"]);
     expect(scheduler.stats()).toMatchObject({ busySlots: 0, waiting: 0 });
   }, 60_000);
+
+  test("a batch of more rows than the model was planned for is refused by name", () => {
+    const engine = open(), model = engine.model;
+    const caches = [0, 1].map(() => createKvCache(engine.backend, model.info, 64, "f16", model.maxBatch));
+    const segments = caches.map((c) => ({ rows: 9, position: 0, cache: c.layers }));
+    expect(() => model.forwardBatch({ tokens: prompt(18, 3), segments, logitRows: 2 }, () => {}))
+      .toThrow("18 rows exceed the batch of 16");
+    engine.close();
+  });
 });
 
 const goldenModel = defaultModelPath();

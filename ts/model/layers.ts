@@ -245,11 +245,16 @@ export function setBatchInputs(be: Backend, b: DecoderBuffers, batch: Batch, max
     if (!(s.rows > 0) || s.position < 0) {
       throw new InferError("invalid_argument", `a segment of ${s.rows} rows at ${s.position}`);
     }
-    be.setPositions(b.positions, s.position, s.rows, rows);
     rows += s.rows;
   }
+  // Before any position is written, so an oversized batch is named as such.
   if (rows > maxBatch) {
     throw new InferError("invalid_argument", `${rows} rows exceed the batch of ${maxBatch}`);
+  }
+  rows = 0;
+  for (const s of batch.segments) {
+    be.setPositions(b.positions, s.position, s.rows, rows);
+    rows += s.rows;
   }
   if (!(batch.logitRows >= 0 && batch.logitRows <= rows)) {
     throw new InferError("invalid_argument", `logits of ${batch.logitRows} rows of ${rows} asked`);
