@@ -124,6 +124,9 @@ const WEIGHT_TYPES: [string, number][] = [
 ];
 const N_IN = 768, N_OUT = 37, COLS = 96;
 const LONG_ROWS = [6144, 12288];
+// A row of 11 steps of 256 values: K-splits of the batched tensor-core matmul that do not divide
+// it (the last split empty).
+const ODD_ROW = 2816;
 const TALL: [number, number][] = [[256, 17_000], [6144, 8_500]];
 const LONG_ROW_TYPES = WEIGHT_TYPES.filter(([name]) => ["Q4_0", "Q8_0", "Q4_K", "Q6_K"].includes(name));
 
@@ -136,7 +139,7 @@ function opsFile(): GgufFile {
     tensors.push({ name, type: GgmlType.F32, dims: [values.length], data: new Uint8Array(values.buffer) });
   // Long rows: one-token matvecs share a row among 2 warps from 6,144 values, 4 from 12,288.
   for (const [name, type] of LONG_ROW_TYPES) {
-    for (const n of LONG_ROWS) {
+    for (const n of [...LONG_ROWS, ODD_ROW]) {
       tensors.push({ name: `w.${name}.${n}`, type, dims: [n, N_OUT], data: randomTensorData(type, n * N_OUT, n + type, 0.05) });
     }
   }
@@ -249,6 +252,25 @@ describe.skipIf(noCuda)("CUDA ops equal the CPU backend's", () => {
         p.cpu.matmul(wc, xc, 1, oc);
         p.gpu.matmul(wg, xg, 1, og);
         report(`${name} ${n} wide`, compare(p, oc, og, 1), TOL_MATMUL);
+      }
+    });
+  }
+
+  // Batches of long rows take the tensor-core kernels split over the row (grid z, lib/cuda/ops.zig
+  // mmqSplits: a 37-row weight gives a grid of one or a few tiles, so every split count up to
+  // the cap), the splits' partial sums added in order.
+  for (const [name] of LONG_ROW_TYPES) {
+    test(`matmul ${name}, 40 and 200 rows of ${[...LONG_ROWS, ODD_ROW].join(", ")} values (split over the row)`, () => {
+      for (const n of [...LONG_ROWS, ODD_ROW]) {
+        const [wc, wg] = weights(p, file, `w.${name}.${n}`);
+        const x = randomF32(200 * n, n + 1, 2);
+        for (const rows of [40, 200]) {
+          const [xc, xg] = acts(p, rows, n, x.subarray(0, rows * n));
+          const [oc, og] = acts(p, rows, N_OUT);
+          p.cpu.matmul(wc, xc, rows, oc);
+          p.gpu.matmul(wg, xg, rows, og);
+          report(`${name} ${rows} x ${n}`, compare(p, oc, og, rows), TOL_MATMUL);
+        }
       }
     });
   }

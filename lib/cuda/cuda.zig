@@ -58,33 +58,37 @@ pub const State = struct {
     pdl: bool = false,
     /// Events that mark asynchronous downloads done (downloadAsync / eventWait), by slot.
     events: [event_slots]driver.CUevent = [_]driver.CUevent{null} ** event_slots,
-    /// Device scratch of the f16 copies a cuBLAS GEMM reads (ops.zig gemmF16), grown on demand.
-    f16_scratch: u64 = 0,
-    f16_scratch_bytes: u64 = 0,
+    /// Device scratch by use (`scratch`): the f16 copies a cuBLAS GEMM reads (ops.zig gemmF16),
+    /// the K-split partial sums of mmq_* (ops.zig matmul).
+    scratch: [@typeInfo(Scratch).@"enum".fields.len]ScratchBuffer = [_]ScratchBuffer{.{}} ** @typeInfo(Scratch).@"enum".fields.len,
 };
 
-/// At least `bytes` of device scratch for f16 copies (the old scratch freed once the stream has
-/// drained: queued kernels may still read it).
-pub fn scratchF16(bytes: u64, out: *u64) i32 {
+/// Device scratch of ops that need room beyond their output, one buffer per use, grown on demand.
+pub const Scratch = enum { f16_copies, mmq_partials };
+
+/// At least `bytes` of the `use` scratch (the old buffer freed once the stream has drained:
+/// queued kernels may still read it). During a capture a buffer cannot grow: "invalid" then.
+pub fn scratch(use: Scratch, bytes: u64, out: *u64) i32 {
     const s = ready() orelse return @intFromEnum(status.Status.internal);
-    if (s.capturing) return invalid("f16 scratch: not during a capture", .{});
-    if (s.f16_scratch_bytes < bytes) {
-        if (s.f16_scratch != 0) {
+    const slot = &s.scratch[@intFromEnum(use)];
+    if (slot.bytes < bytes) {
+        if (s.capturing) return invalid("{s} scratch: cannot grow during a capture", .{@tagName(use)});
+        if (slot.ptr != 0) {
             const rc = api.cuStreamSynchronize(s.stream);
             if (rc != driver.success) return cuFail(rc, "waiting for the stream", .{});
-            free(s.f16_scratch);
-            s.f16_scratch = 0;
-            s.f16_scratch_bytes = 0;
+            free(slot.ptr);
+            slot.* = .{};
         }
         var ptr: u64 = 0;
         const rc = malloc(bytes, &ptr);
         if (rc != 0) return rc;
-        s.f16_scratch = ptr;
-        s.f16_scratch_bytes = bytes;
+        slot.* = .{ .ptr = ptr, .bytes = bytes };
     }
-    out.* = s.f16_scratch;
+    out.* = slot.ptr;
     return 0;
 }
+
+pub const ScratchBuffer = struct { ptr: u64 = 0, bytes: u64 = 0 };
 
 pub const event_slots = 16;
 
@@ -401,10 +405,15 @@ pub fn launch(k: Kernel, grid_x: u64, grid_y: u64, block: u32, args: anytype) i3
 
 /// launch with `shared` bytes of dynamic shared memory.
 pub fn launchShared(k: Kernel, grid_x: u64, grid_y: u64, block: u32, shared: u32, args: anytype) i32 {
+    return launchGrid(k, grid_x, grid_y, 1, block, shared, args);
+}
+
+/// launchShared with a third grid dimension (the K-splits of mmq_*).
+pub fn launchGrid(k: Kernel, grid_x: u64, grid_y: u64, grid_z: u64, block: u32, shared: u32, args: anytype) i32 {
     const s = ready() orelse return @intFromEnum(status.Status.internal);
-    if (grid_x == 0 or grid_y == 0) return 0;
-    if (grid_x > std.math.maxInt(i32) or grid_y > 65535)
-        return invalid("{s}: grid {d} x {d} is too large", .{ @tagName(k), grid_x, grid_y });
+    if (grid_x == 0 or grid_y == 0 or grid_z == 0) return 0;
+    if (grid_x > std.math.maxInt(i32) or grid_y > 65535 or grid_z > 65535)
+        return invalid("{s}: grid {d} x {d} x {d} is too large", .{ @tagName(k), grid_x, grid_y, grid_z });
     var values = args;
     const fields = @typeInfo(@TypeOf(values)).@"struct".fields;
     var params: [fields.len]?*anyopaque = undefined;
@@ -415,7 +424,7 @@ pub fn launchShared(k: Kernel, grid_x: u64, grid_y: u64, block: u32, shared: u32
         const config = driver.CUlaunchConfig{
             .grid_x = @intCast(grid_x),
             .grid_y = @intCast(grid_y),
-            .grid_z = 1,
+            .grid_z = @intCast(grid_z),
             .block_x = block,
             .block_y = 1,
             .block_z = 1,
@@ -436,7 +445,7 @@ pub fn launchShared(k: Kernel, grid_x: u64, grid_y: u64, block: u32, shared: u32
         s.kernels[@intFromEnum(k)],
         @intCast(grid_x),
         @intCast(grid_y),
-        1,
+        @intCast(grid_z),
         block,
         1,
         1,

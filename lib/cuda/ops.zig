@@ -26,6 +26,7 @@ pub fn readSettings() void {
         const n = std.fmt.parseInt(u32, v, 10) catch 0;
         if (n == 1 or n == 2 or n == 4) matvec_split = n;
     }
+    if (std.posix.getenv("INFER_CUDA_MMQ_SPLIT")) |v| mmq_split_max = @max(std.fmt.parseInt(u64, v, 10) catch mmq_split_max, 1);
     if (std.posix.getenv("INFER_CUDA_MATVEC_CTAS")) |v| matvec_ctas = std.fmt.parseInt(u32, v, 10) catch null;
     if (std.posix.getenv("INFER_CUDA_CUBLAS")) |v| cublas_min_tokens = std.fmt.parseInt(u32, v, 10) catch cublas_min_tokens;
     if (std.posix.getenv("INFER_CUDA_MMQ_TILE")) |v| {
@@ -75,15 +76,32 @@ var mmq_enabled = true;
 /// the type has one; else the small tile). Measured on an H200 (bench/RESULTS.md,
 /// 2,048-token prompts and 32-sequence batches of the 0.6B and 8B shapes): 64 × 128 prefill
 /// +7–26%, but half the speed at 32 tokens; 128 × 64 and 64 × 64 tiles were slower than both.
-const MmqTile = struct { rows: u32, toks: u32 };
+const MmqTile = struct { rows: u32, toks: u32, units: u32 };
 const mmq_tiles = [_]MmqTile{
-    .{ .rows = 32, .toks = 64 },
-    .{ .rows = 64, .toks = 128 },
+    .{ .rows = 32, .toks = 64, .units = 8 },
+    .{ .rows = 64, .toks = 128, .units = 4 },
 };
 const mmq_large_tokens = 256;
 /// INFER_CUDA_MMQ_TILE=32x64 or 64x128 at init: that tile for every batch of the types that have
 /// it (for comparisons).
 var mmq_tile: ?usize = null;
+
+/// K-splits of an mmq_* launch (grid z; shaders/cuda/matmul.cuh mmq). A batch of a few dozen
+/// tokens gives a grid of a few hundred blocks (a 4,096-row weight and 32 tokens: 128), each
+/// walking the whole row one staged step (a memory round trip) at a time: 56 steps for a
+/// 14,336-wide row. Splitting the row over grid z until the blocks fill one wave (the driver's
+/// occupancy: 3 or 4 small-tile blocks a multiprocessor, by registers) turns that chain into
+/// parallel work; each split keeps at least 2 steps. The partial
+/// sums are added in split order (sum_splits), so a result does not depend on timing.
+/// INFER_CUDA_MMQ_SPLIT=n at init: at most n splits (1: none).
+fn mmqSplits(kernel: Kernel, threads: u32, blocks: u64, steps: u64) u64 {
+    const s = ready() orelse return 1;
+    const cap = @min(mmq_split_max, @max(steps / 2, 1));
+    const per_sm: u64 = resident(s, kernel, @intCast(threads));
+    const want = ceilDiv(@as(u64, @intCast(s.sm_count)) * (if (per_sm == 0) 4 else per_sm), blocks);
+    return @max(@min(want, cap), 1);
+}
+var mmq_split_max: u64 = 16;
 
 /// Warps sharing a row of a one-token quantized matvec (shaders/cuda/matmul.cuh matvec_q): rows
 /// of 384 units (12,288 values) and more take 4, from 192 units 2, so that a long row is not one
@@ -110,19 +128,19 @@ var matvec_split: ?u32 = null;
 var matvec_ctas: ?u32 = null;
 fn matvecGrid(kernel: Kernel, row_blocks: u64) u64 {
     const s = ready() orelse return row_blocks;
-    const per_sm: u64 = matvec_ctas orelse resident(s, kernel);
+    const per_sm: u64 = matvec_ctas orelse resident(s, kernel, 128);
     if (per_sm == 0) return row_blocks;
     return @min(row_blocks, per_sm * @as(u64, @intCast(s.sm_count)));
 }
 
 /// Blocks of 128 threads (no dynamic shared memory) of kernel k resident on a multiprocessor at
 /// once, as the driver computes it from registers and shared memory; 0 when it cannot say.
-fn resident(s: *State, k: Kernel) u8 {
+fn resident(s: *State, k: Kernel, threads: c_int) u8 {
     const i = @intFromEnum(k);
     if (s.resident[i] == 0) {
         const occupancy = driver.optional.cuOccupancyMaxActiveBlocksPerMultiprocessor orelse return 0;
         var n: c_int = 0;
-        if (occupancy(&n, s.kernels[i], 128, 0) != driver.success or n <= 0) return 0;
+        if (occupancy(&n, s.kernels[i], threads, 0) != driver.success or n <= 0) return 0;
         s.resident[i] = @intCast(@min(n, 255));
     }
     return s.resident[i];
@@ -148,7 +166,22 @@ pub fn matmul(w: u64, type_id: u32, n_out: u64, n_in: u64, x: u64, xq: u64, xd: 
         if (n_tok >= mmq_min_tokens and mmq_enabled) {
             const large = (mmq_tile orelse @intFromBool(n_tok >= mmq_large_tokens)) == 1 and k.mmq_prompt != null;
             const tile = mmq_tiles[@intFromBool(large)];
-            return launch(if (large) k.mmq_prompt.? else mmq, ceilDiv(n_out, tile.rows), ceilDiv(n_tok, tile.toks), tile.toks * 2, .{ w, out, in, xq, xd, tok, y });
+            const kernel_mmq = if (large) k.mmq_prompt.? else mmq;
+            const tiles_x = ceilDiv(n_out, tile.rows);
+            const tiles_y = ceilDiv(n_tok, tile.toks);
+            const splits = mmqSplits(kernel_mmq, tile.toks * 2, tiles_x * tiles_y, ceilDiv(n_in / 32, tile.units));
+            if (splits > 1) {
+                // Each split's partial sums in a plane of the scratch, then added in split order.
+                const plane = n_tok * n_out;
+                var parts: u64 = 0;
+                if (cuda.scratch(.mmq_partials, 4 * plane * splits, &parts) == 0) {
+                    const rc = cuda.launchGrid(kernel_mmq, tiles_x, tiles_y, splits, tile.toks * 2, 0, .{ w, out, in, xq, xd, tok, parts });
+                    if (rc != 0) return rc;
+                    const grid = @min(@as(u64, @intCast(ready().?.sm_count)) * 8, ceilDiv(plane, 256));
+                    return launch(.sum_splits, grid, 1, 256, .{ parts, @as(i32, @intCast(splits)), @as(i64, @intCast(plane)), y });
+                }
+            }
+            return launch(kernel_mmq, tiles_x, tiles_y, tile.toks * 2, .{ w, out, in, xq, xd, tok, y });
         }
     }
     const split: u32 = if (n_tok == 1) matvecSplit(n_in) else 1;
@@ -189,7 +222,7 @@ fn gemmF16(k: kernels.WeightKind, w: u64, n_out: i32, n_in: i32, x: u64, n_tok: 
     const w_values = @as(u64, @intCast(n_out)) * @as(u64, @intCast(n_in));
     const x_values = @as(u64, @intCast(n_tok)) * @as(u64, @intCast(n_in));
     var scratch: u64 = 0;
-    var rc = cuda.scratchF16(2 * (w_values + x_values), &scratch);
+    var rc = cuda.scratch(.f16_copies, 2 * (w_values + x_values), &scratch);
     if (rc != 0) return null;
     const w16 = scratch;
     const x16 = scratch + 2 * w_values;

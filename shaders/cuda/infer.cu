@@ -114,6 +114,18 @@ extern "C" __global__ void f32_to_f16(const float* x, long long n, __half* out) 
     out[i] = __float2half_rn(x[i]);
 }
 
+/// y[i] = Σ_z part[z·n + i] over `splits` planes, in plane order (the K-splits of mmq_*, whose
+/// partial sums lib/cuda/ops.zig gives each a plane). Grid-stride.
+extern "C" __global__ void sum_splits(const float* part, int splits, long long n, float* y) {
+  pdl_begin();
+  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    float s = part[i];
+    for (int z = 1; z < splits; z++) s += part[z * n + i];
+    y[i] = s;
+  }
+}
+
 // ---- activation quantization -------------------------------------------------------------------
 
 /// Q8_0 as lib/quant/q8_0.zig's quantize: per 32 values d = amax/127 (stored as f16),

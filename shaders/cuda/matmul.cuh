@@ -230,6 +230,12 @@ __device__ __forceinline__ void mmq(const uint8_t* __restrict__ w, int n_out, in
   const int group = lane >> 2, tig = lane & 3;  // the MMA fragment coordinates of this lane
   const int row0 = blockIdx.x * ROWS, tok0 = blockIdx.y * TOKS;
   const int units = n_in >> 5;
+  // K-split z of gridDim.z (lib/cuda/ops.zig mmqSplits) takes a run of whole steps and writes its
+  // partial sums to plane z of y; a split past the last unit writes zeros.
+  const int steps_per_split = ((units + UNITS - 1) / UNITS + gridDim.z - 1) / gridDim.z;
+  const int u_begin = min(units, static_cast<int>(blockIdx.z) * steps_per_split * UNITS);
+  const int u_end = min(units, u_begin + steps_per_split * UNITS);
+  y += static_cast<size_t>(blockIdx.z) * n_tok * n_out;
   const size_t row_bytes = static_cast<size_t>(n_in / T::BV) * T::BB;
   float acc[J][4], accm[J][4];
 #pragma unroll
@@ -244,8 +250,8 @@ __device__ __forceinline__ void mmq(const uint8_t* __restrict__ w, int n_out, in
   // which serializes the loads.
   constexpr int WP = ROWS * UNITS / THREADS, XP = TOKS * UNITS / THREADS;
   static_assert(WP * THREADS == ROWS * UNITS && XP * THREADS == TOKS * UNITS, "staging pairs per thread");
-  for (int u0 = 0; u0 < units; u0 += UNITS) {
-    const int n_units = min(UNITS, units - u0);
+  for (int u0 = u_begin; u0 < u_end; u0 += UNITS) {
+    const int n_units = min(UNITS, u_end - u0);
     typename T::W wts[WP];
     int4 xa[XP], xb[XP];
     float xds[XP];
