@@ -45,7 +45,7 @@ else console.log(`cuda.test.ts: on ${status.info.name} (sm_${status.info.compute
 const TOL_MATMUL = 1e-5;
 // Dequantization and element-wise f32 arithmetic are the CPU's operation for operation.
 const TOL_EXACTISH = 1e-6;
-// f16 products summed in f32 by cuBLAS against the same products summed in f64.
+// f16, bf16 or f32 products summed in f32 by cuBLAS against the same products summed in f64.
 const TOL_GEMM_F16 = 1e-4;
 // RoPE: CUDA's sinf/cosf are within 2 ulp of glibc's.
 const TOL_ROPE = 1e-5;
@@ -73,6 +73,13 @@ function rng(seed: number): () => number {
     t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
     return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
   };
+}
+
+/** v rounded to bf16 (to nearest, ties to even), as __float2bfloat16_rn does. */
+function bf16round(v: number): number {
+  const bits = new Uint32Array(new Float32Array([v]).buffer)[0];
+  const rounded = (bits + 0x7fff + ((bits >>> 16) & 1)) & 0xffff0000;
+  return new Float32Array(new Uint32Array([rounded >>> 0]).buffer)[0];
 }
 
 function randomF32(n: number, seed: number, amp = 1): Float32Array {
@@ -286,10 +293,11 @@ describe.skipIf(noCuda)("CUDA ops equal the CPU backend's", () => {
     }
   });
 
-  // Prompts as cuBLAS f16 GEMMs (lib/cuda/ops.zig gemmF16): the weight dequantized and rounded to
-  // f16, the activations rounded to f16, products summed in f32 — against that sum in f64 here
-  // (not against the CPU, whose activations are 8-bit).
-  test("matmul of 300 rows as a cuBLAS f16 GEMM: every quantized type, both layouts", () => {
+  // Prompts as cuBLAS GEMMs (lib/cuda/ops.zig gemmF16, gemmFloat): a quantized weight dequantized
+  // and rounded to f16 with the activations rounded to f16; F16 and BF16 weights as they are with
+  // the activations rounded to their type; F32 as it is. Products summed in f32 — against those
+  // products summed in f64 here (not against the CPU, whose activations are 8-bit or f32).
+  test("matmul of 300 rows as a cuBLAS GEMM: every weight type, both layouts", () => {
     try {
       p.gpu.setCublas(16);
     } catch (err) {
@@ -298,16 +306,19 @@ describe.skipIf(noCuda)("CUDA ops equal the CPU backend's", () => {
     }
     try {
       const rows = 300, x = randomF32(rows * N_IN, 11, 2);
-      const x16 = x.map((v) => Math.f16round(v));
+      const roundX = (type: number) =>
+        type === GgmlType.F32 ? x : type === GgmlType.BF16 ? x.map(bf16round) : x.map((v) => Math.f16round(v));
       for (const [name, type] of WEIGHT_TYPES) {
-        if (type === GgmlType.F32 || type === GgmlType.F16 || type === GgmlType.BF16) continue;
         const t = file.tensors.get(`w.${name}`)!;
-        const w16 = dequantize(file.tensorBytes(t), type, N_IN * N_OUT, t.name).map((v) => Math.f16round(v));
+        const values = dequantize(file.tensorBytes(t), type, N_IN * N_OUT, t.name);
+        const float = type === GgmlType.F32 || type === GgmlType.F16 || type === GgmlType.BF16;
+        const wr = float ? values : values.map((v) => Math.f16round(v));
+        const xr = float ? roundX(type) : roundX(GgmlType.F16);
         const want = new Float32Array(rows * N_OUT);
         for (let r = 0; r < rows; r++) {
           for (let o = 0; o < N_OUT; o++) {
             let sum = 0;
-            for (let i = 0; i < N_IN; i++) sum += w16[o * N_IN + i] * x16[r * N_IN + i];
+            for (let i = 0; i < N_IN; i++) sum += wr[o * N_IN + i] * xr[r * N_IN + i];
             want[r * N_OUT + o] = sum;
           }
         }

@@ -11,6 +11,7 @@ pub const Handle = ?*anyopaque;
 /// cublasStatus_t, cudaDataType_t, cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t values.
 pub const status_success: c_int = 0;
 pub const r_16f: c_int = 2;
+pub const r_16bf: c_int = 14;
 pub const r_32f: c_int = 0;
 pub const compute_32f: c_int = 68;
 pub const gemm_default: c_int = -1;
@@ -87,11 +88,11 @@ pub fn ready(stream: driver.CUstream) bool {
     return true;
 }
 
-/// y[t][o] = Σ_i w[o][i] · x[t][i] for t < n_tok, o < n_out: w and x f16 row-major, y f32
-/// row-major, the products summed in f32 (column-major cuBLAS: yᵀ = wᵀᵀ · xᵀ). Returns the
-/// cublasStatus_t.
-pub fn gemmF16(w16: u64, x16: u64, y: u64, n_out: i32, n_in: i32, n_tok: i32) c_int {
+/// y[t][o] = Σ_i w[o][i] · x[t][i] for t < n_tok, o < n_out: w and x row-major, both of `kind`
+/// (r_16f, r_16bf or r_32f), y f32 row-major, the products summed in f32 (column-major cuBLAS:
+/// yᵀ = wᵀᵀ · xᵀ). Returns the cublasStatus_t.
+pub fn gemm(kind: c_int, w: u64, x: u64, y: u64, n_out: i32, n_in: i32, n_tok: i32) c_int {
     const alpha: f32 = 1;
     const beta: f32 = 0;
-    return api.cublasGemmEx(handle, op_t, op_n, n_out, n_tok, n_in, &alpha, @ptrFromInt(w16), r_16f, n_in, @ptrFromInt(x16), r_16f, n_in, &beta, @ptrFromInt(y), r_32f, n_out, compute_32f, gemm_default);
+    return api.cublasGemmEx(handle, op_t, op_n, n_out, n_tok, n_in, &alpha, @ptrFromInt(w), kind, n_in, @ptrFromInt(x), kind, n_in, &beta, @ptrFromInt(y), r_32f, n_out, compute_32f, gemm_default);
 }

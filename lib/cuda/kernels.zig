@@ -109,6 +109,7 @@ pub const Kernel = enum {
     dequant_f16_q8_0r,
     dequant_f16_q4_kr,
     f32_to_f16,
+    f32_to_bf16,
     sum_splits,
 };
 

@@ -157,7 +157,12 @@ pub fn matmul(w: u64, type_id: u32, n_out: u64, n_in: u64, x: u64, xq: u64, xd: 
     const tok = int(n_tok) orelse return tooLarge("matmul: n_tok", n_tok);
     const kernel = if (n_tok == 1) k.matvec_1 else k.matvec_8;
     const grid_y = if (n_tok == 1) 1 else ceilDiv(n_tok, 8);
-    if (k.activation < 0) return launch(kernel, ceilDiv(n_out, 4), grid_y, 128, .{ w, out, in, x, tok, y });
+    if (k.activation < 0) {
+        if (cublas_min_tokens > 0 and n_tok >= cublas_min_tokens) {
+            if (gemmFloat(type_id, w, out, in, x, tok, y)) |rc| return rc;
+        }
+        return launch(kernel, ceilDiv(n_out, 4), grid_y, 128, .{ w, out, in, x, tok, y });
+    }
     if (xq == 0 or xd == 0) return invalid("matmul: {s} needs quantized activations", .{k.name});
     if (x != 0 and cublas_min_tokens > 0 and n_tok >= cublas_min_tokens) {
         if (gemmF16(k, w, out, in, x, tok, y)) |rc| return rc;
@@ -231,7 +236,30 @@ fn gemmF16(k: kernels.WeightKind, w: u64, n_out: i32, n_in: i32, x: u64, n_tok: 
     if (rc != 0) return rc;
     rc = launch(.f32_to_f16, @min(grid, ceilDiv(x_values, 256)), 1, 256, .{ x, @as(i64, @intCast(x_values)), x16 });
     if (rc != 0) return rc;
-    const st = cublas.gemmF16(w16, x16, y, n_out, n_in, n_tok);
+    return gemmStatus(cublas.gemm(cublas.r_16f, w16, x16, y, n_out, n_in, n_tok), n_out, n_in, n_tok);
+}
+
+/// y = x · wᵀ through cuBLAS for float weights (see cublas_min_tokens): F16 and BF16 weights as
+/// they are, the activations rounded to the weight's type (where matvec_f keeps them f32); F32
+/// as SGEMM. null to leave it to matvec_f (no cuBLAS, a capture, no scratch).
+fn gemmFloat(type_id: u32, w: u64, n_out: i32, n_in: i32, x: u64, n_tok: i32, y: u64) ?i32 {
+    const s = ready() orelse return null;
+    if (s.capturing or !cublas.ready(s.stream)) return null;
+    if (type_id == 0) return gemmStatus(cublas.gemm(cublas.r_32f, w, x, y, n_out, n_in, n_tok), n_out, n_in, n_tok);
+    const kind, const convert: Kernel = switch (type_id) {
+        1 => .{ cublas.r_16f, .f32_to_f16 },
+        30 => .{ cublas.r_16bf, .f32_to_bf16 },
+        else => return null,
+    };
+    const x_values = @as(u64, @intCast(n_tok)) * @as(u64, @intCast(n_in));
+    var x16: u64 = 0;
+    if (cuda.scratch(.f16_copies, 2 * x_values, &x16) != 0) return null;
+    const rc = launch(convert, @min(@as(u64, @intCast(s.sm_count)) * 8, ceilDiv(x_values, 256)), 1, 256, .{ x, @as(i64, @intCast(x_values)), x16 });
+    if (rc != 0) return rc;
+    return gemmStatus(cublas.gemm(kind, w, x16, y, n_out, n_in, n_tok), n_out, n_in, n_tok);
+}
+
+fn gemmStatus(st: c_int, n_out: i32, n_in: i32, n_tok: i32) i32 {
     if (st != cublas.status_success) return invalid("matmul: cuBLAS GEMM {d} x {d} x {d} failed (status {d})", .{ n_tok, n_out, n_in, st });
     return 0;
 }

@@ -114,6 +114,14 @@ extern "C" __global__ void f32_to_f16(const float* x, long long n, __half* out) 
     out[i] = __float2half_rn(x[i]);
 }
 
+/// out[i] = x[i] rounded to bf16 (to nearest, ties to even), i < n (grid-stride).
+extern "C" __global__ void f32_to_bf16(const float* x, long long n, __nv_bfloat16* out) {
+  pdl_begin();
+  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<long long>(gridDim.x) * blockDim.x)
+    out[i] = __float2bfloat16_rn(x[i]);
+}
+
 /// y[i] = Σ_z part[z·n + i] over `splits` planes, in plane order (the K-splits of mmq_*, whose
 /// partial sums lib/cuda/ops.zig gives each a plane). Grid-stride.
 extern "C" __global__ void sum_splits(const float* part, int splits, long long n, float* y) {
