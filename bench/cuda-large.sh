@@ -23,7 +23,7 @@ export INFER_CACHE=/tmp/ic
 [ -x /tmp/l/llama.cpp/b/bin/llama-batched-bench ] && [ "$LLAMA_BENCH" = 1 ] && LLAMA_BENCH=built
 [ "$LLAMA_BENCH" = 1 ] && mkdir -p /tmp/l && tar xJf .device/llama-src.tar.xz -C /tmp/l
 [ "$LLAMA_BENCH" = 1 ] && (cd /tmp/l/llama.cpp && cmake -B b -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF \
-  -DLLAMA_BUILD_TESTS=OFF > /tmp/cmake.log 2>&1 && nice cmake --build b -j12 --target llama-bench llama-batched-bench \
+  -DLLAMA_BUILD_TESTS=OFF > /tmp/cmake.log 2>&1 && nice cmake --build b -j16 --target llama-bench llama-batched-bench \
   > /tmp/build.log 2>&1; echo "llama build rc=$? at $(( $(date +%s) - T0 ))s") > "$OUT/llama-build.txt" 2>&1 &
 LLAMA=$!; [ "$LLAMA_BENCH" = 1 ] || LLAMA=
 bash shaders/cuda/build.sh > /dev/null 2> "$OUT/nvcc.txt"; t "kernels built" | tee "$OUT/log.txt"
