@@ -29,6 +29,7 @@ import { openGguf, type GgufFile } from "../ts/gguf/reader.ts";
 import { GgmlType } from "../ts/gguf/types.ts";
 import { gguf, writeGguf, type GgufTensorToWrite } from "../ts/gguf/writer.ts";
 import { cudaStatus } from "../ts/native/cuda.ts";
+import { check, native } from "../ts/native/lib.ts";
 import { dequantize } from "../ts/convert/quantize.ts";
 import {
   gemmaMixed, llamaFloat, llamaQ4_0, qwen3KQuants, randomQuantGguf, randomTensorData, type RandomQuantSpec,
@@ -281,6 +282,41 @@ describe.skipIf(noCuda)("CUDA ops equal the CPU backend's", () => {
       }
     });
   }
+
+  // The fused norms of a decode step (cuda-fuse.ts) hold a row and its weights in shared memory:
+  // up to the widest they take (lib/cuda/ops.zig fused_cols_max) they must leave every buffer as
+  // add, rms_norm and quantize do, bit for bit; wider, a clear error (the step runs them apart).
+  test("add + rms_norm + quantize in one kernel, up to its widest row, bit for bit", () => {
+    const L = native();
+    const addr = (x: Activation) => (x as unknown as { address: number }).address;
+    const bits = (x: Activation) => new Uint32Array(p.gpu.read(x, x.rows).slice().buffer);
+    for (const [n, mode] of [[256, 1], [768, 0], [5888, 0], [5888, 1]]) {
+      for (const add of [true, false]) {
+        const [, a] = acts(p, 1, n, randomF32(n, n + 1, 3)), [, b] = acts(p, 1, n, randomF32(n, n + 2, 2));
+        const [, w] = acts(p, 1, n, randomF32(n, n + 3, 0.5).map((v) => v + 1));
+        const run = (fused: boolean) => {
+          const [, x] = acts(p, 1, n, p.gpu.read(a, 1).slice()), [, normed] = acts(p, 1, n);
+          const [, q] = acts(p, 1, n / 4), [, d] = acts(p, 1, n / 32);
+          if (fused) {
+            expect(add ? L.infer_cuda_add_rms_norm_quant(addr(x), addr(b), addr(x), addr(w), 1, n, 1e-6, addr(normed), mode, addr(q), addr(d))
+              : L.infer_cuda_rms_norm_quant(addr(x), addr(w), 1, n, 1e-6, addr(normed), mode, addr(q), addr(d))).toBe(0);
+          } else {
+            if (add) expect(L.infer_cuda_add(addr(x), addr(b), n, addr(x))).toBe(0);
+            expect(L.infer_cuda_rms_norm(addr(x), addr(w), 1, n, 1e-6, addr(normed))).toBe(0);
+            expect(L.infer_cuda_quantize(addr(normed), 1, n, mode, addr(q), addr(d))).toBe(0);
+          }
+          return [x, normed, q, d].map(bits);
+        };
+        const want = run(false), got = run(true);
+        ["sum", "normed", "quants", "scales"].forEach((part, i) => {
+          if (!want[i].every((v, j) => v === got[i][j])) throw new Error(`${n} wide, mode ${mode}${add ? ", add" : ""}: ${part} differs`);
+        });
+      }
+    }
+    const [, x] = acts(p, 1, 6144, randomF32(6144, 5, 1));
+    expect(() => check(L.infer_cuda_rms_norm_quant(addr(x), 0, 1, 6144, 1e-6, addr(x), 0, addr(x), addr(x)), "norm"))
+      .toThrow("rms_norm_quant: n_cols 6144 not in 1..5888");
+  });
 
   test("matmul Q4_0, one row through 17,000 rows of 256 and 8,500 of 6,144 (blocks loop over row blocks)", () => {
     for (const [n, rows] of TALL) {

@@ -481,8 +481,11 @@ pub fn rmsNormQuant(x: u64, weight: u64, n_rows: u64, n_cols: u64, eps: f32, out
     return launchShared(.rms_norm_q, n_rows, 1, normThreads(n_rows, n_cols), @intCast(n_cols * 8), .{ x, weight, cols, eps, out, m, q, d });
 }
 
-/// Fused norms keep a row and its weights in shared memory: 2 * 6144 floats = 48 KiB.
-pub const fused_cols_max = 6144;
+/// Fused norms keep a row and its weights in shared memory, 8 bytes a value, beside their 1,280
+/// static bytes, within the 48 KiB a block gets without opting in: 5,888 values (23 Q8_K
+/// superblocks). Wider rows take rms_norm and quantize (ts/backend/cuda-fuse.ts FUSED_COLS_MAX).
+/// (6,144 once: 49,152 + 1,280 bytes, and the launch failed.)
+pub const fused_cols_max = 5888;
 
 /// In-place rms_norm of rows_a rows at xa (weights wa) and rows_b rows at xb (weights wb).
 pub fn rmsNorm2(xa: u64, wa: u64, rows_a: u64, xb: u64, wb: u64, rows_b: u64, n_cols: u64, eps: f32) i32 {

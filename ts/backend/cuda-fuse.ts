@@ -13,7 +13,7 @@ export interface PendingOp { code: number; fn: NativeFn; args: Arg[]; what: stri
 export const RMS_NORM = 3, QUANTIZE = 5, MATMUL = 6, ROPE = 7, KV_STORE = 8, GELU = 10, SILU = 11,
   ADD = 12;
 /** Fused norms keep a row and its weights in shared memory (lib/cuda/ops.zig fused_cols_max). */
-const FUSED_COLS_MAX = 6144;
+const FUSED_COLS_MAX = 5888;
 
 /**
  * Peephole over a recorded step: add → rms_norm → quantize, rms_norm → quantize and
