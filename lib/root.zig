@@ -808,6 +808,12 @@ export fn infer_cuda_attention(q: u64, k_cache: u64, v_cache: u64, out: u64, pos
     return cuda.ops.attention(q, k_cache, v_cache, out, positions, n_tok, n_head, n_kv_head, head_dim, window, cells, ring, scale, scratch, scratch_floats, n_split, arrived, per_head);
 }
 
+/// infer_cuda_attention, then infer_cuda_quantize of its output (mode, q, d): in the decode
+/// kernels' epilogue where they can, else as two launches; the same bytes either way.
+export fn infer_cuda_attention_quant(q_in: u64, k_cache: u64, v_cache: u64, out: u64, positions: u64, n_tok: u64, n_head: u64, n_kv_head: u64, head_dim: u64, window: u64, cells: u64, ring: bool, scale: f32, scratch: u64, scratch_floats: u64, n_split: u64, arrived: u64, per_head: bool, mode: u32, q: u64, d: u64) i32 {
+    return cuda.ops.attentionQuant(q_in, k_cache, v_cache, out, positions, n_tok, n_head, n_kv_head, head_dim, window, cells, ring, scale, scratch, scratch_floats, n_split, arrived, per_head, mode, q, d);
+}
+
 /// Attention of rows of different sequences in one launch (the server's batched decode): row t
 /// over the f16 caches at kv_table[2t] (keys) and kv_table[2t + 1] (values), a device table of
 /// 2 * n_tok addresses.

@@ -490,11 +490,54 @@ describe.skipIf(noCuda)("CUDA ops equal the CPU backend's", () => {
         p.cpu.storeKv(kv[0], kc, vc, rows, position);
         p.gpu.storeKv(kv[1], kg, vg, rows, position);
         p.cpu.attention(qc, kv[0], rows, position, o, oc);
-        p.gpu.attention(qg, kv[1], rows, position, o, og);
+        const launched = captureOps(p.gpu, 9, () => p.gpu.attention(qg, kv[1], rows, position, o, og));
         worst = Math.max(worst, compare(p, oc, og, rows));
+        if (rows <= 2) fusedQuantMatches(launched, og, rows, qd, `${label}, ${rows} row(s) at ${position}`);
       }
       report(`attention ${label}`, worst, TOL_ATTENTION);
     });
+  }
+
+  /** The arguments of every op of `code` that `f` records or launches on `gpu`. */
+  function captureOps(gpu: CudaBackend, code: number, f: () => void): (number | boolean)[][] {
+    const g = gpu as unknown as { op: (code: number, fn: unknown, args: (number | boolean)[], what: string) => void };
+    const op = g.op, seen: (number | boolean)[][] = [];
+    g.op = function (c, fn, args, what) {
+      if (c === code) seen.push([...args]);
+      op.call(this, c, fn, args, what);
+    };
+    try {
+      f();
+    } finally {
+      delete (g as { op?: unknown }).op; // the prototype's again
+    }
+    return seen;
+  }
+
+  /**
+   * A decode step's attention followed by the quantization of its output (the o-projection's
+   * input) in one launch (cuda-fuse.ts): for each format the row's width allows, the launch
+   * recorded above again through infer_cuda_attention_quant into fresh buffers must give the
+   * same output and the bytes infer_cuda_quantize gives, bit for bit (the decode kernels quantize
+   * in their epilogue where a group of heads is whole blocks; elsewhere the two launches run).
+   */
+  function fusedQuantMatches(launched: (number | boolean)[][], og: Activation, rows: number, width: number, what: string) {
+    const L = native();
+    const addr = (x: Activation) => (x as unknown as { address: number }).address;
+    const bits = (x: Activation) => new Uint32Array(p.gpu.read(x, x.rows).slice().buffer);
+    expect(launched.length).toBe(1);
+    for (const mode of [0, 1].filter((m) => width % (m === 0 ? 32 : 256) === 0)) {
+      const [, q1] = acts(p, rows, width / 4), [, d1] = acts(p, rows, width / 32);
+      const [, q2] = acts(p, rows, width / 4), [, d2] = acts(p, rows, width / 32), [, o2] = acts(p, rows, width);
+      check(L.infer_cuda_quantize(addr(og), rows, width, mode, addr(q1), addr(d1)), "quantize");
+      const args = [...launched[0]];
+      args[3] = addr(o2);
+      check((L.infer_cuda_attention_quant as (...a: unknown[]) => number)(...args, mode, addr(q2), addr(d2)), "attention_quant");
+      for (const [part, want, got] of [["output", og, o2], ["quants", q1, q2], ["scales", d1, d2]] as const) {
+        const w = bits(want).subarray(0, part === "output" ? rows * width : undefined), g = bits(got);
+        if (!w.every((v, j) => v === g[j])) throw new Error(`attention + quantize ${what}, mode ${mode}: ${part} differs`);
+      }
+    }
   }
 
   test("the KV cache must be f16", () => {

@@ -325,8 +325,21 @@ pub fn attentionScratch(n_tok: u64, n_head: u64, head_dim: u64, cells: u64, n_sp
 /// attn_* kernels. `scratch` holds attentionScratch(...) f32 values; with n_split > 1, `arrived`
 /// holds n_tok * n_head u32 counters, zero before the call and left zero by it.
 pub fn attention(q: u64, k_cache: u64, v_cache: u64, out: u64, positions: u64, n_tok: u64, n_head: u64, n_kv_head: u64, head_dim: u64, window: u64, cells: u64, ring: bool, scale_: f32, scratch: u64, scratch_floats: u64, n_split: u64, arrived: u64, per_head: bool) i32 {
-    return attend(per_head, q, k_cache, v_cache, 0, out, positions, n_tok, n_head, n_kv_head, head_dim, window, cells, ring, scale_, scratch, scratch_floats, n_split, arrived);
+    return attend(per_head, q, k_cache, v_cache, 0, out, positions, n_tok, n_head, n_kv_head, head_dim, window, cells, ring, scale_, scratch, scratch_floats, n_split, arrived, .{});
 }
+
+/// attention, then quantize(out, n_tok, n_head * head_dim, mode, q, d) of its output (the
+/// o-projection's input): in the attention kernel's own epilogue where it computes a whole
+/// group of heads that is whole quantization blocks (attn_decode_*, see quantize_group), else as
+/// the two launches. The buffers end the same either way, bit for bit.
+pub fn attentionQuant(q_in: u64, k_cache: u64, v_cache: u64, out: u64, positions: u64, n_tok: u64, n_head: u64, n_kv_head: u64, head_dim: u64, window: u64, cells: u64, ring: bool, scale_: f32, scratch: u64, scratch_floats: u64, n_split: u64, arrived: u64, per_head: bool, mode: u32, q: u64, d: u64) i32 {
+    const block: u64 = if (mode == 0) 32 else if (mode == 1) 256 else return invalid("attention_quant: mode {d}", .{mode});
+    if ((n_head * head_dim) % block != 0) return invalid("attention_quant: rows of {d} values are not whole blocks of {d}", .{ n_head * head_dim, block });
+    return attend(per_head, q_in, k_cache, v_cache, 0, out, positions, n_tok, n_head, n_kv_head, head_dim, window, cells, ring, scale_, scratch, scratch_floats, n_split, arrived, .{ .mode = @intCast(mode), .q = q, .d = d });
+}
+
+/// Where attend quantizes its output (mode -1: it does not).
+const OutQuant = struct { mode: i32 = -1, q: u64 = 0, d: u64 = 0 };
 
 /// Whether attention of these shapes runs as attn_decode_* (rows under 16), the kernels that
 /// also take a table of caches (attentionRows).
@@ -340,7 +353,7 @@ pub fn attentionRows(q: u64, kv_table: u64, out: u64, positions: u64, n_tok: u64
     if (!decodeAttentionFits(n_head, n_kv_head, head_dim))
         return invalid("attention_rows: {d} heads over {d} KV heads of {d} dims take one sequence at a time", .{ n_head, n_kv_head, head_dim });
     if (kv_table == 0) return invalid("attention_rows: no table of caches", .{});
-    return attend(false, q, 0, 0, kv_table, out, positions, n_tok, n_head, n_kv_head, head_dim, window, cells, ring, scale_, scratch, scratch_floats, n_split, arrived);
+    return attend(false, q, 0, 0, kv_table, out, positions, n_tok, n_head, n_kv_head, head_dim, window, cells, ring, scale_, scratch, scratch_floats, n_split, arrived, .{});
 }
 
 /// kvStore for rows of different sequences, row t into the caches of kv_table (see attentionRows).
@@ -351,7 +364,14 @@ pub fn kvStoreRows(k: u64, v: u64, kv_dim: u64, n_tok: u64, kv_table: u64, posit
     return launch(.kv_store_rows, ceilDiv(kv_dim, 256), n_tok, 256, .{ k, v, dim, kv_table, positions, c, @as(i32, @intFromBool(ring)) });
 }
 
-fn attend(per_head: bool, q: u64, k_cache: u64, v_cache: u64, kv_table: u64, out: u64, positions: u64, n_tok: u64, n_head: u64, n_kv_head: u64, head_dim: u64, window: u64, cells: u64, ring: bool, scale_: f32, scratch: u64, scratch_floats: u64, n_split: u64, arrived: u64) i32 {
+fn attend(per_head: bool, q: u64, k_cache: u64, v_cache: u64, kv_table: u64, out: u64, positions: u64, n_tok: u64, n_head: u64, n_kv_head: u64, head_dim: u64, window: u64, cells: u64, ring: bool, scale_: f32, scratch: u64, scratch_floats: u64, n_split: u64, arrived: u64, oq: OutQuant) i32 {
+    var quantized = false;
+    const rc = attendInto(per_head, q, k_cache, v_cache, kv_table, out, positions, n_tok, n_head, n_kv_head, head_dim, window, cells, ring, scale_, scratch, scratch_floats, n_split, arrived, oq, &quantized);
+    if (rc != 0 or oq.mode < 0 or quantized) return rc;
+    return quantize(out, n_tok, n_head * head_dim, @intCast(oq.mode), oq.q, oq.d);
+}
+
+fn attendInto(per_head: bool, q: u64, k_cache: u64, v_cache: u64, kv_table: u64, out: u64, positions: u64, n_tok: u64, n_head: u64, n_kv_head: u64, head_dim: u64, window: u64, cells: u64, ring: bool, scale_: f32, scratch: u64, scratch_floats: u64, n_split: u64, arrived: u64, oq: OutQuant, quantized: *bool) i32 {
     if (n_kv_head == 0 or n_head == 0 or n_head % n_kv_head != 0)
         return invalid("attention: n_head {d} is not a multiple of n_kv_head {d}", .{ n_head, n_kv_head });
     if (head_dim == 0 or head_dim > head_dim_max)
@@ -396,8 +416,14 @@ fn attend(per_head: bool, q: u64, k_cache: u64, v_cache: u64, kv_table: u64, out
         const kernel: Kernel = if (group == 1) .attn_decode_g1 else if (group == 2) .attn_decode_g2 else if (group <= 4) .attn_decode_g4 else .attn_decode_g8;
         const part_ml = scratch;
         const part = scratch + rows * n_split * 2 * 4;
+        // The quantization in the epilogue where each block's outputs (the group's heads, at a
+        // multiple of their count in the row) are whole blocks of oq's format.
+        const fused = oq.mode >= 0 and (group * head_dim) % (if (oq.mode == 0) @as(u64, 32) else 256) == 0;
+        const qmode: i32 = if (fused) oq.mode else -1;
+        quantized.* = fused;
         return launch(kernel, n_tok * n_kv_head, n_split, 128, .{
             q, k_cache, v_cache, kv_table, positions, heads, kv_heads, dim, win, c, ring_i, scale_, splits, out, part_ml, part, arrived,
+            qmode, if (fused) oq.q else 0, if (fused) oq.d else 0,
         });
     }
     const rc = launch(.attn_scores, rows, n_split, 128, .{

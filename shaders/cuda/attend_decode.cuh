@@ -60,6 +60,28 @@ __device__ __forceinline__ DecodeSpan decode_span(const __half* kc, const __half
   return r;
 }
 
+/// With qmode >= 0, the group's n outputs (staged in shared memory by every thread of the block,
+/// at the row's flat index base) quantized as the quantize kernel that would follow quantizes
+/// them (mode 0: Q8_0 units, 1: Q8_K superblocks; lib/cuda/ops.zig checks that n and base are
+/// whole units): the o-projection's input written by the attention itself, one kernel fewer a
+/// layer. The same quant_unit_q8_0 / quant_super_q8_k, so the same bytes.
+__device__ __forceinline__ void quantize_group(const float* vals, int n, int qmode, int8_t* xq, float* xd,
+                                               size_t base) {
+  if (qmode < 0) return;
+  __syncthreads();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  if (qmode == 0) {
+    for (int u = warp; u < (n >> 5); u += warps) quant_unit_q8_0(vals[u * 32 + lane], xq + base + u * 32, xd + base / 32 + u);
+  } else {
+    for (int sb = warp; sb < (n >> 8); sb += warps) {
+      float v[8];
+#pragma unroll
+      for (int k = 0; k < 8; k++) v[k] = vals[sb * 256 + lane * 8 + k];
+      quant_super_q8_k(v, xq + base + sb * 256, xd + base / 32 + sb * 8);
+    }
+  }
+}
+
 /// GM: the group size the registers are laid out for (1, 2, 4 or 8); the group G <= GM.
 template <int GM>
 __device__ __forceinline__ void attn_decode_body(const float* q, const __half* kc, const __half* vc,
@@ -67,7 +89,7 @@ __device__ __forceinline__ void attn_decode_body(const float* q, const __half* k
                                                  const int* positions, int n_head, int n_kv_head, int head_dim,
                                                  int window, int cells, int ring, float scale, int n_split,
                                                  float* out, float* part_ml, float* partial,
-                                                 unsigned int* arrived) {
+                                                 unsigned int* arrived, int qmode, int8_t* xq, float* xd) {
   __shared__ __align__(16) float qs[GM * DECODE_HEAD_DIM_MAX];
   __shared__ float ps[GM * DECODE_TILE];
   __shared__ float tile_max[GM];
@@ -228,6 +250,7 @@ __device__ __forceinline__ void attn_decode_body(const float* q, const __half* k
     for (int w = 0; w < DECODE_THREADS / 32; w++) sum += warp_l[w][g];
     if (n_split == 1) {
       out[(row0 + g) * head_dim + dim] = o / sum;
+      qs[i] = o / sum;
     } else {
       partial[((row0 + g) * n_split + split) * head_dim + dim] = o;
       if (dim == 0) {
@@ -236,7 +259,10 @@ __device__ __forceinline__ void attn_decode_body(const float* q, const __half* k
       }
     }
   }
-  if (n_split == 1) return;
+  if (n_split == 1) {
+    quantize_group(qs, G * head_dim, qmode, xq, xd, row0 * head_dim);
+    return;
+  }
   __threadfence();  // this thread's partial values before the count
   __syncthreads();
   const int group = t * n_kv_head + kvh;
@@ -269,8 +295,10 @@ __device__ __forceinline__ void attn_decode_body(const float* q, const __half* k
 #pragma unroll 16
     for (int k = 0; k < n_split; k++) num += weight[g][k] * __ldcg(src + static_cast<size_t>(k) * head_dim);
     out[(row0 + g) * head_dim + dim] = num / denom[g];
+    qs[i] = num / denom[g];
   }
   if (tid == 0) arrived[group] = 0;
+  quantize_group(qs, G * head_dim, qmode, xq, xd, row0 * head_dim);
 }
 
 /// Before pdl_begin: the key and value rows of this block's first tile pulled into L2. All but the
@@ -297,11 +325,11 @@ __device__ __forceinline__ void attn_decode_prefetch(const __half* kc, const __h
       NAME(const float* q, const __half* kc, const __half* vc, const unsigned long long* kv_table,               \
            const int* positions, int n_head, int n_kv_head,                                                     \
            int head_dim, int window, int cells, int ring, float scale, int n_split, float* out, float* part_ml, \
-           float* partial, unsigned int* arrived) {                                                              \
+           float* partial, unsigned int* arrived, int qmode, int8_t* xq, float* xd) {                             \
     attn_decode_prefetch(kc, vc, kv_table, positions, n_kv_head, head_dim, window, cells, ring, n_split);         \
     pdl_begin();                                                                                                 \
     attn_decode_body<GM>(q, kc, vc, kv_table, positions, n_head, n_kv_head, head_dim, window, cells, ring, scale, n_split, \
-                         out, part_ml, partial, arrived);                                                        \
+                         out, part_ml, partial, arrived, qmode, xq, xd);                                         \
   }
 ATTN_DECODE(attn_decode_g1, 1)
 ATTN_DECODE(attn_decode_g2, 2)

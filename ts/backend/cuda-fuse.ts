@@ -10,14 +10,15 @@ export type Arg = number | boolean;
 export interface PendingOp { code: number; fn: NativeFn; args: Arg[]; what: string }
 
 // Op codes (the first argument of CudaBackend.op()); the rules match on them.
-export const RMS_NORM = 3, QUANTIZE = 5, MATMUL = 6, ROPE = 7, KV_STORE = 8, GELU = 10, SILU = 11,
+export const RMS_NORM = 3, QUANTIZE = 5, MATMUL = 6, ROPE = 7, KV_STORE = 8, ATTENTION = 9, GELU = 10, SILU = 11,
   ADD = 12;
 /** Fused norms keep a row and its weights in shared memory (lib/cuda/ops.zig fused_cols_max). */
 const FUSED_COLS_MAX = 5888;
 
 /**
- * Peephole over a recorded step: add → rms_norm → quantize, rms_norm → quantize and
- * gelu/silu → quantize become one kernel each; two or three one-token matmuls over the same
+ * Peephole over a recorded step: add → rms_norm → quantize, rms_norm → quantize,
+ * gelu/silu → quantize and attention → quantize (the o-projection's input, in the attention
+ * kernel's epilogue) become one kernel each; two or three one-token matmuls over the same
  * quantized input (q/k/v, gate/up) one launch; the query and key head norms, their RoPE and the
  * KV store of one token one launch (or the RoPE of both, and the head norms, one launch each).
  * Every fused kernel computes its parts' values bit for bit (the unfused path,
@@ -26,6 +27,8 @@ const FUSED_COLS_MAX = 5888;
  */
 export function fuseStep(L: Lib, ops: PendingOp[]): PendingOp[] {
   const out: PendingOp[] = [];
+  // INFER_CUDA_ATTN_QUANT=0: the attention's output quantized by a kernel of its own (comparisons).
+  const attentionQuant = process.env.INFER_CUDA_ATTN_QUANT !== "0";
   const num = (o: PendingOp) => o.args as number[];
   for (let i = 0; i < ops.length; i++) {
     const o = ops[i], n1 = ops[i + 1], n2 = ops[i + 2];
@@ -41,6 +44,16 @@ export function fuseStep(L: Lib, ops: PendingOp[]): PendingOp[] {
         out.push({ code: -1, fn: L.infer_cuda_add_rms_norm_quant, args: [a, b, sum, w, rows, cols, eps, normed, mode, q, d],
           what: "add + rms_norm + quantize" });
         i += 2;
+        continue;
+      }
+    }
+    if (o.code === ATTENTION && n1?.code === QUANTIZE && attentionQuant) {
+      // [q, k, v, out, positions, rows, heads, kvHeads, headDim, window, cells, ring, scale, scratch,
+      //  scratchFloats, split, arrived, perHead]; quantize: [x, rows, cols, mode, q, d]
+      const A = o.args, [qx, qr, qc, mode, q, d] = num(n1);
+      if (qx === A[3] && qr === A[5] && qc === (A[6] as number) * (A[8] as number)) {
+        out.push({ code: -1, fn: L.infer_cuda_attention_quant, args: [...A, mode, q, d], what: "attention + quantize" });
+        i += 1;
         continue;
       }
     }

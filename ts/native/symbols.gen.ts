@@ -65,6 +65,7 @@ export const symbols = {
   infer_cuda_kv_store: { args: [FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.bool], returns: FFIType.i32 },
   infer_cuda_attention_scratch: { args: [FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64], returns: FFIType.u64 },
   infer_cuda_attention: { args: [FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.bool, FFIType.f32, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.bool], returns: FFIType.i32 },
+  infer_cuda_attention_quant: { args: [FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.bool, FFIType.f32, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.bool, FFIType.u32, FFIType.u64, FFIType.u64], returns: FFIType.i32 },
   infer_cuda_attention_rows: { args: [FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.bool, FFIType.f32, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64], returns: FFIType.i32 },
   infer_cuda_set_cublas: { args: [FFIType.u32], returns: FFIType.i32 },
   infer_cuda_cublas_min_tokens: { args: [], returns: FFIType.u32 },
