@@ -61,6 +61,9 @@ pub const State = struct {
     /// Device scratch by use (`scratch`): the f16 copies a cuBLAS GEMM reads (ops.zig gemmF16),
     /// the K-split partial sums of mmq_* (ops.zig matmul).
     scratch: [@typeInfo(Scratch).@"enum".fields.len]ScratchBuffer = [_]ScratchBuffer{.{}} ** @typeInfo(Scratch).@"enum".fields.len,
+    /// Dynamic shared memory the pipelined matvecs may take (raised past 48 KiB at init where the
+    /// driver allows).
+    pipe_shared_max: u32 = 48 << 10,
 };
 
 /// Device scratch of ops that need room beyond their output, one buffer per use, grown on demand.
@@ -206,9 +209,19 @@ pub fn init(path: []const u8, ordinal: i32) i32 {
                 "(stale build: rerun shaders/cuda/build.sh)", .{ f.name, path });
         }
     }
+    // The pipelined matvecs stage 3 × 4 weight rows in shared memory: up to 227 KiB on sm_90.
+    if (driver.optional.cuFuncSetAttribute) |set| {
+        var ok = true;
+        for ([_]Kernel{ .matvec_pipe_q4_0r, .matvec_pipe_q8_0r, .matvec_pipe_q4_kr, .matvec_pipe_multi_q4_0r, .matvec_pipe_multi_q8_0r, .matvec_pipe_multi_q4_kr }) |k| {
+            ok = ok and set(s.kernels[@intFromEnum(k)], driver.func_attribute_max_dynamic_shared, pipe_shared_sm90) == driver.success;
+        }
+        if (ok and s.cc_major >= 9) s.pipe_shared_max = pipe_shared_sm90;
+    }
     state = s;
     return 0;
 }
+
+const pipe_shared_sm90: c_int = 227 << 10;
 
 /// Out: the device name (NUL-terminated, truncated to name_len) and
 /// [total bytes, free bytes, multiprocessors, compute capability (major*10+minor), driver version, L2 bytes].

@@ -114,7 +114,13 @@ pub const Optional = struct {
     cuLaunchKernelEx: ?*const fn (*const CUlaunchConfig, CUfunction, ?[*]?*anyopaque, ?[*]?*anyopaque) callconv(cc) CUresult = null,
     /// Without it one-token matvecs launch a block per row block rather than one wave.
     cuOccupancyMaxActiveBlocksPerMultiprocessor: ?*const fn (*c_int, CUfunction, c_int, usize) callconv(cc) CUresult = null,
+    /// Without it kernels get 48 KiB of dynamic shared memory at most (the pipelined matvecs of
+    /// longer rows then take the register-fed ones).
+    cuFuncSetAttribute: ?*const fn (CUfunction, c_int, c_int) callconv(cc) CUresult = null,
 };
+
+/// CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+pub const func_attribute_max_dynamic_shared = 8;
 
 pub var optional: Optional = .{};
 

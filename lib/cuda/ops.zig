@@ -28,6 +28,7 @@ pub fn readSettings() void {
     }
     if (std.posix.getenv("INFER_CUDA_MMQ_SPLIT")) |v| mmq_split_max = @max(std.fmt.parseInt(u64, v, 10) catch mmq_split_max, 1);
     if (std.posix.getenv("INFER_CUDA_MATVEC_CTAS")) |v| matvec_ctas = std.fmt.parseInt(u32, v, 10) catch null;
+    if (std.posix.getenv("INFER_CUDA_MATVEC_PIPE")) |v| matvec_pipe = !std.mem.eql(u8, v, "0");
     if (std.posix.getenv("INFER_CUDA_CUBLAS")) |v| cublas_min_tokens = std.fmt.parseInt(u32, v, 10) catch cublas_min_tokens;
     if (std.posix.getenv("INFER_CUDA_MMQ_TILE")) |v| {
         for (mmq_tiles, 0..) |t, i| {
@@ -164,6 +165,12 @@ pub fn matmul(w: u64, type_id: u32, n_out: u64, n_in: u64, x: u64, xq: u64, xd: 
         return launch(kernel, ceilDiv(n_out, 4), grid_y, 128, .{ w, out, in, x, tok, y });
     }
     if (xq == 0 or xd == 0) return invalid("matmul: {s} needs quantized activations", .{k.name});
+    if (n_tok == 1) {
+        if (pipeShared(k, n_in)) |shared| {
+            const pipe = k.matvec_pipe.?;
+            return launchShared(pipe, pipeGrid(pipe, ceilDiv(n_out, 4), shared), 1, 128, shared, .{ w, out, in, xq, xd, y });
+        }
+    }
     if (x != 0 and cublas_min_tokens > 0 and n_tok >= cublas_min_tokens) {
         if (gemmF16(k, w, out, in, x, tok, y)) |rc| return rc;
     }
@@ -538,10 +545,40 @@ pub fn matmulMulti(type_id: u32, n_in: u64, xq: u64, xd: u64, w0: u64, n0: u64, 
     const a = int(n0) orelse return tooLarge("matmul_multi: n0", n0);
     const b = int(n1) orelse return tooLarge("matmul_multi: n1", n1);
     const c = int(n2) orelse return tooLarge("matmul_multi: n2", n2);
+    if (pipeShared(k, n_in)) |shared| {
+        const pipe = k.matvec_pipe_multi.?;
+        const row_blocks = ceilDiv(n0, 4) + ceilDiv(n1, 4) + ceilDiv(n2, 4);
+        return launchShared(pipe, pipeGrid(pipe, row_blocks, shared), 1, 128, shared, .{ w0, a, y0, w1, b, y1, w2, c, y2, in, xq, xd });
+    }
     const split = matvecSplit(n_in);
     const rows_per_block = 4 / split;
     const blocks = ceilDiv(n0, rows_per_block) + ceilDiv(n1, rows_per_block) + ceilDiv(n2, rows_per_block);
     return launch(kernel, matvecGrid(kernel, blocks), 1, 128, .{ w0, a, y0, w1, b, y1, w2, c, y2, in, xq, xd, @as(i32, @intCast(split)) });
+}
+
+/// The dynamic shared memory of a pipelined one-token matvec (shaders/cuda/matvec_pipe.cuh:
+/// 3 stages of 4 rows) of weight kind k with rows of n_in values, or null where it takes the
+/// register-fed kernels: no GPU layout, rows those share among warps (192 units and more: a warp
+/// alone on such a row from shared memory was slower, and their stages leave room for 1–2
+/// blocks a multiprocessor: an 8B model's down projection 13.2 -> 16.6 µs in Q4_0, 21.2 -> 29.3
+/// in Q8_0, on an H200), or INFER_CUDA_MATVEC_PIPE=0.
+fn pipeShared(k: kernels.WeightKind, n_in: u64) ?u32 {
+    if (!matvec_pipe or k.matvec_pipe == null or n_in / 32 >= 192) return null;
+    const s = ready() orelse return null;
+    const bytes = pipe_stages * 4 * (n_in / k.block_values) * k.block_bytes;
+    return if (bytes <= s.pipe_shared_max) @intCast(bytes) else null;
+}
+const pipe_stages = 3;
+var matvec_pipe = true;
+
+/// One wave of the pipelined matvec: as many blocks as fit with `shared` bytes each (the driver's
+/// occupancy), at most one per row block.
+fn pipeGrid(kernel: Kernel, row_blocks: u64, shared: u32) u64 {
+    const s = ready() orelse return row_blocks;
+    const occupancy = driver.optional.cuOccupancyMaxActiveBlocksPerMultiprocessor orelse return row_blocks;
+    var n: c_int = 0;
+    if (occupancy(&n, s.kernels[@intFromEnum(kernel)], 128, shared) != driver.success or n <= 0) return row_blocks;
+    return @min(row_blocks, @as(u64, @intCast(n)) * @as(u64, @intCast(s.sm_count)));
 }
 
 /// out = act(gate) * up (kind 0 = GELU, 1 = SiLU) over n_rows x n_cols, quantized.

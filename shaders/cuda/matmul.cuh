@@ -409,3 +409,4 @@ MATVEC_MULTI(matvec_multi_q6_k, Q6_K)
 MATVEC_MULTI(matvec_multi_q4_0r, Q4_0R)
 MATVEC_MULTI(matvec_multi_q8_0r, Q8_0R)
 MATVEC_MULTI(matvec_multi_q4_kr, Q4_KR)
+#include "matvec_pipe.cuh"

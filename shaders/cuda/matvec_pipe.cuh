@@ -1,0 +1,113 @@
+// One-token matvecs of the GPU layouts (packed.cuh) whose weights stream through shared memory:
+// each block takes row blocks of 4 rows (a warp a row), and while its warps compute one row
+// block from shared memory, the next two are on their way (cp.async, 3 stages). Included by
+// matmul.cuh after matvec_q, whose unit loop it shares.
+//
+// Why: the register-fed matvec (matvec_q) holds one row's loads in flight per warp — a 4,096-wide
+// Q4_0 row, 2.3 KB — so it reaches 56% of the H200's bandwidth on an 8B model's gate/up where
+// Q8_0, twice the bytes per round trip, reaches 71%, and more units a lane cost registers in every
+// use of the kernel (bench/RESULTS.md, 2026-11-30 15:15). Here the bytes in flight are shared
+// memory (two stages of 4 rows a block), not registers, and the first stages are requested
+// before the kernel waits for the one ahead of it (weights never depend on it).
+//
+// Each row is summed as matvec_q sums a row of one warp (split 1): the same units per lane in the
+// same order, from shared memory instead of global. A row of the fused q/k/v or gate/up launch
+// (matvec_pipe_multi_*) is computed as the single matvec computes it, bit for bit.
+#pragma once
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const uint32_t to = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(to), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+/// One warp's dot of a weight row (wr: in shared memory here) with the quantized activation, as
+/// matvec_q computes a row it does not split.
+template <class T>
+__device__ __forceinline__ float warp_row_dot(const uint8_t* wr, int n_in, const int8_t* xq, const float* xd) {
+  const int lane = threadIdx.x & 31, units = n_in >> 5, per_lane = (units + 31) / 32;
+  float acc[1] = {0.0f}, accm[1] = {0.0f};
+  if (per_lane >= 3) matvec_units<T, 1, 4>(wr, n_in, units, lane, 32, xq, xd, 0, 1, acc, accm);
+  else if (per_lane == 2) matvec_units<T, 1, 2>(wr, n_in, units, lane, 32, xq, xd, 0, 1, acc, accm);
+  else matvec_units<T, 1, 1>(wr, n_in, units, lane, 32, xq, xd, 0, 1, acc, accm);
+  return warp_sum(acc[0]) - warp_sum(accm[0]);
+}
+
+/// A row block: its first row's bytes, where its outputs go, how many rows it has (1..4).
+struct PipeRows {
+  const uint8_t* w;
+  float* y;
+  int rows;
+};
+
+constexpr int PIPE_STAGES = 3;  // lib/cuda/ops.zig pipe_stages: shared memory 3 × 4 rows
+
+/// Row blocks blockIdx.x, blockIdx.x + gridDim.x, ... of `blocks`, src(rb) naming each.
+template <class T, class Src>
+__device__ __forceinline__ void matvec_pipe(int blocks, int n_in, const int8_t* xq, const float* xd, Src src) {
+  constexpr int S = PIPE_STAGES;
+  extern __shared__ __align__(16) uint8_t staged[];
+  const size_t row_bytes = static_cast<size_t>(n_in / T::BV) * T::BB;  // a multiple of 16
+  const size_t stage_bytes = 4 * row_bytes;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int first = blockIdx.x;
+  const int mine = first < blocks ? (blocks - first + static_cast<int>(gridDim.x) - 1) / static_cast<int>(gridDim.x) : 0;
+  // Row block k of this block into stage k % S; a group is committed even when empty, so that
+  // group k is always the k-th.
+  auto issue = [&](int k) {
+    if (k < mine) {
+      const PipeRows r = src(first + k * static_cast<int>(gridDim.x));
+      uint8_t* to = staged + (k % S) * stage_bytes;
+      const int chunks = static_cast<int>(r.rows * row_bytes / 16);
+      for (int c = threadIdx.x; c < chunks; c += blockDim.x) cp_async16(to + 16 * static_cast<size_t>(c), r.w + 16 * static_cast<size_t>(c));
+    }
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int k = 0; k < S - 1; k++) issue(k);
+  pdl_begin();
+  for (int k = 0; k < mine; k++) {
+    issue(k + S - 1);
+    cp_async_wait<S - 1>();  // groups 0..k have landed (this thread's copies)
+    __syncthreads();         // ... and every thread's
+    const PipeRows r = src(first + k * static_cast<int>(gridDim.x));
+    if (warp < r.rows) {
+      const float s = warp_row_dot<T>(staged + (k % S) * stage_bytes + warp * row_bytes, n_in, xq, xd);
+      if (lane == 0) r.y[warp] = s;
+    }
+    __syncthreads();  // stage k % S is refilled by the next iteration's issue
+  }
+}
+
+#define MATVEC_PIPE(NAME, T)                                                                                   \
+  extern "C" __global__ void __launch_bounds__(128) NAME(const uint8_t* w, int n_out, int n_in, const int8_t* xq, \
+                                                         const float* xd, float* y) {                          \
+    const size_t block_bytes = 4 * static_cast<size_t>(n_in / T::BV) * T::BB;                                \
+    matvec_pipe<T>((n_out + 3) / 4, n_in, xq, xd, [&](int rb) {                                                \
+      return PipeRows{w + rb * block_bytes, y + 4 * rb, min(4, n_out - 4 * rb)};                               \
+    });                                                                                                        \
+  }
+// Up to three matrices of one input (q/k/v, gate/up): row blocks [0, b0) of matrix 0, the next b1
+// of matrix 1, the rest of matrix 2, as matvec_multi.
+#define MATVEC_PIPE_MULTI(NAME, T)                                                                               \
+  extern "C" __global__ void __launch_bounds__(128)                                                              \
+      NAME(const uint8_t* w0, int n0, float* y0, const uint8_t* w1, int n1, float* y1, const uint8_t* w2, int n2,   \
+           float* y2, int n_in, const int8_t* xq, const float* xd) {                                               \
+    const size_t block_bytes = 4 * static_cast<size_t>(n_in / T::BV) * T::BB;                                   \
+    const int b0 = (n0 + 3) / 4, b1 = (n1 + 3) / 4, b2 = (n2 + 3) / 4;                                          \
+    matvec_pipe<T>(b0 + b1 + b2, n_in, xq, xd, [&](int rb) {                                                     \
+      if (rb < b0) return PipeRows{w0 + rb * block_bytes, y0 + 4 * rb, min(4, n0 - 4 * rb)};                     \
+      rb -= b0;                                                                                                  \
+      if (rb < b1) return PipeRows{w1 + rb * block_bytes, y1 + 4 * rb, min(4, n1 - 4 * rb)};                     \
+      rb -= b1;                                                                                                  \
+      return PipeRows{w2 + rb * block_bytes, y2 + 4 * rb, min(4, n2 - 4 * rb)};                                  \
+    });                                                                                                          \
+  }
+MATVEC_PIPE(matvec_pipe_q4_0r, Q4_0R)
+MATVEC_PIPE(matvec_pipe_q8_0r, Q8_0R)
+MATVEC_PIPE(matvec_pipe_q4_kr, Q4_KR)
+MATVEC_PIPE_MULTI(matvec_pipe_multi_q4_0r, Q4_0R)
+MATVEC_PIPE_MULTI(matvec_pipe_multi_q8_0r, Q8_0R)
+MATVEC_PIPE_MULTI(matvec_pipe_multi_q4_kr, Q4_KR)
