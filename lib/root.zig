@@ -45,6 +45,14 @@ export fn infer_file_close(handle: ?*anyopaque) void {
     std.heap.c_allocator.destroy(mapping);
 }
 
+/// Drops the whole pages of bytes [offset, offset + len) of a mapping from infer_file_open from
+/// the process's memory once their bytes live elsewhere (a repacked weight); reads fault them back.
+export fn infer_file_release(handle: ?*anyopaque, offset: u64, len: u64) i32 {
+    const mapping: *file_map.Mapping = @ptrCast(@alignCast(handle orelse
+        return status.fail(.invalid_argument, "release: no mapping", .{})));
+    return file_map.release(mapping.*, @intCast(offset), @intCast(len));
+}
+
 const pages = @import("pages.zig");
 
 /// Zeroed anonymous memory for weights and caches read on every token: 2 MiB-aligned, in huge

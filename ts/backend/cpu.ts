@@ -21,7 +21,9 @@ class CpuWeight implements Weight {
   /** What matmul reads (a repacked copy, or the weight as stored); undefined until decided. */
   layout: MatmulLayout | null | undefined;
   constructor(readonly name: string, readonly typeName: string, readonly typeId: number,
-    readonly dims: readonly number[], readonly address: Pointer, readonly byteLength: number) {}
+    readonly dims: readonly number[], readonly address: Pointer, readonly byteLength: number,
+    /** Drops bytes [offset, offset + bytes) of the mapped weight from memory (once copied). */
+    readonly release: (offset: number, bytes: number) => void) {}
 }
 
 class CpuActivation implements Activation {
@@ -53,7 +55,8 @@ export class CpuBackend implements Backend {
         "which the CPU backend does not compute yet");
     }
     const weight = new CpuWeight(t.name, t.type.name, t.type.id, t.dims,
-      offsetAddress(file.baseAddress, t.fileOffset), t.byteLength);
+      offsetAddress(file.baseAddress, t.fileOffset), t.byteLength,
+      (offset, bytes) => file.releaseBytes(t.fileOffset + offset, bytes));
     // Repacked now, so the first token does not pay for it; but the token embedding is only
     // a matmul weight where the LM head is tied to it, so it waits for its first matmul.
     if (t.name !== "token_embd.weight") this.layoutOf(weight);
@@ -62,7 +65,7 @@ export class CpuBackend implements Backend {
 
   private layoutOf(t: CpuWeight): MatmulLayout | null {
     if (t.layout === undefined) {
-      t.layout = repackForMatmul(t.typeId, t.dims, t.address, t.byteLength, this.weights);
+      t.layout = repackForMatmul(t.typeId, t.dims, t.address, t.byteLength, this.weights, t.release);
     }
     return t.layout;
   }

@@ -45,6 +45,9 @@ export interface GgufFile extends GgufHeader {
   readonly baseAddress: number;
   tensorAddress(t: GgufTensorInfo): number;
   tensorBytes(t: GgufTensorInfo): Uint8Array;
+  /** Drops the mapped pages of bytes [offset, offset + length) of the file from the process's
+   * memory once a copy serves them (a repacked weight); reads fault them back. */
+  releaseBytes(offset: number, length: number): void;
   close(): void;
 }
 
@@ -251,6 +254,7 @@ export function openGguf(path: string): GgufFile {
     baseAddress: mapped.base,
     tensorAddress: (t) => mapped.base + t.fileOffset,
     tensorBytes: (t) => mapped.view(t.fileOffset, t.byteLength),
+    releaseBytes: (offset, length) => mapped.release(offset, length),
     close: () => mapped.close(),
   };
 }

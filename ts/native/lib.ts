@@ -120,6 +120,9 @@ export interface MappedFile {
   readonly base: number;
   /** A view of `length` bytes at `offset` (a tensor's data; at most VIEW_BYTES_MAX). */
   view(offset: number, length: number): Uint8Array;
+  /** Drops the whole pages of bytes [offset, offset + length) from the process's memory (their
+   * bytes copied elsewhere); a later read faults them back in from the file. */
+  release(offset: number, length: number): void;
   close(): void;
 }
 
@@ -142,6 +145,9 @@ export function mapFile(path: string): MappedFile {
       }
       if (offset + count <= bytes.length) return bytes.subarray(offset, offset + count);
       return new Uint8Array(toArrayBuffer((base + offset) as Pointer, 0, count));
+    },
+    release(offset, count) {
+      if (open) check(lib.infer_file_release(handle as Pointer, offset, count), `${path}: release`);
     },
     close() {
       if (!open) return;

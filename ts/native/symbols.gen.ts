@@ -6,6 +6,7 @@ export const symbols = {
   infer_last_error: { args: [], returns: FFIType.cstring },
   infer_file_open: { args: [FFIType.ptr, FFIType.u64, FFIType.ptr, FFIType.ptr, FFIType.ptr], returns: FFIType.i32 },
   infer_file_close: { args: [FFIType.ptr], returns: FFIType.void },
+  infer_file_release: { args: [FFIType.ptr, FFIType.u64, FFIType.u64], returns: FFIType.i32 },
   infer_pages_alloc: { args: [FFIType.u64, FFIType.ptr], returns: FFIType.i32 },
   infer_pages_free: { args: [FFIType.u64, FFIType.u64], returns: FFIType.void },
   infer_quant_block_info: { args: [FFIType.u32, FFIType.ptr, FFIType.ptr], returns: FFIType.i32 },
