@@ -37,6 +37,9 @@ const Job = struct {
     w_row_bytes: usize,
     dot_rows: types.DotRowsFn,
     dot_multi: ?types.DotMultiFn,
+    /// Set for layouts whose batches run on their base format's rows (Traits.unpack_rows):
+    /// each task's tile is copied back once, then dot_multi (the base format's) reads the copy.
+    unpack_rows: ?types.UnpackRowsFn = null,
     multi_rows: usize,
     n_out: usize,
     n_in: usize,
@@ -47,9 +50,36 @@ const Job = struct {
     rows_per_task: usize,
 };
 
+/// A thread's copy of its task's tile of rows (unpack_rows): grown as needed, kept for the
+/// next call (a tile is at most ~128 KiB, or 8 rows).
+threadlocal var tile: []align(64) u8 = &.{};
+
+fn tileBuffer(bytes: usize) ?[*]u8 {
+    if (tile.len < bytes) {
+        const fresh = std.heap.page_allocator.alignedAlloc(u8, 64, bytes) catch return null;
+        if (tile.len > 0) std.heap.page_allocator.free(tile);
+        tile = fresh;
+    }
+    return tile.ptr;
+}
+
 fn runTask(job: *const Job, task: usize) void {
     const row_begin = task * job.rows_per_task;
     const row_end = @min(row_begin + job.rows_per_task, job.n_out);
+    var rows_at = job.w + row_begin * job.w_row_bytes;
+    if (job.unpack_rows) |unpack| {
+        if (tileBuffer((row_end - row_begin) * job.w_row_bytes)) |copy| {
+            unpack(rows_at, row_end - row_begin, job.n_in, copy);
+            rows_at = copy;
+        } else {
+            // No memory for the copy: the repacked rows one token at a time (the same sums).
+            for (0..job.n_tok) |t| {
+                job.dot_rows(job.n_in, rows_at, job.w_row_bytes, row_end - row_begin, job.x + t * job.x_row_bytes,
+                    job.y + t * job.n_out + row_begin);
+            }
+            return;
+        }
+    }
     if (job.dot_multi) |dot_multi| {
         // Tokens in groups: each weight row is unpacked once per group, and the task's rows
         // stay in cache from one group to the next.
@@ -57,7 +87,7 @@ fn runTask(job: *const Job, task: usize) void {
         while (t < job.n_tok) : (t += job.multi_rows) {
             const n_rows = @min(job.multi_rows, job.n_tok - t);
             const x_rows = job.x + t * job.x_row_bytes;
-            const w_rows = job.w + row_begin * job.w_row_bytes;
+            const w_rows = rows_at;
             const y_first = job.y + t * job.n_out + row_begin;
             dot_multi(job.n_in, w_rows, job.w_row_bytes, row_end - row_begin, x_rows, job.x_row_bytes, n_rows, y_first, job.n_out);
         }
@@ -131,12 +161,15 @@ pub fn matmul(
         @max(1, @min(balanced_rows, tile_bytes_multi_token / w_row_bytes));
     // Batched kernels take weight rows in pairs (q8_0.dotRowsMultiSigned): even tiles.
     const rows_per_task = std.mem.alignForward(usize, rows_ungrouped, if (n_tok > 1) @max(row_group, 2) else row_group);
+    // Batches of a layout that computes them on its base format's rows: that format's kernel.
+    const batch = if (n_tok > 1) w_traits.batch_format orelse w_traits else w_traits;
     const job = Job{
         .w = w,
         .w_row_bytes = w_row_bytes,
         .dot_rows = dot_rows,
-        .dot_multi = if (n_tok > 1) w_traits.dot_multi else null,
-        .multi_rows = w_traits.multi_rows,
+        .dot_multi = if (n_tok > 1) batch.dot_multi else null,
+        .unpack_rows = if (n_tok > 1) w_traits.unpack_rows else null,
+        .multi_rows = batch.multi_rows,
         .n_out = n_out,
         .n_in = n_in,
         .x = x_act,
@@ -150,14 +183,14 @@ pub fn matmul(
 
 const simd = @import("../quant/simd.zig");
 
-test "matmul over repacked Q4_0 and Q4_K equals matmul over the rows as stored, bit for bit" {
+test "matmul over repacked Q4_0, Q8_0 and Q4_K equals matmul over the rows as stored, bit for bit" {
     const alloc = std.testing.allocator;
     var rng = simd.TestRng.init(91);
-    for ([_]types.TypeId{ .q4_0, .q4_k }) |type_id| {
+    for ([_]types.TypeId{ .q4_0, .q8_0, .q4_k }) |type_id| {
         for ([_]usize{ 8, 24, 200 }) |n_out| {
             const q4 = types.get(@intFromEnum(type_id)).?;
             for ([_]usize{ 1, 2, 5, 9 }) |n_tok| {
-                const n_in: usize = if (type_id == .q4_0) 96 else 512;
+                const n_in: usize = if (type_id == .q4_k) 512 else 96;
                 const w = try alloc.alloc(u8, n_out * q4.rowBytes(n_in));
                 defer alloc.free(w);
                 const wf = try alloc.alloc(f32, n_in);

@@ -14,6 +14,7 @@ pub const q5_k = @import("q5_k.zig");
 pub const q6_k = @import("q6_k.zig");
 pub const q8_k = @import("q8_k.zig");
 pub const q4_0_x8 = @import("q4_0_x8.zig");
+pub const q8_0_x8 = @import("q8_0_x8.zig");
 pub const q4_k_x8 = @import("q4_k_x8.zig");
 
 /// ggml_type ids as stored in GGUF tensor infos.
@@ -30,6 +31,7 @@ pub const TypeId = enum(u32) {
     bf16 = 30,
     /// Internal layouts made at load time (never in a GGUF file): see `repackedType`.
     q4_0_x8 = 1002,
+    q8_0_x8 = 1008,
     q4_k_x8 = 1012,
     _,
 };
@@ -69,6 +71,9 @@ pub const DotRowsFn = *const fn (
 ) void;
 /// dst = n values of src in this format.
 pub const QuantizeFn = *const fn (src: [*]const f32, dst: [*]u8, n: usize) void;
+/// Rows n_rows (a multiple of row_group, from a group boundary) of n values of a repacked
+/// layout written back as the rows of its base format (row r at dst + r * row bytes).
+pub const UnpackRowsFn = *const fn (src: [*]const u8, n_rows: usize, n: usize, dst: [*]u8) void;
 
 pub const Traits = struct {
     id: TypeId,
@@ -89,6 +94,10 @@ pub const Traits = struct {
     multi_rows: u32 = default_multi_rows,
     /// `dot` over a run of weight rows, for one activation row (single-token matmuls).
     dot_rows: ?DotRowsFn,
+    /// A repacked layout that computes batches on its base format's rows instead: matmul copies
+    /// each tile of rows back once a call (unpack_rows) and runs batch_format's dot_multi on it.
+    unpack_rows: ?UnpackRowsFn = null,
+    batch_format: ?*const Traits = null,
     vec_dot_type: TypeId,
     /// How matmul quantizes f32 activations into this format (set for activation formats).
     quantize_activation: ?QuantizeFn,
@@ -271,6 +280,32 @@ pub fn get(type_id: u32) ?*const Traits {
 /// at load from format `Base` (activations in `X`), read by matmul only, so there is no row to
 /// dequantize and no single-row dot.
 fn repackedEntry(comptime id: TypeId, comptime name: []const u8, comptime Packed: type, comptime Base: type, comptime X: type) Traits {
+    if (@hasDecl(Packed, "unpackRows")) return .{
+        .id = id,
+        .name = name,
+        .block_values = Base.block_values,
+        .block_bytes = @sizeOf(Base.Block),
+        .row_group = Packed.rows,
+        .dequantize_row = null,
+        .dot = null,
+        .dot_scalar = null,
+        .dot_multi = null,
+        .dot_rows = struct {
+            fn run(n: usize, w: [*]const u8, w_row_bytes: usize, n_out: usize, x: [*]const u8, out: [*]f32) void {
+                _ = w_row_bytes;
+                Packed.dotRows(n / Base.block_values, w, n_out, @ptrCast(x), out);
+            }
+        }.run,
+        .vec_dot_type = activationId(X),
+        .quantize_activation = null,
+        .quantize_ref = null,
+        .unpack_rows = struct {
+            fn run(src: [*]const u8, n_rows: usize, n: usize, dst: [*]u8) void {
+                Packed.unpackRows(src, n_rows, n / Base.block_values, dst);
+            }
+        }.run,
+        .batch_format = get(@intFromEnum(Packed.base_id)).?,
+    };
     return .{
         .id = id,
         .name = name,
@@ -307,11 +342,13 @@ fn repackedEntry(comptime id: TypeId, comptime name: []const u8, comptime Packed
 }
 
 const q4_0_x8_traits = repackedEntry(.q4_0_x8, "Q4_0x8", q4_0_x8, q4_0, q8_0);
+const q8_0_x8_traits = repackedEntry(.q8_0_x8, "Q8_0x8", q8_0_x8, q8_0, q8_0);
 const q4_k_x8_traits = repackedEntry(.q4_k_x8, "Q4_Kx8", q4_k_x8, q4_k, q8_k);
 
 /// Traits for matmul: a GGUF type or a repacked layout.
 pub fn getForMatmul(type_id: u32) ?*const Traits {
     if (type_id == @intFromEnum(TypeId.q4_0_x8)) return &q4_0_x8_traits;
+    if (type_id == @intFromEnum(TypeId.q8_0_x8)) return &q8_0_x8_traits;
     if (type_id == @intFromEnum(TypeId.q4_k_x8)) return &q4_k_x8_traits;
     return get(type_id);
 }
@@ -322,6 +359,7 @@ pub fn getForMatmul(type_id: u32) ?*const Traits {
 pub fn repackedType(type_id: u32, n_out: usize) ?*const Traits {
     if (n_out % 8 != 0) return null;
     if (type_id == @intFromEnum(TypeId.q4_0)) return &q4_0_x8_traits;
+    if (type_id == @intFromEnum(TypeId.q8_0)) return &q8_0_x8_traits;
     if (type_id == @intFromEnum(TypeId.q4_k)) return &q4_k_x8_traits;
     return null;
 }
@@ -331,6 +369,7 @@ pub fn repack(type_id: u32, src: [*]const u8, n_out: usize, n_in: usize, dst: [*
     const t = repackedType(type_id, n_out).?;
     switch (t.id) {
         .q4_0_x8 => q4_0_x8.repack(src, n_out, n_in / q4_0.block_values, dst),
+        .q8_0_x8 => q8_0_x8.repack(src, n_out, n_in / q8_0.block_values, dst),
         .q4_k_x8 => q4_k_x8.repack(src, n_out, n_in / q4_k.block_values, dst),
         else => unreachable,
     }

@@ -1,8 +1,8 @@
-// Weights the CPU kernels multiply faster in another layout than the file's. Q4_0 and Q4_K
-// matrices (rows a multiple of 8) are copied once into lib/quant/q4_0_x8.zig's and
-// q4_k_x8.zig's layouts, eight rows interleaved, as llama.cpp repacks them: the same bytes, the
-// same sums in the same order, one vector FMA per block for eight rows instead of one scalar FMA
-// per row. The mapped file stays what embedding lookups read. INFER_REPACK=0 keeps every
+// Weights the CPU kernels multiply faster in another layout than the file's. Q4_0, Q8_0 and Q4_K
+// matrices (rows a multiple of 8) are copied once into lib/quant/q4_0_x8.zig's, q8_0_x8.zig's and
+// q4_k_x8.zig's layouts, eight rows interleaved (Q4_0 and Q4_K as llama.cpp repacks them): the
+// same bytes, the same sums in the same order, vector FMAs over eight rows instead of one row's
+// chain at a time. The mapped file stays what embedding lookups read. INFER_REPACK=0 keeps every
 // weight as stored.
 import { check, native, type Pointer } from "../native/lib.ts";
 import type { Arena } from "./arena.ts";

@@ -57,9 +57,11 @@ export class CpuBackend implements Backend {
     const weight = new CpuWeight(t.name, t.type.name, t.type.id, t.dims,
       offsetAddress(file.baseAddress, t.fileOffset), t.byteLength,
       (offset, bytes) => file.releaseBytes(t.fileOffset + offset, bytes));
-    // Repacked now, so the first token does not pay for it; but the token embedding is only
-    // a matmul weight where the LM head is tied to it, so it waits for its first matmul.
-    if (t.name !== "token_embd.weight") this.layoutOf(weight);
+    // Repacked now, so the first token does not pay for it. The token embedding is a matmul
+    // weight only where the LM head is tied to it (no output.weight): then now as well, while
+    // few other copies are resident (repacked after every other weight, at its first matmul,
+    // its mapped pages and its copy came on top of them all: Llama-3.2-1B-shape Q8_0's peak RSS).
+    if (t.name !== "token_embd.weight" || !file.tensors.has("output.weight")) this.layoutOf(weight);
     return weight;
   }
 
