@@ -21,48 +21,12 @@ const q8_0 = @import("q8_0.zig");
 pub const rows = 8;
 pub const block_values = q4_0.block_values;
 
-pub const Group = extern struct {
-    d: [rows]f16,
-    qs: [rows * 16]u8,
-};
-comptime {
-    std.debug.assert(@sizeOf(Group) == rows * @sizeOf(q4_0.Block));
-}
-
+const layout = @import("interleave.zig").Rows(q4_0.Block);
+pub const Group = layout.Group;
 /// Interleaves n_out (a multiple of 8) row-major Q4_0 rows of n_blocks blocks into groups.
-pub fn repack(src: [*]const u8, n_out: usize, n_blocks: usize, dst: [*]u8) void {
-    std.debug.assert(n_out % rows == 0);
-    const row_bytes = n_blocks * @sizeOf(q4_0.Block);
-    var o: usize = 0;
-    while (o < n_out) : (o += rows) {
-        const groups: [*]align(1) Group = @ptrCast(dst + o * row_bytes);
-        for (0..n_blocks) |b| {
-            const g = &groups[b];
-            for (0..rows) |r| {
-                const row: [*]align(1) const q4_0.Block = @ptrCast(src + (o + r) * row_bytes);
-                const blk = &row[b];
-                g.d[r] = blk.d;
-                for (0..4) |c| @memcpy(g.qs[32 * c + 4 * r ..][0..4], blk.qs[4 * c ..][0..4]);
-            }
-        }
-    }
-}
-
+pub const repack = layout.repack;
 /// The inverse of repack, for tests.
-pub fn unpack(src: [*]const u8, n_out: usize, n_blocks: usize, dst: [*]u8) void {
-    const row_bytes = n_blocks * @sizeOf(q4_0.Block);
-    var o: usize = 0;
-    while (o < n_out) : (o += rows) {
-        const groups: [*]align(1) const Group = @ptrCast(src + o * row_bytes);
-        for (0..n_blocks) |b| {
-            for (0..rows) |r| {
-                const row: [*]align(1) q4_0.Block = @ptrCast(dst + (o + r) * row_bytes);
-                row[b].d = groups[b].d[r];
-                for (0..4) |c| @memcpy(row[b].qs[4 * c ..][0..4], groups[b].qs[32 * c + 4 * r ..][0..4]);
-            }
-        }
-    }
-}
+pub const unpack = layout.unpack;
 
 /// The group's stored nibbles (0..15): lo[c] values 4c..4c+3, hi[c] values 16+4c..16+4c+3,
 /// row r in bytes 4r..4r+3 of each.

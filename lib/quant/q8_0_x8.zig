@@ -29,54 +29,13 @@ const q8_0 = @import("q8_0.zig");
 pub const rows = 8;
 pub const block_values = q8_0.block_values;
 
-pub const Group = extern struct {
-    d: [rows]f16,
-    qs: [rows * 32]u8,
-};
-comptime {
-    std.debug.assert(@sizeOf(Group) == rows * @sizeOf(q8_0.Block));
-}
-
+const layout = @import("interleave.zig").Rows(q8_0.Block);
+pub const Group = layout.Group;
 /// Interleaves n_out (a multiple of 8) row-major Q8_0 rows of n_blocks blocks into groups.
-pub fn repack(src: [*]const u8, n_out: usize, n_blocks: usize, dst: [*]u8) void {
-    std.debug.assert(n_out % rows == 0);
-    const row_bytes = n_blocks * @sizeOf(q8_0.Block);
-    var o: usize = 0;
-    while (o < n_out) : (o += rows) {
-        const groups: [*]align(1) Group = @ptrCast(dst + o * row_bytes);
-        for (0..n_blocks) |b| {
-            const g = &groups[b];
-            for (0..rows) |r| {
-                const row: [*]align(1) const q8_0.Block = @ptrCast(src + (o + r) * row_bytes);
-                const blk = &row[b];
-                g.d[r] = blk.d;
-                for (0..8) |c| @memcpy(g.qs[32 * c + 4 * r ..][0..4], std.mem.asBytes(&blk.qs)[4 * c ..][0..4]);
-            }
-        }
-    }
-}
-
-/// The inverse of repack for `count` rows of one group column range: rows 8k..8k+7 (the groups
-/// at `groups`) back into row-major blocks at dst (row r at dst + r * n_blocks blocks).
-fn unpackGroupRows(groups: [*]align(1) const Group, n_blocks: usize, dst: [*]align(1) q8_0.Block) void {
-    for (0..n_blocks) |b| {
-        const g = &groups[b];
-        for (0..rows) |r| {
-            const blk = &dst[r * n_blocks + b];
-            blk.d = g.d[r];
-            for (0..8) |c| @memcpy(std.mem.asBytes(&blk.qs)[4 * c ..][0..4], g.qs[32 * c + 4 * r ..][0..4]);
-        }
-    }
-}
-
-/// The inverse of repack, for tests.
-pub fn unpack(src: [*]const u8, n_out: usize, n_blocks: usize, dst: [*]u8) void {
-    const row_bytes = n_blocks * @sizeOf(q8_0.Block);
-    var o: usize = 0;
-    while (o < n_out) : (o += rows) {
-        unpackGroupRows(@ptrCast(src + o * row_bytes), n_blocks, @ptrCast(dst + o * row_bytes));
-    }
-}
+pub const repack = layout.repack;
+/// Rows 0..n_rows (a multiple of 8) of the groups at src back to row-major Q8_0 at dst: the
+/// inverse of repack, which batches run on (lib/cpu/matmul.zig, Traits.unpack_rows).
+pub const unpackRows = layout.unpack;
 
 /// Lane c (four products) of each of the group's rows for one activation block: chunk c's bytes
 /// against x's quants 4c..4c+3 broadcast. With VNNI the weights are taken as w + 128 (w ^ 0x80,
@@ -139,11 +98,6 @@ inline fn laneTree(acc: [8]simd.V8f32) simd.V8f32 {
 
 /// The format batches are computed in (lib/cpu/matmul.zig copies a tile back with unpackRows).
 pub const base_id = @import("types.zig").TypeId.q8_0;
-
-/// Rows 0..n_rows (a multiple of 8) of the groups at src back to row-major Q8_0 at dst.
-pub fn unpackRows(src: [*]const u8, n_rows: usize, n_blocks: usize, dst: [*]u8) void {
-    unpack(src, n_rows, n_blocks, dst);
-}
 
 const test_util = @import("test_util.zig");
 

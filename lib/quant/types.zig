@@ -276,11 +276,11 @@ pub fn get(type_id: u32) ?*const Traits {
     return null;
 }
 
-/// The traits of a layout with `Packed.rows` rows interleaved (q4_0_x8.zig, q4_k_x8.zig): made
-/// at load from format `Base` (activations in `X`), read by matmul only, so there is no row to
-/// dequantize and no single-row dot.
+/// The traits of a layout with `Packed.rows` rows interleaved (q4_0_x8.zig, q8_0_x8.zig,
+/// q4_k_x8.zig): made at load from format `Base` (activations in `X`), read by matmul only, so
+/// there is no row to dequantize and no single-row dot.
 fn repackedEntry(comptime id: TypeId, comptime name: []const u8, comptime Packed: type, comptime Base: type, comptime X: type) Traits {
-    if (@hasDecl(Packed, "unpackRows")) return .{
+    var t: Traits = .{
         .id = id,
         .name = name,
         .block_values = Base.block_values,
@@ -292,53 +292,39 @@ fn repackedEntry(comptime id: TypeId, comptime name: []const u8, comptime Packed
         .dot_multi = null,
         .dot_rows = struct {
             fn run(n: usize, w: [*]const u8, w_row_bytes: usize, n_out: usize, x: [*]const u8, out: [*]f32) void {
-                _ = w_row_bytes;
+                _ = w_row_bytes; // groups follow each other: the layout knows its own stride
                 Packed.dotRows(n / Base.block_values, w, n_out, @ptrCast(x), out);
             }
         }.run,
         .vec_dot_type = activationId(X),
         .quantize_activation = null,
         .quantize_ref = null,
-        .unpack_rows = struct {
+    };
+    if (@hasDecl(Packed, "unpackRows")) {
+        // Batches on the base format's rows (q8_0_x8.zig says why).
+        t.unpack_rows = struct {
             fn run(src: [*]const u8, n_rows: usize, n: usize, dst: [*]u8) void {
                 Packed.unpackRows(src, n_rows, n / Base.block_values, dst);
             }
-        }.run,
-        .batch_format = get(@intFromEnum(Packed.base_id)).?,
-    };
-    return .{
-        .id = id,
-        .name = name,
-        .block_values = Base.block_values,
-        .block_bytes = @sizeOf(Base.Block),
-        .row_group = Packed.rows,
-        .dequantize_row = null,
-        .dot = null,
-        .dot_scalar = null,
-        .dot_multi = struct {
-            fn run(n: usize, w: [*]const u8, w_row_bytes: usize, n_out: usize, x: [*]const u8, x_row_bytes: usize, n_rows: usize, out: [*]f32, out_stride: usize) void {
-                _ = w_row_bytes; // groups follow each other: the layout knows its own stride
-                switch (n_rows) {
-                    inline 1...multiRows(Packed) => |R| {
-                        var rows: [R][*]align(1) const X.Block = undefined;
-                        inline for (0..R) |r| rows[r] = @ptrCast(x + r * x_row_bytes);
-                        Packed.dotRowsMulti(R, n / Base.block_values, w, n_out, rows, out, out_stride);
-                    },
-                    else => unreachable,
-                }
+        }.run;
+        t.batch_format = get(@intFromEnum(Packed.base_id)).?;
+        return t;
+    }
+    t.dot_multi = struct {
+        fn run(n: usize, w: [*]const u8, w_row_bytes: usize, n_out: usize, x: [*]const u8, x_row_bytes: usize, n_rows: usize, out: [*]f32, out_stride: usize) void {
+            _ = w_row_bytes;
+            switch (n_rows) {
+                inline 1...multiRows(Packed) => |R| {
+                    var rows: [R][*]align(1) const X.Block = undefined;
+                    inline for (0..R) |r| rows[r] = @ptrCast(x + r * x_row_bytes);
+                    Packed.dotRowsMulti(R, n / Base.block_values, w, n_out, rows, out, out_stride);
+                },
+                else => unreachable,
             }
-        }.run,
-        .multi_rows = multiRows(Packed),
-        .dot_rows = struct {
-            fn run(n: usize, w: [*]const u8, w_row_bytes: usize, n_out: usize, x: [*]const u8, out: [*]f32) void {
-                _ = w_row_bytes;
-                Packed.dotRows(n / Base.block_values, w, n_out, @ptrCast(x), out);
-            }
-        }.run,
-        .vec_dot_type = activationId(X),
-        .quantize_activation = null,
-        .quantize_ref = null,
-    };
+        }
+    }.run;
+    t.multi_rows = multiRows(Packed);
+    return t;
 }
 
 const q4_0_x8_traits = repackedEntry(.q4_0_x8, "Q4_0x8", q4_0_x8, q4_0, q8_0);
