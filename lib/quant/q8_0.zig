@@ -261,7 +261,9 @@ pub fn dotRowsMulti(comptime R: usize, n_blocks: usize, w: [*]const u8, w_row_by
     return dotRowsMultiSigned(Block, unpackSelf, R, n_blocks, w, w_row_bytes, n_out, xs, out, out_stride);
 }
 
-inline fn laneCorrection(comptime offset: i32, x: *align(1) const Block) simd.V8i32 {
+/// -offset * (sum of the activation block's four quants) for each of its eight lanes: what an
+/// `offset` added to unsigned weights (u = w + offset) adds to a lane's dot (q8_0_x8.zig too).
+pub inline fn laneCorrection(comptime offset: i32, x: *align(1) const Block) simd.V8i32 {
     const ones: simd.V32u8 = @splat(1);
     return simd.dotU7I8(ones, x.qs) * @as(simd.V8i32, @splat(-offset));
 }

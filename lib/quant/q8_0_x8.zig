@@ -55,9 +55,7 @@ const corrections_max_blocks = 1024;
 
 /// -128 * (sum of activation quants 4c..4c+3) for each lane c of a block (VNNI's offset).
 inline fn blockCorrections(x: *align(1) const q8_0.Block) [8]i32 {
-    const ones: simd.V32u8 = @splat(1);
-    const v: simd.V8i32 = simd.dotU7I8(ones, x.qs) * @as(simd.V8i32, @splat(-128));
-    return v;
+    return q8_0.laneCorrection(128, x);
 }
 
 /// Single-token matvec over n_out rows (a multiple of 8) starting at a group boundary: for each
