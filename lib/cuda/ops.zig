@@ -29,6 +29,9 @@ pub fn readSettings() void {
     if (std.posix.getenv("INFER_CUDA_MMQ_SPLIT")) |v| mmq_split_max = @max(std.fmt.parseInt(u64, v, 10) catch mmq_split_max, 1);
     if (std.posix.getenv("INFER_CUDA_MATVEC_CTAS")) |v| matvec_ctas = std.fmt.parseInt(u32, v, 10) catch null;
     if (std.posix.getenv("INFER_CUDA_MATVEC_PIPE")) |v| matvec_pipe = !std.mem.eql(u8, v, "0");
+    if (std.posix.getenv("INFER_CUDA_PIPE_ROWS")) |v| pipe_rows_per_warp = std.fmt.parseInt(u32, v, 10) catch 2;
+    if (pipe_rows_per_warp != 1 and pipe_rows_per_warp != 2 and pipe_rows_per_warp != 4) pipe_rows_per_warp = 2;
+    if (std.posix.getenv("INFER_CUDA_MATVEC_ROWS")) |v| matvec_rows_per_warp = if (std.mem.eql(u8, v, "1")) 1 else 2;
     if (std.posix.getenv("INFER_CUDA_CUBLAS")) |v| cublas_min_tokens = std.fmt.parseInt(u32, v, 10) catch cublas_min_tokens;
     if (std.posix.getenv("INFER_CUDA_MMQ_TILE")) |v| {
         for (mmq_tiles, 0..) |t, i| {
@@ -115,6 +118,11 @@ fn matvecSplit(n_in: u64) u32 {
     return if (units >= 384) 4 else if (units >= 192) 2 else 1;
 }
 var matvec_split: ?u32 = null;
+/// Rows a warp of the register-fed one-token matvec (matvec_*_1; shaders/cuda/matmul.cuh
+/// matvec_rows): 2, or 1 with INFER_CUDA_MATVEC_ROWS=1. Two rows share each activation load;
+/// on an H200 an 8B model's down projection went 21.1 -> 19.0 µs in Q8_0, 14.3 -> 12.6 in Q4_K
+/// (bench/RESULTS.md, 2026-11-30 17:54).
+var matvec_rows_per_warp: u32 = 2;
 
 /// One-token matvecs (matvec_*_1, matvec_multi_*) launch one wave: as many blocks as fit on the
 /// GPU at once (the driver's occupancy for 128 threads × multiprocessors), each looping over row
@@ -166,9 +174,9 @@ pub fn matmul(w: u64, type_id: u32, n_out: u64, n_in: u64, x: u64, xq: u64, xd: 
     }
     if (xq == 0 or xd == 0) return invalid("matmul: {s} needs quantized activations", .{k.name});
     if (n_tok == 1) {
-        if (pipeShared(k, n_in)) |shared| {
+        if (pipeStages(k, n_in)) |p| {
             const pipe = k.matvec_pipe.?;
-            return launchShared(pipe, pipeGrid(pipe, ceilDiv(n_out, 4), shared), 1, 128, shared, .{ w, out, in, xq, xd, y });
+            return launchShared(pipe, pipeGrid(pipe, ceilDiv(n_out, 4 * p.rows_per_warp), p.shared), 1, 128, p.shared, .{ w, out, in, xq, xd, y, @as(i32, @intCast(p.rows_per_warp)) });
         }
     }
     if (x != 0 and cublas_min_tokens > 0 and n_tok >= cublas_min_tokens) {
@@ -197,8 +205,9 @@ pub fn matmul(w: u64, type_id: u32, n_out: u64, n_in: u64, x: u64, xq: u64, xd: 
         }
     }
     const split: u32 = if (n_tok == 1) matvecSplit(n_in) else 1;
-    const row_blocks = ceilDiv(n_out, 4 / split);
-    return launch(kernel, if (n_tok == 1) matvecGrid(kernel, row_blocks) else row_blocks, grid_y, 128, .{ w, out, in, xq, xd, tok, y, @as(i32, @intCast(split)) });
+    const rows_per_warp: u32 = if (n_tok == 1) matvec_rows_per_warp else 1;
+    const row_blocks = ceilDiv(n_out, 4 * rows_per_warp / split);
+    return launch(kernel, if (n_tok == 1) matvecGrid(kernel, row_blocks) else row_blocks, grid_y, 128, .{ w, out, in, xq, xd, tok, y, @as(i32, @intCast(split)), @as(i32, @intCast(rows_per_warp)) });
 }
 
 /// Prompts of at least this many tokens (0: none) take a quantized matmul as a cuBLAS f16 GEMM
@@ -545,10 +554,11 @@ pub fn matmulMulti(type_id: u32, n_in: u64, xq: u64, xd: u64, w0: u64, n0: u64, 
     const a = int(n0) orelse return tooLarge("matmul_multi: n0", n0);
     const b = int(n1) orelse return tooLarge("matmul_multi: n1", n1);
     const c = int(n2) orelse return tooLarge("matmul_multi: n2", n2);
-    if (pipeShared(k, n_in)) |shared| {
+    if (pipeStages(k, n_in)) |p| {
         const pipe = k.matvec_pipe_multi.?;
-        const row_blocks = ceilDiv(n0, 4) + ceilDiv(n1, 4) + ceilDiv(n2, 4);
-        return launchShared(pipe, pipeGrid(pipe, row_blocks, shared), 1, 128, shared, .{ w0, a, y0, w1, b, y1, w2, c, y2, in, xq, xd });
+        const per = 4 * p.rows_per_warp;
+        const row_blocks = ceilDiv(n0, per) + ceilDiv(n1, per) + ceilDiv(n2, per);
+        return launchShared(pipe, pipeGrid(pipe, row_blocks, p.shared), 1, 128, p.shared, .{ w0, a, y0, w1, b, y1, w2, c, y2, in, xq, xd, @as(i32, @intCast(p.rows_per_warp)) });
     }
     const split = matvecSplit(n_in);
     const rows_per_block = 4 / split;
@@ -556,18 +566,28 @@ pub fn matmulMulti(type_id: u32, n_in: u64, xq: u64, xd: u64, w0: u64, n0: u64, 
     return launch(kernel, matvecGrid(kernel, blocks), 1, 128, .{ w0, a, y0, w1, b, y1, w2, c, y2, in, xq, xd, @as(i32, @intCast(split)) });
 }
 
-/// The dynamic shared memory of a pipelined one-token matvec (shaders/cuda/matvec_pipe.cuh:
-/// 3 stages of 4 rows) of weight kind k with rows of n_in values, or null where it takes the
-/// register-fed kernels: no GPU layout, rows those share among warps (192 units and more: a warp
-/// alone on such a row from shared memory was slower, and their stages leave room for 1–2
-/// blocks a multiprocessor: an 8B model's down projection 13.2 -> 16.6 µs in Q4_0, 21.2 -> 29.3
-/// in Q8_0, on an H200), or INFER_CUDA_MATVEC_PIPE=0.
-fn pipeShared(k: kernels.WeightKind, n_in: u64) ?u32 {
+/// How a pipelined one-token matvec (shaders/cuda/matvec_pipe.cuh: 3 stages of 4 × rows_per_warp
+/// rows) of weight kind k with rows of n_in values runs — its rows a warp and dynamic shared
+/// memory — or null where it takes the register-fed kernels: no GPU layout, rows those share
+/// among warps (192 units and more: a warp alone on such a row from shared memory was slower,
+/// and their stages leave room for 1–2 blocks a multiprocessor: an 8B model's down projection
+/// 13.2 -> 16.6 µs in Q4_0, 21.2 -> 29.3 in Q8_0, on an H200), or INFER_CUDA_MATVEC_PIPE=0.
+/// Rows a warp: 2, or INFER_CUDA_PIPE_ROWS (1, 2 or 4), fewer where they would not fit. Two
+/// rows share each activation load: an 8B model's Q4_0 gate 12.4 -> 10.9 µs, q 4.1 -> 3.7 on an
+/// H200; four were slower on all but the LM head (bench/RESULTS.md, 2026-11-30 17:48 and 17:54).
+fn pipeStages(k: kernels.WeightKind, n_in: u64) ?PipeLaunch {
     if (!matvec_pipe or k.matvec_pipe == null or n_in / 32 >= 192) return null;
     const s = ready() orelse return null;
-    const bytes = pipe_stages * 4 * (n_in / k.block_values) * k.block_bytes;
-    return if (bytes <= s.pipe_shared_max) @intCast(bytes) else null;
+    const row_bytes = (n_in / k.block_values) * k.block_bytes;
+    var rows: u32 = pipe_rows_per_warp;
+    while (true) : (rows /= 2) {
+        const bytes = pipe_stages * 4 * rows * row_bytes;
+        if (bytes <= s.pipe_shared_max) return .{ .shared = @intCast(bytes), .rows_per_warp = rows };
+        if (rows == 1) return null;
+    }
 }
+const PipeLaunch = struct { shared: u32, rows_per_warp: u32 };
+var pipe_rows_per_warp: u32 = 2;
 const pipe_stages = 3;
 var matvec_pipe = true;
 

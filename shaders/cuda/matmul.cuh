@@ -103,6 +103,71 @@ __device__ __forceinline__ void matvec_prefetch(const uint8_t* w, int n_out, int
   }
 }
 
+/// One token, R rows a warp (matvec_q's rows with split parts, R consecutive rows for each warp
+/// where matvec_q has one): the R rows share each activation load — a 4-bit row reads twice its
+/// own bytes of activation, once per row at R = 1 — and a lane has R times the weight bytes in
+/// flight. Each row is summed as matvec_q sums it (the same units a lane in the same order, parts
+/// added in part order), bit for bit. Row block b is rows [4R/split · b, 4R/split · (b + 1)).
+template <class T, int R>
+__device__ __forceinline__ void matvec_rows(const uint8_t* __restrict__ w, int n_out, int n_in,
+                                            const int8_t* __restrict__ xq, const float* __restrict__ xd,
+                                            float* __restrict__ y, int row_block, int split) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int row0 = row_block * (4 / split) * R + (warp / split) * R, part = warp % split;
+  const int units = n_in >> 5;
+  const size_t row_bytes = static_cast<size_t>(n_in / T::BV) * T::BB;
+  float acc[R], accm[R];
+#pragma unroll
+  for (int r = 0; r < R; r++) acc[r] = accm[r] = 0.0f;
+  if (row0 < n_out) {
+    const uint8_t* wr[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) wr[r] = w + static_cast<size_t>(min(row0 + r, n_out - 1)) * row_bytes;
+    constexpr int UB = 2;
+    const int stride = 32 * split;
+    for (int u0 = lane + 32 * part; u0 < units; u0 += stride * UB) {
+      typename T::W wt[UB][R];
+#pragma unroll
+      for (int k = 0; k < UB; k++) {
+#pragma unroll
+        for (int r = 0; r < R; r++) T::load(wr[r], min(u0 + stride * k, units - 1), wt[k][r]);
+      }
+#pragma unroll
+      for (int k = 0; k < UB; k++) {
+        const int u = u0 + stride * k;
+        if (u < units) {
+          const int4* xp = reinterpret_cast<const int4*>(xq + 32 * static_cast<size_t>(u));
+          const int4 a = xp[0], b = xp[1];
+          const int x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+          const float dx = xd[u];
+#pragma unroll
+          for (int r = 0; r < R; r++) T::dot(wt[k][r], x, dx, acc[r], accm[r]);
+        }
+      }
+    }
+  }
+  if (split == 1) {
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      const float s = warp_sum(acc[r]) - warp_sum(accm[r]);
+      if (lane == 0 && row0 + r < n_out) y[row0 + r] = s;
+    }
+    return;
+  }
+  __shared__ float parts[4][R];
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    const float s = warp_sum(acc[r]) - warp_sum(accm[r]);
+    if (lane == 0) parts[warp][r] = s;
+  }
+  __syncthreads();
+  if (part == 0 && lane < R && row0 + lane < n_out) {
+    float s = 0.0f;
+    for (int p = 0; p < split; p++) s += parts[warp + p][lane];
+    y[row0 + lane] = s;
+  }
+}
+
 template <class T, int NT>
 __device__ __forceinline__ void matvec_f(const uint8_t* __restrict__ w, int n_out, int n_in,
                                          const float* __restrict__ x, int n_tok, float* __restrict__ y) {
@@ -143,14 +208,24 @@ __device__ __forceinline__ void for_row_blocks(int blocks, int split, F f) {
   }
 }
 
-#define MATVEC_Q(NAME, T, NT)                                                                              \
-  extern "C" __global__ void __launch_bounds__(128) NAME(const uint8_t* w, int n_out, int n_in, const int8_t* xq, \
-                                                         const float* xd, int n_tok, float* y, int split) { \
-    matvec_prefetch<T>(w, n_out, n_in, blockIdx.x, split);                                               \
-    pdl_begin();                                                                                          \
-    const int per_block = 4 / split;                                                                      \
-    for_row_blocks((n_out + per_block - 1) / per_block, split,                                            \
-                   [&](int rb) { matvec_q<T, NT>(w, n_out, n_in, xq, xd, n_tok, y, rb, split); });        \
+#define MATVEC_Q(NAME, T, NT)                                                                                \
+  extern "C" __global__ void __launch_bounds__(128) NAME(const uint8_t* w, int n_out, int n_in, const int8_t* xq,   \
+                                                         const float* xd, int n_tok, float* y, int split,           \
+                                                         int rows_per_warp) {                                       \
+    if (NT == 1 && rows_per_warp == 2) {                                                                    \
+      matvec_prefetch<T>(w, n_out, n_in, 2 * blockIdx.x, split);                                            \
+      matvec_prefetch<T>(w, n_out, n_in, 2 * blockIdx.x + 1, split);                                        \
+      pdl_begin();                                                                                          \
+      const int per_block = 8 / split;                                                                      \
+      for_row_blocks((n_out + per_block - 1) / per_block, split,                                            \
+                     [&](int rb) { matvec_rows<T, 2>(w, n_out, n_in, xq, xd, y, rb, split); });             \
+      return;                                                                                               \
+    }                                                                                                       \
+    matvec_prefetch<T>(w, n_out, n_in, blockIdx.x, split);                                                 \
+    pdl_begin();                                                                                            \
+    const int per_block = 4 / split;                                                                        \
+    for_row_blocks((n_out + per_block - 1) / per_block, split,                                              \
+                   [&](int rb) { matvec_q<T, NT>(w, n_out, n_in, xq, xd, n_tok, y, rb, split); });          \
   }
 #define MATVEC_F(NAME, T, NT)                                                                           \
   extern "C" __global__ void __launch_bounds__(128) NAME(const uint8_t* w, int n_out, int n_in, const float* x, \

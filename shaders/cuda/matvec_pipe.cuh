@@ -1,14 +1,15 @@
 // One-token matvecs of the GPU layouts (packed.cuh) whose weights stream through shared memory:
-// each block takes row blocks of 4 rows (a warp a row), and while its warps compute one row
-// block from shared memory, the next two are on their way (cp.async, 3 stages). Included by
-// matmul.cuh after matvec_q, whose unit loop it shares.
+// each block takes row blocks of 4R rows (a warp R rows; R = 2 by default, lib/cuda/ops.zig
+// pipeStages), and while its warps compute one row block from shared memory, the next two are on
+// their way (cp.async, 3 stages). Included by matmul.cuh after matvec_q, whose unit loop it shares.
 //
 // Why: the register-fed matvec (matvec_q) holds one row's loads in flight per warp — a 4,096-wide
 // Q4_0 row, 2.3 KB — so it reaches 56% of the H200's bandwidth on an 8B model's gate/up where
 // Q8_0, twice the bytes per round trip, reaches 71%, and more units a lane cost registers in every
 // use of the kernel (bench/RESULTS.md, 2026-11-30 15:15). Here the bytes in flight are shared
-// memory (two stages of 4 rows a block), not registers, and the first stages are requested
-// before the kernel waits for the one ahead of it (weights never depend on it).
+// memory (two stages of a row block), not registers, and the first stages are requested before
+// the kernel waits for the one ahead of it (weights never depend on it). R rows a warp share each
+// load of the activation, which a 4-bit row otherwise reads at twice its own bytes.
 //
 // Each row is summed as matvec_q sums a row of one warp (split 1): the same units per lane in the
 // same order, from shared memory instead of global. A row of the fused q/k/v or gate/up launch
@@ -23,34 +24,58 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
-/// One warp's dot of a weight row (wr: in shared memory here) with the quantized activation, as
-/// matvec_q computes a row it does not split.
-template <class T>
-__device__ __forceinline__ float warp_row_dot(const uint8_t* wr, int n_in, const int8_t* xq, const float* xd) {
-  const int lane = threadIdx.x & 31, units = n_in >> 5, per_lane = (units + 31) / 32;
-  float acc[1] = {0.0f}, accm[1] = {0.0f};
-  if (per_lane >= 3) matvec_units<T, 1, 4>(wr, n_in, units, lane, 32, xq, xd, 0, 1, acc, accm);
-  else if (per_lane == 2) matvec_units<T, 1, 2>(wr, n_in, units, lane, 32, xq, xd, 0, 1, acc, accm);
-  else matvec_units<T, 1, 1>(wr, n_in, units, lane, 32, xq, xd, 0, 1, acc, accm);
-  return warp_sum(acc[0]) - warp_sum(accm[0]);
+/// One warp's dots of R consecutive weight rows (wr: the first, in shared memory here) with the
+/// quantized activation into sum[0..R), each as matvec_q computes a row it does not split: the
+/// same units a lane in the same order. R rows share each activation load (and, for Q4_0/Q4_K,
+/// its byte sums): a 4-bit row reads twice its own bytes of activation, once per row at R = 1.
+template <class T, int R>
+__device__ __forceinline__ void warp_rows_dot(const uint8_t* wr, size_t row_bytes, int n_in, const int8_t* xq,
+                                              const float* xd, float (&sum)[R]) {
+  const int lane = threadIdx.x & 31, units = n_in >> 5;
+  if (R == 1) {
+    const int per_lane = (units + 31) / 32;
+    float acc[1] = {0.0f}, accm[1] = {0.0f};
+    if (per_lane >= 3) matvec_units<T, 1, 4>(wr, n_in, units, lane, 32, xq, xd, 0, 1, acc, accm);
+    else if (per_lane == 2) matvec_units<T, 1, 2>(wr, n_in, units, lane, 32, xq, xd, 0, 1, acc, accm);
+    else matvec_units<T, 1, 1>(wr, n_in, units, lane, 32, xq, xd, 0, 1, acc, accm);
+    sum[0] = warp_sum(acc[0]) - warp_sum(accm[0]);
+    return;
+  }
+  float acc[R], accm[R];
+#pragma unroll
+  for (int r = 0; r < R; r++) acc[r] = accm[r] = 0.0f;
+  for (int u = lane; u < units; u += 32) {
+    typename T::W wt[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) T::load(wr + r * row_bytes, u, wt[r]);
+    const int4* xp = reinterpret_cast<const int4*>(xq + 32 * u);
+    const int4 a = xp[0], b = xp[1];
+    const int x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    const float dx = xd[u];
+#pragma unroll
+    for (int r = 0; r < R; r++) T::dot(wt[r], x, dx, acc[r], accm[r]);
+  }
+#pragma unroll
+  for (int r = 0; r < R; r++) sum[r] = warp_sum(acc[r]) - warp_sum(accm[r]);
 }
 
-/// A row block: its first row's bytes, where its outputs go, how many rows it has (1..4).
+/// A row block: its first row's bytes, where its outputs go, how many rows it has (1..4R).
 struct PipeRows {
   const uint8_t* w;
   float* y;
   int rows;
 };
 
-constexpr int PIPE_STAGES = 3;  // lib/cuda/ops.zig pipe_stages: shared memory 3 × 4 rows
+constexpr int PIPE_STAGES = 3;  // lib/cuda/ops.zig pipe_stages: shared memory 3 × 4R rows
 
-/// Row blocks blockIdx.x, blockIdx.x + gridDim.x, ... of `blocks`, src(rb) naming each.
-template <class T, class Src>
+/// Row blocks blockIdx.x, blockIdx.x + gridDim.x, ... of `blocks` (4R rows each, R a warp),
+/// src(rb) naming each.
+template <class T, int R, class Src>
 __device__ __forceinline__ void matvec_pipe(int blocks, int n_in, const int8_t* xq, const float* xd, Src src) {
   constexpr int S = PIPE_STAGES;
   extern __shared__ __align__(16) uint8_t staged[];
   const size_t row_bytes = static_cast<size_t>(n_in / T::BV) * T::BB;  // a multiple of 16
-  const size_t stage_bytes = 4 * row_bytes;
+  const size_t stage_bytes = 4 * R * row_bytes;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int first = blockIdx.x;
   const int mine = first < blocks ? (blocks - first + static_cast<int>(gridDim.x) - 1) / static_cast<int>(gridDim.x) : 0;
@@ -73,37 +98,59 @@ __device__ __forceinline__ void matvec_pipe(int blocks, int n_in, const int8_t* 
     cp_async_wait<S - 1>();  // groups 0..k have landed (this thread's copies)
     __syncthreads();         // ... and every thread's
     const PipeRows r = src(first + k * static_cast<int>(gridDim.x));
-    if (warp < r.rows) {
-      const float s = warp_row_dot<T>(staged + (k % S) * stage_bytes + warp * row_bytes, n_in, xq, xd);
-      if (lane == 0) r.y[warp] = s;
+    if (R * warp < r.rows) {
+      float sum[R];
+      warp_rows_dot<T, R>(staged + (k % S) * stage_bytes + R * warp * row_bytes, row_bytes, n_in, xq, xd, sum);
+#pragma unroll
+      for (int i = 0; i < R; i++) {
+        if (lane == 0 && R * warp + i < r.rows) r.y[R * warp + i] = sum[i];
+      }
     }
     __syncthreads();  // stage k % S is refilled by the next iteration's issue
   }
 }
 
+/// One matrix: row blocks of 4R rows.
+template <class T, int R>
+__device__ __forceinline__ void matvec_pipe_one(const uint8_t* w, int n_out, int n_in, const int8_t* xq,
+                                                const float* xd, float* y) {
+  constexpr int B = 4 * R;
+  const size_t block_bytes = B * static_cast<size_t>(n_in / T::BV) * T::BB;
+  matvec_pipe<T, R>((n_out + B - 1) / B, n_in, xq, xd,
+                    [&](int rb) { return PipeRows{w + rb * block_bytes, y + B * rb, min(B, n_out - B * rb)}; });
+}
+/// Up to three matrices of one input (q/k/v, gate/up): row blocks [0, b0) of matrix 0, the next b1
+/// of matrix 1, the rest of matrix 2, as matvec_multi.
+template <class T, int R>
+__device__ __forceinline__ void matvec_pipe_three(const uint8_t* w0, int n0, float* y0, const uint8_t* w1, int n1,
+                                                  float* y1, const uint8_t* w2, int n2, float* y2, int n_in,
+                                                  const int8_t* xq, const float* xd) {
+  constexpr int B = 4 * R;
+  const size_t block_bytes = B * static_cast<size_t>(n_in / T::BV) * T::BB;
+  const int b0 = (n0 + B - 1) / B, b1 = (n1 + B - 1) / B, b2 = (n2 + B - 1) / B;
+  matvec_pipe<T, R>(b0 + b1 + b2, n_in, xq, xd, [&](int rb) {
+    if (rb < b0) return PipeRows{w0 + rb * block_bytes, y0 + B * rb, min(B, n0 - B * rb)};
+    rb -= b0;
+    if (rb < b1) return PipeRows{w1 + rb * block_bytes, y1 + B * rb, min(B, n1 - B * rb)};
+    rb -= b1;
+    return PipeRows{w2 + rb * block_bytes, y2 + B * rb, min(B, n2 - B * rb)};
+  });
+}
+
 #define MATVEC_PIPE(NAME, T)                                                                                   \
   extern "C" __global__ void __launch_bounds__(128) NAME(const uint8_t* w, int n_out, int n_in, const int8_t* xq, \
-                                                         const float* xd, float* y) {                          \
-    const size_t block_bytes = 4 * static_cast<size_t>(n_in / T::BV) * T::BB;                                \
-    matvec_pipe<T>((n_out + 3) / 4, n_in, xq, xd, [&](int rb) {                                                \
-      return PipeRows{w + rb * block_bytes, y + 4 * rb, min(4, n_out - 4 * rb)};                               \
-    });                                                                                                        \
+                                                         const float* xd, float* y, int rows_per_warp) {       \
+    if (rows_per_warp == 4) matvec_pipe_one<T, 4>(w, n_out, n_in, xq, xd, y);                                  \
+    else if (rows_per_warp == 2) matvec_pipe_one<T, 2>(w, n_out, n_in, xq, xd, y);                             \
+    else matvec_pipe_one<T, 1>(w, n_out, n_in, xq, xd, y);                                                     \
   }
-// Up to three matrices of one input (q/k/v, gate/up): row blocks [0, b0) of matrix 0, the next b1
-// of matrix 1, the rest of matrix 2, as matvec_multi.
 #define MATVEC_PIPE_MULTI(NAME, T)                                                                               \
   extern "C" __global__ void __launch_bounds__(128)                                                              \
       NAME(const uint8_t* w0, int n0, float* y0, const uint8_t* w1, int n1, float* y1, const uint8_t* w2, int n2,   \
-           float* y2, int n_in, const int8_t* xq, const float* xd) {                                               \
-    const size_t block_bytes = 4 * static_cast<size_t>(n_in / T::BV) * T::BB;                                   \
-    const int b0 = (n0 + 3) / 4, b1 = (n1 + 3) / 4, b2 = (n2 + 3) / 4;                                          \
-    matvec_pipe<T>(b0 + b1 + b2, n_in, xq, xd, [&](int rb) {                                                     \
-      if (rb < b0) return PipeRows{w0 + rb * block_bytes, y0 + 4 * rb, min(4, n0 - 4 * rb)};                     \
-      rb -= b0;                                                                                                  \
-      if (rb < b1) return PipeRows{w1 + rb * block_bytes, y1 + 4 * rb, min(4, n1 - 4 * rb)};                     \
-      rb -= b1;                                                                                                  \
-      return PipeRows{w2 + rb * block_bytes, y2 + 4 * rb, min(4, n2 - 4 * rb)};                                  \
-    });                                                                                                          \
+           float* y2, int n_in, const int8_t* xq, const float* xd, int rows_per_warp) {                            \
+    if (rows_per_warp == 4) matvec_pipe_three<T, 4>(w0, n0, y0, w1, n1, y1, w2, n2, y2, n_in, xq, xd);           \
+    else if (rows_per_warp == 2) matvec_pipe_three<T, 2>(w0, n0, y0, w1, n1, y1, w2, n2, y2, n_in, xq, xd);      \
+    else matvec_pipe_three<T, 1>(w0, n0, y0, w1, n1, y1, w2, n2, y2, n_in, xq, xd);                              \
   }
 MATVEC_PIPE(matvec_pipe_q4_0r, Q4_0R)
 MATVEC_PIPE(matvec_pipe_q8_0r, Q8_0R)
