@@ -120,8 +120,8 @@ fn matvecSplit(n_in: u64) u32 {
 var matvec_split: ?u32 = null;
 /// Rows a warp of the register-fed one-token matvec (matvec_*_1; shaders/cuda/matmul.cuh
 /// matvec_rows): 2, or 1 with INFER_CUDA_MATVEC_ROWS=1. Two rows share each activation load;
-/// on an H200 an 8B model's down projection went 21.1 -> 19.0 µs in Q8_0, 14.3 -> 12.6 in Q4_K
-/// (bench/RESULTS.md, 2026-11-30 17:54).
+/// on an H200 an 8B model's down projection went 20.3 -> 19.0 µs in Q8_0, 14.3 -> 12.6 in
+/// Q4_K, 12.9 -> 12.4 in Q4_0 (bench/RESULTS.md, 2026-11-30 17:54).
 var matvec_rows_per_warp: u32 = 2;
 
 /// One-token matvecs (matvec_*_1, matvec_multi_*) launch one wave: as many blocks as fit on the
