@@ -2,8 +2,9 @@
 // on the host (the CPU backend's calls return when the op is done), summed by kind of op — the
 // matmuls by weight (blk.N.attn_q → attn_q), with the GB/s their weight bytes were read at —
 // beside the step's wall time, whose rest is the model graph in TypeScript and sampling.
+// With --prompt N, the same for `--steps` evaluations of an N-token prompt (from an empty cache).
 //   bun bench/cpu-step-parts.ts [--model qwen3-0.6b] [--quant Q4_0] [--path FILE.gguf] [--threads 2]
-//       [--context 16] [--steps 64]
+//       [--context 16] [--steps 64] [--prompt 512]
 import { CpuBackend } from "../ts/backend/cpu.ts";
 import type { Weight } from "../ts/backend/backend.ts";
 import { Engine } from "../ts/engine/engine.ts";
@@ -70,11 +71,21 @@ const argmax = (x: Float32Array) => {
   return b;
 };
 const context = Number(arg("--context", "16")), steps = Number(arg("--steps", "64"));
+const prompt = Number(arg("--prompt", "0"));
+const promptTokens = Array.from({ length: prompt }, (_, i) => 97 + ((i * 7) % 1000));
+const step = (): void => {
+  if (prompt > 0) {
+    engine.reset();
+    logits = engine.evaluate(promptTokens);
+  } else {
+    logits = engine.evaluate([argmax(logits)]);
+  }
+};
 let logits = engine.evaluate(Array.from({ length: context }, (_, i) => 97 + (i % 26)));
-for (let i = 0; i < 4; i++) logits = engine.evaluate([argmax(logits)]); // warm: page faults, caches
+for (let i = 0; i < (prompt > 0 ? 1 : 4); i++) step(); // warm: page faults, caches
 timing = true;
 const t0 = performance.now();
-for (let i = 0; i < steps; i++) logits = engine.evaluate([argmax(logits)]);
+for (let i = 0; i < steps; i++) step();
 const wallMs = (performance.now() - t0) / steps;
 timing = false;
 engine.close();
@@ -82,9 +93,10 @@ engine.close();
 const rows = [...parts].sort((a, b) => b[1].ms - a[1].ms);
 const opsMs = rows.reduce((s, [, p]) => s + p.ms, 0) / steps;
 const bytes = rows.reduce((s, [, p]) => s + p.bytes, 0) / steps;
-console.log(`${arg("--path", "") || `${arg("--model", "qwen3-0.6b")} ${arg("--quant", "Q4_0")}`}, ${steps} decode ` +
-  `steps after ${context} tokens, threads ${threads || "default"}: ${wallMs.toFixed(2)} ms a step ` +
-  `(${(1000 / wallMs).toFixed(1)} tok/s); backend calls ${opsMs.toFixed(2)} ms, the rest ` +
+console.log(`${arg("--path", "") || `${arg("--model", "qwen3-0.6b")} ${arg("--quant", "Q4_0")}`}, ${steps} ` +
+  (prompt > 0 ? `prompts of ${prompt} tokens` : `decode steps after ${context} tokens`) +
+  `, threads ${threads || "default"}: ${wallMs.toFixed(2)} ms a step ` +
+  `(${((1000 * Math.max(prompt, 1)) / wallMs).toFixed(1)} tok/s); backend calls ${opsMs.toFixed(2)} ms, the rest ` +
   `${(wallMs - opsMs).toFixed(2)} ms; matmul weights ${(bytes / 1e6).toFixed(0)} MB a step`);
 console.log("| op | calls a step | ms a step | share | µs a call | weight GB/s |\n|---|---:|---:|---:|---:|---:|");
 for (const [key, p] of rows) {
