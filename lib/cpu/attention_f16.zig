@@ -228,15 +228,29 @@ fn attendPass(
     // slot (sums in registers; up to 2 heads take 128 dimensions, 16 accumulators, more take
     // 64); a decode step streams V from memory and takes it cell by cell, front to back.
     if (s.n_tok > 1) {
-        if (d % 128 == 0 and G <= 2) weightedSumSlots(G, 128, v, s, kv_head, runs, &scores, out) else weightedSumSlots(G, step, v, s, kv_head, runs, &scores, out);
+        if (d % 128 == 0 and G <= 2) weightedSumBlocks(.slots, G, 128, v, s, kv_head, runs, &scores, out) else weightedSumBlocks(.slots, G, step, v, s, kv_head, runs, &scores, out);
     } else {
-        if (d % 128 == 0) weightedSumCells(G, 128, v, s, kv_head, runs, &scores, out) else weightedSumCells(G, step, v, s, kv_head, runs, &scores, out);
+        if (d % 128 == 0) weightedSumBlocks(.cells, G, 128, v, s, kv_head, runs, &scores, out) else weightedSumBlocks(.cells, G, step, v, s, kv_head, runs, &scores, out);
     }
 }
 
-/// The weighted sum slot by slot: out[g] = Σ_cells p[g][c] · V[c] with ggml_vec_dot_f16's 64
-/// partial sums (slot c % 64), each slot's cells in ascending order, then reduced.
-fn weightedSumSlots(
+/// In which order the weighted sum visits the cells (each slot c % 64 sums its own cells in
+/// ascending order either way, so both give the same bits).
+const SumOrder = enum {
+    /// Slot by slot, a slot's sums in registers from its first cell to its last and stored once:
+    /// the cell order loads and stores a slot for every cell (the stores bound a prompt's
+    /// attention). V is read 64 cells apart, from L2 for a prompt's queries; from memory, at a
+    /// decode step, that order was 5% slower than front to back on this 2-core EPYC.
+    slots,
+    /// Cell by cell, each V row added into its slot partial[g][c % 64] (32 KiB a head, in L1/L2):
+    /// V read front to back, prefetched ahead.
+    cells,
+};
+
+/// out[g] = Σ_cells p[g][c] · V[c] with ggml_vec_dot_f16's 64 partial sums (slot c % 64), block
+/// dimensions at a time, then reduced.
+fn weightedSumBlocks(
+    comptime order: SumOrder,
     comptime G: usize,
     comptime block: usize,
     v: [*]align(1) const f16,
@@ -251,67 +265,42 @@ fn weightedSumSlots(
     var dim: usize = 0;
     while (dim < d) : (dim += block) {
         const partial = partial_buf[0 .. G * step * block];
-        // Slot by slot, the partial sums of one slot live in registers from its first cell to its
-        // last: weightedSumCells loads and stores a slot for every cell (the stores bound a
-        // prompt's attention), here each slot is stored once. Each cell belongs to one slot, so V
-        // is still read once per block, now 64 cells apart (from L2; from memory, at a decode
-        // step, that order was 5% slower than front to back on this 2-core EPYC).
-        for (0..step) |slot| {
-            var acc: [G][chunks]L16 = @splat(@splat(@splat(0)));
-            for (runs) |run| {
-                var c = run.cell + (slot + step - run.cell % step) % step;
-                while (c < run.cell + run.len) : (c += step) {
-                    const v_row = v + c * s.kv_stride + kv_head * d + dim;
-                    var x: [chunks]L16 = undefined;
-                    inline for (0..chunks) |j| x[j] = loadF16(v_row + 16 * j);
-                    inline for (0..G) |g| {
-                        const p: L16 = @splat(scores[g][c]);
-                        inline for (0..chunks) |j| acc[g][j] = @mulAdd(L16, x[j], p, acc[g][j]);
+        switch (order) {
+            .slots => for (0..step) |slot| {
+                var acc: [G][chunks]L16 = @splat(@splat(@splat(0)));
+                for (runs) |run| {
+                    var c = run.cell + (slot + step - run.cell % step) % step;
+                    while (c < run.cell + run.len) : (c += step) {
+                        const v_row = v + c * s.kv_stride + kv_head * d + dim;
+                        var x: [chunks]L16 = undefined;
+                        inline for (0..chunks) |j| x[j] = loadF16(v_row + 16 * j);
+                        inline for (0..G) |g| {
+                            const p: L16 = @splat(scores[g][c]);
+                            inline for (0..chunks) |j| acc[g][j] = @mulAdd(L16, x[j], p, acc[g][j]);
+                        }
                     }
                 }
-            }
-            inline for (0..G) |g| {
-                const slot_row = partial[(g * step + slot) * block ..][0..block];
-                inline for (0..chunks) |j| slot_row[16 * j ..][0..16].* = acc[g][j];
-            }
-        }
-        inline for (0..G) |g| {
-            reducePartials(partial[g * step * block ..][0 .. step * block], block, out[g * d + dim ..][0..block]);
-        }
-    }
-}
-
-/// The weighted sum cell by cell: each cell's V row added into its slot partial[g][c % 64]
-/// (32 KiB a head, in L1/L2), so every slot sums its cells in the per-head path's order while V
-/// is read front to back, once per block, prefetched ahead.
-fn weightedSumCells(
-    comptime G: usize,
-    comptime block: usize,
-    v: [*]align(1) const f16,
-    s: attention.Shape,
-    kv_head: usize,
-    runs: []const Run,
-    scores: *const [G][]f32,
-    out: [*]f32,
-) void {
-    const d = s.head_dim;
-    const chunks = block / 16;
-    var dim: usize = 0;
-    while (dim < d) : (dim += block) {
-        const partial = partial_buf[0 .. G * step * block];
-        @memset(partial, 0);
-        for (runs) |run| {
-            for (run.cell..run.cell + run.len) |c| {
-                const v_row = v + c * s.kv_stride + kv_head * d + dim;
-                prefetchRow(v_row + prefetch_cells * s.kv_stride, 2 * block);
-                var x: [chunks]L16 = undefined;
-                inline for (0..chunks) |j| x[j] = loadF16(v_row + 16 * j);
                 inline for (0..G) |g| {
-                    const p: L16 = @splat(scores[g][c]);
-                    const slot = partial[(g * step + c % step) * block ..][0..block];
-                    inline for (0..chunks) |j| slot[16 * j ..][0..16].* = @mulAdd(L16, x[j], p, slot[16 * j ..][0..16].*);
+                    const slot_row = partial[(g * step + slot) * block ..][0..block];
+                    inline for (0..chunks) |j| slot_row[16 * j ..][0..16].* = acc[g][j];
                 }
-            }
+            },
+            .cells => {
+                @memset(partial, 0);
+                for (runs) |run| {
+                    for (run.cell..run.cell + run.len) |c| {
+                        const v_row = v + c * s.kv_stride + kv_head * d + dim;
+                        prefetchRow(v_row + prefetch_cells * s.kv_stride, 2 * block);
+                        var x: [chunks]L16 = undefined;
+                        inline for (0..chunks) |j| x[j] = loadF16(v_row + 16 * j);
+                        inline for (0..G) |g| {
+                            const p: L16 = @splat(scores[g][c]);
+                            const slot = partial[(g * step + c % step) * block ..][0..block];
+                            inline for (0..chunks) |j| slot[16 * j ..][0..16].* = @mulAdd(L16, x[j], p, slot[16 * j ..][0..16].*);
+                        }
+                    }
+                }
+            },
         }
         inline for (0..G) |g| {
             reducePartials(partial[g * step * block ..][0 .. step * block], block, out[g * d + dim ..][0..block]);
