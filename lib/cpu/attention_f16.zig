@@ -29,9 +29,12 @@ fn reduce16(v: L16) f32 {
 
 /// GGML_F32Cx16_REDUCE of the four accumulators.
 fn reduceAccumulators(acc: [4]L16) f32 {
-    const a = acc[0] + acc[2];
-    const b = acc[1] + acc[3];
-    return reduce16(a + b);
+    return reduce16(accumulatorLanes(acc));
+}
+
+/// The four accumulators added lane-wise as GGML_F32Cx16_REDUCE adds them before its final sum.
+fn accumulatorLanes(acc: [4]L16) L16 {
+    return (acc[0] + acc[2]) + (acc[1] + acc[3]);
 }
 
 fn loadF16(p: [*]align(1) const f16) L16 {
@@ -332,7 +335,7 @@ inline fn dotLanesF16(comptime G: usize, k: [*]align(1) const f16, q16: *const [
         }
     }
     var lanes: [G]L16 = undefined;
-    inline for (0..G) |g| lanes[g] = (acc[g][0] + acc[g][2]) + (acc[g][1] + acc[g][3]);
+    inline for (0..G) |g| lanes[g] = accumulatorLanes(acc[g]);
     return lanes;
 }
 

@@ -103,6 +103,35 @@ __device__ __forceinline__ void matvec_prefetch(const uint8_t* w, int n_out, int
   }
 }
 
+/// Adds the dots of units u0, u0 + stride, ... (< units) of R weight rows (wr[r]) with one
+/// token's activation to acc/accm[r]: the R rows share each activation load. UB units a lane in
+/// flight, loaded unconditionally as in matvec_units; each row's units summed in ascending order.
+template <class T, int R, int UB>
+__device__ __forceinline__ void rows_units(const uint8_t* const (&wr)[R], int units, int u0, int stride,
+                                           const int8_t* __restrict__ xq, const float* __restrict__ xd,
+                                           float (&acc)[R], float (&accm)[R]) {
+  for (; u0 < units; u0 += stride * UB) {
+    typename T::W wt[UB][R];
+#pragma unroll
+    for (int k = 0; k < UB; k++) {
+#pragma unroll
+      for (int r = 0; r < R; r++) T::load(wr[r], min(u0 + stride * k, units - 1), wt[k][r]);
+    }
+#pragma unroll
+    for (int k = 0; k < UB; k++) {
+      const int u = u0 + stride * k;
+      if (u < units) {
+        const int4* xp = reinterpret_cast<const int4*>(xq + 32 * static_cast<size_t>(u));
+        const int4 a = xp[0], b = xp[1];
+        const int x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        const float dx = xd[u];
+#pragma unroll
+        for (int r = 0; r < R; r++) T::dot(wt[k][r], x, dx, acc[r], accm[r]);
+      }
+    }
+  }
+}
+
 /// One token, R rows a warp (matvec_q's rows with split parts, R consecutive rows for each warp
 /// where matvec_q has one): the R rows share each activation load — a 4-bit row reads twice its
 /// own bytes of activation, once per row at R = 1 — and a lane has R times the weight bytes in
@@ -123,28 +152,7 @@ __device__ __forceinline__ void matvec_rows(const uint8_t* __restrict__ w, int n
     const uint8_t* wr[R];
 #pragma unroll
     for (int r = 0; r < R; r++) wr[r] = w + static_cast<size_t>(min(row0 + r, n_out - 1)) * row_bytes;
-    constexpr int UB = 2;
-    const int stride = 32 * split;
-    for (int u0 = lane + 32 * part; u0 < units; u0 += stride * UB) {
-      typename T::W wt[UB][R];
-#pragma unroll
-      for (int k = 0; k < UB; k++) {
-#pragma unroll
-        for (int r = 0; r < R; r++) T::load(wr[r], min(u0 + stride * k, units - 1), wt[k][r]);
-      }
-#pragma unroll
-      for (int k = 0; k < UB; k++) {
-        const int u = u0 + stride * k;
-        if (u < units) {
-          const int4* xp = reinterpret_cast<const int4*>(xq + 32 * static_cast<size_t>(u));
-          const int4 a = xp[0], b = xp[1];
-          const int x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-          const float dx = xd[u];
-#pragma unroll
-          for (int r = 0; r < R; r++) T::dot(wt[k][r], x, dx, acc[r], accm[r]);
-        }
-      }
-    }
+    rows_units<T, R, 2>(wr, units, lane + 32 * part, 32 * split, xq, xd, acc, accm);
   }
   if (split == 1) {
 #pragma unroll

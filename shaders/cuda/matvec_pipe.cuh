@@ -44,17 +44,10 @@ __device__ __forceinline__ void warp_rows_dot(const uint8_t* wr, size_t row_byte
   float acc[R], accm[R];
 #pragma unroll
   for (int r = 0; r < R; r++) acc[r] = accm[r] = 0.0f;
-  for (int u = lane; u < units; u += 32) {
-    typename T::W wt[R];
+  const uint8_t* rows[R];
 #pragma unroll
-    for (int r = 0; r < R; r++) T::load(wr + r * row_bytes, u, wt[r]);
-    const int4* xp = reinterpret_cast<const int4*>(xq + 32 * u);
-    const int4 a = xp[0], b = xp[1];
-    const int x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-    const float dx = xd[u];
-#pragma unroll
-    for (int r = 0; r < R; r++) T::dot(wt[r], x, dx, acc[r], accm[r]);
-  }
+  for (int r = 0; r < R; r++) rows[r] = wr + r * row_bytes;
+  rows_units<T, R, 1>(rows, units, lane, 32, xq, xd, acc, accm);
 #pragma unroll
   for (int r = 0; r < R; r++) sum[r] = warp_sum(acc[r]) - warp_sum(accm[r]);
 }
