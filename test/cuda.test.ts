@@ -135,7 +135,9 @@ const LONG_ROWS = [6144, 12288];
 // A row of 11 steps of 256 values: K-splits of the batched tensor-core matmul that do not divide
 // it (the last split empty).
 const ODD_ROW = 2816;
-const TALL: [number, number][] = [[256, 17_000], [6144, 8_500]];
+// 33,001 rows: a matrix of 32,768 rows or more (an LM head) takes four rows a warp in the
+// pipelined matvec (lib/cuda/ops.zig pipe_rows_tall), its last row block partial.
+const TALL: [number, number][] = [[256, 17_000], [512, 33_001], [6144, 8_500]];
 const LONG_ROW_TYPES = WEIGHT_TYPES.filter(([name]) => ["Q4_0", "Q8_0", "Q4_K", "Q6_K"].includes(name));
 
 /** One GGUF of test tensors: a weight of each type, norm weights, RoPE factors, a bias. */
@@ -318,7 +320,7 @@ describe.skipIf(noCuda)("CUDA ops equal the CPU backend's", () => {
       .toThrow("rms_norm_quant: n_cols 6144 not in 1..5888");
   });
 
-  test("matmul Q4_0, one row through 17,000 rows of 256 and 8,500 of 6,144 (blocks loop over row blocks)", () => {
+  test("matmul Q4_0, one row through 17,000 rows of 256, 33,001 of 512 and 8,500 of 6,144 (blocks loop over row blocks)", () => {
     for (const [n, rows] of TALL) {
       const [wc, wg] = weights(p, file, `w.tall.${n}`);
       const [xc, xg] = acts(p, 1, n, randomF32(n, rows, 2));

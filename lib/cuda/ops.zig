@@ -31,6 +31,9 @@ pub fn readSettings() void {
     if (std.posix.getenv("INFER_CUDA_MATVEC_PIPE")) |v| matvec_pipe = !std.mem.eql(u8, v, "0");
     if (std.posix.getenv("INFER_CUDA_PIPE_ROWS")) |v| pipe_rows_per_warp = std.fmt.parseInt(u32, v, 10) catch 2;
     if (pipe_rows_per_warp != 1 and pipe_rows_per_warp != 2 and pipe_rows_per_warp != 4) pipe_rows_per_warp = 2;
+    if (std.posix.getenv("INFER_CUDA_PIPE_ROWS_TALL")) |v| pipe_rows_tall = std.fmt.parseInt(u32, v, 10) catch 4;
+    if (pipe_rows_tall != 1 and pipe_rows_tall != 2 and pipe_rows_tall != 4) pipe_rows_tall = 4;
+    if (std.posix.getenv("INFER_CUDA_PIPE_RESERVE")) |v| pipe_reserve = std.fmt.parseInt(u32, v, 10) catch pipe_reserve;
     if (std.posix.getenv("INFER_CUDA_MATVEC_ROWS")) |v| matvec_rows_per_warp = if (std.mem.eql(u8, v, "1")) 1 else 2;
     if (std.posix.getenv("INFER_CUDA_CUBLAS")) |v| cublas_min_tokens = std.fmt.parseInt(u32, v, 10) catch cublas_min_tokens;
     if (std.posix.getenv("INFER_CUDA_MMQ_TILE")) |v| {
@@ -174,7 +177,7 @@ pub fn matmul(w: u64, type_id: u32, n_out: u64, n_in: u64, x: u64, xq: u64, xd: 
     }
     if (xq == 0 or xd == 0) return invalid("matmul: {s} needs quantized activations", .{k.name});
     if (n_tok == 1) {
-        if (pipeStages(k, n_in)) |p| {
+        if (pipeStages(k, n_in, n_out)) |p| {
             const pipe = k.matvec_pipe.?;
             return launchShared(pipe, pipeGrid(pipe, ceilDiv(n_out, 4 * p.rows_per_warp), p.shared), 1, 128, p.shared, .{ w, out, in, xq, xd, y, @as(i32, @intCast(p.rows_per_warp)) });
         }
@@ -554,7 +557,7 @@ pub fn matmulMulti(type_id: u32, n_in: u64, xq: u64, xd: u64, w0: u64, n0: u64, 
     const a = int(n0) orelse return tooLarge("matmul_multi: n0", n0);
     const b = int(n1) orelse return tooLarge("matmul_multi: n1", n1);
     const c = int(n2) orelse return tooLarge("matmul_multi: n2", n2);
-    if (pipeStages(k, n_in)) |p| {
+    if (pipeStages(k, n_in, @max(n0, @max(n1, n2)))) |p| {
         const pipe = k.matvec_pipe_multi.?;
         const per = 4 * p.rows_per_warp;
         const row_blocks = ceilDiv(n0, per) + ceilDiv(n1, per) + ceilDiv(n2, per);
@@ -575,21 +578,58 @@ pub fn matmulMulti(type_id: u32, n_in: u64, xq: u64, xd: u64, w0: u64, n0: u64, 
 /// Rows a warp: 2, or INFER_CUDA_PIPE_ROWS (1, 2 or 4), fewer where they would not fit. Two
 /// rows share each activation load: an 8B model's Q4_0 gate 12.4 -> 10.9 µs, q 4.1 -> 3.7 on an
 /// H200; four were slower on all but the LM head (bench/RESULTS.md, 2026-11-30 17:48 and 17:54).
-fn pipeStages(k: kernels.WeightKind, n_in: u64) ?PipeLaunch {
+fn pipeStages(k: kernels.WeightKind, n_in: u64, n_out: u64) ?PipeLaunch {
     if (!matvec_pipe or k.matvec_pipe == null or n_in / 32 >= 192) return null;
     const s = ready() orelse return null;
     const row_bytes = (n_in / k.block_values) * k.block_bytes;
-    var rows: u32 = pipe_rows_per_warp;
+    var rows: u32 = if (n_out >= tall_rows) pipe_rows_tall else pipe_rows_per_warp;
     while (true) : (rows /= 2) {
         const bytes = pipe_stages * 4 * rows * row_bytes;
-        if (bytes <= s.pipe_shared_max) return .{ .shared = @intCast(bytes), .rows_per_warp = rows };
+        if (bytes <= s.pipe_shared_max) {
+            // Under a reserve, fewer rows a warp where their stages would leave one block a
+            // multiprocessor (an 8B model's Q8_0 rows: 2 rows 104 KB, 1 row 52 KB).
+            const reserve = s.pipe_shared_max >= 227 << 10 and pipe_reserve > 0; // sm_90's 228 KB a multiprocessor
+            if (!reserve) return .{ .shared = @intCast(bytes), .rows_per_warp = rows };
+            if (rows == 1 or blocksBeside(@intCast(bytes)) >= 2) return .{ .shared = reserving(@intCast(bytes)), .rows_per_warp = rows };
+        }
         if (rows == 1) return null;
     }
 }
 const PipeLaunch = struct { shared: u32, rows_per_warp: u32 };
 var pipe_rows_per_warp: u32 = 2;
+/// Rows a warp of the pipelined matvec for matrices of tall_rows rows and more (the LM head):
+/// 4, or INFER_CUDA_PIPE_ROWS_TALL. A long launch reads at its steady state, which four rows a
+/// warp raise: an 8B model's LM head 83.6 -> 73.4 µs in Q4_0, 140 -> 130 in Q8_0 on an H200,
+/// where every shorter matrix was slower with four (bench/RESULTS.md, 2026-11-30 17:54).
+var pipe_rows_tall: u32 = 4;
+const tall_rows = 32768;
 const pipe_stages = 3;
 var matvec_pipe = true;
+
+/// Shared memory of an sm_90 multiprocessor (the reserve applies there only) and what the driver
+/// reserves for each block.
+const sm_shared: u32 = 228 << 10;
+const block_reserved: u32 = 1 << 10;
+/// The pipelined matvec's blocks leave 40 KiB of each multiprocessor's shared memory free (their
+/// dynamic size padded so that one block fewer fits, and fewer rows a warp where a row block's
+/// stages would then leave one block), so that the small kernel after a matvec (a fused norm
+/// keeps 8 bytes a value, ~33 KB at 4,096; the decode attention ~23 KB), launched while the
+/// matvec runs, is resident beside it and stages its weights and prefetches ahead of the wait.
+/// On an H200 (bench/RESULTS.md, 2026-11-30 20:21): 8B decode Q4_0 471 -> 488 tok/s, Q4_K 428
+/// -> 431, Q8_0 313 -> 331 (three blocks of one row a warp where two blocks of two rows filled
+/// 209 KB); the 0.6B unchanged (its row blocks are small). INFER_CUDA_PIPE_RESERVE=bytes at
+/// init: another reserve (0: none, blocks fill the multiprocessor as before).
+var pipe_reserve: u32 = 40 << 10;
+fn reserving(shared: u32) u32 {
+    const fit = blocksBeside(shared);
+    if (fit == 0) return shared;
+    return @max(shared, (sm_shared - pipe_reserve) / fit - block_reserved);
+}
+/// Blocks of `shared` bytes that fit a multiprocessor beside the reserve.
+fn blocksBeside(shared: u32) u32 {
+    if (pipe_reserve >= sm_shared) return 0;
+    return (sm_shared - pipe_reserve) / (shared + block_reserved);
+}
 
 /// One wave of the pipelined matvec: as many blocks as fit with `shared` bytes each (the driver's
 /// occupancy), at most one per row block.
