@@ -3,7 +3,9 @@
 // the difference prices that kind with the overlaps and launch gaps of the real step (Nsight
 // Compute's per-kernel times, one kernel at a time with cold caches, add up to more than the
 // step). Results of the skipped steps are wrong; only their time is read.
-//   bun bench/cuda-step-parts.ts [--models llama-3.1-8b] [--quants Q4_0] [--context 16] [--times 100] [--rounds 5]
+// With --alone, each kind is also replayed by itself (a graph of only its launches, one after the
+// other as in the step): its own time, with the boundaries between its launches but no other op.
+//   bun bench/cuda-step-parts.ts [--models llama-3.1-8b] [--quants Q4_0] [--context 16] [--times 100] [--rounds 5] [--alone]
 import { CudaBackend } from "../ts/backend/cuda.ts";
 import { Engine } from "../ts/engine/engine.ts";
 import { native } from "../ts/native/lib.ts";
@@ -54,7 +56,7 @@ for (const name of arg("--models", "llama-3.1-8b").split(",")) {
   if (!shape) throw new Error(`unknown model ${name}`);
   for (const quant of arg("--quants", "Q4_0").split(",")) {
     const engine = Engine.open({ modelPath: ensureRandomModel(shape, quant as RandomQuant), backend: "cuda",
-      contextLength: context + 64 });
+      contextLength: context + 256 }); // 3 tokens a captured graph, up to 25 graphs
     const backend = engine.backend as CudaBackend;
     engine.evaluate(Array.from({ length: context }, (_, i) => 97 + (i % 26)));
     // A step run eagerly, captured, then replayed: its graph is backend.lastGraph.
@@ -76,16 +78,28 @@ for (const name of arg("--models", "llama-3.1-8b").split(",")) {
       backend.profileSkip(p.re);
       execs.push(capture());
     }
-    backend.profileSkip(null);
     const us = replayUs(execs);
+    // Then the graphs of each kind alone, replayed apart (the backend keeps 16 graphs at most).
+    const alone = process.argv.includes("--alone");
+    if (alone) {
+      const own: number[] = [];
+      for (const p of parts) {
+        backend.profileSkip(new RegExp(`^(?!.*(?:${p.re.source}))`)); // every op but this kind's
+        own.push(capture());
+      }
+      us.push(...replayUs(own));
+    }
+    backend.profileSkip(null);
     engine.close();
     console.log(`\n${shape.label} ${quant}, decode step at ~${context + 3} tokens: ${us[0].toFixed(1)} us ` +
       `(each graph replayed ${times}x in turn, median of ${rounds} rounds)`);
     console.log(`ops: ${[...counts].map(([k, v]) => `${v}x ${k}`).join(", ")}`);
-    console.log("| left out | ops | us saved | us per op | share |\n|---|---|---|---|---|");
+    console.log(`| left out | ops | us saved | us per op | share |${alone ? " alone: us | us per op |" : ""}`);
+    console.log(`|---|---|---|---|---|${alone ? "---|---|" : ""}`);
     parts.forEach((p, i) => {
       const saved = us[0] - us[i + 1];
-      console.log(`| ${p.part} | ${p.n} | ${saved.toFixed(1)} | ${(saved / p.n).toFixed(2)} | ${(100 * saved / us[0]).toFixed(1)}% |`);
+      const own = alone ? ` ${us[parts.length + i + 1].toFixed(1)} | ${(us[parts.length + i + 1] / p.n).toFixed(2)} |` : "";
+      console.log(`| ${p.part} | ${p.n} | ${saved.toFixed(1)} | ${(saved / p.n).toFixed(2)} | ${(100 * saved / us[0]).toFixed(1)}% |${own}`);
     });
   }
 }

@@ -292,26 +292,27 @@ describe.skipIf(noCuda)("CUDA ops equal the CPU backend's", () => {
     const L = native();
     const addr = (x: Activation) => (x as unknown as { address: number }).address;
     const bits = (x: Activation) => new Uint32Array(p.gpu.read(x, x.rows).slice().buffer);
-    for (const [n, mode] of [[256, 1], [768, 0], [5888, 0], [5888, 1]]) {
+    // Three rows: a batched decode step's (up to 8 rows take the 1,024-thread blocks).
+    for (const [n, mode, rows] of [[256, 1, 1], [768, 0, 1], [5888, 0, 1], [5888, 1, 1], [4096, 0, 3], [1024, 1, 3]]) {
       for (const add of [true, false]) {
-        const [, a] = acts(p, 1, n, randomF32(n, n + 1, 3)), [, b] = acts(p, 1, n, randomF32(n, n + 2, 2));
+        const [, a] = acts(p, rows, n, randomF32(rows * n, n + 1, 3)), [, b] = acts(p, rows, n, randomF32(rows * n, n + 2, 2));
         const [, w] = acts(p, 1, n, randomF32(n, n + 3, 0.5).map((v) => v + 1));
         const run = (fused: boolean) => {
-          const [, x] = acts(p, 1, n, p.gpu.read(a, 1).slice()), [, normed] = acts(p, 1, n);
-          const [, q] = acts(p, 1, n / 4), [, d] = acts(p, 1, n / 32);
+          const [, x] = acts(p, rows, n, p.gpu.read(a, rows).slice()), [, normed] = acts(p, rows, n);
+          const [, q] = acts(p, rows, n / 4), [, d] = acts(p, rows, n / 32);
           if (fused) {
-            expect(add ? L.infer_cuda_add_rms_norm_quant(addr(x), addr(b), addr(x), addr(w), 1, n, 1e-6, addr(normed), mode, addr(q), addr(d))
-              : L.infer_cuda_rms_norm_quant(addr(x), addr(w), 1, n, 1e-6, addr(normed), mode, addr(q), addr(d))).toBe(0);
+            expect(add ? L.infer_cuda_add_rms_norm_quant(addr(x), addr(b), addr(x), addr(w), rows, n, 1e-6, addr(normed), mode, addr(q), addr(d))
+              : L.infer_cuda_rms_norm_quant(addr(x), addr(w), rows, n, 1e-6, addr(normed), mode, addr(q), addr(d))).toBe(0);
           } else {
-            if (add) expect(L.infer_cuda_add(addr(x), addr(b), n, addr(x))).toBe(0);
-            expect(L.infer_cuda_rms_norm(addr(x), addr(w), 1, n, 1e-6, addr(normed))).toBe(0);
-            expect(L.infer_cuda_quantize(addr(normed), 1, n, mode, addr(q), addr(d))).toBe(0);
+            if (add) expect(L.infer_cuda_add(addr(x), addr(b), rows * n, addr(x))).toBe(0);
+            expect(L.infer_cuda_rms_norm(addr(x), addr(w), rows, n, 1e-6, addr(normed))).toBe(0);
+            expect(L.infer_cuda_quantize(addr(normed), rows, n, mode, addr(q), addr(d))).toBe(0);
           }
           return [x, normed, q, d].map(bits);
         };
         const want = run(false), got = run(true);
         ["sum", "normed", "quants", "scales"].forEach((part, i) => {
-          if (!want[i].every((v, j) => v === got[i][j])) throw new Error(`${n} wide, mode ${mode}${add ? ", add" : ""}: ${part} differs`);
+          if (!want[i].every((v, j) => v === got[i][j])) throw new Error(`${rows} x ${n} wide, mode ${mode}${add ? ", add" : ""}: ${part} differs`);
         });
       }
     }

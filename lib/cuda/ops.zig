@@ -617,7 +617,8 @@ const block_reserved: u32 = 1 << 10;
 /// matvec runs, is resident beside it and stages its weights and prefetches ahead of the wait.
 /// On an H200 (bench/RESULTS.md, 2026-11-30 20:21): 8B decode Q4_0 471 -> 488 tok/s, Q4_K 428
 /// -> 431, Q8_0 313 -> 331 (three blocks of one row a warp where two blocks of two rows filled
-/// 209 KB); the 0.6B unchanged (its row blocks are small). INFER_CUDA_PIPE_RESERVE=bytes at
+/// 209 KB); the 0.6B unchanged (its row blocks are small); the 4B's Q8_0 (rows of 2,560) 479 ->
+/// 468 at 20:41 (two blocks where three fitted). INFER_CUDA_PIPE_RESERVE=bytes at
 /// init: another reserve (0: none, blocks fill the multiprocessor as before).
 var pipe_reserve: u32 = 40 << 10;
 fn reserving(shared: u32) u32 {

@@ -122,6 +122,7 @@ __device__ __forceinline__ void attn_decode_body(const float* q, const __half* k
     for (int e = 0; e < 8; e++) acc[g][e] = 0.0f;
   }
   __syncthreads();
+  INFER_MARK(2);
   for (int tile = s0; tile < s1; tile += DECODE_TILE) {
     const int tn = min(DECODE_TILE, s1 - tile);
     float s[GM];
@@ -170,6 +171,7 @@ __device__ __forceinline__ void attn_decode_body(const float* q, const __half* k
 #pragma unroll
     for (int g = 0; g < GM; g++) ps[g * DECODE_TILE + tid] = s[g];
     __syncthreads();
+    INFER_MARK(3);
     for (int g = warp; g < G; g += DECODE_THREADS / 32) {
       const float* r = ps + g * DECODE_TILE;
       const float v = warp_max(fmaxf(fmaxf(r[lane], r[lane + 32]), fmaxf(r[lane + 64], r[lane + 96])));
@@ -187,6 +189,7 @@ __device__ __forceinline__ void attn_decode_body(const float* q, const __half* k
       ps[g * DECODE_TILE + tid] = pv;
     }
     __syncthreads();
+    INFER_MARK(4);
 #pragma unroll
     for (int g = 0; g < GM; g++)
 #pragma unroll
@@ -220,6 +223,7 @@ __device__ __forceinline__ void attn_decode_body(const float* q, const __half* k
       }
     }
     __syncthreads();  // ps is rewritten by the next tile
+    INFER_MARK(5);
   }
   // The split's sums over the block: l by warps, the outputs over the key groups.
 #pragma unroll
@@ -240,6 +244,7 @@ __device__ __forceinline__ void attn_decode_body(const float* q, const __half* k
       }
   }
   __syncthreads();
+  INFER_MARK(6);
   const size_t row0 = static_cast<size_t>(t) * n_head + h0;  // the group's first query row
   for (int i = tid; i < G * head_dim; i += DECODE_THREADS) {
     const int g = i / head_dim, dim = i % head_dim;
@@ -260,7 +265,9 @@ __device__ __forceinline__ void attn_decode_body(const float* q, const __half* k
     }
   }
   if (n_split == 1) {
+    INFER_MARK(7);
     quantize_group(qs, G * head_dim, qmode, xq, xd, row0 * head_dim);
+    INFER_MARK(8);
     return;
   }
   __threadfence();  // this thread's partial values before the count
@@ -326,8 +333,10 @@ __device__ __forceinline__ void attn_decode_prefetch(const __half* kc, const __h
            const int* positions, int n_head, int n_kv_head,                                                     \
            int head_dim, int window, int cells, int ring, float scale, int n_split, float* out, float* part_ml, \
            float* partial, unsigned int* arrived, int qmode, int8_t* xq, float* xd) {                             \
+    INFER_MARK(0);                                                                                               \
     attn_decode_prefetch(kc, vc, kv_table, positions, n_kv_head, head_dim, window, cells, ring, n_split);         \
     pdl_begin();                                                                                                 \
+    INFER_MARK(1);                                                                                               \
     attn_decode_body<GM>(q, kc, vc, kv_table, positions, n_head, n_kv_head, head_dim, window, cells, ring, scale, n_split, \
                          out, part_ml, partial, arrived, qmode, xq, xd);                                         \
   }

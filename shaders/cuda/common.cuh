@@ -8,6 +8,21 @@
 
 #define FULL_MASK 0xffffffffu
 
+// INFER_MARK(k): with -DINFER_TRACE (bench/cuda-probe.cu only), thread 0 of block 0 records the
+// SM clock at mark k of the kernel into infer_trace (the probe prints each phase's cycles); a
+// no-op in the library's kernels.
+#ifdef INFER_TRACE
+__device__ long long infer_trace[64];
+#define INFER_MARK(k)                                                            \
+  do {                                                                           \
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) infer_trace[k] = clock64(); \
+  } while (0)
+#else
+#define INFER_MARK(k) \
+  do {                \
+  } while (0)
+#endif
+
 /// The first statement of every kernel. lib/cuda launches kernels with programmatic dependent
 /// launch on sm_90+ (the kernel may start while the one before it in the stream still runs), so
 /// each kernel first waits for its predecessor's results (griddepcontrol.wait, a no-op when the

@@ -306,11 +306,13 @@ extern "C" __global__ void rms_norm_q(const float* x, const float* w, int n_cols
 /// may be a, would otherwise hold back the next load).
 extern "C" __global__ void add_rms_norm_q(const float* a, const float* b, float* sum, const float* w, int n_cols,
                                           float eps, float* out, int mode, int8_t* q, float* d) {
+  INFER_MARK(10);
   extern __shared__ float row[];
   float* wrow = row + n_cols;
   const size_t base = static_cast<size_t>(blockIdx.x) * n_cols;
   stage_norm(w, wrow, n_cols, a + base);
   pdl_begin();
+  INFER_MARK(11);
   double s = 0.0;
 #pragma unroll 4
   for (int i = threadIdx.x; i < n_cols; i += blockDim.x) {
@@ -319,11 +321,14 @@ extern "C" __global__ void add_rms_norm_q(const float* a, const float* b, float*
     s += static_cast<double>(v * v);
   }
   for (int i = threadIdx.x; i < n_cols; i += blockDim.x) sum[base + i] = row[i];  // this thread's own
+  INFER_MARK(12);
   s = block_sum_d(s);
+  INFER_MARK(13);
   const float mean = static_cast<float>(s / static_cast<double>(n_cols));
   const float scale = 1.0f / sqrtf(mean + eps);
   store_quantized_row([&](int i) { const float v = row[i] * scale; return w ? v * wrow[i] : v; }, base, n_cols, out,
                       mode, q, d);
+  INFER_MARK(14);
 }
 
 /// In-place rms_norm of two tensors of rows of n_cols (Qwen 3's query and key head norms) in one

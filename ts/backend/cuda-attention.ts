@@ -14,7 +14,7 @@ const ATTENTION_SCRATCH_BUDGET = 64 << 20;
  * one tile needs no second pass; more splits pay for the last block's combine, ~3 µs), and 4 a
  * split for the per-head kernels (INFER_CUDA_ATTN=heads).
  */
-const GROUP_SPLIT_KEYS = 128;
+const GROUP_SPLIT_KEYS = Number(process.env.INFER_CUDA_SPLIT_KEYS) || 128; // INFER_CUDA_SPLIT_KEYS=n: comparisons
 const PER_HEAD_SPLIT_KEYS = 4;
 /** Tables of cache addresses kept for attendRows (one per layer and set of sequences batched). */
 const KV_TABLES_MAX = 4096;
