@@ -10,7 +10,8 @@
 
 // INFER_MARK(k): with -DINFER_TRACE (bench/cuda-probe.cu only), thread 0 of block 0 records the
 // SM clock at mark k of the kernel into infer_trace (the probe prints each phase's cycles); a
-// no-op in the library's kernels.
+// no-op in the library's kernels. The marks follow one thread: where a block's own latency goes,
+// not what leaving a phase out would save a launch (bench/RESULTS.md, 2026-11-30 21:00).
 #ifdef INFER_TRACE
 __device__ long long infer_trace[64];
 #define INFER_MARK(k)                                                            \
