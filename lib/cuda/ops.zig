@@ -582,13 +582,13 @@ fn pipeStages(k: kernels.WeightKind, n_in: u64, n_out: u64) ?PipeLaunch {
     if (!matvec_pipe or k.matvec_pipe == null or n_in / 32 >= 192) return null;
     const s = ready() orelse return null;
     const row_bytes = (n_in / k.block_values) * k.block_bytes;
+    const reserve = s.pipe_shared_max >= 227 << 10 and pipe_reserve > 0; // sm_90's 228 KB a multiprocessor
     var rows: u32 = if (n_out >= tall_rows) pipe_rows_tall else pipe_rows_per_warp;
     while (true) : (rows /= 2) {
         const bytes = pipe_stages * 4 * rows * row_bytes;
         if (bytes <= s.pipe_shared_max) {
             // Under a reserve, fewer rows a warp where their stages would leave one block a
             // multiprocessor (an 8B model's Q8_0 rows: 2 rows 104 KB, 1 row 52 KB).
-            const reserve = s.pipe_shared_max >= 227 << 10 and pipe_reserve > 0; // sm_90's 228 KB a multiprocessor
             if (!reserve) return .{ .shared = @intCast(bytes), .rows_per_warp = rows };
             if (rows == 1 or blocksBeside(@intCast(bytes)) >= 2) return .{ .shared = reserving(@intCast(bytes)), .rows_per_warp = rows };
         }
