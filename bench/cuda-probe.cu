@@ -114,13 +114,32 @@ static void attention(const char* label, int n_head, int n_kv, int pos, int spli
   int8_t* xq = device<int8_t>(n_head * d);
   float* xd = device<float>(n_head * d / 32);
   const int group = n_head / n_kv;
-  auto kernel = group == 1 ? attn_decode_g1 : group == 2 ? attn_decode_g2 : group <= 4 ? attn_decode_g4 : attn_decode_g8;
-  char name[128];
-  std::snprintf(name, sizeof name, "%s attention, %d keys, split %d", label, pos + 1, split);
-  probe(name, [&] {
-    launch(kernel, dim3(n_kv, split), DECODE_THREADS, 0, q, kc, vc, static_cast<const unsigned long long*>(nullptr),
-           positions, n_head, n_kv, d, 0, cells, 0, 0.088f, split, out, part_ml, partial, arrived, 0, xq, xd);
-  });
+  for (const bool warps : {false, true}) {
+    char name[128];
+    std::snprintf(name, sizeof name, "%s attention (%s), %d keys, split %d", label, warps ? "warps" : "groups", pos + 1,
+                  split);
+    if (warps) {  // attn_decode_w: a query head a block; its output quantized as Q8_0 (qmode 0) or not (-1)
+      for (const int qmode : {-1, 0}) {
+        char wname[160];
+        std::snprintf(wname, sizeof wname, "%s, qmode %d", name, qmode);
+        probe(wname, [&] {
+          launch(attn_decode_w, dim3(n_head, split), WARPS_DECODE_WARPS * 32, 0, q, kc, vc,
+                 static_cast<const unsigned long long*>(nullptr), positions, n_head, n_kv, d, 0, cells, 0, 0.088f, split,
+                 out, part_ml, partial, arrived, qmode, xq, xd);
+        });
+      }
+      continue;
+    }
+    auto kernel = group == 1 ? attn_decode_g1 : group == 2 ? attn_decode_g2 : group <= 4 ? attn_decode_g4 : attn_decode_g8;
+    for (const int qmode : {0, 1}) {
+      char gname[160];
+      std::snprintf(gname, sizeof gname, "%s, qmode %d", name, qmode);
+      probe(gname, [&] {
+        launch(kernel, dim3(n_kv, split), DECODE_THREADS, 0, q, kc, vc, static_cast<const unsigned long long*>(nullptr),
+               positions, n_head, n_kv, d, 0, cells, 0, 0.088f, split, out, part_ml, partial, arrived, qmode, xq, xd);
+      });
+    }
+  }
 }
 
 /// add + rms_norm + quantize (Q8_0) of one row of n values, as the decode step launches it.
@@ -143,8 +162,10 @@ int main() {
   std::printf("SM clock %.0f MHz (marks in us at that clock)\n", clock_khz / 1000.0);
   float* x = device<float>(1);
   probe("empty kernel (scale of 1 value)", [&] { launch(scale, dim3(1), 32, 0, x, 1, 1.0f); });
-  for (int pos : {18, 90}) attention("8B (32/8 heads)", 32, 8, pos, 1);
+  for (int pos : {18, 90, 127}) attention("8B (32/8 heads)", 32, 8, pos, 1);
+  attention("8B (32/8 heads)", 32, 8, 255, 1);
   attention("8B (32/8 heads)", 32, 8, 1000, 8);
+  attention("8B (32/8 heads)", 32, 8, 4095, 32);
   for (int pos : {18, 90}) attention("0.6B (16/8 heads)", 16, 8, pos, 1);
   add_norm(4096);
   add_norm(1024);

@@ -456,8 +456,10 @@ describe.skipIf(noCuda)("CUDA ops equal the CPU backend's", () => {
     ["prompts of 40 and 37 rows, GQA 4:1, head_dim 64", 128, false, 0, 8, 2, 64, [[0, 40], [40, 1], [41, 37], [78, 1]]],
     ["ring of 64, window 24, prompts of 20 to 30 rows, head_dim 256", 64, true, 24, 4, 1, 256,
       [[0, 20], [20, 1], [21, 17], [38, 1], [39, 30], [69, 1]]],
-    // Batches under 16 rows and decode take attn_decode_* (a block per KV head and split, tiles of
-    // 128 keys): several tiles in one split, many splits, each group size, the wrap of a ring.
+    // Batches under 16 rows and decode take attn_decode_w (a block per query head and split) for
+    // head dims 32–256 that are powers of two while group × splits < 128, else attn_decode_*
+    // (a block per KV head and split; here head_dim 96 and the 16- and 32-split cases): several
+    // 128-key steps in one split, many splits, each group size, the wrap of a ring.
     ["full, 512 cells, batches of 3 to 9 rows past 300 keys, GQA 2:1, head_dim 128", 512, false, 0, 4, 2, 128,
       [[0, 300], [300, 5], [305, 9], [314, 1]]],
     ["full, 512 cells, batches of 3 to 9 rows past 300 keys, GQA 4:1, head_dim 64", 512, false, 0, 8, 2, 64,
@@ -470,6 +472,7 @@ describe.skipIf(noCuda)("CUDA ops equal the CPU backend's", () => {
       [[0, 128], [128, 128], [256, 128], [384, 128], [512, 128], [640, 1], [641, 2], [643, 1]]],
     ["full, no GQA, head_dim 96", 256, false, 0, 2, 2, 96, shortSteps],
     ["full, GQA 3:1, head_dim 32", 256, false, 0, 6, 2, 32, shortSteps],
+    ["full, GQA 16:1, head_dim 64 (attn_decode_w: any group)", 256, false, 0, 16, 1, 64, shortSteps],
     // Groups over 8 heads (and head_dim not a multiple of 8) take the per-head attn_scores/values.
     ["full, GQA 12:1, head_dim 40 (per-head kernels)", 128, false, 0, 12, 1, 40, shortSteps],
     ["full, head_dim 36 (per-head kernels)", 128, false, 0, 2, 1, 36, shortSteps],

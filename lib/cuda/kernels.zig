@@ -94,6 +94,7 @@ pub const Kernel = enum {
     attn_decode_g2,
     attn_decode_g4,
     attn_decode_g8,
+    attn_decode_w,
     attn_prompt_d64,
     attn_prompt_d128,
     gelu_mul,

@@ -35,6 +35,7 @@ pub fn readSettings() void {
     if (pipe_rows_tall != 1 and pipe_rows_tall != 2 and pipe_rows_tall != 4) pipe_rows_tall = 4;
     if (std.posix.getenv("INFER_CUDA_PIPE_RESERVE")) |v| pipe_reserve = std.fmt.parseInt(u32, v, 10) catch pipe_reserve;
     if (std.posix.getenv("INFER_CUDA_MATVEC_ROWS")) |v| matvec_rows_per_warp = if (std.mem.eql(u8, v, "1")) 1 else 2;
+    if (std.posix.getenv("INFER_CUDA_DECODE_ATTN")) |v| decode_attn_warps = !std.mem.eql(u8, v, "groups");
     if (std.posix.getenv("INFER_CUDA_CUBLAS")) |v| cublas_min_tokens = std.fmt.parseInt(u32, v, 10) catch cublas_min_tokens;
     if (std.posix.getenv("INFER_CUDA_MMQ_TILE")) |v| {
         for (mmq_tiles, 0..) |t, i| {
@@ -366,6 +367,23 @@ pub fn decodeAttentionFits(n_head: u64, n_kv_head: u64, head_dim: u64) bool {
     return n_kv_head > 0 and n_head % n_kv_head == 0 and n_head / n_kv_head <= 8 and head_dim % 8 == 0 and head_dim > 0 and head_dim <= 256;
 }
 
+/// INFER_CUDA_DECODE_ATTN=groups: attn_decode_g* wherever it fits (comparisons).
+var decode_attn_warps = true;
+
+/// attn_decode_w reads each key and value row once per query head (G times a KV head, from L2
+/// after the first); attn_decode_g* once per KV head. At G × splits of 128 keys from this many
+/// (8B shape, G = 4, 32 splits: 4,096 keys), the reads cost more than the shorter chain saves:
+/// 21.3 against 19.5 µs a launch there, 11.1 against 19.9 at 1,001 keys (bench/cuda-probe.cu,
+/// bench/RESULTS.md 2026-11-30 22:23).
+const warps_group_splits_max = 128;
+
+/// Whether decode attention (rows under 16) of this head_dim runs as attn_decode_w: a power of
+/// two from 32 to 256, so that a key's dimensions split over 1 to 8 lanes of 32 each and a value
+/// row over 4 to 32 lanes of 8 (and not INFER_CUDA_DECODE_ATTN=groups).
+pub fn decodeWarpsTakes(head_dim: u64) bool {
+    return decode_attn_warps and head_dim >= 32 and head_dim <= 256 and std.math.isPowerOfTwo(head_dim);
+}
+
 /// Attention of n_tok rows of different sequences, row t over the caches at kv_table[2t] (keys)
 /// and kv_table[2t + 1] (values), all of `cells` rows (the server's batched decode): one launch.
 pub fn attentionRows(q: u64, kv_table: u64, out: u64, positions: u64, n_tok: u64, n_head: u64, n_kv_head: u64, head_dim: u64, window: u64, cells: u64, ring: bool, scale_: f32, scratch: u64, scratch_floats: u64, n_split: u64, arrived: u64) i32 {
@@ -430,6 +448,17 @@ fn attendInto(per_head: bool, q: u64, k_cache: u64, v_cache: u64, kv_table: u64,
         });
     }
     const group = n_head / n_kv_head;
+    if (!per_head and decodeWarpsTakes(head_dim) and q % 16 == 0 and group * n_split < warps_group_splits_max) {
+        // Decode and small batches: a block per (row, query head, split), each warp a softmax of
+        // its own (shaders/cuda/attend_warps.cuh). A block's outputs are whole Q8_0 units, quantized
+        // in the kernel; a Q8_K superblock spans blocks, so Q8_K is a launch of its own (attend's).
+        quantized.* = oq.mode == 0;
+        return launch(.attn_decode_w, n_tok * n_head, n_split, 128, .{
+            q, k_cache, v_cache, kv_table, positions, heads, kv_heads, dim, win, c, ring_i, scale_, splits, out,
+            scratch, scratch + rows * n_split * 2 * 4, arrived,
+            @as(i32, if (oq.mode == 0) 0 else -1), if (oq.mode == 0) oq.q else 0, if (oq.mode == 0) oq.d else 0,
+        });
+    }
     if (!per_head and decodeAttentionFits(n_head, n_kv_head, head_dim)) {
         // Decode and small batches: a block per (row, KV head, split), all the group's query heads.
         const kernel: Kernel = if (group == 1) .attn_decode_g1 else if (group == 2) .attn_decode_g2 else if (group <= 4) .attn_decode_g4 else .attn_decode_g8;

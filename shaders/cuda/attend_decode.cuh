@@ -1,4 +1,5 @@
-// Attention for a few query rows (decode, batches under 16 rows): flash-decoding. A block takes
+// Attention for a few query rows (decode, batches under 16 rows) where attn_decode_w
+// (attend_warps.cuh, a block per query head) does not run: flash-decoding. A block takes
 // one KV head of one row and one split of its visible keys, and all G query heads that share that
 // KV head, so each key and value row is read once per group rather than once per query head. Per
 // tile of 128 keys: a thread scores one key for the G heads (16-byte loads of the f16 key row,
@@ -42,12 +43,13 @@ struct DecodeSpan {
   const __half* vc;
 };
 
-__device__ __forceinline__ DecodeSpan decode_span(const __half* kc, const __half* vc,
-                                                  const unsigned long long* kv_table, const int* positions,
-                                                  int n_kv_head, int window, int n_split) {
+/// The span of row t's KV head kvh (blocks of attn_decode_w* take a part of a group of heads).
+__device__ __forceinline__ DecodeSpan decode_span_at(int t, int kvh, const __half* kc, const __half* vc,
+                                                     const unsigned long long* kv_table, const int* positions,
+                                                     int window, int n_split) {
   DecodeSpan r;
-  r.t = blockIdx.x / n_kv_head;
-  r.kvh = blockIdx.x % n_kv_head;
+  r.t = t;
+  r.kvh = kvh;
   r.split = blockIdx.y;
   r.kc = kv_table != nullptr ? reinterpret_cast<const __half*>(kv_table[2 * r.t]) : kc;
   r.vc = kv_table != nullptr ? reinterpret_cast<const __half*>(kv_table[2 * r.t + 1]) : vc;
@@ -58,6 +60,13 @@ __device__ __forceinline__ DecodeSpan decode_span(const __half* kc, const __half
   r.s0 = min(len, r.split * chunk);
   r.s1 = min(len, r.s0 + chunk);
   return r;
+}
+
+__device__ __forceinline__ DecodeSpan decode_span(const __half* kc, const __half* vc,
+                                                  const unsigned long long* kv_table, const int* positions,
+                                                  int n_kv_head, int window, int n_split) {
+  return decode_span_at(blockIdx.x / n_kv_head, blockIdx.x % n_kv_head, kc, vc, kv_table, positions, window,
+                        n_split);
 }
 
 /// With qmode >= 0, the group's n outputs (staged in shared memory by every thread of the block,
@@ -82,6 +91,55 @@ __device__ __forceinline__ void quantize_group(const float* vals, int n, int qmo
   }
 }
 
+/// With n_split > 1, after a block wrote its split's partial outputs (unnormalised, with the
+/// split's maximum and sum of exponentials in part_ml): the split that finishes last for this
+/// group (counted in arrived[group]) combines them in split order (attn_combine_last's pattern),
+/// writes the outputs, quantizes them where qmode asks, and leaves the counter zero. `staging`:
+/// G * head_dim floats of shared memory the block no longer reads.
+template <int GM>
+__device__ __forceinline__ void decode_combine_last(int G, int head_dim, int n_split, int group, size_t row0,
+                                                    const float* part_ml, const float* partial,
+                                                    unsigned int* arrived, float* out, float* staging, int qmode,
+                                                    int8_t* xq, float* xd) {
+  __shared__ bool last;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
+  __threadfence();  // this thread's partial values before the count
+  __syncthreads();
+  if (tid == 0) last = atomicAdd(arrived + group, 1u) == static_cast<unsigned int>(n_split - 1);
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  // Each split's weight exp(m_k - M) and the denominator, once per head; then every output sums
+  // its splits with their loads in flight together (the partials are in L2).
+  __shared__ float weight[GM][64];
+  __shared__ float denom[GM];
+  for (int g = warp; g < G; g += warps) {
+    const float* ml = part_ml + (row0 + g) * n_split * 2;
+    const float m0 = lane < n_split ? __ldcg(ml + 2 * lane) : -INFINITY;
+    const float m1 = lane + 32 < n_split ? __ldcg(ml + 2 * (lane + 32)) : -INFINITY;
+    const float l0 = lane < n_split ? __ldcg(ml + 2 * lane + 1) : 0.0f;
+    const float l1 = lane + 32 < n_split ? __ldcg(ml + 2 * (lane + 32) + 1) : 0.0f;
+    const float M = warp_max(fmaxf(m0, m1));
+    const float w0 = ggml_expf(m0 - M), w1 = ggml_expf(m1 - M);  // 0 for an empty split
+    weight[g][lane] = w0;
+    weight[g][lane + 32] = w1;
+    const float d = warp_sum(w0 * l0 + w1 * l1);
+    if (lane == 0) denom[g] = d;
+  }
+  __syncthreads();
+  for (int i = tid; i < G * head_dim; i += blockDim.x) {
+    const int g = i / head_dim, dim = i % head_dim;
+    const float* src = partial + (row0 + g) * n_split * head_dim + dim;
+    float num = 0.0f;
+#pragma unroll 16
+    for (int k = 0; k < n_split; k++) num += weight[g][k] * __ldcg(src + static_cast<size_t>(k) * head_dim);
+    out[(row0 + g) * head_dim + dim] = num / denom[g];
+    staging[i] = num / denom[g];
+  }
+  if (tid == 0) arrived[group] = 0;
+  quantize_group(staging, G * head_dim, qmode, xq, xd, row0 * head_dim);
+}
+
 /// GM: the group size the registers are laid out for (1, 2, 4 or 8); the group G <= GM.
 template <int GM>
 __device__ __forceinline__ void attn_decode_body(const float* q, const __half* kc, const __half* vc,
@@ -96,7 +154,6 @@ __device__ __forceinline__ void attn_decode_body(const float* q, const __half* k
   __shared__ float warp_l[DECODE_THREADS / 32][GM];
   __shared__ float split_m[GM];
   __shared__ __align__(16) float red[GM * 1024];
-  __shared__ bool last;
   const int G = n_head / n_kv_head;
   const DecodeSpan span = decode_span(kc, vc, kv_table, positions, n_kv_head, window, n_split);
   const int t = span.t, kvh = span.kvh, split = span.split, begin = span.begin, s0 = span.s0, s1 = span.s1;
@@ -270,53 +327,16 @@ __device__ __forceinline__ void attn_decode_body(const float* q, const __half* k
     INFER_MARK(8);
     return;
   }
-  __threadfence();  // this thread's partial values before the count
-  __syncthreads();
-  const int group = t * n_kv_head + kvh;
-  if (tid == 0) last = atomicAdd(arrived + group, 1u) == static_cast<unsigned int>(n_split - 1);
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  // Each split's weight exp(m_k - M) and the denominator, once per head; then every output sums
-  // its splits with their loads in flight together (the partials are in L2).
-  __shared__ float weight[GM][64];
-  __shared__ float denom[GM];
-  for (int g = warp; g < G; g += DECODE_THREADS / 32) {
-    const float* ml = part_ml + (row0 + g) * n_split * 2;
-    const float m0 = lane < n_split ? __ldcg(ml + 2 * lane) : -INFINITY;
-    const float m1 = lane + 32 < n_split ? __ldcg(ml + 2 * (lane + 32)) : -INFINITY;
-    const float l0 = lane < n_split ? __ldcg(ml + 2 * lane + 1) : 0.0f;
-    const float l1 = lane + 32 < n_split ? __ldcg(ml + 2 * (lane + 32) + 1) : 0.0f;
-    const float M = warp_max(fmaxf(m0, m1));
-    const float w0 = ggml_expf(m0 - M), w1 = ggml_expf(m1 - M);  // 0 for an empty split
-    weight[g][lane] = w0;
-    weight[g][lane + 32] = w1;
-    const float d = warp_sum(w0 * l0 + w1 * l1);
-    if (lane == 0) denom[g] = d;
-  }
-  __syncthreads();
-  for (int i = tid; i < G * head_dim; i += DECODE_THREADS) {
-    const int g = i / head_dim, dim = i % head_dim;
-    const float* src = partial + (row0 + g) * n_split * head_dim + dim;
-    float num = 0.0f;
-#pragma unroll 16
-    for (int k = 0; k < n_split; k++) num += weight[g][k] * __ldcg(src + static_cast<size_t>(k) * head_dim);
-    out[(row0 + g) * head_dim + dim] = num / denom[g];
-    qs[i] = num / denom[g];
-  }
-  if (tid == 0) arrived[group] = 0;
-  quantize_group(qs, G * head_dim, qmode, xq, xd, row0 * head_dim);
+  decode_combine_last<GM>(G, head_dim, n_split, t * n_kv_head + kvh, row0, part_ml, partial, arrived, out, qs, qmode, xq,
+                          xd);
 }
 
 /// Before pdl_begin: the key and value rows of this block's first tile pulled into L2. All but the
 /// newest were written by earlier steps and have since been pushed out by the weights streaming
 /// through; the hint overlaps their DRAM round trip with the kernel before (the positions and
 /// the table are the host's uploads, in place before the step began).
-__device__ __forceinline__ void attn_decode_prefetch(const __half* kc, const __half* vc,
-                                                     const unsigned long long* kv_table, const int* positions,
-                                                     int n_kv_head, int head_dim, int window, int cells, int ring,
-                                                     int n_split) {
-  const DecodeSpan span = decode_span(kc, vc, kv_table, positions, n_kv_head, window, n_split);
+__device__ __forceinline__ void attn_decode_prefetch_span(const DecodeSpan& span, int n_kv_head, int head_dim,
+                                                          int cells, int ring) {
   const int j = span.s0 + static_cast<int>(threadIdx.x);
   if (j >= min(span.s1, span.s0 + DECODE_TILE)) return;
   const size_t row =
@@ -325,6 +345,14 @@ __device__ __forceinline__ void attn_decode_prefetch(const __half* kc, const __h
     prefetch_l2(reinterpret_cast<const char*>(span.kc + row) + b);
     prefetch_l2(reinterpret_cast<const char*>(span.vc + row) + b);
   }
+}
+
+__device__ __forceinline__ void attn_decode_prefetch(const __half* kc, const __half* vc,
+                                                     const unsigned long long* kv_table, const int* positions,
+                                                     int n_kv_head, int head_dim, int window, int cells, int ring,
+                                                     int n_split) {
+  attn_decode_prefetch_span(decode_span(kc, vc, kv_table, positions, n_kv_head, window, n_split), n_kv_head, head_dim,
+                            cells, ring);
 }
 
 #define ATTN_DECODE(NAME, GM)                                                                                   \

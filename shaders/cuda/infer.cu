@@ -1,6 +1,6 @@
 // Every CUDA kernel of libinfer's CUDA backend (lib/cuda/), one module loaded at run time with
 // cuModuleLoadData: this file and the headers it includes (matmul.cuh, attend_heads.cuh,
-// decode.cuh, attend_decode.cuh, attend_prompt.cuh). Built by shaders/cuda/build.sh; kernel
+// decode.cuh, attend_decode.cuh, attend_warps.cuh, attend_prompt.cuh). Built by shaders/cuda/build.sh; kernel
 // names are extern "C" and listed in lib/cuda/kernels.zig (Kernel). Activations are f32 row-major [rows][cols]; the KV cache is f16
 // [cell][kv_head][head_dim]; positions are i32 per row and are read on the device, so that one
 // captured decode step (a CUDA graph) replays at any position.
@@ -9,8 +9,8 @@
 // so that logits agree to rounding: activations are quantized exactly as the CPU's vec_dot_type
 // (integer dots per block), RMSNorm sums squares in f64, RoPE builds its angles with the same f32
 // recurrence, and GELU rounds through f16 as ggml's table does. Attention rounds the query to
-// f16; the one-pass kernels that run by default (attend_decode.cuh for decode and small batches,
-// attend_prompt.cuh for prompts of head_dim 64/128) use a running maximum, so their probabilities
+// f16; the one-pass kernels that run by default (attend_warps.cuh and attend_decode.cuh for
+// decode and small batches, attend_prompt.cuh for prompts of head_dim 64/128) use a running maximum, so their probabilities
 // differ from the CPU's by rounding; the per-head kernels below (attn_scores/attn_values and their
 // MMA forms, INFER_CUDA_ATTN=heads and the shapes the others do not take) follow the CPU's three
 // steps (f16 probabilities after the global max and sum, ggml's expf, the sum in f64).
@@ -505,4 +505,5 @@ extern "C" __global__ void silu_mul_q(const float* gate, const float* up, int n_
 
 #include "decode.cuh"
 #include "attend_decode.cuh"
+#include "attend_warps.cuh"
 #include "attend_prompt.cuh"
