@@ -45,12 +45,12 @@ inline fn nibbles(g: *align(1) const Group) Nibbles {
 
 /// Per lane (row): sum over the block's 32 values of nibble * x, before the -8 offset.
 inline fn nibbleSums(n: *const Nibbles, x: *align(1) const q8_0.Block) simd.V8i32 {
-    const words: *align(1) const [8]i32 = @ptrCast(&x.qs);
+    const words: [*]align(1) const i32 = @ptrCast(&x.qs);
     var lo: simd.V8i32 = @splat(0);
     var hi: simd.V8i32 = @splat(0);
     inline for (0..4) |c| {
-        lo = simd.dotAccU7I8(lo, n.lo[c], @bitCast(@as(simd.V8i32, @splat(words[c]))));
-        hi = simd.dotAccU7I8(hi, n.hi[c], @bitCast(@as(simd.V8i32, @splat(words[4 + c]))));
+        lo = simd.dotAccU7I8Word(lo, n.lo[c], words, c);
+        hi = simd.dotAccU7I8Word(hi, n.hi[c], words, 4 + c);
     }
     return lo + hi;
 }

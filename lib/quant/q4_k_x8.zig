@@ -111,14 +111,37 @@ inline fn quantSums(comptime R: usize, g: *align(1) const Group, xs: [R]*align(1
             const n_lo = chunk & low_mask;
             const n_hi = (chunk >> @splat(4)) & low_mask;
             inline for (0..R) |r| {
-                const words: *align(1) const [64]i32 = @ptrCast(&xs[r].qs);
-                lo[r] = simd.dotAccU7I8(lo[r], n_lo, @bitCast(@as(simd.V8i32, @splat(words[16 * c + gi]))));
-                hi[r] = simd.dotAccU7I8(hi[r], n_hi, @bitCast(@as(simd.V8i32, @splat(words[16 * c + 8 + gi]))));
+                const words: [*]align(1) const i32 = @ptrCast(&xs[r].qs);
+                lo[r] = simd.dotAccU7I8Word(lo[r], n_lo, words, 16 * c + gi);
+                hi[r] = simd.dotAccU7I8Word(hi[r], n_hi, words, 16 * c + 8 + gi);
             }
         }
         inline for (0..R) |r| sums[r] += lo[r] * sc[2 * c] + hi[r] * sc[2 * c + 1];
     }
     return sums;
+}
+
+/// minSums with AVX-512 VNNI: sum_j min_j * bsums[2j] + min_j * bsums[2j+1] (the same integer),
+/// one vpdpwssd a sub-block: the row's min_j in both i16 halves of its lane, times the pair
+/// (bsums[2j], bsums[2j+1]) read as one i32 word of the block (|min * bsum| <= 63 * 2032).
+inline fn minSumsPairs(x: *align(1) const q8_k.Block, mins: @Vector(64, u8)) simd.V8i32 {
+    const words: [*]align(1) const i32 = @ptrCast(&x.bsums);
+    var sum: simd.V8i32 = @splat(0);
+    inline for (0..8) |j| {
+        // Bytes (min_j[r], 0, min_j[r], 0) for each row r: an i16 pair per lane.
+        const pairs: @Vector(32, u8) = @shuffle(u8, mins, @as(@Vector(64, u8), @splat(0)), blk: {
+            var m: [32]i32 = undefined;
+            for (0..8) |r| {
+                m[4 * r] = @intCast(8 * j + r);
+                m[4 * r + 1] = -1;
+                m[4 * r + 2] = @intCast(8 * j + r);
+                m[4 * r + 3] = -1;
+            }
+            break :blk m;
+        });
+        sum = simd.dotAccI16Word(sum, @bitCast(pairs), words, j);
+    }
+    return sum;
 }
 
 inline fn minSums(x: *align(1) const q8_k.Block, mins: *const [8]simd.V8i32) simd.V8i32 {
@@ -155,7 +178,7 @@ pub fn dotRowsMulti(
             var mn: [8]simd.V8i32 = undefined;
             inline for (0..8) |j| {
                 sc[j] = subBlock(gs.scales, j);
-                mn[j] = subBlock(gs.mins, j);
+                if (comptime !simd.has_vnni) mn[j] = subBlock(gs.mins, j);
             }
             var x_blocks: [R]*align(1) const q8_k.Block = undefined;
             inline for (0..R) |r| x_blocks[r] = &xs[r][b];
@@ -166,7 +189,8 @@ pub fn dotRowsMulti(
                 const x = x_blocks[r];
                 const d_x: simd.V8f32 = @splat(x.d);
                 acc[r] = @mulAdd(simd.V8f32, @floatFromInt(sums[r]), d_w * d_x, acc[r]);
-                acc_min[r] = @mulAdd(simd.V8f32, @floatFromInt(minSums(x, &mn)), dmin_w * d_x, acc_min[r]);
+                const min_sum = if (comptime simd.has_vnni) minSumsPairs(x, gs.mins) else minSums(x, &mn);
+                acc_min[r] = @mulAdd(simd.V8f32, @floatFromInt(min_sum), dmin_w * d_x, acc_min[r]);
             }
         }
         inline for (0..R) |r| out[r * out_stride + o ..][0..rows].* = acc[r] - acc_min[r];

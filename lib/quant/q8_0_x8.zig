@@ -41,13 +41,12 @@ pub const unpackRows = layout.unpack;
 /// against x's quants 4c..4c+3 broadcast. With VNNI the weights are taken as w + 128 (w ^ 0x80,
 /// an unsigned byte) and `correction` (-128 * the four activation quants' sum) restores the
 /// signed sum; elsewhere the signed dot directly. The same integers either way.
-inline fn laneSums(chunk: simd.V32i8, x_word: i32, correction: i32) simd.V8i32 {
-    const x: simd.V32i8 = @bitCast(@as(simd.V8i32, @splat(x_word)));
+inline fn laneSums(chunk: simd.V32i8, words: [*]align(1) const i32, comptime c: usize, correction: i32) simd.V8i32 {
     if (comptime simd.has_vnni) {
         const u: simd.V32u8 = @as(simd.V32u8, @bitCast(chunk)) ^ @as(simd.V32u8, @splat(0x80));
-        return simd.dotAccU8I8(@splat(correction), u, x);
+        return simd.dotAccU7I8Word(@splat(correction), u, words, c); // VNNI: any unsigned byte
     }
-    return simd.dotAccI8I8(@splat(0), chunk, x);
+    return simd.dotAccI8I8(@splat(0), chunk, @bitCast(@as(simd.V8i32, @splat(words[c]))));
 }
 
 /// Activation blocks whose lane corrections dotRows keeps on the stack (n_in <= 32768).
@@ -75,13 +74,13 @@ pub fn dotRows(n_blocks: usize, w: [*]const u8, n_out: usize, x: [*]align(1) con
         for (0..n_blocks) |b| {
             const g = &groups[b];
             const xb = &x[b];
-            const words: *align(1) const [8]i32 = @ptrCast(&xb.qs);
+            const words: [*]align(1) const i32 = @ptrCast(&xb.qs);
             const corr = if (cached) corrections[b] else blockCorrections(xb);
             const d_w: simd.V8f32 = @as(@Vector(rows, f16), g.d);
             const d = d_w * @as(simd.V8f32, @splat(@as(f32, xb.d)));
             inline for (0..8) |c| {
                 const chunk: simd.V32i8 = @bitCast(g.qs[32 * c ..][0..32].*);
-                const sums = laneSums(chunk, words[c], corr[c]);
+                const sums = laneSums(chunk, words, c, corr[c]);
                 acc[c] = @mulAdd(simd.V8f32, d, @floatFromInt(sums), acc[c]);
             }
         }

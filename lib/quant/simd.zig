@@ -74,6 +74,38 @@ pub inline fn dotAccU7I8(acc: V8i32, a: V32u8, b: V32i8) V8i32 {
     return dotAccU8I8(acc, a, b);
 }
 
+/// dotAccU7I8(acc, a, the i32 words[word] in every lane): with AVX-512 VNNI the instruction reads
+/// and broadcasts the word itself (an embedded {1to8} broadcast), one instruction where a
+/// broadcast and the dot were two; the hot loops of the repacked kernels issue one such dot per
+/// 32 weight bytes. `word` is comptime so that its offset is written into the instruction and
+/// one register holds `words` for every use. The asm reads words[word] behind the compiler's
+/// back: callers must not write the words while the kernel runs (they are the call's quantized
+/// activations).
+pub inline fn dotAccU7I8Word(acc: V8i32, a: V32u8, words: [*]align(1) const i32, comptime word: usize) V8i32 {
+    if (comptime has_vnni) {
+        return asm (std.fmt.comptimePrint("vpdpbusd {d}(%[p]){{1to8}}, %[a], %[acc]", .{4 * word})
+            : [acc] "=v" (-> V8i32),
+            : [a] "v" (a),
+              [p] "r" (words),
+              [acc_in] "0" (acc),
+        );
+    }
+    return dotAccU7I8(acc, a, @bitCast(@as(V8i32, @splat(words[word]))));
+}
+
+/// acc[k] + a[2k] * w0 + a[2k+1] * w1 for k < 8, where (w0, w1) are the two i16 of the i32
+/// words[word] (AVX-512 VNNI's vpdpwssd, the word broadcast by the instruction; exact i32 sums
+/// of i16 products). Only where has_vnni.
+pub inline fn dotAccI16Word(acc: V8i32, a: V16i16, words: [*]align(1) const i32, comptime word: usize) V8i32 {
+    comptime std.debug.assert(has_vnni);
+    return asm (std.fmt.comptimePrint("vpdpwssd {d}(%[p]){{1to8}}, %[a], %[acc]", .{4 * word})
+        : [acc] "=v" (-> V8i32),
+        : [a] "v" (a),
+          [p] "r" (words),
+          [acc_in] "0" (acc),
+    );
+}
+
 /// acc[k] + sum_{j<4} a[4k+j] * b[4k+j] for k < 8: u8 x i8 products summed in groups of four.
 /// Callers keep a <= 128 and pairs a*b + a'*b' within i16 (|sum| <= 32767) so AVX2 never saturates.
 pub inline fn dotAccU8I8(acc: V8i32, a: V32u8, b: V32i8) V8i32 {
