@@ -78,9 +78,9 @@ pub inline fn dotAccU7I8(acc: V8i32, a: V32u8, b: V32i8) V8i32 {
 /// and broadcasts the word itself (an embedded {1to8} broadcast), one instruction where a
 /// broadcast and the dot were two; the hot loops of the repacked kernels issue one such dot per
 /// 32 weight bytes. `word` is comptime so that its offset is written into the instruction and
-/// one register holds `words` for every use. The asm reads words[word] behind the compiler's
-/// back: callers must not write the words while the kernel runs (they are the call's quantized
-/// activations).
+/// one register holds `words` for every use. The asm reads words[word] through the pointer, so it
+/// declares a memory clobber: no store to the words moves past it (measured free: the kernels'
+/// loops run as fast with it, bench/RESULTS.md 2026-11-30 22:53).
 pub inline fn dotAccU7I8Word(acc: V8i32, a: V32u8, words: [*]align(1) const i32, comptime word: usize) V8i32 {
     if (comptime has_vnni) {
         return asm (std.fmt.comptimePrint("vpdpbusd {d}(%[p]){{1to8}}, %[a], %[acc]", .{4 * word})
@@ -88,6 +88,7 @@ pub inline fn dotAccU7I8Word(acc: V8i32, a: V32u8, words: [*]align(1) const i32,
             : [a] "v" (a),
               [p] "r" (words),
               [acc_in] "0" (acc),
+            : "memory"
         );
     }
     return dotAccU7I8(acc, a, @bitCast(@as(V8i32, @splat(words[word]))));
@@ -103,6 +104,7 @@ pub inline fn dotAccI16Word(acc: V8i32, a: V16i16, words: [*]align(1) const i32,
         : [a] "v" (a),
           [p] "r" (words),
           [acc_in] "0" (acc),
+        : "memory"
     );
 }
 
