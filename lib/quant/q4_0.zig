@@ -134,6 +134,76 @@ pub fn dotMulti(
     return acc;
 }
 
+/// Activation blocks whose per-call terms dotRows keeps on the stack (n_in <= 32768).
+const rows_terms_max = 1024;
+
+/// Single-token matvec over n_out rows, w_row_bytes apart, read one after another (one stream a
+/// core), in dotGgmlScalar's arithmetic. What depends on the activations only is computed once a
+/// call, not once a row: each block's offset term 8 * sum(x) and its scale as f32. A row's block
+/// sums come eight at a time from one transposing reduction of single unsigned dots.
+pub fn dotRows(n_blocks: usize, w: [*]const u8, w_row_bytes: usize, n_out: usize, x: [*]align(1) const q8_0.Block, out: [*]f32) void {
+    if (n_blocks > rows_terms_max) {
+        for (0..n_out) |o| {
+            const row: [*]align(1) const Block = @ptrCast(w + o * w_row_bytes);
+            out[o] = dot(row[0..n_blocks], x[0..n_blocks]);
+        }
+        return;
+    }
+    var terms: [rows_terms_max]i32 align(32) = undefined;
+    var dx: [rows_terms_max]f32 = undefined;
+    const eight: simd.V32u8 = @splat(8);
+    for (0..n_blocks) |b| {
+        terms[b] = @reduce(.Add, simd.dotU7I8(eight, x[b].qs));
+        dx[b] = x[b].d;
+    }
+    var o: usize = 0;
+    while (o + 2 <= n_out) : (o += 2) {
+        const two = rowsChains(2, n_blocks, w + o * w_row_bytes, w_row_bytes, x, &terms, &dx);
+        out[o] = two[0];
+        out[o + 1] = two[1];
+    }
+    if (o < n_out) out[o] = rowsChains(1, n_blocks, w + o * w_row_bytes, w_row_bytes, x, &terms, &dx)[0];
+}
+
+/// The FMA chains of RR adjacent rows side by side: each is 32 dependent multiply-adds a
+/// 1,024-wide row, so one row at a time waits on its own chain.
+inline fn rowsChains(
+    comptime RR: usize,
+    n_blocks: usize,
+    w: [*]const u8,
+    w_row_bytes: usize,
+    x: [*]align(1) const q8_0.Block,
+    terms: *const [rows_terms_max]i32,
+    dx: *const [rows_terms_max]f32,
+) [RR]f32 {
+    var rows: [RR][*]align(1) const Block = undefined;
+    inline for (0..RR) |r| rows[r] = @ptrCast(w + r * w_row_bytes);
+    var acc: [RR]f32 = @splat(0);
+    const full = n_blocks - n_blocks % 8;
+    var i: usize = 0;
+    while (i < full) : (i += 8) {
+        const offsets: simd.V8i32 = terms[i..][0..8].*;
+        var sums: [RR][8]i32 = undefined;
+        inline for (0..RR) |r| {
+            var partial: [8]simd.V8i32 = undefined;
+            inline for (0..8) |b| partial[b] = simd.dotU7I8(unpackUnsigned(&rows[r][i + b]), x[i + b].qs);
+            sums[r] = simd.reduceEight(partial) - offsets;
+        }
+        inline for (0..8) |b| {
+            inline for (0..RR) |r| {
+                acc[r] = @mulAdd(f32, @floatFromInt(sums[r][b]), @as(f32, rows[r][i + b].d) * dx[i + b], acc[r]);
+            }
+        }
+    }
+    while (i < n_blocks) : (i += 1) {
+        inline for (0..RR) |r| {
+            const sumi = @reduce(.Add, simd.dotU7I8(unpackUnsigned(&rows[r][i]), x[i].qs)) - terms[i];
+            acc[r] = @mulAdd(f32, @floatFromInt(sumi), @as(f32, rows[r][i].d) * dx[i], acc[r]);
+        }
+    }
+    return acc;
+}
+
 /// (q - 8) . x in 8 lanes of partial sums, as q . x - 8 * sum(x): two unsigned x signed dots
 /// (q <= 15 and 8 keep AVX2's pairs far inside i16).
 inline fn blockPartial(q: simd.V32u8, x: simd.V32i8) simd.V8i32 {
@@ -153,6 +223,30 @@ test "q4_0 dot: fast matches scalar; quantized dot matches f32" {
 
 test "q4_0 dot: bit-identical to ggml's x86 gemv order" {
     try simd.expectGgmlOrder(@This(), q8_0, 140, fixBlock);
+}
+
+test "q4_0 dotRows equals dotGgmlScalar bit for bit, odd block counts and a row stride" {
+    var rng = test_util.TestRng.init(4242);
+    for ([_]usize{ 1, 7, 8, 13, 40 }) |n_blocks| {
+        const n_out = 5;
+        const stride = n_blocks + 1; // blocks a row apart: rows not packed back to back
+        var w: [n_out * 41]Block = undefined;
+        var x: [40]q8_0.Block = undefined;
+        for (w[0 .. n_out * stride]) |*b| {
+            rng.bytes(&b.qs);
+            fixBlock(b, &rng);
+        }
+        for (x[0..n_blocks]) |*b| {
+            rng.bytes(std.mem.asBytes(&b.qs));
+            b.d = test_util.randomScale(&rng, true);
+        }
+        var out: [n_out]f32 = undefined;
+        dotRows(n_blocks, @ptrCast(&w), stride * @sizeOf(Block), n_out, &x, &out);
+        for (0..n_out) |o| {
+            const want = dotGgmlScalar(w[o * stride ..][0..n_blocks], x[0..n_blocks]);
+            try std.testing.expectEqual(@as(u32, @bitCast(want)), @as(u32, @bitCast(out[o])));
+        }
+    }
 }
 
 test "q4_0 quantizeRef round-trips within one step" {
