@@ -43,7 +43,7 @@ struct DecodeSpan {
   const __half* vc;
 };
 
-/// The span of row t's KV head kvh (blocks of attn_decode_w* take a part of a group of heads).
+/// The span of row t's KV head kvh (attn_decode_w's blocks take one query head of it).
 __device__ __forceinline__ DecodeSpan decode_span_at(int t, int kvh, const __half* kc, const __half* vc,
                                                      const unsigned long long* kv_table, const int* positions,
                                                      int window, int n_split) {
