@@ -146,42 +146,56 @@ __device__ __forceinline__ void quant_unit_q8_0(float v, int8_t* q, float* d) {
   if (lane == 0) *d = round_f16(amax / 127.0f);
 }
 
+/// The order in which quant_super_q8_k picks its maximum: |v| first (NaN as 0, as `|v| > best`
+/// never holds for it), then the lower index; the sign rides in the lowest bit, which only the
+/// winner's own value reads back.
+__device__ __forceinline__ unsigned long long q8k_key(float v, int i) {
+  const float a = fabsf(v);
+  const uint32_t bits = a == a ? __float_as_uint(a) : 0u;
+  return (static_cast<unsigned long long>(bits) << 32) | (static_cast<uint32_t>(255 - i) << 1) |
+         (__float_as_uint(v) >> 31);
+}
+
+__device__ __forceinline__ unsigned long long q8k_max(unsigned long long a, unsigned long long b) {
+  return a > b ? a : b;
+}
+
 /// Q8_K as lib/quant/q8_k.zig's quantize: per 256 values, max = the first value of largest
 /// magnitude, iscale = -127/max, q = min(round_half_even(x * iscale), 127), d = 1/iscale (f32).
 /// The calling warp holds one superblock, values lane*8 .. lane*8+7 in v; d is written per 32.
+/// The maximum is one 64-bit key (q8k_key) taken by a tree over the lane's 8 values and a
+/// shuffle tree over the lanes; a lane's 8 quants are one 8-byte store.
 __device__ __forceinline__ void quant_super_q8_k(const float* v, int8_t* q, float* d) {
   const int lane = threadIdx.x & 31;
-  float best = -1.0f, best_v = 0.0f;
-  int best_i = 0;
+  unsigned long long k[8];
 #pragma unroll
-  for (int k = 0; k < 8; k++) {
-    if (fabsf(v[k]) > best) {
-      best = fabsf(v[k]);
-      best_v = v[k];
-      best_i = lane * 8 + k;
+  for (int j = 0; j < 8; j++) k[j] = q8k_key(v[j], lane * 8 + j);
+  unsigned long long key = q8k_max(q8k_max(q8k_max(k[0], k[1]), q8k_max(k[2], k[3])),
+                                   q8k_max(q8k_max(k[4], k[5]), q8k_max(k[6], k[7])));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) key = q8k_max(key, __shfl_xor_sync(FULL_MASK, key, o));
+  const float best = __uint_as_float(static_cast<uint32_t>(key >> 32));
+  uint32_t lo = 0, hi = 0;
+  if (best != 0.0f) {
+    const float best_v = (key & 1) ? -best : best;
+    const float iscale = -127.0f / best_v;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+      const uint32_t b = static_cast<uint8_t>(static_cast<int8_t>(min(__float2int_rn(v[j] * iscale), 127)));
+      if (j < 4) lo |= b << (8 * j);
+      else hi |= b << (8 * (j - 4));
     }
+    if (lane < 8) d[lane] = 1.0f / iscale;
+  } else if (lane < 8) {
+    d[lane] = 0.0f;
   }
+  int8_t* dst = q + lane * 8;
+  if ((reinterpret_cast<uintptr_t>(dst) & 7) == 0) {
+    *reinterpret_cast<uint2*>(dst) = make_uint2(lo, hi);
+  } else {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ob = __shfl_xor_sync(FULL_MASK, best, o);
-    const float ov = __shfl_xor_sync(FULL_MASK, best_v, o);
-    const int oi = __shfl_xor_sync(FULL_MASK, best_i, o);
-    if (ob > best || (ob == best && oi < best_i)) {
-      best = ob;
-      best_v = ov;
-      best_i = oi;
-    }
+    for (int j = 0; j < 8; j++) dst[j] = static_cast<int8_t>(((j < 4 ? lo : hi) >> (8 * (j & 3))) & 255);
   }
-  if (best == 0.0f) {
-#pragma unroll
-    for (int k = 0; k < 8; k++) q[lane * 8 + k] = 0;
-    if (lane < 8) d[lane] = 0.0f;
-    return;
-  }
-  const float iscale = -127.0f / best_v;
-#pragma unroll
-  for (int k = 0; k < 8; k++) q[lane * 8 + k] = static_cast<int8_t>(min(__float2int_rn(v[k] * iscale), 127));
-  if (lane < 8) d[lane] = 1.0f / iscale;
 }
 
 /// One warp per unit; x is n_units*32 contiguous values.
@@ -481,11 +495,28 @@ __device__ __forceinline__ void act_mul_q(const float* gate, const float* up, in
     quant_unit_q8_0(v, q + static_cast<size_t>(group) * 32, d + group);
   } else {
     const size_t base = static_cast<size_t>(group) * 256 + lane * 8;
-    float v[8];
+    float g[8], u[8], v[8];
+    const bool aligned = ((reinterpret_cast<uintptr_t>(gate + base) | reinterpret_cast<uintptr_t>(up + base) |
+                           reinterpret_cast<uintptr_t>(out + base)) & 15) == 0;
+    if (aligned) {  // the lane's 8 values as two 16-byte loads of each input and stores
+      const float4* g4 = reinterpret_cast<const float4*>(gate + base);
+      const float4* u4 = reinterpret_cast<const float4*>(up + base);
+      const float4 g0 = g4[0], g1 = g4[1], u0 = u4[0], u1 = u4[1];
+      g[0] = g0.x, g[1] = g0.y, g[2] = g0.z, g[3] = g0.w, g[4] = g1.x, g[5] = g1.y, g[6] = g1.z, g[7] = g1.w;
+      u[0] = u0.x, u[1] = u0.y, u[2] = u0.z, u[3] = u0.w, u[4] = u1.x, u[5] = u1.y, u[6] = u1.z, u[7] = u1.w;
+    } else {
 #pragma unroll
-    for (int k = 0; k < 8; k++) {
-      v[k] = gated_act<SILU>(gate[base + k], up[base + k]);
-      out[base + k] = v[k];
+      for (int k = 0; k < 8; k++) g[k] = gate[base + k], u[k] = up[base + k];
+    }
+#pragma unroll
+    for (int k = 0; k < 8; k++) v[k] = gated_act<SILU>(g[k], u[k]);
+    if (aligned) {
+      float4* o4 = reinterpret_cast<float4*>(out + base);
+      o4[0] = make_float4(v[0], v[1], v[2], v[3]);
+      o4[1] = make_float4(v[4], v[5], v[6], v[7]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < 8; k++) out[base + k] = v[k];
     }
     quant_super_q8_k(v, q + static_cast<size_t>(group) * 256, d + static_cast<size_t>(group) * 8);
   }
