@@ -137,10 +137,10 @@ pub fn dotMulti(
 /// Activation blocks whose per-call terms dotRows keeps on the stack (n_in <= 32768).
 const rows_terms_max = 1024;
 
-/// Single-token matvec over n_out rows, w_row_bytes apart, read one after another (one stream a
-/// core), in dotGgmlScalar's arithmetic. What depends on the activations only is computed once a
-/// call, not once a row: each block's offset term 8 * sum(x) and its scale as f32. A row's block
-/// sums come eight at a time from one transposing reduction of single unsigned dots.
+/// Single-token matvec over n_out rows, w_row_bytes apart, two adjacent rows at a time (rowsChains),
+/// in dotGgmlScalar's arithmetic. What depends on the activations only is computed once a call,
+/// not once a row: each block's offset term 8 * sum(x) and its scale as f32. A row's block sums
+/// come eight at a time from one transposing reduction of single unsigned dots.
 pub fn dotRows(n_blocks: usize, w: [*]const u8, w_row_bytes: usize, n_out: usize, x: [*]align(1) const q8_0.Block, out: [*]f32) void {
     if (n_blocks > rows_terms_max) {
         for (0..n_out) |o| {
