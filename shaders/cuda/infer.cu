@@ -147,8 +147,8 @@ __device__ __forceinline__ void quant_unit_q8_0(float v, int8_t* q, float* d) {
 }
 
 /// The order in which quant_super_q8_k picks its maximum: |v| first (NaN as 0, as `|v| > best`
-/// never holds for it), then the lower index; the sign rides in the lowest bit, which only the
-/// winner's own value reads back.
+/// never holds for it; a superblock of only NaNs so quantizes to zeros), then the lower index;
+/// the sign rides in the lowest bit, which only the winner's own value reads back.
 __device__ __forceinline__ unsigned long long q8k_key(float v, int i) {
   const float a = fabsf(v);
   const uint32_t bits = a == a ? __float_as_uint(a) : 0u;
