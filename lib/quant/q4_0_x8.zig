@@ -38,7 +38,8 @@ inline fn nibbles(g: *align(1) const Group) Nibbles {
     inline for (0..4) |c| {
         const chunk: simd.V32u8 = g.qs[32 * c ..][0..32].*;
         n.lo[c] = chunk & low_mask;
-        n.hi[c] = (chunk >> @splat(4)) & low_mask;
+        // With VNNI, 16 * the high nibble where it sits (see nibbleSums).
+        n.hi[c] = if (simd.has_vnni) chunk & @as(simd.V32u8, @splat(0xF0)) else (chunk >> @splat(4)) & low_mask;
     }
     return n;
 }
@@ -50,9 +51,10 @@ inline fn nibbleSums(n: *const Nibbles, x: *align(1) const q8_0.Block) simd.V8i3
     var hi: simd.V8i32 = @splat(0);
     inline for (0..4) |c| {
         lo = simd.dotAccU7I8Word(lo, n.lo[c], words, c);
-        hi = simd.dotAccU7I8Word(hi, n.hi[c], words, 4 + c);
+        hi = simd.dotAccU7I8Word(hi, n.hi[c], words, 4 + c); // VNNI: any unsigned byte
     }
-    return lo + hi;
+    // With VNNI hi is 16 times the high nibbles' sum (nibbles): exact back with one shift.
+    return lo + (if (simd.has_vnni) hi >> @splat(4) else hi);
 }
 
 /// 8 * (sum of the block's activation quants): the offset term of (q - 8) . x.

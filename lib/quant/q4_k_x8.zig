@@ -103,20 +103,27 @@ inline fn subBlock(v: @Vector(64, u8), comptime j: usize) simd.V8i32 {
 inline fn quantSums(comptime R: usize, g: *align(1) const Group, xs: [R]*align(1) const q8_k.Block, sc: *const [8]simd.V8i32) [R]simd.V8i32 {
     var sums: [R]simd.V8i32 = @splat(@splat(0));
     const low_mask: simd.V32u8 = @splat(15);
+    // With VNNI the high nibbles are dotted where they sit, as 16 * nibble (vpdpbusd takes any
+    // unsigned byte), and each sub-block's sum is shifted back once: exact, as it is 16 times an
+    // integer, and a shift a sub-block where there was one a 32 weight bytes.
+    const high_mask: simd.V32u8 = @splat(0xF0);
     inline for (0..4) |c| {
         var lo: [R]simd.V8i32 = @splat(@splat(0));
         var hi: [R]simd.V8i32 = @splat(@splat(0));
         inline for (0..8) |gi| {
             const chunk: simd.V32u8 = g.qs[32 * (8 * c + gi) ..][0..32].*;
             const n_lo = chunk & low_mask;
-            const n_hi = (chunk >> @splat(4)) & low_mask;
+            const n_hi = if (simd.has_vnni) chunk & high_mask else (chunk >> @splat(4)) & low_mask;
             inline for (0..R) |r| {
                 const words: [*]align(1) const i32 = @ptrCast(&xs[r].qs);
                 lo[r] = simd.dotAccU7I8Word(lo[r], n_lo, words, 16 * c + gi);
                 hi[r] = simd.dotAccU7I8Word(hi[r], n_hi, words, 16 * c + 8 + gi);
             }
         }
-        inline for (0..R) |r| sums[r] += lo[r] * sc[2 * c] + hi[r] * sc[2 * c + 1];
+        inline for (0..R) |r| {
+            const high = if (simd.has_vnni) hi[r] >> @splat(4) else hi[r];
+            sums[r] += lo[r] * sc[2 * c] + high * sc[2 * c + 1];
+        }
     }
     return sums;
 }
