@@ -74,38 +74,36 @@ pub inline fn dotAccU7I8(acc: V8i32, a: V32u8, b: V32i8) V8i32 {
     return dotAccU8I8(acc, a, b);
 }
 
-/// dotAccU7I8(acc, a, the i32 words[word] in every lane): with AVX-512 VNNI the instruction reads
-/// and broadcasts the word itself (an embedded {1to8} broadcast), one instruction where a
-/// broadcast and the dot were two; the hot loops of the repacked kernels issue one such dot per
-/// 32 weight bytes. `word` is comptime so that its offset is written into the instruction and
-/// one register holds `words` for every use. The asm reads words[word] through the pointer, so it
-/// declares a memory clobber: no store to the words moves past it (measured free: the kernels'
-/// loops run as fast with it, bench/RESULTS.md 2026-11-30 22:53).
-pub inline fn dotAccU7I8Word(acc: V8i32, a: V32u8, words: [*]align(1) const i32, comptime word: usize) V8i32 {
-    if (comptime has_vnni) {
-        return asm (std.fmt.comptimePrint("vpdpbusd {d}(%[p]){{1to8}}, %[a], %[acc]", .{4 * word})
-            : [acc] "=v" (-> V8i32),
-            : [a] "v" (a),
-              [p] "r" (words),
-              [acc_in] "0" (acc),
-            : "memory"
-        );
-    }
-    return dotAccU7I8(acc, a, @bitCast(@as(V8i32, @splat(words[word]))));
-}
-
-/// acc[k] + a[2k] * w0 + a[2k+1] * w1 for k < 8, where (w0, w1) are the two i16 of the i32
-/// words[word] (AVX-512 VNNI's vpdpwssd, the word broadcast by the instruction; exact i32 sums
-/// of i16 products). Only where has_vnni.
-pub inline fn dotAccI16Word(acc: V8i32, a: V16i16, words: [*]align(1) const i32, comptime word: usize) V8i32 {
+/// `instruction` (an AVX-512 VNNI dot: vpdpbusd, vpdpwssd) of acc and a with the i32 words[word]
+/// in every lane, the word read and broadcast by the instruction itself (an embedded {1to8}
+/// broadcast): one instruction where a broadcast and the dot were two; the hot loops of the
+/// repacked kernels issue one such dot per 32 weight bytes. `word` is comptime so that its offset
+/// is written into the instruction and one register holds `words` for every use. The asm reads
+/// words[word] through the pointer, so it declares a memory clobber: no store to the words moves
+/// past it (measured free: the kernels' loops run as fast with it, bench/RESULTS.md 2026-11-30
+/// 22:53).
+inline fn vnniWord(comptime instruction: []const u8, acc: V8i32, a: anytype, words: [*]align(1) const i32, comptime word: usize) V8i32 {
     comptime std.debug.assert(has_vnni);
-    return asm (std.fmt.comptimePrint("vpdpwssd {d}(%[p]){{1to8}}, %[a], %[acc]", .{4 * word})
+    return asm (std.fmt.comptimePrint("{s} {d}(%[p]){{1to8}}, %[a], %[acc]", .{ instruction, 4 * word })
         : [acc] "=v" (-> V8i32),
         : [a] "v" (a),
           [p] "r" (words),
           [acc_in] "0" (acc),
         : "memory"
     );
+}
+
+/// dotAccU7I8(acc, a, the i32 words[word] in every lane), by vnniWord's vpdpbusd where there is
+/// VNNI (which takes any unsigned byte in a).
+pub inline fn dotAccU7I8Word(acc: V8i32, a: V32u8, words: [*]align(1) const i32, comptime word: usize) V8i32 {
+    if (comptime has_vnni) return vnniWord("vpdpbusd", acc, a, words, word);
+    return dotAccU7I8(acc, a, @bitCast(@as(V8i32, @splat(words[word]))));
+}
+
+/// acc[k] + a[2k] * w0 + a[2k+1] * w1 for k < 8, where (w0, w1) are the two i16 of the i32
+/// words[word] (vnniWord's vpdpwssd: exact i32 sums of i16 products). Only where has_vnni.
+pub inline fn dotAccI16Word(acc: V8i32, a: V16i16, words: [*]align(1) const i32, comptime word: usize) V8i32 {
+    return vnniWord("vpdpwssd", acc, a, words, word);
 }
 
 /// acc[k] + sum_{j<4} a[4k+j] * b[4k+j] for k < 8: u8 x i8 products summed in groups of four.
