@@ -15,7 +15,9 @@
 //       [--check 32] [--ctx 2048] [--variants 0]
 //       [--depth 4096 (needs --ctx past depth + gen)] [--batches 8,32]
 //       [--sweep 24,144,1024,4096: GPU µs of a decode step at each context (needs --ctx past the last)]
+//       [--file a.gguf,b.gguf: these files instead of the random-weight shapes]
 import { statSync } from "node:fs";
+import { basename } from "node:path";
 import { CudaBackend } from "../ts/backend/cuda.ts";
 import { Engine } from "../ts/engine/engine.ts";
 import { createKvCache } from "../ts/engine/kv-cache.ts";
@@ -141,104 +143,108 @@ console.log(`# ${new Date().toISOString()} ${info.name} (sm_${info.computeCapabi
 const prompt16 = Array.from({ length: 16 }, (_, i) => 97 + (i % 26));
 const promptLong = Array.from({ length: prefillLength }, (_, i) => 97 + ((i * 7) % 26));
 const rows: string[] = [];
-for (const key of models) {
+// --file: GGUF files of one's own (a real model) in place of the random-weight shapes.
+const targets: { label: string; quant: string; path: string }[] = [];
+const files = arg("--file", "").split(",").filter((f) => f !== "");
+for (const f of files) targets.push({ label: basename(f).replace(/\.gguf$/, ""), quant: "file", path: f });
+for (const key of files.length ? [] : models) {
   const shape = findShape(key);
   if (!shape) throw new Error(`unknown model ${key}`);
-  for (const quant of quants) {
-    const path = ensureRandomModel(shape, quant);
-    const bytes = statSync(path).size;
-    const open = () => Engine.open({ modelPath: path, backend: "cuda", contextLength: ctx, batch: prefillBatch });
-    const t0 = performance.now();
-    const engine = withGraphs(true, open);
-    const loadMs = performance.now() - t0;
-    decode(engine, prompt16, gen); // warm-up: kernels loaded, graphs captured (one per split)
-    generate(engine, prompt16, gen);
-    const rates: number[] = [], hostRates: number[] = [];
-    let tokens: number[] = [], deviceTokens: number[] = [], first: Float32Array = new Float32Array(0);
-    for (let r = 0; r < runs; r++) { // interleaved: device greedy, host loop
-      const g = generate(engine, prompt16, gen);
-      rates.push(g.rate);
-      deviceTokens = g.tokens;
-      const d = decode(engine, prompt16, gen);
-      hostRates.push(d.rate);
-      tokens = d.tokens;
-      first = d.first;
-    }
-    generate(engine, prompt16, gen);
-    const lateUs = replayUs(engine, 200); // at the position the runs end at
-    generate(engine, prompt16, 8); // the device-greedy step's graph is the last one used
-    const stepUs = replayUs(engine, 200);
-    const stats = { ...(engine.backend as CudaBackend).stats };
-    engine.reset();
-    engine.evaluate(promptLong); // warm-up
-    const prefill: number[] = [];
-    for (let r = 0; r < runs; r++) {
-      engine.reset();
-      const p0 = performance.now();
-      engine.evaluate(promptLong);
-      prefill.push(prefillLength / ((performance.now() - p0) / 1000));
-    }
-    let depthRate = NaN;
-    if (depth > 0) {
-      const promptDepth = Array.from({ length: depth }, (_, i) => 97 + ((i * 11) % 26));
-      generate(engine, promptDepth, 8); // warm-up at that depth
-      depthRate = median(Array.from({ length: runs }, () => generate(engine, promptDepth, gen).rate));
-    }
-    // GPU µs of one decode step at each context length of --sweep (its graph replayed).
-    const sweepUs = sweep.map((c) => {
-      generate(engine, Array.from({ length: c - 8 }, (_, i) => 97 + ((i * 13) % 26)), 8);
-      return +replayUs(engine, 100).toFixed(1);
-    });
-    const batchRates = batches.map((b) => batchedRate(engine, b, gen));
-    engine.close();
-    let eagerRate = NaN, unfusedRate = NaN;
-    if (variants) {
-      const eager = withGraphs(false, open);
-      generate(eager, prompt16, 8);
-      eagerRate = generate(eager, prompt16, gen).rate;
-      eager.close();
-      const unfused = withEnv("INFER_CUDA_FUSE", false, () => withGraphs(true, open));
-      generate(unfused, prompt16, 8);
-      unfusedRate = generate(unfused, prompt16, gen).rate;
-      unfused.close();
-    }
-    const sameDevice = deviceTokens.filter((t, i) => t === tokens[i]).length;
-    let agree = "";
-    if (check > 0) {
-      const cpu = Engine.open({ modelPath: path, backend: "cpu", contextLength: ctx, batch: 64 });
-      const want = decode(cpu, prompt16, check);
-      cpu.close();
-      let maxDiff = 0, maxRef = 0;
-      for (let i = 0; i < first.length; i++) {
-        maxDiff = Math.max(maxDiff, Math.abs(first[i] - want.first[i]));
-        maxRef = Math.max(maxRef, Math.abs(want.first[i]));
-      }
-      const same = want.tokens.filter((t, i) => t === tokens[i]).length;
-      agree = `${same}/${check} greedy tokens equal to the CPU's, prompt logits error ${(maxDiff / maxRef).toExponential(2)}`;
-    }
-    agree = `device argmax = host argmax ${sameDevice}/${gen}${agree ? "; " : ""}${agree}`;
-    const rate = median(rates);
-    const row = {
-      model: shape.label, quant, fileMiB: Math.round(bytes / 2 ** 20), decodeTokS: +rate.toFixed(1),
-      decodeRuns: rates.map((r) => +r.toFixed(1)), hostLoopTokS: +median(hostRates).toFixed(1),
-      hostLoopRuns: hostRates.map((r) => +r.toFixed(1)), stepGpuUs: +stepUs.toFixed(1),
-      stepGpuUsLate: +lateUs.toFixed(1), decodeNoGraphsTokS: +eagerRate.toFixed(1), decodeUnfusedTokS: +unfusedRate.toFixed(1),
-      prefillTokS: +median(prefill).toFixed(0), effectiveGBs: +((bytes * rate) / 1e9).toFixed(0), loadMs: Math.round(loadMs),
-      graphs: stats, check: agree, depth, depthTokS: +depthRate.toFixed(1),
-      batched: Object.fromEntries(batches.map((b, i) => [b, +batchRates[i].toFixed(0)])),
-      stepUsByContext: Object.fromEntries(sweep.map((c, i) => [c, sweepUs[i]])),
-    };
-    rows.push(JSON.stringify(row));
-    console.log(`${shape.label.padEnd(20)} ${quant.padEnd(5)} ${String(row.fileMiB).padStart(5)} MiB | decode ` +
-      `${rate.toFixed(0).padStart(5)} tok/s (runs ${row.decodeRuns.join(", ")}; host loop ${row.hostLoopTokS}; ` +
-      `graph replay ${row.stepGpuUs} us/step at ${16 + 8} tokens, ${row.stepGpuUsLate} at ${16 + gen}; host per greedy step: queue ` +
-      `${(stats.greedyQueueMs * 1000 / stats.greedySteps).toFixed(0)} us, wait ` +
-      `${(stats.greedyWaitMs * 1000 / stats.greedySteps).toFixed(0)} us; unfused ${unfusedRate.toFixed(0)}, ` +
-      `graphs off ${eagerRate.toFixed(0)}) | ${stats.stepOpsFused} launch calls a step | ` +
-      `prefill ${prefillLength} ${row.prefillTokS} tok/s | weights ${row.effectiveGBs} GB/s | ${agree}` +
-      (depth > 0 ? ` | decode at depth ${depth} ${row.depthTokS} tok/s` : "") +
-      batches.map((b, i) => ` | batch ${b} ${batchRates[i].toFixed(0)} tok/s`).join("") +
-      (sweep.length ? ` | step us by context: ${sweep.map((c, i) => `${c}: ${sweepUs[i]}`).join(", ")}` : ""));
+  for (const quant of quants) targets.push({ label: shape.label, quant, path: ensureRandomModel(shape, quant) });
+}
+for (const { label, quant, path } of targets) {
+  const bytes = statSync(path).size;
+  const open = () => Engine.open({ modelPath: path, backend: "cuda", contextLength: ctx, batch: prefillBatch });
+  const t0 = performance.now();
+  const engine = withGraphs(true, open);
+  const loadMs = performance.now() - t0;
+  decode(engine, prompt16, gen); // warm-up: kernels loaded, graphs captured (one per split)
+  generate(engine, prompt16, gen);
+  const rates: number[] = [], hostRates: number[] = [];
+  let tokens: number[] = [], deviceTokens: number[] = [], first: Float32Array = new Float32Array(0);
+  for (let r = 0; r < runs; r++) { // interleaved: device greedy, host loop
+    const g = generate(engine, prompt16, gen);
+    rates.push(g.rate);
+    deviceTokens = g.tokens;
+    const d = decode(engine, prompt16, gen);
+    hostRates.push(d.rate);
+    tokens = d.tokens;
+    first = d.first;
   }
+  generate(engine, prompt16, gen);
+  const lateUs = replayUs(engine, 200); // at the position the runs end at
+  generate(engine, prompt16, 8); // the device-greedy step's graph is the last one used
+  const stepUs = replayUs(engine, 200);
+  const stats = { ...(engine.backend as CudaBackend).stats };
+  engine.reset();
+  engine.evaluate(promptLong); // warm-up
+  const prefill: number[] = [];
+  for (let r = 0; r < runs; r++) {
+    engine.reset();
+    const p0 = performance.now();
+    engine.evaluate(promptLong);
+    prefill.push(prefillLength / ((performance.now() - p0) / 1000));
+  }
+  let depthRate = NaN;
+  if (depth > 0) {
+    const promptDepth = Array.from({ length: depth }, (_, i) => 97 + ((i * 11) % 26));
+    generate(engine, promptDepth, 8); // warm-up at that depth
+    depthRate = median(Array.from({ length: runs }, () => generate(engine, promptDepth, gen).rate));
+  }
+  // GPU µs of one decode step at each context length of --sweep (its graph replayed).
+  const sweepUs = sweep.map((c) => {
+    generate(engine, Array.from({ length: c - 8 }, (_, i) => 97 + ((i * 13) % 26)), 8);
+    return +replayUs(engine, 100).toFixed(1);
+  });
+  const batchRates = batches.map((b) => batchedRate(engine, b, gen));
+  engine.close();
+  let eagerRate = NaN, unfusedRate = NaN;
+  if (variants) {
+    const eager = withGraphs(false, open);
+    generate(eager, prompt16, 8);
+    eagerRate = generate(eager, prompt16, gen).rate;
+    eager.close();
+    const unfused = withEnv("INFER_CUDA_FUSE", false, () => withGraphs(true, open));
+    generate(unfused, prompt16, 8);
+    unfusedRate = generate(unfused, prompt16, gen).rate;
+    unfused.close();
+  }
+  const sameDevice = deviceTokens.filter((t, i) => t === tokens[i]).length;
+  let agree = "";
+  if (check > 0) {
+    const cpu = Engine.open({ modelPath: path, backend: "cpu", contextLength: ctx, batch: 64 });
+    const want = decode(cpu, prompt16, check);
+    cpu.close();
+    let maxDiff = 0, maxRef = 0;
+    for (let i = 0; i < first.length; i++) {
+      maxDiff = Math.max(maxDiff, Math.abs(first[i] - want.first[i]));
+      maxRef = Math.max(maxRef, Math.abs(want.first[i]));
+    }
+    const same = want.tokens.filter((t, i) => t === tokens[i]).length;
+    agree = `${same}/${check} greedy tokens equal to the CPU's, prompt logits error ${(maxDiff / maxRef).toExponential(2)}`;
+  }
+  agree = `device argmax = host argmax ${sameDevice}/${gen}${agree ? "; " : ""}${agree}`;
+  const rate = median(rates);
+  const row = {
+    model: label, quant, fileMiB: Math.round(bytes / 2 ** 20), decodeTokS: +rate.toFixed(1),
+    decodeRuns: rates.map((r) => +r.toFixed(1)), hostLoopTokS: +median(hostRates).toFixed(1),
+    hostLoopRuns: hostRates.map((r) => +r.toFixed(1)), stepGpuUs: +stepUs.toFixed(1),
+    stepGpuUsLate: +lateUs.toFixed(1), decodeNoGraphsTokS: +eagerRate.toFixed(1), decodeUnfusedTokS: +unfusedRate.toFixed(1),
+    prefillTokS: +median(prefill).toFixed(0), effectiveGBs: +((bytes * rate) / 1e9).toFixed(0), loadMs: Math.round(loadMs),
+    graphs: stats, check: agree, depth, depthTokS: +depthRate.toFixed(1),
+    batched: Object.fromEntries(batches.map((b, i) => [b, +batchRates[i].toFixed(0)])),
+    stepUsByContext: Object.fromEntries(sweep.map((c, i) => [c, sweepUs[i]])),
+  };
+  rows.push(JSON.stringify(row));
+  console.log(`${label.padEnd(20)} ${quant.padEnd(5)} ${String(row.fileMiB).padStart(5)} MiB | decode ` +
+    `${rate.toFixed(0).padStart(5)} tok/s (runs ${row.decodeRuns.join(", ")}; host loop ${row.hostLoopTokS}; ` +
+    `graph replay ${row.stepGpuUs} us/step at ${16 + 8} tokens, ${row.stepGpuUsLate} at ${16 + gen}; host per greedy step: queue ` +
+    `${(stats.greedyQueueMs * 1000 / stats.greedySteps).toFixed(0)} us, wait ` +
+    `${(stats.greedyWaitMs * 1000 / stats.greedySteps).toFixed(0)} us; unfused ${unfusedRate.toFixed(0)}, ` +
+    `graphs off ${eagerRate.toFixed(0)}) | ${stats.stepOpsFused} launch calls a step | ` +
+    `prefill ${prefillLength} ${row.prefillTokS} tok/s | weights ${row.effectiveGBs} GB/s | ${agree}` +
+    (depth > 0 ? ` | decode at depth ${depth} ${row.depthTokS} tok/s` : "") +
+    batches.map((b, i) => ` | batch ${b} ${batchRates[i].toFixed(0)} tok/s`).join("") +
+    (sweep.length ? ` | step us by context: ${sweep.map((c, i) => `${c}: ${sweepUs[i]}`).join(", ")}` : ""));
 }
 for (const r of rows) console.log(r);

@@ -321,6 +321,42 @@ describe.skipIf(noCuda)("CUDA ops equal the CPU backend's", () => {
       .toThrow("rms_norm_quant: n_cols 6144 not in 1..5888");
   });
 
+  // The GPU's Q8_K quantizer (quant_super_q8_k: the first value of largest magnitude found as the
+  // maximum of a 64-bit key) gives the bytes of the CPU's q8_k.quantize (ggml's reference), which
+  // the K-quant matmuls on both sides read: quants, and d repeated for each 32-value unit.
+  test("quantize mode 1 (Q8_K) equals the CPU's q8_k.quantize byte for byte: ties, zeros, halves", () => {
+    const L = native();
+    const addr = (x: Activation) => (x as unknown as { address: number }).address;
+    const n = 2048, rows = 3, blocks = (rows * n) / 256;
+    const x = randomF32(rows * n, 77, 3);
+    const block = (b: number) => x.subarray(256 * b, 256 * b + 256);
+    block(1).fill(0); // all zeros: d = 0, quants 0
+    block(2).set([-2, 2, 2, -2], 10); // equal magnitudes of both signs: the first (-2) is the maximum
+    block(3).fill(0.25).set([-127], 200); // iscale 1: every 0.25 rounds to 0 ...
+    block(4).set(Array.from({ length: 256 }, (_, i) => (i % 2 ? 0.5 : 1.5) * (i % 3 ? 1 : -1))); // ... halves to even
+    block(4)[255] = -127;
+    block(5).fill(1e-30).set([3e-30], 0); // tiny values (the scale's reciprocal near the float range)
+    block(6).set([-3, 3], 128); // the tie across the block's two halves
+    block(7).set([5], 0); // the maximum in the first lane
+    block(8).set([5], 255); // ... and the last
+    const [, xg] = acts(p, rows, n, x), [, q] = acts(p, rows, n / 4), [, d] = acts(p, rows, n / 32);
+    expect(L.infer_cuda_quantize(addr(xg), rows, n, 1, addr(q), addr(d))).toBe(0);
+    const gotQ = new Int8Array(p.gpu.read(q, rows).slice().buffer);
+    const gotD = new Uint32Array(p.gpu.read(d, rows).slice().buffer);
+    const want = new Uint8Array(blocks * 292);
+    expect(L.infer_quantize_row(GgmlType.Q8_K, x, rows * n, want)).toBe(0);
+    const view = new DataView(want.buffer);
+    for (let b = 0; b < blocks; b++) {
+      const wantD = view.getUint32(292 * b, true), wantQ = new Int8Array(want.buffer, 292 * b + 4, 256);
+      for (let u = 0; u < 8; u++) {
+        if (gotD[8 * b + u] !== wantD) throw new Error(`block ${b} unit ${u}: d ${gotD[8 * b + u].toString(16)}, CPU ${wantD.toString(16)}`);
+      }
+      for (let i = 0; i < 256; i++) {
+        if (gotQ[256 * b + i] !== wantQ[i]) throw new Error(`block ${b} value ${i}: quant ${gotQ[256 * b + i]}, CPU ${wantQ[i]}`);
+      }
+    }
+  });
+
   test("matmul Q4_0, one row through 17,000 rows of 256, 33,001 of 512 and 8,500 of 6,144 (blocks loop over row blocks)", () => {
     for (const [n, rows] of TALL) {
       const [wc, wg] = weights(p, file, `w.tall.${n}`);

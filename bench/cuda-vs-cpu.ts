@@ -1,0 +1,192 @@
+// The CUDA backend against the CPU backend on the same GGUF files (issue 7's first check): a prompt,
+// then `--tokens` greedy tokens from each backend, each step's logits copied. Reports how many
+// greedy tokens agree, where the first difference falls and whether it was a near-tie there (the
+// CPU's top-2 gap against the largest logit difference of the two backends at that step), the
+// prompt logits' normalised error (largest |difference| / largest |CPU logit|) and the worst such
+// error over the steps while the tokens agree. Real models take a text prompt through their own
+// tokenizer (and print both continuations); random-weight ones (bench/random-model.ts) a prompt
+// of random token ids. One line of JSON a file after the table.
+//
+// The yardstick: how far a model's logits move when only rounding changes. The CPU runs the same
+// tokens again with an f32 KV cache instead of f16 (teacher-forced along its own greedy tokens);
+// that error is the model's sensitivity, and CUDA's error is reported beside it as a ratio. Any
+// two correct implementations that sum in different orders differ by about that much: a model
+// whose logits move by 1.0 under that perturbation cannot have greedy tokens that two engines
+// agree on, while the default model and the Q4_0 files agree for all 64.
+//   bun bench/cuda-vs-cpu.ts [--file a.gguf,b.gguf] [--models qwen3-0.6b,llama-3.1-8b] [--quants Q4_0,Q4_K,Q8_0]
+//       [--tokens 64] [--prompt "text"] [--prompt-tokens 16 (random-weight files)] [--threads N]
+//       [--matmuls 1,16: also each 2-D weight of layer 0 and the output head, alone, on both backends
+//        with the same random activations of 1 and 16 rows (normalised error of the products)]
+import { basename } from "node:path";
+import { CpuBackend } from "../ts/backend/cpu.ts";
+import { CudaBackend } from "../ts/backend/cuda.ts";
+import { Engine } from "../ts/engine/engine.ts";
+import { openGguf } from "../ts/gguf/reader.ts";
+import { cudaStatus } from "../ts/native/cuda.ts";
+import { ensureRandomModel, findShape, type RandomQuant } from "./random-model.ts";
+
+function arg(name: string, fallback: string): string {
+  const i = process.argv.indexOf(name);
+  return i >= 0 && i + 1 < process.argv.length ? process.argv[i + 1] : fallback;
+}
+
+function argmax(x: Float32Array): number {
+  let best = 0;
+  for (let i = 1; i < x.length; i++) if (x[i] > x[best]) best = i;
+  return best;
+}
+
+function top2Gap(x: Float32Array): number {
+  let a = -Infinity, b = -Infinity;
+  for (const v of x) {
+    if (v > a) { b = a; a = v; } else if (v > b) b = v;
+  }
+  return a - b;
+}
+
+/** Largest |got - want| over the largest |want|; Infinity where got is not finite. */
+function normalisedError(got: Float32Array, want: Float32Array): number {
+  let maxDiff = 0, maxRef = 0;
+  for (let i = 0; i < want.length; i++) {
+    if (!Number.isFinite(got[i])) return Infinity;
+    maxDiff = Math.max(maxDiff, Math.abs(got[i] - want[i]));
+    maxRef = Math.max(maxRef, Math.abs(want[i]));
+  }
+  return maxDiff / Math.max(maxRef, 1e-30);
+}
+
+function maxAbsDiff(x: Float32Array, y: Float32Array): number {
+  let m = 0;
+  for (let i = 0; i < x.length; i++) m = Math.max(m, Math.abs(x[i] - y[i]));
+  return m;
+}
+
+interface Run { tokens: number[]; logits: Float32Array[] } // logits[i]: what token i was chosen from
+
+function greedy(engine: Engine, prompt: number[], steps: number): Run {
+  engine.reset();
+  let logits = engine.evaluate(prompt);
+  const run: Run = { tokens: [], logits: [] };
+  for (let i = 0; i < steps; i++) {
+    run.logits.push(logits.slice());
+    const t = argmax(logits);
+    run.tokens.push(t);
+    if (i + 1 < steps) logits = engine.evaluate([t]);
+  }
+  return run;
+}
+
+/** The logits after `prompt`, then after each of `tokens` in turn (teacher-forced). */
+function forced(engine: Engine, prompt: number[], tokens: number[]): Float32Array[] {
+  engine.reset();
+  const out = [engine.evaluate(prompt).slice()];
+  for (let i = 0; i + 1 < tokens.length; i++) out.push(engine.evaluate([tokens[i]]).slice());
+  return out;
+}
+
+const steps = Number(arg("--tokens", "64"));
+const threads = process.argv.includes("--threads") ? Number(arg("--threads", "0")) : undefined;
+const text = arg("--prompt", "The three primary colours of light are red, green and blue. Mixing them");
+const files: { path: string; random: boolean }[] = [];
+for (const f of arg("--file", "").split(",").filter(Boolean)) files.push({ path: f, random: false });
+const models = arg("--models", "").split(",").filter(Boolean);
+for (const m of models) {
+  const shape = findShape(m);
+  if (!shape) throw new Error(`unknown shape ${m}`);
+  for (const q of arg("--quants", "Q4_0,Q4_K,Q8_0").split(",")) {
+    files.push({ path: ensureRandomModel(shape, q as RandomQuant), random: true });
+  }
+}
+if (files.length === 0) throw new Error("nothing to compare: give --file or --models");
+const status = cudaStatus();
+if (!status.available) {
+  console.log(`CUDA unavailable: ${status.reason}`);
+  process.exit(0);
+}
+
+/** Each weight of layer 0 and the head, alone: CUDA's product against the CPU's, same activations. */
+function matmuls(path: string, counts: number[]): void {
+  const file = openGguf(path);
+  const cpu = new CpuBackend(), gpu = CudaBackend.open({});
+  let seed = 7;
+  const random = () => ((seed = (seed * 1103515245 + 12345) >>> 0) / 2 ** 32) * 2 - 1;
+  for (const t of file.tensors.values()) {
+    if (t.dims.length !== 2 || !(t.name.startsWith("blk.0.") || t.name === "output.weight")) continue;
+    const [nIn, nOut] = t.dims;
+    const wc = cpu.weight(file, t), wg = gpu.weight(file, t);
+    const errs = counts.map((rows) => {
+      const x = Float32Array.from({ length: rows * nIn }, random);
+      const xc = cpu.activation("x", rows, nIn), xg = gpu.activation("x", rows, nIn);
+      cpu.read(xc, rows).set(x);
+      gpu.write(xg, x);
+      const oc = cpu.activation("o", rows, nOut), og = gpu.activation("o", rows, nOut);
+      cpu.matmul(wc, xc, rows, oc);
+      gpu.matmul(wg, xg, rows, og);
+      return `${rows} rows ${normalisedError(gpu.read(og, rows).slice(), cpu.read(oc, rows).slice()).toExponential(2)}`;
+    });
+    console.log(`matmul ${t.name} ${t.type.name} ${nIn} x ${nOut}: ${errs.join(", ")}`);
+  }
+  gpu.dispose();
+  file.close();
+}
+
+const matmulRows = arg("--matmuls", "").split(",").filter(Boolean).map(Number);
+if (matmulRows.length) for (const { path } of files) matmuls(path, matmulRows);
+
+const rows: Record<string, unknown>[] = [];
+for (const { path, random } of files) {
+  const open = (backend: "cpu" | "cuda", kvType: "f16" | "f32" = "f16") => Engine.open({
+    modelPath: path, backend, contextLength: 1024, batch: 64, kvType, threads: backend === "cpu" ? threads : undefined,
+  });
+  const cpu = open("cpu");
+  const promptTokens = Number(arg("--prompt-tokens", "16"));
+  let seed = 12345;
+  const nextRandom = () => (seed = (seed * 1103515245 + 12345) >>> 0) / 2 ** 32;
+  const vocab = cpu.model.info.vocabSize;
+  const prompt = random
+    ? Array.from({ length: promptTokens }, () => 6 + Math.floor(nextRandom() * (vocab - 6)))
+    : cpu.tokenizer.encode(text, { addSpecial: true });
+  let t0 = performance.now();
+  const want = greedy(cpu, prompt, steps);
+  const cpuMs = performance.now() - t0;
+  const wantText = random ? "" : cpu.tokenizer.decode(want.tokens);
+  cpu.close();
+  const cpu32 = open("cpu", "f32");
+  const yard = forced(cpu32, prompt, want.tokens);
+  cpu32.close();
+  let sensitivity = 0;
+  for (let i = 0; i < steps; i++) sensitivity = Math.max(sensitivity, normalisedError(yard[i], want.logits[i]));
+  const gpu = open("cuda");
+  t0 = performance.now();
+  const got = greedy(gpu, prompt, steps);
+  const cudaMs = performance.now() - t0;
+  const gotText = random ? "" : gpu.tokenizer.decode(got.tokens);
+  gpu.close();
+  let same = 0, worst = 0, first = "none";
+  for (let i = 0; i < steps; i++) {
+    worst = Math.max(worst, normalisedError(got.logits[i], want.logits[i]));
+    if (got.tokens[i] !== want.tokens[i]) {
+      const gap = top2Gap(want.logits[i]), diff = maxAbsDiff(got.logits[i], want.logits[i]);
+      first = `token ${i}: CPU top-2 gap ${gap.toExponential(2)}, largest logit difference ${diff.toExponential(2)}`;
+      break;
+    }
+    same++;
+  }
+  const row = {
+    file: basename(path), prompt: prompt.length, equal: `${same}/${steps}`, first,
+    promptError: +normalisedError(got.logits[0], want.logits[0]).toExponential(2), worstStepError: +worst.toExponential(2),
+    cpuF32KvError: +sensitivity.toExponential(2), ratio: +(worst / sensitivity).toFixed(2),
+    cpuMs: Math.round(cpuMs), cudaMs: Math.round(cudaMs),
+  };
+  rows.push(row);
+  if (!random) {
+    console.log(`${row.file} CPU:  ${JSON.stringify(wantText)}`);
+    console.log(`${row.file} CUDA: ${JSON.stringify(gotText)}`);
+  }
+}
+console.log(`\n| file | prompt tokens | greedy tokens equal | first difference | prompt logits error | worst step error | CPU f16 vs f32 KV | ratio |`);
+console.log(`| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |`);
+for (const r of rows) {
+  console.log(`| ${r.file} | ${r.prompt} | ${r.equal} | ${r.first} | ${r.promptError} | ${r.worstStepError} | ${r.cpuF32KvError} | ${r.ratio} |`);
+}
+for (const r of rows) console.log(JSON.stringify(r));
