@@ -15,8 +15,13 @@ import { cacheDir } from "../ts/cli/setup.ts";
 import { GgmlType, ggmlTypes } from "../ts/gguf/types.ts";
 import { gguf, ggufLayout, type GgufTensorHeader, type GgufTypedValue } from "../ts/gguf/writer.ts";
 
-/** Bump when the files' content changes, so stale caches are rewritten. */
-const GENERATOR_VERSION = 1;
+/**
+ * Bump when the files' content changes, so stale caches are rewritten. 2: the three types' weights
+ * have one spread (v1's Q8_0 weights were 1.6x and Q4_K's 4.4x Q4_0's, which made those models
+ * chaotic: their logits moved by 1e-2..1 when only rounding changed, f16 against f32 KV on the CPU
+ * alone, so no two engines summing in different orders could agree on their greedy tokens).
+ */
+const GENERATOR_VERSION = 2;
 
 export interface RandomShape {
   readonly key: string; // as --models names it
@@ -99,13 +104,14 @@ function rng(seed: number): () => number {
   };
 }
 
-/** f32 → IEEE half bits, for normal magnitudes (round to nearest; subnormals flush to zero). */
+/** f32 → IEEE half bits (round to nearest; below 2^-14 as subnormals, steps of 2^-24). */
 export function f16Bits(v: number): number {
   const f = new Float32Array([v]);
   const u = new Uint32Array(f.buffer)[0];
   const sign = (u >>> 16) & 0x8000;
   const exp = ((u >>> 23) & 0xff) - 127 + 15;
-  if (v === 0 || exp <= 0) return sign;
+  if (v === 0) return sign;
+  if (exp <= 0) return sign | Math.min(Math.round(Math.abs(f[0]) * 2 ** 24), 0x3ff);
   if (exp >= 31) return sign | 0x7bff;
   const mant = u & 0x7fffff;
   let h = sign | (exp << 10) | (mant >>> 13);
@@ -124,13 +130,15 @@ function quantData(type: number, count: number, seed: number): Uint8Array {
   // A small table of scales (random per block) avoids an f16 conversion per block.
   const table = (base: number) => Array.from({ length: 64 }, (_, i) => f16Bits(base * (0.5 + i / 64)));
   const view = new DataView(data.buffer);
+  // Every type's weights have a standard deviation of 9.65e-3 (E[u^2] = 13/12 for the scales'
+  // factor u in [0.5, 1.5)): Q4_0 d·(q-8), E[(q-8)^2] = 21.5: 2e-3·sqrt(13/12·21.5); Q8_0 d·q,
+  // E[q^2] = 5461.5; Q4_K d·sc·q - dmin·m with 6-bit sc, m and 4-bit q, dmin = 7.5·d centring the
+  // weights on zero: variance 81,591·d^2 (E[(d·sc·q)^2] + E[(dmin·m)^2] - 2·E[d·sc·q·dmin·m]).
   if (type === GgmlType.Q4_0 || type === GgmlType.Q8_0) {
-    // Q4_0: d·(q-8), |w| ≤ 8d; Q8_0: d·q, |w| ≤ 127d. Either way weights of order 1e-2.
-    const d = table(type === GgmlType.Q4_0 ? 2e-3 : 2e-4);
+    const d = table(type === GgmlType.Q4_0 ? 2e-3 : 1.255e-4);
     for (let b = 0; b < blocks; b++) view.setUint16(b * info.blockBytes, d[next() & 63], true);
   } else if (type === GgmlType.Q4_K) {
-    // d·sc·q - dmin·m with 6-bit sc, m and 4-bit q: dmin ≈ 7.5·d centres the weights on zero.
-    const d = table(1.5e-4), dmin = table(1.125e-3);
+    const d = table(3.38e-5), dmin = table(2.535e-4);
     for (let b = 0; b < blocks; b++) {
       const r = next();
       view.setUint16(b * info.blockBytes, d[r & 63], true);
