@@ -3,6 +3,7 @@
 //! Dotted with Q8_0 activations (ggml's vec_dot_type for Q4_0).
 const std = @import("std");
 const simd = @import("simd.zig");
+const q4_0_x8 = @import("q4_0_x8.zig");
 const q8_0 = @import("q8_0.zig");
 
 pub const block_values = 32;
@@ -157,12 +158,75 @@ pub fn dotRows(n_blocks: usize, w: [*]const u8, w_row_bytes: usize, n_out: usize
         dx[b] = x[b].d;
     }
     var o: usize = 0;
+    // The next eight rows are prefetched while these are computed: into L1 where they fit beside
+    // them, else into L2 (1,024-wide rows: 94-97% of the bandwidth with L1, 71-75% with L2;
+    // 8,192-wide: 75% with L1, 97-109% with L2).
+    const next_in_l1 = 8 * w_row_bytes <= 16 << 10;
+    while (o + 8 <= n_out) : (o += 8) {
+        const w8 = w + o * w_row_bytes;
+        out[o..][0..8].* = if (next_in_l1)
+            rowsEight(true, n_blocks, w8, w_row_bytes, x, &terms, &dx)
+        else
+            rowsEight(false, n_blocks, w8, w_row_bytes, x, &terms, &dx);
+    }
     while (o + 2 <= n_out) : (o += 2) {
         const two = rowsChains(2, n_blocks, w + o * w_row_bytes, w_row_bytes, x, &terms, &dx);
         out[o] = two[0];
         out[o + 1] = two[1];
     }
     if (o < n_out) out[o] = rowsChains(1, n_blocks, w + o * w_row_bytes, w_row_bytes, x, &terms, &dx)[0];
+}
+
+/// Eight adjacent rows as q4_0_x8 computes a group, its chunks transposed out of the rows as they
+/// stand: each block's 16 quant bytes of rows r and r + 4 make one 32-byte vector, and two rounds
+/// of dword interleaving give chunk c = bytes 4c..4c+3 of every row, a row per lane. Then one
+/// dot a chunk and nibble half for all eight rows (with the activation word broadcast), and one
+/// vector FMA chain, where a row at a time took a dot and a transposing reduction a row-block.
+inline fn rowsEight(
+    comptime next_in_l1: bool,
+    n_blocks: usize,
+    w: [*]const u8,
+    w_row_bytes: usize,
+    x: [*]align(1) const q8_0.Block,
+    terms: *const [rows_terms_max]i32,
+    dx: *const [rows_terms_max]f32,
+) [8]f32 {
+    var rows: [8][*]align(1) const Block = undefined;
+    inline for (0..8) |r| rows[r] = @ptrCast(w + r * w_row_bytes);
+    var acc: simd.V8f32 = @splat(0);
+    for (0..n_blocks) |b| {
+        var d: @Vector(8, f16) = undefined;
+        var pairs: [4]@Vector(8, u32) = undefined;
+        inline for (0..8) |r| d[r] = rows[r][b].d;
+        // The next eight rows' bytes, in order, a block's share of them an iteration (when they
+        // follow these: w_row_bytes = n_blocks blocks). The hardware's prefetchers do not follow
+        // eight rows read 18 bytes at a time: without this, 10 GB/s from DRAM (2 cores).
+        const ahead = w + 8 * w_row_bytes + b * 8 * @sizeOf(Block);
+        inline for (0..3) |l| @prefetch(ahead + 64 * l, .{ .locality = if (next_in_l1) 3 else 2 });
+        inline for (0..4) |k| {
+            const a: @Vector(4, u32) = @bitCast(rows[k][b].qs);
+            const c: @Vector(4, u32) = @bitCast(rows[k + 4][b].qs);
+            pairs[k] = @shuffle(u32, a, c, [8]i32{ 0, 1, 2, 3, -1, -2, -3, -4 });
+        }
+        // [r0.w0 r1.w0 r0.w1 r1.w1 | r4.w0 r5.w0 r4.w1 r5.w1] and the like (w: a row's dword).
+        const lo_mask = [8]i32{ 0, -1, 1, -2, 4, -5, 5, -6 };
+        const hi_mask = [8]i32{ 2, -3, 3, -4, 6, -7, 7, -8 };
+        const t0 = @shuffle(u32, pairs[0], pairs[1], lo_mask);
+        const t1 = @shuffle(u32, pairs[0], pairs[1], hi_mask);
+        const t2 = @shuffle(u32, pairs[2], pairs[3], lo_mask);
+        const t3 = @shuffle(u32, pairs[2], pairs[3], hi_mask);
+        const even = [8]i32{ 0, 1, -1, -2, 4, 5, -5, -6 };
+        const odd = [8]i32{ 2, 3, -3, -4, 6, 7, -7, -8 };
+        const chunks = [4]simd.V32u8{
+            @bitCast(@shuffle(u32, t0, t2, even)), @bitCast(@shuffle(u32, t0, t2, odd)),
+            @bitCast(@shuffle(u32, t1, t3, even)), @bitCast(@shuffle(u32, t1, t3, odd)),
+        };
+        const n = q4_0_x8.nibblesOfChunks(&chunks);
+        const sums = q4_0_x8.nibbleSums(&n, &x[b]) - @as(simd.V8i32, @splat(terms[b]));
+        const scales = @as(simd.V8f32, d) * @as(simd.V8f32, @splat(dx[b]));
+        acc = @mulAdd(simd.V8f32, @floatFromInt(sums), scales, acc);
+    }
+    return acc;
 }
 
 /// The FMA chains of RR adjacent rows side by side: each is 32 dependent multiply-adds a
@@ -228,7 +292,7 @@ test "q4_0 dot: bit-identical to ggml's x86 gemv order" {
 test "q4_0 dotRows equals dotGgmlScalar bit for bit, odd block counts and a row stride" {
     var rng = test_util.TestRng.init(4242);
     for ([_]usize{ 1, 7, 8, 13, 40 }) |n_blocks| {
-        const n_out = 5;
+        const n_out = 13; // eight rows together, then two, then one
         const stride = n_blocks + 1; // blocks a row apart: rows not packed back to back
         var w: [n_out * 41]Block = undefined;
         var x: [40]q8_0.Block = undefined;

@@ -30,13 +30,21 @@ pub const unpack = layout.unpack;
 
 /// The group's stored nibbles (0..15): lo[c] values 4c..4c+3, hi[c] values 16+4c..16+4c+3,
 /// row r in bytes 4r..4r+3 of each.
-const Nibbles = struct { lo: [4]simd.V32u8, hi: [4]simd.V32u8 };
+pub const Nibbles = struct { lo: [4]simd.V32u8, hi: [4]simd.V32u8 };
 
 inline fn nibbles(g: *align(1) const Group) Nibbles {
+    var chunks: [4]simd.V32u8 = undefined;
+    inline for (0..4) |c| chunks[c] = g.qs[32 * c ..][0..32].*;
+    return nibblesOfChunks(&chunks);
+}
+
+/// Nibbles of a group's four chunks wherever they came from (q4_0.dotRows transposes them out of
+/// eight row-major rows).
+pub inline fn nibblesOfChunks(chunks: *const [4]simd.V32u8) Nibbles {
     var n: Nibbles = undefined;
     const low_mask: simd.V32u8 = @splat(15);
     inline for (0..4) |c| {
-        const chunk: simd.V32u8 = g.qs[32 * c ..][0..32].*;
+        const chunk = chunks[c];
         n.lo[c] = chunk & low_mask;
         // With VNNI, 16 * the high nibble where it sits (see nibbleSums).
         n.hi[c] = if (simd.has_vnni) chunk & @as(simd.V32u8, @splat(0xF0)) else (chunk >> @splat(4)) & low_mask;
@@ -45,7 +53,7 @@ inline fn nibbles(g: *align(1) const Group) Nibbles {
 }
 
 /// Per lane (row): sum over the block's 32 values of nibble * x, before the -8 offset.
-inline fn nibbleSums(n: *const Nibbles, x: *align(1) const q8_0.Block) simd.V8i32 {
+pub inline fn nibbleSums(n: *const Nibbles, x: *align(1) const q8_0.Block) simd.V8i32 {
     const words: [*]align(1) const i32 = @ptrCast(&x.qs);
     var lo: simd.V8i32 = @splat(0);
     var hi: simd.V8i32 = @splat(0);
