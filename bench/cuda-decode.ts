@@ -24,18 +24,8 @@ import { createKvCache } from "../ts/engine/kv-cache.ts";
 import { argmax as argmaxNative } from "../ts/sample/sampler.ts";
 import { native } from "../ts/native/lib.ts";
 import { cudaDeviceInfo, cudaInit } from "../ts/native/cuda.ts";
+import { arg, argmax } from "./logits.ts";
 import { ensureRandomModel, findShape, randomQuants, randomShapes, type RandomQuant } from "./random-model.ts";
-
-function arg(name: string, fallback: string): string {
-  const i = process.argv.indexOf(name);
-  return i >= 0 && i + 1 < process.argv.length ? process.argv[i + 1] : fallback;
-}
-
-function argmax(x: Float32Array): number {
-  let best = 0;
-  for (let i = 1; i < x.length; i++) if (x[i] > x[best]) best = i;
-  return best;
-}
 
 function median(xs: number[]): number {
   const s = [...xs].sort((a, b) => a - b);

@@ -24,43 +24,8 @@ import { CudaBackend } from "../ts/backend/cuda.ts";
 import { Engine } from "../ts/engine/engine.ts";
 import { openGguf } from "../ts/gguf/reader.ts";
 import { cudaStatus } from "../ts/native/cuda.ts";
+import { arg, argmax, maxAbsDiff, normalisedError, top2Gap } from "./logits.ts";
 import { ensureRandomModel, findShape, type RandomQuant } from "./random-model.ts";
-
-function arg(name: string, fallback: string): string {
-  const i = process.argv.indexOf(name);
-  return i >= 0 && i + 1 < process.argv.length ? process.argv[i + 1] : fallback;
-}
-
-function argmax(x: Float32Array): number {
-  let best = 0;
-  for (let i = 1; i < x.length; i++) if (x[i] > x[best]) best = i;
-  return best;
-}
-
-function top2Gap(x: Float32Array): number {
-  let a = -Infinity, b = -Infinity;
-  for (const v of x) {
-    if (v > a) { b = a; a = v; } else if (v > b) b = v;
-  }
-  return a - b;
-}
-
-/** Largest |got - want| over the largest |want|; Infinity where got is not finite. */
-function normalisedError(got: Float32Array, want: Float32Array): number {
-  let maxDiff = 0, maxRef = 0;
-  for (let i = 0; i < want.length; i++) {
-    if (!Number.isFinite(got[i])) return Infinity;
-    maxDiff = Math.max(maxDiff, Math.abs(got[i] - want[i]));
-    maxRef = Math.max(maxRef, Math.abs(want[i]));
-  }
-  return maxDiff / Math.max(maxRef, 1e-30);
-}
-
-function maxAbsDiff(x: Float32Array, y: Float32Array): number {
-  let m = 0;
-  for (let i = 0; i < x.length; i++) m = Math.max(m, Math.abs(x[i] - y[i]));
-  return m;
-}
 
 interface Run { tokens: number[]; logits: Float32Array[] } // logits[i]: what token i was chosen from
 

@@ -31,6 +31,7 @@ import { gguf, writeGguf, type GgufTensorToWrite } from "../ts/gguf/writer.ts";
 import { cudaStatus } from "../ts/native/cuda.ts";
 import { check, native } from "../ts/native/lib.ts";
 import { dequantize } from "../ts/convert/quantize.ts";
+import { maxAbsDiff, top2Gap } from "../bench/logits.ts";
 import {
   gemmaMixed, llamaFloat, llamaQ4_0, qwen3KQuants, randomQuantGguf, randomTensorData, type RandomQuantSpec,
 } from "./support/random-quant-gguf.ts";
@@ -632,20 +633,6 @@ const MODELS: [string, RandomQuantSpec, number, number, number][] = [
   ["Qwen 3 (Q4_K/Q5_K/Q6_K, QK-norm, NeoX)", qwen3KQuants, 24, 16, TOL_LOGITS_Q],
   ["Llama (F16/BF16/F32)", llamaFloat, 12, 256, TOL_LOGITS_F],
 ];
-
-function top2Gap(x: Float32Array): number {
-  let a = -Infinity, b = -Infinity;
-  for (const v of x) {
-    if (v > a) { b = a; a = v; } else if (v > b) b = v;
-  }
-  return a - b;
-}
-
-function maxAbsDiff(x: Float32Array, y: Float32Array): number {
-  let m = 0;
-  for (let i = 0; i < x.length; i++) m = Math.max(m, Math.abs(x[i] - y[i]));
-  return m;
-}
 
 describe.skipIf(noCuda)("random-weight models: CUDA equals the CPU", () => {
   for (const [name, spec, promptLength, batch, tolerance] of MODELS) {
