@@ -31,7 +31,7 @@ import { gguf, writeGguf, type GgufTensorToWrite } from "../ts/gguf/writer.ts";
 import { cudaStatus } from "../ts/native/cuda.ts";
 import { check, native } from "../ts/native/lib.ts";
 import { dequantize } from "../ts/convert/quantize.ts";
-import { maxAbsDiff, top2Gap } from "../bench/logits.ts";
+import { maxAbsDiff, normalisedError as logitsError, top2Gap } from "../bench/logits.ts";
 import {
   gemmaMixed, llamaFloat, llamaQ4_0, qwen3KQuants, randomQuantGguf, randomTensorData, type RandomQuantSpec,
 } from "./support/random-quant-gguf.ts";
@@ -92,13 +92,7 @@ function randomF32(n: number, seed: number, amp = 1): Float32Array {
 
 function normalisedError(got: ArrayLike<number>, want: ArrayLike<number>): number {
   expect(got.length).toBe(want.length);
-  let maxDiff = 0, maxRef = 0;
-  for (let i = 0; i < want.length; i++) {
-    if (!Number.isFinite(got[i])) return Infinity;
-    maxDiff = Math.max(maxDiff, Math.abs(got[i] - want[i]));
-    maxRef = Math.max(maxRef, Math.abs(want[i]));
-  }
-  return maxDiff / Math.max(maxRef, 1e-30);
+  return logitsError(got, want);
 }
 
 function report(what: string, err: number, tol: number): void {
