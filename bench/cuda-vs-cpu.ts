@@ -5,7 +5,8 @@
 // prompt logits' normalised error (largest |difference| / largest |CPU logit|) and the worst such
 // error over the steps while the tokens agree. Real models take a text prompt through their own
 // tokenizer (and print both continuations); random-weight ones (bench/random-model.ts) a prompt
-// of random token ids. One line of JSON a file after the table.
+// of random token ids. One line of JSON a file after the table, then the verdict against the
+// stated tolerance (RATIO_MAX below).
 //
 // The yardstick: how far a model's logits move when only rounding changes. The CPU runs again with
 // an f32 KV cache instead of f16: its greedy tokens and logits against the f16 run's are the
@@ -156,3 +157,12 @@ for (const r of rows) {
     `${r.cpuF32KvEqual} | ${r.cpuF32KvError} | ${r.ratio} |`);
 }
 for (const r of rows) console.log(JSON.stringify(r));
+// The stated tolerance (issue 7): CUDA's worst step error within RATIO_MAX times the CPU's own
+// f16-vs-f32-KV difference on the same file.
+const RATIO_MAX = 1.5;
+if (status.available) {
+  const over = rows.filter((r) => !((r.ratio as number) <= RATIO_MAX));
+  console.log(over.length === 0
+    ? `verdict: every file within ${RATIO_MAX}x the CPU's own rounding sensitivity`
+    : `verdict: ${over.map((r) => r.file).join(", ")} beyond ${RATIO_MAX}x the CPU's own rounding sensitivity`);
+}
