@@ -158,10 +158,8 @@ pub fn dotRows(n_blocks: usize, w: [*]const u8, w_row_bytes: usize, n_out: usize
         dx[b] = x[b].d;
     }
     var o: usize = 0;
-    // The next eight rows are prefetched while these are computed: into L1 where they fit beside
-    // them, else into L2 (1,024-wide rows: 94-97% of the bandwidth with L1, 71-75% with L2;
-    // 8,192-wide: 75% with L1, 97-109% with L2).
-    const next_in_l1 = 8 * w_row_bytes <= 16 << 10;
+    // The next eight rows are prefetched while these are computed (simd.prefetchNextRows).
+    const next_in_l1 = simd.nextRowsInL1(8, w_row_bytes);
     while (o + 8 <= n_out) : (o += 8) {
         const w8 = w + o * w_row_bytes;
         out[o..][0..8].* = if (next_in_l1)
@@ -198,11 +196,7 @@ inline fn rowsEight(
         var d: @Vector(8, f16) = undefined;
         var pairs: [4]@Vector(8, u32) = undefined;
         inline for (0..8) |r| d[r] = rows[r][b].d;
-        // The next eight rows' bytes, in order, a block's share of them an iteration (when they
-        // follow these: w_row_bytes = n_blocks blocks). The hardware's prefetchers do not follow
-        // eight rows read 18 bytes at a time: without this, 10 GB/s from DRAM (2 cores).
-        const ahead = w + 8 * w_row_bytes + b * 8 * @sizeOf(Block);
-        inline for (0..3) |l| @prefetch(ahead + 64 * l, .{ .locality = if (next_in_l1) 3 else 2 });
+        simd.prefetchNextRows(8, @sizeOf(Block), next_in_l1, w, w_row_bytes, b);
         inline for (0..4) |k| {
             const a: @Vector(4, u32) = @bitCast(rows[k][b].qs);
             const c: @Vector(4, u32) = @bitCast(rows[k + 4][b].qs);

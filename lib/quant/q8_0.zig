@@ -134,9 +134,9 @@ pub inline fn dotRowsOffset(
     var corrections: [offset_rows_max_blocks]simd.V8i32 = undefined;
     for (0..n_blocks) |b| corrections[b] = laneCorrection(offset, &x[b]);
     // Four rows' FMA chains side by side (a row alone waits on its chain's latency every block),
-    // the next four rows prefetched meanwhile: into L1 where they fit beside these, else L2.
+    // the next four rows prefetched meanwhile (simd.prefetchNextRows).
     var o: usize = 0;
-    const next_in_l1 = offset_rows * w_row_bytes <= 16 << 10;
+    const next_in_l1 = simd.nextRowsInL1(offset_rows, w_row_bytes);
     while (o + offset_rows <= n_out) : (o += offset_rows) {
         const w_rows = w + o * w_row_bytes;
         if (next_in_l1)
@@ -177,10 +177,8 @@ inline fn rowsOffset(
     var rows: [R][*]align(1) const WBlock = undefined;
     inline for (0..R) |r| rows[r] = @ptrCast(w + r * w_row_bytes);
     var acc: [R]simd.V8f32 = @splat(@splat(0));
-    const lines = (R * @sizeOf(WBlock) + 63) / 64;
     for (0..n_blocks) |b| {
-        const ahead = w + R * w_row_bytes + b * R * @sizeOf(WBlock);
-        inline for (0..lines) |l| @prefetch(ahead + 64 * l, .{ .locality = if (next_in_l1) 3 else 2 });
+        simd.prefetchNextRows(R, @sizeOf(WBlock), next_in_l1, w, w_row_bytes, b);
         inline for (0..R) |r| acc[r] = blockDotOffset(WBlock, offset, unpackU, acc[r], &rows[r][b], &x[b], corrections[b]);
     }
     inline for (0..R) |r| out[r] = simd.hsum(acc[r]);

@@ -106,6 +106,23 @@ pub inline fn dotAccI16Word(acc: V8i32, a: V16i16, words: [*]align(1) const i32,
     return vnniWord("vpdpwssd", acc, a, words, word);
 }
 
+/// Where the row-major kernels that read several rows a block at a time (q4_0.dotRows' eight,
+/// q8_0.dotRowsOffset's four) prefetch the next rows: into L1 where `rows` rows fit beside the
+/// ones being read (16 KiB), else L2. Q4_0, 1,024-wide rows: 94-97% of the bandwidth with L1,
+/// 71-75% with L2; 8,192-wide: 75% with L1, 97-109% with L2 (bench/RESULTS.md, 2026-12-01).
+pub fn nextRowsInL1(rows: usize, row_bytes: usize) bool {
+    return rows * row_bytes <= 16 << 10;
+}
+
+/// Prefetches block column b's share of the `rows` rows after the `rows` at w (rows back to back,
+/// blocks of block_bytes): called once a block column, it walks those rows' bytes in order. Such
+/// kernels read rows a few bytes at a time each, which the hardware's prefetchers do not follow
+/// (Q4_0 eight rows: 10 GB/s from DRAM with 2 cores without it). Never faults past the end.
+pub inline fn prefetchNextRows(comptime rows: usize, comptime block_bytes: usize, comptime to_l1: bool, w: [*]const u8, row_bytes: usize, b: usize) void {
+    const ahead = w + rows * row_bytes + b * rows * block_bytes;
+    inline for (0..(rows * block_bytes + 63) / 64) |l| @prefetch(ahead + 64 * l, .{ .locality = if (to_l1) 3 else 2 });
+}
+
 /// acc[k] + sum_{j<4} a[4k+j] * b[4k+j] for k < 8: u8 x i8 products summed in groups of four.
 /// Callers keep a <= 128 and pairs a*b + a'*b' within i16 (|sum| <= 32767) so AVX2 never saturates.
 pub inline fn dotAccU8I8(acc: V8i32, a: V32u8, b: V32i8) V8i32 {
