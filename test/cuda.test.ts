@@ -130,6 +130,9 @@ const LONG_ROWS = [6144, 12288];
 // A row of 11 steps of 256 values: K-splits of the batched tensor-core matmul that do not divide
 // it (the last split empty).
 const ODD_ROW = 2816;
+// One token over rows the pipelined matvec takes (under 6,144 values), Q4_K's by half superblocks
+// (lib/cuda/ops.zig pipe_halves_min): 22 halves (lanes idle) and 42 (lanes 0..9 take two).
+const PIPE_ROWS = [ODD_ROW, 5376];
 // 33,001 rows: a matrix of 32,768 rows or more (an LM head) takes four rows a warp in the
 // pipelined matvec (lib/cuda/ops.zig pipe_rows_tall), its last row block partial.
 const TALL: [number, number][] = [[256, 17_000], [512, 33_001], [6144, 8_500]];
@@ -144,7 +147,7 @@ function opsFile(): GgufFile {
     tensors.push({ name, type: GgmlType.F32, dims: [values.length], data: new Uint8Array(values.buffer) });
   // Long rows: one-token matvecs share a row among 2 warps from 6,144 values, 4 from 12,288.
   for (const [name, type] of LONG_ROW_TYPES) {
-    for (const n of [...LONG_ROWS, ODD_ROW]) {
+    for (const n of [...LONG_ROWS, ...PIPE_ROWS]) {
       tensors.push({ name: `w.${name}.${n}`, type, dims: [n, N_OUT], data: randomTensorData(type, n * N_OUT, n + type, 0.05) });
     }
   }
@@ -253,6 +256,19 @@ describe.skipIf(noCuda)("CUDA ops equal the CPU backend's", () => {
       for (const n of LONG_ROWS) {
         const [wc, wg] = weights(p, file, `w.${name}.${n}`);
         const [xc, xg] = acts(p, 1, n, randomF32(n, n, 2));
+        const [oc, og] = acts(p, 1, N_OUT);
+        p.cpu.matmul(wc, xc, 1, oc);
+        p.gpu.matmul(wg, xg, 1, og);
+        report(`${name} ${n} wide`, compare(p, oc, og, 1), TOL_MATMUL);
+      }
+    });
+  }
+
+  for (const [name] of LONG_ROW_TYPES) {
+    test(`matmul ${name}, one row of ${PIPE_ROWS.join(" and ")} values (pipelined; Q4_K by half superblocks)`, () => {
+      for (const n of PIPE_ROWS) {
+        const [wc, wg] = weights(p, file, `w.${name}.${n}`);
+        const [xc, xg] = acts(p, 1, n, randomF32(n, n + 5, 2));
         const [oc, og] = acts(p, 1, N_OUT);
         p.cpu.matmul(wc, xc, 1, oc);
         p.gpu.matmul(wg, xg, 1, og);

@@ -136,6 +136,9 @@ pub const WeightKind = struct {
     /// matvec_multi; shaders/cuda/matvec_pipe.cuh.
     matvec_pipe: ?Kernel = null,
     matvec_pipe_multi: ?Kernel = null,
+    /// Whether the pipelined matvec can sum half a superblock a lane, the activation in shared
+    /// memory (n_in bytes after its stages; matvec_pipe.cuh rows_halves, ops.zig pipe_halves_min).
+    pipe_halves: bool = false,
     /// The tensor-core kernel for batches of many tokens (the 32 × 64 tile), if any.
     mmq: ?Kernel = null,
     /// Its 64 × 128 tile, which prompts of lib/cuda/ops.zig's mmq_large_tokens and more take.
@@ -163,7 +166,7 @@ pub fn weightKind(type_id: u32) ?WeightKind {
         // the blocks they came from.
         packed_type | 2 => .{ .name = "Q4_0 (GPU layout)", .block_values = 256, .block_bytes = 144, .get_rows = .get_rows_q4_0r, .matvec_1 = .matvec_q4_0r_1, .matvec_8 = .matvec_q4_0r_8, .matvec_multi = .matvec_multi_q4_0r, .matvec_pipe = .matvec_pipe_q4_0r, .matvec_pipe_multi = .matvec_pipe_multi_q4_0r, .mmq = .mmq_q4_0r, .mmq_prompt = .mmq_q4_0r_64x128, .activation = 0, .dequant_f16 = .dequant_f16_q4_0r },
         packed_type | 8 => .{ .name = "Q8_0 (GPU layout)", .block_values = 256, .block_bytes = 272, .get_rows = .get_rows_q8_0r, .matvec_1 = .matvec_q8_0r_1, .matvec_8 = .matvec_q8_0r_8, .matvec_multi = .matvec_multi_q8_0r, .matvec_pipe = .matvec_pipe_q8_0r, .matvec_pipe_multi = .matvec_pipe_multi_q8_0r, .mmq = .mmq_q8_0r, .mmq_prompt = .mmq_q8_0r_64x128, .activation = 0, .dequant_f16 = .dequant_f16_q8_0r },
-        packed_type | 12 => .{ .name = "Q4_K (GPU layout)", .block_values = 256, .block_bytes = 144, .get_rows = .get_rows_q4_kr, .matvec_1 = .matvec_q4_kr_1, .matvec_8 = .matvec_q4_kr_8, .matvec_multi = .matvec_multi_q4_kr, .matvec_pipe = .matvec_pipe_q4_kr, .matvec_pipe_multi = .matvec_pipe_multi_q4_kr, .mmq = .mmq_q4_kr, .activation = 1, .dequant_f16 = .dequant_f16_q4_kr },
+        packed_type | 12 => .{ .name = "Q4_K (GPU layout)", .block_values = 256, .block_bytes = 144, .get_rows = .get_rows_q4_kr, .matvec_1 = .matvec_q4_kr_1, .matvec_8 = .matvec_q4_kr_8, .matvec_multi = .matvec_multi_q4_kr, .matvec_pipe = .matvec_pipe_q4_kr, .matvec_pipe_multi = .matvec_pipe_multi_q4_kr, .pipe_halves = true, .mmq = .mmq_q4_kr, .activation = 1, .dequant_f16 = .dequant_f16_q4_kr },
         else => null,
     };
 }

@@ -33,6 +33,7 @@ pub fn readSettings() void {
     if (pipe_rows_per_warp != 1 and pipe_rows_per_warp != 2 and pipe_rows_per_warp != 4) pipe_rows_per_warp = 2;
     if (std.posix.getenv("INFER_CUDA_PIPE_ROWS_TALL")) |v| pipe_rows_tall = std.fmt.parseInt(u32, v, 10) catch 4;
     if (pipe_rows_tall != 1 and pipe_rows_tall != 2 and pipe_rows_tall != 4) pipe_rows_tall = 4;
+    if (std.posix.getenv("INFER_CUDA_PIPE_HALVES")) |v| pipe_halves_min = std.fmt.parseInt(u64, v, 10) catch pipe_halves_min;
     if (std.posix.getenv("INFER_CUDA_PIPE_RESERVE")) |v| pipe_reserve = std.fmt.parseInt(u32, v, 10) catch pipe_reserve;
     if (std.posix.getenv("INFER_CUDA_MATVEC_ROWS")) |v| matvec_rows_per_warp = if (std.mem.eql(u8, v, "1")) 1 else 2;
     if (std.posix.getenv("INFER_CUDA_DECODE_ATTN")) |v| decode_attn_warps = !std.mem.eql(u8, v, "groups");
@@ -180,7 +181,7 @@ pub fn matmul(w: u64, type_id: u32, n_out: u64, n_in: u64, x: u64, xq: u64, xd: 
     if (n_tok == 1) {
         if (pipeStages(k, n_in, n_out)) |p| {
             const pipe = k.matvec_pipe.?;
-            return launchShared(pipe, pipeGrid(pipe, ceilDiv(n_out, 4 * p.rows_per_warp), p.shared), 1, 128, p.shared, .{ w, out, in, xq, xd, y, @as(i32, @intCast(p.rows_per_warp)) });
+            return launchShared(pipe, pipeGrid(pipe, ceilDiv(n_out, 4 * p.rows_per_warp), p.shared), 1, 128, p.shared, .{ w, out, in, xq, xd, y, @as(i32, @intCast(p.rows_per_warp)), @as(i32, @intFromBool(p.halves)) });
         }
     }
     if (x != 0 and cublas_min_tokens > 0 and n_tok >= cublas_min_tokens) {
@@ -590,7 +591,7 @@ pub fn matmulMulti(type_id: u32, n_in: u64, xq: u64, xd: u64, w0: u64, n0: u64, 
         const pipe = k.matvec_pipe_multi.?;
         const per = 4 * p.rows_per_warp;
         const row_blocks = ceilDiv(n0, per) + ceilDiv(n1, per) + ceilDiv(n2, per);
-        return launchShared(pipe, pipeGrid(pipe, row_blocks, p.shared), 1, 128, p.shared, .{ w0, a, y0, w1, b, y1, w2, c, y2, in, xq, xd, @as(i32, @intCast(p.rows_per_warp)) });
+        return launchShared(pipe, pipeGrid(pipe, row_blocks, p.shared), 1, 128, p.shared, .{ w0, a, y0, w1, b, y1, w2, c, y2, in, xq, xd, @as(i32, @intCast(p.rows_per_warp)), @as(i32, @intFromBool(p.halves)) });
     }
     const split = matvecSplit(n_in);
     const rows_per_block = 4 / split;
@@ -613,18 +614,26 @@ fn pipeStages(k: kernels.WeightKind, n_in: u64, n_out: u64) ?PipeLaunch {
     const row_bytes = (n_in / k.block_values) * k.block_bytes;
     const reserve = s.pipe_shared_max >= 227 << 10 and pipe_reserve > 0; // sm_90's 228 KB a multiprocessor
     var rows: u32 = if (n_out >= tall_rows) pipe_rows_tall else pipe_rows_per_warp;
+    const halves = k.pipe_halves and n_in >= pipe_halves_min;
     while (true) : (rows /= 2) {
-        const bytes = pipe_stages * 4 * rows * row_bytes;
+        const bytes = pipe_stages * 4 * rows * row_bytes + if (halves) n_in else 0;
         if (bytes <= s.pipe_shared_max) {
             // Under a reserve, fewer rows a warp where their stages would leave one block a
             // multiprocessor (an 8B model's Q8_0 rows: 2 rows 104 KB, 1 row 52 KB).
-            if (!reserve) return .{ .shared = @intCast(bytes), .rows_per_warp = rows };
-            if (rows == 1 or blocksBeside(@intCast(bytes)) >= 2) return .{ .shared = reserving(@intCast(bytes)), .rows_per_warp = rows };
+            if (!reserve) return .{ .shared = @intCast(bytes), .rows_per_warp = rows, .halves = halves };
+            if (rows == 1 or blocksBeside(@intCast(bytes)) >= 2) return .{ .shared = reserving(@intCast(bytes)), .rows_per_warp = rows, .halves = halves };
         }
         if (rows == 1) return null;
     }
 }
-const PipeLaunch = struct { shared: u32, rows_per_warp: u32 };
+const PipeLaunch = struct { shared: u32, rows_per_warp: u32, halves: bool };
+/// Q4_K rows of at least this many values are summed half a superblock a lane, the activation in
+/// shared memory (kernels.zig pipe_halves; shaders/cuda/matvec_pipe.cuh rows_halves); shorter
+/// rows keep a unit a lane, as a half a lane would leave lanes idle (a 1,024-wide row has 8
+/// halves). On an H200 (bench/RESULTS.md, 2026-12-01 02:45): decode 8B Q4_K 449 -> 500 tok/s
+/// (rows of 4,096), 4B 596 -> 623 (2,560), but 1B 1,812 -> 1,753 (2,048) and 0.6B 1,453 -> 1,375
+/// (1,024) with halves at every width. INFER_CUDA_PIPE_HALVES=n at init: this bound instead.
+var pipe_halves_min: u64 = 2560;
 var pipe_rows_per_warp: u32 = 2;
 /// Rows a warp of the pipelined matvec for matrices of tall_rows rows and more (the LM head):
 /// 4, or INFER_CUDA_PIPE_ROWS_TALL. A long launch reads at its steady state, which four rows a

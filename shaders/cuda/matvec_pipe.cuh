@@ -12,8 +12,9 @@
 // load of the activation, which a 4-bit row otherwise reads at twice its own bytes.
 //
 // Each row is summed as matvec_q sums a row of one warp (split 1): the same units per lane in the
-// same order, from shared memory instead of global. A row of the fused q/k/v or gate/up launch
-// (matvec_pipe_multi_*) is computed as the single matvec computes it, bit for bit.
+// same order, from shared memory instead of global; Q4_K (by halves, rows_halves) sums four units
+// as integers first. A row of the fused q/k/v or gate/up launch (matvec_pipe_multi_*) is computed
+// as the single matvec computes it, bit for bit.
 #pragma once
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
@@ -24,14 +25,65 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
+/// Whether T sums one token by half superblocks (T::HALVES, packed.cuh Q4_KR): rows_halves.
+template <class T>
+__device__ constexpr bool by_halves(decltype(T::HALVES)*) { return T::HALVES; }
+template <class T>
+__device__ constexpr bool by_halves(...) { return false; }
+
+/// The activation's 16-byte words as rows_halves reads them from shared memory: word k (0..7) of
+/// half h at 8h + (k ^ (h & 7)). Lanes read halves h, h + 1, ... at once, 128 bytes apart, so
+/// unswizzled every lane of a quarter warp would hit the same four banks.
+__device__ __forceinline__ int x_slot(int i) { return i ^ ((i >> 3) & 7); }
+
+/// One warp's dots of R consecutive weight rows (wr: the first, in shared memory) for a type
+/// that sums a half superblock (4 units) a lane: lane l takes halves l, l + 32, ..., decodes each
+/// row's head once for the 4 units and sums them as integers (T::dot_unit, T::finish_half). The
+/// activation comes from shared memory (xs, laid out by x_slot): read from global memory, a
+/// lane's 128 contiguous bytes made every load of the warp touch 32 cache lines, and the
+/// kernel ran at the L1's pace (8B Q4_K step 2,140 -> 2,586 µs on an H200, 2026-12-01 02:41).
+template <class T, int R>
+__device__ __forceinline__ void rows_halves(const uint8_t* wr, size_t row_bytes, int halves, const int4* xs,
+                                            const float* __restrict__ xd, float (&acc)[R], float (&accm)[R]) {
+  const int lane = threadIdx.x & 31;
+  for (int h = lane; h < halves; h += 32) {
+    typename T::Half w[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) T::load_half(wr + r * row_bytes, h, w[r]);
+    int isum[R], msum[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) isum[r] = msum[r] = 0;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+      const int4 a = xs[x_slot(8 * h + 2 * k)], b = xs[x_slot(8 * h + 2 * k + 1)];
+      const int x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+      const int xsum = sum_x(x);
+#pragma unroll
+      for (int r = 0; r < R; r++) T::dot_unit(w[r], k, x, xsum, isum[r], msum[r]);
+    }
+    const float dx = xd[4 * h];  // Q8_K: the superblock's scale, repeated per unit
+#pragma unroll
+    for (int r = 0; r < R; r++) T::finish_half(w[r], isum[r], msum[r], dx, acc[r], accm[r]);
+  }
+}
+
 /// One warp's dots of R consecutive weight rows (wr: the first, in shared memory here) with the
 /// quantized activation into sum[0..R), each as matvec_q computes a row it does not split: the
 /// same units a lane in the same order. R rows share each activation load (and, for Q4_0/Q4_K,
 /// its byte sums): a 4-bit row reads twice its own bytes of activation, once per row at R = 1.
-template <class T, int R>
+template <class T, int R, bool H>
 __device__ __forceinline__ void warp_rows_dot(const uint8_t* wr, size_t row_bytes, int n_in, const int8_t* xq,
-                                              const float* xd, float (&sum)[R]) {
+                                              const float* xd, const int4* xs, float (&sum)[R]) {
   const int lane = threadIdx.x & 31, units = n_in >> 5;
+  if constexpr (H) {
+    float acc[R], accm[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = accm[r] = 0.0f;
+    rows_halves<T, R>(wr, row_bytes, n_in >> 7, xs, xd, acc, accm);
+#pragma unroll
+    for (int r = 0; r < R; r++) sum[r] = warp_sum(acc[r]) - warp_sum(accm[r]);
+    return;
+  }
   if (R == 1) {
     const int per_lane = (units + 31) / 32;
     float acc[1] = {0.0f}, accm[1] = {0.0f};
@@ -60,10 +112,15 @@ struct PipeRows {
 };
 
 constexpr int PIPE_STAGES = 3;  // lib/cuda/ops.zig pipe_stages: shared memory 3 × 4R rows
+/// A compile-time value as a type (for pipe_variant's generic lambdas).
+template <auto V>
+struct Const {
+  static constexpr decltype(V) value = V;
+};
 
 /// Row blocks blockIdx.x, blockIdx.x + gridDim.x, ... of `blocks` (4R rows each, R a warp),
 /// src(rb) naming each.
-template <class T, int R, class Src>
+template <class T, int R, bool H, class Src>
 __device__ __forceinline__ void matvec_pipe(int blocks, int n_in, const int8_t* xq, const float* xd, Src src) {
   constexpr int S = PIPE_STAGES;
   extern __shared__ __align__(16) uint8_t staged[];
@@ -86,6 +143,15 @@ __device__ __forceinline__ void matvec_pipe(int blocks, int n_in, const int8_t* 
 #pragma unroll
   for (int k = 0; k < S - 1; k++) issue(k);
   pdl_begin();
+  // Rows summed by halves (the host's choice: lib/cuda/ops.zig pipe_halves_min) read the
+  // activation from shared memory, after the stages (the host adds n_in bytes); the loop's first
+  // barrier publishes it.
+  const int4* xs = reinterpret_cast<const int4*>(staged + S * stage_bytes);
+  if constexpr (H) {
+    int4* to = reinterpret_cast<int4*>(staged + S * stage_bytes);
+    const int4* from = reinterpret_cast<const int4*>(xq);
+    for (int i = threadIdx.x; i < (n_in >> 4); i += blockDim.x) to[x_slot(i)] = from[i];
+  }
   for (int k = 0; k < mine; k++) {
     issue(k + S - 1);
     cp_async_wait<S - 1>();  // groups 0..k have landed (this thread's copies)
@@ -93,7 +159,7 @@ __device__ __forceinline__ void matvec_pipe(int blocks, int n_in, const int8_t* 
     const PipeRows r = src(first + k * static_cast<int>(gridDim.x));
     if (R * warp < r.rows) {
       float sum[R];
-      warp_rows_dot<T, R>(staged + (k % S) * stage_bytes + R * warp * row_bytes, row_bytes, n_in, xq, xd, sum);
+      warp_rows_dot<T, R, H>(staged + (k % S) * stage_bytes + R * warp * row_bytes, row_bytes, n_in, xq, xd, xs, sum);
 #pragma unroll
       for (int i = 0; i < R; i++) {
         if (lane == 0 && R * warp + i < r.rows) r.y[R * warp + i] = sum[i];
@@ -104,24 +170,24 @@ __device__ __forceinline__ void matvec_pipe(int blocks, int n_in, const int8_t* 
 }
 
 /// One matrix: row blocks of 4R rows.
-template <class T, int R>
+template <class T, int R, bool H>
 __device__ __forceinline__ void matvec_pipe_one(const uint8_t* w, int n_out, int n_in, const int8_t* xq,
                                                 const float* xd, float* y) {
   constexpr int B = 4 * R;
   const size_t block_bytes = B * static_cast<size_t>(n_in / T::BV) * T::BB;
-  matvec_pipe<T, R>((n_out + B - 1) / B, n_in, xq, xd,
+  matvec_pipe<T, R, H>((n_out + B - 1) / B, n_in, xq, xd,
                     [&](int rb) { return PipeRows{w + rb * block_bytes, y + B * rb, min(B, n_out - B * rb)}; });
 }
 /// Up to three matrices of one input (q/k/v, gate/up): row blocks [0, b0) of matrix 0, the next b1
 /// of matrix 1, the rest of matrix 2, as matvec_multi.
-template <class T, int R>
+template <class T, int R, bool H>
 __device__ __forceinline__ void matvec_pipe_three(const uint8_t* w0, int n0, float* y0, const uint8_t* w1, int n1,
                                                   float* y1, const uint8_t* w2, int n2, float* y2, int n_in,
                                                   const int8_t* xq, const float* xd) {
   constexpr int B = 4 * R;
   const size_t block_bytes = B * static_cast<size_t>(n_in / T::BV) * T::BB;
   const int b0 = (n0 + B - 1) / B, b1 = (n1 + B - 1) / B, b2 = (n2 + B - 1) / B;
-  matvec_pipe<T, R>(b0 + b1 + b2, n_in, xq, xd, [&](int rb) {
+  matvec_pipe<T, R, H>(b0 + b1 + b2, n_in, xq, xd, [&](int rb) {
     if (rb < b0) return PipeRows{w0 + rb * block_bytes, y0 + B * rb, min(B, n0 - B * rb)};
     rb -= b0;
     if (rb < b1) return PipeRows{w1 + rb * block_bytes, y1 + B * rb, min(B, n1 - B * rb)};
@@ -130,20 +196,36 @@ __device__ __forceinline__ void matvec_pipe_three(const uint8_t* w0, int n0, flo
   });
 }
 
+/// The kernels' rows a warp (1, 2, 4) and whether T's rows are summed by halves (the host's
+/// choice, lib/cuda/ops.zig pipe_halves_min; only types with T::HALVES), each a kernel of its own.
+template <class T, class F>
+__device__ __forceinline__ void pipe_variant(int rows_per_warp, int halves, F f) {
+  constexpr bool HV = by_halves<T>(nullptr);
+  if (HV && halves) {
+    if (rows_per_warp == 4) f(Const<4>{}, Const<HV>{});
+    else if (rows_per_warp == 2) f(Const<2>{}, Const<HV>{});
+    else f(Const<1>{}, Const<HV>{});
+  } else {
+    if (rows_per_warp == 4) f(Const<4>{}, Const<false>{});
+    else if (rows_per_warp == 2) f(Const<2>{}, Const<false>{});
+    else f(Const<1>{}, Const<false>{});
+  }
+}
+
 #define MATVEC_PIPE(NAME, T)                                                                                   \
   extern "C" __global__ void __launch_bounds__(128) NAME(const uint8_t* w, int n_out, int n_in, const int8_t* xq, \
-                                                         const float* xd, float* y, int rows_per_warp) {       \
-    if (rows_per_warp == 4) matvec_pipe_one<T, 4>(w, n_out, n_in, xq, xd, y);                                  \
-    else if (rows_per_warp == 2) matvec_pipe_one<T, 2>(w, n_out, n_in, xq, xd, y);                             \
-    else matvec_pipe_one<T, 1>(w, n_out, n_in, xq, xd, y);                                                     \
+                                                         const float* xd, float* y, int rows_per_warp, int halves) { \
+    pipe_variant<T>(rows_per_warp, halves, [&](auto r, auto h) {                                               \
+      matvec_pipe_one<T, decltype(r)::value, decltype(h)::value>(w, n_out, n_in, xq, xd, y);                   \
+    });                                                                                                        \
   }
 #define MATVEC_PIPE_MULTI(NAME, T)                                                                               \
   extern "C" __global__ void __launch_bounds__(128)                                                              \
       NAME(const uint8_t* w0, int n0, float* y0, const uint8_t* w1, int n1, float* y1, const uint8_t* w2, int n2,   \
-           float* y2, int n_in, const int8_t* xq, const float* xd, int rows_per_warp) {                            \
-    if (rows_per_warp == 4) matvec_pipe_three<T, 4>(w0, n0, y0, w1, n1, y1, w2, n2, y2, n_in, xq, xd);           \
-    else if (rows_per_warp == 2) matvec_pipe_three<T, 2>(w0, n0, y0, w1, n1, y1, w2, n2, y2, n_in, xq, xd);      \
-    else matvec_pipe_three<T, 1>(w0, n0, y0, w1, n1, y1, w2, n2, y2, n_in, xq, xd);                              \
+           float* y2, int n_in, const int8_t* xq, const float* xd, int rows_per_warp, int halves) {               \
+    pipe_variant<T>(rows_per_warp, halves, [&](auto r, auto h) {                                                 \
+      matvec_pipe_three<T, decltype(r)::value, decltype(h)::value>(w0, n0, y0, w1, n1, y1, w2, n2, y2, n_in, xq, xd); \
+    });                                                                                                          \
   }
 MATVEC_PIPE(matvec_pipe_q4_0r, Q4_0R)
 MATVEC_PIPE(matvec_pipe_q8_0r, Q8_0R)

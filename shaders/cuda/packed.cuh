@@ -142,6 +142,52 @@ struct Q4_KR : SameArithmetic<Q4_K> {
       y[l + 16] = d1 * static_cast<float>(qs[l] >> 4) - m1;
     }
   }
+  // One token's dot by half superblocks (matvec_pipe.cuh rows_halves): a lane takes units 4h..4h+3,
+  // decodes the head once, sums the four units' scaled dots as integers (the Q8_K activation
+  // has one scale for the superblock) and meets d·dx and dmin·dx once. Unit by unit it was a head
+  // decode, two conversions and two float FMAs for every 32 values: the 8B Q4_K step ran 20%
+  // longer than Q4_0's for the same bytes (bench/RESULTS.md, 2026-12-01).
+  static constexpr bool HALVES = true;
+  /// Half h of a superblock: d, dmin, its four units' 6-bit scales and mins a byte each, and
+  /// their 64 bytes of nibbles.
+  struct Half {
+    float d, dmin;
+    uint32_t sc, m;
+    uint4 q[4];
+  };
+  __device__ static void load_half(const uint8_t* row, int h, Half& w) {
+    const uint8_t* g = row + static_cast<size_t>(h >> 1) * BB;
+    const uint4 head = *reinterpret_cast<const uint4*>(g);
+    w.d = __half2float(__ushort_as_half(static_cast<unsigned short>(head.x & 0xFFFFu)));
+    w.dmin = __half2float(__ushort_as_half(static_cast<unsigned short>(head.x >> 16)));
+    // scale_min for j = 4h'..4h'+3, a byte a unit: the low half's are the low 6 bits of bytes
+    // 0..3 and 4..7; the high half's take their low 4 bits from bytes 8..11 and their top 2 from
+    // the top 2 bits of bytes 0..3 (scales) and 4..7 (mins).
+    if (h & 1) {
+      w.sc = (head.w & 0x0F0F0F0Fu) | ((head.y & 0xC0C0C0C0u) >> 2);
+      w.m = ((head.w >> 4) & 0x0F0F0F0Fu) | ((head.z & 0xC0C0C0C0u) >> 2);
+    } else {
+      w.sc = head.y & 0x3F3F3F3Fu;
+      w.m = head.z & 0x3F3F3F3Fu;
+    }
+    const uint4* q = reinterpret_cast<const uint4*>(g + 16 + 64 * (h & 1));
+#pragma unroll
+    for (int k = 0; k < 4; k++) w.q[k] = q[k];
+  }
+  /// Unit k (0..3) of the half with its activation x (8 words) and their byte sum xs.
+  __device__ static void dot_unit(const Half& w, int k, const int* x, int xs, int& isum, int& msum) {
+    int v[8];
+    nibbles(w.q[k], v);
+    int s = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) s = dp4a(v[i], x[i], s);
+    isum += static_cast<int>((w.sc >> (8 * k)) & 255u) * s;
+    msum += static_cast<int>((w.m >> (8 * k)) & 255u) * xs;
+  }
+  __device__ static void finish_half(const Half& w, int isum, int msum, float dx, float& acc, float& accm) {
+    acc = __fmaf_rn(static_cast<float>(isum), w.d * dx, acc);
+    accm = __fmaf_rn(static_cast<float>(msum), w.dmin * dx, accm);
+  }
   /// A Q4_K superblock into this layout, in place: the head stays; ggml keeps sub-blocks 2c and
   /// 2c + 1 in the low and high nibbles of the same 32 bytes, here each has its own 16.
   __device__ static void repack(uint8_t* g) {
