@@ -13,6 +13,9 @@
 // --max-wait: before each run, wait up to this many seconds for other processes to use under a
 // quarter of the CPUs (the machine is shared); a measured run during which they used more than
 // --max-background of them is redone (twice at most); the table reports the background load.
+// Before each decode run the memory read bandwidth is probed (~0.5 s) and printed beside the run
+// in a second table: the machine's bandwidth switches between states (~32 and ~50 GB/s on
+// 2026-12-01) within seconds to minutes, and a memory-bound engine's decode follows it.
 // Every infer run uses a snapshot of the tree (ts/, bench/, zig-out/lib) taken at the start.
 // Peers: $INFER_PEERS (default ~/.cache/infer-peers), built by ../shared/tools/build-peer-llama.sh.
 import { cpSync, existsSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
@@ -184,6 +187,10 @@ interface ModelResult {
   readonly background: number[];
   /** Measured runs redone because of background load. */
   readonly retried: number;
+  /** The memory read bandwidth (GB/s) probed just before each measured decode run, per engine
+   * and measure: the machine's bandwidth changes state within seconds to minutes (~32 against
+   * ~50 GB/s on 2026-12-01), and a memory-bound engine's decode follows it. */
+  readonly memory: Record<EngineName, { decode: number[]; decodeDeep: number[] }>;
 }
 
 function log(s: string): void {
@@ -191,6 +198,8 @@ function log(s: string): void {
 }
 
 const RUN_TIMEOUT_MS = 15 * 60 * 1000;
+/** Where bandwidth.ts runs from: the run's snapshot of bench/ (main). */
+let benchDir = import.meta.dir;
 
 /** Waits (up to o.maxWait s) until other processes use under a quarter of the machine. */
 async function waitQuiet(o: Options): Promise<void> {
@@ -213,6 +222,8 @@ async function measureModel(o: Options, peers: Peers, m: BenchModel): Promise<Mo
   const samples: Samples = { infer: empty(), "llama.cpp": empty(), "node-llama-cpp": empty() };
   const errors: Errors = {};
   const background: number[] = [];
+  const memory = Object.fromEntries((["infer", "llama.cpp", "node-llama-cpp"] as EngineName[])
+    .map((e) => [e, { decode: [] as number[], decodeDeep: [] as number[] }])) as ModelResult["memory"];
   let retried = 0;
   const available: Record<EngineName, boolean> = {
     infer: true, "llama.cpp": peers.llamaBench !== null, "node-llama-cpp": peers.nodeLlamaCpp,
@@ -228,19 +239,24 @@ async function measureModel(o: Options, peers: Peers, m: BenchModel): Promise<Mo
           if (errors[engine]) continue;
           try {
             await waitQuiet(o);
+            // Decode runs: the memory's state just before (a short probe, ~0.5 s).
+            const probe = () => (mode === "prefill" ? null : measureBandwidth(benchDir, o.threads, 256, 4));
+            let gbs = probe();
             let r = runOne(o, peers, w, engine, mode);
             for (let retry = 0; !warm && retry < 2 && (r.background ?? 0) > o.maxBackground; retry++) {
               log(`${m.label} ${m.quant} ${mode} ${engine}: ${describe(r)}; busy machine, again`);
               retried++;
               await waitQuiet(o);
+              gbs = probe();
               r = runOne(o, peers, w, engine, mode);
             }
             if (!warm) {
               record(samples[engine], mode, r);
               if (r.background !== undefined) background.push(r.background);
+              if (gbs !== null && r.tokensPerSec !== null) memory[engine][mode === "decode" ? "decode" : "decodeDeep"].push(gbs);
             }
             log(`${m.label} ${m.quant} ${warm ? "warm-up" : `run ${round + (o.warmup ? 0 : 1)}/${o.runs}`} ` +
-              `${mode} ${engine}: ${describe(r)}`);
+              `${mode} ${engine}: ${describe(r)}${gbs === null ? "" : `, memory ${gbs.toFixed(1)} GB/s before`}`);
           } catch (err) {
             errors[engine] = (err as Error).message.split("\n")[0];
             log(`${m.label} ${m.quant} ${engine} ${mode}: ${errors[engine]}`);
@@ -251,7 +267,7 @@ async function measureModel(o: Options, peers: Peers, m: BenchModel): Promise<Mo
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }
-  return { model: m, facts, samples, errors, background, retried };
+  return { model: m, facts, samples, errors, background, retried, memory };
 }
 
 function runOne(o: Options, peers: Peers, w: Workload, engine: EngineName, mode: Mode): RunResult {
@@ -285,9 +301,9 @@ function describe(r: RunResult): string {
 
 // ---- bandwidth, machine ----------------------------------------------------------------------
 
-function measureBandwidth(dir: string, threads: number): number | null {
-  const p = Bun.spawnSync([process.execPath, join(dir, "bandwidth.ts"), "--threads", String(threads)],
-    { stdout: "pipe", stderr: "pipe" });
+function measureBandwidth(dir: string, threads: number, mib = 1024, passes = 10): number | null {
+  const p = Bun.spawnSync([process.execPath, join(dir, "bandwidth.ts"), "--threads", String(threads), "--mib",
+    String(mib), "--passes", String(passes)], { stdout: "pipe", stderr: "pipe" });
   try {
     return (JSON.parse(p.stdout.toString().trim()) as { bestGBs: number }).bestGBs;
   } catch {
@@ -356,6 +372,28 @@ function table(results: ModelResult[], bandwidthGBs: number | null): string {
   return lines.join("\n");
 }
 
+/** Each decode run beside the memory bandwidth probed just before it: whether a row's ratio was
+ * measured with both engines in the same state of the machine's memory. */
+function memoryTable(results: ModelResult[]): string {
+  const engines: EngineName[] = ["infer", "llama.cpp", "node-llama-cpp"];
+  const head = ["model", "quant", "measure", ...engines.map((e) => `${e} runs: t/s @ GB/s (% of that limit)`)];
+  const lines = [`| ${head.join(" | ")} |`, `|${head.map(() => " --- ").join("|")}|`];
+  for (const r of results) {
+    for (const key of ["decode", "decodeDeep"] as const) {
+      const context = key === "decode" ? 16 + 64 : 1000 + 16; // mean positions attended, as table()
+      const bytes = r.facts.weightBytes + context * r.facts.kvBytesPerPosition;
+      const runs = (e: EngineName) => r.samples[e][key].map((t, i) => {
+        const gbs = r.memory[e][key][i];
+        return gbs === undefined ? `${fmt(t, key)} @ ?`
+          : `${fmt(t, key)} @ ${gbs.toFixed(0)} (${((100 * t * bytes) / (gbs * 1e9)).toFixed(0)}%)`;
+      }).join(", ") || "—";
+      const label = measures.find((m) => m.key === key)!.label;
+      lines.push(`| ${[r.model.label, r.model.quant, label, ...engines.map(runs)].join(" | ")} |`);
+    }
+  }
+  return lines.join("\n");
+}
+
 // ---- main ------------------------------------------------------------------------------------
 
 function pct(v: number | null): string {
@@ -396,6 +434,7 @@ async function main(): Promise<void> {
   }
   if (existsSync(join(root, "node_modules"))) symlinkSync(join(root, "node_modules"), join(snapshot, "node_modules"));
   setRunnerDir(join(snapshot, "bench"));
+  benchDir = join(snapshot, "bench");
   const lib = process.env.INFER_LIB ?? join(snapshot, "zig-out", "lib", libraryPath().split("/").pop()!);
   const libHash = existsSync(lib)
     ? new Bun.CryptoHasher("sha256").update(readFileSync(lib)).digest("hex").slice(0, 12) : "missing";
@@ -427,6 +466,11 @@ async function main(): Promise<void> {
       "llama-completion -c 2048 under /usr/bin/time. infer and node-llama-cpp: context 2048, greedy, same token ids.",
     "",
     table(results, bw),
+    "",
+    "Decode runs and the memory read bandwidth probed just before each (256 MiB, 4 passes, best; the " +
+      "machine's bandwidth changes state within seconds to minutes, and a memory-bound decode follows it):",
+    "",
+    memoryTable(results),
     "",
     "Background load (other processes' CPU and steal during the measured runs, share of all cores; 0% = quiet): " +
       results.map((r) => `${r.model.label} ${r.model.quant} median ${pct(median(r.background))}, ` +
