@@ -313,6 +313,80 @@ pub fn dot(w: []align(1) const Block, x: []align(1) const q8_k.Block) f32 {
     return dotMulti(1, w, .{x.ptr})[0];
 }
 
+/// One token over n_out row-major rows (weights not repacked: rows not a multiple of 8, or
+/// INFER_REPACK=0): four rows side by side, sharing each activation load, their eight integer
+/// sums (quant and mins sums of each row) out of one transposing reduction and their f32 chains
+/// one vector FMA each; the next four rows prefetched meanwhile (simd.prefetchNextRows); the
+/// rest one at a time. Bit for bit dotGgmlScalar.
+pub fn dotRows(n_blocks: usize, w: [*]const u8, w_row_bytes: usize, n_out: usize, x: [*]align(1) const q8_k.Block, out: [*]f32) void {
+    var o: usize = 0;
+    const next_in_l1 = simd.nextRowsInL1(four_rows, w_row_bytes);
+    while (o + four_rows <= n_out) : (o += four_rows) {
+        const w4 = w + o * w_row_bytes;
+        out[o..][0..four_rows].* = if (next_in_l1)
+            rowsFour(true, n_blocks, w4, w_row_bytes, x)
+        else
+            rowsFour(false, n_blocks, w4, w_row_bytes, x);
+    }
+    while (o < n_out) : (o += 1) {
+        const row: [*]align(1) const Block = @ptrCast(w + o * w_row_bytes);
+        out[o] = dot(row[0..n_blocks], x[0..n_blocks]);
+    }
+}
+
+const four_rows = 4;
+
+inline fn rowsFour(comptime next_in_l1: bool, n_blocks: usize, w: [*]const u8, w_row_bytes: usize, x: [*]align(1) const q8_k.Block) [four_rows]f32 {
+    const R = four_rows;
+    var acc: @Vector(R, f32) = @splat(0);
+    var acc_min: @Vector(R, f32) = @splat(0);
+    for (0..n_blocks) |b| {
+        simd.prefetchNextRows(R, @sizeOf(Block), next_in_l1, w, w_row_bytes, b);
+        const xb = &x[b];
+        var x_q: [8]simd.V32i8 = undefined;
+        inline for (0..8) |j| x_q[j] = simd.load32i(xb.qs[32 * j ..]);
+        // Row r's quant-sum lanes in vector r, its mins-sum lanes in vector 4 + r.
+        var lanes: [8]simd.V8i32 = undefined;
+        var dw: @Vector(R, f32) = undefined;
+        var dmin: @Vector(R, f32) = undefined;
+        inline for (0..R) |r| {
+            const wb: *align(1) const Block = @ptrCast(w + r * w_row_bytes + b * @sizeOf(Block));
+            const u = unpack(wb);
+            var sumi: [2]simd.V8i32 = @splat(@splat(0));
+            inline for (0..8) |j| sumi[j % 2] = simd.dotScaledAcc(sumi[j % 2], u.q[j], x_q[j], u.scale[j]);
+            lanes[r] = sumi[0] + sumi[1];
+            lanes[R + r] = simd.maddI16(xb.bsums, u.mins);
+            dw[r] = wb.d;
+            dmin[r] = wb.dmin;
+        }
+        const sums = simd.reduceEight(lanes);
+        const d_x: @Vector(R, f32) = @splat(xb.d);
+        const sumi: @Vector(R, i32) = @shuffle(i32, sums, undefined, [R]i32{ 0, 1, 2, 3 });
+        const sum_min: @Vector(R, i32) = @shuffle(i32, sums, undefined, [R]i32{ 4, 5, 6, 7 });
+        acc = @mulAdd(@Vector(R, f32), @floatFromInt(sumi), dw * d_x, acc);
+        acc_min = @mulAdd(@Vector(R, f32), @floatFromInt(sum_min), dmin * d_x, acc_min);
+    }
+    return acc - acc_min;
+}
+
+/// A superblock's 8 sub-blocks of 32 nibbles, their scales as i16 lanes, and the mins beside
+/// the activation's bsums pairs (minsPairs).
+const Unpacked = struct { q: [8]simd.V32u8, scale: [8]simd.V16i16, mins: simd.V16i16 };
+
+inline fn unpack(wb: *align(1) const Block) Unpacked {
+    const nibble: simd.V32u8 = @splat(15);
+    const sm = unpackScales(&wb.scales);
+    var u: Unpacked = undefined;
+    inline for (0..4) |c| {
+        const packed_qs = simd.load32(wb.qs[32 * c ..]);
+        u.q[2 * c] = packed_qs & nibble;
+        u.q[2 * c + 1] = packed_qs >> @splat(4);
+    }
+    inline for (0..8) |j| u.scale[j] = @splat(sm.scales[j]);
+    u.mins = minsPairs(sm.mins);
+    return u;
+}
+
 /// Dots one weight row with R activation rows, unpacking each superblock's nibbles and scales
 /// once for all R. Rounds as dotGgmlScalar: the integer sums are exact in any lane order, so
 /// only the two f32 chains per row need ggml's order.
@@ -323,19 +397,12 @@ pub fn dotMulti(
 ) [R]f32 {
     var acc: [R]f32 = @splat(0);
     var acc_min: [R]f32 = @splat(0);
-    const nibble: simd.V32u8 = @splat(15);
     for (w, 0..) |*wb, i| {
-        const sm = unpackScales(&wb.scales);
         // Sub-block j's 32 quants (0..15: u8 x i8 pairs stay far inside i16) and its scale.
-        var q: [8]simd.V32u8 = undefined;
-        var scale: [8]simd.V16i16 = undefined;
-        inline for (0..4) |c| {
-            const packed_qs = simd.load32(wb.qs[32 * c ..]);
-            q[2 * c] = packed_qs & nibble;
-            q[2 * c + 1] = packed_qs >> @splat(4);
-        }
-        inline for (0..8) |j| scale[j] = @splat(sm.scales[j]);
-        const mins = minsPairs(sm.mins);
+        const u = unpack(wb);
+        const q = u.q;
+        const scale = u.scale;
+        const mins = u.mins;
         const dw: f32 = wb.d;
         const dmin: f32 = wb.dmin;
         // Per token, the lanes of the quant sum (vector r) and of the mins sum (vector 4 + r);
@@ -376,6 +443,29 @@ pub inline fn minsPairs(mins: [8]u8) simd.V16i16 {
 }
 
 const test_util = @import("test_util.zig");
+
+test "q4_k dotRows equals dotGgmlScalar bit for bit, odd block counts and a row stride" {
+    var rng = test_util.TestRng.init(4343);
+    for ([_]usize{ 1, 3, 6 }) |n_blocks| {
+        const n_out = 11; // four rows twice, then three alone
+        const stride = n_blocks + 1; // blocks a row apart: rows not packed back to back
+        var w: [n_out * 7]Block = undefined;
+        for (w[0 .. n_out * stride]) |*blk| {
+            rng.bytes(std.mem.asBytes(blk));
+            fixBlock(blk, &rng);
+        }
+        var xf: [6 * 256]f32 = undefined;
+        rng.floats(xf[0 .. n_blocks * 256], 3);
+        var x: [6]q8_k.Block = undefined;
+        q8_k.quantize(xf[0 .. n_blocks * 256], x[0..n_blocks]);
+        var out: [n_out]f32 = undefined;
+        dotRows(n_blocks, @ptrCast(&w), stride * @sizeOf(Block), n_out, &x, &out);
+        for (0..n_out) |o| {
+            const want = dotGgmlScalar(w[o * stride ..][0..n_blocks], x[0..n_blocks]);
+            try std.testing.expectEqual(@as(u32, @bitCast(want)), @as(u32, @bitCast(out[o])));
+        }
+    }
+}
 
 fn fixBlock(b: *Block, rng: *test_util.TestRng) void {
     b.d = test_util.randomScale(rng, false);

@@ -133,6 +133,79 @@ pub fn dot(w: []align(1) const Block, x: []align(1) const q8_k.Block) f32 {
     return dotMulti(1, w, .{x.ptr})[0];
 }
 
+/// One token over n_out row-major rows: four rows' chains side by side, sharing each activation
+/// load and the activation's sums, the next four rows prefetched meanwhile
+/// (simd.prefetchNextRows); the rest one at a time. Bit for bit dotGgmlScalar.
+pub fn dotRows(n_blocks: usize, w: [*]const u8, w_row_bytes: usize, n_out: usize, x: [*]align(1) const q8_k.Block, out: [*]f32) void {
+    var o: usize = 0;
+    const next_in_l1 = simd.nextRowsInL1(four_rows, w_row_bytes);
+    while (o + four_rows <= n_out) : (o += four_rows) {
+        const w4 = w + o * w_row_bytes;
+        out[o..][0..four_rows].* = if (next_in_l1)
+            rowsFour(true, n_blocks, w4, w_row_bytes, x)
+        else
+            rowsFour(false, n_blocks, w4, w_row_bytes, x);
+    }
+    while (o < n_out) : (o += 1) {
+        const row: [*]align(1) const Block = @ptrCast(w + o * w_row_bytes);
+        out[o] = dot(row[0..n_blocks], x[0..n_blocks]);
+    }
+}
+
+const four_rows = 4;
+
+inline fn rowsFour(comptime next_in_l1: bool, n_blocks: usize, w: [*]const u8, w_row_bytes: usize, x: [*]align(1) const q8_k.Block) [four_rows]f32 {
+    const R = four_rows;
+    var acc: [R]simd.V8f32 = @splat(@splat(0));
+    var summs: @Vector(R, f32) = @splat(0);
+    for (0..n_blocks) |b| {
+        simd.prefetchNextRows(R, @sizeOf(Block), next_in_l1, w, w_row_bytes, b);
+        const xb = &x[b];
+        var x_q: [8]simd.V32i8 = undefined;
+        inline for (0..8) |j| x_q[j] = simd.load32i(xb.qs[32 * j ..]);
+        var min_lanes: [8]simd.V8i32 = @splat(@splat(0));
+        var dmin: @Vector(R, f32) = undefined;
+        inline for (0..R) |r| {
+            const wb: *align(1) const Block = @ptrCast(w + r * w_row_bytes + b * @sizeOf(Block));
+            const u = unpack(wb);
+            var sumi: [2]simd.V8i32 = @splat(@splat(0));
+            inline for (0..8) |j| sumi[j % 2] = simd.dotScaledAcc(sumi[j % 2], u.q[j], x_q[j], u.scale[j]);
+            const d: simd.V8f32 = @splat(xb.d * @as(f32, wb.d));
+            acc[r] = @mulAdd(simd.V8f32, d, @floatFromInt(sumi[0] + sumi[1]), acc[r]);
+            min_lanes[r] = simd.maddI16(xb.bsums, u.mins);
+            dmin[r] = -xb.d * @as(f32, wb.dmin);
+        }
+        const sums = simd.reduceEight(min_lanes);
+        const sum_min: @Vector(R, i32) = @shuffle(i32, sums, undefined, [R]i32{ 0, 1, 2, 3 });
+        summs = @mulAdd(@Vector(R, f32), dmin, @floatFromInt(sum_min), summs);
+    }
+    var out: [R]f32 = undefined;
+    inline for (0..R) |r| out[r] = simd.hsum(acc[r]) + summs[r];
+    return out;
+}
+
+/// A superblock's 8 sub-blocks of 32 quants (0..31: u8 x i8 pairs stay inside i16), their
+/// scales as i16 lanes, and the mins beside the activation's bsums pairs (q4_k.minsPairs).
+const Unpacked = struct { q: [8]simd.V32u8, scale: [8]simd.V16i16, mins: simd.V16i16 };
+
+inline fn unpack(wb: *align(1) const Block) Unpacked {
+    const nibble: simd.V32u8 = @splat(15);
+    const one: simd.V32u8 = @splat(1);
+    const sm = q4_k.unpackScales(&wb.scales);
+    const qh = simd.load32(&wb.qh);
+    var u: Unpacked = undefined;
+    inline for (0..4) |c| {
+        const packed_qs = simd.load32(wb.qs[32 * c ..]);
+        const h_lo = ((qh >> @splat(2 * c)) & one) << @splat(4);
+        const h_hi = ((qh >> @splat(2 * c + 1)) & one) << @splat(4);
+        u.q[2 * c] = (packed_qs & nibble) | h_lo;
+        u.q[2 * c + 1] = (packed_qs >> @splat(4)) | h_hi;
+    }
+    inline for (0..8) |j| u.scale[j] = @splat(sm.scales[j]);
+    u.mins = q4_k.minsPairs(sm.mins);
+    return u;
+}
+
 /// Dots one weight row with R activation rows, unpacking each superblock once for all R.
 /// Rounds as dotGgmlScalar.
 pub fn dotMulti(
@@ -142,23 +215,11 @@ pub fn dotMulti(
 ) [R]f32 {
     var acc: [R]simd.V8f32 = @splat(@splat(0));
     var summs: [R]f32 = @splat(0);
-    const nibble: simd.V32u8 = @splat(15);
-    const one: simd.V32u8 = @splat(1);
     for (w, 0..) |*wb, i| {
-        const sm = q4_k.unpackScales(&wb.scales);
-        const qh = simd.load32(&wb.qh);
-        // Sub-block j's 32 quants (0..31: u8 x i8 pairs stay inside i16) and its scale.
-        var q: [8]simd.V32u8 = undefined;
-        var scale: [8]simd.V16i16 = undefined;
-        inline for (0..4) |c| {
-            const packed_qs = simd.load32(wb.qs[32 * c ..]);
-            const h_lo = ((qh >> @splat(2 * c)) & one) << @splat(4);
-            const h_hi = ((qh >> @splat(2 * c + 1)) & one) << @splat(4);
-            q[2 * c] = (packed_qs & nibble) | h_lo;
-            q[2 * c + 1] = (packed_qs >> @splat(4)) | h_hi;
-        }
-        inline for (0..8) |j| scale[j] = @splat(sm.scales[j]);
-        const mins = q4_k.minsPairs(sm.mins);
+        const u = unpack(wb);
+        const q = u.q;
+        const scale = u.scale;
+        const mins = u.mins;
         const dw: f32 = wb.d;
         const dmin_w: f32 = wb.dmin;
         inline for (0..R) |r| {
@@ -193,6 +254,29 @@ test "q5_k dot: fast matches scalar; quantized dot matches f32" {
 
 test "q5_k dot: bit-identical to ggml's x86 vec_dot order" {
     try simd.expectGgmlOrder(@This(), q8_k, 113, fixBlock);
+}
+
+test "q5_k dotRows equals dotGgmlScalar bit for bit, odd block counts and a row stride" {
+    var rng = test_util.TestRng.init(5151);
+    for ([_]usize{ 1, 3, 6 }) |n_blocks| {
+        const n_out = 11; // four rows twice, then three alone
+        const stride = n_blocks + 1; // blocks a row apart: rows not packed back to back
+        var w: [n_out * 7]Block = undefined;
+        for (w[0 .. n_out * stride]) |*blk| {
+            rng.bytes(std.mem.asBytes(blk));
+            fixBlock(blk, &rng);
+        }
+        var xf: [6 * 256]f32 = undefined;
+        rng.floats(xf[0 .. n_blocks * 256], 3);
+        var x: [6]q8_k.Block = undefined;
+        q8_k.quantize(xf[0 .. n_blocks * 256], x[0..n_blocks]);
+        var out: [n_out]f32 = undefined;
+        dotRows(n_blocks, @ptrCast(&w), stride * @sizeOf(Block), n_out, &x, &out);
+        for (0..n_out) |o| {
+            const want = dotGgmlScalar(w[o * stride ..][0..n_blocks], x[0..n_blocks]);
+            try std.testing.expectEqual(@as(u32, @bitCast(want)), @as(u32, @bitCast(out[o])));
+        }
+    }
 }
 
 test "q5_k quantizeRef: a 5-bit grid is kept exactly; noise within 5-bit error" {
