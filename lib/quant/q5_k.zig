@@ -137,41 +137,28 @@ pub fn dot(w: []align(1) const Block, x: []align(1) const q8_k.Block) f32 {
 /// load and the activation's sums, the next four rows prefetched meanwhile
 /// (simd.prefetchNextRows); the rest one at a time. Bit for bit dotGgmlScalar.
 pub fn dotRows(n_blocks: usize, w: [*]const u8, w_row_bytes: usize, n_out: usize, x: [*]align(1) const q8_k.Block, out: [*]f32) void {
-    var o: usize = 0;
-    const next_in_l1 = simd.nextRowsInL1(four_rows, w_row_bytes);
-    while (o + four_rows <= n_out) : (o += four_rows) {
-        const w4 = w + o * w_row_bytes;
-        out[o..][0..four_rows].* = if (next_in_l1)
-            rowsFour(true, n_blocks, w4, w_row_bytes, x)
-        else
-            rowsFour(false, n_blocks, w4, w_row_bytes, x);
-    }
-    while (o < n_out) : (o += 1) {
-        const row: [*]align(1) const Block = @ptrCast(w + o * w_row_bytes);
-        out[o] = dot(row[0..n_blocks], x[0..n_blocks]);
-    }
+    simd.dotRowGroups(@This(), four_rows, n_blocks, w, w_row_bytes, n_out, x, out);
 }
 
 const four_rows = 4;
 
-inline fn rowsFour(comptime next_in_l1: bool, n_blocks: usize, w: [*]const u8, w_row_bytes: usize, x: [*]align(1) const q8_k.Block) [four_rows]f32 {
+/// Four rows of dotRows (simd.dotRowGroups), the next four prefetched.
+pub inline fn rowGroup(comptime next_in_l1: bool, n_blocks: usize, w: [*]const u8, w_row_bytes: usize, x: [*]align(1) const q8_k.Block) [four_rows]f32 {
     const R = four_rows;
     var acc: [R]simd.V8f32 = @splat(@splat(0));
     var summs: @Vector(R, f32) = @splat(0);
     for (0..n_blocks) |b| {
         simd.prefetchNextRows(R, @sizeOf(Block), next_in_l1, w, w_row_bytes, b);
         const xb = &x[b];
-        var x_q: [8]simd.V32i8 = undefined;
-        inline for (0..8) |j| x_q[j] = simd.load32i(xb.qs[32 * j ..]);
+        const x_q = q8_k.subBlocks(xb);
         var min_lanes: [8]simd.V8i32 = @splat(@splat(0));
         var dmin: @Vector(R, f32) = undefined;
         inline for (0..R) |r| {
             const wb: *align(1) const Block = @ptrCast(w + r * w_row_bytes + b * @sizeOf(Block));
             const u = unpack(wb);
-            var sumi: [2]simd.V8i32 = @splat(@splat(0));
-            inline for (0..8) |j| sumi[j % 2] = simd.dotScaledAcc(sumi[j % 2], u.q[j], x_q[j], u.scale[j]);
+            const sumi = simd.scaledDots(&u.q, &x_q, &u.scale);
             const d: simd.V8f32 = @splat(xb.d * @as(f32, wb.d));
-            acc[r] = @mulAdd(simd.V8f32, d, @floatFromInt(sumi[0] + sumi[1]), acc[r]);
+            acc[r] = @mulAdd(simd.V8f32, d, @floatFromInt(sumi), acc[r]);
             min_lanes[r] = simd.maddI16(xb.bsums, u.mins);
             dmin[r] = -xb.d * @as(f32, wb.dmin);
         }
@@ -224,14 +211,9 @@ pub fn dotMulti(
         const dmin_w: f32 = wb.dmin;
         inline for (0..R) |r| {
             const xb = &xs[r][i];
-            // Two integer chains (exact, so any grouping) to halve the latency chain.
-            var sumi: [2]simd.V8i32 = @splat(@splat(0));
-            inline for (0..8) |j| {
-                const x_q = simd.load32i(xb.qs[32 * j ..]);
-                sumi[j % 2] = simd.dotScaledAcc(sumi[j % 2], q[j], x_q, scale[j]);
-            }
+            const sumi = simd.scaledDots(&q, &q8_k.subBlocks(xb), &scale);
             const d: simd.V8f32 = @splat(xb.d * dw);
-            acc[r] = @mulAdd(simd.V8f32, d, @floatFromInt(sumi[0] + sumi[1]), acc[r]);
+            acc[r] = @mulAdd(simd.V8f32, d, @floatFromInt(sumi), acc[r]);
             const sum_min = @reduce(.Add, simd.maddI16(xb.bsums, mins));
             summs[r] = @mulAdd(f32, -xb.d * dmin_w, @floatFromInt(sum_min), summs[r]);
         }
@@ -257,26 +239,7 @@ test "q5_k dot: bit-identical to ggml's x86 vec_dot order" {
 }
 
 test "q5_k dotRows equals dotGgmlScalar bit for bit, odd block counts and a row stride" {
-    var rng = test_util.TestRng.init(5151);
-    for ([_]usize{ 1, 3, 6 }) |n_blocks| {
-        const n_out = 11; // four rows twice, then three alone
-        const stride = n_blocks + 1; // blocks a row apart: rows not packed back to back
-        var w: [n_out * 7]Block = undefined;
-        for (w[0 .. n_out * stride]) |*blk| {
-            rng.bytes(std.mem.asBytes(blk));
-            fixBlock(blk, &rng);
-        }
-        var xf: [6 * 256]f32 = undefined;
-        rng.floats(xf[0 .. n_blocks * 256], 3);
-        var x: [6]q8_k.Block = undefined;
-        q8_k.quantize(xf[0 .. n_blocks * 256], x[0..n_blocks]);
-        var out: [n_out]f32 = undefined;
-        dotRows(n_blocks, @ptrCast(&w), stride * @sizeOf(Block), n_out, &x, &out);
-        for (0..n_out) |o| {
-            const want = dotGgmlScalar(w[o * stride ..][0..n_blocks], x[0..n_blocks]);
-            try std.testing.expectEqual(@as(u32, @bitCast(want)), @as(u32, @bitCast(out[o])));
-        }
-    }
+    try test_util.checkDotRows(@This(), q8_k, 5151, fixBlock);
 }
 
 test "q5_k quantizeRef: a 5-bit grid is kept exactly; noise within 5-bit error" {

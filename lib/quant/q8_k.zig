@@ -3,6 +3,7 @@
 //! and offsets so kernels need not re-add the activations). value = q * d.
 const std = @import("std");
 const q8_0 = @import("q8_0.zig");
+const simd = @import("simd.zig");
 
 pub const block_values = 256;
 pub const Block = extern struct {
@@ -12,6 +13,13 @@ pub const Block = extern struct {
 };
 comptime {
     std.debug.assert(@sizeOf(Block) == 292);
+}
+
+/// The block's 8 sub-blocks of 32 quants (simd.scaledDots' x), loaded once for several rows.
+pub inline fn subBlocks(b: *align(1) const Block) [8]simd.V32i8 {
+    var x: [8]simd.V32i8 = undefined;
+    inline for (0..8) |j| x[j] = simd.load32i(b.qs[32 * j ..]);
+    return x;
 }
 
 pub fn dequantize(src: []align(1) const Block, dst: []f32) void {

@@ -123,6 +123,34 @@ pub inline fn prefetchNextRows(comptime rows: usize, comptime block_bytes: usize
     inline for (0..(rows * block_bytes + 63) / 64) |l| @prefetch(ahead + 64 * l, .{ .locality = if (to_l1) 3 else 2 });
 }
 
+/// One token over n_out row-major rows of format Fmt (n_blocks Fmt.Block a row): `rows` rows at
+/// a time by Fmt.rowGroup(next_in_l1, n_blocks, first row, w_row_bytes, x), which prefetches the
+/// next rows (into L1 where nextRowsInL1 says), the rest one at a time by Fmt.dot.
+pub inline fn dotRowGroups(comptime Fmt: type, comptime rows: usize, n_blocks: usize, w: [*]const u8, w_row_bytes: usize, n_out: usize, x: anytype, out: [*]f32) void {
+    var o: usize = 0;
+    const next_in_l1 = nextRowsInL1(rows, w_row_bytes);
+    while (o + rows <= n_out) : (o += rows) {
+        const first = w + o * w_row_bytes;
+        out[o..][0..rows].* = if (next_in_l1)
+            Fmt.rowGroup(true, n_blocks, first, w_row_bytes, x)
+        else
+            Fmt.rowGroup(false, n_blocks, first, w_row_bytes, x);
+    }
+    while (o < n_out) : (o += 1) {
+        const row: [*]align(1) const Fmt.Block = @ptrCast(w + o * w_row_bytes);
+        out[o] = Fmt.dot(row[0..n_blocks], x[0..n_blocks]);
+    }
+}
+
+/// A K-quant superblock's scaled sum over its 8 sub-blocks of 32 values, in 8 integer lanes:
+/// sum_j scale_j * (q_j . x_j), as two chains (exact integers, so any grouping) to halve the
+/// dot instructions' latency chain. x: the Q8_K block's sub-blocks (q8_k.subBlocks).
+pub inline fn scaledDots(q: *const [8]V32u8, x: *const [8]V32i8, scale: *const [8]V16i16) V8i32 {
+    var sumi: [2]V8i32 = @splat(@splat(0));
+    inline for (0..8) |j| sumi[j % 2] = dotScaledAcc(sumi[j % 2], q[j], x[j], scale[j]);
+    return sumi[0] + sumi[1];
+}
+
 /// acc[k] + sum_{j<4} a[4k+j] * b[4k+j] for k < 8: u8 x i8 products summed in groups of four.
 /// Callers keep a <= 128 and pairs a*b + a'*b' within i16 (|sum| <= 32767) so AVX2 never saturates.
 pub inline fn dotAccU8I8(acc: V8i32, a: V32u8, b: V32i8) V8i32 {

@@ -103,3 +103,32 @@ fn checkDotMulti(
         try std.testing.expectApproxEqAbs(want, got[r], @as(f32, @floatCast(tight * 4)));
     }
 }
+
+/// W.dotRows (one token over row-major rows) against W.dotGgmlScalar row by row, bit for bit:
+/// 11 rows (groups of 4 or 8 and a remainder), 1, 3 and 6 blocks a row, rows a block apart
+/// (a row stride past the row's bytes).
+pub fn checkDotRows(
+    comptime W: type,
+    comptime X: type,
+    seed: u64,
+    fixBlock: fn (*W.Block, *TestRng) void,
+) !void {
+    var rng = TestRng.init(seed);
+    for ([_]usize{ 1, 3, 6 }) |n_blocks| {
+        const n_out = 11;
+        const stride = n_blocks + 1;
+        var w: [n_out * 7]W.Block = undefined;
+        randomBlocks(W.Block, &rng, w[0 .. n_out * stride], fixBlock);
+        var xf: [6 * 256]f32 = undefined;
+        const n = n_blocks * W.block_values;
+        rng.floats(xf[0..n], 3);
+        var x: [6 * 256 / X.block_values]X.Block = undefined;
+        X.quantize(xf[0..n], x[0 .. n / X.block_values]);
+        var out: [n_out]f32 = undefined;
+        W.dotRows(n_blocks, @ptrCast(&w), stride * @sizeOf(W.Block), n_out, &x, &out);
+        for (0..n_out) |o| {
+            const want = W.dotGgmlScalar(w[o * stride ..][0..n_blocks], x[0 .. n / X.block_values]);
+            try std.testing.expectEqual(@as(u32, @bitCast(want)), @as(u32, @bitCast(out[o])));
+        }
+    }
+}
