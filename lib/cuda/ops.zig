@@ -72,7 +72,9 @@ pub fn quantize(x: u64, n_rows: u64, n_cols: u64, mode: u32, q: u64, d: u64) i32
     if (n_cols % block != 0) return invalid("quantize: n_cols {d} is not a multiple of {d}", .{ n_cols, block });
     const n = std.math.mul(u64, n_rows, n_cols) catch return tooLarge("quantize: values", n_rows);
     const units = int(n / block) orelse return tooLarge("quantize: blocks", n / block);
-    return launch(if (mode == 0) .quantize_q8_0 else .quantize_q8_k, ceilDiv(n / block * 32, 256), 1, 256, .{ x, units, q, d });
+    // Q8_0: a warp a unit; Q8_K: a block of 256 threads a superblock.
+    if (mode == 0) return launch(.quantize_q8_0, ceilDiv(n / block * 32, 256), 1, 256, .{ x, units, q, d });
+    return launch(.quantize_q8_k, n / block, 1, 256, .{ x, units, q, d });
 }
 
 /// Batches from this many tokens take the tensor-core kernels (mmq_*); fewer take matvec_8.
@@ -686,7 +688,9 @@ pub fn actMulQuant(kind: u32, gate: u64, up: u64, n_rows: u64, n_cols: u64, out:
     const n = std.math.mul(u64, n_rows, n_cols) catch return tooLarge("act_mul_quant: values", n_rows);
     const groups = int(n / (if (mode == 0) @as(u64, 32) else 256)) orelse return tooLarge("act_mul_quant: groups", n);
     const kernel: Kernel = if (kind == 0) .gelu_mul_q else if (kind == 1) .silu_mul_q else return invalid("act_mul_quant: kind {d}", .{kind});
-    return launch(kernel, ceilDiv(@as(u64, @intCast(groups)) * 32, 256), 1, 256, .{ gate, up, groups, out, m, q, d });
+    // Q8_0: a warp a unit; Q8_K: a block of 256 threads a superblock (infer.cu act_mul_q).
+    const blocks: u64 = if (mode == 0) ceilDiv(@as(u64, @intCast(groups)) * 32, 256) else @intCast(groups);
+    return launch(kernel, blocks, 1, 256, .{ gate, up, groups, out, m, q, d });
 }
 
 /// RoPE of two tensors (queries and keys) with the same positions and parameters.

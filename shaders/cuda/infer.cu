@@ -207,17 +207,39 @@ extern "C" __global__ void quantize_q8_0(const float* x, int n_units, int8_t* q,
   quant_unit_q8_0(x[base + (threadIdx.x & 31)], q + base, d + unit);
 }
 
-/// One warp per superblock of 256 values.
+/// quant_super_q8_k's bytes from a block of 256 threads, thread t holding value t of the
+/// superblock: the same maximum (one key order, so any tree finds it) by a warp's shuffles and
+/// the 8 warps' keys in shared memory, the same per-value arithmetic. A warp holding a superblock
+/// does 8 values a lane one after the other; where a launch has few superblocks (an 8B model's
+/// 14,336 gated activations are 56) a block each has 8 times the threads at work.
+__device__ __forceinline__ void quant_block_q8_k(float v, int8_t* q, float* d) {
+  __shared__ unsigned long long warp_keys[8];
+  const int t = threadIdx.x, lane = t & 31;
+  unsigned long long key = q8k_key(v, t);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) key = q8k_max(key, __shfl_xor_sync(FULL_MASK, key, o));
+  if (lane == 0) warp_keys[t >> 5] = key;
+  __syncthreads();
+  key = warp_keys[0];
+#pragma unroll
+  for (int w = 1; w < 8; w++) key = q8k_max(key, warp_keys[w]);
+  const float best = __uint_as_float(static_cast<uint32_t>(key >> 32));
+  if (best != 0.0f) {
+    const float best_v = (key & 1) ? -best : best;
+    const float iscale = -127.0f / best_v;
+    q[t] = static_cast<int8_t>(min(__float2int_rn(v * iscale), 127));
+    if (t < 8) d[t] = 1.0f / iscale;
+  } else {
+    q[t] = 0;
+    if (t < 8) d[t] = 0.0f;
+  }
+}
+
+/// A block of 256 threads per superblock of 256 values (quant_block_q8_k).
 extern "C" __global__ void quantize_q8_k(const float* x, int n_super, int8_t* q, float* d) {
   pdl_begin();
-  const int sb = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-  const int lane = threadIdx.x & 31;
-  if (sb >= n_super) return;
-  const float* xs = x + static_cast<size_t>(sb) * 256;
-  float v[8];
-#pragma unroll
-  for (int k = 0; k < 8; k++) v[k] = xs[lane * 8 + k];
-  quant_super_q8_k(v, q + static_cast<size_t>(sb) * 256, d + static_cast<size_t>(sb) * 8);
+  const size_t base = static_cast<size_t>(blockIdx.x) * 256;
+  quant_block_q8_k(x[base + threadIdx.x], q + base, d + static_cast<size_t>(blockIdx.x) * 8);
 }
 
 #include "matmul.cuh"
@@ -474,8 +496,8 @@ extern "C" __global__ void add_row_bias(float* x, const float* bias, int n, int 
   if (i < n) x[i] += bias[i % n_cols];
 }
 
-/// gelu_mul / silu_mul, then the product quantized (mode 0: one warp per 32 values; mode 1: one
-/// warp per 256). n_groups units or superblocks of contiguous values.
+/// gelu_mul / silu_mul, then the product quantized (mode 0: one warp per 32 values; mode 1: a
+/// block of 256 threads per 256). n_groups units or superblocks of contiguous values.
 template <int SILU>
 __device__ __forceinline__ float gated_act(float g, float u) {
   if (SILU) return (g / (1.0f + expf(-g))) * u;
@@ -485,40 +507,21 @@ __device__ __forceinline__ float gated_act(float g, float u) {
 template <int SILU>
 __device__ __forceinline__ void act_mul_q(const float* gate, const float* up, int n_groups, float* out, int mode,
                                           int8_t* q, float* d) {
-  const int group = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-  const int lane = threadIdx.x & 31;
-  if (group >= n_groups) return;
   if (mode == 0) {
+    const int group = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (group >= n_groups) return;
     const size_t i = static_cast<size_t>(group) * 32 + lane;
     const float v = gated_act<SILU>(gate[i], up[i]);
     out[i] = v;
     quant_unit_q8_0(v, q + static_cast<size_t>(group) * 32, d + group);
   } else {
-    const size_t base = static_cast<size_t>(group) * 256 + lane * 8;
-    float g[8], u[8], v[8];
-    const bool aligned = ((reinterpret_cast<uintptr_t>(gate + base) | reinterpret_cast<uintptr_t>(up + base) |
-                           reinterpret_cast<uintptr_t>(out + base)) & 15) == 0;
-    if (aligned) {  // the lane's 8 values as two 16-byte loads of each input and stores
-      const float4* g4 = reinterpret_cast<const float4*>(gate + base);
-      const float4* u4 = reinterpret_cast<const float4*>(up + base);
-      const float4 g0 = g4[0], g1 = g4[1], u0 = u4[0], u1 = u4[1];
-      g[0] = g0.x, g[1] = g0.y, g[2] = g0.z, g[3] = g0.w, g[4] = g1.x, g[5] = g1.y, g[6] = g1.z, g[7] = g1.w;
-      u[0] = u0.x, u[1] = u0.y, u[2] = u0.z, u[3] = u0.w, u[4] = u1.x, u[5] = u1.y, u[6] = u1.z, u[7] = u1.w;
-    } else {
-#pragma unroll
-      for (int k = 0; k < 8; k++) g[k] = gate[base + k], u[k] = up[base + k];
-    }
-#pragma unroll
-    for (int k = 0; k < 8; k++) v[k] = gated_act<SILU>(g[k], u[k]);
-    if (aligned) {
-      float4* o4 = reinterpret_cast<float4*>(out + base);
-      o4[0] = make_float4(v[0], v[1], v[2], v[3]);
-      o4[1] = make_float4(v[4], v[5], v[6], v[7]);
-    } else {
-#pragma unroll
-      for (int k = 0; k < 8; k++) out[base + k] = v[k];
-    }
-    quant_super_q8_k(v, q + static_cast<size_t>(group) * 256, d + static_cast<size_t>(group) * 8);
+    // A block of 256 threads per superblock (the host's grid: n_groups blocks).
+    const size_t base = static_cast<size_t>(blockIdx.x) * 256;
+    const size_t i = base + threadIdx.x;
+    const float v = gated_act<SILU>(gate[i], up[i]);
+    out[i] = v;
+    quant_block_q8_k(v, q + base, d + static_cast<size_t>(blockIdx.x) * 8);
   }
 }
 
