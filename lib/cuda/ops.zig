@@ -632,9 +632,10 @@ const PipeLaunch = struct { shared: u32, rows_per_warp: u32, halves: bool };
 /// Q4_K rows of at least this many values are summed half a superblock a lane, the activation in
 /// shared memory (kernels.zig pipe_halves; shaders/cuda/matvec_pipe.cuh rows_halves); shorter
 /// rows keep a unit a lane, as a half a lane would leave lanes idle (a 1,024-wide row has 8
-/// halves). On an H200 (bench/RESULTS.md, 2026-12-01 02:45): decode 8B Q4_K 449 -> 500 tok/s
-/// (rows of 4,096), 4B 596 -> 623 (2,560), but 1B 1,812 -> 1,753 (2,048) and 0.6B 1,453 -> 1,375
-/// (1,024) with halves at every width. INFER_CUDA_PIPE_HALVES=n at init: this bound instead.
+/// halves). On an H200 (bench/RESULTS.md, 2026-12-01 02:39-02:55): decode 8B Q4_K 449 -> 492
+/// tok/s (rows of 4,096), 4B 588 -> 601 (2,560); with halves at every width the 1B (2,048)
+/// 1,812 -> 1,753 and the 0.6B (1,024) 1,453 -> 1,375. INFER_CUDA_PIPE_HALVES=n at init: this
+/// bound instead.
 var pipe_halves_min: u64 = 2560;
 var pipe_rows_per_warp: u32 = 2;
 /// Rows a warp of the pipelined matvec for matrices of tall_rows rows and more (the LM head):

@@ -235,7 +235,7 @@ __device__ __forceinline__ void quant_block_q8_k(float v, int8_t* q, float* d) {
   }
 }
 
-/// A block of 256 threads per superblock of 256 values (quant_block_q8_k).
+/// A block of 256 threads per superblock of 256 values (quant_block_q8_k): n_super blocks.
 extern "C" __global__ void quantize_q8_k(const float* x, int n_super, int8_t* q, float* d) {
   pdl_begin();
   const size_t base = static_cast<size_t>(blockIdx.x) * 256;
