@@ -253,7 +253,9 @@ async function measureModel(o: Options, peers: Peers, m: BenchModel): Promise<Mo
             if (!warm) {
               record(samples[engine], mode, r);
               if (r.background !== undefined) background.push(r.background);
-              if (gbs !== null && r.tokensPerSec !== null) memory[engine][mode === "decode" ? "decode" : "decodeDeep"].push(gbs);
+              // One entry per recorded decode sample (NaN where the probe failed), so that the
+              // i-th probe is the i-th sample's.
+              if (mode !== "prefill" && r.tokensPerSec !== null) memory[engine][mode === "decode" ? "decode" : "decodeDeep"].push(gbs ?? NaN);
             }
             log(`${m.label} ${m.quant} ${warm ? "warm-up" : `run ${round + (o.warmup ? 0 : 1)}/${o.runs}`} ` +
               `${mode} ${engine}: ${describe(r)}${gbs === null ? "" : `, memory ${gbs.toFixed(1)} GB/s before`}`);
@@ -342,6 +344,12 @@ function short(err: string): string {
   return `✗ ${e.length > 60 ? `${e.slice(0, 57)}…` : e}`;
 }
 
+/** Bytes a decode step reads: the weights and the KV cache at the measure's mean position. */
+function bytesPerToken(r: ModelResult, key: "decode" | "decodeDeep"): number {
+  const context = key === "decode" ? 16 + 64 : 1000 + 16; // mean positions attended
+  return r.facts.weightBytes + context * r.facts.kvBytesPerPosition;
+}
+
 function table(results: ModelResult[], bandwidthGBs: number | null): string {
   const head = ["model", "quant", "measure", "infer", "llama.cpp", "node-llama-cpp", "infer ÷ llama.cpp",
     "infer ÷ node-llama-cpp", "BW limit t/s", "infer % of limit", "llama.cpp % of limit"];
@@ -357,8 +365,7 @@ function table(results: ModelResult[], bandwidthGBs: number | null): string {
       };
       let limit: number | null = null;
       if (bandwidthGBs !== null && (meas.key === "decode" || meas.key === "decodeDeep")) {
-        const context = meas.key === "decode" ? 16 + 64 : 1000 + 16; // mean positions attended
-        limit = (bandwidthGBs * 1e9) / (r.facts.weightBytes + context * r.facts.kvBytesPerPosition);
+        limit = (bandwidthGBs * 1e9) / bytesPerToken(r, meas.key);
       }
       const pct = (e: EngineName) => {
         const v = med(e);
@@ -380,11 +387,10 @@ function memoryTable(results: ModelResult[]): string {
   const lines = [`| ${head.join(" | ")} |`, `|${head.map(() => " --- ").join("|")}|`];
   for (const r of results) {
     for (const key of ["decode", "decodeDeep"] as const) {
-      const context = key === "decode" ? 16 + 64 : 1000 + 16; // mean positions attended, as table()
-      const bytes = r.facts.weightBytes + context * r.facts.kvBytesPerPosition;
+      const bytes = bytesPerToken(r, key);
       const runs = (e: EngineName) => r.samples[e][key].map((t, i) => {
         const gbs = r.memory[e][key][i];
-        return gbs === undefined ? `${fmt(t, key)} @ ?`
+        return gbs === undefined || Number.isNaN(gbs) ? `${fmt(t, key)} @ ?`
           : `${fmt(t, key)} @ ${gbs.toFixed(0)} (${((100 * t * bytes) / (gbs * 1e9)).toFixed(0)}%)`;
       }).join(", ") || "—";
       const label = measures.find((m) => m.key === key)!.label;
