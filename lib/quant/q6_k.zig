@@ -205,51 +205,83 @@ pub fn dot(w: []align(1) const Block, x: []align(1) const q8_k.Block) f32 {
     return dotMulti(1, w, .{x.ptr})[0];
 }
 
+/// One token over n_out row-major rows: four rows' chains side by side, sharing each activation
+/// load and the activation's sums, the next four rows prefetched meanwhile
+/// (simd.prefetchNextRows); the rest one at a time. Bit for bit dotGgmlScalar.
+pub fn dotRows(n_blocks: usize, w: [*]const u8, w_row_bytes: usize, n_out: usize, x: [*]align(1) const q8_k.Block, out: [*]f32) void {
+    simd.dotRowGroups(@This(), four_rows, n_blocks, w, w_row_bytes, n_out, x, out);
+}
+
+const four_rows = 4;
+
+/// Four rows of dotRows (simd.dotRowGroups), the next four prefetched.
+pub inline fn rowGroup(comptime next_in_l1: bool, n_blocks: usize, w: [*]const u8, w_row_bytes: usize, x: [*]align(1) const q8_k.Block) [four_rows]f32 {
+    const R = four_rows;
+    var acc: [R]simd.V8f32 = @splat(@splat(0));
+    for (0..n_blocks) |b| {
+        simd.prefetchNextRows(R, @sizeOf(Block), next_in_l1, w, w_row_bytes, b);
+        const xb = &x[b];
+        const x_q = q8_k.subBlocks(xb);
+        inline for (0..R) |r| {
+            const wb: *align(1) const Block = @ptrCast(w + r * w_row_bytes + b * @sizeOf(Block));
+            acc[r] = blockAcc(&unpack(wb), wb.d, xb, &x_q, acc[r]);
+        }
+    }
+    var out: [R]f32 = undefined;
+    inline for (0..R) |r| out[r] = simd.hsum(acc[r]);
+    return out;
+}
+
+/// A superblock's 8 groups of 32 unsigned quants (0..63: u8 x i8 pairs stay inside i16), in
+/// value order; each group's two scales as i16 lanes (pair lanes 0..7 cover its first 16
+/// values, lanes 8..15 the rest); the 16 scales for the offset term.
+const Unpacked = struct { q: [8]simd.V32u8, scale: [8]simd.V16i16, scales16: simd.V16i16 };
+
+inline fn unpack(wb: *align(1) const Block) Unpacked {
+    const nibble: simd.V32u8 = @splat(15);
+    const two_bits: simd.V32u8 = @splat(3);
+    var u: Unpacked = undefined;
+    inline for (0..2) |half| {
+        const ql_a = simd.load32(wb.ql[64 * half ..]);
+        const ql_b = simd.load32(wb.ql[64 * half + 32 ..]);
+        const qh = simd.load32(wb.qh[32 * half ..]);
+        u.q[4 * half + 0] = (ql_a & nibble) | ((qh & two_bits) << @splat(4));
+        u.q[4 * half + 1] = (ql_b & nibble) | (((qh >> @splat(2)) & two_bits) << @splat(4));
+        u.q[4 * half + 2] = (ql_a >> @splat(4)) | (((qh >> @splat(4)) & two_bits) << @splat(4));
+        u.q[4 * half + 3] = (ql_b >> @splat(4)) | ((qh >> @splat(6)) << @splat(4));
+    }
+    inline for (0..8) |k| {
+        const s0: i16 = wb.scales[2 * k];
+        const s1: i16 = wb.scales[2 * k + 1];
+        u.scale[k] = .{ s0, s0, s0, s0, s0, s0, s0, s0, s1, s1, s1, s1, s1, s1, s1, s1 };
+    }
+    u.scales16 = @as(@Vector(16, i8), wb.scales);
+    return u;
+}
+
+/// acc + d_x * d_w * (one superblock's 8 integer lanes), as dotGgmlScalar: the scaled dots
+/// (vpmaddubsw pairs, scaled and summed in pairs) less the -32 offset per lane from the
+/// activation's group sums (ggml's q8sclsub), one FMA per lane.
+inline fn blockAcc(u: *const Unpacked, dw: f32, xb: *align(1) const q8_k.Block, x_q: *const [8]simd.V32i8, acc: simd.V8f32) simd.V8f32 {
+    const sumi = simd.scaledDots(&u.q, x_q, &u.scale);
+    const offset = simd.maddI16(xb.bsums, u.scales16) << @splat(5);
+    const d: simd.V8f32 = @splat(xb.d * dw);
+    return @mulAdd(simd.V8f32, d, @floatFromInt(sumi - offset), acc);
+}
+
 /// Dots one weight row with R activation rows, unpacking each superblock once for all R.
-/// Rounds as dotGgmlScalar: the same integer lanes (vpmaddubsw pairs, scaled and summed in
-/// pairs), one FMA per lane per superblock.
+/// Rounds as dotGgmlScalar.
 pub fn dotMulti(
     comptime R: usize,
     w: []align(1) const Block,
     xs: [R][*]align(1) const q8_k.Block,
 ) [R]f32 {
     var acc: [R]simd.V8f32 = @splat(@splat(0));
-    const nibble: simd.V32u8 = @splat(15);
-    const two_bits: simd.V32u8 = @splat(3);
     for (w, 0..) |*wb, i| {
-        // Group k's 32 unsigned quants (0..63: u8 x i8 pairs stay inside i16), in value order,
-        // and its two scales: pair lanes 0..7 cover values 32k..32k+15, lanes 8..15 the rest.
-        var q: [8]simd.V32u8 = undefined;
-        var scale: [8]simd.V16i16 = undefined;
-        inline for (0..2) |half| {
-            const ql_a = simd.load32(wb.ql[64 * half ..]);
-            const ql_b = simd.load32(wb.ql[64 * half + 32 ..]);
-            const qh = simd.load32(wb.qh[32 * half ..]);
-            q[4 * half + 0] = (ql_a & nibble) | ((qh & two_bits) << @splat(4));
-            q[4 * half + 1] = (ql_b & nibble) | (((qh >> @splat(2)) & two_bits) << @splat(4));
-            q[4 * half + 2] = (ql_a >> @splat(4)) | (((qh >> @splat(4)) & two_bits) << @splat(4));
-            q[4 * half + 3] = (ql_b >> @splat(4)) | ((qh >> @splat(6)) << @splat(4));
-        }
-        inline for (0..8) |k| {
-            const s0: i16 = wb.scales[2 * k];
-            const s1: i16 = wb.scales[2 * k + 1];
-            scale[k] = .{ s0, s0, s0, s0, s0, s0, s0, s0, s1, s1, s1, s1, s1, s1, s1, s1 };
-        }
-        const scales16: simd.V16i16 = @as(@Vector(16, i8), wb.scales);
-        const dw: f32 = wb.d;
+        const u = unpack(wb);
         inline for (0..R) |r| {
             const xb = &xs[r][i];
-            // Two integer chains (exact, so any grouping) to halve the latency chain.
-            var sumi: [2]simd.V8i32 = @splat(@splat(0));
-            inline for (0..8) |k| {
-                const x_q = simd.load32i(xb.qs[32 * k ..]);
-                sumi[k % 2] = simd.dotScaledAcc(sumi[k % 2], q[k], x_q, scale[k]);
-            }
-            // The -32 offset per lane, from the activations' group sums, as ggml's q8sclsub.
-            const offset = simd.maddI16(xb.bsums, scales16) << @splat(5);
-            const lanes = (sumi[0] + sumi[1]) - offset;
-            const d: simd.V8f32 = @splat(xb.d * dw);
-            acc[r] = @mulAdd(simd.V8f32, d, @floatFromInt(lanes), acc[r]);
+            acc[r] = blockAcc(&u, wb.d, xb, &q8_k.subBlocks(xb), acc[r]);
         }
     }
     var out: [R]f32 = undefined;
@@ -269,6 +301,10 @@ test "q6_k dot: fast matches scalar; quantized dot matches f32" {
 
 test "q6_k dot: bit-identical to ggml's x86 vec_dot order" {
     try simd.expectGgmlOrder(@This(), q8_k, 114, fixBlock);
+}
+
+test "q6_k dotRows equals dotGgmlScalar bit for bit, odd block counts and a row stride" {
+    try test_util.checkDotRows(@This(), q8_k, 6161, fixBlock);
 }
 
 test "q6_k quantizeRef: a 6-bit grid is kept; zeros stay zero; noise within 6-bit error" {
