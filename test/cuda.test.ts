@@ -145,7 +145,9 @@ function opsFile(): GgufFile {
   }));
   const f32 = (name: string, values: Float32Array) =>
     tensors.push({ name, type: GgmlType.F32, dims: [values.length], data: new Uint8Array(values.buffer) });
-  // Long rows: one-token matvecs share a row among 2 warps from 6,144 values, 4 from 12,288.
+  // Long rows: one-token matvecs share a row among warps from 6,144 values (the pipelined matvec
+  // of the GPU layouts its block's 4, a row block 2 rows; the register-fed kernels 2, and 4 from
+  // 12,288).
   for (const [name, type] of LONG_ROW_TYPES) {
     for (const n of [...LONG_ROWS, ...PIPE_ROWS]) {
       tensors.push({ name: `w.${name}.${n}`, type, dims: [n, N_OUT], data: randomTensorData(type, n * N_OUT, n + type, 0.05) });
@@ -252,7 +254,7 @@ describe.skipIf(noCuda)("CUDA ops equal the CPU backend's", () => {
   }
 
   for (const [name] of LONG_ROW_TYPES) {
-    test(`matmul ${name}, one row of ${LONG_ROWS.join(" and ")} values (2 and 4 warps a row)`, () => {
+    test(`matmul ${name}, one row of ${LONG_ROWS.join(" and ")} values (rows shared among warps)`, () => {
       for (const n of LONG_ROWS) {
         const [wc, wg] = weights(p, file, `w.${name}.${n}`);
         const [xc, xg] = acts(p, 1, n, randomF32(n, n, 2));

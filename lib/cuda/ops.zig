@@ -33,6 +33,8 @@ pub fn readSettings() void {
     if (pipe_rows_per_warp != 1 and pipe_rows_per_warp != 2 and pipe_rows_per_warp != 4) pipe_rows_per_warp = 2;
     if (std.posix.getenv("INFER_CUDA_PIPE_ROWS_TALL")) |v| pipe_rows_tall = std.fmt.parseInt(u32, v, 10) catch 4;
     if (pipe_rows_tall != 1 and pipe_rows_tall != 2 and pipe_rows_tall != 4) pipe_rows_tall = 4;
+    if (std.posix.getenv("INFER_CUDA_PIPE_ROWS_SPLIT")) |v| pipe_rows_split = std.fmt.parseInt(u32, v, 10) catch 2;
+    if (pipe_rows_split != 0 and pipe_rows_split != 1 and pipe_rows_split != 2 and pipe_rows_split != 4) pipe_rows_split = 2;
     if (std.posix.getenv("INFER_CUDA_PIPE_HALVES")) |v| pipe_halves_min = std.fmt.parseInt(u64, v, 10) catch pipe_halves_min;
     if (std.posix.getenv("INFER_CUDA_PIPE_RESERVE")) |v| pipe_reserve = std.fmt.parseInt(u32, v, 10) catch pipe_reserve;
     if (std.posix.getenv("INFER_CUDA_MATVEC_ROWS")) |v| matvec_rows_per_warp = if (std.mem.eql(u8, v, "1")) 1 else 2;
@@ -181,9 +183,9 @@ pub fn matmul(w: u64, type_id: u32, n_out: u64, n_in: u64, x: u64, xq: u64, xd: 
     }
     if (xq == 0 or xd == 0) return invalid("matmul: {s} needs quantized activations", .{k.name});
     if (n_tok == 1) {
-        if (pipeStages(k, n_in, n_out)) |p| {
+        if (pipeStages(k, n_in, n_out, true)) |p| {
             const pipe = k.matvec_pipe.?;
-            return launchShared(pipe, pipeGrid(pipe, ceilDiv(n_out, 4 * p.rows_per_warp), p.shared), 1, 128, p.shared, .{ w, out, in, xq, xd, y, @as(i32, @intCast(p.rows_per_warp)), @as(i32, @intFromBool(p.halves)) });
+            return launchShared(pipe, pipeGrid(pipe, ceilDiv(n_out, p.blockRows()), p.shared), 1, 128, p.shared, .{ w, out, in, xq, xd, y, @as(i32, @intCast(p.rows_per_warp)), @as(i32, @intFromBool(p.halves)), @as(i32, @intFromBool(p.split)) });
         }
     }
     if (x != 0 and cublas_min_tokens > 0 and n_tok >= cublas_min_tokens) {
@@ -589,9 +591,9 @@ pub fn matmulMulti(type_id: u32, n_in: u64, xq: u64, xd: u64, w0: u64, n0: u64, 
     const a = int(n0) orelse return tooLarge("matmul_multi: n0", n0);
     const b = int(n1) orelse return tooLarge("matmul_multi: n1", n1);
     const c = int(n2) orelse return tooLarge("matmul_multi: n2", n2);
-    if (pipeStages(k, n_in, @max(n0, @max(n1, n2)))) |p| {
+    if (pipeStages(k, n_in, @max(n0, @max(n1, n2)), false)) |p| {
         const pipe = k.matvec_pipe_multi.?;
-        const per = 4 * p.rows_per_warp;
+        const per = p.blockRows();
         const row_blocks = ceilDiv(n0, per) + ceilDiv(n1, per) + ceilDiv(n2, per);
         return launchShared(pipe, pipeGrid(pipe, row_blocks, p.shared), 1, 128, p.shared, .{ w0, a, y0, w1, b, y1, w2, c, y2, in, xq, xd, @as(i32, @intCast(p.rows_per_warp)), @as(i32, @intFromBool(p.halves)) });
     }
@@ -601,34 +603,61 @@ pub fn matmulMulti(type_id: u32, n_in: u64, xq: u64, xd: u64, w0: u64, n0: u64, 
     return launch(kernel, matvecGrid(kernel, blocks), 1, 128, .{ w0, a, y0, w1, b, y1, w2, c, y2, in, xq, xd, @as(i32, @intCast(split)) });
 }
 
-/// How a pipelined one-token matvec (shaders/cuda/matvec_pipe.cuh: 3 stages of 4 × rows_per_warp
-/// rows) of weight kind k with rows of n_in values runs — its rows a warp and dynamic shared
-/// memory — or null where it takes the register-fed kernels: no GPU layout, rows those share
-/// among warps (192 units and more: a warp alone on such a row from shared memory was slower,
-/// and their stages leave room for 1–2 blocks a multiprocessor: an 8B model's down projection
-/// 13.2 -> 16.6 µs in Q4_0, 21.2 -> 29.3 in Q8_0, on an H200), or INFER_CUDA_MATVEC_PIPE=0.
+/// How a pipelined one-token matvec (shaders/cuda/matvec_pipe.cuh: 3 stages of a row block) of
+/// weight kind k with rows of n_in values runs — its rows a warp, whether the 4 warps split each
+/// row, and its dynamic shared memory — or null where it takes the register-fed kernels: no GPU
+/// layout, long rows in a fused launch (`split_ok` false), or INFER_CUDA_MATVEC_PIPE=0.
 /// Rows a warp: 2, or INFER_CUDA_PIPE_ROWS (1, 2 or 4), fewer where they would not fit. Two
 /// rows share each activation load: an 8B model's Q4_0 gate 12.4 -> 10.9 µs, q 4.1 -> 3.7 on an
 /// H200; four were slower on all but the LM head (bench/RESULTS.md, 2026-11-30 17:48 and 17:54).
-fn pipeStages(k: kernels.WeightKind, n_in: u64, n_out: u64) ?PipeLaunch {
-    if (!matvec_pipe or k.matvec_pipe == null or n_in / 32 >= 192) return null;
+/// Rows of split_min_units units and more (a down projection's) are split among the block's 4
+/// warps, a row block pipe_rows_split rows: a warp alone on such a row from shared memory was
+/// slower than the register-fed kernel (an 8B model's down projection 13.2 -> 16.6 µs in Q4_0,
+/// 21.2 -> 29.3 in Q8_0, on an H200), its serial work long and its stages leaving room for 1–2
+/// blocks a multiprocessor; split, the 8B's Q4_K down projection went 12.5 -> 10.7 µs (Q4_0
+/// 12.2 either way) and decode Q4_K 531 -> 550 tok/s, Q8_0 345 -> 358, 1B Q4_K 1,755 -> 1,774
+/// (bench/RESULTS.md, 2026-12-01 05:12-05:26; 1, 2 or 4 rows a stage alike alone).
+fn pipeStages(k: kernels.WeightKind, n_in: u64, n_out: u64, split_ok: bool) ?PipeLaunch {
+    if (!matvec_pipe or k.matvec_pipe == null) return null;
+    const split = n_in / 32 >= split_min_units;
+    if (split and (!split_ok or pipe_rows_split == 0)) return null;
     const s = ready() orelse return null;
     const row_bytes = (n_in / k.block_values) * k.block_bytes;
     const reserve = s.pipe_shared_max >= 227 << 10 and pipe_reserve > 0; // sm_90's 228 KB a multiprocessor
-    var rows: u32 = if (n_out >= tall_rows) pipe_rows_tall else pipe_rows_per_warp;
+    var rows: u32 = if (split) pipe_rows_split else if (n_out >= tall_rows) pipe_rows_tall else pipe_rows_per_warp;
     const halves = k.pipe_halves and n_in >= pipe_halves_min;
     while (true) : (rows /= 2) {
-        const bytes = pipe_stages * 4 * rows * row_bytes + if (halves) n_in else 0;
+        const launch_with: PipeLaunch = .{ .shared = 0, .rows_per_warp = rows, .halves = halves, .split = split };
+        // After the stages: the activation (halves), the warps' partial sums (split).
+        const bytes = pipe_stages * launch_with.blockRows() * row_bytes + (if (halves) n_in else 0) + (if (split) 16 * rows else 0);
         if (bytes <= s.pipe_shared_max) {
+            var p = launch_with;
+            p.shared = @intCast(bytes);
             // Under a reserve, fewer rows a warp where their stages would leave one block a
             // multiprocessor (an 8B model's Q8_0 rows: 2 rows 104 KB, 1 row 52 KB).
-            if (!reserve) return .{ .shared = @intCast(bytes), .rows_per_warp = rows, .halves = halves };
-            if (rows == 1 or blocksBeside(@intCast(bytes)) >= 2) return .{ .shared = reserving(@intCast(bytes)), .rows_per_warp = rows, .halves = halves };
+            if (!reserve) return p;
+            p.shared = reserving(p.shared);
+            if (rows == 1 or blocksBeside(@intCast(bytes)) >= 2) return p;
         }
         if (rows == 1) return null;
     }
 }
-const PipeLaunch = struct { shared: u32, rows_per_warp: u32, halves: bool };
+const PipeLaunch = struct {
+    shared: u32,
+    rows_per_warp: u32,
+    halves: bool,
+    split: bool,
+    /// Rows of a row block (matvec_pipe.cuh pipe_block_rows).
+    fn blockRows(p: PipeLaunch) u32 {
+        return if (p.split) p.rows_per_warp else 4 * p.rows_per_warp;
+    }
+};
+/// Rows of this many 32-value units and more are split among a pipelined block's warps (the
+/// register-fed kernels split them from the same width: matvecSplit).
+const split_min_units = 192;
+/// Rows of a row block whose rows the warps split: INFER_CUDA_PIPE_ROWS_SPLIT (1, 2 or 4; 0: such
+/// rows take the register-fed kernel, as before).
+var pipe_rows_split: u32 = 2;
 /// Q4_K rows of at least this many values are summed half a superblock a lane, the activation in
 /// shared memory (kernels.zig pipe_halves; shaders/cuda/matvec_pipe.cuh rows_halves); shorter
 /// rows keep a unit a lane, as a half a lane would leave lanes idle (a 1,024-wide row has 8

@@ -85,7 +85,7 @@ __device__ __forceinline__ void quantize_group(const float* vals, int n, int qmo
     for (int sb = warp; sb < (n >> 8); sb += warps) {
       float v[8];
 #pragma unroll
-      for (int k = 0; k < 8; k++) v[k] = vals[sb * 256 + lane * 8 + k];
+      for (int k = 0; k < 8; k++) v[k] = vals[sb * 256 + lane + 32 * k];
       quant_super_q8_k(v, xq + base + sb * 256, xd + base / 32 + sb * 8);
     }
   }

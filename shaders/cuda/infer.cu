@@ -162,39 +162,31 @@ __device__ __forceinline__ unsigned long long q8k_max(unsigned long long a, unsi
 
 /// Q8_K as lib/quant/q8_k.zig's quantize: per 256 values, max = the first value of largest
 /// magnitude, iscale = -127/max, q = min(round_half_even(x * iscale), 127), d = 1/iscale (f32).
-/// The calling warp holds one superblock, values lane*8 .. lane*8+7 in v; d is written per 32.
-/// The maximum is one 64-bit key (q8k_key) taken by a tree over the lane's 8 values and a
-/// shuffle tree over the lanes; a lane's 8 quants are one 8-byte store.
+/// The calling warp holds one superblock, values lane + 32j (j < 8) in v: callers read them from
+/// shared memory, where 8 consecutive floats a lane put the warp's loads 8 to a bank (an 8B
+/// model's add + norm + quantize took 8.4 µs so, 6.3 this way; bench/RESULTS.md 2026-12-01), and
+/// each of the 8 quant stores is a coalesced 32 bytes. d is written per 32. The maximum is one 64-bit
+/// key (q8k_key) taken by a tree over the lane's 8 values and a shuffle tree over the lanes.
 __device__ __forceinline__ void quant_super_q8_k(const float* v, int8_t* q, float* d) {
   const int lane = threadIdx.x & 31;
   unsigned long long k[8];
 #pragma unroll
-  for (int j = 0; j < 8; j++) k[j] = q8k_key(v[j], lane * 8 + j);
+  for (int j = 0; j < 8; j++) k[j] = q8k_key(v[j], lane + 32 * j);
   unsigned long long key = q8k_max(q8k_max(q8k_max(k[0], k[1]), q8k_max(k[2], k[3])),
                                    q8k_max(q8k_max(k[4], k[5]), q8k_max(k[6], k[7])));
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) key = q8k_max(key, __shfl_xor_sync(FULL_MASK, key, o));
   const float best = __uint_as_float(static_cast<uint32_t>(key >> 32));
-  uint32_t lo = 0, hi = 0;
   if (best != 0.0f) {
     const float best_v = (key & 1) ? -best : best;
     const float iscale = -127.0f / best_v;
 #pragma unroll
-    for (int j = 0; j < 8; j++) {
-      const uint32_t b = static_cast<uint8_t>(static_cast<int8_t>(min(__float2int_rn(v[j] * iscale), 127)));
-      if (j < 4) lo |= b << (8 * j);
-      else hi |= b << (8 * (j - 4));
-    }
+    for (int j = 0; j < 8; j++) q[lane + 32 * j] = static_cast<int8_t>(min(__float2int_rn(v[j] * iscale), 127));
     if (lane < 8) d[lane] = 1.0f / iscale;
-  } else if (lane < 8) {
-    d[lane] = 0.0f;
-  }
-  int8_t* dst = q + lane * 8;
-  if ((reinterpret_cast<uintptr_t>(dst) & 7) == 0) {
-    *reinterpret_cast<uint2*>(dst) = make_uint2(lo, hi);
   } else {
 #pragma unroll
-    for (int j = 0; j < 8; j++) dst[j] = static_cast<int8_t>(((j < 4 ? lo : hi) >> (8 * (j & 3))) & 255);
+    for (int j = 0; j < 8; j++) q[lane + 32 * j] = 0;
+    if (lane < 8) d[lane] = 0.0f;
   }
 }
 
@@ -292,7 +284,7 @@ __device__ __forceinline__ void store_quantized_row(F f, size_t base, int n_cols
       float v[8];
 #pragma unroll
       for (int k = 0; k < 8; k++) {
-        const int i = sb * 256 + lane * 8 + k;
+        const int i = sb * 256 + lane + 32 * k;
         v[k] = f(i);
         out[base + i] = v[k];
       }

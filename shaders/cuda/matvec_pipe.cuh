@@ -14,7 +14,10 @@
 // Each row is summed as matvec_q sums a row of one warp (split 1): the same units per lane in the
 // same order, from shared memory instead of global; Q4_K (by halves, rows_halves) sums four units
 // as integers first. A row of the fused q/k/v or gate/up launch (matvec_pipe_multi_*) is computed
-// as the single matvec computes it, bit for bit.
+// as the single matvec computes it, bit for bit. Rows of 6,144 values and more (down
+// projections; the single matvec only) are split among the block's 4 warps instead, a row block
+// R rows (SPLIT): a warp alone on such a row was slower than the register-fed kernel, split 4
+// ways it is faster (an 8B model's Q4_K down projection 12.5 -> 10.7 µs on an H200).
 #pragma once
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
@@ -37,16 +40,18 @@ __device__ constexpr bool by_halves(...) { return false; }
 __device__ __forceinline__ int x_slot(int i) { return i ^ ((i >> 3) & 7); }
 
 /// One warp's dots of R consecutive weight rows (wr: the first, in shared memory) for a type
-/// that sums a half superblock (4 units) a lane: lane l takes halves l, l + 32, ..., decodes each
-/// row's head once for the 4 units and sums them as integers (T::dot_unit, T::finish_half). The
+/// that sums a half superblock (4 units) a lane: lane l of warp part p (of `split`) takes halves
+/// 32p + l, 32(p + split) + l, ..., decodes each row's head once for the 4 units and sums them
+/// as integers (T::dot_unit, T::finish_half). The
 /// activation comes from shared memory (xs, laid out by x_slot): read from global memory, a
 /// lane's 128 contiguous bytes made every load of the warp touch 32 cache lines, and the
 /// kernel ran at the L1's pace (8B Q4_K step 2,140 -> 2,586 µs on an H200, 2026-12-01 02:41).
 template <class T, int R>
-__device__ __forceinline__ void rows_halves(const uint8_t* wr, size_t row_bytes, int halves, const int4* xs,
-                                            const float* __restrict__ xd, float (&acc)[R], float (&accm)[R]) {
+__device__ __forceinline__ void rows_halves(const uint8_t* wr, size_t row_bytes, int halves, int part, int split,
+                                            const int4* xs, const float* __restrict__ xd, float (&acc)[R],
+                                            float (&accm)[R]) {
   const int lane = threadIdx.x & 31;
-  for (int h = lane; h < halves; h += 32) {
+  for (int h = lane + 32 * part; h < halves; h += 32 * split) {
     typename T::Half w[R];
 #pragma unroll
     for (int r = 0; r < R; r++) T::load_half(wr + r * row_bytes, h, w[r]);
@@ -68,28 +73,30 @@ __device__ __forceinline__ void rows_halves(const uint8_t* wr, size_t row_bytes,
 }
 
 /// One warp's dots of R consecutive weight rows (wr: the first, in shared memory here) with the
-/// quantized activation into sum[0..R), each as matvec_q computes a row it does not split: the
-/// same units a lane in the same order. R rows share each activation load (and, for Q4_0/Q4_K,
-/// its byte sums): a 4-bit row reads twice its own bytes of activation, once per row at R = 1.
+/// quantized activation into sum[0..R): the warp's part `part` of `split` parts of each row, the
+/// units (or halves) a lane as matvec_q takes them for a row with that split, in the same order
+/// (split 1: the whole row, as matvec_q computes a row it does not split). R rows share each
+/// activation load (and, for Q4_0/Q4_K, its byte sums): a 4-bit row reads twice its own bytes of
+/// activation, once per row at R = 1.
 template <class T, int R, bool H>
-__device__ __forceinline__ void warp_rows_dot(const uint8_t* wr, size_t row_bytes, int n_in, const int8_t* xq,
-                                              const float* xd, const int4* xs, float (&sum)[R]) {
-  const int lane = threadIdx.x & 31, units = n_in >> 5;
+__device__ __forceinline__ void warp_rows_dot(const uint8_t* wr, size_t row_bytes, int n_in, int part, int split,
+                                              const int8_t* xq, const float* xd, const int4* xs, float (&sum)[R]) {
+  const int lane = threadIdx.x & 31, units = n_in >> 5, u0 = lane + 32 * part, stride = 32 * split;
   if constexpr (H) {
     float acc[R], accm[R];
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r] = accm[r] = 0.0f;
-    rows_halves<T, R>(wr, row_bytes, n_in >> 7, xs, xd, acc, accm);
+    rows_halves<T, R>(wr, row_bytes, n_in >> 7, part, split, xs, xd, acc, accm);
 #pragma unroll
     for (int r = 0; r < R; r++) sum[r] = warp_sum(acc[r]) - warp_sum(accm[r]);
     return;
   }
   if (R == 1) {
-    const int per_lane = (units + 31) / 32;
+    const int per_lane = (units + stride - 1) / stride;
     float acc[1] = {0.0f}, accm[1] = {0.0f};
-    if (per_lane >= 3) matvec_units<T, 1, 4>(wr, n_in, units, lane, 32, xq, xd, 0, 1, acc, accm);
-    else if (per_lane == 2) matvec_units<T, 1, 2>(wr, n_in, units, lane, 32, xq, xd, 0, 1, acc, accm);
-    else matvec_units<T, 1, 1>(wr, n_in, units, lane, 32, xq, xd, 0, 1, acc, accm);
+    if (per_lane >= 3) matvec_units<T, 1, 4>(wr, n_in, units, u0, stride, xq, xd, 0, 1, acc, accm);
+    else if (per_lane == 2) matvec_units<T, 1, 2>(wr, n_in, units, u0, stride, xq, xd, 0, 1, acc, accm);
+    else matvec_units<T, 1, 1>(wr, n_in, units, u0, stride, xq, xd, 0, 1, acc, accm);
     sum[0] = warp_sum(acc[0]) - warp_sum(accm[0]);
     return;
   }
@@ -99,12 +106,13 @@ __device__ __forceinline__ void warp_rows_dot(const uint8_t* wr, size_t row_byte
   const uint8_t* rows[R];
 #pragma unroll
   for (int r = 0; r < R; r++) rows[r] = wr + r * row_bytes;
-  rows_units<T, R, 1>(rows, units, lane, 32, xq, xd, acc, accm);
+  rows_units<T, R, 1>(rows, units, u0, stride, xq, xd, acc, accm);
 #pragma unroll
   for (int r = 0; r < R; r++) sum[r] = warp_sum(acc[r]) - warp_sum(accm[r]);
 }
 
-/// A row block: its first row's bytes, where its outputs go, how many rows it has (1..4R).
+/// A row block: its first row's bytes, where its outputs go, how many rows it has (1..4R, or
+/// 1..R for rows split among the warps).
 struct PipeRows {
   const uint8_t* w;
   float* y;
@@ -118,14 +126,20 @@ struct Const {
   static constexpr decltype(V) value = V;
 };
 
-/// Row blocks blockIdx.x, blockIdx.x + gridDim.x, ... of `blocks` (4R rows each, R a warp),
-/// src(rb) naming each.
-template <class T, int R, bool H, class Src>
+/// Rows of a row block: 4R (a warp R rows), or R with the rows split among the 4 warps (SPLIT).
+template <int R, bool SPLIT>
+__host__ __device__ constexpr int pipe_block_rows() { return SPLIT ? R : 4 * R; }
+
+/// Row blocks blockIdx.x, blockIdx.x + gridDim.x, ... of `blocks` (pipe_block_rows each), src(rb)
+/// naming each. Without SPLIT warp w sums rows Rw..Rw+R-1 of a row block alone; with SPLIT every
+/// warp sums its quarter of all R rows (rows of 6,144 values and more: lib/cuda/ops.zig
+/// pipeStages) and the quarters are added in warp order, as matvec_q adds a row's parts.
+template <class T, int R, bool H, bool SPLIT, class Src>
 __device__ __forceinline__ void matvec_pipe(int blocks, int n_in, const int8_t* xq, const float* xd, Src src) {
   constexpr int S = PIPE_STAGES;
   extern __shared__ __align__(16) uint8_t staged[];
   const size_t row_bytes = static_cast<size_t>(n_in / T::BV) * T::BB;  // a multiple of 16
-  const size_t stage_bytes = 4 * R * row_bytes;
+  const size_t stage_bytes = pipe_block_rows<R, SPLIT>() * row_bytes;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int first = blockIdx.x;
   const int mine = first < blocks ? (blocks - first + static_cast<int>(gridDim.x) - 1) / static_cast<int>(gridDim.x) : 0;
@@ -157,25 +171,42 @@ __device__ __forceinline__ void matvec_pipe(int blocks, int n_in, const int8_t* 
     cp_async_wait<S - 1>();  // groups 0..k have landed (this thread's copies)
     __syncthreads();         // ... and every thread's
     const PipeRows r = src(first + k * static_cast<int>(gridDim.x));
-    if (R * warp < r.rows) {
+    if constexpr (SPLIT) {
+      // The warps' quarters, after the stages and the activation (the host adds 16R bytes): a
+      // static array would count in every variant of the kernel, and 16 bytes past the size the
+      // host pads a block to (ops.zig reserving) leave a multiprocessor one block fewer.
+      float(*parts)[R] = reinterpret_cast<float(*)[R]>(staged + S * stage_bytes + (H ? n_in : 0));
       float sum[R];
-      warp_rows_dot<T, R, H>(staged + (k % S) * stage_bytes + R * warp * row_bytes, row_bytes, n_in, xq, xd, xs, sum);
+      warp_rows_dot<T, R, H>(staged + (k % S) * stage_bytes, row_bytes, n_in, warp, 4, xq, xd, xs, sum);
+      if (lane == 0) {
+#pragma unroll
+        for (int i = 0; i < R; i++) parts[warp][i] = sum[i];
+      }
+      __syncthreads();
+      if (static_cast<int>(threadIdx.x) < r.rows) {
+        const int i = threadIdx.x;
+        r.y[i] = ((parts[0][i] + parts[1][i]) + parts[2][i]) + parts[3][i];
+      }
+    } else if (R * warp < r.rows) {
+      float sum[R];
+      warp_rows_dot<T, R, H>(staged + (k % S) * stage_bytes + R * warp * row_bytes, row_bytes, n_in, 0, 1, xq, xd, xs,
+                             sum);
 #pragma unroll
       for (int i = 0; i < R; i++) {
         if (lane == 0 && R * warp + i < r.rows) r.y[R * warp + i] = sum[i];
       }
     }
-    __syncthreads();  // stage k % S is refilled by the next iteration's issue
+    __syncthreads();  // stage k % S (and the parts) are rewritten by the next iteration
   }
 }
 
-/// One matrix: row blocks of 4R rows.
-template <class T, int R, bool H>
+/// One matrix: row blocks of pipe_block_rows rows.
+template <class T, int R, bool H, bool SPLIT>
 __device__ __forceinline__ void matvec_pipe_one(const uint8_t* w, int n_out, int n_in, const int8_t* xq,
                                                 const float* xd, float* y) {
-  constexpr int B = 4 * R;
+  constexpr int B = pipe_block_rows<R, SPLIT>();
   const size_t block_bytes = B * static_cast<size_t>(n_in / T::BV) * T::BB;
-  matvec_pipe<T, R, H>((n_out + B - 1) / B, n_in, xq, xd,
+  matvec_pipe<T, R, H, SPLIT>((n_out + B - 1) / B, n_in, xq, xd,
                     [&](int rb) { return PipeRows{w + rb * block_bytes, y + B * rb, min(B, n_out - B * rb)}; });
 }
 /// Up to three matrices of one input (q/k/v, gate/up): row blocks [0, b0) of matrix 0, the next b1
@@ -187,7 +218,7 @@ __device__ __forceinline__ void matvec_pipe_three(const uint8_t* w0, int n0, flo
   constexpr int B = 4 * R;
   const size_t block_bytes = B * static_cast<size_t>(n_in / T::BV) * T::BB;
   const int b0 = (n0 + B - 1) / B, b1 = (n1 + B - 1) / B, b2 = (n2 + B - 1) / B;
-  matvec_pipe<T, R, H>(b0 + b1 + b2, n_in, xq, xd, [&](int rb) {
+  matvec_pipe<T, R, H, false>(b0 + b1 + b2, n_in, xq, xd, [&](int rb) {
     if (rb < b0) return PipeRows{w0 + rb * block_bytes, y0 + B * rb, min(B, n0 - B * rb)};
     rb -= b0;
     if (rb < b1) return PipeRows{w1 + rb * block_bytes, y1 + B * rb, min(B, n1 - B * rb)};
@@ -213,10 +244,12 @@ __device__ __forceinline__ void pipe_variant(int rows_per_warp, int halves, F f)
 }
 
 #define MATVEC_PIPE(NAME, T)                                                                                   \
-  extern "C" __global__ void __launch_bounds__(128) NAME(const uint8_t* w, int n_out, int n_in, const int8_t* xq, \
-                                                         const float* xd, float* y, int rows_per_warp, int halves) { \
+  extern "C" __global__ void __launch_bounds__(128)                                                            \
+      NAME(const uint8_t* w, int n_out, int n_in, const int8_t* xq, const float* xd, float* y, int rows_per_warp,  \
+           int halves, int split) {                                                                             \
     pipe_variant<T>(rows_per_warp, halves, [&](auto r, auto h) {                                               \
-      matvec_pipe_one<T, decltype(r)::value, decltype(h)::value>(w, n_out, n_in, xq, xd, y);                   \
+      if (split) matvec_pipe_one<T, decltype(r)::value, decltype(h)::value, true>(w, n_out, n_in, xq, xd, y);  \
+      else matvec_pipe_one<T, decltype(r)::value, decltype(h)::value, false>(w, n_out, n_in, xq, xd, y);       \
     });                                                                                                        \
   }
 #define MATVEC_PIPE_MULTI(NAME, T)                                                                               \
