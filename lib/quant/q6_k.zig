@@ -205,18 +205,19 @@ pub fn dot(w: []align(1) const Block, x: []align(1) const q8_k.Block) f32 {
     return dotMulti(1, w, .{x.ptr})[0];
 }
 
-/// One token over n_out row-major rows: four rows' chains side by side, sharing each activation
-/// load and the activation's sums, the next four rows prefetched meanwhile
-/// (simd.prefetchNextRows); the rest one at a time. Bit for bit dotGgmlScalar.
+/// One token over n_out row-major rows, four at a time as q4_k.dotRows and q5_k.dotRows take
+/// theirs (simd.dotRowGroups): Q6_K is never repacked, so this is every Q6_K matrix's decode
+/// matvec (a Q4_K_M model's LM head and half its down projections). Bit for bit dotGgmlScalar.
 pub fn dotRows(n_blocks: usize, w: [*]const u8, w_row_bytes: usize, n_out: usize, x: [*]align(1) const q8_k.Block, out: [*]f32) void {
-    simd.dotRowGroups(@This(), four_rows, n_blocks, w, w_row_bytes, n_out, x, out);
+    simd.dotRowGroups(@This(), group_rows, n_blocks, w, w_row_bytes, n_out, x, out);
 }
 
-const four_rows = 4;
+const group_rows = 4;
 
-/// Four rows of dotRows (simd.dotRowGroups), the next four prefetched.
-pub inline fn rowGroup(comptime next_in_l1: bool, n_blocks: usize, w: [*]const u8, w_row_bytes: usize, x: [*]align(1) const q8_k.Block) [four_rows]f32 {
-    const R = four_rows;
+/// dotRows' four rows: each activation superblock's loads (q8_k.subBlocks) shared by the rows'
+/// blockAcc, the next four rows' blocks prefetched (simd.prefetchNextRows).
+pub inline fn rowGroup(comptime next_in_l1: bool, n_blocks: usize, w: [*]const u8, w_row_bytes: usize, x: [*]align(1) const q8_k.Block) [group_rows]f32 {
+    const R = group_rows;
     var acc: [R]simd.V8f32 = @splat(@splat(0));
     for (0..n_blocks) |b| {
         simd.prefetchNextRows(R, @sizeOf(Block), next_in_l1, w, w_row_bytes, b);
