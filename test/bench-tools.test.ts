@@ -1,0 +1,32 @@
+// Parsers of the bench scripts that run where CI cannot (an ncu log of bench/cuda-kernel-times.ts).
+import { describe, expect, test } from "bun:test";
+import { csvFields, lastStep } from "../bench/cuda-kernel-times.ts";
+
+const HEAD = '"ID","Kernel Name","Grid Size","Metric Name","Metric Unit","Metric Value"';
+const row = (id: number, kernel: string, grid: string, ns: string, metric = "gpu__time_duration.sum") =>
+  `"${id}","${kernel}","${grid}","${metric}","ns","${ns}"`;
+
+describe("ncu CSV of bench/cuda-kernel-times.ts", () => {
+  test("fields keep quoted commas", () => {
+    expect(csvFields('"1","a, b","3,791,680"')).toEqual(["1", "a, b", "3,791,680"]);
+  });
+
+  test("the last step from its embedding lookup on, summed by kernel and grid", () => {
+    const csv = ["==PROF== Connected to process 1", HEAD,
+      row(0, "repack_q4_k", "(16, 1, 1)", "3,791,680"),
+      row(1, "get_rows_q4_kr", "(1, 1, 1)", "6,000"), row(2, "matvec", "(8, 1, 1)", "10,000"),
+      row(3, "get_rows_q4_kr", "(1, 1, 1)", "6,500"), row(4, "matvec", "(8, 1, 1)", "12,000"),
+      row(5, "matvec", "(8, 1, 1)", "14,000"), row(6, "matvec", "(4, 1, 1)", "1,500"),
+      row(7, "matvec", "(4, 1, 1)", "99", "sm__cycles_elapsed.avg")].join("\n");
+    expect(lastStep(csv)).toEqual([
+      { kernel: "get_rows_q4_kr", grid: "(1, 1, 1)", launches: 1, totalUs: 6.5 },
+      { kernel: "matvec", grid: "(8, 1, 1)", launches: 2, totalUs: 26 },
+      { kernel: "matvec", grid: "(4, 1, 1)", launches: 1, totalUs: 1.5 },
+    ]);
+  });
+
+  test("a log without rows or without a step says so", () => {
+    expect(() => lastStep("==ERROR== The application returned an error code (1).")).toThrow("no ncu rows");
+    expect(() => lastStep([HEAD, row(0, "matvec", "(8, 1, 1)", "1")].join("\n"))).toThrow("no embedding lookup");
+  });
+});
