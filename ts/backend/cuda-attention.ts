@@ -20,10 +20,21 @@ const PER_HEAD_SPLIT_KEYS = 4;
 /** Tables of cache addresses kept for attendRows (one per layer and set of sequences batched). */
 const KV_TABLES_MAX = 4096;
 
-/** The splits of `keys` keys, about `perSplit` a split: a power of two, at most 32. */
+/**
+ * Splits a decode row's keys take at most: 32, or INFER_CUDA_SPLIT_MAX (a power of two up to 64,
+ * lib/cuda/ops.zig split_max; comparisons). At 4,096 keys an 8B model's 8 KV heads × 32 splits
+ * are 256 blocks, under two a multiprocessor, and its decode attention reads the cache at ~20% of
+ * the HBM bandwidth (bench/RESULTS.md 2026-12-01): more splits are the first thing to try there.
+ */
+const SPLITS_MAX = (() => {
+  const n = Number(process.env.INFER_CUDA_SPLIT_MAX);
+  return Number.isInteger(n) && n >= 1 && n <= 64 && (n & (n - 1)) === 0 ? n : 32;
+})();
+
+/** The splits of `keys` keys, about `perSplit` a split: a power of two, at most SPLITS_MAX. */
 function splitFor(keys: number, perSplit: number): number {
   let split = 1;
-  while (split < 32 && split * perSplit < keys) split *= 2;
+  while (split < SPLITS_MAX && split * perSplit < keys) split *= 2;
   return split;
 }
 
@@ -32,8 +43,8 @@ function splitFor(keys: number, perSplit: number): number {
  * and value row read once for the group's query heads; `kernels` "heads", from
  * INFER_CUDA_ATTN=heads: the per-head attn_scores + attn_values instead, slower at every context
  * measured, kept for comparison), the keys split about GROUP_SPLIT_KEYS a split
- * (PER_HEAD_SPLIT_KEYS per head), rounded up to a power of two, at most 32, so that a long
- * context fills the GPU with blocks: a graph is captured per split the context passes.
+ * (PER_HEAD_SPLIT_KEYS per head), rounded up to a power of two, at most SPLITS_MAX, so that a
+ * long context fills the GPU with blocks: a graph is captured per split the context passes.
  * `byCells` (INFER_CUDA_SPLIT=cells): a fixed split from the cache size (one graph for every
  * position; slower as the context grows).
  */
