@@ -380,10 +380,13 @@ function table(results: ModelResult[], bandwidthGBs: number | null): string {
 }
 
 /** Each decode run beside the memory bandwidth probed just before it: whether a row's ratio was
- * measured with both engines in the same state of the machine's memory. */
+ * measured with both engines in the same state of the machine's memory. And infer ÷ llama.cpp
+ * round by round: a round's two runs follow each other within seconds, so they meet the same
+ * state more often than the medians of all rounds do (the headline ratio stays the medians'). */
 function memoryTable(results: ModelResult[]): string {
   const engines: EngineName[] = ["infer", "llama.cpp", "node-llama-cpp"];
-  const head = ["model", "quant", "measure", ...engines.map((e) => `${e} runs: t/s @ GB/s (% of that limit)`)];
+  const head = ["model", "quant", "measure", ...engines.map((e) => `${e} runs: t/s @ GB/s (% of that limit)`),
+    "infer ÷ llama.cpp by round (median)"];
   const lines = [`| ${head.join(" | ")} |`, `|${head.map(() => " --- ").join("|")}|`];
   for (const r of results) {
     for (const key of ["decode", "decodeDeep"] as const) {
@@ -394,10 +397,19 @@ function memoryTable(results: ModelResult[]): string {
           : `${fmt(t, key)} @ ${gbs.toFixed(0)} (${((100 * t * bytes) / (gbs * 1e9)).toFixed(0)}%)`;
       }).join(", ") || "—";
       const label = measures.find((m) => m.key === key)!.label;
-      lines.push(`| ${[r.model.label, r.model.quant, label, ...engines.map(runs)].join(" | ")} |`);
+      lines.push(`| ${[r.model.label, r.model.quant, label, ...engines.map(runs), pairedRatios(r.samples.infer[key],
+        r.samples["llama.cpp"][key])].join(" | ")} |`);
     }
   }
   return lines.join("\n");
+}
+
+/** a[i] / b[i] for each round and their median; "—" unless both engines kept every round (a
+ * failed run would pair later rounds wrongly). */
+export function pairedRatios(a: number[], b: number[]): string {
+  if (a.length === 0 || a.length !== b.length) return "—";
+  const ratios = a.map((x, i) => x / b[i]);
+  return `${ratios.map((q) => q.toFixed(2)).join(", ")} (${median(ratios)!.toFixed(2)}×)`;
 }
 
 // ---- main ------------------------------------------------------------------------------------
@@ -474,7 +486,8 @@ async function main(): Promise<void> {
     table(results, bw),
     "",
     "Decode runs and the memory read bandwidth probed just before each (256 MiB, 4 passes, best; the " +
-      "machine's bandwidth changes state within seconds to minutes, and a memory-bound decode follows it):",
+      "machine's bandwidth changes state within seconds to minutes, and a memory-bound decode follows it), " +
+      "and infer ÷ llama.cpp round by round (a round's two runs are seconds apart):",
     "",
     memoryTable(results),
     "",

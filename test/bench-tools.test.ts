@@ -1,6 +1,8 @@
-// Parsers of the bench scripts that run where CI cannot (an ncu log of bench/cuda-kernel-times.ts).
+// Pieces of the bench scripts that CI can check without running them: the parser of an ncu log
+// (bench/cuda-kernel-times.ts, which needs a GPU) and the CPU bench's round-by-round ratios.
 import { describe, expect, test } from "bun:test";
 import { csvFields, lastStep } from "../bench/cuda-kernel-times.ts";
+import { pairedRatios } from "../bench/index.ts";
 
 const HEAD = '"ID","Kernel Name","Grid Size","Metric Name","Metric Unit","Metric Value"';
 const row = (id: number, kernel: string, grid: string, ns: string, metric = "gpu__time_duration.sum") =>
@@ -28,5 +30,17 @@ describe("ncu CSV of bench/cuda-kernel-times.ts", () => {
   test("a log without rows or without a step says so", () => {
     expect(() => lastStep("==ERROR== The application returned an error code (1).")).toThrow("no ncu rows");
     expect(() => lastStep([HEAD, row(0, "matvec", "(8, 1, 1)", "1")].join("\n"))).toThrow("no embedding lookup");
+  });
+});
+
+describe("bun run bench: infer ÷ llama.cpp by round", () => {
+  test("each round's ratio and their median", () => {
+    expect(pairedRatios([120, 90, 100], [80, 90, 50])).toBe("1.50, 1.00, 2.00 (1.50×)");
+    expect(pairedRatios([30, 20], [10, 20])).toBe("3.00, 1.00 (2.00×)");
+  });
+
+  test("no pairing when a run is missing or there are none", () => {
+    expect(pairedRatios([1, 2, 3], [1, 2])).toBe("—");
+    expect(pairedRatios([], [])).toBe("—");
   });
 });
