@@ -14,6 +14,7 @@ import { spawnSync } from "node:child_process";
 import { mkdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { Engine } from "../ts/engine/engine.ts";
+import { argmax } from "./logits.ts";
 import { ensureRandomModel, findShape, type RandomQuant } from "./random-model.ts";
 
 function arg(name: string, fallback: string): string {
@@ -25,11 +26,7 @@ function arg(name: string, fallback: string): string {
 function decode(path: string): void {
   const engine = Engine.open({ modelPath: path, backend: "cuda", contextLength: 64, batch: 16 });
   let logits = engine.evaluate(Array.from({ length: 8 }, (_, i) => 97 + i));
-  for (let step = 0; step < 4; step++) {
-    let best = 0;
-    for (let i = 1; i < logits.length; i++) if (logits[i] > logits[best]) best = i;
-    logits = engine.evaluate([best]);
-  }
+  for (let step = 0; step < 4; step++) logits = engine.evaluate([argmax(logits)]);
 }
 
 /** The fields of one CSV line, quotes removed ("3,791,680" stays one field). */

@@ -627,17 +627,14 @@ fn pipeStages(k: kernels.WeightKind, n_in: u64, n_out: u64, split_ok: bool) ?Pip
     var rows: u32 = if (split) pipe_rows_split else if (n_out >= tall_rows) pipe_rows_tall else pipe_rows_per_warp;
     const halves = k.pipe_halves and n_in >= pipe_halves_min;
     while (true) : (rows /= 2) {
-        const launch_with: PipeLaunch = .{ .shared = 0, .rows_per_warp = rows, .halves = halves, .split = split };
+        var p: PipeLaunch = .{ .shared = 0, .rows_per_warp = rows, .halves = halves, .split = split };
         // After the stages: the activation (halves), the warps' partial sums (split).
-        const bytes = pipe_stages * launch_with.blockRows() * row_bytes + (if (halves) n_in else 0) + (if (split) 16 * rows else 0);
+        const bytes = pipe_stages * p.blockRows() * row_bytes + (if (halves) n_in else 0) + (if (split) 16 * rows else 0);
         if (bytes <= s.pipe_shared_max) {
-            var p = launch_with;
-            p.shared = @intCast(bytes);
             // Under a reserve, fewer rows a warp where their stages would leave one block a
             // multiprocessor (an 8B model's Q8_0 rows: 2 rows 104 KB, 1 row 52 KB).
-            if (!reserve) return p;
-            p.shared = reserving(p.shared);
-            if (rows == 1 or blocksBeside(@intCast(bytes)) >= 2) return p;
+            p.shared = if (reserve) reserving(@intCast(bytes)) else @intCast(bytes);
+            if (!reserve or rows == 1 or blocksBeside(@intCast(bytes)) >= 2) return p;
         }
         if (rows == 1) return null;
     }
