@@ -212,7 +212,7 @@ pub fn init(path: []const u8, ordinal: i32) i32 {
     // The pipelined matvecs stage 3 × 4 weight rows in shared memory: up to 227 KiB on sm_90.
     if (driver.optional.cuFuncSetAttribute) |set| {
         var ok = true;
-        for ([_]Kernel{ .matvec_pipe_q4_0r, .matvec_pipe_q8_0r, .matvec_pipe_q4_kr, .matvec_pipe_multi_q4_0r, .matvec_pipe_multi_q8_0r, .matvec_pipe_multi_q4_kr }) |k| {
+        for ([_]Kernel{ .matvec_pipe_q4_0r, .matvec_pipe_q8_0r, .matvec_pipe_q4_kr, .matvec_pipe_split_q4_0r, .matvec_pipe_split_q8_0r, .matvec_pipe_split_q4_kr, .matvec_pipe_multi_q4_0r, .matvec_pipe_multi_q8_0r, .matvec_pipe_multi_q4_kr }) |k| {
             ok = ok and set(s.kernels[@intFromEnum(k)], driver.func_attribute_max_dynamic_shared, pipe_shared_sm90) == driver.success;
         }
         if (ok and s.cc_major >= 9) s.pipe_shared_max = pipe_shared_sm90;

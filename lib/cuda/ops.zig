@@ -184,8 +184,8 @@ pub fn matmul(w: u64, type_id: u32, n_out: u64, n_in: u64, x: u64, xq: u64, xd: 
     if (xq == 0 or xd == 0) return invalid("matmul: {s} needs quantized activations", .{k.name});
     if (n_tok == 1) {
         if (pipeStages(k, n_in, n_out, true)) |p| {
-            const pipe = k.matvec_pipe.?;
-            return launchShared(pipe, pipeGrid(pipe, ceilDiv(n_out, p.blockRows()), p.shared), 1, 128, p.shared, .{ w, out, in, xq, xd, y, @as(i32, @intCast(p.rows_per_warp)), @as(i32, @intFromBool(p.halves)), @as(i32, @intFromBool(p.split)) });
+            const pipe = if (p.split) k.matvec_pipe_split.? else k.matvec_pipe.?;
+            return launchShared(pipe, pipeGrid(pipe, ceilDiv(n_out, p.blockRows()), p.shared), 1, 128, p.shared, .{ w, out, in, xq, xd, y, @as(i32, @intCast(p.rows_per_warp)), @as(i32, @intFromBool(p.halves)) });
         }
     }
     if (x != 0 and cublas_min_tokens > 0 and n_tok >= cublas_min_tokens) {
@@ -620,7 +620,7 @@ pub fn matmulMulti(type_id: u32, n_in: u64, xq: u64, xd: u64, w0: u64, n0: u64, 
 fn pipeStages(k: kernels.WeightKind, n_in: u64, n_out: u64, split_ok: bool) ?PipeLaunch {
     if (!matvec_pipe or k.matvec_pipe == null) return null;
     const split = n_in / 32 >= split_min_units;
-    if (split and (!split_ok or pipe_rows_split == 0)) return null;
+    if (split and (!split_ok or pipe_rows_split == 0 or k.matvec_pipe_split == null)) return null;
     const s = ready() orelse return null;
     const row_bytes = (n_in / k.block_values) * k.block_bytes;
     const reserve = s.pipe_shared_max >= 227 << 10 and pipe_reserve > 0; // sm_90's 228 KB a multiprocessor

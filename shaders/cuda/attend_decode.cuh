@@ -23,6 +23,8 @@ constexpr int DECODE_THREADS = 128;
 constexpr int DECODE_TILE = 128;           // keys scored per tile: one a thread
 constexpr int DECODE_HEAD_DIM_MAX = 256;   // head_dim a multiple of 8 up to this
 constexpr int DECODE_GROUP_MAX = 8;        // query heads per KV head
+constexpr int DECODE_VEARLY = 16;          // value rows a thread requests before the softmax
+constexpr int DECODE_VROWS = 4;            // value rows in flight past those (head_dim > 128)
 
 __device__ __forceinline__ void unpack_half8(const uint4& raw, float (&v)[8]) {
   const __half2* h = reinterpret_cast<const __half2*>(&raw);
@@ -109,6 +111,7 @@ __device__ __forceinline__ void decode_combine_last(int G, int head_dim, int n_s
   __syncthreads();
   if (!last) return;
   __threadfence();
+  INFER_BLOCK_MARK(8);
   // Each split's weight exp(m_k - M) and the denominator, once per head; then every output sums
   // its splits with their loads in flight together (the partials are in L2).
   __shared__ float weight[GM][64];
@@ -127,17 +130,32 @@ __device__ __forceinline__ void decode_combine_last(int G, int head_dim, int n_s
     if (lane == 0) denom[g] = d;
   }
   __syncthreads();
-  for (int i = tid; i < G * head_dim; i += blockDim.x) {
+  INFER_BLOCK_MARK(9);
+  // Four consecutive outputs a thread (head_dim is a multiple of 8; partial, part of the scratch
+  // after 2 * rows * n_split values, and out are 16-byte aligned), so that a whole group's loads
+  // are in flight at once: 128 threads for G = 4 heads of 128.
+  for (int i = 4 * tid; i < G * head_dim; i += 4 * blockDim.x) {
     const int g = i / head_dim, dim = i % head_dim;
-    const float* src = partial + (row0 + g) * n_split * head_dim + dim;
-    float num = 0.0f;
+    const float4* src = reinterpret_cast<const float4*>(partial + (row0 + g) * n_split * head_dim + dim);
+    float4 num = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 16
-    for (int k = 0; k < n_split; k++) num += weight[g][k] * __ldcg(src + static_cast<size_t>(k) * head_dim);
-    out[(row0 + g) * head_dim + dim] = num / denom[g];
-    staging[i] = num / denom[g];
+    for (int k = 0; k < n_split; k++) {
+      const float4 x = __ldcg(src + static_cast<size_t>(k) * (head_dim / 4));
+      const float w = weight[g][k];
+      num.x += w * x.x;
+      num.y += w * x.y;
+      num.z += w * x.z;
+      num.w += w * x.w;
+    }
+    const float d = denom[g];
+    const float4 o = make_float4(num.x / d, num.y / d, num.z / d, num.w / d);
+    *reinterpret_cast<float4*>(out + (row0 + g) * head_dim + dim) = o;
+    *reinterpret_cast<float4*>(staging + i) = o;
   }
   if (tid == 0) arrived[group] = 0;
+  INFER_BLOCK_MARK(10);
   quantize_group(staging, G * head_dim, qmode, xq, xd, row0 * head_dim);
+  INFER_BLOCK_MARK(11);
 }
 
 /// GM: the group size the registers are laid out for (1, 2, 4 or 8); the group G <= GM.
@@ -170,6 +188,10 @@ __device__ __forceinline__ void attn_decode_body(const float* q, const __half* k
   const int L = head_dim >> 3;          // threads per V row, 8 dimensions each
   const int KG = DECODE_THREADS / L;    // key groups
   const int kg = tid / L, c = tid % L;
+  // Value rows requested before the softmax: all of a tile's at head_dim 128 (8B: 17.6 against
+  // 18.7 µs a launch at 4,096 keys); none at 64, where it measured slower (1B: 12.9 against 12.7;
+  // bench/cuda-probe.cu, bench/RESULTS.md 2026-12-01).
+  const int early = head_dim >= 128 ? DECODE_VEARLY : 0;
   float acc[GM][8], m[GM], l[GM];
 #pragma unroll
   for (int g = 0; g < GM; g++) {
@@ -180,6 +202,7 @@ __device__ __forceinline__ void attn_decode_body(const float* q, const __half* k
   }
   __syncthreads();
   INFER_MARK(2);
+  INFER_BLOCK_MARK(2);
   for (int tile = s0; tile < s1; tile += DECODE_TILE) {
     const int tn = min(DECODE_TILE, s1 - tile);
     float s[GM];
@@ -225,10 +248,23 @@ __device__ __forceinline__ void attn_decode_body(const float* q, const __half* k
 #pragma unroll
       for (int g = 0; g < GM; g++) s[g] = d[g] * scale;
     }
+    // The tile's value rows this thread sums (all of them up to head_dim 128), requested now so
+    // that their round trip overlaps the softmax's barriers rather than following them.
+    auto value_row = [&](int j) {
+      return __ldg(reinterpret_cast<const uint4*>(
+                       vc + static_cast<size_t>(attn_cell(begin + tile + j, cells, ring)) * kv_dim + kvh * head_dim) + c);
+    };
+    uint4 vearly[DECODE_VEARLY];
+    if (kg < KG) {
+#pragma unroll
+      for (int u = 0; u < DECODE_VEARLY; u++)
+        if (u < early && kg + u * KG < tn) vearly[u] = value_row(kg + u * KG);
+    }
 #pragma unroll
     for (int g = 0; g < GM; g++) ps[g * DECODE_TILE + tid] = s[g];
     __syncthreads();
     INFER_MARK(3);
+    INFER_BLOCK_MARK(3);
     for (int g = warp; g < G; g += DECODE_THREADS / 32) {
       const float* r = ps + g * DECODE_TILE;
       const float v = warp_max(fmaxf(fmaxf(r[lane], r[lane + 32]), fmaxf(r[lane + 64], r[lane + 96])));
@@ -247,16 +283,31 @@ __device__ __forceinline__ void attn_decode_body(const float* q, const __half* k
     }
     __syncthreads();
     INFER_MARK(4);
+    INFER_BLOCK_MARK(4);
 #pragma unroll
     for (int g = 0; g < GM; g++)
 #pragma unroll
       for (int e = 0; e < 8; e++) acc[g][e] *= alpha[g];
     if (kg < KG) {
-      // 4 value rows in flight, then their products.
-      for (int j0 = kg; j0 < tn; j0 += 4 * KG) {
-        uint4 raw[4];
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
+      for (int u = 0; u < DECODE_VEARLY; u++) {
+        const int j = kg + u * KG;
+        if (u < early && j < tn) {
+          float v8[8];
+          unpack_half8(vearly[u], v8);
+#pragma unroll
+          for (int g = 0; g < GM; g++) {
+            const float pj = ps[g * DECODE_TILE + j];
+#pragma unroll
+            for (int e = 0; e < 8; e++) acc[g][e] = __fmaf_rn(pj, v8[e], acc[g][e]);
+          }
+        }
+      }
+      // Rows past those (KG < 8, head_dim over 128): DECODE_VROWS in flight, then their products.
+      for (int j0 = kg + early * KG; j0 < tn; j0 += DECODE_VROWS * KG) {
+        uint4 raw[DECODE_VROWS];
+#pragma unroll
+        for (int u = 0; u < DECODE_VROWS; u++) {
           const int j = j0 + u * KG;
           if (j < tn) {
             raw[u] = __ldg(reinterpret_cast<const uint4*>(
@@ -264,7 +315,7 @@ __device__ __forceinline__ void attn_decode_body(const float* q, const __half* k
           }
         }
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
+        for (int u = 0; u < DECODE_VROWS; u++) {
           const int j = j0 + u * KG;
           if (j < tn) {
             float v8[8];
@@ -281,6 +332,7 @@ __device__ __forceinline__ void attn_decode_body(const float* q, const __half* k
     }
     __syncthreads();  // ps is rewritten by the next tile
     INFER_MARK(5);
+    INFER_BLOCK_MARK(5);
   }
   // The split's sums over the block: l by warps, the outputs over the key groups.
 #pragma unroll
@@ -302,6 +354,7 @@ __device__ __forceinline__ void attn_decode_body(const float* q, const __half* k
   }
   __syncthreads();
   INFER_MARK(6);
+  INFER_BLOCK_MARK(6);
   const size_t row0 = static_cast<size_t>(t) * n_head + h0;  // the group's first query row
   for (int i = tid; i < G * head_dim; i += DECODE_THREADS) {
     const int g = i / head_dim, dim = i % head_dim;
@@ -362,11 +415,14 @@ __device__ __forceinline__ void attn_decode_prefetch(const __half* kc, const __h
            int head_dim, int window, int cells, int ring, float scale, int n_split, float* out, float* part_ml, \
            float* partial, unsigned int* arrived, int qmode, int8_t* xq, float* xd) {                             \
     INFER_MARK(0);                                                                                               \
+    INFER_BLOCK_MARK(0);                                                                                         \
     attn_decode_prefetch(kc, vc, kv_table, positions, n_kv_head, head_dim, window, cells, ring, n_split);         \
     pdl_begin();                                                                                                 \
     INFER_MARK(1);                                                                                               \
+    INFER_BLOCK_MARK(1);                                                                                         \
     attn_decode_body<GM>(q, kc, vc, kv_table, positions, n_head, n_kv_head, head_dim, window, cells, ring, scale, n_split, \
                          out, part_ml, partial, arrived, qmode, xq, xd);                                         \
+    INFER_BLOCK_MARK(7);                                                                                         \
   }
 ATTN_DECODE(attn_decode_g1, 1)
 ATTN_DECODE(attn_decode_g2, 2)

@@ -18,9 +18,23 @@ __device__ long long infer_trace[64];
   do {                                                                           \
     if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) infer_trace[k] = clock64(); \
   } while (0)
+// INFER_BLOCK_MARK(k): thread 0 of every block records the global timer (ns) at mark k into
+// infer_block_trace (the probe's PROBE_BLOCKS: when each block of one launch reached each phase).
+__device__ unsigned long long infer_block_trace[2048][12];
+#define INFER_BLOCK_MARK(k)                                                                       \
+  do {                                                                                            \
+    if (threadIdx.x == 0) {                                                                       \
+      unsigned long long t_;                                                                      \
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));                                      \
+      infer_block_trace[(blockIdx.y * gridDim.x + blockIdx.x) & 2047][k] = t_;                    \
+    }                                                                                             \
+  } while (0)
 #else
 #define INFER_MARK(k) \
   do {                \
+  } while (0)
+#define INFER_BLOCK_MARK(k) \
+  do {                      \
   } while (0)
 #endif
 

@@ -243,13 +243,15 @@ __device__ __forceinline__ void pipe_variant(int rows_per_warp, int halves, F f)
   }
 }
 
-#define MATVEC_PIPE(NAME, T)                                                                                   \
+// SPLIT: the rows split among the warps (a kernel of its own: carried as a branch of one kernel,
+// the split variants cost the 0.6B's unsplit matvecs 2.7% of its decode, bench/RESULTS.md
+// 2026-12-01).
+#define MATVEC_PIPE(NAME, T, SPLIT)                                                                            \
   extern "C" __global__ void __launch_bounds__(128)                                                            \
       NAME(const uint8_t* w, int n_out, int n_in, const int8_t* xq, const float* xd, float* y, int rows_per_warp,  \
-           int halves, int split) {                                                                             \
+           int halves) {                                                                                        \
     pipe_variant<T>(rows_per_warp, halves, [&](auto r, auto h) {                                               \
-      if (split) matvec_pipe_one<T, decltype(r)::value, decltype(h)::value, true>(w, n_out, n_in, xq, xd, y);  \
-      else matvec_pipe_one<T, decltype(r)::value, decltype(h)::value, false>(w, n_out, n_in, xq, xd, y);       \
+      matvec_pipe_one<T, decltype(r)::value, decltype(h)::value, SPLIT>(w, n_out, n_in, xq, xd, y);            \
     });                                                                                                        \
   }
 #define MATVEC_PIPE_MULTI(NAME, T)                                                                               \
@@ -260,9 +262,12 @@ __device__ __forceinline__ void pipe_variant(int rows_per_warp, int halves, F f)
       matvec_pipe_three<T, decltype(r)::value, decltype(h)::value>(w0, n0, y0, w1, n1, y1, w2, n2, y2, n_in, xq, xd); \
     });                                                                                                          \
   }
-MATVEC_PIPE(matvec_pipe_q4_0r, Q4_0R)
-MATVEC_PIPE(matvec_pipe_q8_0r, Q8_0R)
-MATVEC_PIPE(matvec_pipe_q4_kr, Q4_KR)
+MATVEC_PIPE(matvec_pipe_q4_0r, Q4_0R, false)
+MATVEC_PIPE(matvec_pipe_q8_0r, Q8_0R, false)
+MATVEC_PIPE(matvec_pipe_q4_kr, Q4_KR, false)
+MATVEC_PIPE(matvec_pipe_split_q4_0r, Q4_0R, true)
+MATVEC_PIPE(matvec_pipe_split_q8_0r, Q8_0R, true)
+MATVEC_PIPE(matvec_pipe_split_q4_kr, Q4_KR, true)
 MATVEC_PIPE_MULTI(matvec_pipe_multi_q4_0r, Q4_0R)
 MATVEC_PIPE_MULTI(matvec_pipe_multi_q8_0r, Q8_0R)
 MATVEC_PIPE_MULTI(matvec_pipe_multi_q4_kr, Q4_KR)
