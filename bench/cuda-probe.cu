@@ -6,6 +6,11 @@
 // bandwidth: bench/cuda-step-parts.ts --alone says how long, this says where. Built and run
 // there (no Bun, no libinfer):
 //   nvcc -O3 -std=c++17 -fmad=false -arch=sm_90 -DINFER_TRACE bench/cuda-probe.cu -o /tmp/probe && /tmp/probe
+// Environment: PROBE_LONG=1 the decode attention at 1,001-4,096 keys only; PROBE_HOT=1 its
+// launches on one cache (in L2 after the first) rather than four in turn (from HBM);
+// PROBE_BLOCKS=1 when every block of one cold launch reached each INFER_BLOCK_MARK;
+// PROBE_STREAM=1 how fast a cold 16 MiB read goes in the attention's shapes of work;
+// PROBE_ONCE=1 plain launches without timing (for ncu).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
