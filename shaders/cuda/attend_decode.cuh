@@ -303,7 +303,8 @@ __device__ __forceinline__ void attn_decode_body(const float* q, const __half* k
           }
         }
       }
-      // Rows past those (KG < 8, head_dim over 128): DECODE_VROWS in flight, then their products.
+      // The rest (every row below head_dim 128, the rows past the first 16 above it):
+      // DECODE_VROWS in flight, then their products.
       for (int j0 = kg + early * KG; j0 < tn; j0 += DECODE_VROWS * KG) {
         uint4 raw[DECODE_VROWS];
 #pragma unroll

@@ -243,9 +243,10 @@ __device__ __forceinline__ void pipe_variant(int rows_per_warp, int halves, F f)
   }
 }
 
-// SPLIT: the rows split among the warps (a kernel of its own: carried as a branch of one kernel,
-// the split variants cost the 0.6B's unsplit matvecs 2.7% of its decode, bench/RESULTS.md
-// 2026-12-01).
+// SPLIT: the rows split among the warps, a kernel of its own (bench/RESULTS.md 2026-12-01 08:27:
+// as a branch of one kernel, the split variants cost the 0.6B's unsplit matvecs 2.7% of its
+// decode, of which this gets 1.4% back, the 8B's Q4_0 +1%; the 8B's Q4_K decode lost 2.4% by it,
+// not yet explained).
 #define MATVEC_PIPE(NAME, T, SPLIT)                                                                            \
   extern "C" __global__ void __launch_bounds__(128)                                                            \
       NAME(const uint8_t* w, int n_out, int n_in, const int8_t* xq, const float* xd, float* y, int rows_per_warp,  \
