@@ -288,47 +288,31 @@ __device__ __forceinline__ void attn_decode_body(const float* q, const __half* k
     for (int g = 0; g < GM; g++)
 #pragma unroll
       for (int e = 0; e < 8; e++) acc[g][e] *= alpha[g];
+    // p_j V_j of value row j (its 16 bytes at c) into the outputs of the group's heads.
+    auto add_value = [&](const uint4& raw, int j) {
+      float v8[8];
+      unpack_half8(raw, v8);
+#pragma unroll
+      for (int g = 0; g < GM; g++) {
+        const float pj = ps[g * DECODE_TILE + j];
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[g][e] = __fmaf_rn(pj, v8[e], acc[g][e]);
+      }
+    };
     if (kg < KG) {
 #pragma unroll
-      for (int u = 0; u < DECODE_VEARLY; u++) {
-        const int j = kg + u * KG;
-        if (u < early && j < tn) {
-          float v8[8];
-          unpack_half8(vearly[u], v8);
-#pragma unroll
-          for (int g = 0; g < GM; g++) {
-            const float pj = ps[g * DECODE_TILE + j];
-#pragma unroll
-            for (int e = 0; e < 8; e++) acc[g][e] = __fmaf_rn(pj, v8[e], acc[g][e]);
-          }
-        }
-      }
+      for (int u = 0; u < DECODE_VEARLY; u++)
+        if (u < early && kg + u * KG < tn) add_value(vearly[u], kg + u * KG);
       // The rest (every row below head_dim 128, the rows past the first 16 above it):
       // DECODE_VROWS in flight, then their products.
       for (int j0 = kg + early * KG; j0 < tn; j0 += DECODE_VROWS * KG) {
         uint4 raw[DECODE_VROWS];
 #pragma unroll
-        for (int u = 0; u < DECODE_VROWS; u++) {
-          const int j = j0 + u * KG;
-          if (j < tn) {
-            raw[u] = __ldg(reinterpret_cast<const uint4*>(
-                vc + static_cast<size_t>(attn_cell(begin + tile + j, cells, ring)) * kv_dim + kvh * head_dim) + c);
-          }
-        }
+        for (int u = 0; u < DECODE_VROWS; u++)
+          if (j0 + u * KG < tn) raw[u] = value_row(j0 + u * KG);
 #pragma unroll
-        for (int u = 0; u < DECODE_VROWS; u++) {
-          const int j = j0 + u * KG;
-          if (j < tn) {
-            float v8[8];
-            unpack_half8(raw[u], v8);
-#pragma unroll
-            for (int g = 0; g < GM; g++) {
-              const float pj = ps[g * DECODE_TILE + j];
-#pragma unroll
-              for (int e = 0; e < 8; e++) acc[g][e] = __fmaf_rn(pj, v8[e], acc[g][e]);
-            }
-          }
-        }
+        for (int u = 0; u < DECODE_VROWS; u++)
+          if (j0 + u * KG < tn) add_value(raw[u], j0 + u * KG);
       }
     }
     __syncthreads();  // ps is rewritten by the next tile
