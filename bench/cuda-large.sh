@@ -11,7 +11,7 @@
 #     LLAMA_BENCH=1 TESTS=1 bash bench/cuda-large.sh
 # (LLAMA_BENCH=0: infer alone, no llama.cpp build; AB=: no A/B; TESTS=0: no CUDA tests;
 # PREFILL_BATCH=512: infer's prompt in chunks of 512 rows, as llama-bench's micro-batches; default
-# one chunk of 2,048.) Measures:
+# one chunk of 2,048; SKIP_BUILD=1: the kernels already built in this tree.) Measures:
 # decode after 16 tokens and after 4,096, a 2,048-token prefill, and decode of 8 and 32 sequences
 # at once; llama.cpp: llama-bench -p 2048 -n 128, -n 128 -d 4096, llama-batched-bench -npl 8,32.
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -26,7 +26,7 @@ export INFER_CACHE=/tmp/ic
   -DLLAMA_BUILD_TESTS=OFF > /tmp/cmake.log 2>&1 && nice cmake --build b -j16 --target llama-bench llama-batched-bench \
   > /tmp/build.log 2>&1; echo "llama build rc=$? at $(( $(date +%s) - T0 ))s") > "$OUT/llama-build.txt" 2>&1 &
 LLAMA=$!; [ "$LLAMA_BENCH" = 1 ] || LLAMA=
-bash shaders/cuda/build.sh > /dev/null 2> "$OUT/nvcc.txt"; t "kernels built" | tee "$OUT/log.txt"
+[ "${SKIP_BUILD:-0}" = 1 ] || bash shaders/cuda/build.sh > /dev/null 2> "$OUT/nvcc.txt"; t "kernels built" | tee -a "$OUT/log.txt"
 if [ "$TESTS" = 1 ]; then
   (timeout 300 bun test test/cuda.test.ts test/cuda-batch.test.ts 2>&1 | grep -v "^\s*$" | tail -80) > "$OUT/cuda-test.txt" || true
   grep -E "^ [0-9]+ (pass|fail)" "$OUT/cuda-test.txt" | tee -a "$OUT/log.txt"
