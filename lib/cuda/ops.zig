@@ -1,7 +1,8 @@
 //! The CUDA backend's ops: one function per op that validates its arguments and launches the
 //! kernels of shaders/cuda/ (lib/cuda/cuda.zig holds the device, memory, graphs and the launch
 //! itself), with the settings that choose among kernels (the matvec split and grid, the MMQ
-//! tiles), read from the environment once at init for comparisons.
+//! tiles), read from the environment once at init for comparisons. The attention ops live in
+//! lib/cuda/attention.zig and are re-exported here.
 const std = @import("std");
 const status = @import("../status.zig");
 const driver = @import("driver.zig");
@@ -18,6 +19,7 @@ const ceilDiv = cuda.ceilDiv;
 const int = cuda.int;
 const tooLarge = cuda.tooLarge;
 const cublas = @import("cublas.zig");
+const attn = @import("attention.zig");
 
 /// The INFER_CUDA_* settings of the ops (cuda.init calls this before the first launch).
 pub fn readSettings() void {
@@ -38,7 +40,7 @@ pub fn readSettings() void {
     if (std.posix.getenv("INFER_CUDA_PIPE_HALVES")) |v| pipe_halves_min = std.fmt.parseInt(u64, v, 10) catch pipe_halves_min;
     if (std.posix.getenv("INFER_CUDA_PIPE_RESERVE")) |v| pipe_reserve = std.fmt.parseInt(u32, v, 10) catch pipe_reserve;
     if (std.posix.getenv("INFER_CUDA_MATVEC_ROWS")) |v| matvec_rows_per_warp = if (std.mem.eql(u8, v, "1")) 1 else 2;
-    if (std.posix.getenv("INFER_CUDA_DECODE_ATTN")) |v| decode_attn_warps = !std.mem.eql(u8, v, "groups");
+    attn.readSettings();
     if (std.posix.getenv("INFER_CUDA_CUBLAS")) |v| cublas_min_tokens = std.fmt.parseInt(u32, v, 10) catch cublas_min_tokens;
     if (std.posix.getenv("INFER_CUDA_MMQ_TILE")) |v| {
         for (mmq_tiles, 0..) |t, i| {
@@ -328,165 +330,16 @@ pub fn rope(x: u64, n_tok: u64, n_heads: u64, head_dim: u64, n_rot: u64, positio
     });
 }
 
-/// Rows t < n_tok of k and v (kv_dim values each) into cell positions[t] (mod cells when ring).
-pub fn kvStore(k: u64, v: u64, kv_dim: u64, n_tok: u64, k_cache: u64, v_cache: u64, positions: u64, cells: u64, ring: bool) i32 {
-    const dim = int(kv_dim) orelse return tooLarge("kv_store: kv_dim", kv_dim);
-    const c = int(cells) orelse return tooLarge("kv_store: cells", cells);
-    return launch(.kv_store, ceilDiv(kv_dim, 256), n_tok, 256, .{ k, v, dim, k_cache, v_cache, positions, c, @as(i32, @intFromBool(ring)) });
-}
-
-pub const head_dim_max = 512;
-pub const split_max = 64;
-
-/// f32 values of attention scratch, enough for either way: scores, split maxima and (n_split >
-/// 1) partial outputs (attn_scores/attn_values), or each split's maximum and sum of exponentials
-/// and partial outputs (attn_decode_*).
-pub fn attentionScratch(n_tok: u64, n_head: u64, head_dim: u64, cells: u64, n_split: u64) u64 {
-    const rows = n_tok * n_head;
-    return rows * cells + 2 * rows * n_split + (if (n_split > 1) rows * n_split * head_dim else 0);
-}
-
-/// Attention of n_tok queries (at positions[t]) over an f16 cache of `cells` rows: see the
-/// attn_* kernels. `scratch` holds attentionScratch(...) f32 values; with n_split > 1, `arrived`
-/// holds n_tok * n_head u32 counters, zero before the call and left zero by it.
-pub fn attention(q: u64, k_cache: u64, v_cache: u64, out: u64, positions: u64, n_tok: u64, n_head: u64, n_kv_head: u64, head_dim: u64, window: u64, cells: u64, ring: bool, scale_: f32, scratch: u64, scratch_floats: u64, n_split: u64, arrived: u64, per_head: bool) i32 {
-    return attend(per_head, q, k_cache, v_cache, 0, out, positions, n_tok, n_head, n_kv_head, head_dim, window, cells, ring, scale_, scratch, scratch_floats, n_split, arrived, .{});
-}
-
-/// attention, then quantize(out, n_tok, n_head * head_dim, mode, q, d) of its output (the
-/// o-projection's input): in the attention kernel's own epilogue where it computes a whole
-/// group of heads that is whole quantization blocks (attn_decode_*, see quantize_group), else as
-/// the two launches. The buffers end the same either way, bit for bit.
-pub fn attentionQuant(q_in: u64, k_cache: u64, v_cache: u64, out: u64, positions: u64, n_tok: u64, n_head: u64, n_kv_head: u64, head_dim: u64, window: u64, cells: u64, ring: bool, scale_: f32, scratch: u64, scratch_floats: u64, n_split: u64, arrived: u64, per_head: bool, mode: u32, q: u64, d: u64) i32 {
-    const block: u64 = if (mode == 0) 32 else if (mode == 1) 256 else return invalid("attention_quant: mode {d}", .{mode});
-    if ((n_head * head_dim) % block != 0) return invalid("attention_quant: rows of {d} values are not whole blocks of {d}", .{ n_head * head_dim, block });
-    return attend(per_head, q_in, k_cache, v_cache, 0, out, positions, n_tok, n_head, n_kv_head, head_dim, window, cells, ring, scale_, scratch, scratch_floats, n_split, arrived, .{ .mode = @intCast(mode), .q = q, .d = d });
-}
-
-/// Where attend quantizes its output (mode -1: it does not).
-const OutQuant = struct { mode: i32 = -1, q: u64 = 0, d: u64 = 0 };
-
-/// Whether attention of these shapes runs as attn_decode_* (rows under 16), the kernels that
-/// also take a table of caches (attentionRows).
-pub fn decodeAttentionFits(n_head: u64, n_kv_head: u64, head_dim: u64) bool {
-    return n_kv_head > 0 and n_head % n_kv_head == 0 and n_head / n_kv_head <= 8 and head_dim % 8 == 0 and head_dim > 0 and head_dim <= 256;
-}
-
-/// INFER_CUDA_DECODE_ATTN=groups: attn_decode_g* wherever it fits (comparisons).
-var decode_attn_warps = true;
-
-/// attn_decode_w reads each key and value row once per query head (G times a KV head, from L2
-/// after the first); attn_decode_g* once per KV head. At G × splits of 128 keys from this many
-/// (8B shape, G = 4, 32 splits: 4,096 keys), the reads cost more than the shorter chain saves:
-/// 21.3 against 19.5 µs a launch there, 11.1 against 19.9 at 1,001 keys (bench/cuda-probe.cu,
-/// bench/RESULTS.md 2026-11-30 22:23).
-const warps_group_splits_max = 128;
-
-/// Whether decode attention (rows under 16) of this head_dim runs as attn_decode_w: a power of
-/// two from 32 to 256, so that a key's dimensions split over 1 to 8 lanes of 32 each and a value
-/// row over 4 to 32 lanes of 8 (and not INFER_CUDA_DECODE_ATTN=groups).
-pub fn decodeWarpsTakes(head_dim: u64) bool {
-    return decode_attn_warps and head_dim >= 32 and head_dim <= 256 and std.math.isPowerOfTwo(head_dim);
-}
-
-/// Attention of n_tok rows of different sequences, row t over the caches at kv_table[2t] (keys)
-/// and kv_table[2t + 1] (values), all of `cells` rows (the server's batched decode): one launch.
-pub fn attentionRows(q: u64, kv_table: u64, out: u64, positions: u64, n_tok: u64, n_head: u64, n_kv_head: u64, head_dim: u64, window: u64, cells: u64, ring: bool, scale_: f32, scratch: u64, scratch_floats: u64, n_split: u64, arrived: u64) i32 {
-    if (!decodeAttentionFits(n_head, n_kv_head, head_dim))
-        return invalid("attention_rows: {d} heads over {d} KV heads of {d} dims take one sequence at a time", .{ n_head, n_kv_head, head_dim });
-    if (kv_table == 0) return invalid("attention_rows: no table of caches", .{});
-    return attend(false, q, 0, 0, kv_table, out, positions, n_tok, n_head, n_kv_head, head_dim, window, cells, ring, scale_, scratch, scratch_floats, n_split, arrived, .{});
-}
-
-/// kvStore for rows of different sequences, row t into the caches of kv_table (see attentionRows).
-pub fn kvStoreRows(k: u64, v: u64, kv_dim: u64, n_tok: u64, kv_table: u64, positions: u64, cells: u64, ring: bool) i32 {
-    if (kv_table == 0) return invalid("kv_store_rows: no table of caches", .{});
-    const dim = int(kv_dim) orelse return tooLarge("kv_store_rows: kv_dim", kv_dim);
-    const c = int(cells) orelse return tooLarge("kv_store_rows: cells", cells);
-    return launch(.kv_store_rows, ceilDiv(kv_dim, 256), n_tok, 256, .{ k, v, dim, kv_table, positions, c, @as(i32, @intFromBool(ring)) });
-}
-
-fn attend(per_head: bool, q: u64, k_cache: u64, v_cache: u64, kv_table: u64, out: u64, positions: u64, n_tok: u64, n_head: u64, n_kv_head: u64, head_dim: u64, window: u64, cells: u64, ring: bool, scale_: f32, scratch: u64, scratch_floats: u64, n_split: u64, arrived: u64, oq: OutQuant) i32 {
-    var quantized = false;
-    const rc = attendInto(per_head, q, k_cache, v_cache, kv_table, out, positions, n_tok, n_head, n_kv_head, head_dim, window, cells, ring, scale_, scratch, scratch_floats, n_split, arrived, oq, &quantized);
-    if (rc != 0 or oq.mode < 0 or quantized) return rc;
-    return quantize(out, n_tok, n_head * head_dim, @intCast(oq.mode), oq.q, oq.d);
-}
-
-fn attendInto(per_head: bool, q: u64, k_cache: u64, v_cache: u64, kv_table: u64, out: u64, positions: u64, n_tok: u64, n_head: u64, n_kv_head: u64, head_dim: u64, window: u64, cells: u64, ring: bool, scale_: f32, scratch: u64, scratch_floats: u64, n_split: u64, arrived: u64, oq: OutQuant, quantized: *bool) i32 {
-    if (n_kv_head == 0 or n_head == 0 or n_head % n_kv_head != 0)
-        return invalid("attention: n_head {d} is not a multiple of n_kv_head {d}", .{ n_head, n_kv_head });
-    if (head_dim == 0 or head_dim > head_dim_max)
-        return invalid("attention: head_dim {d} not in 1..{d} on CUDA", .{ head_dim, head_dim_max });
-    if (n_split == 0 or n_split > split_max) return invalid("attention: n_split {d} not in 1..{d}", .{ n_split, split_max });
-    if (n_split > 1 and arrived == 0) return invalid("attention: {d} splits need counters", .{n_split});
-    if (ring and window == 0) return invalid("attention: a ring needs a window", .{});
-    const need = attentionScratch(n_tok, n_head, head_dim, cells, n_split);
-    if (need > scratch_floats) return invalid("attention: scratch of {d} values, {d} needed", .{ scratch_floats, need });
-    const heads = int(n_head) orelse return tooLarge("attention: n_head", n_head);
-    const kv_heads = int(n_kv_head) orelse return tooLarge("attention: n_kv_head", n_kv_head);
-    const dim: i32 = @intCast(head_dim);
-    const win = int(window) orelse return tooLarge("attention: window", window);
-    const c = int(cells) orelse return tooLarge("attention: cells", cells);
-    const splits: i32 = @intCast(n_split);
-    const ring_i: i32 = @intFromBool(ring);
-    const rows = n_tok * n_head;
-    const scores = scratch;
-    const maxima = scratch + rows * cells * 4;
-    const partial = maxima + rows * n_split * 4;
-    if (kv_table == 0 and n_tok >= 16 and n_split == 1 and !per_head and (head_dim == 64 or head_dim == 128) and n_head % n_kv_head == 0) {
-        // Prompts: flash attention, 64 queries of one head a block (attn_prompt_*; no scratch).
-        return launch(if (head_dim == 64) .attn_prompt_d64 else .attn_prompt_d128, ceilDiv(n_tok, 64), n_head, 128, .{
-            q, k_cache, v_cache, positions, @as(i32, @intCast(n_tok)), heads, kv_heads, win, c, ring_i, scale_, out,
-        });
-    }
-    if (kv_table == 0 and n_tok >= 16 and n_split == 1 and head_dim <= 256 and head_dim % 16 == 0) {
-        // Prompts: 16 queries of one head per block, the products on the tensor cores (attn_*_mma).
-        const tok: i32 = @intCast(n_tok);
-        const q_tiles = ceilDiv(n_tok, 16);
-        const rc = launch(.attn_scores_mma, q_tiles, n_head, 128, .{
-            q, k_cache, positions, tok, heads, kv_heads, dim, win, c, ring_i, scale_, scores, c, maxima,
-        });
-        if (rc != 0) return rc;
-        return launch(.attn_values_mma, q_tiles, n_head, 128, .{
-            scores, c, maxima, v_cache, positions, tok, heads, kv_heads, dim, win, c, ring_i, out,
-        });
-    }
-    const group = n_head / n_kv_head;
-    if (!per_head and decodeWarpsTakes(head_dim) and q % 16 == 0 and group * n_split < warps_group_splits_max) {
-        // Decode and small batches: a block per (row, query head, split), each warp a softmax of
-        // its own (shaders/cuda/attend_warps.cuh). A block's outputs are whole Q8_0 units, quantized
-        // in the kernel; a Q8_K superblock spans blocks, so Q8_K is a launch of its own (attend's).
-        quantized.* = oq.mode == 0;
-        return launch(.attn_decode_w, n_tok * n_head, n_split, 128, .{
-            q, k_cache, v_cache, kv_table, positions, heads, kv_heads, dim, win, c, ring_i, scale_, splits, out,
-            scratch, scratch + rows * n_split * 2 * 4, arrived,
-            @as(i32, if (oq.mode == 0) 0 else -1), if (oq.mode == 0) oq.q else 0, if (oq.mode == 0) oq.d else 0,
-        });
-    }
-    if (!per_head and decodeAttentionFits(n_head, n_kv_head, head_dim)) {
-        // Decode and small batches: a block per (row, KV head, split), all the group's query heads.
-        const kernel: Kernel = if (group == 1) .attn_decode_g1 else if (group == 2) .attn_decode_g2 else if (group <= 4) .attn_decode_g4 else .attn_decode_g8;
-        const part_ml = scratch;
-        const part = scratch + rows * n_split * 2 * 4;
-        // The quantization in the epilogue where each block's outputs (the group's heads, at a
-        // multiple of their count in the row) are whole blocks of oq's format.
-        const fused = oq.mode >= 0 and (group * head_dim) % (if (oq.mode == 0) @as(u64, 32) else 256) == 0;
-        const qmode: i32 = if (fused) oq.mode else -1;
-        quantized.* = fused;
-        return launch(kernel, n_tok * n_kv_head, n_split, 128, .{
-            q, k_cache, v_cache, kv_table, positions, heads, kv_heads, dim, win, c, ring_i, scale_, splits, out, part_ml, part, arrived,
-            qmode, if (fused) oq.q else 0, if (fused) oq.d else 0,
-        });
-    }
-    const rc = launch(.attn_scores, rows, n_split, 128, .{
-        q, k_cache, positions, heads, kv_heads, dim, win, c, ring_i, scale_, scores, c, maxima, splits,
-    });
-    if (rc != 0) return rc;
-    return launch(.attn_values, rows, n_split, 128, .{
-        scores, c, maxima, v_cache, positions, heads, kv_heads, dim, win, c, ring_i, splits, out, partial, arrived,
-    });
-}
+pub const head_dim_max = attn.head_dim_max;
+pub const split_max = attn.split_max;
+pub const attentionScratch = attn.attentionScratch;
+pub const attention = attn.attention;
+pub const attentionQuant = attn.attentionQuant;
+pub const attentionRows = attn.attentionRows;
+pub const decodeAttentionFits = attn.decodeAttentionFits;
+pub const decodeWarpsTakes = attn.decodeWarpsTakes;
+pub const kvStore = attn.kvStore;
+pub const kvStoreRows = attn.kvStoreRows;
 
 /// One token's query and key head norms (wq = wk = 0: none), their RoPE, and the store of the
 /// keys and values into the f16 cache at positions[0]: rms_norm2 + rope2 + kv_store in one launch

@@ -73,7 +73,7 @@ __device__ __forceinline__ DecodeSpan decode_span(const __half* kc, const __half
 
 /// With qmode >= 0, the group's n outputs (staged in shared memory by every thread of the block,
 /// at the row's flat index base) quantized as the quantize kernel that would follow quantizes
-/// them (mode 0: Q8_0 units, 1: Q8_K superblocks; lib/cuda/ops.zig checks that n and base are
+/// them (mode 0: Q8_0 units, 1: Q8_K superblocks; lib/cuda/attention.zig checks that n and base are
 /// whole units): the o-projection's input written by the attention itself, one kernel fewer a
 /// layer. The same quant_unit_q8_0 / quant_super_q8_k, so the same bytes.
 __device__ __forceinline__ void quantize_group(const float* vals, int n, int qmode, int8_t* xq, float* xd,

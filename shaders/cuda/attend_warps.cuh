@@ -1,11 +1,12 @@
-// Attention for a few query rows (decode and small batches; lib/cuda/ops.zig picks attn_decode_w
-// where head_dim is a power of two from 32 to 256 and group × splits < 128, attn_decode_g* of
-// attend_decode.cuh elsewhere). A block takes one split of a row's visible keys (blockIdx.y; the splits combined by
-// the last to finish, as attn_decode_g* does: decode_combine_last). At a short context the decode
-// attention is latency, not bytes: one warp a scheduler runs a chain of dependent steps, and each
-// step of attn_decode_g* (one key a thread: head_dim × G multiply-adds in a row; a barrier for
-// the tile's maximum, its exponentials, the values, their sums over key groups, the outputs,
-// their quantization) costs about a microsecond. Here the chain is cut three ways:
+// Attention for a few query rows (decode and small batches; lib/cuda/attention.zig picks
+// attn_decode_w where head_dim is a power of two from 32 to 256 and group × splits < 128,
+// attn_decode_g* of attend_decode.cuh elsewhere). A block takes one split of a row's visible keys
+// (blockIdx.y; the splits combined by the last to finish, as attn_decode_g* does:
+// decode_combine_last). At a short context the decode attention is latency, not bytes: one warp a
+// scheduler runs a chain of dependent steps, and each step of attn_decode_g* (one key a thread:
+// head_dim × G multiply-adds in a row; a barrier for the tile's maximum, its exponentials, the
+// values, their sums over key groups, the outputs, their quantization) costs about a microsecond.
+// Here the chain is cut three ways:
 //   - a block takes one query head, not the G of its KV head: G blocks a KV head, each with a
 //     G-th of the products, the key and value rows read from L2 again by each (at most 64 KB a
 //     block: a split's 128 keys and values at head_dim 128); two heads a block measured slower

@@ -22,7 +22,7 @@ const KV_TABLES_MAX = 4096;
 
 /**
  * Splits a decode row's keys take at most: 32, or INFER_CUDA_SPLIT_MAX (a power of two up to 64,
- * lib/cuda/ops.zig split_max; comparisons). At 4,096 keys an 8B model's 8 KV heads × 32 splits
+ * lib/cuda/attention.zig split_max; comparisons). At 4,096 keys an 8B model's 8 KV heads × 32 splits
  * are 256 blocks, under two a multiprocessor, and its decode attention reads the cache at ~17% of
  * the HBM bandwidth (bench/RESULTS.md 2026-12-01 21:14); 64 splits, clusters of 16 splits, a
  * combine kernel of its own and coalesced key reads were each measured slower there.
