@@ -298,7 +298,8 @@ int main() {
   }
   float* x = device<float>(1);
   probe("empty kernel (scale of 1 value)", [&] { launch(scale, dim3(1), 32, 0, x, 1, 1.0f); });
-  // The splits the decode plan takes (ts/backend/cuda-attention.ts: ~128 keys a split, at most 32).
+  // The splits the decode plan takes (ts/backend/cuda-attention.ts: ~128 keys a split, at most 64,
+  // whole tiles each).
   for (const auto& [pos, split] : {std::pair{18, 1}, {127, 1}, {255, 2}, {1000, 8}, {2047, 16}, {4095, 32}, {4095, 64}})
     attention("8B (32/8 heads of 128)", 32, 8, 128, pos, split);
   for (const auto& [pos, split] : {std::pair{127, 1}, {1000, 8}, {4095, 32}}) attention("1B (32/8 heads of 64)", 32, 8, 64, pos, split);

@@ -519,7 +519,13 @@ describe.skipIf(noCuda)("CUDA ops equal the CPU backend's", () => {
       [[0, 4000], [4000, 1], [4001, 2], [4003, 1]]],
     ["full, 4200 cells, decode past 4,000 keys in 32 splits, GQA 4:1, head_dim 128", 4200, false, 0, 8, 2, 128,
       [[0, 4000], [4000, 1], [4001, 2], [4003, 1]]],
-    ["full, 8300 cells, decode past 8,200 keys (three tiles a split), GQA 2:1, head_dim 96", 8300, false, 0, 4, 2, 96,
+    // Splits take whole 128-key tiles, those past the keys empty: 33 of 64 splits past 4,100
+    // keys, 9 of 16 past 1,100 (attn_decode_w), two tiles a split past 8,200 (33 of 64).
+    ["full, 4300 cells, decode past 4,100 keys (33 of 64 splits), GQA 4:1, head_dim 128", 4300, false, 0, 8, 2, 128,
+      [[0, 4100], [4100, 1], [4101, 2], [4103, 1]]],
+    ["full, 1200 cells, decode past 1,100 keys (9 of 16 splits), GQA 4:1, head_dim 128", 1200, false, 0, 8, 2, 128,
+      [[0, 1100], [1100, 1], [1101, 2], [1103, 1]]],
+    ["full, 8300 cells, decode past 8,200 keys (two tiles a split), GQA 2:1, head_dim 96", 8300, false, 0, 4, 2, 96,
       [[0, 8200], [8200, 1], [8201, 3], [8204, 1]]],
     ["ring of 640, window 512, decode after the wrap in 8 splits, GQA 4:1, head_dim 64", 640, true, 512, 8, 2, 64,
       [[0, 128], [128, 128], [256, 128], [384, 128], [512, 128], [640, 1], [641, 2], [643, 1]]],

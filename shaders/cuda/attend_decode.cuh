@@ -38,9 +38,10 @@ __device__ __forceinline__ void unpack_half8(const uint4& raw, float (&v)[8]) {
 
 /// What a block of attn_decode_* attends: row t's KV head kvh, the keys [s0, s1) of its split
 /// among the visible ones (from position `begin`), in the caches kc and vc (the row's own, from
-/// the table, when there is one).
+/// the table, when there is one). `active`: the row's splits that have keys (the first ones;
+/// the others return at once, and the active ones combine among themselves).
 struct DecodeSpan {
-  int t, kvh, split, begin, s0, s1;
+  int t, kvh, split, begin, s0, s1, active;
   const __half* kc;
   const __half* vc;
 };
@@ -58,7 +59,13 @@ __device__ __forceinline__ DecodeSpan decode_span_at(int t, int kvh, const __hal
   const int p = positions[r.t];
   r.begin = (window > 0 && p + 1 > window) ? p + 1 - window : 0;
   const int len = p + 1 - r.begin;
-  const int chunk = (len + n_split - 1) / n_split;
+  // Whole 128-key tiles a split: a split of len / n_split keys a little over a tile would take a
+  // second pass of the kernel's chain of round trips and barriers for a sliver of keys (at 4,100
+  // to 4,224 keys over 32 splits, every split did). The splits past the last tile are empty.
+  const int tiles = (len + DECODE_TILE - 1) / DECODE_TILE;
+  const int per = (tiles + n_split - 1) / n_split;
+  const int chunk = per * DECODE_TILE;
+  r.active = (tiles + per - 1) / per;
   r.s0 = min(len, r.split * chunk);
   r.s1 = min(len, r.s0 + chunk);
   return r;
@@ -93,13 +100,14 @@ __device__ __forceinline__ void quantize_group(const float* vals, int n, int qmo
   }
 }
 
-/// With n_split > 1, after a block wrote its split's partial outputs (unnormalised, with the
-/// split's maximum and sum of exponentials in part_ml): the split that finishes last for this
-/// group (counted in arrived[group]) combines them in split order (attn_combine_last's pattern),
+/// With more than one split with keys (n_active of the launch's n_split, which lays out the
+/// partials), after a block wrote its split's partial outputs (unnormalised, with the split's
+/// maximum and sum of exponentials in part_ml): the split that finishes last for this group
+/// (counted in arrived[group]) combines them in split order (attn_combine_last's pattern),
 /// writes the outputs, quantizes them where qmode asks, and leaves the counter zero. `staging`:
 /// G * head_dim floats of shared memory the block no longer reads.
 template <int GM>
-__device__ __forceinline__ void decode_combine_last(int G, int head_dim, int n_split, int group, size_t row0,
+__device__ __forceinline__ void decode_combine_last(int G, int head_dim, int n_split, int n_active, int group, size_t row0,
                                                     const float* part_ml, const float* partial,
                                                     unsigned int* arrived, float* out, float* staging, int qmode,
                                                     int8_t* xq, float* xd) {
@@ -107,7 +115,7 @@ __device__ __forceinline__ void decode_combine_last(int G, int head_dim, int n_s
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
   __threadfence();  // this thread's partial values before the count
   __syncthreads();
-  if (tid == 0) last = atomicAdd(arrived + group, 1u) == static_cast<unsigned int>(n_split - 1);
+  if (tid == 0) last = atomicAdd(arrived + group, 1u) == static_cast<unsigned int>(n_active - 1);
   __syncthreads();
   if (!last) return;
   __threadfence();
@@ -118,10 +126,10 @@ __device__ __forceinline__ void decode_combine_last(int G, int head_dim, int n_s
   __shared__ float denom[GM];
   for (int g = warp; g < G; g += warps) {
     const float* ml = part_ml + (row0 + g) * n_split * 2;
-    const float m0 = lane < n_split ? __ldcg(ml + 2 * lane) : -INFINITY;
-    const float m1 = lane + 32 < n_split ? __ldcg(ml + 2 * (lane + 32)) : -INFINITY;
-    const float l0 = lane < n_split ? __ldcg(ml + 2 * lane + 1) : 0.0f;
-    const float l1 = lane + 32 < n_split ? __ldcg(ml + 2 * (lane + 32) + 1) : 0.0f;
+    const float m0 = lane < n_active ? __ldcg(ml + 2 * lane) : -INFINITY;
+    const float m1 = lane + 32 < n_active ? __ldcg(ml + 2 * (lane + 32)) : -INFINITY;
+    const float l0 = lane < n_active ? __ldcg(ml + 2 * lane + 1) : 0.0f;
+    const float l1 = lane + 32 < n_active ? __ldcg(ml + 2 * (lane + 32) + 1) : 0.0f;
     const float M = warp_max(fmaxf(m0, m1));
     const float w0 = ggml_expf(m0 - M), w1 = ggml_expf(m1 - M);  // 0 for an empty split
     weight[g][lane] = w0;
@@ -139,7 +147,7 @@ __device__ __forceinline__ void decode_combine_last(int G, int head_dim, int n_s
     const float4* src = reinterpret_cast<const float4*>(partial + (row0 + g) * n_split * head_dim + dim);
     float4 num = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 16
-    for (int k = 0; k < n_split; k++) {
+    for (int k = 0; k < n_active; k++) {
       const float4 x = __ldcg(src + static_cast<size_t>(k) * (head_dim / 4));
       const float w = weight[g][k];
       num.x += w * x.x;
@@ -174,7 +182,9 @@ __device__ __forceinline__ void attn_decode_body(const float* q, const __half* k
   __shared__ __align__(16) float red[GM * 1024];
   const int G = n_head / n_kv_head;
   const DecodeSpan span = decode_span(kc, vc, kv_table, positions, n_kv_head, window, n_split);
+  if (span.split >= span.active) return;  // no keys: the whole block
   const int t = span.t, kvh = span.kvh, split = span.split, begin = span.begin, s0 = span.s0, s1 = span.s1;
+  const bool single = span.active == 1;  // the outputs written here, no combine
   kc = span.kc;
   vc = span.vc;
   const int h0 = kvh * G;
@@ -348,7 +358,7 @@ __device__ __forceinline__ void attn_decode_body(const float* q, const __half* k
     float sum = 0.0f;
 #pragma unroll
     for (int w = 0; w < DECODE_THREADS / 32; w++) sum += warp_l[w][g];
-    if (n_split == 1) {
+    if (single) {
       out[(row0 + g) * head_dim + dim] = o / sum;
       qs[i] = o / sum;
     } else {
@@ -359,13 +369,13 @@ __device__ __forceinline__ void attn_decode_body(const float* q, const __half* k
       }
     }
   }
-  if (n_split == 1) {
+  if (single) {
     INFER_MARK(7);
     quantize_group(qs, G * head_dim, qmode, xq, xd, row0 * head_dim);
     INFER_MARK(8);
     return;
   }
-  decode_combine_last<GM>(G, head_dim, n_split, t * n_kv_head + kvh, row0, part_ml, partial, arrived, out, qs, qmode, xq,
+  decode_combine_last<GM>(G, head_dim, n_split, span.active, t * n_kv_head + kvh, row0, part_ml, partial, arrived, out, qs, qmode, xq,
                           xd);
 }
 

@@ -214,7 +214,7 @@ __device__ __forceinline__ void attn_decode_w_body(const DecodeSpan& span, int h
       for (int k = 0; k < rw; k++) t += red[(w * rw + k) * head_dim + dim];
       o = __fmaf_rn(weight[w], t, o);
     }
-    if (n_split > 1) {  // the split's unnormalised outputs, its maximum and sum of exponentials
+    if (span.active > 1) {  // the split's unnormalised outputs, its maximum and sum of exponentials
       const size_t at = row * n_split + span.split;
       partial[at * head_dim + dim] = o;
       if (dim == 0) part_ml[at * 2] = M, part_ml[at * 2 + 1] = den;
@@ -225,8 +225,8 @@ __device__ __forceinline__ void attn_decode_w_body(const DecodeSpan& span, int h
     if (qmode == 0) quant_unit_q8_0(o, xq + row * head_dim + c * 32, xd + row * head_dim / 32 + c);
   }
   INFER_MARK(7);
-  if (n_split > 1)
-    decode_combine_last<1>(1, head_dim, n_split, static_cast<int>(row), row, part_ml, partial, arrived, out, red, qmode,
+  if (span.active > 1)
+    decode_combine_last<1>(1, head_dim, n_split, span.active, static_cast<int>(row), row, part_ml, partial, arrived, out, red, qmode,
                            xq, xd);
 }
 
@@ -241,6 +241,7 @@ extern "C" __global__ void __launch_bounds__(WARPS_DECODE_WARPS * 32)
   const int t = blockIdx.x / n_head, h = blockIdx.x % n_head;
   const DecodeSpan span =
       decode_span_at(t, h / (n_head / n_kv_head), kc, vc, kv_table, positions, window, n_split);
+  if (span.split >= span.active) return;  // no keys
   attn_decode_prefetch_span(span, n_kv_head, head_dim, cells, ring);
   pdl_begin();
   INFER_MARK(1);

@@ -21,15 +21,16 @@ const PER_HEAD_SPLIT_KEYS = 4;
 const KV_TABLES_MAX = 4096;
 
 /**
- * Splits a decode row's keys take at most: 32, or INFER_CUDA_SPLIT_MAX (a power of two up to 64,
- * lib/cuda/attention.zig split_max; comparisons). At 4,096 keys an 8B model's 8 KV heads × 32 splits
- * are 256 blocks, under two a multiprocessor, and its decode attention reads the cache at ~17% of
- * the HBM bandwidth (bench/RESULTS.md 2026-12-01 21:14); 64 splits, clusters of 16 splits, a
- * combine kernel of its own and coalesced key reads were each measured slower there.
+ * Splits a decode row's keys take at most: 64, or INFER_CUDA_SPLIT_MAX (a power of two up to 64,
+ * lib/cuda/attention.zig split_max; comparisons). The kernels give each split whole 128-key
+ * tiles and leave the splits past the keys empty (shaders/cuda/attend_decode.cuh decode_span_at),
+ * so up to 8,192 keys no split takes a second tile: at 4,100 to 4,224 keys (an 8B model's decode
+ * after a 4,096-token prompt) 33 splits of a 64-split launch run, where a cap of 32 gave every
+ * split a tile and a sliver of 4 to 5 keys.
  */
 const SPLITS_MAX = (() => {
   const n = Number(process.env.INFER_CUDA_SPLIT_MAX);
-  return Number.isInteger(n) && n >= 1 && n <= 64 && (n & (n - 1)) === 0 ? n : 32;
+  return Number.isInteger(n) && n >= 1 && n <= 64 && (n & (n - 1)) === 0 ? n : 64;
 })();
 
 /** The splits of `keys` keys, about `perSplit` a split: a power of two, at most SPLITS_MAX. */
