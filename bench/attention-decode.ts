@@ -1,12 +1,17 @@
 // Decode attention over an F16 KV cache that streams from memory: one query token, the heads of a
 // Qwen3-0.6B shape (16 query heads, 8 KV heads, head_dim 128) over 28 separate layers' caches of
-// 1,024 cells (117 MB in all, far past the caches), 1,001 visible keys — what a decode step at
-// ~1,000 tokens of context reads. Prints the best and median time of the 28 calls.
-//   bun bench/attention-decode.ts      (INFER_LIB=... to time another build)
+// 1,024 cells (117 MB in all, far past the caches) — what a decode step reads. By default 1,001
+// visible keys (~1,000 tokens of context); --keys 16,48,80,144 also the short contexts, each round
+// after a 256 MiB pass that pushes the caches' rows out of the CPU caches (as a decode step's
+// weights do). Prints the best and median time of the 28 calls, and µs a call.
+//   bun bench/attention-decode.ts [--keys 1001] [--rounds 40]   (INFER_LIB=... to time another build)
 import { native } from "../ts/native/lib.ts";
+import { arg } from "./logits.ts";
 const lib = native();
 lib.infer_threads_set(2);
-const nHead = 16, nKv = 8, d = 128, pos0 = 1000, cells = 1024, layers = 28;
+const keysList = arg("--keys", "1001").split(",").map(Number);
+const rounds = Number(arg("--rounds", "40"));
+const nHead = 16, nKv = 8, d = 128, cells = 1024, layers = 28;
 const kvStride = nKv * d;
 const ks: Uint16Array[] = [], vs: Uint16Array[] = [];
 for (let l = 0; l < layers; l++) {
@@ -16,11 +21,19 @@ for (let l = 0; l < layers; l++) {
 }
 const q = new Float32Array(nHead * d).map((_, i) => Math.sin(i));
 const out = new Float32Array(nHead * d);
-const ms: number[] = [];
-for (let r = 0; r < 40; r++) {
-  const t0 = performance.now();
-  for (let l = 0; l < layers; l++) lib.infer_attention(q, ks[l], vs[l], 1, out, 1, nHead, nKv, d, pos0, kvStride, 0, 0, 0.088);
-  ms.push(performance.now() - t0);
+const flush = new Uint8Array(256 << 20);
+for (const keys of keysList) {
+  if (!(keys >= 1 && keys <= cells)) throw new Error(`--keys: ${keys} is not in 1..${cells}`);
+  const ms: number[] = [];
+  for (let r = 0; r < rounds; r++) {
+    if (keys < 512) for (let i = 0; i < flush.length; i += 64) flush[i]++;
+    const t0 = performance.now();
+    for (let l = 0; l < layers; l++) lib.infer_attention(q, ks[l], vs[l], 1, out, 1, nHead, nKv, d, keys - 1, kvStride, 0, 0, 0.088);
+    ms.push(performance.now() - t0);
+  }
+  ms.sort((a, b) => a - b);
+  const median = ms[Math.floor(rounds / 2)];
+  console.log(`decode attention, 28 layers x ${keys} keys (KV ${(2 * layers * keys * kvStride * 2 / 1e6).toFixed(1)} MB): ` +
+    `best ${ms[0].toFixed(2)} ms, median ${median.toFixed(2)} ms (${(1000 * median / layers).toFixed(1)} us a call); ` +
+    `checksum ${out.reduce((a, b) => a + b, 0).toFixed(4)}`);
 }
-ms.sort((a, b) => a - b);
-console.log(`decode attention, 28 layers x 1001 keys (KV ${(2 * layers * cells * kvStride * 2 / 1e6).toFixed(0)} MB): best ${ms[0].toFixed(2)} ms, median ${ms[20].toFixed(2)} ms; checksum ${out.reduce((a, b) => a + b, 0).toFixed(4)}`);

@@ -10,13 +10,20 @@
 //! over cache cells in cell order: position p is in cell p (or p % ring for a sliding-window ring,
 //! as llama.cpp's SWA cache places it); masked cells add exact zeros, so only visible keys are
 //! visited. The results equal llama.cpp's AVX-512 build on any CPU.
+//! The weighted sums (the second mul_mat, in three orders) are in attention_f16_sum.zig.
 const std = @import("std");
 const attention = @import("attention.zig");
 const expV = @import("expf.zig").expV;
+const weighted = @import("attention_f16_sum.zig");
+const weightedSumBlocks = weighted.weightedSumBlocks;
+const weightedSumFew = weighted.weightedSumFew;
+const reducePartials = weighted.reducePartials;
+const visibleCells = weighted.visibleCells;
+const few_cells_max = weighted.few_cells_max;
 
-const L16 = @Vector(16, f32);
+pub const L16 = @Vector(16, f32);
 /// Elements per step of ggml_vec_dot_f16: 4 accumulators × 16 lanes.
-const step = 64;
+pub const step = 64;
 
 /// _mm512_reduce_add_ps: halves, then quarters, then pairs (GCC and clang expand it alike).
 fn reduce16(v: L16) f32 {
@@ -28,7 +35,7 @@ fn reduce16(v: L16) f32 {
 }
 
 /// GGML_F32Cx16_REDUCE of the four accumulators.
-fn reduceAccumulators(acc: [4]L16) f32 {
+pub fn reduceAccumulators(acc: [4]L16) f32 {
     return reduce16(accumulatorLanes(acc));
 }
 
@@ -37,7 +44,7 @@ fn accumulatorLanes(acc: [4]L16) L16 {
     return (acc[0] + acc[2]) + (acc[1] + acc[3]);
 }
 
-fn loadF16(p: [*]align(1) const f16) L16 {
+pub fn loadF16(p: [*]align(1) const f16) L16 {
     const h: @Vector(16, f16) = p[0..16].*;
     return @floatCast(h);
 }
@@ -64,7 +71,7 @@ fn dotF16(k: [*]align(1) const f16, q: []const f32) f32 {
 /// context's length has been seen: the scores of one query over the cells, and the 64 partial
 /// sums of every output dimension.
 threadlocal var scores_buf: []f32 = &.{};
-threadlocal var partial_buf: []f32 = &.{};
+pub threadlocal var partial_buf: []f32 = &.{};
 
 fn grow(buf: *[]f32, n: usize) bool {
     if (buf.len >= n) return true;
@@ -77,7 +84,7 @@ fn grow(buf: *[]f32, n: usize) bool {
 }
 
 /// Consecutive visible positions that sit in consecutive cells.
-const Run = struct { pos: usize, cell: usize, len: usize };
+pub const Run = struct { pos: usize, cell: usize, len: usize };
 
 /// The visible positions [begin, end) of one query as runs in ascending cell order: one run, or
 /// two when a ring wraps (the newest positions, in cells from 0, come first).
@@ -196,6 +203,14 @@ fn attendPass(
     var scores: [G][]f32 = undefined;
     inline for (0..G) |g| scores[g] = scores_buf[g * score_len ..][0..score_len];
 
+    // A decode step over few cells sums the values in registers (weightedSumFew), in an order
+    // the prefetchers cannot follow: ask for its V rows now, so they arrive while K is scored.
+    const few = s.n_tok == 1 and visibleCells(runs) <= few_cells_max;
+    if (few) {
+        for (runs) |run| {
+            for (run.cell..run.cell + run.len) |c| prefetchRow(v + c * s.kv_stride + kv_head * d, 2 * d);
+        }
+    }
     const block_lo, const block_hi = blockSpan(runs);
     var max: [G]f32 = @splat(-std.math.inf(f32));
     inline for (0..G) |g| @memset(scores[g][block_lo..block_hi], -std.math.inf(f32));
@@ -230,93 +245,21 @@ fn attendPass(
     // per-head path's order. A prompt's queries find their head's V in L2 and take it slot by
     // slot (sums in registers; up to 2 heads take 128 dimensions, 16 accumulators, more take
     // 64); a decode step streams V from memory and takes it cell by cell, front to back.
-    if (s.n_tok > 1) {
+    if (few) {
+        if (d % 128 == 0) weightedSumFew(G, 128, v, s, kv_head, runs, &scores, out) else weightedSumFew(G, step, v, s, kv_head, runs, &scores, out);
+    } else if (s.n_tok > 1) {
         if (d % 128 == 0 and G <= 2) weightedSumBlocks(.slots, G, 128, v, s, kv_head, runs, &scores, out) else weightedSumBlocks(.slots, G, step, v, s, kv_head, runs, &scores, out);
     } else {
         if (d % 128 == 0) weightedSumBlocks(.cells, G, 128, v, s, kv_head, runs, &scores, out) else weightedSumBlocks(.cells, G, step, v, s, kv_head, runs, &scores, out);
     }
 }
 
-/// In which order the weighted sum visits the cells (each slot c % 64 sums its own cells in
-/// ascending order either way, so both give the same bits).
-const SumOrder = enum {
-    /// Slot by slot, a slot's sums in registers from its first cell to its last and stored once:
-    /// the cell order loads and stores a slot for every cell (the stores bound a prompt's
-    /// attention). V is read 64 cells apart, from L2 for a prompt's queries; from memory, at a
-    /// decode step, that order was 5% slower than front to back on this 2-core EPYC.
-    slots,
-    /// Cell by cell, each V row added into its slot partial[g][c % 64] (32 KiB a head, in L1/L2):
-    /// V read front to back, prefetched ahead.
-    cells,
-};
-
-/// out[g] = Σ_cells p[g][c] · V[c] with ggml_vec_dot_f16's 64 partial sums (slot c % 64), block
-/// dimensions at a time, then reduced.
-fn weightedSumBlocks(
-    comptime order: SumOrder,
-    comptime G: usize,
-    comptime block: usize,
-    v: [*]align(1) const f16,
-    s: attention.Shape,
-    kv_head: usize,
-    runs: []const Run,
-    scores: *const [G][]f32,
-    out: [*]f32,
-) void {
-    const d = s.head_dim;
-    const chunks = block / 16;
-    var dim: usize = 0;
-    while (dim < d) : (dim += block) {
-        const partial = partial_buf[0 .. G * step * block];
-        switch (order) {
-            .slots => for (0..step) |slot| {
-                var acc: [G][chunks]L16 = @splat(@splat(@splat(0)));
-                for (runs) |run| {
-                    var c = run.cell + (slot + step - run.cell % step) % step;
-                    while (c < run.cell + run.len) : (c += step) {
-                        const v_row = v + c * s.kv_stride + kv_head * d + dim;
-                        var x: [chunks]L16 = undefined;
-                        inline for (0..chunks) |j| x[j] = loadF16(v_row + 16 * j);
-                        inline for (0..G) |g| {
-                            const p: L16 = @splat(scores[g][c]);
-                            inline for (0..chunks) |j| acc[g][j] = @mulAdd(L16, x[j], p, acc[g][j]);
-                        }
-                    }
-                }
-                inline for (0..G) |g| {
-                    const slot_row = partial[(g * step + slot) * block ..][0..block];
-                    inline for (0..chunks) |j| slot_row[16 * j ..][0..16].* = acc[g][j];
-                }
-            },
-            .cells => {
-                @memset(partial, 0);
-                for (runs) |run| {
-                    for (run.cell..run.cell + run.len) |c| {
-                        const v_row = v + c * s.kv_stride + kv_head * d + dim;
-                        prefetchRow(v_row + prefetch_cells * s.kv_stride, 2 * block);
-                        var x: [chunks]L16 = undefined;
-                        inline for (0..chunks) |j| x[j] = loadF16(v_row + 16 * j);
-                        inline for (0..G) |g| {
-                            const p: L16 = @splat(scores[g][c]);
-                            const slot = partial[(g * step + c % step) * block ..][0..block];
-                            inline for (0..chunks) |j| slot[16 * j ..][0..16].* = @mulAdd(L16, x[j], p, slot[16 * j ..][0..16].*);
-                        }
-                    }
-                }
-            },
-        }
-        inline for (0..G) |g| {
-            reducePartials(partial[g * step * block ..][0 .. step * block], block, out[g * d + dim ..][0..block]);
-        }
-    }
-}
-
 /// Cells ahead that the K and V loops prefetch.
-const prefetch_cells = 16;
+pub const prefetch_cells = 16;
 
 /// Prefetches `bytes` from p, one hint per 64-byte line (a hint past the cache's end is harmless:
 /// prefetches do not fault).
-inline fn prefetchRow(p: [*]align(1) const f16, bytes: usize) void {
+pub inline fn prefetchRow(p: [*]align(1) const f16, bytes: usize) void {
     const base: [*]const u8 = @ptrCast(p);
     var off: usize = 0;
     while (off < bytes) : (off += 64) @prefetch(base + off, .{ .locality = 3 });
@@ -455,61 +398,6 @@ fn weightedSum(
     reducePartials(partial, d, out);
 }
 
-/// out[i] = reduceAccumulators of the 64 partial sums of dimension i (partial[slot * d + i]),
-/// computed for 16 dimensions at a time: every step of the reduction tree is a lane-wise add of
-/// whole rows of partials, the same adds in the same order as reducePartialsScalar.
-fn reducePartials(partial: []const f32, d: usize, out: []f32) void {
-    var i: usize = 0;
-    while (i + 16 <= out.len) : (i += 16) {
-        const row = struct {
-            fn at(p: []const f32, slot: usize, dim: usize, stride: usize) L16 {
-                return p[slot * stride + dim ..][0..16].*;
-            }
-        }.at;
-        // v[l] = (acc0 + acc2) + (acc1 + acc3) at lane l, for each of the 16 dimensions.
-        var v: [16]L16 = undefined;
-        inline for (0..16) |l| {
-            v[l] = (row(partial, l, i, d) + row(partial, 32 + l, i, d)) +
-                (row(partial, 16 + l, i, d) + row(partial, 48 + l, i, d));
-        }
-        // reduce16 over the lanes: halves, then quarters, then pairs.
-        var t8: [8]L16 = undefined;
-        inline for (0..8) |m| t8[m] = v[m + 8] + v[m];
-        var t4: [4]L16 = undefined;
-        inline for (0..4) |m| t4[m] = t8[m + 4] + t8[m];
-        out[i..][0..16].* = (t4[0] + t4[2]) + (t4[1] + t4[3]);
-    }
-    if (i < out.len) reducePartialsScalar(partial, d, out[i..], i);
-}
-
-/// The reference: dimension by dimension, the 64 partials gathered into ggml's 4 accumulators.
-fn reducePartialsScalar(partial: []const f32, d: usize, out: []f32, first_dim: usize) void {
-    for (out, first_dim..) |*o, i| {
-        var acc: [4]L16 = undefined;
-        inline for (0..4) |a| {
-            for (0..16) |l| acc[a][l] = partial[(16 * a + l) * d + i];
-        }
-        o.* = reduceAccumulators(acc);
-    }
-}
-
-test "reducePartials equals the dimension-by-dimension reduction bit for bit" {
-    var rng = std.Random.DefaultPrng.init(4);
-    const r = rng.random();
-    for ([_]usize{ 16, 64, 72, 128, 256 }) |d| {
-        const partial = try std.testing.allocator.alloc(f32, step * d);
-        defer std.testing.allocator.free(partial);
-        for (partial) |*p| p.* = (r.float(f32) - 0.5) * std.math.pow(f32, 2, @floatFromInt(r.intRangeAtMost(i32, -8, 8)));
-        const want = try std.testing.allocator.alloc(f32, d);
-        defer std.testing.allocator.free(want);
-        const got = try std.testing.allocator.alloc(f32, d);
-        defer std.testing.allocator.free(got);
-        reducePartialsScalar(partial, d, want, 0);
-        reducePartials(partial, d, got);
-        try std.testing.expectEqualSlices(u32, std.mem.bytesAsSlice(u32, std.mem.sliceAsBytes(want)), std.mem.bytesAsSlice(u32, std.mem.sliceAsBytes(got)));
-    }
-}
-
 test "grouped heads equal one head at a time, bit for bit (GQA, windows, a wrapping ring)" {
     const alloc = std.testing.allocator;
     var rng = std.Random.DefaultPrng.init(11);
@@ -521,6 +409,18 @@ test "grouped heads equal one head at a time, bit for bit (GQA, windows, a wrapp
         .{ .d = 128, .n_head = 6, .n_kv_head = 1, .n_tok = 1, .pos0 = 200, .window = 0, .ring = 0 },
         .{ .d = 256, .n_head = 4, .n_kv_head = 1, .n_tok = 7, .pos0 = 150, .window = 100, .ring = 128 },
         .{ .d = 64, .n_head = 10, .n_kv_head = 2, .n_tok = 4, .pos0 = 300, .window = 64, .ring = 96 },
+        // Decode steps: weightedSumFew up to few_cells_max visible cells (some slots empty below
+        // 64; two runs after a ring's wrap), weightedSumBlocks past it.
+        .{ .d = 128, .n_head = 16, .n_kv_head = 8, .n_tok = 1, .pos0 = 0, .window = 0, .ring = 0 },
+        .{ .d = 128, .n_head = 16, .n_kv_head = 8, .n_tok = 1, .pos0 = 15, .window = 0, .ring = 0 },
+        .{ .d = 128, .n_head = 16, .n_kv_head = 8, .n_tok = 1, .pos0 = 64, .window = 0, .ring = 0 },
+        .{ .d = 128, .n_head = 8, .n_kv_head = 2, .n_tok = 1, .pos0 = few_cells_max - 1, .window = 0, .ring = 0 },
+        .{ .d = 128, .n_head = 8, .n_kv_head = 2, .n_tok = 1, .pos0 = few_cells_max, .window = 0, .ring = 0 },
+        .{ .d = 64, .n_head = 32, .n_kv_head = 8, .n_tok = 1, .pos0 = 40, .window = 0, .ring = 0 },
+        .{ .d = 64, .n_head = 32, .n_kv_head = 8, .n_tok = 1, .pos0 = 100, .window = 0, .ring = 0 },
+        .{ .d = 256, .n_head = 4, .n_kv_head = 1, .n_tok = 1, .pos0 = 50, .window = 24, .ring = 32 },
+        .{ .d = 256, .n_head = 4, .n_kv_head = 1, .n_tok = 1, .pos0 = 150, .window = 100, .ring = 128 },
+        .{ .d = 256, .n_head = 1, .n_kv_head = 1, .n_tok = 1, .pos0 = 40, .window = 0, .ring = 0 },
     };
     for (cases) |c| {
         const kv_stride = c.n_kv_head * c.d;
