@@ -50,7 +50,7 @@ pub fn weightedSumBlocks(
             .slots => for (0..step) |slot| {
                 var acc: [G][chunks]L16 = @splat(@splat(@splat(0)));
                 for (runs) |run| {
-                    var c = run.cell + (slot + step - run.cell % step) % step;
+                    var c = firstCellOfSlot(run, slot);
                     while (c < run.cell + run.len) : (c += step) {
                         const v_row = v + c * s.kv_stride + kv_head * d + dim;
                         var x: [chunks]L16 = undefined;
@@ -123,7 +123,7 @@ pub fn weightedSumFew(
 ) void {
     const d = s.head_dim;
     const chunks = block / 16;
-    var lanes: [16][chunks]L16 = undefined;
+    var lanes: [chunks][16]L16 = undefined;
     inline for (0..G) |g| {
         var dim: usize = 0;
         while (dim < d) : (dim += block) {
@@ -135,15 +135,10 @@ pub fn weightedSumFew(
                 inline for (0..chunks) |j| pair[j] = a0[j] + a2[j];
                 const a1 = slotSum(chunks, base, s.kv_stride, runs, scores[g], l + 16);
                 const a3 = slotSum(chunks, base, s.kv_stride, runs, scores[g], l + 48);
-                inline for (0..chunks) |j| lanes[l][j] = pair[j] + (a1[j] + a3[j]);
+                inline for (0..chunks) |j| lanes[j][l] = pair[j] + (a1[j] + a3[j]);
             }
-            // reduce16 over the lanes, 16 dimensions a vector: halves, then quarters, then pairs.
             inline for (0..chunks) |j| {
-                var t8: [8]L16 = undefined;
-                inline for (0..8) |m| t8[m] = lanes[m + 8][j] + lanes[m][j];
-                var t4: [4]L16 = undefined;
-                inline for (0..4) |m| t4[m] = t8[m + 4] + t8[m];
-                out[g * d + dim + 16 * j ..][0..16].* = (t4[0] + t4[2]) + (t4[1] + t4[3]);
+                out[g * d + dim + 16 * j ..][0..16].* = reduceLanes(&lanes[j]);
             }
         }
     }
@@ -154,7 +149,7 @@ pub fn weightedSumFew(
 inline fn slotSum(comptime chunks: usize, base: [*]align(1) const f16, stride: usize, runs: []const Run, p: []const f32, slot: usize) [chunks]L16 {
     var acc: [chunks]L16 = @splat(@splat(0));
     for (runs) |run| {
-        var c = run.cell + (slot + step - run.cell % step) % step;
+        var c = firstCellOfSlot(run, slot);
         while (c < run.cell + run.len) : (c += step) {
             const row = base + c * stride;
             const pv: L16 = @splat(p[c]);
@@ -162,6 +157,21 @@ inline fn slotSum(comptime chunks: usize, base: [*]align(1) const f16, stride: u
         }
     }
     return acc;
+}
+
+/// reduce16 over the lanes, 16 dimensions a vector (v[l]: lane l's (acc0 + acc2) + (acc1 + acc3)):
+/// halves, then quarters, then pairs.
+inline fn reduceLanes(v: *const [16]L16) L16 {
+    var t8: [8]L16 = undefined;
+    inline for (0..8) |m| t8[m] = v[m + 8] + v[m];
+    var t4: [4]L16 = undefined;
+    inline for (0..4) |m| t4[m] = t8[m + 4] + t8[m];
+    return (t4[0] + t4[2]) + (t4[1] + t4[3]);
+}
+
+/// The run's first cell of slot `slot` (cell % 64 == slot).
+inline fn firstCellOfSlot(run: Run, slot: usize) usize {
+    return run.cell + (slot + step - run.cell % step) % step;
 }
 
 /// out[i] = reduceAccumulators of the 64 partial sums of dimension i (partial[slot * d + i]),
@@ -181,12 +191,7 @@ pub fn reducePartials(partial: []const f32, d: usize, out: []f32) void {
             v[l] = (row(partial, l, i, d) + row(partial, 32 + l, i, d)) +
                 (row(partial, 16 + l, i, d) + row(partial, 48 + l, i, d));
         }
-        // reduce16 over the lanes: halves, then quarters, then pairs.
-        var t8: [8]L16 = undefined;
-        inline for (0..8) |m| t8[m] = v[m + 8] + v[m];
-        var t4: [4]L16 = undefined;
-        inline for (0..4) |m| t4[m] = t8[m + 4] + t8[m];
-        out[i..][0..16].* = (t4[0] + t4[2]) + (t4[1] + t4[3]);
+        out[i..][0..16].* = reduceLanes(&v);
     }
     if (i < out.len) reducePartialsScalar(partial, d, out[i..], i);
 }
