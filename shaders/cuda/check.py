@@ -3,7 +3,8 @@
 nvJitLink (PTX -> SASS) from PyPI's CUDA wheels, with build.sh's flags. Prints compile errors, or
 each kernel's registers, shared memory and spills; --sass NAME disassembles kernel NAME (needs
 cuobjdump, e.g. from the nvidia-cuda-cuobjdump wheel, on PATH or in the wheels' bin folder).
-  pip install nvidia-cuda-nvrtc nvidia-nvjitlink [nvidia-cuda-cuobjdump]
+  pip install nvidia-cuda-nvrtc nvidia-nvjitlink nvidia-cuda-runtime [nvidia-cuda-cuobjdump]
+  (CUDA 13's wheels keep cuda_fp16.h in nvidia-cuda-runtime, no longer beside NVRTC)
   python3 shaders/cuda/check.py [--sass attn_decode_g4] [--ptx FILE]
 """
 import ctypes, glob, os, re, shutil, subprocess, sys, tempfile
@@ -16,7 +17,7 @@ def wheel_file(pattern):
         hits = sorted(glob.glob(os.path.join(root, "nvidia", "*", pattern)))
         if hits:
             return hits[-1]
-    sys.exit(f"check.py: {pattern} not found; pip install nvidia-cuda-nvrtc nvidia-nvjitlink")
+    sys.exit(f"check.py: {pattern} not found; pip install nvidia-cuda-nvrtc nvidia-nvjitlink nvidia-cuda-runtime")
 
 
 def main():
