@@ -12,6 +12,7 @@ import type { QuantName } from "../ts/convert/quantize.ts";
 import { Engine } from "../ts/engine/engine.ts";
 import { openGguf } from "../ts/gguf/reader.ts";
 import { check, native } from "../ts/native/lib.ts";
+import { writeSafetensors } from "./hf-tiny.ts";
 
 interface GoldenCase { type: string; type_id: number; bytes_b64: string }
 
@@ -83,27 +84,6 @@ function normals(n: number, seed: bigint): Float32Array {
   return out;
 }
 
-/** A safetensors file of F32 tensors: u64 header length, JSON header, data. */
-function writeSafetensors(path: string, tensors: [string, number[], Float32Array][]): void {
-  const header: Record<string, unknown> = {};
-  let offset = 0;
-  for (const [name, shape, data] of tensors) {
-    header[name] = { dtype: "F32", shape, data_offsets: [offset, offset + data.byteLength] };
-    offset += data.byteLength;
-  }
-  let json = JSON.stringify(header);
-  json += " ".repeat((8 - (json.length % 8)) % 8);
-  const out = new Uint8Array(8 + json.length + offset);
-  new DataView(out.buffer).setBigUint64(0, BigInt(json.length), true);
-  out.set(new TextEncoder().encode(json), 8);
-  let at = 8 + json.length;
-  for (const [, , data] of tensors) {
-    out.set(new Uint8Array(data.buffer, data.byteOffset, data.byteLength), at);
-    at += data.byteLength;
-  }
-  writeFileSync(path, out);
-}
-
 function wideQwen3(): string {
   const folder = join(work, "qwen3-wide");
   mkdirSync(folder);
@@ -134,7 +114,8 @@ function wideQwen3(): string {
     matrix(`${h}.mlp.up_proj.weight`, w.ffn, w.hidden);
     matrix(`${h}.mlp.down_proj.weight`, w.hidden, w.ffn);
   }
-  writeSafetensors(join(folder, "model.safetensors"), tensors);
+  writeSafetensors(join(folder, "model.safetensors"), tensors.map(([name, shape, data]) =>
+    ({ name, dtype: "F32", shape, bytes: new Uint8Array(data.buffer, data.byteOffset, data.byteLength) })));
   writeFileSync(join(folder, "config.json"), JSON.stringify({
     architectures: ["Qwen3ForCausalLM"], vocab_size: w.vocab, hidden_size: w.hidden,
     intermediate_size: w.ffn, num_hidden_layers: w.layers, num_attention_heads: w.heads,
