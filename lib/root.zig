@@ -891,6 +891,29 @@ export fn infer_cuda_matmul_multi(type_id: u32, n_in: u64, xq: u64, xd: u64, w0:
     return cuda.ops.matmulMulti(type_id, n_in, xq, xd, w0, n0, y0, w1, n1, y1, w2, n2, y2);
 }
 
+/// res += W · xq for one token (a projection and the residual add after it in one launch where
+/// the pipelined matvec takes W; else the matvec into y and an add). lib/cuda/norm_matvec.zig.
+export fn infer_cuda_matmul_residual(w: u64, type_id: u32, n_out: u64, n_in: u64, xq: u64, xd: u64, y: u64, res: u64) i32 {
+    return cuda.norm_matvec.matmulResidual(w, type_id, n_out, n_in, xq, xd, y, res);
+}
+
+/// rms_norm_quant of one row and the one to three matmuls reading it, in one launch where the
+/// pipelined matvec takes them (else the two launches, writing normed, xq and xd).
+export fn infer_cuda_norm_matmul(type_id: u32, n_in: u64, x: u64, weight: u64, eps: f32, normed: u64, mode: u32, xq: u64, xd: u64, w0: u64, n0: u64, y0: u64, w1: u64, n1: u64, y1: u64, w2: u64, n2: u64, y2: u64) i32 {
+    return cuda.norm_matvec.normMatmul(type_id, n_in, x, weight, eps, normed, mode, xq, xd, w0, n0, y0, w1, n1, y1, w2, n2, y2);
+}
+
+/// Turns the norms folded into the matvecs on (1) or off (0) for the steps recorded after it.
+export fn infer_cuda_set_norm_matvec(on: u32) void {
+    cuda.norm_matvec.setEnabled(on != 0);
+}
+
+/// 1 where infer_cuda_matmul_residual (residual = 1) or infer_cuda_norm_matmul (0) takes its
+/// fused kernel for a matrix of this type and shape, else 0.
+export fn infer_cuda_norm_matvec_fusable(type_id: u32, n_in: u64, n_out: u64, residual: u32) i32 {
+    return @intFromBool(cuda.norm_matvec.fusable(type_id, n_in, n_out, residual != 0));
+}
+
 /// gelu_mul (kind 0) or silu_mul (kind 1), then quantize of the product.
 export fn infer_cuda_act_mul_quant(kind: u32, gate: u64, up: u64, n_rows: u64, n_cols: u64, out: u64, mode: u32, q: u64, d: u64) i32 {
     return cuda.ops.actMulQuant(kind, gate, up, n_rows, n_cols, out, mode, q, d);

@@ -18,6 +18,8 @@ const kernel_count = kernels.kernel_count;
 
 /// The ops (what each validates and launches): lib/cuda/ops.zig.
 pub const ops = @import("ops.zig");
+/// The norms folded into the decode step's matvecs: lib/cuda/norm_matvec.zig.
+pub const norm_matvec = @import("norm_matvec.zig");
 
 /// Rewrites n_rows rows of n_in values of ggml type `type_id` at w (device memory, just
 /// uploaded) into the GPU layout repackedType names, in place, in stream order. A type without
@@ -64,6 +66,8 @@ pub const State = struct {
     /// Dynamic shared memory the pipelined matvecs may take (raised past 48 KiB at init where the
     /// driver allows).
     pipe_shared_max: u32 = 48 << 10,
+    /// Whether the matvecs that normalize their own input got the same opt-in (norm_matvec.zig).
+    norm_matvec_ok: bool = false,
 };
 
 /// Device scratch of ops that need room beyond their output, one buffer per use, grown on demand.
@@ -216,6 +220,13 @@ pub fn init(path: []const u8, ordinal: i32) i32 {
             ok = ok and set(s.kernels[@intFromEnum(k)], driver.func_attribute_max_dynamic_shared, pipe_shared_sm90) == driver.success;
         }
         if (ok and s.cc_major >= 9) s.pipe_shared_max = pipe_shared_sm90;
+        // Apart, so that a norm kernel the opt-in refuses (its static shared memory) only turns
+        // the norm fusion off (norm_matvec.zig), not every pipelined matvec's stages.
+        var norm_ok = ok;
+        for ([_]Kernel{ .matvec_pipe_norm_q4_0r, .matvec_pipe_norm_q8_0r }) |k| {
+            norm_ok = norm_ok and set(s.kernels[@intFromEnum(k)], driver.func_attribute_max_dynamic_shared, pipe_shared_sm90) == driver.success;
+        }
+        s.norm_matvec_ok = norm_ok and s.cc_major >= 9;
     }
     state = s;
     return 0;
