@@ -80,8 +80,8 @@ pub fn matmulResidual(w: u64, type_id: u32, n_out: u64, n_in: u64, xq: u64, xd: 
 /// then the matmuls.
 pub fn normMatmul(type_id: u32, n_in: u64, x: u64, weight: u64, eps: f32, normed: u64, mode: u32, xq: u64, xd: u64, w0: u64, n0: u64, y0: u64, w1: u64, n1: u64, y1: u64, w2: u64, n2: u64, y2: u64) i32 {
     const k = kernels.weightKind(type_id) orelse return ops.unsupportedType(type_id);
-    if (k.activation != @as(i32, @intCast(@min(mode, 2))))
-        return invalid("norm_matmul: mode {d} is not the activation format of {s}", .{ mode, k.name });
+    const m = ops.quantMode(mode, n_in) orelse return invalid("norm_matmul: mode {d} with n_in {d}", .{ mode, n_in });
+    if (k.activation != m) return invalid("norm_matmul: mode {d} is not the activation format of {s}", .{ mode, k.name });
     if (n1 == 0 and n2 != 0) return invalid("norm_matmul: a third matrix without a second", .{});
     const widest = @max(n0, @max(n1, n2));
     if (fusable(type_id, n_in, widest, false)) {

@@ -402,7 +402,9 @@ pub fn addRowBias(x: u64, bias: u64, n_rows: u64, n_cols: u64) i32 {
 
 // ---- fused ops (the CUDA backend's decode-step peephole; each equals its parts bit for bit) ----
 
-fn quantMode(mode: u32, n_cols: u64) ?i32 {
+/// The activation format `mode` names (0 = Q8_0, 1 = Q8_K) where rows of n_cols values split into
+/// its blocks, else null.
+pub fn quantMode(mode: u32, n_cols: u64) ?i32 {
     const block: u64 = if (mode == 0) 32 else if (mode == 1) 256 else return null;
     if (n_cols % block != 0) return null;
     return @intCast(mode);
