@@ -8,7 +8,7 @@
 // bandwidth limit (measured bandwidth ÷ bytes of weights read per token) that decode reaches.
 //   bun run bench [--models gemma,qwen3-0.6b,llama-3.2-1b] [--quants Q4_0,Q8_0,Q4_K] [--runs 3]
 //                 [--threads N] [--quick] [--engines infer,llama.cpp,node-llama-cpp] [--batch N]
-//                 [--json FILE] [--max-wait 60] [--max-background 0.15]
+//                 [--json FILE] [--max-wait 60] [--max-background 0.15] [--when-fast 45 [--fast-wait 300]]
 // --quick: one measured round, no warm-up round, Gemma only unless --models says otherwise.
 // --max-wait: before each run, wait up to this many seconds for other processes to use under a
 // quarter of the CPUs (the machine is shared); a measured run during which they used more than
@@ -16,6 +16,11 @@
 // Before each decode run the memory read bandwidth is probed (~0.5 s) and printed beside the run
 // in a second table: the machine's bandwidth switches between states (~32 and ~50 GB/s on
 // 2026-12-01) within seconds to minutes, and a memory-bound engine's decode follows it.
+// --when-fast GB/s: every engine's decode run starts only once a probe reads at least that much
+// (probing every ~2 s, up to --fast-wait seconds; then it runs anyway, and the second table shows
+// the probe), and a run after which a probe reads less is redone (twice at most), so that the
+// engines are compared in one state of the memory rather than whichever state each run happened
+// to land in. The same rule for every engine; the header says it was used.
 // Every infer run uses a snapshot of the tree (ts/, bench/, zig-out/lib) taken at the start.
 // Peers: $INFER_PEERS (default ~/.cache/infer-peers), built by ../shared/tools/build-peer-llama.sh.
 import { cpSync, existsSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
@@ -50,6 +55,10 @@ interface Options {
   maxWait: number;
   /** A measured run during which other processes used more than this share of the CPUs is redone (twice at most). */
   maxBackground: number;
+  /** Decode runs wait for a bandwidth probe of at least this many GB/s (null: they do not wait). */
+  whenFast: number | null;
+  /** Seconds a decode run waits for whenFast. */
+  fastWait: number;
 }
 
 function parseOptions(argv: string[]): Options {
@@ -60,7 +69,7 @@ function parseOptions(argv: string[]): Options {
     return argv[i + 1];
   };
   const known = new Set(["--models", "--quants", "--runs", "--threads", "--engines", "--batch", "--json", "--quick",
-    "--max-wait", "--max-background",
+    "--max-wait", "--max-background", "--when-fast", "--fast-wait",
     "--help", "-h"]);
   for (let i = 0; i < argv.length; i++) {
     if (!known.has(argv[i])) throw new Error(`unknown option '${argv[i]}'`);
@@ -90,6 +99,8 @@ function parseOptions(argv: string[]): Options {
     json: get("--json"),
     maxWait: int("--max-wait", 60, 0),
     maxBackground: Number(get("--max-background") ?? 0.15),
+    whenFast: get("--when-fast") === undefined ? null : int("--when-fast", 45, 1),
+    fastWait: int("--fast-wait", 300, 0),
   };
 }
 
@@ -240,11 +251,16 @@ async function measureModel(o: Options, peers: Peers, m: BenchModel): Promise<Mo
           try {
             await waitQuiet(o);
             // Decode runs: the memory's state just before (a short probe, ~0.5 s).
-            const probe = () => (mode === "prefill" ? null : measureBandwidth(benchDir, o.threads, 256, 4));
+            const probe = () => (mode === "prefill" ? null : probeMemory(o));
             let gbs = probe();
             let r = runOne(o, peers, w, engine, mode);
-            for (let retry = 0; !warm && retry < 2 && (r.background ?? 0) > o.maxBackground; retry++) {
-              log(`${m.label} ${m.quant} ${mode} ${engine}: ${describe(r)}; busy machine, again`);
+            // With --when-fast, a decode run after which the memory had left the fast state is
+            // redone as a busy one is: its state changed somewhere inside it.
+            const slowAfter = () => mode !== "prefill" && o.whenFast !== null &&
+              (measureBandwidth(benchDir, o.threads, 256, 4) ?? Infinity) < o.whenFast;
+            const redo = () => (r.background ?? 0) > o.maxBackground ? "busy machine" : slowAfter() ? "memory slow after it" : null;
+            for (let retry = 0, why = warm ? null : redo(); why !== null && retry < 2; retry++, why = redo()) {
+              log(`${m.label} ${m.quant} ${mode} ${engine}: ${describe(r)}; ${why}, again`);
               retried++;
               await waitQuiet(o);
               gbs = probe();
@@ -302,6 +318,18 @@ function describe(r: RunResult): string {
 }
 
 // ---- bandwidth, machine ----------------------------------------------------------------------
+
+/** A short bandwidth probe (~0.5 s); with --when-fast, repeated until it reads o.whenFast GB/s or
+ * o.fastWait seconds pass. The last probe's GB/s. */
+function probeMemory(o: Options): number | null {
+  const t0 = performance.now();
+  let gbs = measureBandwidth(benchDir, o.threads, 256, 4);
+  while (o.whenFast !== null && gbs !== null && gbs < o.whenFast && performance.now() - t0 < o.fastWait * 1000) {
+    Bun.sleepSync(1500);
+    gbs = measureBandwidth(benchDir, o.threads, 256, 4);
+  }
+  return gbs;
+}
 
 function measureBandwidth(dir: string, threads: number, mib = 1024, passes = 10): number | null {
   const p = Bun.spawnSync([process.execPath, join(dir, "bandwidth.ts"), "--threads", String(threads), "--mib",
@@ -422,7 +450,8 @@ function usage(): string {
   return "usage: bun run bench [--models gemma,qwen3-0.6b,llama-3.2-1b] [--quants Q4_0,Q8_0,Q4_K] [--runs N]\n" +
     "                     [--threads N] [--quick] [--engines infer,llama.cpp,node-llama-cpp] [--batch N] [--json FILE]\n" +
     "                     [--max-wait SECONDS (wait for a quiet machine before each run; default 60)]\n" +
-    "                     [--max-background 0.15 (redo a run during which others used more of the CPUs)]";
+    "                     [--max-background 0.15 (redo a run during which others used more of the CPUs)]\n" +
+    "                     [--when-fast GB/s [--fast-wait SECONDS] (decode runs wait for that memory bandwidth)]";
 }
 
 async function main(): Promise<void> {
@@ -481,7 +510,10 @@ async function main(): Promise<void> {
     `Runs: ${o.runs} measured${o.warmup ? " after a warm-up round" : ""}, interleaved per measure ` +
       `(${o.engines.join(" → ")}); each cell the median. llama.cpp: llama-bench -r 1 (prefill -p 512 -n 0; ` +
       "decode -p 0 -n 128 -d 16; deep -p 0 -n 32 -d 1000); its TTFT (prompt eval time) and peak RSS from " +
-      "llama-completion -c 2048 under /usr/bin/time. infer and node-llama-cpp: context 2048, greedy, same token ids.",
+      "llama-completion -c 2048 under /usr/bin/time. infer and node-llama-cpp: context 2048, greedy, same token ids." +
+      (o.whenFast === null ? "" : ` Every engine's decode runs started once a probe read ≥ ${o.whenFast} GB/s ` +
+        `(waiting up to ${o.fastWait} s; the second table has each run's probe), and a run after which a ` +
+        "probe read less was redone, twice at most."),
     "",
     table(results, bw),
     "",
