@@ -16,9 +16,9 @@
 // Before each decode run the memory read bandwidth is probed (~0.5 s) and printed beside the run
 // in a second table: the machine's bandwidth switches between states (~32 and ~50 GB/s on
 // 2026-12-01) within seconds to minutes, and a memory-bound engine's decode follows it.
-// --when-fast GB/s: every engine's decode run starts only once a probe reads at least that much
-// (probing every ~2 s, up to --fast-wait seconds; then it runs anyway, and the second table shows
-// the probe), and a run after which a probe reads less is redone (twice at most), so that the
+// --when-fast GB/s: every engine's measured decode run (not the warm-up's) starts only once a
+// probe reads at least that much (probing every ~2 s, up to --fast-wait seconds; then it runs
+// anyway, and the second table shows the probe), and a run after which a probe reads less is redone (twice at most), so that the
 // engines are compared in one state of the memory rather than whichever state each run happened
 // to land in. The same rule for every engine; the header says it was used.
 // Every infer run uses a snapshot of the tree (ts/, bench/, zig-out/lib) taken at the start.
@@ -250,8 +250,9 @@ async function measureModel(o: Options, peers: Peers, m: BenchModel): Promise<Mo
           if (errors[engine]) continue;
           try {
             await waitQuiet(o);
-            // Decode runs: the memory's state just before (a short probe, ~0.5 s).
-            const probe = () => (mode === "prefill" ? null : probeMemory(o));
+            // Decode runs: the memory's state just before (a short probe, ~0.5 s). A warm-up run
+            // is not recorded, so it does not wait for the fast state.
+            const probe = () => (mode === "prefill" ? null : probeMemory(o, !warm));
             let gbs = probe();
             let r = runOne(o, peers, w, engine, mode);
             // With --when-fast, a decode run after which the memory had left the fast state is
@@ -319,12 +320,12 @@ function describe(r: RunResult): string {
 
 // ---- bandwidth, machine ----------------------------------------------------------------------
 
-/** A short bandwidth probe (~0.5 s); with --when-fast, repeated until it reads o.whenFast GB/s or
- * o.fastWait seconds pass. The last probe's GB/s. */
-function probeMemory(o: Options): number | null {
+/** A short bandwidth probe (~0.5 s); with --when-fast and `wait`, repeated until it reads
+ * o.whenFast GB/s or o.fastWait seconds pass. The last probe's GB/s. */
+function probeMemory(o: Options, wait: boolean): number | null {
   const t0 = performance.now();
   let gbs = measureBandwidth(benchDir, o.threads, 256, 4);
-  while (o.whenFast !== null && gbs !== null && gbs < o.whenFast && performance.now() - t0 < o.fastWait * 1000) {
+  while (wait && o.whenFast !== null && gbs !== null && gbs < o.whenFast && performance.now() - t0 < o.fastWait * 1000) {
     Bun.sleepSync(1500);
     gbs = measureBandwidth(benchDir, o.threads, 256, 4);
   }
@@ -511,7 +512,7 @@ async function main(): Promise<void> {
       `(${o.engines.join(" → ")}); each cell the median. llama.cpp: llama-bench -r 1 (prefill -p 512 -n 0; ` +
       "decode -p 0 -n 128 -d 16; deep -p 0 -n 32 -d 1000); its TTFT (prompt eval time) and peak RSS from " +
       "llama-completion -c 2048 under /usr/bin/time. infer and node-llama-cpp: context 2048, greedy, same token ids." +
-      (o.whenFast === null ? "" : ` Every engine's decode runs started once a probe read ≥ ${o.whenFast} GB/s ` +
+      (o.whenFast === null ? "" : ` Every engine's measured decode runs started once a probe read ≥ ${o.whenFast} GB/s ` +
         `(waiting up to ${o.fastWait} s; the second table has each run's probe), and a run after which a ` +
         "probe read less was redone, twice at most."),
     "",
