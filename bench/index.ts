@@ -18,9 +18,9 @@
 // 2026-12-01) within seconds to minutes, and a memory-bound engine's decode follows it.
 // --when-fast GB/s: every engine's measured decode run (not the warm-up's) starts only once a
 // probe reads at least that much (probing every ~2 s, up to --fast-wait seconds; then it runs
-// anyway, and the second table shows the probe), and a run after which a probe reads less is redone (twice at most), so that the
-// engines are compared in one state of the memory rather than whichever state each run happened
-// to land in. The same rule for every engine; the header says it was used.
+// anyway, and the second table shows the probe), and a run after which a probe reads less is
+// redone (twice at most), so that the engines are compared in one state of the memory rather than
+// whichever state each run happened to land in. The same rule for every engine; the header says it was used.
 // Every infer run uses a snapshot of the tree (ts/, bench/, zig-out/lib) taken at the start.
 // Peers: $INFER_PEERS (default ~/.cache/infer-peers), built by ../shared/tools/build-peer-llama.sh.
 import { cpSync, existsSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
