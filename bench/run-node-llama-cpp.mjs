@@ -2,6 +2,10 @@
 // Prints one JSON line shaped like bench/run-infer.ts's (or {"error": ...} and exit code 1).
 //   node bench/run-node-llama-cpp.mjs --peers DIR --model M --mode prefill|decode|decode-deep
 //       --tokens FILE [--threads N] [--ctx 2048] [--batch 512] [--gen 128] [--deep-gen 32]
+//   node bench/run-node-llama-cpp.mjs --peers DIR --model M --mode text --text PROMPT [--gen 128] ...
+// --mode text is bench/cli-e2e.ts's peer of the infer CLI: the prompt as text (BOS first where the
+// model wants it, as llama.cpp does), no warm-up, `gen` greedy tokens streamed to stdout as text
+// (never stopping at EOS), then the JSON line on a line of its own.
 // The same token ids as infer; greedy (temperature 0); the generator never stops on EOS because
 // we stop iterating ourselves. Each process warms up first (as llama-bench does), then clears the
 // sequence. TTFT: from evaluate(prompt) to the first generated token.
@@ -42,7 +46,7 @@ async function main() {
   const entry = join(peers, "node_modules", "node-llama-cpp", "dist", "index.js");
   const { getLlama, LlamaLogLevel } = await import(pathToFileURL(entry).href);
   const mode = arg("--mode");
-  const tokens = JSON.parse(readFileSync(arg("--tokens"), "utf8"));
+  const tokens = mode === "text" ? null : JSON.parse(readFileSync(arg("--tokens"), "utf8"));
   const threads = Number(arg("--threads", "0"));
   const gen = Number(arg("--gen", "128")), deepGen = Number(arg("--deep-gen", "32"));
   const tLoad = performance.now();
@@ -55,7 +59,22 @@ async function main() {
   const sequence = context.getSequence();
   const loadMs = performance.now() - tLoad;
   let result;
-  if (mode === "prefill") {
+  if (mode === "text") {
+    const prompt = model.tokenize(arg("--text"), true);
+    if (model.tokens.shouldPrependBosToken && model.tokens.bos !== null) prompt.unshift(model.tokens.bos);
+    const t0 = performance.now();
+    let first = 0, count = 0;
+    const out = [];
+    for await (const token of sequence.evaluate(prompt, { temperature: 0 })) {
+      if (count === 0) first = performance.now();
+      out.push(token);
+      process.stdout.write(model.detokenize([token], false, out.slice(-8, -1)));
+      if (++count === gen) break;
+    }
+    process.stdout.write("\n");
+    const ms = performance.now() - first;
+    result = { tokensPerSec: (gen - 1) / (ms / 1000), ttftMs: first - t0, tokens: gen, ms, lastToken: out.at(-1) };
+  } else if (mode === "prefill") {
     await sequence.evaluateWithoutGeneratingNewTokens(tokens.prefill); // warm-up
     await sequence.clearHistory();
     const t0 = performance.now();
