@@ -152,6 +152,20 @@ static void attention(const char* label, int n_head, int n_kv, int d, int pos, i
              d, 0, cells, 0, 0.088f, split, out, part_ml, partial, arrived, 0, xq, xd);
     });
   }
+  // attn_decode_mma_d*: a KV head a block, the products on the tensor cores, the tiles by cp.async.
+  if ((d == 64 || d == 128) && group <= 8) {
+    auto mma = d == 64 ? attn_decode_mma_d64 : attn_decode_mma_d128;
+    const int shared = d == 64 ? mma_decode_shared_bytes<64>() : mma_decode_shared_bytes<128>();
+    CHECK(cudaFuncSetAttribute(mma, cudaFuncAttributeMaxDynamicSharedMemorySize, shared));
+    for (const int qmode : {0, 1}) {
+      probe(named("mma", qmode), [&] {
+        const __half* kc = kcs[turn % CACHES];
+        const __half* vc = vcs[turn++ % CACHES];
+        launch(mma, dim3(n_kv, split), MMA_DECODE_WARPS * 32, shared, q, kc, vc, table, positions, n_head, n_kv, d, 0,
+               cells, 0, 0.088f, split, out, part_ml, partial, arrived, qmode, xq, xd);
+      });
+    }
+  }
   auto groups = group == 1 ? attn_decode_g1 : group == 2 ? attn_decode_g2 : group <= 4 ? attn_decode_g4 : attn_decode_g8;
   {
     for (const int qmode : {0, 1}) {

@@ -841,6 +841,12 @@ export fn infer_cuda_cublas_min_tokens() u32 {
     return cuda.ops.cublasMinTokens();
 }
 
+/// The decode attention's kernels (0 auto, 1 warps, 2 groups, 3 mma: lib/cuda/attention.zig
+/// DecodeAttention), for tests and comparisons; INFER_CUDA_DECODE_ATTN sets it at init.
+export fn infer_cuda_set_decode_attention(mode: u32) i32 {
+    return cuda.ops.setDecodeAttention(mode);
+}
+
 /// Whether infer_cuda_attention_rows takes these shapes.
 export fn infer_cuda_attention_rows_fit(n_head: u64, n_kv_head: u64, head_dim: u64) bool {
     return cuda.ops.decodeAttentionFits(n_head, n_kv_head, head_dim);

@@ -56,6 +56,10 @@ const TOL_GELU = 1e-3;
 // Attention rounds q and the probabilities to f16 on both; another summation order can move a
 // probability across an f16 rounding boundary (one ulp, 2^-11).
 const TOL_ATTENTION = 1e-3;
+// The decode attention's kernel choices each attention case runs under (lib/cuda/attention.zig
+// DecodeAttention): auto (the plan), mma (attn_decode_mma_d* wherever it fits), warps (the plan
+// without it: attn_decode_w and attn_decode_g*).
+const DECODE_ATTENTION_MODES = [["auto", 0], ["mma", 3], ["warps", 1]] as const;
 // Model logits after all layers (see the header): quantized models, float models.
 const TOL_LOGITS_Q = 1e-1;
 const TOL_LOGITS_F = 1e-2;
@@ -630,7 +634,7 @@ describe.skipIf(noCuda)("CUDA ops equal the CPU backend's", () => {
       const kv: [KvLayer, KvLayer] = [
         p.cpu.kvLayer(cells, kvHeads, headDim, "f16", ring), p.gpu.kvLayer(cells, kvHeads, headDim, "f16", ring),
       ];
-      let worst = 0;
+      const worst = new Map<string, number>();
       for (const [position, rows] of steps) {
         const seed = 50 + position;
         const qd = heads * headDim, kvd = kvHeads * headDim;
@@ -645,13 +649,31 @@ describe.skipIf(noCuda)("CUDA ops equal the CPU backend's", () => {
         p.cpu.storeKv(kv[0], kc, vc, rows, position);
         p.gpu.storeKv(kv[1], kg, vg, rows, position);
         p.cpu.attention(qc, kv[0], rows, position, o, oc);
-        const launched = captureOps(p.gpu, 9, () => p.gpu.attention(qg, kv[1], rows, position, o, og));
-        worst = Math.max(worst, compare(p, oc, og, rows));
-        if (rows <= 2) fusedQuantMatches(launched, og, rows, qd, `${label}, ${rows} row(s) at ${position}`);
+        // The same cache under each choice of decode kernels (lib/cuda/attention.zig
+        // DecodeAttention): the plan's, the tensor-core kernel wherever it fits, the plan before it.
+        for (const [mode, id] of DECODE_ATTENTION_MODES) {
+          if (!setDecodeAttention(id)) continue;
+          const [, og] = acts(p, rows, qd);
+          const launched = captureOps(p.gpu, 9, () => p.gpu.attention(qg, kv[1], rows, position, o, og));
+          worst.set(mode, Math.max(worst.get(mode) ?? 0, compare(p, oc, og, rows)));
+          if (rows <= 2) fusedQuantMatches(launched, og, rows, qd, `${label}, ${rows} row(s) at ${position}, ${mode}`);
+        }
+        setDecodeAttention(0);
       }
-      report(`attention ${label}`, worst, TOL_ATTENTION);
+      for (const [mode, err] of worst) report(`attention ${label} (decode kernels: ${mode})`, err, TOL_ATTENTION);
     });
   }
+
+  /** Sets the decode attention's kernels; false (and a note) where the device lacks that choice. */
+  function setDecodeAttention(mode: number): boolean {
+    const rc = native().infer_cuda_set_decode_attention(mode) as number;
+    if (rc === 0) return true;
+    const skipped = `decode attention mode ${mode} skipped: ${String(native().infer_last_error())}`;
+    if (!skippedModes.has(skipped)) console.log(`  ${skipped}`);
+    skippedModes.add(skipped);
+    return false;
+  }
+  const skippedModes = new Set<string>();
 
   /** The arguments of every op of `code` that `f` records or launches on `gpu`. */
   function captureOps(gpu: CudaBackend, code: number, f: () => void): (number | boolean)[][] {

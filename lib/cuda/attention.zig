@@ -11,10 +11,40 @@ const invalid = cuda.invalid;
 const ceilDiv = cuda.ceilDiv;
 const int = cuda.int;
 const tooLarge = cuda.tooLarge;
+const status = @import("../status.zig");
 
 /// The INFER_CUDA_* settings of the attention ops (ops.readSettings calls this at init).
 pub fn readSettings() void {
-    if (std.posix.getenv("INFER_CUDA_DECODE_ATTN")) |v| decode_attn_warps = !std.mem.eql(u8, v, "groups");
+    if (std.posix.getenv("INFER_CUDA_DECODE_ATTN")) |v| {
+        decode_attn = std.meta.stringToEnum(DecodeAttention, v) orelse .auto;
+    }
+}
+
+/// Which kernels decode attention (rows under 16) takes, INFER_CUDA_DECODE_ATTN or
+/// infer_cuda_set_decode_attention (tests and comparisons):
+/// - auto: attn_decode_mma_d* where it fits (decodeMmaTakes) and the keys take two splits or more
+///   (past 128), else attn_decode_w where it takes the shape (decodeWarpsTakes, group × splits <
+///   128), else attn_decode_g*. One split is the context where attn_decode_w's short chain wins:
+///   at 19 keys the 8B's attention 3.3 µs a launch against mma's 5.5; from 128 keys on mma is
+///   ahead (5.6 against 6.2, 9.5 against 11.5 at 1,001 keys, 11.0 against g4's 17.8 at 4,096;
+///   bench/cuda-probe.cu on an H200, bench/RESULTS.md 2026-12-06), and a graph's kernels are
+///   chosen by its split count, not by the keys, which the device reads from the positions;
+/// - warps: attn_decode_w and attn_decode_g* as auto picks them without attn_decode_mma_d* (the
+///   plan before it);
+/// - groups: attn_decode_g* wherever it fits;
+/// - mma: attn_decode_mma_d* wherever it fits, else as auto.
+pub const DecodeAttention = enum(u32) { auto = 0, warps = 1, groups = 2, mma = 3 };
+var decode_attn: DecodeAttention = .auto;
+
+/// Sets the decode attention's kernels (DecodeAttention's values); "unsupported" for mma where
+/// the device did not take its shared memory.
+pub fn setDecodeAttention(mode: u32) i32 {
+    const m = std.meta.intToEnum(DecodeAttention, mode) catch return invalid("decode attention mode {d}", .{mode});
+    const s = cuda.ready() orelse return @intFromEnum(status.Status.internal);
+    if (m == .mma and !s.decode_mma_ok)
+        return status.fail(.unsupported, "decode attention on the tensor cores is not available on this device", .{});
+    decode_attn = m;
+    return 0;
 }
 
 /// Rows t < n_tok of k and v (kv_dim values each) into cell positions[t] (mod cells when ring).
@@ -61,8 +91,6 @@ pub fn decodeAttentionFits(n_head: u64, n_kv_head: u64, head_dim: u64) bool {
     return n_kv_head > 0 and n_head % n_kv_head == 0 and n_head / n_kv_head <= 8 and head_dim % 8 == 0 and head_dim > 0 and head_dim <= 256;
 }
 
-/// INFER_CUDA_DECODE_ATTN=groups: attn_decode_g* wherever it fits (comparisons).
-var decode_attn_warps = true;
 
 /// attn_decode_w reads each key and value row once per query head (G times a KV head, from L2
 /// after the first); attn_decode_g* once per KV head. At G × splits of 128 keys from this many
@@ -75,7 +103,16 @@ const warps_group_splits_max = 128;
 /// two from 32 to 256, so that a key's dimensions split over 1 to 8 lanes of 32 each and a value
 /// row over 4 to 32 lanes of 8 (and not INFER_CUDA_DECODE_ATTN=groups).
 pub fn decodeWarpsTakes(head_dim: u64) bool {
-    return decode_attn_warps and head_dim >= 32 and head_dim <= 256 and std.math.isPowerOfTwo(head_dim);
+    return decode_attn != .groups and head_dim >= 32 and head_dim <= 256 and std.math.isPowerOfTwo(head_dim);
+}
+
+/// Whether decode attention of this shape can run as attn_decode_mma_d*: head_dim 64 or 128, a
+/// group of at most 8 query heads (the rows 0..7 of its A operand), the device's opt-in to its
+/// shared memory (cuda.zig decode_mma_ok), and not INFER_CUDA_DECODE_ATTN=warps|groups.
+pub fn decodeMmaTakes(n_head: u64, n_kv_head: u64, head_dim: u64) bool {
+    const s = cuda.ready() orelse return false;
+    return s.decode_mma_ok and (decode_attn == .auto or decode_attn == .mma) and
+        decodeAttentionFits(n_head, n_kv_head, head_dim) and (head_dim == 64 or head_dim == 128);
 }
 
 /// Attention of n_tok rows of different sequences, row t over the caches at kv_table[2t] (keys)
@@ -142,7 +179,8 @@ fn attendInto(per_head: bool, q: u64, k_cache: u64, v_cache: u64, kv_table: u64,
         });
     }
     const group = n_head / n_kv_head;
-    if (!per_head and decodeWarpsTakes(head_dim) and q % 16 == 0 and group * n_split < warps_group_splits_max) {
+    const mma = !per_head and decodeMmaTakes(n_head, n_kv_head, head_dim) and (n_split >= 2 or decode_attn == .mma);
+    if (!per_head and !mma and decodeWarpsTakes(head_dim) and q % 16 == 0 and group * n_split < warps_group_splits_max) {
         // Decode and small batches: a block per (row, query head, split), each warp a softmax of
         // its own (shaders/cuda/attend_warps.cuh). A block's outputs are whole Q8_0 units, quantized
         // in the kernel; a Q8_K superblock spans blocks, so Q8_K is a launch of its own (attend's).
@@ -154,8 +192,12 @@ fn attendInto(per_head: bool, q: u64, k_cache: u64, v_cache: u64, kv_table: u64,
         });
     }
     if (!per_head and decodeAttentionFits(n_head, n_kv_head, head_dim)) {
-        // Decode and small batches: a block per (row, KV head, split), all the group's query heads.
-        const kernel: Kernel = if (group == 1) .attn_decode_g1 else if (group == 2) .attn_decode_g2 else if (group <= 4) .attn_decode_g4 else .attn_decode_g8;
+        // Decode and small batches: a block per (row, KV head, split), all the group's query heads;
+        // on the tensor cores (attend_decode_mma.cuh) where it fits, else attn_decode_g*.
+        const kernel: Kernel = if (mma)
+            (if (head_dim == 64) .attn_decode_mma_d64 else .attn_decode_mma_d128)
+        else if (group == 1) .attn_decode_g1 else if (group == 2) .attn_decode_g2 else if (group <= 4) .attn_decode_g4 else .attn_decode_g8;
+        const shared: u32 = if (!mma) 0 else @intCast(if (head_dim == 64) cuda.decode_mma_shared_d64 else cuda.decode_mma_shared_d128);
         const part_ml = scratch;
         const part = scratch + rows * n_split * 2 * 4;
         // The quantization in the epilogue where each block's outputs (the group's heads, at a
@@ -163,7 +205,7 @@ fn attendInto(per_head: bool, q: u64, k_cache: u64, v_cache: u64, kv_table: u64,
         const fused = oq.mode >= 0 and (group * head_dim) % (if (oq.mode == 0) @as(u64, 32) else 256) == 0;
         const qmode: i32 = if (fused) oq.mode else -1;
         quantized.* = fused;
-        return launch(kernel, n_tok * n_kv_head, n_split, 128, .{
+        return cuda.launchShared(kernel, n_tok * n_kv_head, n_split, 128, shared, .{
             q, k_cache, v_cache, kv_table, positions, heads, kv_heads, dim, win, c, ring_i, scale_, splits, out, part_ml, part, arrived,
             qmode, if (fused) oq.q else 0, if (fused) oq.d else 0,
         });

@@ -68,6 +68,9 @@ pub const State = struct {
     pipe_shared_max: u32 = 48 << 10,
     /// Whether the matvecs that normalize their own input got the same opt-in (norm_matvec.zig).
     norm_matvec_ok: bool = false,
+    /// Whether attn_decode_mma_d* got the dynamic shared memory of its two 128-key tiles
+    /// (69,632 bytes at head_dim 128; lib/cuda/attention.zig decodeMmaTakes).
+    decode_mma_ok: bool = false,
 };
 
 /// Device scratch of ops that need room beyond their output, one buffer per use, grown on demand.
@@ -227,12 +230,22 @@ pub fn init(path: []const u8, ordinal: i32) i32 {
             norm_ok = norm_ok and set(s.kernels[@intFromEnum(k)], driver.func_attribute_max_dynamic_shared, pipe_shared_sm90) == driver.success;
         }
         s.norm_matvec_ok = norm_ok and s.cc_major >= 9;
+        // mma.sync m16n8k16 f16 and cp.async need sm_80; the kernels are built for sm_90.
+        s.decode_mma_ok = s.cc_major >= 8 and
+            set(s.kernels[@intFromEnum(Kernel.attn_decode_mma_d64)], driver.func_attribute_max_dynamic_shared, decode_mma_shared_d64) == driver.success and
+            set(s.kernels[@intFromEnum(Kernel.attn_decode_mma_d128)], driver.func_attribute_max_dynamic_shared, decode_mma_shared_d128) == driver.success;
     }
     state = s;
     return 0;
 }
 
 const pipe_shared_sm90: c_int = 227 << 10;
+
+/// Dynamic shared memory of attn_decode_mma_d64 / _d128 (shaders/cuda/attend_decode_mma.cuh
+/// mma_decode_shared_bytes: a 128-key tile of key rows and one of value rows, each row padded by
+/// 8 halves).
+pub const decode_mma_shared_d64: c_int = 2 * 128 * (64 + 8) * 2;
+pub const decode_mma_shared_d128: c_int = 2 * 128 * (128 + 8) * 2;
 
 /// Out: the device name (NUL-terminated, truncated to name_len) and
 /// [total bytes, free bytes, multiprocessors, compute capability (major*10+minor), driver version, L2 bytes].

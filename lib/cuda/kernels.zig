@@ -100,6 +100,8 @@ pub const Kernel = enum {
     attn_decode_g4,
     attn_decode_g8,
     attn_decode_w,
+    attn_decode_mma_d64,
+    attn_decode_mma_d128,
     attn_prompt_d64,
     attn_prompt_d128,
     gelu_mul,

@@ -341,6 +341,7 @@ pub const attentionQuant = attn.attentionQuant;
 pub const attentionRows = attn.attentionRows;
 pub const decodeAttentionFits = attn.decodeAttentionFits;
 pub const decodeWarpsTakes = attn.decodeWarpsTakes;
+pub const setDecodeAttention = attn.setDecodeAttention;
 pub const kvStore = attn.kvStore;
 pub const kvStoreRows = attn.kvStoreRows;
 

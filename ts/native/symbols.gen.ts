@@ -70,6 +70,7 @@ export const symbols = {
   infer_cuda_attention_rows: { args: [FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.bool, FFIType.f32, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64], returns: FFIType.i32 },
   infer_cuda_set_cublas: { args: [FFIType.u32], returns: FFIType.i32 },
   infer_cuda_cublas_min_tokens: { args: [], returns: FFIType.u32 },
+  infer_cuda_set_decode_attention: { args: [FFIType.u32], returns: FFIType.i32 },
   infer_cuda_attention_rows_fit: { args: [FFIType.u64, FFIType.u64, FFIType.u64], returns: FFIType.bool },
   infer_cuda_kv_store_rows: { args: [FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.bool], returns: FFIType.i32 },
   infer_cuda_gelu_mul: { args: [FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64], returns: FFIType.i32 },
