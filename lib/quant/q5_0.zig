@@ -93,9 +93,9 @@ pub fn dotRows(n_blocks: usize, w: [*]const u8, w_row_bytes: usize, n_out: usize
 
 pub const multi_rows = q8_0.multi_rows;
 
-/// Batched dotRows: see q8_0.dotRowsMultiSigned (|q| <= 16 keeps AVX2's pairs within i16).
+/// Batched dotRows: see q8_0.dotRowsMultiSigned (|q| <= 16: AVX2 keeps the shifted activations).
 pub fn dotRowsMulti(comptime R: usize, n_blocks: usize, w: [*]const u8, w_row_bytes: usize, n_out: usize, xs: [R][*]align(1) const q8_0.Block, out: [*]f32, out_stride: usize) bool {
-    return q8_0.dotRowsMultiSigned(Block, unpack, R, n_blocks, w, w_row_bytes, n_out, xs, out, out_stride);
+    return q8_0.dotRowsMultiSigned(Block, true, unpack, R, n_blocks, w, w_row_bytes, n_out, xs, out, out_stride);
 }
 
 /// The 32 quants of a block as stored, 0..31 (the signed value plus 16).

@@ -192,21 +192,30 @@ const multi_max_blocks = 2048;
 /// each weight block's unpacking, correction and scale serve 8 dots instead of 4.
 pub const multi_rows = if (simd.has_vnni) 8 else 4;
 
-/// On x86 the batched dot multiplies unsigned activations (x + 128, i.e. x ^ 0x80) by signed
-/// weights, the operand order vpdpbusd takes; elsewhere (NEON SDOT) signed by signed directly.
-const shift_activations = simd.is_x86;
+/// Whether the batched dot of a format multiplies unsigned activations (x + 128, i.e. x ^ 0x80)
+/// by its signed weights, the operand order vpdpbusd and vpmaddubsw take, rather than signed by
+/// signed (simd.dotAccI8I8: NEON SDOT, or AVX2's sign trick, |w| times x with w's sign). With
+/// VNNI always; on AVX2 only for weights within ±64 (`small_weights`: Q5_0's ±16), since
+/// vpmaddubsw's pairs of (x + 128) * w saturate past ±32767 — Q8_0 there takes the sign trick
+/// (prefill 86–95 -> 108–122 tok/s on the Qwen3-0.6B shape, where it fell back to dotMulti row by
+/// row; Q5_0 kept shifted: the sign trick took Gemma's prefill from ~370 to ~290 tok/s,
+/// bench/RESULTS.md 2026-12-06).
+fn shiftActivations(comptime small_weights: bool) bool {
+    return simd.has_vnni or (simd.is_x86 and small_weights);
+}
 
 /// dotRows for R activation rows (a batch), for formats whose blocks unpack to 32 signed quants
 /// and an f16 scale (Q8_0, Q5_0). The activations are shifted to unsigned bytes once per call,
 /// into 32-byte aligned rows (a 34-byte block stride splits half the loads across cache lines),
 /// so the integer lane sum of a (weight block, activation block) is
 /// dpbusd(x + 128, w) - 128 * (lane sum of w): exactly `dot`'s signed lane sum, with a
-/// correction that depends on the weight block only, made once for all R. Each (weight row,
-/// activation row) pair is `dot`'s FMA chain, block by block. Results go to
-/// out[r * out_stride + o]. Callers on AVX2 without VNNI keep |w| <= 16 (vpmaddubsw pairs of
-/// 255 * w stay within i16); false where the batch is too long for the stack buffers.
+/// correction that depends on the weight block only, made once for all R (without VNNI the
+/// signed lane sum directly: shiftActivations). Each (weight row, activation row) pair is
+/// `dot`'s FMA chain, block by block. Results go to out[r * out_stride + o]; false where the
+/// batch is too long for the stack buffers.
 pub inline fn dotRowsMultiSigned(
     comptime WBlock: type,
+    comptime small_weights: bool,
     comptime unpack: fn (*align(1) const WBlock) callconv(.@"inline") simd.V32i8,
     comptime R: usize,
     n_blocks: usize,
@@ -218,34 +227,35 @@ pub inline fn dotRowsMultiSigned(
     out_stride: usize,
 ) bool {
     if (R * n_blocks > multi_max_blocks) return false;
+    const shift = comptime shiftActivations(small_weights);
     var x_quants: [multi_max_blocks]simd.V32i8 = undefined;
     // Block-major: one block's R activation scales are one vector.
     var x_scales: [multi_max_blocks / R][R]f32 = undefined;
     inline for (0..R) |r| {
         for (0..n_blocks) |b| {
             const q: simd.V32i8 = xs[r][b].qs;
-            x_quants[r * n_blocks + b] = if (shift_activations) q ^ @as(simd.V32i8, @splat(-128)) else q;
+            x_quants[r * n_blocks + b] = if (comptime shift) q ^ @as(simd.V32i8, @splat(-128)) else q;
             x_scales[b][r] = xs[r][b].d;
         }
     }
     var o: usize = 0;
     while (o + 2 <= n_out) : (o += 2) {
-        rowsMulti(WBlock, unpack, 2, R, n_blocks, w + o * w_row_bytes, w_row_bytes, &x_quants, &x_scales, out + o, out_stride);
+        rowsMulti(WBlock, unpack, shift, 2, R, n_blocks, w + o * w_row_bytes, w_row_bytes, &x_quants, &x_scales, out + o, out_stride);
     }
-    if (o < n_out) rowsMulti(WBlock, unpack, 1, R, n_blocks, w + o * w_row_bytes, w_row_bytes, &x_quants, &x_scales, out + o, out_stride);
+    if (o < n_out) rowsMulti(WBlock, unpack, shift, 1, R, n_blocks, w + o * w_row_bytes, w_row_bytes, &x_quants, &x_scales, out + o, out_stride);
     return true;
 }
 
 /// -128 * (sum of each lane's four weight quants): what the activations' +128 shift adds.
-inline fn shiftCorrection(q: simd.V32i8) simd.V8i32 {
-    if (!shift_activations) return @splat(0);
-    const shift: simd.V32u8 = @splat(128);
-    return @as(simd.V8i32, @splat(0)) -% simd.dotU8I8(shift, q);
+inline fn shiftCorrection(comptime shift: bool, q: simd.V32i8) simd.V8i32 {
+    if (!shift) return @splat(0);
+    const offset: simd.V32u8 = @splat(128);
+    return @as(simd.V8i32, @splat(0)) -% simd.dotU8I8(offset, q);
 }
 
 /// The signed lane sums of x and q, from the shifted activations (see dotRowsMultiSigned).
-inline fn dotShifted(correction: simd.V8i32, x: simd.V32i8, q: simd.V32i8) simd.V8i32 {
-    if (!shift_activations) return simd.dotAccI8I8(correction, q, x);
+inline fn dotShifted(comptime shift: bool, correction: simd.V8i32, x: simd.V32i8, q: simd.V32i8) simd.V8i32 {
+    if (!shift) return simd.dotAccI8I8(correction, q, x);
     return simd.dotAccU8I8(correction, @bitCast(x), q);
 }
 
@@ -256,6 +266,7 @@ inline fn dotShifted(correction: simd.V8i32, x: simd.V32i8, q: simd.V32i8) simd.
 inline fn rowsMulti(
     comptime WBlock: type,
     comptime unpack: fn (*align(1) const WBlock) callconv(.@"inline") simd.V32i8,
+    comptime shift: bool,
     comptime W: usize,
     comptime R: usize,
     n_blocks: usize,
@@ -281,12 +292,12 @@ inline fn rowsMulti(
         var correction: [W]simd.V8i32 = undefined;
         inline for (0..W) |i| {
             q[i] = unpack(&rows[i][b]);
-            correction[i] = shiftCorrection(q[i]);
+            correction[i] = shiftCorrection(shift, q[i]);
         }
         inline for (0..R) |r| {
             const x = x_quants[r * n_blocks + b];
             inline for (0..W) |i| {
-                const sumi = dotShifted(correction[i], x, q[i]);
+                const sumi = dotShifted(shift, correction[i], x, q[i]);
                 acc[i][r] = @mulAdd(simd.V8f32, @splat(scales[b][i][r]), @floatFromInt(sumi), acc[i][r]);
             }
         }
@@ -299,9 +310,7 @@ inline fn rowsMulti(
 /// Batched form of dotRows (see dotRowsMultiSigned); false where the caller must fall back to
 /// dotMulti row by row.
 pub fn dotRowsMulti(comptime R: usize, n_blocks: usize, w: [*]const u8, w_row_bytes: usize, n_out: usize, xs: [R][*]align(1) const Block, out: [*]f32, out_stride: usize) bool {
-    // AVX2's vpmaddubsw would saturate on pairs of 255 * -128: there, dotMulti row by row.
-    if (comptime simd.is_x86 and !simd.has_vnni) return false;
-    return dotRowsMultiSigned(Block, unpackSelf, R, n_blocks, w, w_row_bytes, n_out, xs, out, out_stride);
+    return dotRowsMultiSigned(Block, false, unpackSelf, R, n_blocks, w, w_row_bytes, n_out, xs, out, out_stride);
 }
 
 /// -offset * (sum of the activation block's four quants) for each of its eight lanes: what an

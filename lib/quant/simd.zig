@@ -280,6 +280,16 @@ fn dotU8I8Generic(a: V32u8, b: V32i8) V8i32 {
 /// Exact unless b holds -128 where a is negative; activation quants stay within [-127, 127].
 pub inline fn dotAccI8I8(acc: V8i32, a: V32i8, b: V32i8) V8i32 {
     if (comptime has_dotprod) return sdot32(acc, a, b); // signed x signed directly: exact
+    if (comptime has_avx2) {
+        // vpsignb: b negated where a < 0 (and zeroed where a = 0, whose product is 0 anyway), one
+        // instruction where LLVM lowers the select below to a compare, a xor and a subtract.
+        const b_signed = asm ("vpsignb %[a], %[b], %[out]"
+            : [out] "=x" (-> V32i8),
+            : [b] "x" (b),
+              [a] "x" (a),
+        );
+        return dotAccU8I8(acc, @abs(a), b_signed);
+    }
     const zero: V32i8 = @splat(0);
     const b_signed = @select(i8, a < zero, zero -% b, b);
     return dotAccU8I8(acc, @abs(a), b_signed);
