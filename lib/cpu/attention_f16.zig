@@ -163,25 +163,178 @@ fn attendRowsGrouped(
     row_begin: usize,
     row_end: usize,
 ) bool {
-    const d = s.head_dim;
-    const group = s.group();
     const score_len = s.cells() + 16;
     if (!grow(&scores_buf, heads_per_pass * score_len) or !grow(&partial_buf, heads_per_pass * step * 128)) return false;
-    for (row_begin..row_end) |r| {
-        const t = s.rowToken(r);
+    var r = row_begin;
+    while (r < row_end) {
         const kv_head = s.rowKvHead(r);
+        const head_end = @min(row_end, (kv_head + 1) * s.n_tok);
+        if (s.n_tok > 1 and s.kv_stride != s.head_dim and head_end - r >= dense_rows_min) {
+            // A prompt's rows of one KV head read its slice of every K and V row many times over:
+            // a slice (head_dim values) every kv_stride elements, a power-of-two stride whose
+            // rows fall in a few cache sets, so they left the caches between one query's pass and
+            // the next (on a 2-core Xeon, 8 KV heads × 128: V's loads were a fifth of a prompt's
+            // attention). Copied into rows of their own, they stay in L2 for all the rows. (A
+            // cache of one KV head is such rows already: Gemma 3 270M's.)
+            const hi = if (s.ring == 0) s.pos0 + s.rowToken(head_end - 1) + 1 else s.cells();
+            if (denseHead(k, v, s, kv_head, hi)) {
+                var dense = s;
+                dense.kv_stride = s.head_dim;
+                attendHeadRows(q, k_dense.ptr, v_dense.ptr, out, dense, kv_head, 0, r, head_end, score_len);
+                r = head_end;
+                continue;
+            }
+        }
+        attendHeadRows(q, k, v, out, s, kv_head, kv_head, r, head_end, score_len);
+        r = head_end;
+    }
+    return true;
+}
+
+/// Rows of one KV head at which a prompt's attention reads a copy of its K and V slices.
+const dense_rows_min = 8;
+/// Per-thread copies of one KV head's K and V slices (cells × head_dim), grown on demand.
+threadlocal var k_dense: []f16 = &.{};
+threadlocal var v_dense: []f16 = &.{};
+
+/// Copies cells [0, hi) of KV head kv_head's K and V slices into k_dense and v_dense, rows
+/// head_dim apart; false when memory for them fails (the caller reads the cache in place).
+fn denseHead(k: [*]align(1) const f16, v: [*]align(1) const f16, s: attention.Shape, kv_head: usize, hi: usize) bool {
+    const d = s.head_dim;
+    const n = hi * d;
+    inline for (.{ &k_dense, &v_dense }) |buf| {
+        if (buf.len < n) {
+            const grown = std.heap.page_allocator.alloc(f16, @max(n, 2 * buf.len)) catch return false;
+            if (buf.len > 0) std.heap.page_allocator.free(buf.*);
+            buf.* = grown;
+        }
+    }
+    for (0..hi) |c| {
+        const from = c * s.kv_stride + kv_head * d;
+        @memcpy(k_dense[c * d ..][0..d], k[from..][0..d]);
+        @memcpy(v_dense[c * d ..][0..d], v[from..][0..d]);
+    }
+    return true;
+}
+
+/// Rows [row_begin, row_end) of KV head kv_head (its queries' rows of q and out), whose K and V
+/// slices sit at column kv_col of k and v (kv_head in the cache itself, 0 in a dense copy).
+fn attendHeadRows(
+    q: [*]const f32,
+    k: [*]align(1) const f16,
+    v: [*]align(1) const f16,
+    out: [*]f32,
+    s: attention.Shape,
+    kv_head: usize,
+    kv_col: usize,
+    row_begin: usize,
+    row_end: usize,
+    score_len: usize,
+) void {
+    const d = s.head_dim;
+    const group = s.group();
+    var r = row_begin;
+    while (r < row_end) : (r += 1) {
+        const t = s.rowToken(r);
         const begin, const end = s.keyRange(s.pos0 + t);
         const runs = runsInCellOrder(s, begin, end);
+        // A prompt's consecutive queries, taken together where their heads are fewer than a pass
+        // holds (Qwen3's 2, MHA's 1): each K and V row converted once for them all.
+        if (s.n_tok > 1 and group <= 2) {
+            const T = heads_per_pass / group; // queries a pass: 2 (two heads each) or 4 (one)
+            if (r + T <= row_end and t + T <= s.n_tok and sameStart(s, t, T, runs.constSlice())) {
+                const cell0 = runs.get(0).cell;
+                if (group == 1) attendPassTokens(1, 4, q, k, v, out, s, kv_head, kv_col, t, cell0, score_len) else attendPassTokens(2, 2, q, k, v, out, s, kv_head, kv_col, t, cell0, score_len);
+                r += T - 1;
+                continue;
+            }
+        }
         var g: usize = 0;
         while (g < group) : (g += heads_per_pass) {
             const first_row = (t * s.n_head + kv_head * group + g) * d;
             switch (@min(heads_per_pass, group - g)) {
-                inline 1...heads_per_pass => |G| attendPass(G, q + first_row, k, v, out + first_row, s, kv_head, runs.constSlice(), score_len),
+                inline 1...heads_per_pass => |G| attendPass(G, q + first_row, k, v, out + first_row, s, kv_col, runs.constSlice(), score_len),
                 else => unreachable,
             }
         }
     }
+}
+
+/// Whether queries t .. t + n - 1 (token indices, of one KV head) each see one run of cells
+/// that starts where query t's does (`runs`), so that only their ends differ, by one cell each:
+/// causal attention with no window in effect and no ring wrapped.
+fn sameStart(s: attention.Shape, t: usize, n: usize, runs: []const Run) bool {
+    if (runs.len != 1) return false;
+    for (1..n) |i| {
+        const begin, const end = s.keyRange(s.pos0 + t + i);
+        const other = runsInCellOrder(s, begin, end);
+        if (other.len != 1 or other.get(0).cell != runs[0].cell or other.get(0).len != runs[0].len + i) return false;
+    }
     return true;
+}
+
+/// attendPass for T consecutive queries of a prompt and their G heads each (G·T ≤ 4 rows),
+/// whose visible cells are [cell0, cell0 + len + i) for query t + i. Each row's arithmetic is
+/// attendPass's (the same dots, softmax blocks and slot sums over its own cells): rows share
+/// the loads and f16 conversions of K and V, a row skipping the cells past its own end.
+fn attendPassTokens(
+    comptime G: usize,
+    comptime T: usize,
+    q: [*]const f32,
+    k: [*]align(1) const f16,
+    v: [*]align(1) const f16,
+    out: [*]f32,
+    s: attention.Shape,
+    kv_head: usize,
+    kv_col: usize,
+    t: usize,
+    cell0: usize,
+    score_len: usize,
+) void {
+    const R = G * T;
+    const d = s.head_dim;
+    var q16_buf: [R][attention.head_dim_max]f32 = undefined;
+    var outs: [R][*]f32 = undefined;
+    var ends: [R]usize = undefined;
+    var scores: [R][]f32 = undefined;
+    inline for (0..T) |i| {
+        const begin, const end = s.keyRange(s.pos0 + t + i);
+        inline for (0..G) |g| {
+            const row = (t + i) * s.n_head + kv_head * G + g;
+            for (q16_buf[i * G + g][0..d], q[row * d ..][0..d]) |*dst, x| dst.* = @as(f16, @floatCast(x));
+            outs[i * G + g] = out + row * d;
+            ends[i * G + g] = cell0 + (end - begin);
+            scores[i * G + g] = scores_buf[(i * G + g) * score_len ..][0..score_len];
+        }
+    }
+    const end_max = ends[R - 1];
+    const block_lo = cell0 - cell0 % 16;
+    const block_hi = end_max + (16 - end_max % 16) % 16;
+    var max: [R]f32 = @splat(-std.math.inf(f32));
+    inline for (0..R) |i| @memset(scores[i][block_lo..block_hi], -std.math.inf(f32));
+    var sums: [R][16]L16 = undefined;
+    var c = cell0;
+    while (c < end_max) {
+        const n = @min(16, end_max - c);
+        for (0..n) |i| {
+            const lanes = dotLanesF16(R, k + (c + i) * s.kv_stride + kv_col * d, &q16_buf, d);
+            inline for (0..R) |row| sums[row][i] = lanes[row];
+        }
+        inline for (0..R) |row| {
+            const dots = reduce16Many(&sums[row]) * @as(L16, @splat(s.scale));
+            for (0..@min(n, ends[row] -| c)) |i| {
+                scores[row][c + i] = dots[i];
+                max[row] = @max(max[row], dots[i]);
+            }
+        }
+        c += n;
+    }
+    inline for (0..R) |row| {
+        const runs = [1]Run{.{ .pos = 0, .cell = cell0, .len = ends[row] - cell0 }};
+        const hi = ends[row] + (16 - ends[row] % 16) % 16;
+        normalizeF16(scores[row], &runs, block_lo, hi, max[row]);
+    }
+    if (d % 128 == 0 and R <= 2) weighted.weightedSumRows(R, 128, v, s, kv_col, cell0, ends, &scores, outs) else weighted.weightedSumRows(R, step, v, s, kv_col, cell0, ends, &scores, outs);
 }
 
 fn attendPass(
@@ -406,6 +559,16 @@ test "grouped heads equal one head at a time, bit for bit (GQA, windows, a wrapp
     const cases = [_]Case{
         .{ .d = 64, .n_head = 1, .n_kv_head = 1, .n_tok = 3, .pos0 = 0, .window = 0, .ring = 0 },
         .{ .d = 128, .n_head = 16, .n_kv_head = 8, .n_tok = 5, .pos0 = 70, .window = 0, .ring = 0 },
+        // Prompts' queries taken two or four at a time (attendPassTokens): one head a KV head
+        // (4 queries a pass), two (2 a pass) from cell 0 and across softmax blocks, and a window
+        // that takes effect within the chunk (queries past it one at a time).
+        .{ .d = 128, .n_head = 4, .n_kv_head = 4, .n_tok = 9, .pos0 = 20, .window = 0, .ring = 0 },
+        .{ .d = 128, .n_head = 8, .n_kv_head = 4, .n_tok = 6, .pos0 = 0, .window = 0, .ring = 0 },
+        .{ .d = 64, .n_head = 4, .n_kv_head = 2, .n_tok = 37, .pos0 = 3, .window = 0, .ring = 0 },
+        .{ .d = 64, .n_head = 2, .n_kv_head = 2, .n_tok = 10, .pos0 = 58, .window = 64, .ring = 0 },
+        .{ .d = 256, .n_head = 2, .n_kv_head = 1, .n_tok = 5, .pos0 = 11, .window = 0, .ring = 0 },
+        // A wrapped ring read through the dense copy of a KV head (8 rows and more a head).
+        .{ .d = 64, .n_head = 4, .n_kv_head = 2, .n_tok = 12, .pos0 = 100, .window = 64, .ring = 96 },
         .{ .d = 128, .n_head = 6, .n_kv_head = 1, .n_tok = 1, .pos0 = 200, .window = 0, .ring = 0 },
         .{ .d = 256, .n_head = 4, .n_kv_head = 1, .n_tok = 7, .pos0 = 150, .window = 100, .ring = 128 },
         .{ .d = 64, .n_head = 10, .n_kv_head = 2, .n_tok = 4, .pos0 = 300, .window = 64, .ring = 96 },

@@ -89,6 +89,54 @@ pub fn weightedSumBlocks(
     }
 }
 
+/// weightedSumBlocks(.slots) for R rows whose visible cells all start at cell0 and end at
+/// ends[r] (a prompt's consecutive queries, attention_f16.zig attendPassTokens): each V row is
+/// converted once for every row that sees it; each row's slots sum its own cells in ascending
+/// order, as weightedSumBlocks sums them, into outs[r].
+pub fn weightedSumRows(
+    comptime R: usize,
+    comptime block: usize,
+    v: [*]align(1) const f16,
+    s: attention.Shape,
+    kv_head: usize,
+    cell0: usize,
+    ends: [R]usize,
+    scores: *const [R][]f32,
+    outs: [R][*]f32,
+) void {
+    const d = s.head_dim;
+    const chunks = block / 16;
+    var end_max: usize = 0;
+    for (ends) |e| end_max = @max(end_max, e);
+    const first = Run{ .pos = 0, .cell = cell0, .len = end_max - cell0 };
+    var dim: usize = 0;
+    while (dim < d) : (dim += block) {
+        const partial = f16_attention.partial_buf[0 .. R * step * block];
+        for (0..step) |slot| {
+            var acc: [R][chunks]L16 = @splat(@splat(@splat(0)));
+            var c = firstCellOfSlot(first, slot);
+            while (c < end_max) : (c += step) {
+                const v_row = v + c * s.kv_stride + kv_head * d + dim;
+                var x: [chunks]L16 = undefined;
+                inline for (0..chunks) |j| x[j] = loadF16(v_row + 16 * j);
+                inline for (0..R) |r| {
+                    if (c < ends[r]) {
+                        const p: L16 = @splat(scores[r][c]);
+                        inline for (0..chunks) |j| acc[r][j] = @mulAdd(L16, x[j], p, acc[r][j]);
+                    }
+                }
+            }
+            inline for (0..R) |r| {
+                const slot_row = partial[(r * step + slot) * block ..][0..block];
+                inline for (0..chunks) |j| slot_row[16 * j ..][0..16].* = acc[r][j];
+            }
+        }
+        inline for (0..R) |r| {
+            reducePartials(partial[r * step * block ..][0 .. step * block], block, outs[r][dim..][0..block]);
+        }
+    }
+}
+
 /// Visible cells at or under which a decode step's weighted sum is weightedSumFew (its V rows,
 /// 256 B each at head_dim 128, stay in L1 for the G heads' passes). Past ~64 cells the partial
 /// rows' fixed cost is spread thin and V streams from memory in cell order faster than slot
