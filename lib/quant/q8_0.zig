@@ -239,6 +239,11 @@ pub inline fn dotRowsMultiSigned(
         }
     }
     var o: usize = 0;
+    if (comptime shift and simd.has_vnni) {
+        while (o + 4 <= n_out) : (o += 4) {
+            rowsMultiPairs(WBlock, unpack, 2, R, n_blocks, w + o * w_row_bytes, w_row_bytes, &x_quants, &x_scales, out + o, out_stride);
+        }
+    }
     while (o + 2 <= n_out) : (o += 2) {
         rowsMulti(WBlock, unpack, shift, 2, R, n_blocks, w + o * w_row_bytes, w_row_bytes, &x_quants, &x_scales, out + o, out_stride);
     }
@@ -304,6 +309,86 @@ inline fn rowsMulti(
     }
     inline for (0..R) |r| {
         inline for (0..W) |i| out[r * out_stride + i] = simd.hsum(acc[i][r]);
+    }
+}
+
+const V16f32 = @Vector(16, f32);
+const V16i32 = @Vector(16, i32);
+const V64i8 = @Vector(64, i8);
+
+/// Two 32-byte vectors as the halves of one 64-byte vector.
+inline fn halves(lo: simd.V32i8, hi: simd.V32i8) V64i8 {
+    const mask = comptime blk: {
+        var m: [64]i32 = undefined;
+        for (0..32) |i| {
+            m[i] = @intCast(i);
+            m[32 + i] = -1 - @as(i32, @intCast(i));
+        }
+        break :blk m;
+    };
+    return @shuffle(i8, lo, hi, mask);
+}
+
+/// vpdpbusd on a whole AVX-512 register: acc + the u8 x i8 products of a and b in groups of four.
+inline fn dotAccU8I8Wide(acc: V16i32, a: V64i8, b: V64i8) V16i32 {
+    return asm ("vpdpbusd %[b], %[a], %[acc]"
+        : [acc] "=v" (-> V16i32),
+        : [a] "v" (a),
+          [b] "v" (b),
+          [acc_in] "0" (acc),
+    );
+}
+
+/// rowsMulti with VNNI for 2P weight rows, two rows to an AVX-512 register: rows 2p and 2p + 1
+/// fill the low and high eight lanes, each activation block is broadcast to both halves, so one
+/// vpdpbusd, conversion, scale product and FMA serve two (weight row, activation row) pairs
+/// where rowsMulti spends one on each. Lane for lane the same integers, products and FMA chains,
+/// so each row's result is rowsMulti's bit for bit (the halves summed by the same hsum).
+inline fn rowsMultiPairs(
+    comptime WBlock: type,
+    comptime unpack: fn (*align(1) const WBlock) callconv(.@"inline") simd.V32i8,
+    comptime P: usize,
+    comptime R: usize,
+    n_blocks: usize,
+    w: [*]const u8,
+    w_row_bytes: usize,
+    x_quants: *const [multi_max_blocks]simd.V32i8,
+    x_scales: *const [multi_max_blocks / R][R]f32,
+    out: [*]f32,
+    out_stride: usize,
+) void {
+    var rows: [2 * P][*]align(1) const WBlock = undefined;
+    inline for (0..2 * P) |i| rows[i] = @ptrCast(w + i * w_row_bytes);
+    const offset: V64i8 = @splat(-128); // 0x80: the shift's 128 as an unsigned byte
+    var acc: [P][R]V16f32 = @splat(@splat(@splat(0)));
+    for (0..n_blocks) |b| {
+        var q: [P]V64i8 = undefined;
+        var correction: [P]V16i32 = undefined;
+        var d_w: [P]V16f32 = undefined;
+        inline for (0..P) |p| {
+            q[p] = halves(unpack(&rows[2 * p][b]), unpack(&rows[2 * p + 1][b]));
+            // -128 * each lane's four weight quants (shiftCorrection for both rows).
+            correction[p] = @as(V16i32, @splat(0)) -% dotAccU8I8Wide(@splat(0), offset, q[p]);
+            const lo: f32 = rows[2 * p][b].d;
+            const hi: f32 = rows[2 * p + 1][b].d;
+            d_w[p] = @shuffle(f32, @as(simd.V8f32, @splat(lo)), @as(simd.V8f32, @splat(hi)), [16]i32{ 0, 1, 2, 3, 4, 5, 6, 7, -1, -2, -3, -4, -5, -6, -7, -8 });
+        }
+        inline for (0..R) |r| {
+            const x = x_quants[r * n_blocks + b];
+            const xx = halves(x, x);
+            const d_x: V16f32 = @splat(x_scales[b][r]);
+            inline for (0..P) |p| {
+                const sumi = dotAccU8I8Wide(correction[p], xx, q[p]);
+                acc[p][r] = @mulAdd(V16f32, d_w[p] * d_x, @floatFromInt(sumi), acc[p][r]);
+            }
+        }
+    }
+    inline for (0..R) |r| {
+        inline for (0..P) |p| {
+            const a = acc[p][r];
+            out[r * out_stride + 2 * p] = simd.hsum(@shuffle(f32, a, undefined, [8]i32{ 0, 1, 2, 3, 4, 5, 6, 7 }));
+            out[r * out_stride + 2 * p + 1] = simd.hsum(@shuffle(f32, a, undefined, [8]i32{ 8, 9, 10, 11, 12, 13, 14, 15 }));
+        }
     }
 }
 
@@ -413,4 +498,34 @@ test "q8_0 quantize: rounding and scale as ggml's SIMD quantizer" {
     quantizeRef(&x, &b);
     try std.testing.expectEqual(@as(i8, -16), b[0].qs[0]); // roundf: away from zero
     try std.testing.expectEqual(@as(i8, -15), b[0].qs[1]);
+}
+
+test "q8_0 batched rows (rowsMultiPairs, rowsMulti) equal dot row by row, bit for bit" {
+    var rng = simd.TestRng.init(5);
+    const n_blocks = 7;
+    const n_out_max = 11;
+    var wf: [n_blocks * 32]f32 = undefined;
+    var w: [n_out_max][n_blocks]Block = undefined;
+    for (&w) |*row| {
+        rng.floats(&wf, 1);
+        quantize(&wf, row);
+    }
+    var x: [multi_rows][n_blocks]Block = undefined;
+    for (&x) |*row| {
+        rng.floats(&wf, 3);
+        quantize(&wf, row);
+    }
+    var xs: [multi_rows][*]align(1) const Block = undefined;
+    for (0..multi_rows) |r| xs[r] = &x[r];
+    // 11 rows: pairs of pairs where VNNI has them, then a pair, then one row alone.
+    for ([_]usize{ 1, 2, 4, 6, 11 }) |n_out| {
+        var out: [multi_rows * n_out_max]f32 = undefined;
+        try std.testing.expect(dotRowsMulti(multi_rows, n_blocks, @ptrCast(&w), n_blocks * @sizeOf(Block), n_out, xs, &out, n_out_max));
+        for (0..multi_rows) |r| {
+            for (0..n_out) |o| {
+                const want = dot(&w[o], &x[r]);
+                try std.testing.expectEqual(@as(u32, @bitCast(want)), @as(u32, @bitCast(out[r * n_out_max + o])));
+            }
+        }
+    }
 }
