@@ -312,19 +312,15 @@ fn attendPassTokens(
     const block_hi = end_max + (16 - end_max % 16) % 16;
     var max: [R]f32 = @splat(-std.math.inf(f32));
     inline for (0..R) |i| @memset(scores[i][block_lo..block_hi], -std.math.inf(f32));
-    var sums: [R][16]L16 = undefined;
     var c = cell0;
     while (c < end_max) {
         const n = @min(16, end_max - c);
-        for (0..n) |i| {
-            const lanes = dotLanesF16(R, k + (c + i) * s.kv_stride + kv_col * d, &q16_buf, d);
-            inline for (0..R) |row| sums[row][i] = lanes[row];
-        }
+        // K from a dense copy or L2 (a prompt's): no prefetch.
+        const dots = scoreCells(R, false, k, s, kv_col, &q16_buf, c, n);
         inline for (0..R) |row| {
-            const dots = reduce16Many(&sums[row]) * @as(L16, @splat(s.scale));
             for (0..@min(n, ends[row] -| c)) |i| {
-                scores[row][c + i] = dots[i];
-                max[row] = @max(max[row], dots[i]);
+                scores[row][c + i] = dots[row][i];
+                max[row] = @max(max[row], dots[row][i]);
             }
         }
         c += n;
@@ -367,26 +363,15 @@ fn attendPass(
     const block_lo, const block_hi = blockSpan(runs);
     var max: [G]f32 = @splat(-std.math.inf(f32));
     inline for (0..G) |g| @memset(scores[g][block_lo..block_hi], -std.math.inf(f32));
-    // Scores 16 cells at a time: each cell's dot left as its 16-lane sum of ggml's accumulators,
-    // then the 16 horizontal sums done together (reduce16Many), lane-wise adds in reduce16's order
-    // where one at a time each cell's sum was a chain of extracts and scalar adds.
-    var sums: [G][16]L16 = undefined;
     for (runs) |run| {
         var c = run.cell;
         while (c < run.cell + run.len) {
             const n = @min(16, run.cell + run.len - c);
-            for (0..n) |i| {
-                // A head's rows sit kv_stride apart, a stride the hardware prefetchers do not
-                // pick up at decode (the cache streams from memory): ask for a row ahead.
-                prefetchRow(k + (c + i + prefetch_cells) * s.kv_stride + kv_head * d, 2 * d);
-                const lanes = dotLanesF16(G, k + (c + i) * s.kv_stride + kv_head * d, &q16_buf, d);
-                inline for (0..G) |g| sums[g][i] = lanes[g];
-            }
+            const dots = scoreCells(G, true, k, s, kv_head, &q16_buf, c, n);
             inline for (0..G) |g| {
-                const dots = reduce16Many(&sums[g]) * @as(L16, @splat(s.scale));
                 for (0..n) |i| {
-                    scores[g][c + i] = dots[i];
-                    max[g] = @max(max[g], dots[i]);
+                    scores[g][c + i] = dots[g][i];
+                    max[g] = @max(max[g], dots[g][i]);
                 }
             }
             c += n;
@@ -405,6 +390,34 @@ fn attendPass(
     } else {
         if (d % 128 == 0) weightedSumBlocks(.cells, G, 128, v, s, kv_head, runs, &scores, out) else weightedSumBlocks(.cells, G, step, v, s, kv_head, runs, &scores, out);
     }
+}
+
+/// The scaled scores of cells c .. c + n - 1 (n <= 16) for R query rows, K's slices at column
+/// kv_col: each cell's dot left as its 16-lane sum of ggml's accumulators, then the 16
+/// horizontal sums done together (reduce16Many), lane-wise adds in reduce16's order where one
+/// at a time each cell's sum was a chain of extracts and scalar adds. `prefetch`: ask for the
+/// row prefetch_cells ahead (a head's rows sit kv_stride apart, a stride the hardware
+/// prefetchers do not pick up at decode, where the cache streams from memory).
+inline fn scoreCells(
+    comptime R: usize,
+    comptime prefetch: bool,
+    k: [*]align(1) const f16,
+    s: attention.Shape,
+    kv_col: usize,
+    q16: *const [R][attention.head_dim_max]f32,
+    c: usize,
+    n: usize,
+) [R]L16 {
+    const d = s.head_dim;
+    var sums: [R][16]L16 = undefined;
+    for (0..n) |i| {
+        if (prefetch) prefetchRow(k + (c + i + prefetch_cells) * s.kv_stride + kv_col * d, 2 * d);
+        const lanes = dotLanesF16(R, k + (c + i) * s.kv_stride + kv_col * d, q16, d);
+        inline for (0..R) |row| sums[row][i] = lanes[row];
+    }
+    var dots: [R]L16 = undefined;
+    inline for (0..R) |row| dots[row] = reduce16Many(&sums[row]) * @as(L16, @splat(s.scale));
+    return dots;
 }
 
 /// Cells ahead that the K and V loops prefetch.
