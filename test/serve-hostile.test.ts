@@ -88,6 +88,7 @@ describe("bodies a client should not send", () => {
       new Uint8Array([0x7b, 0x22, 0xff, 0xfe, 0x22, 0x3a, 0x31, 0x7d]), // {"\xff\xfe":1}
       `{"model":"tiny","prompt":"a\u0000b"}`, // a raw NUL inside a string is not JSON
       `{"model": tiny${"a".repeat(100_000)}}`,
+      "{\u001b]0;title\u0007}", // the parser's message names the token: a terminal escape
     ];
     for (const body of bodies) {
       const error = await expectError(await post(open, "/v1/completions", body), 400);
