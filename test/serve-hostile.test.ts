@@ -358,8 +358,10 @@ describe("slow and stalled clients", () => {
         "content-length": body.length }, body), { waitMs: 20_000 });
       expect(r.text).toMatch(/^HTTP\/1\.1 200/);
       expect(r.text).toContain(stream ? "[DONE]" : "completion_tokens");
-      expect(r.closed).toBe(true); // by the server, idle after its answer
-      expect(r.ms).toBeGreaterThan(1_500);
+      // Closed by the server once idle (it would stay open for good with no idle timeout), not
+      // announced as the answer's last (Bun's idle timer is coarse: no bound below).
+      expect(r.text.toLowerCase()).not.toContain("connection: close");
+      expect(r.closed).toBe(true);
     }
   }, 45_000);
 });

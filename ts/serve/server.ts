@@ -103,8 +103,8 @@ function finishOf(stopReason: string): ReturnType<typeof finishReason> {
   return stopReason === "interrupted" ? "length" : finishReason(stopReason);
 }
 
-/** Gives an answered request's connection its idle timeout back (while it lasts). */
-function restoreIdleTimeout(x: { req: Request; server: Bun.Server<undefined> }, seconds: number) {
+/** Sets the idle timeout of a request's connection (0: none), if it is still open. */
+function setIdleTimeout(x: { req: Request; server: Bun.Server<undefined> }, seconds: number) {
   try {
     x.server.timeout(x.req, seconds);
   } catch { /* the connection is gone already */ }
@@ -225,7 +225,7 @@ export async function startServer(o: ServeOptions): Promise<InferServer> {
     const arrived = performance.now();
     // Neither a body in transit (bounded by its own deadline) nor a generation that has not
     // sent anything yet is idle; the connection's idle timeout comes back once it is answered.
-    x.server.timeout(req, 0);
+    setIdleTimeout(x, 0);
     const parsed = parseRequest(kind, await readJson(x), info);
     if (parsed.model !== modelId) {
       throw new ApiError(404, `the model ${quote(parsed.model)} does not exist; this server has ` +
@@ -239,7 +239,7 @@ export async function startServer(o: ServeOptions): Promise<InferServer> {
     const tickets = scheduler.submit(Array.from({ length: parsed.n }, (_, i) => ({
       ...parsed.job, sampling: { ...parsed.job.sampling, seed: seed < 0 ? -1 : (seed + i) >>> 0 },
     })));
-    void Promise.all(tickets.map((t) => t.ended)).then(() => restoreIdleTimeout(x, idleSeconds));
+    void Promise.all(tickets.map((t) => t.ended)).then(() => setIdleTimeout(x, idleSeconds));
     const cancelAll = () => { for (const t of tickets) scheduler.cancel(t); };
     const abort = () => { if (tickets.some((t) => !t.finished)) metrics.cancelled++; cancelAll(); };
     req.signal.addEventListener("abort", abort, { once: true });
@@ -448,7 +448,7 @@ export async function startServer(o: ServeOptions): Promise<InferServer> {
       // A body left unread would be parsed as the next request: close instead.
       if (stopping || (hasBody(req) && !x.bodyRead)) res.headers.set("connection", "close");
       if (!res.headers.get("content-type")?.startsWith("text/event-stream")) {
-        restoreIdleTimeout(x, idleSeconds);
+        setIdleTimeout(x, idleSeconds);
       }
       metrics.count(endpoint, res.status);
       return res;
