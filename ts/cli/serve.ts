@@ -2,9 +2,10 @@
 import { availableParallelism } from "node:os";
 import { parseArgs } from "node:util";
 import { parseBackendKind } from "../backend/select.ts";
+import { InferError, quote } from "../errors.ts";
 import { startServer } from "../serve/server.ts";
 import { resolveModel } from "./models.ts";
-import { intOption } from "./options.ts";
+import { floatOption, intOption } from "./options.ts";
 import { defaultModelPath } from "./setup.ts";
 
 export const serveUsage = `usage: infer serve [options]
@@ -17,6 +18,17 @@ batching: requests join and leave the batch between steps, prompts are evaluated
 between decode steps); others wait in a bounded queue (429 with Retry-After when it is full).
 A prefix cache shares the keys and values of common prompt beginnings (a system prompt) across
 requests. A client that disconnects cancels its request and frees its slot.
+
+Limits: a request body must arrive within --body-timeout (408) and fit --max-body (413); while
+bodies being received at once exceed 16 MiB (or four of --max-body), new ones get 503. Idle
+connections close after 10 s. /health answers 503 while an engine step has run longer than
+--step-timeout (a stuck engine), and new requests are refused until it finishes.
+SIGTERM or Ctrl-C stops gracefully: no new connections, waiting requests get 503, running ones
+may finish within --shutdown-timeout and are then ended early (finish_reason "length", then
+[DONE]); a second signal ends them at once.
+Access: with --api-key, /v1/* needs the key. Without it, only requests whose Host names this
+server (localhost or an IP address, with its port) are answered. Requests from web pages of
+another origin are refused (403) unless --cors allows that origin.
 
   -m, --model M          a GGUF file or the name of a model in the cache
                          (default: the installed Gemma 3 270M Q4_K_M)
@@ -31,6 +43,13 @@ requests. A client that disconnects cancels its request and frees its slot.
   --api-key KEY          require 'Authorization: Bearer KEY' on /v1/* (also: INFER_API_KEY)
   --queue N              requests that may wait for a slot (default 16)
   --max-body BYTES       largest request body (default 1048576)
+  --body-timeout S       seconds to receive a request body (default 30)
+  --step-timeout S       seconds one engine step may take before /health reports it stuck
+                         (default 60)
+  --shutdown-timeout S   on SIGTERM/SIGINT, seconds running requests may take to finish
+                         (default 10)
+  --cors ORIGIN          let web pages from ORIGIN call the server (repeatable or a comma
+                         list; * allows any page: mind --api-key then)
   --model-id NAME        the model's name in the API (default: the file name without .gguf)
   -h, --help             this text
 `;
@@ -44,7 +63,9 @@ export async function serveCommand(argv: string[]): Promise<number> {
       "api-key": { type: "string" }, queue: { type: "string" }, "max-body": { type: "string" },
       "model-id": { type: "string" }, help: { type: "boolean", short: "h" },
       parallel: { type: "string" }, "prefill-chunk": { type: "string" },
-      "prefix-cache": { type: "string" },
+      "prefix-cache": { type: "string" }, "body-timeout": { type: "string" },
+      "step-timeout": { type: "string" }, "shutdown-timeout": { type: "string" },
+      cors: { type: "string", multiple: true },
     },
   });
   if (values.help) { process.stdout.write(serveUsage); return 0; }
@@ -64,15 +85,52 @@ export async function serveCommand(argv: string[]): Promise<number> {
     prefillChunk: intOption(values["prefill-chunk"], "--prefill-chunk", 64, 1),
     prefixCacheBytes: intOption(values["prefix-cache"], "--prefix-cache", 128, 0) * (1 << 20),
     maxBodyBytes: intOption(values["max-body"], "--max-body", 1 << 20, 1024),
+    bodyTimeoutMs: seconds(values["body-timeout"], "--body-timeout", 30) * 1000,
+    stepTimeoutMs: seconds(values["step-timeout"], "--step-timeout", 60) * 1000,
+    shutdownTimeoutMs: floatOption(values["shutdown-timeout"], "--shutdown-timeout", 10) * 1000,
+    corsOrigins: corsOrigins(values.cors ?? []),
     modelId: values["model-id"],
   });
   process.stderr.write(`infer: serving '${server.modelId}' (context ${server.info.contextLength}, ` +
     `${server.parallel} in parallel) at ${server.url}/v1\n`);
-  await new Promise<void>((resolve) => {
-    process.once("SIGINT", resolve);
-    process.once("SIGTERM", resolve);
+  // The first SIGINT or SIGTERM stops gracefully; a second one ends running requests now.
+  let signals = 0;
+  let onSignal = () => {};
+  await new Promise<void>((resolve, reject) => {
+    onSignal = () => {
+      if (signals++ > 0) return void server.stop({ timeoutMs: 0 });
+      process.stderr.write(`infer: stopping (running requests may take ` +
+        `${values["shutdown-timeout"] ?? 10} s to finish; a second signal ends them now)\n`);
+      server.stop().then(resolve, reject);
+    };
+    process.on("SIGINT", onSignal);
+    process.on("SIGTERM", onSignal);
   });
-  process.stderr.write("infer: stopping\n");
-  await server.stop();
+  process.off("SIGINT", onSignal);
+  process.off("SIGTERM", onSignal);
+  process.stderr.write("infer: stopped\n");
   return 0;
+}
+
+/** Seconds for a timeout: a positive number. */
+function seconds(value: string | undefined, name: string, fallback: number): number {
+  const s = floatOption(value, name, fallback);
+  if (s <= 0) throw new InferError("invalid_argument", `${name} must be more than 0 seconds`);
+  return s;
+}
+
+/** --cors values: origins (scheme://host[:port]) or *, each flag possibly a comma list. */
+function corsOrigins(values: readonly string[]): string[] {
+  const origins = values.flatMap((v) => v.split(",")).map((v) => v.trim()).filter((v) => v !== "");
+  for (const origin of origins) {
+    let valid = origin === "*";
+    try {
+      valid ||= new URL(origin).origin === origin.replace(/\/$/, "").toLowerCase();
+    } catch { /* not a URL */ }
+    if (!valid) {
+      throw new InferError("invalid_argument", `--cors wants an origin such as ` +
+        `http://localhost:3000 (or *), got ${quote(origin)}`);
+    }
+  }
+  return origins.map((o) => o.replace(/\/$/, ""));
 }

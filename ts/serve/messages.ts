@@ -15,6 +15,19 @@ export interface OpenSettings {
   readonly prefillChunk?: number;
   /** Memory for the prefix cache (default 128 MiB); 0: no prefix cache. */
   readonly prefixCacheBytes?: number;
+  /**
+   * The watchdog's cell (a BigInt64Array of one element over shared memory): the worker stores
+   * when its current piece of work began (Date.now() in ms), 0 while it waits. Shared memory,
+   * not a message, because a hung step cannot post anything; the HTTP thread reads it instead.
+   */
+  readonly heartbeat: SharedArrayBuffer;
+  /** For tests of the watchdog: before step `atStep` (from 0), block the thread `ms`. */
+  readonly stall?: StallForTests;
+}
+
+export interface StallForTests {
+  readonly atStep: number;
+  readonly ms: number;
 }
 
 /** The engine's state, posted by the worker whenever it changes. */

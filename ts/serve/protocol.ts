@@ -2,7 +2,7 @@
 // refusal is an ApiError naming the field, sent as OpenAI's error object:
 //   {"error": {"message", "type", "param", "code"}}
 import type { ChatMessage } from "../chat/template.ts";
-import { InferError } from "../errors.ts";
+import { InferError, quote } from "../errors.ts";
 import { compileSchema } from "../sample/json-schema.ts";
 import type { SamplerOptions } from "../sample/sampler.ts";
 
@@ -86,7 +86,8 @@ export function parseJson(text: string): Body {
   try {
     data = JSON.parse(text);
   } catch (err) {
-    throw new ApiError(400, `the body is not valid JSON: ${(err as Error).message}`, null,
+    // The parser's message quotes the offending token: the client's bytes, escape codes too.
+    throw new ApiError(400, `the body is not valid JSON: ${quote((err as Error).message)}`, null,
       "invalid_json");
   }
   if (!isObject(data)) throw new ApiError(400, "the body must be a JSON object", null, "invalid_json");

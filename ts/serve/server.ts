@@ -3,16 +3,22 @@
 // `parallel` requests together (continuous batching, ts/engine/scheduler.ts). Requests beyond
 // those wait here in arrival order (a FIFO queue, bounded: 429 with Retry-After when full). A
 // client that goes away (a cancelled stream, an aborted request) has its sequence cancelled,
-// freeing its slot, or is dropped from the queue.
-import { timingSafeEqual } from "node:crypto";
+// freeing its slot, or is dropped from the queue (queue.ts). Who may call is access.ts's; how
+// bodies are read, body.ts's. A watchdog reads the worker's heartbeat: /health answers 503 while one step
+// has run past its deadline. stop() shuts down gracefully: no new requests, the running ones
+// get a deadline to finish and then end early with a final chunk, the waiting ones get 503.
 import { basename } from "node:path";
 import type { BackendKind } from "../backend/select.ts";
-import { InferError } from "../errors.ts";
+import { InferError, quote } from "../errors.ts";
 import { isCompiled, libraryPath } from "../native/lib.ts";
-import type { EngineStats, FromWorker, ModelInfo, ToWorker } from "./messages.ts";
+import { Access } from "./access.ts";
+import { BodyReader, bodyText, hasBody } from "./body.ts";
+import type { FromWorker, ModelInfo, StallForTests, ToWorker } from "./messages.ts";
+import { Metrics } from "./metrics.ts";
 import {
-  ApiError, finishReason, parseJson, parseRequest, type Job, type ParsedRequest,
+  ApiError, finishReason, parseJson, parseRequest, type ParsedRequest,
 } from "./protocol.ts";
+import { Scheduler, type Done, type Ticket, type WorkerEvent } from "./queue.ts";
 
 export interface ServeOptions {
   readonly modelPath: string;
@@ -34,8 +40,31 @@ export interface ServeOptions {
   readonly prefixCacheBytes?: number;
   /** Request bodies larger than this are refused (default 1 MiB). */
   readonly maxBodyBytes?: number;
+  /** Bytes of all bodies being received at once (default: 16 MiB or 4 bodies, the larger). */
+  readonly maxBodyBytesInFlight?: number;
+  /** Time to receive a request's body (default 30 s); a stalled one gets 408. */
+  readonly bodyTimeoutMs?: number;
+  /** Seconds a connection may sit idle with no request in progress (default 10). */
+  readonly idleTimeoutSeconds?: number;
+  /**
+   * One engine step (a batch's forward pass, or a prompt chunk) running longer than this makes
+   * /health answer 503 and new requests be refused (default 60 s: a slow CPU evaluating a long
+   * prompt chunk takes seconds, a stuck one forever).
+   */
+  readonly stepTimeoutMs?: number;
+  /** On stop(), how long running requests may go on before they are ended (default 10 s). */
+  readonly shutdownTimeoutMs?: number;
+  /** Web page origins allowed to call the server (CORS); "*": any. Default: none. */
+  readonly corsOrigins?: readonly string[];
   /** The model's name in the API (default: the file name without .gguf). */
   readonly modelId?: string;
+  /** Tests of the watchdog only: a step that blocks the engine's thread. */
+  readonly stallForTests?: StallForTests;
+}
+
+export interface StopOptions {
+  /** Overrides ServeOptions.shutdownTimeoutMs; 0 ends running requests now. */
+  readonly timeoutMs?: number;
 }
 
 export interface InferServer {
@@ -45,178 +74,12 @@ export interface InferServer {
   readonly info: ModelInfo;
   /** Requests decoded together. */
   readonly parallel: number;
-  stop(): Promise<void>;
-}
-
-type WorkerEvent = Exclude<FromWorker, { type: "ready" | "failed" | "closed" | "stats" }>;
-type Done = Extract<WorkerEvent, { type: "done" }>;
-
-/** One request's events from the worker, read in order. */
-class Ticket {
-  private readonly events: WorkerEvent[] = [];
-  private wake: (() => void) | null = null;
-  finished = false;
-  constructor(readonly id: number, readonly job: Job) {}
-
-  push(e: WorkerEvent): void {
-    this.events.push(e);
-    this.wake?.();
-    this.wake = null;
-  }
-
-  async next(): Promise<WorkerEvent> {
-    while (this.events.length === 0) await new Promise<void>((r) => (this.wake = r));
-    return this.events.shift()!;
-  }
-}
-
-class Metrics {
-  readonly requests = new Map<string, number>();
-  tokensGenerated = 0;
-  promptTokens = 0;
-  ttftSum = 0;
-  ttftCount = 0;
-  generationSeconds = 0;
-  cancelled = 0;
-
-  count(endpoint: string, status: number): void {
-    const key = `endpoint="${endpoint}",status="${status}"`;
-    this.requests.set(key, (this.requests.get(key) ?? 0) + 1);
-  }
-
-  text(queueDepth: number, running: number, engine: EngineStats | null): string {
-    const e = engine;
-    const lines = [
-      "# HELP infer_requests_total HTTP requests answered, by endpoint and status.",
-      "# TYPE infer_requests_total counter",
-      ...[...this.requests].map(([k, v]) => `infer_requests_total{${k}} ${v}`),
-      "# HELP infer_queue_depth Requests waiting for the engine.",
-      "# TYPE infer_queue_depth gauge", `infer_queue_depth ${queueDepth}`,
-      "# HELP infer_requests_running Requests the engine is generating for.",
-      "# TYPE infer_requests_running gauge", `infer_requests_running ${running}`,
-      "# HELP infer_tokens_generated_total Completion tokens generated.",
-      "# TYPE infer_tokens_generated_total counter", `infer_tokens_generated_total ${this.tokensGenerated}`,
-      "# HELP infer_prompt_tokens_total Prompt tokens of finished requests.",
-      "# TYPE infer_prompt_tokens_total counter", `infer_prompt_tokens_total ${this.promptTokens}`,
-      "# HELP infer_generation_seconds_total Seconds spent generating (tokens/s = tokens / seconds).",
-      "# TYPE infer_generation_seconds_total counter",
-      `infer_generation_seconds_total ${this.generationSeconds.toFixed(6)}`,
-      "# HELP infer_time_to_first_token_seconds From a request's arrival to its first text.",
-      "# TYPE infer_time_to_first_token_seconds summary",
-      `infer_time_to_first_token_seconds_sum ${this.ttftSum.toFixed(6)}`,
-      `infer_time_to_first_token_seconds_count ${this.ttftCount}`,
-      "# HELP infer_requests_cancelled_total Requests whose client went away before the end.",
-      "# TYPE infer_requests_cancelled_total counter", `infer_requests_cancelled_total ${this.cancelled}`,
-      "# HELP infer_slots Sequence slots (KV caches) of the engine.",
-      "# TYPE infer_slots gauge", `infer_slots ${e?.slots ?? 0}`,
-      "# HELP infer_slots_busy Slots holding a running sequence.",
-      "# TYPE infer_slots_busy gauge", `infer_slots_busy ${e?.busySlots ?? 0}`,
-      "# HELP infer_prefix_cache_blocks Blocks of keys and values the prefix cache holds.",
-      "# TYPE infer_prefix_cache_blocks gauge", `infer_prefix_cache_blocks ${e?.prefixBlocks ?? 0}`,
-      "# HELP infer_prefix_cache_bytes Memory the prefix cache has allocated (bounded by its budget).",
-      "# TYPE infer_prefix_cache_bytes gauge", `infer_prefix_cache_bytes ${e?.prefixBytes ?? 0}`,
-      "# HELP infer_prefix_cache_restored_tokens_total Prompt tokens copied from the prefix cache.",
-      "# TYPE infer_prefix_cache_restored_tokens_total counter",
-      `infer_prefix_cache_restored_tokens_total ${e?.prefixRestoredTokens ?? 0}`,
-      "# HELP infer_prefix_cache_prompt_tokens_total Prompt tokens looked up in the prefix cache.",
-      "# TYPE infer_prefix_cache_prompt_tokens_total counter",
-      `infer_prefix_cache_prompt_tokens_total ${e?.prefixLookedUpTokens ?? 0}`,
-      "# HELP infer_resident_memory_bytes Resident memory of the process (the engine's worker included).",
-      "# TYPE infer_resident_memory_bytes gauge", `infer_resident_memory_bytes ${process.memoryUsage.rss()}`,
-    ];
-    return lines.join("\n") + "\n";
-  }
-}
-
-/** The worker and the FIFO queue in front of it: up to `parallel` requests run at once. */
-class Scheduler {
-  private readonly queue: Ticket[] = [];
-  private readonly running = new Set<Ticket>();
-  private readonly tickets = new Map<number, Ticket>();
-  private nextId = 1;
-  private broken: string | null = null;
-  /** The engine's state as the worker last reported it. */
-  engine: EngineStats | null = null;
-
-  constructor(private readonly worker: Worker, private readonly maxQueue: number,
-    private readonly parallel: number) {}
-
-  get depth(): number { return this.queue.length; }
-  get active(): number { return this.running.size; }
-
-  /** Queues the jobs of one request (its choices) together, or none of them. */
-  submit(jobs: Job[]): Ticket[] {
-    if (this.broken) throw new ApiError(503, `the engine stopped: ${this.broken}`, null, "engine_unavailable");
-    if (jobs.length > this.parallel + this.maxQueue) {
-      throw new ApiError(400, `'n' must be at most ${this.parallel + this.maxQueue} on this ` +
-        `server (${this.parallel} slots and a queue of ${this.maxQueue})`, "n", "invalid_value");
-    }
-    const room = Math.max(0, this.parallel - this.running.size) + this.maxQueue - this.queue.length;
-    if (jobs.length > room) {
-      throw new ApiError(429, `the server is busy: ${this.queue.length} requests are waiting`,
-        null, "queue_full");
-    }
-    const tickets = jobs.map((job) => new Ticket(this.nextId++, job));
-    for (const t of tickets) {
-      this.tickets.set(t.id, t);
-      this.queue.push(t);
-    }
-    this.dispatch();
-    return tickets;
-  }
-
-  /** The client went away: drop the request if it waits, stop it if it runs. */
-  cancel(t: Ticket): void {
-    if (t.finished) return;
-    const at = this.queue.indexOf(t);
-    if (at >= 0) {
-      this.queue.splice(at, 1);
-      t.push({ type: "error", id: t.id, status: 499, message: "the client went away", param: null,
-        code: "cancelled" });
-      this.end(t);
-    } else {
-      this.post({ type: "cancel", id: t.id });
-    }
-  }
-
-  onMessage(m: FromWorker): void {
-    if (m.type === "stats") { this.engine = m.stats; return; }
-    if (m.type === "ready" || m.type === "failed" || m.type === "closed") return;
-    const t = this.tickets.get(m.id);
-    if (!t) return;
-    t.push(m);
-    if (m.type === "done" || m.type === "error") this.end(t);
-  }
-
-  /** The worker died: every request fails. */
-  fail(why: string): void {
-    this.broken = why;
-    for (const t of [...this.tickets.values()]) {
-      t.push({ type: "error", id: t.id, status: 500, message: `the engine stopped: ${why}`,
-        param: null, code: "internal_error" });
-      this.end(t);
-    }
-    this.queue.length = 0;
-  }
-
-  private end(t: Ticket): void {
-    t.finished = true;
-    this.tickets.delete(t.id);
-    this.running.delete(t);
-    this.dispatch();
-  }
-
-  private dispatch(): void {
-    while (this.running.size < this.parallel && this.queue.length > 0 && !this.broken) {
-      const t = this.queue.shift()!;
-      this.running.add(t);
-      this.post({ type: "run", id: t.id, job: t.job });
-    }
-  }
-
-  private post(m: ToWorker): void {
-    this.worker.postMessage(m);
-  }
+  /**
+   * Stops gracefully: stops accepting, answers waiting requests 503, lets running ones finish
+   * within the shutdown timeout and then ends them (a final chunk with finish_reason "length"
+   * and [DONE]). A second call while stopping may shorten the deadline.
+   */
+  stop(options?: StopOptions): Promise<void>;
 }
 
 function json(data: unknown, status = 200, headers: Record<string, string> = {}): Response {
@@ -227,9 +90,59 @@ function json(data: unknown, status = 200, headers: Record<string, string> = {})
 
 function errorResponse(err: ApiError): Response {
   const headers: Record<string, string> = {};
-  if (err.status === 429) headers["retry-after"] = "1";
+  if (err.status === 429 || err.code === "server_busy") headers["retry-after"] = "1";
   if (err.status === 401) headers["www-authenticate"] = "Bearer";
   return json(err.body(), err.status, headers);
+}
+
+/**
+ * The engine's stop reason in OpenAI's words. A request "interrupted" whose answer is still read
+ * was cut by the shutdown deadline: like one cut by max_tokens, its text is unfinished.
+ */
+function finishOf(stopReason: string): ReturnType<typeof finishReason> {
+  return stopReason === "interrupted" ? "length" : finishReason(stopReason);
+}
+
+/** Sets the idle timeout of a request's connection (0: none), if it is still open. */
+function setIdleTimeout(x: { req: Request; server: Bun.Server<undefined> }, seconds: number) {
+  try {
+    x.server.timeout(x.req, seconds);
+  } catch { /* the connection is gone already */ }
+}
+
+const endpoints = ["/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions"];
+
+const notFound = (path: string) => new ApiError(404, `no route ${quote(path)}`, null, "not_found");
+
+/** The request's path. (An HTTP/1.0 request may have no Host: its URL is a path alone.) */
+function pathOf(req: Request): string {
+  try {
+    return new URL(req.url, "http://localhost").pathname;
+  } catch {
+    throw new ApiError(400, `the request target ${quote(req.url)} is not a path`, null,
+      "invalid_path");
+  }
+}
+
+/** Whether `p` settles within `ms`; the timer is cleared either way, holding no process up. */
+async function within(p: Promise<unknown>, ms: number): Promise<boolean> {
+  let timer: Timer | undefined;
+  const expired = new Promise<false>((resolve) => { timer = setTimeout(() => resolve(false), ms); });
+  try {
+    return await Promise.race([p.then(() => true), expired]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+/** A percent-encoded path segment, decoded; a malformed one is the client's error. */
+function decodePath(segment: string): string {
+  try {
+    return decodeURIComponent(segment);
+  } catch {
+    throw new ApiError(400, `the path segment ${quote(segment)} is not valid percent-encoding`,
+      null, "invalid_path");
+  }
 }
 
 const randomId = () => crypto.randomUUID().replaceAll("-", "").slice(0, 24);
@@ -246,6 +159,7 @@ function workerPath(): string {
 /** Opens the model in a worker, then listens. */
 export async function startServer(o: ServeOptions): Promise<InferServer> {
   const worker = new Worker(workerPath());
+  const heartbeat = new SharedArrayBuffer(8);
   const info = await new Promise<ModelInfo>((resolve, reject) => {
     worker.onmessage = (e: MessageEvent<FromWorker>) => {
       if (e.data.type === "ready") resolve(e.data.info);
@@ -255,12 +169,23 @@ export async function startServer(o: ServeOptions): Promise<InferServer> {
     worker.postMessage({ type: "open", settings: {
       modelPath: o.modelPath, threads: o.threads, contextLength: o.contextLength, backend: o.backend,
       library: isCompiled() ? libraryPath() : undefined, parallel: o.parallel ?? 1,
-      prefillChunk: o.prefillChunk, prefixCacheBytes: o.prefixCacheBytes,
+      prefillChunk: o.prefillChunk, prefixCacheBytes: o.prefixCacheBytes, heartbeat,
+      stall: o.stallForTests,
     } } satisfies ToWorker);
   }).catch((err) => { worker.terminate(); throw err; });
 
   const modelId = o.modelId ?? basename(o.modelPath).replace(/\.gguf$/i, "");
   const maxBody = o.maxBodyBytes ?? 1 << 20;
+  const bodies = new BodyReader({ maxBytes: maxBody, timeoutMs: o.bodyTimeoutMs ?? 30_000,
+    maxBytesInFlight: o.maxBodyBytesInFlight ?? Math.max(16 << 20, 4 * maxBody) });
+  const idleSeconds = o.idleTimeoutSeconds ?? 10;
+  const stepTimeoutMs = o.stepTimeoutMs ?? 60_000;
+  const beat = new BigInt64Array(heartbeat);
+  /** How long the engine has been in its current step (0: waiting for work). */
+  const busyMs = () => {
+    const since = Number(Atomics.load(beat, 0));
+    return since === 0 ? 0 : Math.max(0, Date.now() - since);
+  };
   const scheduler = new Scheduler(worker, o.maxQueue ?? 16, info.parallel);
   const metrics = new Metrics();
   const created = Math.floor(Date.now() / 1000);
@@ -271,36 +196,50 @@ export async function startServer(o: ServeOptions): Promise<InferServer> {
   };
   worker.onerror = (e) => scheduler.fail(e.message);
 
-  const key = o.apiKey ? Buffer.from(o.apiKey) : null;
-  const authorized = (req: Request): boolean => {
-    if (!key) return true;
-    const m = /^Bearer\s+(.+)$/i.exec(req.headers.get("authorization") ?? "");
-    const given = Buffer.from(m?.[1].trim() ?? "");
-    return given.length === key.length && timingSafeEqual(given, key);
+  /** Why the engine cannot take work now (stalled, dead or stopping), or null. */
+  const unavailable = (): string | null => {
+    if (scheduler.broken) return `the engine stopped: ${scheduler.broken}`;
+    const ms = busyMs();
+    if (ms > stepTimeoutMs) {
+      return `the engine has been in one step for ${(ms / 1000).toFixed(1)} s (the step ` +
+        `timeout is ${stepTimeoutMs / 1000} s)`;
+    }
+    return null;
   };
 
-  async function readBody(req: Request): Promise<Record<string, unknown>> {
-    const declared = Number(req.headers.get("content-length") ?? "0");
-    const tooLarge = () => new ApiError(413, `the body is larger than ${maxBody} bytes`, null,
-      "request_too_large");
-    if (declared > maxBody) throw tooLarge();
-    const bytes = await req.arrayBuffer();
-    if (bytes.byteLength > maxBody) throw tooLarge();
-    return parseJson(new TextDecoder().decode(bytes));
+  /** One request's connection: its idle timeout, and whether its body was read. */
+  interface Exchange {
+    readonly req: Request;
+    readonly server: Bun.Server<undefined>;
+    bodyRead: boolean;
   }
 
-  async function generate(req: Request, kind: "chat" | "completion"): Promise<Response> {
+  async function readJson(x: Exchange): Promise<Record<string, unknown>> {
+    const bytes = await bodies.read(x.req);
+    x.bodyRead = true;
+    return parseJson(bodyText(bytes));
+  }
+
+  async function generate(x: Exchange, kind: "chat" | "completion"): Promise<Response> {
+    const req = x.req;
     const arrived = performance.now();
-    const parsed = parseRequest(kind, await readBody(req), info);
+    // Neither a body in transit (bounded by its own deadline) nor a generation that has not
+    // sent anything yet is idle; the connection's idle timeout comes back once it is answered.
+    setIdleTimeout(x, 0);
+    const parsed = parseRequest(kind, await readJson(x), info);
     if (parsed.model !== modelId) {
-      throw new ApiError(404, `the model '${parsed.model}' does not exist; this server has ` +
-        `'${modelId}'`, "model", "model_not_found");
+      throw new ApiError(404, `the model ${quote(parsed.model)} does not exist; this server has ` +
+        `${quote(modelId)}`, "model", "model_not_found");
     }
+    if (stopping) throw new ApiError(503, "the server is stopping", null, "server_shutting_down");
+    const down = unavailable();
+    if (down) throw new ApiError(503, down, null, "engine_unavailable");
     // Choice i samples with seed + i, so that a seeded request's choices differ and repeat.
     const seed = parsed.job.sampling.seed;
     const tickets = scheduler.submit(Array.from({ length: parsed.n }, (_, i) => ({
       ...parsed.job, sampling: { ...parsed.job.sampling, seed: seed < 0 ? -1 : (seed + i) >>> 0 },
     })));
+    void Promise.all(tickets.map((t) => t.ended)).then(() => setIdleTimeout(x, idleSeconds));
     const cancelAll = () => { for (const t of tickets) scheduler.cancel(t); };
     const abort = () => { if (tickets.some((t) => !t.finished)) metrics.cancelled++; cancelAll(); };
     req.signal.addEventListener("abort", abort, { once: true });
@@ -350,7 +289,7 @@ export async function startServer(o: ServeOptions): Promise<InferServer> {
       }
       onDone(done);
       const choices = done.map((e, index) => {
-        const finishReasonText = finishReason(e.stopReason);
+        const finishReasonText = finishOf(e.stopReason);
         return kind === "chat"
           ? { index, message: { role: "assistant", content: e.text, refusal: null },
             logprobs: null, finish_reason: finishReasonText }
@@ -404,7 +343,7 @@ export async function startServer(o: ServeOptions): Promise<InferServer> {
           read(index);
         } else if (e.type === "done") {
           done[index] = e;
-          controller.enqueue(chunk([choice(index, null, finishReason(e.stopReason) ?? "stop")]));
+          controller.enqueue(chunk([choice(index, null, finishOf(e.stopReason) ?? "stop")]));
           if (pending.size > 0) return;
           h.onDone(done);
           if (parsed.includeUsage) controller.enqueue(chunk([], { usage: h.usage(done) }));
@@ -426,59 +365,123 @@ export async function startServer(o: ServeOptions): Promise<InferServer> {
     } });
   }
 
-  async function route(req: Request, path: string): Promise<Response> {
-    if (path === "/health") {
-      return json({ status: "ok", model: modelId, queue_depth: scheduler.depth, running: scheduler.active,
-        slots: scheduler.engine?.slots ?? 0, slots_busy: scheduler.engine?.busySlots ?? 0 });
-    }
+  function health(): Response {
+    const down = stopping ? "the server is stopping" : unavailable();
+    const state = stopping ? "stopping" : scheduler.broken ? "failed" : down ? "stalled" : "ok";
+    return json({ status: state, ...(down ? { reason: down } : {}), model: modelId,
+      queue_depth: scheduler.depth, running: scheduler.active, slots: info.parallel,
+      slots_busy: scheduler.engine?.busySlots ?? 0,
+      engine_busy_seconds: Number((busyMs() / 1000).toFixed(3)) }, down ? 503 : 200);
+  }
+
+  async function route(x: Exchange, path: string): Promise<Response> {
+    const req = x.req;
+    if (path === "/health") return health();
     if (path === "/metrics") {
-      return new Response(metrics.text(scheduler.depth, scheduler.active, scheduler.engine), {
+      const busy = busyMs();
+      return new Response(metrics.text({ queueDepth: scheduler.depth, running: scheduler.active,
+        slots: info.parallel, engine: scheduler.engine, busyMs: busy,
+        stalled: busy > stepTimeoutMs, bodyBytesInFlight: bodies.bytesInFlight }), {
         headers: { "content-type": "text/plain; version=0.0.4" },
       });
     }
-    if (!path.startsWith("/v1/")) throw new ApiError(404, `no route ${path}`, null, "not_found");
-    if (!authorized(req)) {
-      throw new ApiError(401, "the API key is missing or wrong", null, "invalid_api_key");
-    }
+    if (!path.startsWith("/v1/")) throw notFound(path);
+    access.checkKey(req);
     const method = (m: string) => {
-      if (req.method !== m) throw new ApiError(405, `${path} takes ${m}`, null, "method_not_allowed");
+      if (req.method !== m) {
+        throw new ApiError(405, `${quote(path)} takes ${m}`, null, "method_not_allowed");
+      }
     };
     const model = { id: modelId, object: "model", created, owned_by: "infer" };
     if (path === "/v1/models") { method("GET"); return json({ object: "list", data: [model] }); }
     if (path.startsWith("/v1/models/")) {
       method("GET");
-      const asked = decodeURIComponent(path.slice("/v1/models/".length));
-      if (asked !== modelId) throw new ApiError(404, `the model '${asked}' does not exist`, "model", "model_not_found");
+      const asked = decodePath(path.slice("/v1/models/".length));
+      if (asked !== modelId) {
+        throw new ApiError(404, `the model ${quote(asked)} does not exist`, "model",
+          "model_not_found");
+      }
       return json(model);
     }
-    if (path === "/v1/chat/completions") { method("POST"); return generate(req, "chat"); }
-    if (path === "/v1/completions") { method("POST"); return generate(req, "completion"); }
-    throw new ApiError(404, `no route ${path}`, null, "not_found");
+    if (path === "/v1/chat/completions") { method("POST"); return generate(x, "chat"); }
+    if (path === "/v1/completions") { method("POST"); return generate(x, "completion"); }
+    throw notFound(path);
   }
 
+  /** Answers one request: every failure, whatever its kind, as OpenAI's error object. */
+  async function answer(x: Exchange): Promise<{ res: Response; endpoint: string }> {
+    let endpoint = "other";
+    try {
+      const path = pathOf(x.req);
+      endpoint = endpoints.find((p) => path === p || path.startsWith(p + "/")) ?? "other";
+      // Health checks answer anyone, as they do with an API key: they tell nothing secret.
+      if (path !== "/health" && path !== "/metrics") access.checkOrigin(x.req);
+      const preflight = access.preflight(x.req);
+      if (preflight) return { res: preflight, endpoint };
+      if (stopping && path !== "/health") {
+        throw new ApiError(503, "the server is stopping", null, "server_shutting_down");
+      }
+      return { res: await route(x, path), endpoint };
+    } catch (err) {
+      if (err instanceof ApiError) return { res: errorResponse(err), endpoint };
+      console.error(err);
+      const message = `internal error: ${quote(String((err as Error)?.message ?? err))}`;
+      return { res: errorResponse(new ApiError(500, message, null, "internal_error")), endpoint };
+    }
+  }
+
+  let stopping = false;
   const server = Bun.serve({
     hostname: o.host ?? "127.0.0.1",
     port: o.port ?? 8080,
-    idleTimeout: 0, // a long generation sends nothing for a while; never cut it off
-    maxRequestBodySize: 4 * maxBody,
-    async fetch(req) {
-      const path = new URL(req.url).pathname;
-      const endpoint = ["/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions"]
-        .find((p) => path === p || path.startsWith(p + "/")) ?? "other";
-      let res: Response;
-      try {
-        res = await route(req, path);
-      } catch (err) {
-        if (err instanceof ApiError) res = errorResponse(err);
-        else {
-          console.error(err);
-          res = errorResponse(new ApiError(500, (err as Error).message, null, "internal_error"));
-        }
+    // Bun's development mode answers an uncaught error with a page of source code and paths.
+    development: false,
+    // Connections with no request in progress; a request in progress has its own deadlines.
+    idleTimeout: idleSeconds,
+    // Body sizes are checked while reading (body.ts), so that every 413 carries the error
+    // object; Bun's own limit (an empty 413) is only a backstop that is never reached first.
+    maxRequestBodySize: Number.MAX_SAFE_INTEGER,
+    async fetch(req, srv) {
+      const x: Exchange = { req, server: srv, bodyRead: false };
+      const { res, endpoint } = await answer(x);
+      for (const [k, v] of Object.entries(access.corsHeaders(req))) res.headers.set(k, v);
+      // A body left unread would be parsed as the next request: close instead.
+      if (stopping || (hasBody(req) && !x.bodyRead)) res.headers.set("connection", "close");
+      if (!res.headers.get("content-type")?.startsWith("text/event-stream")) {
+        setIdleTimeout(x, idleSeconds);
       }
       metrics.count(endpoint, res.status);
       return res;
     },
+    error(err) { // not reached (answer() catches everything); never Bun's HTML page
+      console.error(err);
+      return errorResponse(new ApiError(500, "internal error", null, "internal_error"));
+    },
   });
+  const access = new Access({ apiKey: o.apiKey ?? null, corsOrigins: o.corsOrigins ?? [],
+    host: o.host ?? "127.0.0.1", port: server.port! });
+
+  const shutdownTimeoutMs = o.shutdownTimeoutMs ?? 10_000;
+  let stopped: Promise<void> | null = null;
+  let hurry: (() => void) | null = null;
+
+  async function shutDown(timeoutMs: number): Promise<void> {
+    stopping = true;
+    const workerClosed = new Promise<void>((resolve) => (closed = resolve));
+    // Stop listening; idle keep-alive connections close, requests in progress go on.
+    const drained = server.stop(false);
+    scheduler.refuseWaiting(503, "the server is stopping", "server_shutting_down");
+    const hurried = new Promise<void>((resolve) => (hurry = resolve));
+    await within(Promise.race([scheduler.whenIdle(), hurried]), timeoutMs);
+    // Past the deadline: the worker ends every sequence at its next step, each with the text
+    // it has (finish_reason "length"); an engine stuck in a step cannot, and its requests fail.
+    worker.postMessage({ type: "close" } satisfies ToWorker);
+    if (!(await within(scheduler.whenIdle(), 5_000))) scheduler.fail("the server is stopping");
+    await within(drained, 2_000); // the last chunks on their way out
+    await server.stop(true);
+    await within(workerClosed, 2_000);
+    worker.terminate();
+  }
 
   return {
     url: `http://${server.hostname}:${server.port}`,
@@ -486,14 +489,12 @@ export async function startServer(o: ServeOptions): Promise<InferServer> {
     modelId,
     info,
     parallel: info.parallel,
-    async stop() {
-      await server.stop(true);
-      scheduler.fail("the server is stopping");
-      await Promise.race([
-        new Promise<void>((r) => { closed = r; worker.postMessage({ type: "close" } satisfies ToWorker); }),
-        Bun.sleep(2000),
-      ]);
-      worker.terminate();
+    stop(options = {}) {
+      const timeoutMs = options.timeoutMs ?? shutdownTimeoutMs;
+      // A second call (a second Ctrl-C) may only bring the deadline closer.
+      if (stopped) setTimeout(() => hurry?.(), timeoutMs).unref();
+      else stopped = shutDown(timeoutMs);
+      return stopped;
     },
   };
 }

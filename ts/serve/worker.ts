@@ -2,14 +2,16 @@
 // (ts/engine/scheduler.ts), so the HTTP event loop (server.ts) stays free to answer /health and
 // queue new requests. Jobs join the running batch between steps; text is posted back as it is
 // generated. New jobs and "cancel" messages (the client went away) are read between steps,
-// because the loop yields to this worker's event loop after each forward pass.
+// because the loop yields to this worker's event loop after each forward pass. Around every
+// piece of work (a step, a job's tokenization and constraint) the worker marks the shared
+// heartbeat cell, so that the HTTP thread's watchdog can tell a busy engine from a stuck one.
 import { chatTemplateFor, turnTokens, type ChatTemplate } from "../chat/template.ts";
 import { Engine, type TokenConstraint } from "../engine/engine.ts";
 import { BatchScheduler } from "../engine/scheduler.ts";
 import { InferError } from "../errors.ts";
 import { JsonGrammar } from "../sample/json-grammar.ts";
 import { anyObject, compileSchema } from "../sample/json-schema.ts";
-import type { EngineStats, FromWorker, ToWorker } from "./messages.ts";
+import type { EngineStats, FromWorker, StallForTests, ToWorker } from "./messages.ts";
 import type { Job } from "./protocol.ts";
 
 declare const self: { postMessage(m: FromWorker): void; onmessage: ((e: MessageEvent<ToWorker>) => void) | null };
@@ -25,6 +27,26 @@ const cancelled = new Set<number>();
 let looping = false;
 let closing = false;
 let lastStats = "";
+let heartbeat: BigInt64Array | null = null;
+let stall: StallForTests | null = null;
+let stepsRun = 0;
+
+/** Runs `work` with the heartbeat cell saying since when the engine has been busy. */
+function working<T>(work: () => T): T {
+  if (heartbeat) Atomics.store(heartbeat, 0, BigInt(Date.now()));
+  try {
+    return work();
+  } finally {
+    if (heartbeat) Atomics.store(heartbeat, 0, 0n);
+  }
+}
+
+/** The test hook: a step that hangs the thread as a stuck native call would. */
+function maybeStall(): void {
+  if (stall && stepsRun === stall.atStep) {
+    Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, stall.ms);
+  }
+}
 
 function shutDown(): void {
   engine?.close();
@@ -41,7 +63,7 @@ self.onmessage = (e) => {
     case "open": open(m.settings); break;
     case "run":
       try {
-        submit(m.id, m.job);
+        working(() => submit(m.id, m.job));
       } catch (err) { // a bug, not the request's fault: report it and serve the next one
         fail(m.id, 500, (err as Error).message, null, "internal_error");
       }
@@ -55,6 +77,8 @@ self.onmessage = (e) => {
 };
 
 function open(settings: Extract<ToWorker, { type: "open" }>["settings"]): void {
+  heartbeat = new BigInt64Array(settings.heartbeat);
+  stall = settings.stall ?? null;
   try {
     // In the single executable the worker is bundled apart from the embedded libraries; it
     // loads the one the main thread found.
@@ -88,11 +112,16 @@ async function loop(): Promise<void> {
   looping = true;
   try {
     while (scheduler?.busy) {
+      const sched = scheduler;
       try {
-        scheduler.step();
+        working(() => {
+          maybeStall();
+          sched.step();
+        });
       } catch (err) { // a bug: the requests in flight fail, the server goes on
-        scheduler.abort(err as Error);
+        sched.abort(err as Error);
       }
+      stepsRun++;
       postStats();
       await new Promise<void>((resolve) => setImmediate(resolve));
     }
