@@ -312,3 +312,71 @@ async function metric(name: string): Promise<number> {
   const m = new RegExp(`^${name} (\\S+)$`, "m").exec(text);
   return Number(m?.[1]);
 }
+
+/** POSTs a raw body (text, or a value to send as JSON) with the key. */
+async function post(path: string, body: unknown): Promise<Response> {
+  return fetch(`${server.url}${path}`, { method: "POST",
+    headers: { authorization: `Bearer ${KEY}`, "content-type": "application/json" },
+    body: typeof body === "string" ? body : JSON.stringify(body) });
+}
+
+/** The server answers /health and a short request as usual. */
+async function stillServing(): Promise<void> {
+  expect((await health()).status).toBe("ok");
+  const r = await client.completions.create({ model: "tiny", prompt: "a", max_tokens: 2,
+    logit_bias: noEos });
+  expect(r.usage!.completion_tokens).toBe(2);
+}
+
+const schemaBody = (schema: string, extra = "") =>
+  `{"model":"tiny","messages":[{"role":"user","content":"hi"}],"max_tokens":20${extra},` +
+  `"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":${schema}}}}`;
+
+describe("structured output a client cannot break", () => {
+  test("schemas that would hang or overflow the engine are a 400; the server goes on", async () => {
+    const deep = `{"type":"object","properties":{"a":`.repeat(20_000) + `{"type":"string"}` +
+      "}}".repeat(20_000);
+    const cases: [string, RegExp][] = [
+      [`{"$ref":"#"}`, /the reference "#" leads back to itself/],
+      [`{"$defs":{"a":{"$ref":"#/$defs/b"},"b":{"$ref":"#/$defs/a"}},"$ref":"#/$defs/a"}`,
+        /#\/\$defs\/a → #\/\$defs\/b → #\/\$defs\/a/],
+      [`{"$defs":{"a":{"anyOf":[{"$ref":"#/$defs/a"},{"type":"null"}]}},"$ref":"#/$defs/a"}`,
+        /leads back to itself/],
+      [deep, /nests deeper than 128 levels/],
+      [`{"const":${"[".repeat(100_000)}${"]".repeat(100_000)}}`, /nests deeper than 128 levels/],
+      [`{"type":"object","properties":{"a":{"$ref":"#"}},"required":["a"]}`,
+        /no JSON text of finite/],
+    ];
+    for (const [schema, message] of cases) {
+      for (const stream of ["", `,"stream":true`]) {
+        const res = await post("/v1/chat/completions", schemaBody(schema, stream));
+        expect(res.status).toBe(400);
+        const e = ((await res.json()) as Err).error;
+        expect(e.param).toBe("response_format.json_schema.schema");
+        expect(e.code).toBe("unsupported_schema");
+        expect(e.message).toMatch(message);
+        expect(e.message.length).toBeLessThan(400);
+      }
+      await stillServing();
+    }
+    // 100,000 nested arrays elsewhere in a body: refused where read, ignored where not
+    const nested = "[".repeat(100_000) + "]".repeat(100_000);
+    const bodies: [string, number][] = [[nested, 400],
+      [`{"model":"tiny","prompt":"a","max_tokens":2,"stop":${nested}}`, 400],
+      [`{"model":"tiny","messages":${nested},"max_tokens":2}`, 400],
+      [`{"model":"tiny","prompt":"a","max_tokens":2,"metadata":${nested}}`, 200]];
+    for (const [body, status] of bodies) {
+      const path = body.includes("messages") ? "/v1/chat/completions" : "/v1/completions";
+      expect((await post(path, body)).status).toBe(status);
+      await stillServing();
+    }
+    // a tree recurses through a property: fine
+    const tree = `{"$defs":{"n":{"type":"object","properties":{"name":{"type":"string"},` +
+      `"kids":{"type":"array","items":{"$ref":"#/$defs/n"},"maxItems":2}},"required":["name"]}},` +
+      `"$ref":"#/$defs/n"}`;
+    const ok = await post("/v1/chat/completions", schemaBody(tree, `,"temperature":1,"seed":3`));
+    expect(ok.status).toBe(200);
+    const answer = (await ok.json()) as { choices: { message: { content: string } }[] };
+    expect(typeof JSON.parse(answer.choices[0].message.content).name).toBe("string");
+  }, 30_000);
+});

@@ -2,7 +2,7 @@
 // refusal is an ApiError naming the field, sent as OpenAI's error object:
 //   {"error": {"message", "type", "param", "code"}}
 import type { ChatMessage } from "../chat/template.ts";
-import { InferError } from "../errors.ts";
+import { InferError, quote } from "../errors.ts";
 import { compileSchema } from "../sample/json-schema.ts";
 import type { SamplerOptions } from "../sample/sampler.ts";
 
@@ -86,8 +86,9 @@ export function parseJson(text: string): Body {
   try {
     data = JSON.parse(text);
   } catch (err) {
-    throw new ApiError(400, `the body is not valid JSON: ${(err as Error).message}`, null,
-      "invalid_json");
+    // (the parser's message may quote the body: escaped and cut like any client's text)
+    throw new ApiError(400, `the body is not valid JSON: ${quote((err as Error).message, 160)}`,
+      null, "invalid_json");
   }
   if (!isObject(data)) throw new ApiError(400, "the body must be a JSON object", null, "invalid_json");
   return data;
@@ -112,7 +113,8 @@ function logitBias(body: Body, vocabSize: number): Map<number, number> {
   for (const [k, b] of Object.entries(v)) {
     const id = Number(k);
     if (!/^\d+$/.test(k) || id >= vocabSize) {
-      throw bad("logit_bias", `'logit_bias' key '${k}' is not a token id (0..${vocabSize - 1})`);
+      throw bad("logit_bias",
+        `'logit_bias' key ${quote(k)} is not a token id (0..${vocabSize - 1})`);
     }
     if (typeof b !== "number" || !Number.isFinite(b) || b < -100 || b > 100) {
       throw bad("logit_bias", `'logit_bias' value for token ${k} must be a number in [-100, 100]`);
