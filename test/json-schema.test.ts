@@ -298,3 +298,39 @@ describe("schemas a client or a file may send: refused by name, bounded, never a
     }
   });
 });
+
+describe("a budget that holds the shortest output never leaves every token masked", () => {
+  test("every committed schema, at exactly its shortest length, completes and validates", () => {
+    for (const [name, schema] of Object.entries(schemas)) {
+      const node = compileSchema(schema);
+      for (let seed = 0; seed < 3; seed++) {
+        const r = tiny.generate("the cat", { maxTokens: minLength(node),
+          constraint: new JsonGrammar(tiny.tokenizer, node),
+          sampling: { temperature: 1.5, topK: 0, topP: 1, minP: 0, seed } });
+        checkOutput(name, r.text);
+        // a number at the top level could go on, so it ends by length
+        expect(r.stopReason).toBe(/^-?\d/.test(r.text) ? "length" : "complete");
+      }
+    }
+  });
+
+  test("below it, generation ends as cut short (\"length\") instead of failing", () => {
+    const node = compileSchema(schemas.person);
+    for (const maxTokens of [1, 3, 5]) {
+      const r = tiny.generate("the cat", { maxTokens,
+        constraint: new JsonGrammar(tiny.tokenizer, node),
+        sampling: { temperature: 1, topK: 0, topP: 1, minP: 0, seed: maxTokens } });
+      expect(r.stopReason).toBe("length");
+    }
+  });
+
+  test("the CLI refuses -n below the shortest output in one line, before generating", () => {
+    const run = Bun.spawnSync([process.execPath, join(import.meta.dir, "..", "infer.ts"), "the cat",
+      "-m", tinyPath, "--json-schema", join(dir, "person.json"), "-n", "5"], { stderr: "pipe" });
+    const err = run.stderr.toString();
+    expect(run.exitCode).not.toBe(0);
+    expect(run.stdout.toString()).toBe("");
+    expect(err.trim().split("\n")).toHaveLength(1);
+    expect(err).toMatch(/the shortest valid output is 19 bytes, and -n 5 cannot hold it.*-n 19/);
+  });
+});

@@ -2,7 +2,10 @@
 // draw is deterministic and the expected sets can be stated exactly; then compare the whole chain
 // with a slow, obvious reference (llama.cpp's order, written out step by step) on random logits.
 import { describe, expect, test } from "bun:test";
-import { argmax, defaultSampling, Sampler, seededRandom, type SamplerOptions } from "../ts/sample/sampler.ts";
+import { InferError } from "../ts/errors.ts";
+import {
+  argmax, defaultSampling, NoTokenLeftError, Sampler, seededRandom, type SamplerOptions,
+} from "../ts/sample/sampler.ts";
 
 const logits = new Float32Array([1, 5, 3, 5, -2, 4.5, 0]);
 const plain = { temperature: 1, topK: 0, topP: 1, minP: 0, seed: 1 };
@@ -157,6 +160,14 @@ describe("penalties and bias", () => {
     const all = (y: Float32Array) => { y.fill(-Infinity); };
     expect(() => new Sampler({ ...plain }).sample(logits, all)).toThrow(/masked/);
     expect(() => new Sampler({ ...plain, temperature: 0 }).sample(logits, all)).toThrow(/masked/);
+    const chains = [plain, { ...plain, temperature: 0 }, { ...plain, topK: 2 },
+      { ...plain, minP: 0.1 }];
+    for (const o of chains) {
+      let error: unknown = null;
+      try { new Sampler(o).sample(logits, all); } catch (err) { error = err; }
+      expect(error).toBeInstanceOf(NoTokenLeftError);
+      expect(error).toBeInstanceOf(InferError); // a user's error (a bias, a grammar), not a bug
+    }
   });
 });
 

@@ -9,6 +9,7 @@ import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import OpenAI from "openai";
+import { Engine } from "../ts/engine/engine.ts";
 import { startServer, type InferServer } from "../ts/serve/server.ts";
 import { tinyGemma3Gguf } from "./support/tiny-gguf.ts";
 
@@ -16,11 +17,11 @@ const KEY = "test-key";
 const EOS = 1; // the toy vocabulary's <eos>: banned where a test needs a long answer
 const noEos = { [EOS]: -100 };
 const LONG = 2000;
-let dir: string, server: InferServer, client: OpenAI;
+let dir: string, server: InferServer, client: OpenAI, modelPath: string;
 
 beforeAll(async () => {
   dir = mkdtempSync(join(tmpdir(), "infer-serve-"));
-  const modelPath = join(dir, "tiny.gguf");
+  modelPath = join(dir, "tiny.gguf");
   // wider than the default tiny shape, so that a long generation (LONG tokens) lasts seconds
   writeFileSync(modelPath, tinyGemma3Gguf({ shape: { layers: 4, embedding: 256, feedForward: 1024,
     heads: 4, kvHeads: 2, headDim: 64 } }));
@@ -378,5 +379,44 @@ describe("structured output a client cannot break", () => {
     expect(ok.status).toBe(200);
     const answer = (await ok.json()) as { choices: { message: { content: string } }[] };
     expect(typeof JSON.parse(answer.choices[0].message.content).name).toBe("string");
+  }, 30_000);
+
+  test("output that cannot fit max_tokens is a 400 up front; at its shortest it fits", async () => {
+    const schema = { type: "object", required: ["name", "n"], additionalProperties: false,
+      properties: { name: { type: "string" }, n: { type: "integer" } } };
+    const shortest = `{"name":"","n":0}`.length;
+    const ask = (max: number, stream = false) => post("/v1/chat/completions", { model: "tiny",
+      messages: user, max_tokens: max, temperature: 1, seed: 1, stream, response_format:
+        { type: "json_schema", json_schema: { name: "x", schema } } });
+    for (const stream of [false, true]) {
+      const res = await ask(3, stream);
+      expect(res.status).toBe(400);
+      const e = ((await res.json()) as Err).error;
+      expect(e.param).toBe("max_tokens");
+      expect(e.message).toMatch(
+        new RegExp(`shortest output is ${shortest} bytes.*at least ${shortest}`));
+    }
+    const tight = await client.chat.completions.create({ model: "tiny", messages: user,
+      max_tokens: shortest, temperature: 1, seed: 1, response_format: { type: "json_schema",
+        json_schema: { name: "x", schema } } });
+    expect(Object.keys(JSON.parse(tight.choices[0].message.content!))).toEqual(["name", "n"]);
+    expect(tight.choices[0].finish_reason).toBe("stop");
+    const raw = await (await ask(shortest, true)).text();
+    expect(raw.trimEnd().endsWith("data: [DONE]")).toBe(true);
+    const json = await post("/v1/completions", { model: "tiny", prompt: "a", max_tokens: 1,
+      response_format: { type: "json_object" } });
+    expect(json.status).toBe(400);
+    // a prompt that leaves less room in the context than the shortest output
+    const engine = Engine.open({ modelPath, contextLength: 64, backend: "cpu" });
+    const prompt = "the cat sat ".repeat(100);
+    const room = server.info.contextLength - engine.tokenizer.encode(prompt).length;
+    engine.close();
+    const res = await post("/v1/completions", { model: "tiny", prompt, max_tokens: 2048,
+      response_format: { type: "json_schema", json_schema: { name: "x",
+        schema: { const: "x".repeat(room + 8) } } } });
+    expect(res.status).toBe(400);
+    const e = ((await res.json()) as Err).error;
+    expect(e).toMatchObject({ param: "prompt", code: "context_length_exceeded" });
+    await stillServing();
   }, 30_000);
 });

@@ -2,7 +2,7 @@
 // token it samples the next one through the sampler chain (and a grammar mask), detokenizes,
 // holds back text that could begin a stop string, and decides when to end. The caller evaluates
 // the tokens it returns: the engine one sequence at a time, the batch scheduler many at once.
-import { Sampler, type SamplerOptions } from "../sample/sampler.ts";
+import { NoTokenLeftError, Sampler, type SamplerOptions } from "../sample/sampler.ts";
 import { StopMatcher } from "../sample/stop.ts";
 import type { StreamDecoder, Tokenizer } from "../tokenizer/index.ts";
 
@@ -102,8 +102,17 @@ export class Generation {
     if (this.finished || this.interrupted()) return null;
     const constraint = this.o.constraint;
     const budget = Math.min(this.maxTokens - this.tokens.length, this.contextLength - length);
-    const token = this.sampler.sample(logits,
-      constraint ? (x) => constraint.mask(x, budget) : undefined);
+    let token: number;
+    try {
+      token = this.sampler.sample(logits,
+        constraint ? (x) => constraint.mask(x, budget) : undefined);
+    } catch (err) {
+      // A caller that checked that the constraint's shortest output fits the budget does not
+      // get here (the JSON grammar's promise, given single-byte tokens); a vocabulary without
+      // them, or a logit bias that bans what the grammar needs, ends the output as cut short.
+      if (constraint && err instanceof NoTokenLeftError) return this.end("length");
+      throw err;
+    }
     return this.take(token, length);
   }
 

@@ -3,7 +3,7 @@
 //   {"error": {"message", "type", "param", "code"}}
 import type { ChatMessage } from "../chat/template.ts";
 import { InferError, quote } from "../errors.ts";
-import { compileSchema } from "../sample/json-schema.ts";
+import { anyObject, compileSchema, minLength } from "../sample/json-schema.ts";
 import type { SamplerOptions } from "../sample/sampler.ts";
 
 export class ApiError extends Error {
@@ -125,11 +125,13 @@ function logitBias(body: Body, vocabSize: number): Map<number, number> {
   return out;
 }
 
-function responseFormat(body: Body): ResponseFormat {
+/** The response format, and the bytes in its shortest output (0: free text). */
+function responseFormat(body: Body): { format: ResponseFormat; shortest: number } {
   const v = body.response_format;
-  if (v === undefined || v === null) return { type: "text" };
+  if (v === undefined || v === null) return { format: { type: "text" }, shortest: 0 };
   if (!isObject(v)) throw bad("response_format", "'response_format' must be an object");
-  if (v.type === "text" || v.type === "json_object") return { type: v.type };
+  if (v.type === "text") return { format: { type: v.type }, shortest: 0 };
+  if (v.type === "json_object") return { format: { type: v.type }, shortest: minLength(anyObject) };
   if (v.type !== "json_schema") {
     throw bad("response_format.type", "'response_format.type' must be text, json_object or json_schema");
   }
@@ -138,15 +140,35 @@ function responseFormat(body: Body): ResponseFormat {
     throw bad("response_format.json_schema.schema",
       "'response_format.json_schema' must be an object with a 'schema' object");
   }
+  let shortest: number;
   try {
-    compileSchema(js.schema);
+    shortest = minLength(compileSchema(js.schema));
   } catch (err) {
     if (err instanceof InferError) {
       throw bad("response_format.json_schema.schema", err.message, "unsupported_schema");
     }
     throw err;
   }
-  return { type: "json_schema", schema: js.schema };
+  return { format: { type: "json_schema", schema: js.schema }, shortest };
+}
+
+/**
+ * Structured output must fit its budget: the grammar allows a token only while the shortest
+ * completion after it, at one token per byte, fits the tokens left (so output cut off by
+ * max_tokens still parses), and so it needs at least as many tokens as its shortest output has
+ * bytes. Anything less is refused here rather than cut short (the worker checks the context).
+ */
+function checkRoom(shortest: number, maxKey: string, maxTokens: number, limits: Limits): void {
+  if (shortest > maxTokens && maxTokens >= 0) {
+    throw bad(maxKey, `'${maxKey}' (${maxTokens}) is too small for the response format: its ` +
+      `shortest output is ${shortest} bytes, and structured output needs a token per byte of ` +
+      `it to be sure to finish; ask for at least ${shortest}`);
+  }
+  if (shortest > limits.contextLength - 1) {
+    throw bad("response_format", `the response format's shortest output (${shortest} bytes, a ` +
+      `token each) does not fit the context of ${limits.contextLength} tokens`,
+    "context_length_exceeded");
+  }
 }
 
 function messageContent(v: unknown, i: number): string {
@@ -217,10 +239,9 @@ export function parseRequest(kind: "chat" | "completion", body: Body, limits: Li
     logitBias: logitBias(body, limits.vocabSize),
     seed: seed < 0 ? -1 : seed >>> 0,
   };
-  const job: Job = {
-    kind, messages: msgs, prompt, maxTokens, sampling, stop: stops(body),
-    format: responseFormat(body),
-  };
+  const { format, shortest } = responseFormat(body);
+  checkRoom(shortest, maxKey, maxTokens, limits);
+  const job: Job = { kind, messages: msgs, prompt, maxTokens, sampling, stop: stops(body), format };
   return { model: body.model, stream, includeUsage, n, job };
 }
 

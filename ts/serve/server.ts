@@ -414,6 +414,7 @@ export async function startServer(o: ServeOptions): Promise<InferServer> {
           h.cancelAll();
           const err = new ApiError(e.status, e.message, e.param, e.code);
           controller.enqueue(encoder.encode(`data: ${JSON.stringify(err.body())}\n\n`));
+          controller.enqueue(encoder.encode("data: [DONE]\n\n")); // a stream always ends so
           controller.close();
         } else {
           read(index);

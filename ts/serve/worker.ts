@@ -8,7 +8,7 @@ import { Engine, type TokenConstraint } from "../engine/engine.ts";
 import { BatchScheduler } from "../engine/scheduler.ts";
 import { InferError } from "../errors.ts";
 import { JsonGrammar } from "../sample/json-grammar.ts";
-import { anyObject, compileSchema } from "../sample/json-schema.ts";
+import { anyObject, compileSchema, minLength, type JsonNode } from "../sample/json-schema.ts";
 import type { EngineStats, FromWorker, ToWorker } from "./messages.ts";
 import type { Job } from "./protocol.ts";
 
@@ -146,9 +146,18 @@ function submit(id: number, job: Job): void {
       `${e.contextLength} tokens with room to answer`, param, "context_length_exceeded");
   }
   let constraint: TokenConstraint | undefined;
-  if (job.format.type === "json_object") constraint = new JsonGrammar(e.tokenizer, anyObject);
-  else if (job.format.type === "json_schema") {
-    constraint = new JsonGrammar(e.tokenizer, compileSchema(job.format.schema));
+  const format = job.format;
+  if (format.type !== "text") {
+    const node: JsonNode = format.type === "json_object" ? anyObject : compileSchema(format.schema);
+    // As protocol.ts checked against max_tokens: the grammar needs a token per byte of its
+    // shortest output, here against the room the prompt leaves.
+    const room = e.contextLength - prompt.length, shortest = minLength(node);
+    if (shortest > room) {
+      return fail(id, 400, `the prompt (${prompt.length} tokens) leaves room for ${room} ` +
+        `tokens in the context of ${e.contextLength}, fewer than the response format's shortest ` +
+        `output needs (${shortest} bytes, a token each)`, param, "context_length_exceeded");
+    }
+    constraint = new JsonGrammar(e.tokenizer, node);
   }
   post({ type: "started", id, promptTokens: prompt.length });
   const end = () => { active.delete(id); cancelled.delete(id); };
