@@ -4,7 +4,7 @@
 import { describe, expect, test } from "bun:test";
 import { InferError } from "../ts/errors.ts";
 import {
-  argmax, defaultSampling, NoTokenLeftError, Sampler, seededRandom, type SamplerOptions,
+  argmax, defaultSampling, logprobs, NoTokenLeftError, Sampler, seededRandom, type SamplerOptions,
 } from "../ts/sample/sampler.ts";
 
 const logits = new Float32Array([1, 5, 3, 5, -2, 4.5, 0]);
@@ -169,6 +169,30 @@ describe("penalties and bias", () => {
       expect(error).toBeInstanceOf(InferError); // a user's error (a bias, a grammar), not a bug
     }
   });
+});
+
+test("logprobs: the log-softmax of the raw logits, and the most likely tokens best first", () => {
+  const rand = seededRandom(11);
+  for (const n of [7, 1000, 262_144]) {
+    const x = Float32Array.from({ length: n }, () => (rand() - 0.5) * 30);
+    x[n >> 1] = x[0]; // a tie: the lower id comes first
+    // the obvious way, in doubles
+    let max = -Infinity, z = 0;
+    for (const v of x) max = Math.max(max, v);
+    for (const v of x) z += Math.exp(v - max);
+    const exact = (id: number) => x[id] - max - Math.log(z);
+    const order = Array.from(x.keys()).sort((a, b) => x[b] - x[a] || a - b);
+    for (const [token, top] of [[3, 5], [order[0], 0], [n - 1, 20]]) {
+      const r = logprobs(x, token, top);
+      expect(r.token).toBe(token);
+      expect(r.logprob).toBeCloseTo(exact(token), 4);
+      expect(r.top.map((t) => t.token)).toEqual(order.slice(0, Math.min(top, n)));
+      for (const t of r.top) expect(t.logprob).toBeCloseTo(exact(t.token), 4);
+    }
+  }
+  // probabilities sum to one
+  const p = logprobs(logits, 0, logits.length);
+  expect(p.top.reduce((a, t) => a + Math.exp(t.logprob), 0)).toBeCloseTo(1, 6);
 });
 
 /** llama.cpp's chain written out plainly: sort, cut, cut, cut, then temperature. */

@@ -3,7 +3,8 @@
 // completions, streaming and not, stop strings, JSON schema, usage, errors, /health latency
 // during a long generation, and cancellation freeing the worker. Random weights make the text
 // meaningless, so checks compare the server with itself (greedy streaming = greedy non-streaming;
-// a stop string cuts a known greedy text where it first occurs).
+// a stop string cuts a known greedy text where it first occurs), and with an engine of the
+// test's own on the same file (sampling parameters, log-probabilities from its logits).
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -419,4 +420,147 @@ describe("structured output a client cannot break", () => {
     expect(e).toMatchObject({ param: "prompt", code: "context_length_exceeded" });
     await stillServing();
   }, 30_000);
+});
+
+describe("request parameters", () => {
+  test("fields infer does not implement are refused by name; harmless ones pass", async () => {
+    const completion = { model: "tiny", prompt: "a", max_tokens: 2 };
+    const chat = { model: "tiny", messages: user, max_tokens: 2 };
+    const refused: [string, object, string, string][] = [
+      ["/v1/completions", { echo: true }, "echo", "unsupported_parameter"],
+      ["/v1/completions", { best_of: 2 }, "best_of", "unsupported_parameter"],
+      ["/v1/completions", { suffix: "x" }, "suffix", "unsupported_parameter"],
+      ["/v1/completions", { no_such_field: 1 }, "no_such_field", "unsupported_parameter"],
+      ["/v1/chat/completions", { tools: [{ type: "function", function: { name: "f" } }] }, "tools",
+        "unsupported_parameter"],
+      ["/v1/chat/completions", { tool_choice: "auto" }, "tool_choice", "unsupported_parameter"],
+      ["/v1/chat/completions", { functions: [{ name: "f" }] }, "functions",
+        "unsupported_parameter"],
+      ["/v1/chat/completions", { prompt: "x" }, "prompt", "unsupported_parameter"],
+      ["/v1/completions", { max_tokens: 0 }, "max_tokens", "invalid_value"],
+      ["/v1/chat/completions", { max_completion_tokens: 0 }, "max_completion_tokens",
+        "invalid_value"],
+      ["/v1/chat/completions", { top_logprobs: 2 }, "top_logprobs", "invalid_value"],
+      ["/v1/chat/completions", { logprobs: true, top_logprobs: 21 }, "top_logprobs",
+        "invalid_value"],
+      ["/v1/completions", { logprobs: 6 }, "logprobs", "invalid_value"],
+      ["/v1/completions", { top_k: -1 }, "top_k", "invalid_value"],
+      ["/v1/completions", { min_p: 1.5 }, "min_p", "invalid_value"],
+      ["/v1/completions", { typical_p: 2 }, "typical_p", "invalid_value"],
+      ["/v1/completions", { repeat_penalty: 0 }, "repeat_penalty", "invalid_value"],
+      ["/v1/completions", { repeat_last_n: -2 }, "repeat_last_n", "invalid_value"],
+      ["/v1/completions", { logit_bias: Object.fromEntries(
+        Array.from({ length: server.info.vocabSize }, (_, i) => [i, -100])) }, "logit_bias",
+      "invalid_value"],
+    ];
+    for (const [path, extra, param, code] of refused) {
+      const res = await post(path,
+        { ...(path === "/v1/completions" ? completion : chat), ...extra });
+      expect(res.status).toBe(400);
+      expect(((await res.json()) as Err).error).toMatchObject({ param, code,
+        type: "invalid_request_error" });
+    }
+    const ignored = { user: "u", metadata: { a: "b" }, store: false, service_tier: "auto",
+      parallel_tool_calls: true, echo: false, best_of: 1, suffix: null, tools: null };
+    expect((await post("/v1/completions", { ...completion, ...ignored })).status).toBe(200);
+    expect((await post("/v1/chat/completions", { ...chat, user: "u", tools: [], tool_choice: "none",
+      top_logprobs: null })).status).toBe(200);
+  });
+
+  test("top_k, min_p, repeat_penalty and repeat_last_n reach the sampler", async () => {
+    const base = { model: "tiny", prompt: "the cat", max_tokens: 12, logit_bias: noEos };
+    const text = async (extra: object) =>
+      (await client.completions.create({ ...base, ...extra } as never) as OpenAI.Completion)
+        .choices[0].text;
+    const greedy = await text({ temperature: 0 });
+    // top_k 1 and min_p 1 leave only the likeliest token, at any temperature
+    expect(await text({ temperature: 2, seed: 5, top_k: 1 })).toBe(greedy);
+    expect(await text({ temperature: 2, seed: 5, min_p: 1 })).toBe(greedy);
+    // the repeat penalty gives what an engine with the same sampler options gives
+    const penalised = await text({ temperature: 0, repeat_penalty: 10, repeat_last_n: 8 });
+    expect(penalised).not.toBe(greedy); // this model's greedy text repeats itself
+    const engine = Engine.open({ modelPath, contextLength: 64, backend: "cpu" });
+    try {
+      const r = engine.generate("the cat", { maxTokens: 12, sampling: { temperature: 0, topK: 0,
+        topP: 1, minP: 0, seed: 0, repeatPenalty: 10, repeatLastN: 8,
+        logitBias: new Map([[EOS, -Infinity]]) } });
+      expect(penalised).toBe(r.text);
+    } finally {
+      engine.close();
+    }
+  });
+
+  test("logprobs are the log-softmax at each token, as an engine's own logits give", async () => {
+    const r = await client.completions.create({ model: "tiny", prompt: "the cat", max_tokens: 6,
+      temperature: 0, logit_bias: noEos, logprobs: 3 });
+    const lp = r.choices[0].logprobs!;
+    expect(lp.tokens!.join("")).toBe(r.choices[0].text);
+    const engine = Engine.open({ modelPath, contextLength: 64, backend: "cpu" });
+    try {
+      const t = engine.tokenizer;
+      let logits = engine.evaluate(t.encode("the cat", { addSpecial: true, parseSpecial: true }));
+      let offset = 0;
+      for (let i = 0; i < 6; i++) {
+        const x = Float64Array.from(logits);
+        let max = -Infinity, z = 0;
+        for (const v of x) max = Math.max(max, v);
+        for (const v of x) z += Math.exp(v - max);
+        const logprob = (id: number) => x[id] - max - Math.log(z);
+        const order = Array.from(x.keys()).sort((a, b) => x[b] - x[a] || a - b);
+        const token = order.find((id) => id !== EOS)!; // greedy, with <eos> banned
+        const name = (id: number) => {
+          const b = t.tokenBytes(id);
+          try { return new TextDecoder("utf-8", { fatal: true }).decode(b); } catch {
+            const hex = Array.from(b, (v) => `\\x${v.toString(16).padStart(2, "0")}`);
+            return "bytes:" + hex.join("");
+          }
+        };
+        expect(lp.tokens![i]).toBe(name(token));
+        expect(lp.token_logprobs![i]).toBeCloseTo(logprob(token), 3);
+        const top = new Map<string, number>();
+        for (const id of [...order.slice(0, 3), token]) {
+          if (!top.has(name(id))) top.set(name(id), logprob(id));
+        }
+        expect(Object.keys(lp.top_logprobs![i])).toEqual([...top.keys()]);
+        for (const [k, v] of top) expect(lp.top_logprobs![i][k]).toBeCloseTo(v, 3);
+        expect(lp.text_offset![i]).toBe(offset);
+        offset += lp.tokens![i].length;
+        logits = engine.evaluate([token]);
+      }
+    } finally {
+      engine.close();
+    }
+    // streaming carries the same, chunk by chunk
+    const stream = await client.completions.create({ model: "tiny", prompt: "the cat",
+      max_tokens: 6, temperature: 0, logit_bias: noEos, logprobs: 3, stream: true });
+    const tokens: string[] = [], offsets: number[] = [];
+    for await (const chunk of stream) {
+      const l = chunk.choices[0]?.logprobs;
+      if (l) { tokens.push(...l.tokens!); offsets.push(...l.text_offset!); }
+    }
+    expect(tokens).toEqual(lp.tokens!);
+    expect(offsets).toEqual(lp.text_offset!);
+  }, 30_000);
+
+  test("chat logprobs: content entries with bytes and top_logprobs, streaming alike", async () => {
+    const ask = { model: "tiny", messages: user, max_tokens: 5, temperature: 0, logit_bias: noEos,
+      logprobs: true, top_logprobs: 2 } as const;
+    const r = await client.chat.completions.create(ask);
+    const content = r.choices[0].logprobs!.content!;
+    expect(content).toHaveLength(r.usage!.completion_tokens);
+    expect(content.map((c) => c.token).join("")).toBe(r.choices[0].message.content!);
+    for (const c of content) {
+      expect(new TextDecoder().decode(Uint8Array.from(c.bytes!))).toBe(c.token);
+      expect(c.top_logprobs).toHaveLength(2);
+      expect(c.top_logprobs[0].logprob).toBeGreaterThanOrEqual(c.top_logprobs[1].logprob);
+      expect(c.logprob).toBeLessThanOrEqual(c.top_logprobs[0].logprob + 1e-6);
+    }
+    const plain = await client.chat.completions.create({ ...ask, logprobs: false,
+      top_logprobs: undefined });
+    expect(plain.choices[0].logprobs).toBeNull();
+    const stream = await client.chat.completions.create({ ...ask, stream: true });
+    const streamed: typeof content = [];
+    for await (const chunk of stream) streamed.push(...(chunk.choices[0]?.logprobs?.content ?? []));
+    expect(streamed).toEqual(content);
+  });
 });

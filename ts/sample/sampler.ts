@@ -93,6 +93,35 @@ export function argmax(logits: Float32Array): number {
   return selected[0];
 }
 
+/** A token's log-probability under the model, and the most likely tokens at its position. */
+export interface Logprobs {
+  readonly token: number;
+  readonly logprob: number;
+  /** Best first (ties: the lower id first). */
+  readonly top: readonly { readonly token: number; readonly logprob: number }[];
+}
+
+/**
+ * The model's log-probabilities at one position: the log-softmax of the raw logits (before bias,
+ * penalties, a grammar or temperature, as llama.cpp's server reports them by default), of
+ * `token` and of the `top` most likely tokens. Three passes over the row, in the library; only
+ * for requests that ask (it is not part of sampling).
+ */
+export function logprobs(logits: Float32Array, token: number, top: number): Logprobs {
+  const max = logits[argmax(logits)];
+  const logZ = max + Math.log(expSum(logits, max, 1, -Infinity));
+  const list: { token: number; logprob: number }[] = [];
+  const k = Math.min(top, logits.length);
+  if (k > 0) {
+    const ids = new Int32Array(k), values = new Float32Array(k);
+    check(native().infer_top_k(logits, logits.length, k, ids, values, selected), "top-k");
+    for (let i = 0; i < selected[0]; i++) {
+      list.push({ token: ids[i], logprob: logits[ids[i]] - logZ });
+    }
+  }
+  return { token, logprob: logits[token] - logZ, top: list };
+}
+
 /** Top-k below this count is kept by insertion (in the library); at or above, sorted whole. */
 const INSERTION_MAX = 256;
 

@@ -5,12 +5,14 @@
 // because the loop yields to this worker's event loop after each forward pass.
 import { chatTemplateFor, turnTokens, type ChatTemplate } from "../chat/template.ts";
 import { Engine, type TokenConstraint } from "../engine/engine.ts";
+import type { TokenLogprob } from "../engine/generation.ts";
 import { BatchScheduler } from "../engine/scheduler.ts";
 import { InferError } from "../errors.ts";
 import { JsonGrammar } from "../sample/json-grammar.ts";
 import { anyObject, compileSchema, minLength, type JsonNode } from "../sample/json-schema.ts";
+import type { Tokenizer } from "../tokenizer/index.ts";
 import type { EngineStats, FromWorker, ToWorker } from "./messages.ts";
-import type { Job } from "./protocol.ts";
+import type { Job, LogprobEntry } from "./protocol.ts";
 
 declare const self: { postMessage(m: FromWorker): void; onmessage: ((e: MessageEvent<ToWorker>) => void) | null };
 
@@ -159,6 +161,8 @@ function submit(id: number, job: Job): void {
     }
     constraint = new JsonGrammar(e.tokenizer, node);
   }
+  const entries = (list: readonly TokenLogprob[] | undefined) =>
+    list?.map((p) => logprobEntry(e.tokenizer, p));
   post({ type: "started", id, promptTokens: prompt.length });
   const end = () => { active.delete(id); cancelled.delete(id); };
   sched.submit({
@@ -167,7 +171,8 @@ function submit(id: number, job: Job): void {
       maxTokens: job.maxTokens, sampling: job.sampling, stop: [...job.stop], constraint,
       stopTokens: job.kind === "chat" ? turnStops : undefined,
       shouldStop: () => closing || cancelled.has(id),
-      onText: (text) => post({ type: "text", id, text }),
+      logprobs: job.logprobs ?? undefined,
+      onText: (text, logprobs) => post({ type: "text", id, text, logprobs: entries(logprobs) }),
     },
     onDone: (result) => {
       end();
@@ -181,4 +186,19 @@ function submit(id: number, job: Job): void {
   });
   active.add(id);
   void loop();
+}
+
+const utf8 = new TextEncoder();
+
+/** A token's bytes for the API: its text, or (a control token, which has none) its name. */
+function tokenBytes(tokenizer: Tokenizer, id: number): number[] {
+  const bytes = tokenizer.tokenBytes(id);
+  return Array.from(bytes.length > 0 ? bytes : utf8.encode(tokenizer.tokenText(id)));
+}
+
+function logprobEntry(tokenizer: Tokenizer, p: TokenLogprob): LogprobEntry {
+  return {
+    bytes: tokenBytes(tokenizer, p.token), logprob: p.logprob, offset: p.offset,
+    top: p.top.map((t) => ({ bytes: tokenBytes(tokenizer, t.token), logprob: t.logprob })),
+  };
 }
