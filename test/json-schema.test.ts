@@ -10,8 +10,11 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { defaultModelPath } from "../ts/cli/setup.ts";
 import { Engine } from "../ts/engine/engine.ts";
+import { InferError } from "../ts/errors.ts";
 import { isPlainText, JsonGrammar } from "../ts/sample/json-grammar.ts";
-import { anyObject, compileSchema, minLength } from "../ts/sample/json-schema.ts";
+import {
+  anyObject, compileSchema, minLength, type JsonNode,
+} from "../ts/sample/json-schema.ts";
 import { seededRandom } from "../ts/sample/sampler.ts";
 import type { Tokenizer } from "../ts/tokenizer/index.ts";
 import { tinyGemma3Gguf } from "./support/tiny-gguf.ts";
@@ -84,11 +87,13 @@ describe("the automaton", () => {
   });
 
   test("unsupported keywords are refused by name and path", () => {
-    expect(() => compileSchema({ type: "string", pattern: "^a" })).toThrow(/at #: the keyword 'pattern'/);
+    expect(() => compileSchema({ type: "string", pattern: "^a" }))
+      .toThrow(/at "#": the keyword "pattern"/);
     expect(() => compileSchema({ properties: { n: { type: "number", minimum: 0 } } }))
-      .toThrow(/#\/properties\/n: the keyword 'minimum'/);
+      .toThrow(/"#\/properties\/n": the keyword "minimum"/);
     expect(() => compileSchema({ $ref: "http://x/y.json" })).toThrow(/only local references/);
-    expect(() => compileSchema({ required: ["a"], properties: {} })).toThrow(/'a' is not in 'properties'/);
+    expect(() => compileSchema({ required: ["a"], properties: {} }))
+      .toThrow(/"a" is not in 'properties'/);
   });
 
   test("minimal lengths", () => {
@@ -193,3 +198,139 @@ test.skipIf(!hasModel)("generations on the default model parse and validate", ()
     engine.close();
   }
 }, 120_000);
+
+describe("schemas a client or a file may send: refused by name, bounded, never a hang", () => {
+  const refused = (schema: unknown, message: RegExp) => {
+    let error: unknown = null;
+    try { compileSchema(schema); } catch (err) { error = err; }
+    expect(error).toBeInstanceOf(InferError);
+    expect((error as InferError).code).toBe("unsupported");
+    expect((error as Error).message).toMatch(message);
+    expect((error as Error).message.length).toBeLessThan(400);
+    expect((error as Error).message).not.toContain("\n");
+  };
+
+  test("a reference that leads back to itself before any object or array", () => {
+    refused({ $ref: "#" }, /the reference "#" leads back to itself .*"# → #"/);
+    refused({ $defs: { a: { $ref: "#/$defs/b" }, b: { $ref: "#/$defs/a" } }, $ref: "#/$defs/a" },
+      /"#\/\$defs\/a → #\/\$defs\/b → #\/\$defs\/a"/);
+    refused({ $defs: { a: { anyOf: [{ $ref: "#/$defs/a" }, { type: "string" }] } },
+      $ref: "#/$defs/a" }, /the reference "#\/\$defs\/a" leads back to itself/);
+    refused({ anyOf: [{ type: "null" }, { $ref: "#" }] }, /the reference "#" leads back/);
+    // a union of references that recurse only through unions, with a way out beside them
+    refused({ $defs: { a: { anyOf: [{ $ref: "#/$defs/b" }, { $ref: "#/$defs/c" }] },
+      b: { oneOf: [{ $ref: "#/$defs/a" }] }, c: { type: "null" } }, $ref: "#/$defs/a" },
+    /"#\/\$defs\/a → #\/\$defs\/b → #\/\$defs\/a"/);
+    // behind an object: found too, though the root itself reads "{" first
+    refused({ type: "object", properties: { x: { $defs: {}, $ref: "#/$defs/x" } },
+      $defs: { x: { allOf: [{ $ref: "#/$defs/x" }] } } }, /"#\/\$defs\/x" leads back/);
+  });
+
+  test("recursion through a property or an item is a tree, and generates", () => {
+    const nested = { $defs: { v: { anyOf: [{ type: "integer" },
+      { type: "array", items: { $ref: "#/$defs/v" }, maxItems: 3 }] } }, $ref: "#/$defs/v" };
+    expect(accepts(tiny.tokenizer, nested, "[1,[2,[]],3]")).toBe(true);
+    expect(accepts(tiny.tokenizer, schemas.tree, `{"name":"a","children":[{"name":"b"}]}`))
+      .toBe(true);
+    const validate = ajv.compile(nested);
+    for (let seed = 0; seed < 10; seed++) {
+      const r = tiny.generate("the cat", { maxTokens: 40,
+        constraint: new JsonGrammar(tiny.tokenizer, compileSchema(nested)),
+        sampling: { temperature: 1.5, topK: 0, topP: 1, minP: 0, seed } });
+      expect(validate(JSON.parse(r.text))).toBe(true);
+    }
+  });
+
+  test("a schema with no finite text is refused", () => {
+    refused({ type: "object", properties: { a: { $ref: "#" } }, required: ["a"] },
+      /no JSON text of finite length/);
+    refused({ type: "array", items: { $ref: "#" }, minItems: 1 }, /no JSON text of finite length/);
+  });
+
+  test("shortest lengths are exact through cycles", () => {
+    // b is reached while a is still being measured: a memo of "Infinity, in progress" got it wrong
+    const root = compileSchema({ $defs: {
+      a: { anyOf: [{ type: "null" }, { type: "object", properties: { y: { $ref: "#/$defs/b" } },
+        required: ["y"] }] },
+      b: { type: "array", items: { $ref: "#/$defs/a" }, minItems: 1 } }, $ref: "#/$defs/a" });
+    expect(minLength(root)).toBe("null".length);
+    const a = (root as { target: JsonNode }).target as JsonNode & { kind: "union" };
+    const object = a.options[1] as JsonNode & { kind: "object" };
+    expect(minLength(object)).toBe(`{"y":[null]}`.length);
+    expect(minLength(object.props[0].node)).toBe("[null]".length);
+  });
+
+  test("nesting and size have budgets, each a clear error (no stack overflow)", () => {
+    let deep: unknown = { type: "string" };
+    for (let i = 0; i < 20_000; i++) deep = { type: "object", properties: { a: deep } };
+    refused(deep, /nests deeper than 128 levels/);
+    // a const nested 100,000 deep (JSON.parse handles it; a recursive walk would not)
+    refused(JSON.parse(`{"const":${"[".repeat(100_000)}${"]".repeat(100_000)}}`),
+      /nests deeper than 128/);
+    const defs: Record<string, unknown> = {};
+    for (let i = 0; i < 1000; i++) {
+      defs[`d${i}`] = { type: "object", properties: { next: { $ref: `#/$defs/d${i + 1}` } } };
+    }
+    defs.d1000 = { type: "null" };
+    refused({ $defs: defs, $ref: "#/$defs/d0" }, /nest deeper than 128 levels \(references/);
+    const properties = Object.fromEntries(Array.from({ length: 20_000 }, (_, i) => [`p${i}`, {}]));
+    refused({ type: "object", properties }, /too large/);
+    refused({ enum: Array.from({ length: 20_000 }, (_, i) => i) }, /too large/);
+    refused({ type: "string", [`x${"y".repeat(10_000)}`]: 1 },
+      /the keyword "xyyy.*\(10001 characters\)/);
+  });
+
+  test("a union of thousands of options keeps the automaton's work bounded", () => {
+    // The alternatives kept at once are capped (the first ones win), so this is fast and valid.
+    const schema = { anyOf: Array.from({ length: 3000 }, (_, i) => ({ type: "object",
+      properties: { [`k${i}`]: { type: "integer" } }, required: [`k${i}`] })) };
+    const node = compileSchema(schema);
+    expect(accepts(tiny.tokenizer, schema, `{"k1":1}`)).toBe(true);
+    for (let seed = 0; seed < 3; seed++) {
+      const r = tiny.generate("the cat", { maxTokens: 30,
+        constraint: new JsonGrammar(tiny.tokenizer, node),
+        sampling: { temperature: 1, topK: 0, topP: 1, minP: 0, seed } });
+      // (ajv takes a second over this schema: checked by hand)
+      const entries = Object.entries(JSON.parse(r.text));
+      expect(entries).toHaveLength(1);
+      expect(entries[0][0]).toMatch(/^k\d+$/);
+      expect(Number.isInteger(entries[0][1])).toBe(true);
+    }
+  });
+});
+
+describe("a budget that holds the shortest output never leaves every token masked", () => {
+  test("every committed schema, at exactly its shortest length, completes and validates", () => {
+    for (const [name, schema] of Object.entries(schemas)) {
+      const node = compileSchema(schema);
+      for (let seed = 0; seed < 3; seed++) {
+        const r = tiny.generate("the cat", { maxTokens: minLength(node),
+          constraint: new JsonGrammar(tiny.tokenizer, node),
+          sampling: { temperature: 1.5, topK: 0, topP: 1, minP: 0, seed } });
+        checkOutput(name, r.text);
+        // a number at the top level could go on, so it ends by length
+        expect(r.stopReason).toBe(/^-?\d/.test(r.text) ? "length" : "complete");
+      }
+    }
+  });
+
+  test("below it, generation ends as cut short (\"length\") instead of failing", () => {
+    const node = compileSchema(schemas.person);
+    for (const maxTokens of [1, 3, 5]) {
+      const r = tiny.generate("the cat", { maxTokens,
+        constraint: new JsonGrammar(tiny.tokenizer, node),
+        sampling: { temperature: 1, topK: 0, topP: 1, minP: 0, seed: maxTokens } });
+      expect(r.stopReason).toBe("length");
+    }
+  });
+
+  test("the CLI refuses -n below the shortest output in one line, before generating", () => {
+    const run = Bun.spawnSync([process.execPath, join(import.meta.dir, "..", "infer.ts"), "the cat",
+      "-m", tinyPath, "--json-schema", join(dir, "person.json"), "-n", "5"], { stderr: "pipe" });
+    const err = run.stderr.toString();
+    expect(run.exitCode).not.toBe(0);
+    expect(run.stdout.toString()).toBe("");
+    expect(err.trim().split("\n")).toHaveLength(1);
+    expect(err).toMatch(/the shortest valid output is 19 bytes, and -n 5 cannot hold it.*-n 19/);
+  });
+});

@@ -95,3 +95,50 @@ test("the CLI's --stop", () => {
   expect(cut.stdout.toString()).toBe(free.slice(0, free.indexOf(stop)) + "\n");
   expect(cut.stderr.toString()).toContain("stop: stop");
 });
+
+test("log-probabilities go out with the text they belong to: stop strings, split UTF-8", () => {
+  const engine = Engine.open({ modelPath: model });
+  try {
+    // hot sampling of the toy vocabulary draws byte tokens: characters split across tokens
+    const hot = { temperature: 10, topK: 0, topP: 1, minP: 0, seed: 2 };
+    const free = engine.generate("the cat", { maxTokens: 40, ignoreEos: true, sampling: hot });
+    const decoder = engine.tokenizer.decoder();
+    const starts: number[] = [], ends: number[] = [];
+    for (const t of free.tokens) {
+      starts.push(ends.at(-1) ?? 0);
+      ends.push(starts.at(-1)! + decoder.push(t).length);
+    }
+    expect(ends.some((e, i) => e === starts[i])).toBe(true); // a token whose text waits
+    for (const stop of [[], [free.text.slice(20, 23)]]) {
+      let shown = "";
+      const calls: { shown: number; tokens: number[]; offsets: number[] }[] = [];
+      const r = engine.generate("the cat", { maxTokens: 40, ignoreEos: true, sampling: hot,
+        stop, logprobs: 2, onText: (piece, lp) => {
+          shown += piece;
+          calls.push({ shown: shown.length, tokens: (lp ?? []).map((p) => p.token),
+            offsets: (lp ?? []).map((p) => p.offset) });
+        } });
+      expect(shown).toBe(r.text);
+      expect(r.stopReason).toBe(stop.length > 0 ? "stop" : "length");
+      const reported = calls.flatMap((c) => c.tokens);
+      expect(r.logprobs!.map((p) => p.token)).toEqual(reported);
+      // the tokens whose text was shown, at least in part, in order, each once
+      const count = starts.filter((s, i) => i < r.tokens.length && (s < r.text.length ||
+        ends[i] <= r.text.length)).length;
+      expect(reported).toEqual(free.tokens.slice(0, count));
+      let i = 0;
+      for (const [k, c] of calls.entries()) {
+        for (const offset of c.offsets) {
+          expect(offset).toBe(starts[i]);
+          // sent once its text is all shown (the last call: a token a stop string cut)
+          if (k < calls.length - 1 || stop.length === 0) {
+            expect(ends[i]).toBeLessThanOrEqual(c.shown);
+          }
+          i++;
+        }
+      }
+    }
+  } finally {
+    engine.close();
+  }
+});

@@ -2,7 +2,10 @@
 // draw is deterministic and the expected sets can be stated exactly; then compare the whole chain
 // with a slow, obvious reference (llama.cpp's order, written out step by step) on random logits.
 import { describe, expect, test } from "bun:test";
-import { argmax, defaultSampling, Sampler, seededRandom, type SamplerOptions } from "../ts/sample/sampler.ts";
+import { InferError } from "../ts/errors.ts";
+import {
+  argmax, defaultSampling, logprobs, NoTokenLeftError, Sampler, seededRandom, type SamplerOptions,
+} from "../ts/sample/sampler.ts";
 
 const logits = new Float32Array([1, 5, 3, 5, -2, 4.5, 0]);
 const plain = { temperature: 1, topK: 0, topP: 1, minP: 0, seed: 1 };
@@ -157,7 +160,39 @@ describe("penalties and bias", () => {
     const all = (y: Float32Array) => { y.fill(-Infinity); };
     expect(() => new Sampler({ ...plain }).sample(logits, all)).toThrow(/masked/);
     expect(() => new Sampler({ ...plain, temperature: 0 }).sample(logits, all)).toThrow(/masked/);
+    const chains = [plain, { ...plain, temperature: 0 }, { ...plain, topK: 2 },
+      { ...plain, minP: 0.1 }];
+    for (const o of chains) {
+      let error: unknown = null;
+      try { new Sampler(o).sample(logits, all); } catch (err) { error = err; }
+      expect(error).toBeInstanceOf(NoTokenLeftError);
+      expect(error).toBeInstanceOf(InferError); // a user's error (a bias, a grammar), not a bug
+    }
   });
+});
+
+test("logprobs: the log-softmax of the raw logits, and the most likely tokens best first", () => {
+  const rand = seededRandom(11);
+  for (const n of [7, 1000, 262_144]) {
+    const x = Float32Array.from({ length: n }, () => (rand() - 0.5) * 30);
+    x[n >> 1] = x[0]; // a tie: the lower id comes first
+    // the obvious way, in doubles
+    let max = -Infinity, z = 0;
+    for (const v of x) max = Math.max(max, v);
+    for (const v of x) z += Math.exp(v - max);
+    const exact = (id: number) => x[id] - max - Math.log(z);
+    const order = Array.from(x.keys()).sort((a, b) => x[b] - x[a] || a - b);
+    for (const [token, top] of [[3, 5], [order[0], 0], [n - 1, 20]]) {
+      const r = logprobs(x, token, top);
+      expect(r.token).toBe(token);
+      expect(r.logprob).toBeCloseTo(exact(token), 4);
+      expect(r.top.map((t) => t.token)).toEqual(order.slice(0, Math.min(top, n)));
+      for (const t of r.top) expect(t.logprob).toBeCloseTo(exact(t.token), 4);
+    }
+  }
+  // probabilities sum to one
+  const p = logprobs(logits, 0, logits.length);
+  expect(p.top.reduce((a, t) => a + Math.exp(t.logprob), 0)).toBeCloseTo(1, 6);
 });
 
 /** llama.cpp's chain written out plainly: sort, cut, cut, cut, then temperature. */

@@ -3,12 +3,14 @@
 // completions, streaming and not, stop strings, JSON schema, usage, errors, /health latency
 // during a long generation, and cancellation freeing the worker. Random weights make the text
 // meaningless, so checks compare the server with itself (greedy streaming = greedy non-streaming;
-// a stop string cuts a known greedy text where it first occurs).
+// a stop string cuts a known greedy text where it first occurs), and with an engine of the
+// test's own on the same file (sampling parameters, log-probabilities from its logits).
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import OpenAI from "openai";
+import { Engine } from "../ts/engine/engine.ts";
 import { startServer, type InferServer } from "../ts/serve/server.ts";
 import { tinyGemma3Gguf } from "./support/tiny-gguf.ts";
 
@@ -16,11 +18,11 @@ const KEY = "test-key";
 const EOS = 1; // the toy vocabulary's <eos>: banned where a test needs a long answer
 const noEos = { [EOS]: -100 };
 const LONG = 2000;
-let dir: string, server: InferServer, client: OpenAI;
+let dir: string, server: InferServer, client: OpenAI, modelPath: string;
 
 beforeAll(async () => {
   dir = mkdtempSync(join(tmpdir(), "infer-serve-"));
-  const modelPath = join(dir, "tiny.gguf");
+  modelPath = join(dir, "tiny.gguf");
   // wider than the default tiny shape, so that a long generation (LONG tokens) lasts seconds
   writeFileSync(modelPath, tinyGemma3Gguf({ shape: { layers: 4, embedding: 256, feedForward: 1024,
     heads: 4, kvHeads: 2, headDim: 64 } }));
@@ -312,3 +314,253 @@ async function metric(name: string): Promise<number> {
   const m = new RegExp(`^${name} (\\S+)$`, "m").exec(text);
   return Number(m?.[1]);
 }
+
+/** POSTs a raw body (text, or a value to send as JSON) with the key. */
+async function post(path: string, body: unknown): Promise<Response> {
+  return fetch(`${server.url}${path}`, { method: "POST",
+    headers: { authorization: `Bearer ${KEY}`, "content-type": "application/json" },
+    body: typeof body === "string" ? body : JSON.stringify(body) });
+}
+
+/** The server answers /health and a short request as usual. */
+async function stillServing(): Promise<void> {
+  expect((await health()).status).toBe("ok");
+  const r = await client.completions.create({ model: "tiny", prompt: "a", max_tokens: 2,
+    logit_bias: noEos });
+  expect(r.usage!.completion_tokens).toBe(2);
+}
+
+const schemaBody = (schema: string, extra = "") =>
+  `{"model":"tiny","messages":[{"role":"user","content":"hi"}],"max_tokens":20${extra},` +
+  `"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":${schema}}}}`;
+
+describe("structured output a client cannot break", () => {
+  test("schemas that would hang or overflow the engine are a 400; the server goes on", async () => {
+    const deep = `{"type":"object","properties":{"a":`.repeat(20_000) + `{"type":"string"}` +
+      "}}".repeat(20_000);
+    const cases: [string, RegExp][] = [
+      [`{"$ref":"#"}`, /the reference "#" leads back to itself/],
+      [`{"$defs":{"a":{"$ref":"#/$defs/b"},"b":{"$ref":"#/$defs/a"}},"$ref":"#/$defs/a"}`,
+        /#\/\$defs\/a → #\/\$defs\/b → #\/\$defs\/a/],
+      [`{"$defs":{"a":{"anyOf":[{"$ref":"#/$defs/a"},{"type":"null"}]}},"$ref":"#/$defs/a"}`,
+        /leads back to itself/],
+      [deep, /nests deeper than 128 levels/],
+      [`{"const":${"[".repeat(100_000)}${"]".repeat(100_000)}}`, /nests deeper than 128 levels/],
+      [`{"type":"object","properties":{"a":{"$ref":"#"}},"required":["a"]}`,
+        /no JSON text of finite/],
+    ];
+    for (const [schema, message] of cases) {
+      for (const stream of ["", `,"stream":true`]) {
+        const res = await post("/v1/chat/completions", schemaBody(schema, stream));
+        expect(res.status).toBe(400);
+        const e = ((await res.json()) as Err).error;
+        expect(e.param).toBe("response_format.json_schema.schema");
+        expect(e.code).toBe("unsupported_schema");
+        expect(e.message).toMatch(message);
+        expect(e.message.length).toBeLessThan(400);
+      }
+      await stillServing();
+    }
+    // 100,000 nested arrays elsewhere in a body: refused where read, ignored where not
+    const nested = "[".repeat(100_000) + "]".repeat(100_000);
+    const bodies: [string, number][] = [[nested, 400],
+      [`{"model":"tiny","prompt":"a","max_tokens":2,"stop":${nested}}`, 400],
+      [`{"model":"tiny","messages":${nested},"max_tokens":2}`, 400],
+      [`{"model":"tiny","prompt":"a","max_tokens":2,"metadata":${nested}}`, 200]];
+    for (const [body, status] of bodies) {
+      const path = body.includes("messages") ? "/v1/chat/completions" : "/v1/completions";
+      expect((await post(path, body)).status).toBe(status);
+      await stillServing();
+    }
+    // a tree recurses through a property: fine
+    const tree = `{"$defs":{"n":{"type":"object","properties":{"name":{"type":"string"},` +
+      `"kids":{"type":"array","items":{"$ref":"#/$defs/n"},"maxItems":2}},"required":["name"]}},` +
+      `"$ref":"#/$defs/n"}`;
+    const ok = await post("/v1/chat/completions", schemaBody(tree, `,"temperature":1,"seed":3`));
+    expect(ok.status).toBe(200);
+    const answer = (await ok.json()) as { choices: { message: { content: string } }[] };
+    expect(typeof JSON.parse(answer.choices[0].message.content).name).toBe("string");
+  }, 30_000);
+
+  test("output that cannot fit max_tokens is a 400 up front; at its shortest it fits", async () => {
+    const schema = { type: "object", required: ["name", "n"], additionalProperties: false,
+      properties: { name: { type: "string" }, n: { type: "integer" } } };
+    const shortest = `{"name":"","n":0}`.length;
+    const ask = (max: number, stream = false) => post("/v1/chat/completions", { model: "tiny",
+      messages: user, max_tokens: max, temperature: 1, seed: 1, stream, response_format:
+        { type: "json_schema", json_schema: { name: "x", schema } } });
+    for (const stream of [false, true]) {
+      const res = await ask(3, stream);
+      expect(res.status).toBe(400);
+      const e = ((await res.json()) as Err).error;
+      expect(e.param).toBe("max_tokens");
+      expect(e.message).toMatch(
+        new RegExp(`shortest output is ${shortest} bytes.*at least ${shortest}`));
+    }
+    const tight = await client.chat.completions.create({ model: "tiny", messages: user,
+      max_tokens: shortest, temperature: 1, seed: 1, response_format: { type: "json_schema",
+        json_schema: { name: "x", schema } } });
+    expect(Object.keys(JSON.parse(tight.choices[0].message.content!))).toEqual(["name", "n"]);
+    expect(tight.choices[0].finish_reason).toBe("stop");
+    const raw = await (await ask(shortest, true)).text();
+    expect(raw.trimEnd().endsWith("data: [DONE]")).toBe(true);
+    const json = await post("/v1/completions", { model: "tiny", prompt: "a", max_tokens: 1,
+      response_format: { type: "json_object" } });
+    expect(json.status).toBe(400);
+    // a prompt that leaves less room in the context than the shortest output
+    const engine = Engine.open({ modelPath, contextLength: 64, backend: "cpu" });
+    const prompt = "the cat sat ".repeat(100);
+    const room = server.info.contextLength - engine.tokenizer.encode(prompt).length;
+    engine.close();
+    const res = await post("/v1/completions", { model: "tiny", prompt, max_tokens: 2048,
+      response_format: { type: "json_schema", json_schema: { name: "x",
+        schema: { const: "x".repeat(room + 8) } } } });
+    expect(res.status).toBe(400);
+    const e = ((await res.json()) as Err).error;
+    expect(e).toMatchObject({ param: "prompt", code: "context_length_exceeded" });
+    await stillServing();
+  }, 30_000);
+});
+
+describe("request parameters", () => {
+  test("fields infer does not implement are refused by name; harmless ones pass", async () => {
+    const completion = { model: "tiny", prompt: "a", max_tokens: 2 };
+    const chat = { model: "tiny", messages: user, max_tokens: 2 };
+    const refused: [string, object, string, string][] = [
+      ["/v1/completions", { echo: true }, "echo", "unsupported_parameter"],
+      ["/v1/completions", { best_of: 2 }, "best_of", "unsupported_parameter"],
+      ["/v1/completions", { suffix: "x" }, "suffix", "unsupported_parameter"],
+      ["/v1/completions", { no_such_field: 1 }, "no_such_field", "unsupported_parameter"],
+      ["/v1/chat/completions", { tools: [{ type: "function", function: { name: "f" } }] }, "tools",
+        "unsupported_parameter"],
+      ["/v1/chat/completions", { tool_choice: "auto" }, "tool_choice", "unsupported_parameter"],
+      ["/v1/chat/completions", { functions: [{ name: "f" }] }, "functions",
+        "unsupported_parameter"],
+      ["/v1/chat/completions", { prompt: "x" }, "prompt", "unsupported_parameter"],
+      ["/v1/completions", { max_tokens: 0 }, "max_tokens", "invalid_value"],
+      ["/v1/chat/completions", { max_completion_tokens: 0 }, "max_completion_tokens",
+        "invalid_value"],
+      ["/v1/chat/completions", { top_logprobs: 2 }, "top_logprobs", "invalid_value"],
+      ["/v1/chat/completions", { logprobs: true, top_logprobs: 21 }, "top_logprobs",
+        "invalid_value"],
+      ["/v1/completions", { logprobs: 6 }, "logprobs", "invalid_value"],
+      ["/v1/completions", { top_k: -1 }, "top_k", "invalid_value"],
+      ["/v1/completions", { min_p: 1.5 }, "min_p", "invalid_value"],
+      ["/v1/completions", { typical_p: 2 }, "typical_p", "invalid_value"],
+      ["/v1/completions", { repeat_penalty: 0 }, "repeat_penalty", "invalid_value"],
+      ["/v1/completions", { repeat_last_n: -2 }, "repeat_last_n", "invalid_value"],
+      ["/v1/completions", { logit_bias: Object.fromEntries(
+        Array.from({ length: server.info.vocabSize }, (_, i) => [i, -100])) }, "logit_bias",
+      "invalid_value"],
+    ];
+    for (const [path, extra, param, code] of refused) {
+      const res = await post(path,
+        { ...(path === "/v1/completions" ? completion : chat), ...extra });
+      expect(res.status).toBe(400);
+      expect(((await res.json()) as Err).error).toMatchObject({ param, code,
+        type: "invalid_request_error" });
+    }
+    const ignored = { user: "u", metadata: { a: "b" }, store: false, service_tier: "auto",
+      parallel_tool_calls: true, echo: false, best_of: 1, suffix: null, tools: null };
+    expect((await post("/v1/completions", { ...completion, ...ignored })).status).toBe(200);
+    expect((await post("/v1/chat/completions", { ...chat, user: "u", tools: [], tool_choice: "none",
+      top_logprobs: null })).status).toBe(200);
+  });
+
+  test("top_k, min_p, repeat_penalty and repeat_last_n reach the sampler", async () => {
+    const base = { model: "tiny", prompt: "the cat", max_tokens: 12, logit_bias: noEos };
+    const text = async (extra: object) =>
+      (await client.completions.create({ ...base, ...extra } as never) as OpenAI.Completion)
+        .choices[0].text;
+    const greedy = await text({ temperature: 0 });
+    // top_k 1 and min_p 1 leave only the likeliest token, at any temperature
+    expect(await text({ temperature: 2, seed: 5, top_k: 1 })).toBe(greedy);
+    expect(await text({ temperature: 2, seed: 5, min_p: 1 })).toBe(greedy);
+    // the repeat penalty gives what an engine with the same sampler options gives
+    const penalised = await text({ temperature: 0, repeat_penalty: 10, repeat_last_n: 8 });
+    expect(penalised).not.toBe(greedy); // this model's greedy text repeats itself
+    const engine = Engine.open({ modelPath, contextLength: 64, backend: "cpu" });
+    try {
+      const r = engine.generate("the cat", { maxTokens: 12, sampling: { temperature: 0, topK: 0,
+        topP: 1, minP: 0, seed: 0, repeatPenalty: 10, repeatLastN: 8,
+        logitBias: new Map([[EOS, -Infinity]]) } });
+      expect(penalised).toBe(r.text);
+    } finally {
+      engine.close();
+    }
+  });
+
+  test("logprobs are the log-softmax at each token, as an engine's own logits give", async () => {
+    const r = await client.completions.create({ model: "tiny", prompt: "the cat", max_tokens: 6,
+      temperature: 0, logit_bias: noEos, logprobs: 3 });
+    const lp = r.choices[0].logprobs!;
+    expect(lp.tokens!.join("")).toBe(r.choices[0].text);
+    const engine = Engine.open({ modelPath, contextLength: 64, backend: "cpu" });
+    try {
+      const t = engine.tokenizer;
+      let logits = engine.evaluate(t.encode("the cat", { addSpecial: true, parseSpecial: true }));
+      let offset = 0;
+      for (let i = 0; i < 6; i++) {
+        const x = Float64Array.from(logits);
+        let max = -Infinity, z = 0;
+        for (const v of x) max = Math.max(max, v);
+        for (const v of x) z += Math.exp(v - max);
+        const logprob = (id: number) => x[id] - max - Math.log(z);
+        const order = Array.from(x.keys()).sort((a, b) => x[b] - x[a] || a - b);
+        const token = order.find((id) => id !== EOS)!; // greedy, with <eos> banned
+        const name = (id: number) => {
+          const b = t.tokenBytes(id);
+          try { return new TextDecoder("utf-8", { fatal: true }).decode(b); } catch {
+            const hex = Array.from(b, (v) => `\\x${v.toString(16).padStart(2, "0")}`);
+            return "bytes:" + hex.join("");
+          }
+        };
+        expect(lp.tokens![i]).toBe(name(token));
+        expect(lp.token_logprobs![i]).toBeCloseTo(logprob(token), 3);
+        const top = new Map<string, number>();
+        for (const id of [...order.slice(0, 3), token]) {
+          if (!top.has(name(id))) top.set(name(id), logprob(id));
+        }
+        expect(Object.keys(lp.top_logprobs![i])).toEqual([...top.keys()]);
+        for (const [k, v] of top) expect(lp.top_logprobs![i][k]).toBeCloseTo(v, 3);
+        expect(lp.text_offset![i]).toBe(offset);
+        offset += lp.tokens![i].length;
+        logits = engine.evaluate([token]);
+      }
+    } finally {
+      engine.close();
+    }
+    // streaming carries the same, chunk by chunk
+    const stream = await client.completions.create({ model: "tiny", prompt: "the cat",
+      max_tokens: 6, temperature: 0, logit_bias: noEos, logprobs: 3, stream: true });
+    const tokens: string[] = [], offsets: number[] = [];
+    for await (const chunk of stream) {
+      const l = chunk.choices[0]?.logprobs;
+      if (l) { tokens.push(...l.tokens!); offsets.push(...l.text_offset!); }
+    }
+    expect(tokens).toEqual(lp.tokens!);
+    expect(offsets).toEqual(lp.text_offset!);
+  }, 30_000);
+
+  test("chat logprobs: content entries with bytes and top_logprobs, streaming alike", async () => {
+    const ask = { model: "tiny", messages: user, max_tokens: 5, temperature: 0, logit_bias: noEos,
+      logprobs: true, top_logprobs: 2 } as const;
+    const r = await client.chat.completions.create(ask);
+    const content = r.choices[0].logprobs!.content!;
+    expect(content).toHaveLength(r.usage!.completion_tokens);
+    expect(content.map((c) => c.token).join("")).toBe(r.choices[0].message.content!);
+    for (const c of content) {
+      expect(new TextDecoder().decode(Uint8Array.from(c.bytes!))).toBe(c.token);
+      expect(c.top_logprobs).toHaveLength(2);
+      expect(c.top_logprobs[0].logprob).toBeGreaterThanOrEqual(c.top_logprobs[1].logprob);
+      expect(c.logprob).toBeLessThanOrEqual(c.top_logprobs[0].logprob + 1e-6);
+    }
+    const plain = await client.chat.completions.create({ ...ask, logprobs: false,
+      top_logprobs: undefined });
+    expect(plain.choices[0].logprobs).toBeNull();
+    const stream = await client.chat.completions.create({ ...ask, stream: true });
+    const streamed: typeof content = [];
+    for await (const chunk of stream) streamed.push(...(chunk.choices[0]?.logprobs?.content ?? []));
+    expect(streamed).toEqual(content);
+  });
+});

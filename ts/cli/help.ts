@@ -35,7 +35,9 @@ structured output:
   --json-schema FILE     the output is JSON valid under the JSON Schema in FILE: objects
                          (properties in order; required ones present), arrays (items, minItems,
                          maxItems), strings, numbers, integers, booleans, null, enum, const,
-                         anyOf/oneOf, type lists and local $ref; other keywords are refused
+                         anyOf/oneOf, type lists and local $ref; other keywords are refused.
+                         -n must be at least the shortest valid output's length in bytes
+                         (a token per byte, so that output cut off by -n still parses)
   --ignore-eos           keep generating past end-of-generation
 
 ${generationHelp("default 128")}`;

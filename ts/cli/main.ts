@@ -3,9 +3,9 @@
 import { readFileSync } from "node:fs";
 import { parseArgs } from "node:util";
 import { Engine, type TokenConstraint } from "../engine/engine.ts";
-import { InferError } from "../errors.ts";
+import { InferError, quote } from "../errors.ts";
 import { JsonGrammar } from "../sample/json-grammar.ts";
-import { anyObject, compileSchema } from "../sample/json-schema.ts";
+import { anyObject, compileSchema, minLength, type JsonNode } from "../sample/json-schema.ts";
 import { chatCommand } from "./chat.ts";
 import { describe, formatStats, loadProgress, verbosityOf } from "./feedback.ts";
 import { chatUsage, overview, runUsage } from "./help.ts";
@@ -47,19 +47,42 @@ function helpCommand(argv: string[]): number {
   return 0;
 }
 
-function constraintFor(values: { json?: boolean; "json-schema"?: string },
-  engine: Engine): TokenConstraint | undefined {
-  if (values["json-schema"] !== undefined) {
-    const path = values["json-schema"];
+/**
+ * The grammar of --json or --json-schema, once its shortest output is known to fit: the grammar
+ * allows a token only while the shortest completion after it fits the tokens left at one token
+ * per byte (so output cut off by -n still parses), and so it needs -n (and the room the prompt
+ * leaves in the context) to be at least its shortest output's length in bytes.
+ */
+function constraintFor(values: { json?: boolean; "json-schema"?: string }, engine: Engine,
+  run: { prompt: string; maxTokens: number }): TokenConstraint | undefined {
+  const path = values["json-schema"];
+  let node: JsonNode;
+  const flag = path === undefined ? "--json" : `--json-schema ${quote(path)}`;
+  if (path !== undefined) {
     let schema: unknown;
     try {
       schema = JSON.parse(readFileSync(path, "utf8"));
     } catch (err) {
-      throw new InferError("invalid_argument", `--json-schema ${path}: ${(err as Error).message}`);
+      // (the parser's message may quote the file: escaped and cut like any file's text)
+      throw new InferError("io", `${flag}: ${quote((err as Error).message, 160)}`);
     }
-    return new JsonGrammar(engine.tokenizer, compileSchema(schema));
+    node = compileSchema(schema);
+  } else if (values.json) node = anyObject;
+  else return undefined;
+  const shortest = minLength(node);
+  if (run.maxTokens >= 0 && shortest > run.maxTokens) {
+    throw new InferError("invalid_argument", `${flag}: the shortest valid output is ${shortest} ` +
+      `bytes, and -n ${run.maxTokens} cannot hold it (structured output needs a token per byte ` +
+      `of it to be sure to finish); use -n ${shortest} or more`);
   }
-  return values.json ? new JsonGrammar(engine.tokenizer, anyObject) : undefined;
+  const prompt = engine.tokenizer.encode(run.prompt, { addSpecial: true, parseSpecial: true });
+  const room = engine.contextLength - prompt.length;
+  if (shortest > room) {
+    throw new InferError("invalid_argument", `${flag}: the shortest valid output is ${shortest} ` +
+      `bytes, and the context has room for ${Math.max(0, room)} tokens after the prompt ` +
+      `(structured output needs a token per byte of it); raise --ctx-size`);
+  }
+  return new JsonGrammar(engine.tokenizer, node);
 }
 
 async function runCommand(argv: string[]): Promise<number> {
@@ -84,7 +107,7 @@ async function runCommand(argv: string[]): Promise<number> {
   const onProgress = loadProgress(modelPath, verbosity);
   const engine = Engine.open({ modelPath, ...engineSettings(values), onProgress });
   try {
-    const constraint = constraintFor(values, engine);
+    const constraint = constraintFor(values, engine, { prompt: positionals[0], maxTokens });
     if (verbosity === "verbose") {
       process.stderr.write(describe(engine, modelPath, {
         sampling: { ...sampling, logitBias: Object.fromEntries(sampling.logitBias ?? []) },

@@ -2,7 +2,9 @@
 // token it samples the next one through the sampler chain (and a grammar mask), detokenizes,
 // holds back text that could begin a stop string, and decides when to end. The caller evaluates
 // the tokens it returns: the engine one sequence at a time, the batch scheduler many at once.
-import { Sampler, type SamplerOptions } from "../sample/sampler.ts";
+import {
+  logprobs, NoTokenLeftError, Sampler, type Logprobs, type SamplerOptions,
+} from "../sample/sampler.ts";
 import { StopMatcher } from "../sample/stop.ts";
 import type { StreamDecoder, Tokenizer } from "../tokenizer/index.ts";
 
@@ -30,8 +32,23 @@ export interface GenerateOptions {
   readonly reuseCache?: boolean;
   /** Polled between tokens; true ends generation ("interrupted"). */
   readonly shouldStop?: () => boolean;
-  /** Called with each piece of text as soon as it is complete UTF-8 and past any stop string. */
-  readonly onText?: (text: string) => void;
+  /**
+   * Report each generated token's log-probability and this many most likely alternatives (0:
+   * the token's alone); computed only when set.
+   */
+  readonly logprobs?: number;
+  /**
+   * Called with each piece of text as soon as it is complete UTF-8 and past any stop string;
+   * with `logprobs`, also with the tokens whose text the piece completes (a token cut short by
+   * a stop string comes last, with an empty piece).
+   */
+  readonly onText?: (text: string, logprobs?: readonly TokenLogprob[]) => void;
+}
+
+/** A generated token's log-probabilities, and where its text begins in the generated text. */
+export interface TokenLogprob extends Logprobs {
+  /** In UTF-16 code units of GenerateResult.text. */
+  readonly offset: number;
 }
 
 export type StopReason = "eos" | "length" | "context" | "stop" | "complete" | "interrupted";
@@ -43,6 +60,8 @@ export interface GenerateResult {
   readonly tokens: number[];
   readonly text: string;
   readonly stopReason: StopReason;
+  /** With GenerateOptions.logprobs: the tokens whose text was generated, in order. */
+  readonly logprobs?: readonly TokenLogprob[];
   readonly promptMs: number;
   readonly generateMs: number;
 }
@@ -60,6 +79,11 @@ export class Generation {
   private text = "";
   private stopReason: StopReason = "length";
   private finished = false;
+  /** Text decoded so far, emitted or held back (UTF-16 code units). */
+  private decoded = 0;
+  /** Log-probabilities of tokens whose text is not all emitted yet (end: where it ends). */
+  private readonly pending: { entry: TokenLogprob; end: number }[] = [];
+  private readonly reported: TokenLogprob[] = [];
 
   constructor(private readonly tokenizer: Tokenizer, readonly promptTokens: readonly number[],
     private readonly contextLength: number, private readonly o: GenerateOptions) {
@@ -102,9 +126,19 @@ export class Generation {
     if (this.finished || this.interrupted()) return null;
     const constraint = this.o.constraint;
     const budget = Math.min(this.maxTokens - this.tokens.length, this.contextLength - length);
-    const token = this.sampler.sample(logits,
-      constraint ? (x) => constraint.mask(x, budget) : undefined);
-    return this.take(token, length);
+    let token: number;
+    try {
+      token = this.sampler.sample(logits,
+        constraint ? (x) => constraint.mask(x, budget) : undefined);
+    } catch (err) {
+      // A caller that checked that the constraint's shortest output fits the budget does not
+      // get here (the JSON grammar's promise, given single-byte tokens); a vocabulary without
+      // them, or a logit bias that bans what the grammar needs, ends the output as cut short.
+      if (constraint && err instanceof NoTokenLeftError) return this.end("length");
+      throw err;
+    }
+    const top = this.o.logprobs;
+    return this.take(token, length, top === undefined ? null : logprobs(logits, token, top));
   }
 
   /**
@@ -112,16 +146,16 @@ export class Generation {
    * constraint): then the argmax may be taken on the device and handed to accept().
    */
   get greedy(): boolean {
-    return this.sampler.plainGreedy && !this.o.constraint;
+    return this.sampler.plainGreedy && !this.o.constraint && this.o.logprobs === undefined;
   }
 
   /** As next(), for the token a greedy argmax already chose from those logits (see greedy). */
   accept(token: number, length: number): number | null {
     if (this.finished || this.interrupted()) return null;
-    return this.take(token, length);
+    return this.take(token, length, null);
   }
 
-  private take(token: number, length: number): number | null {
+  private take(token: number, length: number, probs: Logprobs | null): number | null {
     const o = this.o, constraint = o.constraint;
     // Under a constraint, end-of-generation is allowed only once the output is complete.
     const eog = this.tokenizer.isEndOfGeneration(token);
@@ -129,7 +163,13 @@ export class Generation {
     constraint?.accept(token);
     this.sampler.accept(token);
     this.tokens.push(token);
-    this.emit(this.decoder.push(token));
+    const piece = this.decoder.push(token);
+    if (probs) {
+      const end = this.decoded + piece.length;
+      this.pending.push({ entry: { ...probs, offset: this.decoded }, end });
+    }
+    this.decoded += piece.length;
+    this.emit(piece);
     if (this.stops.stopped) return this.end("stop");
     if (constraint?.done) return this.end("complete");
     if (this.tokens.length >= this.maxTokens) return this.end("length");
@@ -145,8 +185,26 @@ export class Generation {
     const out = this.stops.push(piece);
     if (out) {
       this.text += out;
-      this.o.onText?.(out);
+      this.o.onText?.(out, this.release(false));
     }
+  }
+
+  /**
+   * The pending log-probabilities of tokens whose text is all emitted now (`partly`: at least
+   * begun), in order; undefined when there are none.
+   */
+  private release(partly: boolean): TokenLogprob[] | undefined {
+    const emitted = this.text.length;
+    let n = 0;
+    while (n < this.pending.length) {
+      const p = this.pending[n];
+      if (!(p.end <= emitted || (partly && p.entry.offset < emitted))) break;
+      n++;
+    }
+    if (n === 0) return undefined;
+    const out = this.pending.splice(0, n).map((p) => p.entry);
+    this.reported.push(...out);
+    return out;
   }
 
   private end(reason: StopReason): null {
@@ -161,12 +219,16 @@ export class Generation {
     const tail = this.stops.flush();
     if (tail) {
       this.text += tail;
-      this.o.onText?.(tail);
+      this.o.onText?.(tail, this.release(true));
     }
+    const cut = this.release(true); // tokens a stop string cut in the middle
+    if (cut) this.o.onText?.("", cut);
+    this.pending.length = 0; // the rest was held back and never shown (a stop string's)
     return {
       promptTokens: [...this.promptTokens], prefilled: this.prefilled, tokens: this.tokens,
       text: this.text, stopReason: this.stopReason, promptMs: this.t1 - this.t0,
       generateMs: performance.now() - this.t1,
+      logprobs: this.o.logprobs === undefined ? undefined : this.reported,
     };
   }
 }

@@ -11,10 +11,15 @@
 //
 // Budget: given how many tokens may still be generated, a token is allowed only if the shortest
 // completion after it still fits (one token per byte: every vocabulary has single-byte tokens),
-// so generation cut off by -n still ends in valid JSON.
+// so generation cut off by -n still ends in valid JSON. A caller that checks, before it starts,
+// that the schema's shortest text (minLength, in bytes) fits the tokens it may generate can then
+// never meet a state where every token is masked.
+//
+// Nothing here recurses with the schema or the text: unions and references are flattened once
+// (alternatives()), the stack is walked in loops, and the states kept at once are capped.
 import type { TokenConstraint } from "../engine/engine.ts";
 import type { Tokenizer } from "../tokenizer/index.ts";
-import { deref, minLength, type JsonNode } from "./json-schema.ts";
+import { alternatives, minLength, type JsonNode } from "./json-schema.ts";
 import { GrammarVocab, type ByteTrie } from "./vocab-trie.ts";
 
 const enum Kind { Value, Obj, Arr, Str, Num, Lit, Key, Done }
@@ -57,6 +62,9 @@ class Frame {
     readonly lits: readonly Uint8Array[] | null = null,
     readonly ids: readonly number[] | null = null,
   ) {}
+
+  /** Bytes in the shortest way to finish the text from here (remaining()); -1: not yet known. */
+  rest = -1;
 }
 
 const DONE = new Frame(Kind.Done, null, null);
@@ -97,20 +105,20 @@ function tails(node: ObjNode) {
 /** The frame a completed child returns to: its parent, or DONE at the root. */
 const up = (parent: Frame | null) => parent ?? DONE;
 
-/** Begins reading a value of `node` with byte b. */
+/** Begins reading a value of `node` with byte b (each alternative of a union or reference). */
 function start(node: JsonNode, parent: Frame | null, b: number, out: Frame[]): void {
-  node = deref(node);
-  switch (node.kind) {
-    case "union": for (const o of node.options) start(o, parent, b, out); return;
-    case "object": if (b === 0x7b) out.push(new Frame(Kind.Obj, parent, node, OPEN)); return;
-    case "array": if (b === 0x5b) out.push(new Frame(Kind.Arr, parent, node, OPEN)); return;
-    case "string": if (b === QUOTE) out.push(new Frame(Kind.Str, parent, null, S_TEXT)); return;
-    case "number":
-      if (b === 0x2d) out.push(new Frame(Kind.Num, parent, node, N_SIGN));
-      else if (b === 0x30) out.push(new Frame(Kind.Num, parent, node, N_ZERO));
-      else if (isDigit(b)) out.push(new Frame(Kind.Num, parent, node, N_INT, 1));
-      return;
-    case "literal": literal(node.values, null, 0, parent, b, out); return;
+  for (const n of alternatives(node)) {
+    switch (n.kind) {
+      case "object": if (b === 0x7b) out.push(new Frame(Kind.Obj, parent, n, OPEN)); break;
+      case "array": if (b === 0x5b) out.push(new Frame(Kind.Arr, parent, n, OPEN)); break;
+      case "string": if (b === QUOTE) out.push(new Frame(Kind.Str, parent, null, S_TEXT)); break;
+      case "number":
+        if (b === 0x2d) out.push(new Frame(Kind.Num, parent, n, N_SIGN));
+        else if (b === 0x30) out.push(new Frame(Kind.Num, parent, n, N_ZERO));
+        else if (isDigit(b)) out.push(new Frame(Kind.Num, parent, n, N_INT, 1));
+        break;
+      case "literal": literal(n.values, null, 0, parent, b, out); break;
+    }
   }
 }
 
@@ -275,39 +283,54 @@ function stepNumber(f: Frame, b: number, out: Frame[]): void {
   }
 }
 
-/** Bytes in the shortest way to finish the text from this stack. */
+/** The frame whose part of the text comes after f's own (a key's object is in the key's part). */
+const outer = (f: Frame) => (f.kind === Kind.Key ? f.parent!.parent : f.parent);
+
+/**
+ * Bytes in the shortest way to finish the text from this stack. Frames are immutable and share
+ * their parents, so each frame's total is kept on it: a deep stack is summed once, not per call.
+ */
 function remaining(top: Frame): number {
-  let total = 0;
-  for (let f: Frame | null = top; f; f = f.parent) {
-    const frame: Frame = f;
-    switch (frame.kind) {
-      case Kind.Value: total += minLength(frame.node!); break;
-      case Kind.Str: total += stringRemaining(frame); break;
-      case Kind.Num: total += numberEnds(frame.phase) ? 0 : 1; break;
-      case Kind.Lit: total += Math.min(...frame.lits!.map((c) => c.length - frame.n)); break;
-      case Kind.Key: { // per candidate: the key, ":", its value and the rest of the object
-        const obj: Frame = frame.parent!, node = obj.node as ObjNode, t = tails(node);
-        let best = Infinity;
-        frame.lits!.forEach((c, i) => {
-          const j = frame.ids![i];
-          const value = 1 + minLength(node.props[j].node); // ":" and the value
-          best = Math.min(best, c.length - frame.n + value + t.bytes[j + 1] + t.count[j + 1] + 1);
-        });
-        total += best;
-        f = obj; // the object's own part is in `best`
-        break;
-      }
-      case Kind.Obj: total += objectRemaining(frame); break;
-      case Kind.Arr: {
-        const node = frame.node as ArrNode, need = Math.max(0, node.minItems - frame.n);
-        const items = need * (minLength(node.items) + 1); // each with its comma (or "[")
-        total += frame.phase === OPEN ? (need === 0 ? 1 : items) : items + 1;
-        break;
-      }
-      case Kind.Done: break;
-    }
+  const chain: Frame[] = [];
+  let f: Frame | null = top;
+  for (; f !== null && f.rest < 0; f = outer(f)) chain.push(f);
+  let total = f === null ? 0 : f.rest;
+  for (let i = chain.length - 1; i >= 0; i--) {
+    total += ownRemaining(chain[i]);
+    chain[i].rest = total;
   }
   return total;
+}
+
+/** Bytes to finish the frame's own part (for a key: its object's too). */
+function ownRemaining(frame: Frame): number {
+  switch (frame.kind) {
+    case Kind.Value: return minLength(frame.node!);
+    case Kind.Str: return stringRemaining(frame);
+    case Kind.Num: return numberEnds(frame.phase) ? 0 : 1;
+    case Kind.Lit: {
+      let best = Infinity;
+      for (const c of frame.lits!) best = Math.min(best, c.length - frame.n);
+      return best;
+    }
+    case Kind.Key: { // per candidate: the key, ":", its value and the rest of the object
+      const node = frame.parent!.node as ObjNode, t = tails(node);
+      let best = Infinity;
+      frame.lits!.forEach((c, i) => {
+        const j = frame.ids![i];
+        const value = 1 + minLength(node.props[j].node); // ":" and the value
+        best = Math.min(best, c.length - frame.n + value + t.bytes[j + 1] + t.count[j + 1] + 1);
+      });
+      return best;
+    }
+    case Kind.Obj: return objectRemaining(frame);
+    case Kind.Arr: {
+      const node = frame.node as ArrNode, need = Math.max(0, node.minItems - frame.n);
+      const items = need * (minLength(node.items) + 1); // each with its comma (or "[")
+      return frame.phase === OPEN ? (need === 0 ? 1 : items) : items + 1;
+    }
+    case Kind.Done: return 0;
+  }
 }
 
 function stringRemaining(f: Frame): number {
@@ -450,6 +473,9 @@ function stepAll(states: readonly Frame[], b: number): Frame[] {
     step(s, b, out);
     if (out.length >= STATES_MAX) break;
   }
+  // A union of many options can start many at once; the first ones are kept (each is a valid
+  // reading of the text, so what is allowed stays valid).
+  if (out.length > STATES_MAX) out.length = STATES_MAX;
   return out;
 }
 

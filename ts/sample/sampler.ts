@@ -9,6 +9,7 @@
 // change their few logits in place and put them back before sample() returns.
 // The scans over the whole vocabulary (argmax, top-k, softmax sums, the draw over every token,
 // the tokens above a floor) are the library's, lib/cpu/select.zig: see bun bench/sampling.ts.
+import { InferError } from "../errors.ts";
 import { check, native } from "../native/lib.ts";
 
 export interface SamplerOptions {
@@ -43,6 +44,15 @@ export const defaultSampling = {
 
 /** Sets the logits of tokens that may not come next to -Infinity (a grammar, for one). */
 export type LogitMask = (logits: Float32Array) => void;
+
+/** Nothing is left to draw from: the bias, the penalties and the mask left no finite logit. */
+export class NoTokenLeftError extends InferError {
+  constructor() {
+    super("bad_request", "every token is masked: the logit bias and the output grammar leave " +
+      "no token to sample");
+    this.name = "NoTokenLeftError";
+  }
+}
 
 /** mulberry32: small, fast, and good enough to draw tokens; seeded for reproducibility. */
 export function seededRandom(seed: number): () => number {
@@ -81,6 +91,35 @@ function atLeastF32(v: number): number {
 export function argmax(logits: Float32Array): number {
   check(native().infer_argmax(logits, logits.length, selected), "argmax");
   return selected[0];
+}
+
+/** A token's log-probability under the model, and the most likely tokens at its position. */
+export interface Logprobs {
+  readonly token: number;
+  readonly logprob: number;
+  /** Best first (ties: the lower id first). */
+  readonly top: readonly { readonly token: number; readonly logprob: number }[];
+}
+
+/**
+ * The model's log-probabilities at one position: the log-softmax of the raw logits (before bias,
+ * penalties, a grammar or temperature, as llama.cpp's server reports them by default), of
+ * `token` and of the `top` most likely tokens. Three passes over the row, in the library; only
+ * for requests that ask (it is not part of sampling).
+ */
+export function logprobs(logits: Float32Array, token: number, top: number): Logprobs {
+  const max = logits[argmax(logits)];
+  const logZ = max + Math.log(expSum(logits, max, 1, -Infinity));
+  const list: { token: number; logprob: number }[] = [];
+  const k = Math.min(top, logits.length);
+  if (k > 0) {
+    const ids = new Int32Array(k), values = new Float32Array(k);
+    check(native().infer_top_k(logits, logits.length, k, ids, values, selected), "top-k");
+    for (let i = 0; i < selected[0]; i++) {
+      list.push({ token: ids[i], logprob: logits[ids[i]] - logZ });
+    }
+  }
+  return { token, logprob: logits[token] - logZ, top: list };
 }
 
 /** Top-k below this count is kept by insertion (in the library); at or above, sorted whole. */
@@ -171,7 +210,7 @@ export class Sampler {
     const o = this.options;
     if (o.temperature <= 0) {
       const best = argmax(x);
-      if (x[best] === -Infinity) throw new Error("every token is masked");
+      if (x[best] === -Infinity) throw new NoTokenLeftError();
       return best;
     }
     if (this.uncut(x.length)) return this.drawAll(x, o.temperature);
@@ -196,7 +235,7 @@ export class Sampler {
   /** The largest logit; an error when none is above -Infinity. */
   private max(x: Float32Array): number {
     const max = x[argmax(x)];
-    if (!(max > -Infinity)) throw new Error("every token is masked");
+    if (!(max > -Infinity)) throw new NoTokenLeftError();
     return max;
   }
 
@@ -227,7 +266,7 @@ export class Sampler {
       // Nothing is cut: draw from every finite logit, unsorted.
       let count = 0;
       for (let i = 0; i < x.length; i++) if (x[i] > -Infinity) this.ids[count++] = i;
-      if (count === 0) throw new Error("every token is masked");
+      if (count === 0) throw new NoTokenLeftError();
       return count;
     }
     if (all && !typical && o.minP > 0) {
@@ -238,7 +277,7 @@ export class Sampler {
       n = this.nucleus(x, o.topP);
     } else {
       n = this.topK(x, o.topK > 0 ? o.topK : x.length);
-      if (n === 0) throw new Error("every token is masked");
+      if (n === 0) throw new NoTokenLeftError();
       if (typical) n = this.typical(x, n, o.typicalP);
     }
     if (o.topP < 1) n = this.topP(x, n, o.topP, this.z);

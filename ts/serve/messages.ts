@@ -1,6 +1,6 @@
 // What the HTTP thread and the engine's worker (worker.ts) say to each other.
 import type { BackendKind } from "../backend/select.ts";
-import type { Job } from "./protocol.ts";
+import type { Job, LogprobEntry } from "./protocol.ts";
 
 export interface OpenSettings {
   readonly modelPath: string;
@@ -60,7 +60,11 @@ export type FromWorker =
   | { readonly type: "failed"; readonly message: string }
   /** The prompt is tokenized and fits; generation begins. */
   | { readonly type: "started"; readonly id: number; readonly promptTokens: number }
-  | { readonly type: "text"; readonly id: number; readonly text: string }
+  | {
+    readonly type: "text"; readonly id: number; readonly text: string;
+    /** With job.logprobs: the tokens whose text this piece completes. */
+    readonly logprobs?: readonly LogprobEntry[];
+  }
   | {
     readonly type: "done"; readonly id: number; readonly text: string;
     readonly promptTokens: number; readonly completionTokens: number;

@@ -1,9 +1,11 @@
-// The OpenAI-compatible request bodies, validated into the plain jobs the worker runs. Every
-// refusal is an ApiError naming the field, sent as OpenAI's error object:
+// The OpenAI-compatible request bodies, validated into the plain jobs the worker runs, and the
+// log-probabilities of the answers in OpenAI's shapes. Every refusal is an ApiError naming the
+// field, sent as OpenAI's error object:
 //   {"error": {"message", "type", "param", "code"}}
+// A field infer does not implement is refused by name, never silently ignored (see FIELDS).
 import type { ChatMessage } from "../chat/template.ts";
 import { InferError, quote } from "../errors.ts";
-import { compileSchema } from "../sample/json-schema.ts";
+import { anyObject, compileSchema, minLength } from "../sample/json-schema.ts";
 import type { SamplerOptions } from "../sample/sampler.ts";
 
 export class ApiError extends Error {
@@ -38,6 +40,19 @@ export interface Job {
   readonly sampling: SamplerOptions;
   readonly stop: readonly string[];
   readonly format: ResponseFormat;
+  /** Log-probabilities of each token and of this many alternatives; null: none asked. */
+  readonly logprobs: number | null;
+}
+
+/** One generated token's log-probabilities, as the worker reports them. */
+export interface LogprobEntry {
+  /** The token's text as bytes (a control token's: its name). */
+  readonly bytes: readonly number[];
+  readonly logprob: number;
+  /** The most likely tokens at its position, best first. */
+  readonly top: readonly { readonly bytes: readonly number[]; readonly logprob: number }[];
+  /** Where its text begins in the choice's text (UTF-16 code units). */
+  readonly offset: number;
 }
 
 export interface ParsedRequest {
@@ -73,6 +88,13 @@ function integer(body: Body, key: string, fallback: number, min: number, max: nu
   return v;
 }
 
+/** A number in (0, max]. */
+function positive(body: Body, key: string, fallback: number, max: number): number {
+  const v = number(body, key, fallback, 0, max);
+  if (v <= 0) throw bad(key, `'${key}' must be a number above 0 and at most ${max}`);
+  return v;
+}
+
 function boolean(body: Body, key: string): boolean {
   const v = body[key];
   if (v === undefined || v === null) return false;
@@ -86,9 +108,9 @@ export function parseJson(text: string): Body {
   try {
     data = JSON.parse(text);
   } catch (err) {
-    // The parser's message quotes the offending token: the client's bytes, escape codes too.
-    throw new ApiError(400, `the body is not valid JSON: ${quote((err as Error).message)}`, null,
-      "invalid_json");
+    // (the parser's message may quote the body: escaped and cut like any client's text)
+    throw new ApiError(400, `the body is not valid JSON: ${quote((err as Error).message, 160)}`,
+      null, "invalid_json");
   }
   if (!isObject(data)) throw new ApiError(400, "the body must be a JSON object", null, "invalid_json");
   return data;
@@ -113,7 +135,8 @@ function logitBias(body: Body, vocabSize: number): Map<number, number> {
   for (const [k, b] of Object.entries(v)) {
     const id = Number(k);
     if (!/^\d+$/.test(k) || id >= vocabSize) {
-      throw bad("logit_bias", `'logit_bias' key '${k}' is not a token id (0..${vocabSize - 1})`);
+      throw bad("logit_bias",
+        `'logit_bias' key ${quote(k)} is not a token id (0..${vocabSize - 1})`);
     }
     if (typeof b !== "number" || !Number.isFinite(b) || b < -100 || b > 100) {
       throw bad("logit_bias", `'logit_bias' value for token ${k} must be a number in [-100, 100]`);
@@ -121,14 +144,19 @@ function logitBias(body: Body, vocabSize: number): Map<number, number> {
     // As OpenAI documents: -100 bans the token, 100 all but forces it.
     out.set(id, b <= -100 ? -Infinity : b);
   }
+  let banned = 0;
+  for (const b of out.values()) if (b === -Infinity) banned++;
+  if (banned === vocabSize) throw bad("logit_bias", "'logit_bias' bans every token");
   return out;
 }
 
-function responseFormat(body: Body): ResponseFormat {
+/** The response format, and the bytes in its shortest output (0: free text). */
+function responseFormat(body: Body): { format: ResponseFormat; shortest: number } {
   const v = body.response_format;
-  if (v === undefined || v === null) return { type: "text" };
+  if (v === undefined || v === null) return { format: { type: "text" }, shortest: 0 };
   if (!isObject(v)) throw bad("response_format", "'response_format' must be an object");
-  if (v.type === "text" || v.type === "json_object") return { type: v.type };
+  if (v.type === "text") return { format: { type: v.type }, shortest: 0 };
+  if (v.type === "json_object") return { format: { type: v.type }, shortest: minLength(anyObject) };
   if (v.type !== "json_schema") {
     throw bad("response_format.type", "'response_format.type' must be text, json_object or json_schema");
   }
@@ -137,15 +165,95 @@ function responseFormat(body: Body): ResponseFormat {
     throw bad("response_format.json_schema.schema",
       "'response_format.json_schema' must be an object with a 'schema' object");
   }
+  let shortest: number;
   try {
-    compileSchema(js.schema);
+    shortest = minLength(compileSchema(js.schema));
   } catch (err) {
     if (err instanceof InferError) {
       throw bad("response_format.json_schema.schema", err.message, "unsupported_schema");
     }
     throw err;
   }
-  return { type: "json_schema", schema: js.schema };
+  return { format: { type: "json_schema", schema: js.schema }, shortest };
+}
+
+/**
+ * Structured output must fit its budget: the grammar allows a token only while the shortest
+ * completion after it, at one token per byte, fits the tokens left (so output cut off by
+ * max_tokens still parses), and so it needs at least as many tokens as its shortest output has
+ * bytes. Anything less is refused here rather than cut short (the worker checks the context).
+ */
+function checkRoom(shortest: number, maxKey: string, maxTokens: number, limits: Limits): void {
+  if (shortest > maxTokens && maxTokens >= 0) {
+    throw bad(maxKey, `'${maxKey}' (${maxTokens}) is too small for the response format: its ` +
+      `shortest output is ${shortest} bytes, and structured output needs a token per byte of ` +
+      `it to be sure to finish; ask for at least ${shortest}`);
+  }
+  if (shortest > limits.contextLength - 1) {
+    throw bad("response_format", `the response format's shortest output (${shortest} bytes, a ` +
+      `token each) does not fit the context of ${limits.contextLength} tokens`,
+    "context_length_exceeded");
+  }
+}
+
+/**
+ * The fields of a request body. Each endpoint reads its own; the OpenAI fields below are
+ * accepted and ignored, because ignoring them changes nothing a client can see:
+ *   user, safety_identifier   an end user's id, for OpenAI's abuse monitoring
+ *   metadata, store           OpenAI's stored completions (infer stores nothing)
+ *   service_tier              a processing tier (a local server has one)
+ *   prompt_cache_key          a caching hint (the prefix cache finds shared beginnings itself)
+ *   parallel_tool_calls       only means something with tools, which are refused
+ * Those in UNSUPPORTED are refused unless they ask for what infer does anyway; any other field
+ * (audio, prediction, reasoning_effort, llama.cpp's own, a typo, ...) is refused by name.
+ */
+const SAMPLING = ["temperature", "top_p", "top_k", "min_p", "typical_p", "repeat_penalty",
+  "repeat_last_n", "presence_penalty", "frequency_penalty", "logit_bias", "seed"];
+const COMMON = ["model", "stream", "stream_options", "n", "max_tokens", "stop", "logprobs",
+  "response_format", ...SAMPLING, "user", "safety_identifier", "metadata", "store",
+  "service_tier", "prompt_cache_key", "parallel_tool_calls"];
+const FIELDS = {
+  chat: new Set([...COMMON, "messages", "max_completion_tokens", "top_logprobs"]),
+  completion: new Set([...COMMON, "prompt"]),
+};
+/** Fields infer does not implement, with the values that ask for nothing (their defaults). */
+const UNSUPPORTED: Record<string, (v: unknown) => boolean> = {
+  echo: (v) => v === false,
+  best_of: (v) => v === 1,
+  suffix: (v) => v === "",
+  tools: (v) => Array.isArray(v) && v.length === 0,
+  tool_choice: (v) => v === "none",
+  functions: (v) => Array.isArray(v) && v.length === 0,
+  function_call: (v) => v === "none",
+  modalities: (v) => Array.isArray(v) && v.length === 1 && v[0] === "text",
+};
+
+function checkFields(kind: "chat" | "completion", body: Body): void {
+  for (const [k, v] of Object.entries(body)) {
+    if (v === null || FIELDS[kind].has(k)) continue;
+    if (Object.hasOwn(UNSUPPORTED, k)) {
+      if (UNSUPPORTED[k](v)) continue;
+      throw bad(k, `'${k}' is not supported by this server`, "unsupported_parameter");
+    }
+    throw bad(k, `unknown parameter ${quote(k)}`, "unsupported_parameter");
+  }
+}
+
+/** Alternatives per token OpenAI allows: chat's top_logprobs, completions' logprobs. */
+const TOP_LOGPROBS_MAX = { chat: 20, completion: 5 };
+
+/** How many alternatives per token the request asks log-probabilities for; null: none. */
+function logprobsAsked(kind: "chat" | "completion", body: Body): number | null {
+  if (kind === "completion") {
+    if (body.logprobs === undefined || body.logprobs === null) return null;
+    return integer(body, "logprobs", 0, 0, TOP_LOGPROBS_MAX.completion);
+  }
+  const asked = boolean(body, "logprobs");
+  const top = integer(body, "top_logprobs", 0, 0, TOP_LOGPROBS_MAX.chat);
+  if (!asked && body.top_logprobs !== undefined && body.top_logprobs !== null) {
+    throw bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+  }
+  return asked ? top : null;
 }
 
 function messageContent(v: unknown, i: number): string {
@@ -183,6 +291,7 @@ export interface Limits {
 
 /** Validates a /v1/chat/completions or /v1/completions body. */
 export function parseRequest(kind: "chat" | "completion", body: Body, limits: Limits): ParsedRequest {
+  checkFields(kind, body);
   if (typeof body.model !== "string" || body.model === "") {
     throw bad("model", "'model' must be a non-empty string", "missing_required_parameter");
   }
@@ -205,22 +314,80 @@ export function parseRequest(kind: "chat" | "completion", body: Body, limits: Li
   const maxKey = kind === "chat" && body.max_completion_tokens !== undefined
     ? "max_completion_tokens" : "max_tokens";
   // OpenAI's defaults: 16 tokens for completions; for chat, as many as the context holds.
-  const maxTokens = integer(body, maxKey, kind === "chat" ? -1 : 16, 0, limits.contextLength);
+  // Asking for none is an error, as in OpenAI's API.
+  const maxTokens = integer(body, maxKey, kind === "chat" ? -1 : 16, 1, limits.contextLength);
   const seed = integer(body, "seed", -1, -(2 ** 53), 2 ** 53);
+  // OpenAI's sampling by default (nothing cut but top_p's); top_k, min_p, typical_p and the
+  // repeat penalty are llama.cpp's server's extensions, off unless asked for.
   const sampling: SamplerOptions = {
     temperature: number(body, "temperature", 1, 0, 2),
     topP: number(body, "top_p", 1, 0, 1),
-    topK: 0, minP: 0, typicalP: 1, repeatPenalty: 1, repeatLastN: 64,
+    topK: integer(body, "top_k", 0, 0, 2 ** 31 - 1),
+    minP: number(body, "min_p", 0, 0, 1),
+    typicalP: number(body, "typical_p", 1, 0, 1),
+    repeatPenalty: positive(body, "repeat_penalty", 1, 10),
+    repeatLastN: integer(body, "repeat_last_n", 64, -1, limits.contextLength),
     presencePenalty: number(body, "presence_penalty", 0, -2, 2),
     frequencyPenalty: number(body, "frequency_penalty", 0, -2, 2),
     logitBias: logitBias(body, limits.vocabSize),
     seed: seed < 0 ? -1 : seed >>> 0,
   };
+  const { format, shortest } = responseFormat(body);
+  checkRoom(shortest, maxKey, maxTokens, limits);
   const job: Job = {
-    kind, messages: msgs, prompt, maxTokens, sampling, stop: stops(body),
-    format: responseFormat(body),
+    kind, messages: msgs, prompt, maxTokens, sampling, stop: stops(body), format,
+    logprobs: logprobsAsked(kind, body),
   };
   return { model: body.model, stream, includeUsage, n, job };
+}
+
+const utf8 = new TextDecoder(), strictUtf8 = new TextDecoder("utf-8", { fatal: true });
+/** OpenAI's value for a log-probability too small to matter (JSON has no -Infinity). */
+const logprobValue = (v: number) => (Number.isFinite(v) ? v : -9999);
+
+/** A token's text as chat's logprobs give it: its bytes decoded (invalid UTF-8 as U+FFFD). */
+function chatToken(t: { bytes: readonly number[]; logprob: number }) {
+  return { token: utf8.decode(Uint8Array.from(t.bytes)), logprob: logprobValue(t.logprob),
+    bytes: [...t.bytes] };
+}
+
+/** Chat's `choice.logprobs`: {content: [{token, logprob, bytes, top_logprobs}], refusal}. */
+export function chatLogprobs(entries: readonly LogprobEntry[]) {
+  return {
+    content: entries.map((e) => ({ ...chatToken(e), top_logprobs: e.top.map(chatToken) })),
+    refusal: null,
+  };
+}
+
+/** A token as completions' logprobs name it: its text, or "bytes:\xNN…" if not valid UTF-8. */
+function completionToken(bytes: readonly number[]): string {
+  const b = Uint8Array.from(bytes);
+  try {
+    return strictUtf8.decode(b);
+  } catch {
+    return "bytes:" + Array.from(b, (x) => `\\x${x.toString(16).padStart(2, "0")}`).join("");
+  }
+}
+
+/**
+ * Completions' `choice.logprobs`: {tokens, token_logprobs, top_logprobs, text_offset}; each
+ * top_logprobs entry maps the most likely tokens' texts, and the chosen token's, to their
+ * log-probabilities (where two tokens share a text, the likelier is kept).
+ */
+export function completionLogprobs(entries: readonly LogprobEntry[]) {
+  return {
+    tokens: entries.map((e) => completionToken(e.bytes)),
+    token_logprobs: entries.map((e) => logprobValue(e.logprob)),
+    top_logprobs: entries.map((e) => {
+      const top = new Map<string, number>();
+      for (const t of [...e.top, e]) {
+        const key = completionToken(t.bytes);
+        if (!top.has(key)) top.set(key, logprobValue(t.logprob));
+      }
+      return Object.fromEntries(top);
+    }),
+    text_offset: entries.map((e) => e.offset),
+  };
 }
 
 export type FinishReason = "stop" | "length" | null;

@@ -16,7 +16,8 @@ import { BodyReader, bodyText, hasBody } from "./body.ts";
 import type { FromWorker, ModelInfo, StallForTests, ToWorker } from "./messages.ts";
 import { Metrics } from "./metrics.ts";
 import {
-  ApiError, finishReason, parseJson, parseRequest, type ParsedRequest,
+  ApiError, chatLogprobs, completionLogprobs, finishReason, parseJson, parseRequest,
+  type LogprobEntry, type ParsedRequest,
 } from "./protocol.ts";
 import { Scheduler, type Done, type Ticket, type WorkerEvent } from "./queue.ts";
 
@@ -271,36 +272,47 @@ export async function startServer(o: ServeOptions): Promise<InferServer> {
       return { prompt_tokens: done[0].promptTokens, completion_tokens: completion,
         total_tokens: done[0].promptTokens + completion };
     };
+    // Log-probabilities in the endpoint's shape, where the request asked for them.
+    const logprobs = (entries: readonly LogprobEntry[] | undefined) =>
+      parsed.job.logprobs === null ? null
+        : kind === "chat" ? chatLogprobs(entries ?? []) : completionLogprobs(entries ?? []);
     if (!parsed.stream) {
-      const finish = async (t: Ticket): Promise<Done> => {
+      const finish = async (t: Ticket): Promise<{ done: Done; entries: LogprobEntry[] }> => {
+        const entries: LogprobEntry[] = [];
         for (;;) {
           const e = await t.next();
-          if (e.type === "text") { onText(); continue; }
+          if (e.type === "text") {
+            onText();
+            if (e.logprobs) entries.push(...e.logprobs);
+            continue;
+          }
           if (e.type === "error") throw new ApiError(e.status, e.message, e.param, e.code);
-          if (e.type === "done") return e;
+          if (e.type === "done") return { done: e, entries };
         }
       };
-      let done: Done[];
+      let results: { done: Done; entries: LogprobEntry[] }[];
       try {
-        done = await Promise.all(tickets.map(finish));
+        results = await Promise.all(tickets.map(finish));
       } catch (err) {
         cancelAll();
         throw err;
       }
+      const done = results.map((r) => r.done);
       onDone(done);
-      const choices = done.map((e, index) => {
+      const choices = results.map(({ done: e, entries }, index) => {
         const finishReasonText = finishOf(e.stopReason);
         return kind === "chat"
           ? { index, message: { role: "assistant", content: e.text, refusal: null },
-            logprobs: null, finish_reason: finishReasonText }
-          : { index, text: e.text, logprobs: null, finish_reason: finishReasonText };
+            logprobs: logprobs(entries), finish_reason: finishReasonText }
+          : { index, text: e.text, logprobs: logprobs(entries), finish_reason: finishReasonText };
       });
       return json({
         id, object: kind === "chat" ? "chat.completion" : "text_completion", created: now,
         model: modelId, system_fingerprint: null, choices, usage: usage(done),
       });
     }
-    return streamResponse(tickets, parsed, kind, id, now, { onText, onDone, usage, cancelAll, abort });
+    return streamResponse(tickets, parsed, kind, id, now,
+      { onText, onDone, usage, cancelAll, abort, logprobs });
   }
 
   /** SSE chunks of every choice as they come; usage (if asked) and [DONE] after the last. */
@@ -308,17 +320,19 @@ export async function startServer(o: ServeOptions): Promise<InferServer> {
     id: string, now: number, h: {
       onText: () => void; onDone: (done: Done[]) => void; usage: (done: Done[]) => object;
       cancelAll: () => void; abort: () => void;
+      logprobs: (entries: readonly LogprobEntry[] | undefined) => object | null;
     }): Response {
     const encoder = new TextEncoder();
     const object = kind === "chat" ? "chat.completion.chunk" : "text_completion";
     const chunk = (choices: object[], extra: object = {}) => encoder.encode(`data: ${JSON.stringify({
       id, object, created: now, model: modelId, system_fingerprint: null, choices, ...extra,
     })}\n\n`);
-    const choice = (index: number, text: string | null, finish: string | null, role = false) =>
+    const choice = (index: number, text: string | null, finish: string | null, role = false,
+      logprobs: object | null = null) =>
       kind === "chat"
         ? { index, delta: text === null ? {} : role ? { role: "assistant", content: text } : { content: text },
-          logprobs: null, finish_reason: finish }
-        : { index, text: text ?? "", logprobs: null, finish_reason: finish };
+          logprobs, finish_reason: finish }
+        : { index, text: text ?? "", logprobs, finish_reason: finish };
     // One pending read per choice still running; whichever event comes first is sent first.
     const pending = new Map<number, Promise<{ index: number; e: WorkerEvent }>>();
     const read = (index: number) =>
@@ -339,7 +353,7 @@ export async function startServer(o: ServeOptions): Promise<InferServer> {
         pending.delete(index);
         if (e.type === "text") {
           h.onText();
-          controller.enqueue(chunk([choice(index, e.text, null)]));
+          controller.enqueue(chunk([choice(index, e.text, null, false, h.logprobs(e.logprobs))]));
           read(index);
         } else if (e.type === "done") {
           done[index] = e;
@@ -353,6 +367,7 @@ export async function startServer(o: ServeOptions): Promise<InferServer> {
           h.cancelAll();
           const err = new ApiError(e.status, e.message, e.param, e.code);
           controller.enqueue(encoder.encode(`data: ${JSON.stringify(err.body())}\n\n`));
+          controller.enqueue(encoder.encode("data: [DONE]\n\n")); // a stream always ends so
           controller.close();
         } else {
           read(index);

@@ -7,12 +7,14 @@
 // heartbeat cell, so that the HTTP thread's watchdog can tell a busy engine from a stuck one.
 import { chatTemplateFor, turnTokens, type ChatTemplate } from "../chat/template.ts";
 import { Engine, type TokenConstraint } from "../engine/engine.ts";
+import type { TokenLogprob } from "../engine/generation.ts";
 import { BatchScheduler } from "../engine/scheduler.ts";
 import { InferError } from "../errors.ts";
 import { JsonGrammar } from "../sample/json-grammar.ts";
-import { anyObject, compileSchema } from "../sample/json-schema.ts";
+import { anyObject, compileSchema, minLength, type JsonNode } from "../sample/json-schema.ts";
+import type { Tokenizer } from "../tokenizer/index.ts";
 import type { EngineStats, FromWorker, StallForTests, ToWorker } from "./messages.ts";
-import type { Job } from "./protocol.ts";
+import type { Job, LogprobEntry } from "./protocol.ts";
 
 declare const self: { postMessage(m: FromWorker): void; onmessage: ((e: MessageEvent<ToWorker>) => void) | null };
 
@@ -175,10 +177,21 @@ function submit(id: number, job: Job): void {
       `${e.contextLength} tokens with room to answer`, param, "context_length_exceeded");
   }
   let constraint: TokenConstraint | undefined;
-  if (job.format.type === "json_object") constraint = new JsonGrammar(e.tokenizer, anyObject);
-  else if (job.format.type === "json_schema") {
-    constraint = new JsonGrammar(e.tokenizer, compileSchema(job.format.schema));
+  const format = job.format;
+  if (format.type !== "text") {
+    const node: JsonNode = format.type === "json_object" ? anyObject : compileSchema(format.schema);
+    // As protocol.ts checked against max_tokens: the grammar needs a token per byte of its
+    // shortest output, here against the room the prompt leaves.
+    const room = e.contextLength - prompt.length, shortest = minLength(node);
+    if (shortest > room) {
+      return fail(id, 400, `the prompt (${prompt.length} tokens) leaves room for ${room} ` +
+        `tokens in the context of ${e.contextLength}, fewer than the response format's shortest ` +
+        `output needs (${shortest} bytes, a token each)`, param, "context_length_exceeded");
+    }
+    constraint = new JsonGrammar(e.tokenizer, node);
   }
+  const entries = (list: readonly TokenLogprob[] | undefined) =>
+    list?.map((p) => logprobEntry(e.tokenizer, p));
   post({ type: "started", id, promptTokens: prompt.length });
   const end = () => { active.delete(id); cancelled.delete(id); };
   sched.submit({
@@ -187,7 +200,8 @@ function submit(id: number, job: Job): void {
       maxTokens: job.maxTokens, sampling: job.sampling, stop: [...job.stop], constraint,
       stopTokens: job.kind === "chat" ? turnStops : undefined,
       shouldStop: () => closing || cancelled.has(id),
-      onText: (text) => post({ type: "text", id, text }),
+      logprobs: job.logprobs ?? undefined,
+      onText: (text, logprobs) => post({ type: "text", id, text, logprobs: entries(logprobs) }),
     },
     onDone: (result) => {
       end();
@@ -201,4 +215,19 @@ function submit(id: number, job: Job): void {
   });
   active.add(id);
   void loop();
+}
+
+const utf8 = new TextEncoder();
+
+/** A token's bytes for the API: its text, or (a control token, which has none) its name. */
+function tokenBytes(tokenizer: Tokenizer, id: number): number[] {
+  const bytes = tokenizer.tokenBytes(id);
+  return Array.from(bytes.length > 0 ? bytes : utf8.encode(tokenizer.tokenText(id)));
+}
+
+function logprobEntry(tokenizer: Tokenizer, p: TokenLogprob): LogprobEntry {
+  return {
+    bytes: tokenBytes(tokenizer, p.token), logprob: p.logprob, offset: p.offset,
+    top: p.top.map((t) => ({ bytes: tokenBytes(tokenizer, t.token), logprob: t.logprob })),
+  };
 }
