@@ -81,7 +81,15 @@ function checkOptions(args: readonly string[], options: Options): void {
     if (t.kind !== "option") continue;
     const o = Object.hasOwn(options, t.name) ? options[t.name] : undefined;
     const name = quote(t.rawName, 40);
-    if (o === undefined) throw new UsageError(`unknown option ${name}`);
+    if (o === undefined) {
+      const arg = args[t.index];
+      // "-5 degrees" is read as options -5, -d, ...: most likely a text meant as an argument
+      if (/\s/.test(arg)) {
+        throw new UsageError(`unknown option ${quote(arg, 40)}; an argument that starts ` +
+          `with '-' goes after '--' (infer -- ${quote(arg, 20)})`);
+      }
+      throw new UsageError(`unknown option ${name}`);
+    }
     if (o.type === "boolean") {
       if (t.value !== undefined) throw new UsageError(`option ${name} takes no value`);
       continue;

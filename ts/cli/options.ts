@@ -81,7 +81,7 @@ export function intOption(value: string | undefined, name: string, fallback: num
     const range = unbounded ? `>= ${min}` : `from ${min} to ${max}`;
     throw new UsageError(`${name} must be an integer ${range}, got ${quote(value, 40)}`);
   }
-  if (n > max) throw new UsageError(`${name} ${quote(value, 40)} is too large`);
+  if (n > max) throw new UsageError(`${name} ${quote(value, 40)} is too large (at most ${max})`);
   return n;
 }
 
