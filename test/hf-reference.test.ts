@@ -361,7 +361,8 @@ describe("bad Hugging Face folders fail with an error naming the problem", () =>
     ["qwen2-sliding", (f) => editConfig(f, (c) => {
       Object.assign(c, { use_sliding_window: true, sliding_window: 4, max_window_layers: 1,
         layer_types: ["full_attention", "sliding_attention"] });
-    }), /'use_sliding_window' is true with 'sliding_window' 4 \(under the context of 256\) and 'max_window_layers' 1: layer 1 would attend to the last 4 tokens only/],
+    }), new RegExp(String.raw`'use_sliding_window' is true with 'sliding_window' 4 \(under the ` +
+      String.raw`context of 256\) and 'max_window_layers' 1: layer 1 would attend to the last 4`)],
     ["qwen2-sliding-no-layer-types", (f) => editConfig(f, (c) => {
       Object.assign(c, { use_sliding_window: true, sliding_window: 8, max_window_layers: 0 });
       delete c.layer_types;

@@ -129,7 +129,8 @@ export function parseLogitBias(values: readonly string[]): Map<number, number> {
   for (const v of values) {
     const m = /^(\d+)\s*([+-=])\s*(inf|[0-9]*\.?[0-9]+(?:[eE][+-]?\d+)?)$/i.exec(v.trim());
     if (!m || !Number.isSafeInteger(Number(m[1]))) {
-      throw new UsageError(`--logit-bias must be TOKEN_ID+BIAS or TOKEN_ID-BIAS, got ${quote(v, 40)}`);
+      throw new UsageError("--logit-bias must be TOKEN_ID+BIAS or TOKEN_ID-BIAS, got " +
+        quote(v, 40));
     }
     const magnitude = m[3].toLowerCase() === "inf" ? Infinity : Number(m[3]);
     bias.set(Number(m[1]), m[2] === "-" ? -magnitude : magnitude);

@@ -152,7 +152,9 @@ function checkMappable(path: string): void {
   } catch (err) {
     throw new InferError("io", `cannot open ${shown}: ${fileErrorReason(err)}`);
   }
-  if (stat.isDirectory()) throw new InferError("invalid_argument", `${shown} is a folder, not a file`);
+  if (stat.isDirectory()) {
+    throw new InferError("invalid_argument", `${shown} is a folder, not a file`);
+  }
   if (!stat.isFile()) throw new InferError("invalid_argument", `${shown} is not a regular file`);
   if (stat.size === 0) throw new InferError("invalid_argument", `${shown} is empty (0 bytes)`);
   try {
