@@ -9,15 +9,33 @@ pub const Mapping = struct {
 
 pub fn open(path: []const u8, out: *Mapping) i32 {
     const file = std.fs.cwd().openFile(path, .{}) catch |err|
-        return status.fail(.io, "cannot open '{s}': {s}", .{ path, @errorName(err) });
+        return status.fail(.io, "cannot open '{s}': {s}", .{ path, reason(err) });
     defer file.close();
-    const size = file.getEndPos() catch |err|
+    const stat = file.stat() catch |err|
         return status.fail(.io, "cannot size '{s}': {s}", .{ path, @errorName(err) });
-    if (size == 0) return status.fail(.invalid_argument, "'{s}' is empty", .{path});
-    const bytes = std.posix.mmap(null, size, std.posix.PROT.READ, .{ .TYPE = .PRIVATE }, file.handle, 0) catch |err|
-        return status.fail(.io, "cannot map '{s}': {s}", .{ path, @errorName(err) });
+    // A folder opens for reading on Linux and only fails at mmap ("MemoryMappingNotSupported").
+    if (stat.kind == .directory)
+        return status.fail(.invalid_argument, "'{s}' is a folder, not a file", .{path});
+    if (stat.kind != .file)
+        return status.fail(.invalid_argument, "'{s}' is not a regular file", .{path});
+    if (stat.size == 0) return status.fail(.invalid_argument, "'{s}' is empty", .{path});
+    const read = std.posix.PROT.READ;
+    const bytes = std.posix.mmap(null, stat.size, read, .{ .TYPE = .PRIVATE }, file.handle, 0) catch |e|
+        return status.fail(.io, "cannot map '{s}': {s}", .{ path, @errorName(e) });
     out.* = .{ .bytes = bytes };
     return 0;
+}
+
+/// The common reasons an open fails, in words; the error's name otherwise.
+fn reason(err: std.fs.File.OpenError) []const u8 {
+    return switch (err) {
+        error.FileNotFound => "no such file",
+        error.AccessDenied => "permission denied",
+        error.IsDir => "it is a folder",
+        error.NotDir => "a part of the path is not a folder",
+        error.NameTooLong => "the name is too long",
+        else => @errorName(err),
+    };
 }
 
 pub fn close(mapping: Mapping) void {
@@ -53,6 +71,15 @@ test "map and unmap a file" {
     defer close(m);
     try std.testing.expectEqualStrings("GGUF1234", m.bytes);
     try std.testing.expect(open("/nonexistent/x.gguf", &m) != 0);
+}
+
+test "a folder is refused before mapping" {
+    var tmp = std.testing.tmpDir(.{});
+    defer tmp.cleanup();
+    const path = try tmp.dir.realpathAlloc(std.testing.allocator, ".");
+    defer std.testing.allocator.free(path);
+    var m: Mapping = undefined;
+    try std.testing.expect(open(path, &m) != 0);
 }
 
 test "released pages of a mapping read back the file's bytes" {

@@ -1,18 +1,37 @@
 // Method: run the real CLI (`bun infer.ts`) as a user would and check its exit code and its one
-// line of error for each kind of bad input; generation itself runs on a tiny random Gemma 3.
+// line of error for each kind of bad input (2 for a mistake in the command line, 1 for the
+// rest); generation itself runs on a tiny random Gemma 3.
 import { describe, expect, test } from "bun:test";
-import { mkdtempSync, writeFileSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, symlinkSync, writeFileSync,
+  chmodSync } from "node:fs";
+import { availableParallelism, tmpdir } from "node:os";
 import { join } from "node:path";
+import { defaultModelPath } from "../ts/cli/setup.ts";
 import { GgmlType } from "../ts/gguf/types.ts";
 import { tinyGemma3Gguf } from "./support/tiny-gguf.ts";
 
 const root = join(import.meta.dir, "..");
 const dir = mkdtempSync(join(tmpdir(), "infer-cli-"));
 
-function cli(...args: string[]) {
-  const p = Bun.spawnSync([process.execPath, "infer.ts", ...args], { cwd: root, stdout: "pipe", stderr: "pipe" });
+interface Run { code: number | null; stdout: string; stderr: string }
+
+function cliWith(env: Record<string, string>, ...args: string[]): Run {
+  const p = Bun.spawnSync([process.execPath, "infer.ts", ...args], { cwd: root, stdout: "pipe",
+    stderr: "pipe", env: { ...process.env, ...env } });
   return { code: p.exitCode, stdout: p.stdout.toString(), stderr: p.stderr.toString() };
+}
+
+function cli(...args: string[]): Run {
+  return cliWith({}, ...args);
+}
+
+/** The exit code, and stderr as one short line: no usage dump, no stack frames. */
+function expectOneLine(r: Run, code: number, pattern: RegExp): void {
+  expect({ code: r.code, stderr: r.stderr.trimEnd() }).toMatchObject({ code,
+    stderr: expect.stringMatching(pattern) });
+  expect(r.stderr.trimEnd().split("\n")).toHaveLength(1);
+  expect(r.stderr).not.toMatch(/^\s+at /m);
+  expect(r.stderr.length).toBeLessThan(400);
 }
 
 function file(name: string, bytes: Uint8Array | string): string {
@@ -63,3 +82,183 @@ describe("generation on a tiny random Gemma 3", () => {
     expect(a.stderr).toMatch(/generated 12 tokens/);
   });
 });
+
+describe("a mistake in the command line is one line and exit 2", () => {
+  // [args, the line]: every command, unknown options, missing values, counts, bad numbers
+  const cases: [string[], RegExp][] = [
+    [["--foo", "hi"], /^infer: unknown option "--foo" \(see 'infer run --help'\)$/],
+    [["hi", "--foo=1"], /^infer: unknown option "--foo"/],
+    [["-5 degrees"],
+      /^infer: unknown option "-5 degrees"; an argument that starts with '-' goes after '--'/],
+    [["hello", "world"],
+      /^infer: expected one prompt, got 2 arguments \("hello", "world"\); quote a prompt/],
+    [["run"], /^infer run: expected one prompt, got none \(see 'infer run --help'\)$/],
+    [["hi", "-n"], /^infer: option "-n" needs a value/],
+    [["hi", "-n", "--temp", "1"], /option "-n" needs a value, got the option "--temp"/],
+    [["hi", "--quiet=yes"], /option "--quiet" takes no value/],
+    [["hi", "-n", "1e30"], /-n "1e30" is too large \(at most 9007199254740991\)/],
+    [["hi", "-n", "-2"], /-n must be an integer >= -1, got "-2"/],
+    [["hi", "--temp", "-1"], /--temp must be a number >= 0, got "-1"/],
+    [["hi", "--top-p", "lots"], /--top-p must be a number >= 0, got "lots"/],
+    [["hi", "--top-k", "1.5"], /--top-k must be an integer >= 0, got "1\.5"/],
+    [["hi", "--seed", "4294967296"], /--seed must be an integer from -1 to 4294967295/],
+    [["hi", "-c", "0"], /--ctx-size must be an integer >= 1, got "0"/],
+    [["hi", "-t", "0"], /--threads must be an integer >= 1, got "0"/],
+    [["hi", "--backend", "gpu"], /--backend must be one of cpu, cuda, metal, auto, got "gpu"/],
+    [["hi", "--logit-bias", "x"], /--logit-bias must be TOKEN_ID\+BIAS/],
+    [["hi", "--stop", ""], /--stop needs a non-empty text/],
+    [["hi", "-n", "x".repeat(100_000)], /-n must be an integer >= -1, got "x{40}…"/],
+    [["chat", "extra"], /^infer chat: expected no arguments .*, got 1 argument \("extra"\)/],
+    [["chat", "--system"], /^infer chat: option "--system" needs a value/],
+    [["chat", "--repeat-last-n", "-5"], /--repeat-last-n must be an integer >= -1/],
+    [["serve", "--port", "99999"],
+      /^infer serve: --port must be an integer from 0 to 65535, got "99999" \(see 'infer serve/],
+    [["serve", "--port", "-1"], /--port must be an integer from 0 to 65535, got "-1"/],
+    [["serve", "extra"], /^infer serve: expected no arguments, got 1 argument/],
+    [["serve", "--parallel", "0"], /--parallel must be an integer >= 1/],
+    [["serve", "--bogus"], /^infer serve: unknown option "--bogus"/],
+    [["models", "extra"], /^infer models: expected no arguments/],
+    [["models", "--json=1"], /option "--json" takes no value/],
+    [["import"], /^infer import: expected <hf-folder>, got none/],
+    [["import", "folder"], /^infer import: -o, --output PATH \(the GGUF to write\) is required/],
+    [["import", "folder", "-o", "x.gguf", "--quant", "Q3"], /--quant must be one of F32, /],
+    [["quantize", "in.gguf"], new RegExp(String.raw`^infer quantize: expected <in\.gguf> ` +
+      String.raw`<out\.gguf>, got 1 argument \("in\.gguf"\) \(see 'infer quantize --help'\)$`)],
+    [["quantize", "a.gguf", "b.gguf", "c.gguf", "d.gguf", "e.gguf"],
+      /got 5 arguments \("a\.gguf", "b\.gguf", "c\.gguf", \.\.\.\)/],
+    [["quantize", "a.gguf", "b.gguf"], /^infer quantize: --quant TYPE \(one of .*\) is required/],
+    [["quantize", "a.gguf", "b.gguf", "--quant", "Q9"], /--quant must be one of .*, got "Q9"/],
+    [["perplexity", "m.gguf"], /^infer perplexity: expected <model\.gguf> <text-file>, got 1/],
+    [["perplexity", "m.gguf", "t.txt", "-c", "2"], /--ctx-size must be an integer >= 3/],
+    [["perplexity", "m.gguf", "t.txt", "--chunks", "0"], /--chunks must be an integer >= 1/],
+    [["help", "nope"], /^infer help: no command "nope" \(commands: run, chat, models, /],
+  ];
+  for (const [args, pattern] of cases) {
+    test(args.join(" ").slice(0, 60), () => expectOneLine(cli(...args), 2, pattern));
+  }
+});
+
+describe("a bad file or path is one line and exit 1", () => {
+  const model = file("model.gguf", tinyGemma3Gguf());
+
+  test("-m a folder", () => {
+    expectOneLine(cli("hi", "-m", dir), 1, /is a folder; give a GGUF file or the name of a cached/);
+  });
+  test("-m an empty file", () => {
+    expectOneLine(cli("hi", "-m", file("empty.gguf", "")), 1, /empty\.gguf" is empty \(0 bytes\)/);
+  });
+  test.skipIf(Bun.which("mkfifo") === null)("-m a FIFO (opening it would wait for a writer)",
+    () => {
+      const fifo = join(dir, "fifo.gguf");
+      expect(Bun.spawnSync(["mkfifo", fifo]).exitCode).toBe(0);
+      expectOneLine(cli("hi", "-m", fifo), 1, /fifo\.gguf" is not a regular file/);
+    });
+  // root reads a file whatever its mode
+  test.skipIf(process.getuid?.() === 0)("-m an unreadable file", () => {
+    const locked = file("locked.gguf", tinyGemma3Gguf());
+    chmodSync(locked, 0);
+    expectOneLine(cli("hi", "-m", locked), 1, /cannot read .*locked\.gguf": permission denied/);
+  });
+  test("quantize to a folder fails before any work", () => {
+    const out = mkdtempSync(join(dir, "out-"));
+    expectOneLine(cli("quantize", model, out, "--quant", "Q8_0"), 1,
+      /the output ".*" is a folder; give a file path/);
+    expect(readdirSync(out)).toEqual([]);
+  });
+  test("quantize onto its input, by the same or another name", () => {
+    expectOneLine(cli("quantize", model, model, "--quant", "Q8_0"), 1, /is the input/);
+    const link = join(dir, "link.gguf");
+    symlinkSync(model, link);
+    expectOneLine(cli("quantize", model, link, "--quant", "Q8_0"), 1, /is the input/);
+  });
+  test("quantize into a folder that does not exist", () => {
+    expectOneLine(cli("quantize", model, "/nonexistent/dir/out.gguf", "--quant", "Q8_0"), 1,
+      /the folder "\/nonexistent\/dir" does not exist/);
+  });
+  test("import to a folder", () => {
+    expectOneLine(cli("import", dir, "-o", dir), 1, /the output ".*" is a folder/);
+  });
+  test("serve on a port in use fails at once, before loading the model", () => {
+    const taken = Bun.listen({ hostname: "127.0.0.1", port: 0, socket: { data() {} } });
+    try {
+      expectOneLine(cli("serve", "-m", model, "--port", String(taken.port)), 1,
+        new RegExp(`cannot listen on "127\\.0\\.0\\.1" port ${taken.port}: it is in use`));
+    } finally {
+      taken.stop(true);
+    }
+  });
+});
+
+describe("quantize and perplexity", () => {
+  const model = file("f32.gguf", tinyGemma3Gguf());
+
+  test("re-quantizing a quantized model is refused unless --allow-requantize", () => {
+    const q8 = join(dir, "q8.gguf"), q4 = join(dir, "q4.gguf");
+    expect(cli("quantize", model, q8, "--quant", "Q8_0").code).toBe(0);
+    expectOneLine(cli("quantize", q8, q4, "--quant", "Q4_0"), 1,
+      /q8\.gguf" is quantized already \(\d+ tensors would be re-quantized: \d+ in Q8_0\); .*--allow/);
+    expect(existsSync(q4)).toBe(false);
+    const r = cli("quantize", q8, q4, "--quant", "Q4_0", "--allow-requantize");
+    expect(r.code).toBe(0);
+    expect(r.stderr).toMatch(
+      /^infer quantize: warning: re-quantizing \d+ tensors .* \(\d+ in Q8_0\) to Q4_0/);
+    expect(r.stderr).toMatch(/wrote .*q4\.gguf/);
+    // a tensor already in the target type is copied, not re-quantized: no refusal
+    expect(cli("quantize", q8, join(dir, "q8-again.gguf"), "--quant", "Q8_0").code).toBe(0);
+  });
+
+  test("quantize and perplexity take a cached model's name, as the other commands do", () => {
+    const cache = join(dir, "cache");
+    mkdirSync(join(cache, "models"), { recursive: true });
+    writeFileSync(join(cache, "models", "tiny-cached.gguf"), tinyGemma3Gguf());
+    const env = { INFER_CACHE: cache };
+    const out = join(dir, "from-cache.gguf");
+    const q = cliWith(env, "quantize", "tiny-cached", out, "--quant", "Q8_0");
+    expect(q.code).toBe(0);
+    expect(existsSync(out)).toBe(true);
+    const text = file("text.txt", "the cat sat on the mat. ".repeat(40));
+    const p = cliWith(env, "perplexity", "tiny-cached", text, "-c", "16", "--chunks", "2");
+    expect({ code: p.code, stderr: p.stderr }).toMatchObject({ code: 0 }); // stderr if not
+    expect(p.stdout).toMatch(/^Final estimate: PPL = \d+\.\d{4} \+\/- \d+\.\d{5}\n$/);
+  });
+});
+
+test("-t above the core count is capped, with a note", () => {
+  const cores = availableParallelism();
+  const r = cli("the cat", "-m", file("threads.gguf", tinyGemma3Gguf()), "-n", "2",
+    "-t", String(cores + 1));
+  expect(r.code).toBe(0);
+  expect(r.stderr.split("\n")[0]).toBe(`infer: note: --threads ${cores + 1} is more than the ` +
+    `${cores} cores here; using ${cores}`);
+});
+
+// Ctrl-C needs a generation that outlasts the signal: the default model, writing until told
+// to stop. It must keep what was written, end it with a newline, print the statistics and exit
+// 130 (128 + SIGINT).
+test.skipIf(!existsSync(defaultModelPath()))("Ctrl-C stops generation, keeps the text and " +
+  "the statistics, exits 130", async () => {
+  const child = Bun.spawn([process.execPath, "infer.ts", "Once upon a time", "-n", "100000",
+    "--ignore-eos", "-c", "4096", "--seed", "1"], { cwd: root, stdout: "pipe", stderr: "pipe" });
+  const reader = child.stdout.getReader();
+  let stdout = "";
+  const decoder = new TextDecoder();
+  while (stdout.trim().length < 20) { // some text is out: generation is under way
+    const { value, done } = await reader.read();
+    if (done) break;
+    stdout += decoder.decode(value, { stream: true });
+  }
+  child.kill("SIGINT");
+  const hang = setTimeout(() => child.kill("SIGKILL"), 60_000); // a hang fails, not blocks
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    stdout += decoder.decode(value, { stream: true });
+  }
+  const code = await child.exited;
+  clearTimeout(hang);
+  const stderr = await new Response(child.stderr).text();
+  expect(code).toBe(130);
+  expect(stdout.endsWith("\n")).toBe(true);
+  expect(stdout.trim().length).toBeGreaterThanOrEqual(20);
+  expect(stderr).toMatch(/generated \d+ tokens, [\d.]+ tok\/s \| stop: interrupted\n$/);
+}, 120_000);

@@ -289,20 +289,50 @@ function safetensorsTensor(path: string, name: string): Float32Array {
   return new Float32Array(Uint32Array.from(bf16, (b) => b << 16).buffer);
 }
 
+function editConfig(folder: string, edit: (c: Record<string, unknown>) => void): void {
+  const path = join(folder, "config.json");
+  const c = JSON.parse(readFileSync(path, "utf8"));
+  edit(c);
+  writeFileSync(path, JSON.stringify(c));
+}
+
+describe("Qwen 2 configs with use_sliding_window where no layer slides", () => {
+  // transformers slides Qwen 2 layer i only when use_sliding_window and i >= max_window_layers,
+  // and a window as long as the context never cuts anything: these configs compute what the
+  // reference (no window) computed, so they import, and give its logits.
+  const noLayerSlides: [string, Record<string, unknown>][] = [
+    ["every layer under max_window_layers",
+      { use_sliding_window: true, sliding_window: 4, max_window_layers: 2,
+        layer_types: undefined }],
+    ["a window as long as the context",
+      { use_sliding_window: true, sliding_window: 256, max_window_layers: 0,
+        layer_types: undefined }],
+  ];
+  for (const [what, settings] of noLayerSlides) {
+    test(`${what}: imports, equal to transformers`, () => {
+      const folder = join(dir, `qwen2-window-${what.replaceAll(" ", "-")}`);
+      cpSync(hfTinyFolder("qwen2"), folder, { recursive: true });
+      editConfig(folder, (c) => Object.assign(c, settings));
+      const out = `${folder}.gguf`;
+      importHuggingFace({ folder, output: out, quant: "F32" });
+      withEngine(out, (e) => {
+        const rows = allLogits(e, reference.qwen2.all_positions.tokens);
+        const worst = Math.max(...rows.map((row, i) => relativeError(row,
+          reference.qwen2.all_positions.logits[i])));
+        expect(worst).toBeLessThan(tolerance("qwen2", "F32"));
+      });
+    });
+  }
+});
+
 describe("bad Hugging Face folders fail with an error naming the problem", () => {
   function broken(name: string, edit: (folder: string) => void): string {
     const folder = join(dir, `bad-${name}`);
-    const source = name.startsWith("sharded") ? "qwen3" : name.startsWith("gemma3") ? "gemma3"
-      : "llama";
+    const source = name.startsWith("sharded") ? "qwen3"
+      : archs.find((a) => name.startsWith(`${a}-`)) ?? "llama";
     cpSync(hfTinyFolder(source), folder, { recursive: true });
     edit(folder);
     return folder;
-  }
-  function editConfig(folder: string, edit: (c: Record<string, unknown>) => void): void {
-    const path = join(folder, "config.json");
-    const c = JSON.parse(readFileSync(path, "utf8"));
-    edit(c);
-    writeFileSync(path, JSON.stringify(c));
   }
   const cases: [string, (folder: string) => void, RegExp][] = [
     ["missing-key", (f) => editConfig(f, (c) => { delete c.num_attention_heads; }),
@@ -327,6 +357,41 @@ describe("bad Hugging Face folders fail with an error naming the problem", () =>
     }), /'rope_local_base_freq' is 50000/],
     ["gemma3-softcap", (f) => editConfig(f, (c) => { c.final_logit_softcapping = 30; }),
       /'final_logit_softcapping' is set/],
+    // Settings the GGUF runtimes would not reproduce are refused by name, not imported wrongly.
+    ["qwen2-sliding", (f) => editConfig(f, (c) => {
+      Object.assign(c, { use_sliding_window: true, sliding_window: 4, max_window_layers: 1,
+        layer_types: ["full_attention", "sliding_attention"] });
+    }), new RegExp(String.raw`'use_sliding_window' is true with 'sliding_window' 4 \(under the ` +
+      String.raw`context of 256\) and 'max_window_layers' 1: layer 1 would attend to the last 4`)],
+    ["qwen2-sliding-no-layer-types", (f) => editConfig(f, (c) => {
+      Object.assign(c, { use_sliding_window: true, sliding_window: 8, max_window_layers: 0 });
+      delete c.layer_types;
+    }), /'use_sliding_window' is true .* layers 0-1 would attend/],
+    ["qwen3-sliding", (f) => editConfig(f, (c) => {
+      Object.assign(c, { use_sliding_window: true, sliding_window: 4, max_window_layers: 1 });
+      delete c.layer_types;
+    }), /'use_sliding_window' is true .*'max_window_layers' 1: layer 1/],
+    ["mistral-window", (f) => editConfig(f, (c) => {
+      Object.assign(c, { architectures: ["MistralForCausalLM"], sliding_window: 16 });
+    }), /'sliding_window' is 16, under the context of 256: every layer attends/],
+    ["yarn", (f) => editConfig(f, (c) => {
+      c.rope_parameters = { rope_type: "yarn", factor: 4, rope_theta: 1e4 };
+    }), /RoPE scaling "yarn" \(rope_type\) is not supported for llama/],
+    ["gemma3-llama3-rope", (f) => editConfig(f, (c) => {
+      const rope = c.rope_parameters as Record<string, Record<string, unknown>>;
+      rope.full_attention = { rope_type: "llama3", factor: 8, rope_theta: 1e6 };
+    }), /RoPE scaling "llama3" \(rope_type\) is not supported for gemma3/],
+    ["partial-rotary", (f) => editConfig(f, (c) => { c.partial_rotary_factor = 0.5; }),
+      /'partial_rotary_factor' is "0\.5"; llama runtimes rotate the whole head/],
+    ["activation", (f) => editConfig(f, (c) => { c.hidden_act = "gelu"; }),
+      /'hidden_act' is "gelu"; llama runtimes compute silu/],
+    ["attention-bias", (f) => editConfig(f, (c) => { c.attention_bias = true; }),
+      /'attention_bias' is true/],
+    ["qwen3-mlp-bias", (f) => editConfig(f, (c) => { c.mlp_bias = true; }),
+      /'mlp_bias' is true; qwen3 runtimes have no feed-forward biases/],
+    ["quantized", (f) => editConfig(f, (c) => {
+      c.quantization_config = { quant_method: "gptq", bits: 4 };
+    }), /'quantization_config' is set \("gptq"\): the checkpoint was quantized by another tool/],
   ];
   for (const [name, edit, pattern] of cases) {
     test(name, () => {

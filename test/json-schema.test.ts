@@ -328,7 +328,7 @@ describe("a budget that holds the shortest output never leaves every token maske
     const run = Bun.spawnSync([process.execPath, join(import.meta.dir, "..", "infer.ts"), "the cat",
       "-m", tinyPath, "--json-schema", join(dir, "person.json"), "-n", "5"], { stderr: "pipe" });
     const err = run.stderr.toString();
-    expect(run.exitCode).not.toBe(0);
+    expect(run.exitCode).toBe(2);
     expect(run.stdout.toString()).toBe("");
     expect(err.trim().split("\n")).toHaveLength(1);
     expect(err).toMatch(/the shortest valid output is 19 bytes, and -n 5 cannot hold it.*-n 19/);

@@ -6,15 +6,15 @@
 // /load and /help are commands; Ctrl-D or /exit leaves. Off a terminal (stdin piped), each line
 // is a turn, and the session ends with the input.
 import { createInterface } from "node:readline";
-import { parseArgs } from "node:util";
 import { ChatSession } from "../chat/session.ts";
 import { Engine } from "../engine/engine.ts";
 import { InferError } from "../errors.ts";
+import { parseCommand } from "./args.ts";
 import { describe, formatStats, loadProgress, verbosityOf } from "./feedback.ts";
 import { chatUsage } from "./help.ts";
 import { resolveModel } from "./models.ts";
 import {
-  engineSettings, generationOptions, intOption, joinNegativeValues, samplingFrom, stopStrings,
+  checkLogitBias, engineSettings, generationOptions, intOption, samplingFrom, stopStrings,
 } from "./options.ts";
 import { defaultModelPath } from "./setup.ts";
 
@@ -26,21 +26,22 @@ const commandsHelp = `/reset        forget the conversation (the system message 
 `;
 
 export async function chatCommand(argv: string[]): Promise<number> {
-  const options = {
-    ...generationOptions, system: { type: "string" }, load: { type: "string" },
-  } as const;
-  const args = joinNegativeValues(argv, options);
-  const { values, positionals } = parseArgs({ args, allowPositionals: true, options });
+  const { values } = parseCommand(argv, {
+    options: { ...generationOptions, system: { type: "string" }, load: { type: "string" } },
+    positionals: { expected: "no arguments (the conversation is typed in the chat)", min: 0,
+      max: 0 },
+  });
   if (values.help) { process.stdout.write(chatUsage); return 0; }
-  if (positionals.length > 0) { process.stderr.write(chatUsage); return 2; }
   const verbosity = verbosityOf(values);
   const sampling = samplingFrom(values);
   const maxTokens = intOption(values.n, "-n", 1024, -1);
   const stop = stopStrings(values);
+  const settings = engineSettings(values);
   const modelPath = resolveModel(values.model ?? defaultModelPath());
   const onProgress = loadProgress(modelPath, verbosity);
-  const engine = Engine.open({ modelPath, ...engineSettings(values), onProgress });
+  const engine = Engine.open({ modelPath, ...settings, onProgress });
   try {
+    checkLogitBias(sampling, engine.model.info.vocabSize);
     const session = new ChatSession(engine, values.system ?? null);
     if (values.load) session.load(values.load);
     const say = (text: string) => { if (verbosity !== "quiet") process.stderr.write(text); };

@@ -21,6 +21,10 @@ executable dist/infer. Models: --model takes a GGUF path or the name of a model 
 (INFER_CACHE, default ~/.cache/infer). Environment: INFER_CACHE, INFER_LIB (the native library
 to load), INFER_CPU (force a CPU build: x86_64_v2, x86_64_v3, x86_64_v4_vnni, aarch64, ...),
 INFER_TRACE_FFI=1 (log native calls).
+
+Exit codes: 0 done; 1 an error, said in one line (a missing or bad model file, too little
+memory, ...); 2 a mistake in the command line (an unknown option, a bad value, a wrong number of
+arguments), said in one line with the help to read; 130 stopped by Ctrl-C.
 `;
 
 export const runUsage = `usage: infer [run] "prompt" [options]
@@ -28,7 +32,8 @@ export const runUsage = `usage: infer [run] "prompt" [options]
 Streams the continuation of the prompt to stdout; statistics go to stderr. The prompt is
 tokenized as llama.cpp does: BOS is added, and control-token text such as <start_of_turn> becomes
 the control token. Generation ends at end-of-generation, at -n tokens, at a --stop string, or
-when a --json output is complete.
+when a --json output is complete. Ctrl-C stops it: what was generated stays printed, the
+statistics follow ("stop: interrupted") and the exit code is 130.
 
 structured output:
   --json                 the output is one JSON object

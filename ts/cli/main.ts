@@ -1,18 +1,20 @@
 // Command dispatch for the CLI. Every user-facing failure becomes one clear line on stderr and a
-// non-zero exit; anything else is a bug and keeps its stack.
+// non-zero exit (2 for a mistake in the command line, 1 for the rest); anything else is a bug and
+// keeps its stack.
 import { readFileSync } from "node:fs";
-import { parseArgs } from "node:util";
 import { Engine, type TokenConstraint } from "../engine/engine.ts";
+import type { GenerateResult } from "../engine/generation.ts";
 import { InferError, quote } from "../errors.ts";
 import { JsonGrammar } from "../sample/json-grammar.ts";
 import { anyObject, compileSchema, minLength, type JsonNode } from "../sample/json-schema.ts";
+import { parseCommand, UsageError } from "./args.ts";
 import { chatCommand } from "./chat.ts";
 import { describe, formatStats, loadProgress, verbosityOf } from "./feedback.ts";
 import { chatUsage, overview, runUsage } from "./help.ts";
 import { importCommand, importUsage } from "./import.ts";
 import { modelsCommand, modelsUsage, resolveModel } from "./models.ts";
 import {
-  engineSettings, generationOptions, intOption, joinNegativeValues, samplingFrom, stopStrings,
+  checkLogitBias, engineSettings, generationOptions, intOption, samplingFrom, stopStrings,
 } from "./options.ts";
 import { perplexityCommand, perplexityUsage } from "./perplexity.ts";
 import { quantizeCommand, quantizeUsage } from "./quantize.ts";
@@ -40,8 +42,8 @@ function helpCommand(argv: string[]): number {
   const topic = argv[0];
   if (topic === undefined) { process.stdout.write(overview); return 0; }
   if (!Object.hasOwn(usages, topic)) {
-    process.stderr.write(`infer: no command '${topic}'\n${overview}`);
-    return 2;
+    throw new UsageError(`no command ${quote(topic, 40)} (commands: ` +
+      `${Object.keys(usages).join(", ")})`, { pointToHelp: false });
   }
   process.stdout.write(usages[topic]);
   return 0;
@@ -71,42 +73,42 @@ function constraintFor(values: { json?: boolean; "json-schema"?: string }, engin
   else return undefined;
   const shortest = minLength(node);
   if (run.maxTokens >= 0 && shortest > run.maxTokens) {
-    throw new InferError("invalid_argument", `${flag}: the shortest valid output is ${shortest} ` +
-      `bytes, and -n ${run.maxTokens} cannot hold it (structured output needs a token per byte ` +
-      `of it to be sure to finish); use -n ${shortest} or more`);
+    throw new UsageError(`${flag}: the shortest valid output is ${shortest} bytes, and ` +
+      `-n ${run.maxTokens} cannot hold it (structured output needs a token per byte of it to be ` +
+      `sure to finish); use -n ${shortest} or more`, { pointToHelp: false });
   }
   const prompt = engine.tokenizer.encode(run.prompt, { addSpecial: true, parseSpecial: true });
   const room = engine.contextLength - prompt.length;
   if (shortest > room) {
-    throw new InferError("invalid_argument", `${flag}: the shortest valid output is ${shortest} ` +
-      `bytes, and the context has room for ${Math.max(0, room)} tokens after the prompt ` +
-      `(structured output needs a token per byte of it); raise --ctx-size`);
+    throw new UsageError(`${flag}: the shortest valid output is ${shortest} bytes, and the ` +
+      `context has room for ${Math.max(0, room)} tokens after the prompt (structured output ` +
+      `needs a token per byte of it); raise --ctx-size`, { pointToHelp: false });
   }
   return new JsonGrammar(engine.tokenizer, node);
 }
 
 async function runCommand(argv: string[]): Promise<number> {
-  const options = {
-    ...generationOptions,
-    "ignore-eos": { type: "boolean" },
-    json: { type: "boolean" },
-    "json-schema": { type: "string" },
-  } as const;
-  const args = joinNegativeValues(argv, options);
-  const { values, positionals } = parseArgs({ args, allowPositionals: true, options });
+  const { values, positionals } = parseCommand(argv, {
+    options: {
+      ...generationOptions,
+      "ignore-eos": { type: "boolean" },
+      json: { type: "boolean" },
+      "json-schema": { type: "string" },
+    },
+    positionals: { expected: "one prompt", min: 1, max: 1,
+      hintWhenTooMany: "quote a prompt that has spaces: infer \"the prompt\"" },
+  });
   if (values.help) { process.stdout.write(runUsage); return 0; }
-  if (positionals.length !== 1) {
-    process.stderr.write(runUsage);
-    return 2;
-  }
   const verbosity = verbosityOf(values);
   const sampling = samplingFrom(values);
   const maxTokens = intOption(values.n, "-n", 128, -1);
   const stop = stopStrings(values);
+  const settings = engineSettings(values);
   const modelPath = resolveModel(values.model ?? defaultModelPath());
   const onProgress = loadProgress(modelPath, verbosity);
-  const engine = Engine.open({ modelPath, ...engineSettings(values), onProgress });
+  const engine = Engine.open({ modelPath, ...settings, onProgress });
   try {
+    checkLogitBias(sampling, engine.model.info.vocabSize);
     const constraint = constraintFor(values, engine, { prompt: positionals[0], maxTokens });
     if (verbosity === "verbose") {
       process.stderr.write(describe(engine, modelPath, {
@@ -115,19 +117,42 @@ async function runCommand(argv: string[]): Promise<number> {
         constraint: values["json-schema"] ?? (values.json ? "JSON object" : "none"),
       }));
     }
-    const result = engine.generate(positionals[0], {
-      maxTokens, sampling, stop, constraint, ignoreEos: values["ignore-eos"] ?? false,
-      onText: (text) => process.stdout.write(text),
-    });
+    const { result, interrupted } = await untilInterrupted((shouldStop) =>
+      engine.generateAsync(positionals[0], {
+        maxTokens, sampling, stop, constraint, ignoreEos: values["ignore-eos"] ?? false,
+        onText: (text) => process.stdout.write(text), shouldStop,
+      }));
     process.stdout.write("\n");
     if (verbosity !== "quiet") process.stderr.write(formatStats(result, engine.loadMs) + "\n");
+    return interrupted ? 130 : 0; // 128 + SIGINT, as a shell reports a command Ctrl-C ended
   } finally {
     engine.close();
   }
-  return 0;
+}
+
+/**
+ * Runs a generation with Ctrl-C (SIGINT) asking it to stop: the handler only sets the flag the
+ * generation reads between tokens, so what was generated is kept and reported. A second Ctrl-C
+ * (a prompt still being evaluated, which is not interrupted) exits at once.
+ */
+async function untilInterrupted(generate: (shouldStop: () => boolean) => Promise<GenerateResult>,
+): Promise<{ result: GenerateResult; interrupted: boolean }> {
+  let interrupted = false;
+  const onSigint = () => {
+    if (interrupted) process.exit(130);
+    interrupted = true;
+  };
+  process.on("SIGINT", onSigint);
+  try {
+    const result = await generate(() => interrupted);
+    return { result, interrupted };
+  } finally {
+    process.off("SIGINT", onSigint);
+  }
 }
 
 export async function main(argv: string[]): Promise<number> {
+  const name = argv.length > 0 && Object.hasOwn(commands, argv[0]) ? argv[0] : null;
   try {
     if (argv.length === 0) {
       process.stderr.write(overview);
@@ -138,15 +163,21 @@ export async function main(argv: string[]): Promise<number> {
       process.stdout.write(`infer ${(await import("../../package.json")).version}\n`);
       return 0;
     }
-    const command = Object.hasOwn(commands, argv[0]) ? commands[argv[0]] : null;
-    return command ? await command(argv.slice(1)) : await runCommand(argv);
+    return name !== null ? await commands[name](argv.slice(1)) : await runCommand(argv);
   } catch (err) {
+    const where = name === null ? "infer" : `infer ${name}`;
+    if (err instanceof UsageError) {
+      const help = err.pointToHelp ? ` (see 'infer ${name ?? "run"} --help')` : "";
+      console.error(`${where}: ${err.message}${help}`);
+      return 2;
+    }
     if (err instanceof InferError) {
-      console.error(`infer: ${err.message}`);
+      console.error(`${where}: ${err.message}`);
       return 1;
     }
     if (err instanceof TypeError && (err as { code?: string }).code?.startsWith("ERR_PARSE_ARGS")) {
-      console.error(`infer: ${err.message}`);
+      // parseCommand checks first; this is parseArgs's own text for a case it did not foresee
+      console.error(`${where}: ${quote(err.message, 200)} (see 'infer ${name ?? "run"} --help')`);
       return 2;
     }
     throw err;

@@ -3,9 +3,9 @@
 // which finds a cached model by file name, by name without .gguf, or by a unique part of it.
 import { existsSync, readdirSync, statSync } from "node:fs";
 import { join } from "node:path";
-import { parseArgs } from "node:util";
-import { InferError } from "../errors.ts";
+import { InferError, quote } from "../errors.ts";
 import { openGguf, type GgufFile } from "../gguf/reader.ts";
+import { parseCommand } from "./args.ts";
 import { cacheDir } from "./setup.ts";
 
 export const modelsUsage = `usage: infer models [--json]
@@ -92,23 +92,35 @@ function majorityType(tensors: Iterable<{ type: { name: string }; dims: readonly
   return [...count.entries()].sort((a, b) => b[1] - a[1])[0]?.[0] ?? "?";
 }
 
-/** A path as given, or the cached model a name picks out (exactly, without .gguf, or uniquely). */
+/**
+ * A path as given, or the cached model a name picks out (exactly, without .gguf, or uniquely).
+ * A folder is refused here, with what to give instead: mapping one fails obscurely.
+ */
 export function resolveModel(nameOrPath: string): string {
-  if (existsSync(nameOrPath) || nameOrPath.includes("/")) return nameOrPath;
   const files = cachedFiles();
   const exact = files.find((f) => f === nameOrPath || f === `${nameOrPath}.gguf`);
+  const exists = existsSync(nameOrPath);
+  if (exists && statSync(nameOrPath).isDirectory()) {
+    if (exact && !nameOrPath.includes("/")) return join(modelsDir(), exact);
+    throw new InferError("invalid_argument", `${quote(nameOrPath)} is a folder; give a GGUF ` +
+      "file or the name of a cached model ('infer models' lists them; 'infer import' " +
+      "converts a Hugging Face folder)");
+  }
+  if (exists || nameOrPath.includes("/")) return nameOrPath;
   if (exact) return join(modelsDir(), exact);
   const needle = nameOrPath.toLowerCase();
   const partial = files.filter((f) => f.toLowerCase().includes(needle));
   if (partial.length === 1) return join(modelsDir(), partial[0]);
+  // the first few names, so that a large cache still makes one line
+  const listed = (names: string[]) => names.slice(0, 6).join(", ") +
+    (names.length > 6 ? `, and ${names.length - 6} more` : "");
   if (partial.length > 1) {
     throw new InferError("invalid_argument",
-      `'${nameOrPath}' matches several cached models: ${partial.join(", ")}`);
+      `'${nameOrPath}' matches several cached models: ${listed(partial)}`);
   }
   if (nameOrPath.endsWith(".gguf")) return nameOrPath; // a missing path: the engine says so
-  throw new InferError("io", `no model file '${nameOrPath}' and no cached model by that name ` +
-    `in ${modelsDir()}` +
-    (files.length > 0 ? ` (cached: ${files.join(", ")})` : ""));
+  throw new InferError("io", `no model file '${nameOrPath}' and no cached model by that ` +
+    `name in ${modelsDir()}` + (files.length > 0 ? ` (cached: ${listed(files)})` : ""));
 }
 
 function size(bytes: number): string {
@@ -123,8 +135,10 @@ function count(n: number): string {
 }
 
 export function modelsCommand(argv: string[]): number {
-  const options = { json: { type: "boolean" }, help: { type: "boolean", short: "h" } } as const;
-  const { values } = parseArgs({ args: argv, options });
+  const { values } = parseCommand(argv, {
+    options: { json: { type: "boolean" }, help: { type: "boolean", short: "h" } },
+    positionals: { expected: "no arguments", min: 0, max: 0 },
+  });
   if (values.help) { process.stdout.write(modelsUsage); return 0; }
   const models = listModels();
   if (values.json) {

@@ -1,11 +1,12 @@
 // Options shared by the commands that generate (the prompt command and chat): the model, the
 // context, the sampler chain, stop strings, and how much to say on stderr. Values are checked
-// here, at the boundary; each bad one is a single line naming the option.
+// here, at the boundary; each bad one is a UsageError, a single line naming the option.
 import { availableParallelism } from "node:os";
 import type { ParseArgsConfig } from "node:util";
-import { parseBackendKind, type BackendKind } from "../backend/select.ts";
-import { InferError } from "../errors.ts";
+import { backendKinds, parseBackendKind, type BackendKind } from "../backend/select.ts";
+import { InferError, quote } from "../errors.ts";
 import { defaultSampling, type SamplerOptions } from "../sample/sampler.ts";
+import { UsageError } from "./args.ts";
 
 export const generationOptions = {
   model: { type: "string", short: "m" },
@@ -30,28 +31,6 @@ export const generationOptions = {
   help: { type: "boolean", short: "h" },
 } as const satisfies ParseArgsConfig["options"];
 
-/**
- * node:util's parseArgs reads "-1" after "-n" as an option, not a value; llama.cpp users type
- * "-n -1". Joins a value-taking option and a negative number that follows it ("--n=-1").
- */
-export function joinNegativeValues(argv: readonly string[],
-  options: ParseArgsConfig["options"]): string[] {
-  const takesValue = new Map<string, string>();
-  for (const [name, o] of Object.entries(options ?? {})) {
-    if (o.type !== "string") continue;
-    takesValue.set(`--${name}`, name);
-    if (o.short) takesValue.set(`-${o.short}`, name);
-  }
-  const out: string[] = [];
-  for (let i = 0; i < argv.length; i++) {
-    const name = takesValue.get(argv[i]);
-    if (name !== undefined && i + 1 < argv.length && /^-(\d|\.\d|inf)/i.test(argv[i + 1])) {
-      out.push(`--${name}=${argv[++i]}`);
-    } else out.push(argv[i]);
-  }
-  return out;
-}
-
 /** The help text for generationOptions (sampling defaults are llama.cpp's). */
 export function generationHelp(defaultTokens: string): string {
   const d = defaultSampling;
@@ -59,7 +38,7 @@ export function generationHelp(defaultTokens: string): string {
   -m, --model PATH|NAME  a GGUF file, or a model in the cache by name (see 'infer models';
                          default: the installed Gemma 3 270M Q4_K_M)
   -c, --ctx-size N       context length in tokens (default: min(4096, the model's))
-  -t, --threads N        CPU threads (default: all cores)
+  -t, --threads N        CPU threads (default: all cores; more than the cores are capped)
   --backend B            cpu, cuda, metal, or auto: Metal on Apple silicon, else CUDA when
                          available, else the CPU (default: auto)
 
@@ -89,14 +68,20 @@ type Option<K extends keyof typeof generationOptions> = (typeof generationOption
 type Values = { [K in keyof typeof generationOptions]?: Option<K> extends { multiple: true }
   ? string[] : Option<K> extends { type: "boolean" } ? boolean : string };
 
+/**
+ * An integer option: `fallback` when absent, else a whole number in min..max (the top bound
+ * keeps a mistyped "1e30" from reaching an allocation as a size).
+ */
 export function intOption(value: string | undefined, name: string, fallback: number,
-  min: number): number {
+  min: number, max = Number.MAX_SAFE_INTEGER): number {
   if (value === undefined) return fallback;
   const n = Number(value);
-  if (!Number.isInteger(n) || n < min) {
-    throw new InferError("invalid_argument", `${name} must be an integer >= ${min}, ` +
-      `got '${value}'`);
+  const unbounded = max === Number.MAX_SAFE_INTEGER;
+  if (value.trim() === "" || !Number.isInteger(n) || n < min || (!unbounded && n > max)) {
+    const range = unbounded ? `>= ${min}` : `from ${min} to ${max}`;
+    throw new UsageError(`${name} must be an integer ${range}, got ${quote(value, 40)}`);
   }
+  if (n > max) throw new UsageError(`${name} ${quote(value, 40)} is too large (at most ${max})`);
   return n;
 }
 
@@ -105,9 +90,37 @@ export function floatOption(value: string | undefined, name: string, fallback: n
   if (value === undefined) return fallback;
   const n = Number(value);
   if (value.trim() === "" || !Number.isFinite(n) || n < min) {
-    throw new InferError("invalid_argument", `${name} must be a number >= ${min}, got '${value}'`);
+    throw new UsageError(`${name} must be a number >= ${min}, got ${quote(value, 40)}`);
   }
   return n;
+}
+
+/**
+ * --threads: more threads than cores only slow decoding down (64 threads on 2 cores decode at
+ * 5% of the speed), so a larger count is capped to the cores, with a note.
+ */
+export function threadsOption(value: string | undefined): number {
+  const cores = availableParallelism();
+  const n = intOption(value, "--threads", cores, 1);
+  if (n <= cores) return n;
+  process.stderr.write(`infer: note: --threads ${n} is more than the ${cores} cores here; ` +
+    `using ${cores}\n`);
+  return cores;
+}
+
+export function backendOption(value: string | undefined): BackendKind {
+  if (value !== undefined) {
+    try {
+      return parseBackendKind(value);
+    } catch (err) {
+      if (err instanceof InferError) {
+        throw new UsageError(`--backend must be one of ${backendKinds.join(", ")}, got ` +
+          quote(value, 40));
+      }
+      throw err;
+    }
+  }
+  return parseBackendKind(process.env.INFER_BACKEND ?? "auto", "INFER_BACKEND");
 }
 
 /** llama.cpp's --logit-bias TOKEN_ID(+/-)BIAS, e.g. 15043+1, 15043-0.5, 15043-inf. */
@@ -115,9 +128,9 @@ export function parseLogitBias(values: readonly string[]): Map<number, number> {
   const bias = new Map<number, number>();
   for (const v of values) {
     const m = /^(\d+)\s*([+-=])\s*(inf|[0-9]*\.?[0-9]+(?:[eE][+-]?\d+)?)$/i.exec(v.trim());
-    if (!m) {
-      throw new InferError("invalid_argument",
-        `--logit-bias must be TOKEN_ID+BIAS or TOKEN_ID-BIAS, got '${v}'`);
+    if (!m || !Number.isSafeInteger(Number(m[1]))) {
+      throw new UsageError("--logit-bias must be TOKEN_ID+BIAS or TOKEN_ID-BIAS, got " +
+        quote(v, 40));
     }
     const magnitude = m[3].toLowerCase() === "inf" ? Infinity : Number(m[3]);
     bias.set(Number(m[1]), m[2] === "-" ? -magnitude : magnitude);
@@ -140,23 +153,34 @@ export function samplingFrom(v: Values): SamplerOptions {
     presencePenalty: floatOption(v["presence-penalty"], "--presence-penalty",
       d.presencePenalty, -Infinity),
     logitBias: parseLogitBias(v["logit-bias"] ?? []),
-    seed: intOption(v.seed, "--seed", -1, -1),
+    seed: intOption(v.seed, "--seed", -1, -1, 2 ** 32 - 1),
   };
 }
 
-export function engineSettings(v: Values): { threads: number; contextLength?: number; backend: BackendKind } {
+/** --logit-bias names tokens by id; one past the model's vocabulary would be ignored silently. */
+export function checkLogitBias(sampling: SamplerOptions, vocabSize: number): void {
+  for (const id of sampling.logitBias?.keys() ?? []) {
+    if (id >= vocabSize) {
+      throw new UsageError(`--logit-bias: token ${id} is not in the model's vocabulary ` +
+        `(ids 0 to ${vocabSize - 1})`);
+    }
+  }
+}
+
+export function engineSettings(v: Values): {
+  threads: number; contextLength?: number; backend: BackendKind } {
   return {
-    threads: intOption(v.threads, "--threads", availableParallelism(), 1),
+    threads: threadsOption(v.threads),
     contextLength: v["ctx-size"] === undefined ? undefined
       : intOption(v["ctx-size"], "--ctx-size", 0, 1),
-    backend: parseBackendKind(v.backend ?? process.env.INFER_BACKEND ?? "auto"),
+    backend: backendOption(v.backend),
   };
 }
 
 export function stopStrings(v: Values): string[] {
   const stops = v.stop ?? [];
   if (stops.some((s) => s.length === 0)) {
-    throw new InferError("invalid_argument", "--stop needs a non-empty text");
+    throw new UsageError("--stop needs a non-empty text");
   }
   return stops;
 }

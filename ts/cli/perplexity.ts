@@ -4,20 +4,21 @@
 // only the second half of each chunk is scored, each token under the logits of the position
 // before it, so every scored token has at least n_ctx/2 tokens of context.
 import { readFileSync } from "node:fs";
-import { availableParallelism } from "node:os";
-import { parseArgs } from "node:util";
-import { parseBackendKind } from "../backend/select.ts";
 import { Engine } from "../engine/engine.ts";
-import { InferError } from "../errors.ts";
+import { InferError, quote } from "../errors.ts";
+import { parseCommand } from "./args.ts";
+import { resolveModel } from "./models.ts";
+import { backendOption, intOption, threadsOption } from "./options.ts";
 
 export const perplexityUsage = `usage: infer perplexity <model.gguf> <text-file> [options]
 
 Scores the text as llama-perplexity does (chunks of n_ctx tokens, second half of each scored).
+<model.gguf> is a path or the name of a model in the cache ('infer models').
 
 options:
   -c, --ctx-size N   tokens per chunk (default 512)
   --chunks N         score at most N chunks (default: all)
-  -t, --threads N    CPU threads (default: all cores)
+  -t, --threads N    CPU threads (default: all cores; more than the cores are capped)
   --backend B        cpu, cuda, metal or auto: a GPU when available (default: auto)
   -h, --help         this text
 `;
@@ -80,8 +81,7 @@ export function perplexity(engine: Engine, text: string, o: {
 }
 
 export function perplexityCommand(argv: string[]): number {
-  const { values, positionals } = parseArgs({
-    args: argv, allowPositionals: true,
+  const { values, positionals } = parseCommand(argv, {
     options: {
       "ctx-size": { type: "string", short: "c" },
       chunks: { type: "string" },
@@ -89,33 +89,28 @@ export function perplexityCommand(argv: string[]): number {
       backend: { type: "string" },
       help: { type: "boolean", short: "h" },
     },
+    positionals: { expected: "<model.gguf> <text-file>", min: 2, max: 2 },
   });
   if (values.help) { process.stdout.write(perplexityUsage); return 0; }
-  if (positionals.length !== 2) { process.stderr.write(perplexityUsage); return 2; }
-  const int = (v: string | undefined, name: string, fallback: number): number => {
-    if (v === undefined) return fallback;
-    const n = Number(v);
-    if (!Number.isInteger(n) || n < 1) throw new InferError("invalid_argument",
-      `${name} must be an integer >= 1, got '${v}'`);
-    return n;
-  };
-  const contextLength = int(values["ctx-size"], "--ctx-size", 512);
+  const contextLength = intOption(values["ctx-size"], "--ctx-size", 512, 3);
+  const chunks = values.chunks === undefined ? undefined
+    : intOption(values.chunks, "--chunks", 0, 1);
+  const threads = threadsOption(values.threads), backend = backendOption(values.backend);
+  const modelPath = resolveModel(positionals[0]);
   let text: string;
   try {
     text = readFileSync(positionals[1], "utf8");
   } catch (err) {
-    throw new InferError("io", `cannot read ${positionals[1]}: ${(err as Error).message}`);
+    const code = (err as NodeJS.ErrnoException).code ?? (err as Error).message;
+    throw new InferError("io", `cannot read the text ${quote(positionals[1])} (${code})`);
   }
   const engine = Engine.open({
-    modelPath: positionals[0], contextLength, batch: Math.min(contextLength, 512),
-    threads: int(values.threads, "--threads", availableParallelism()),
-    backend: parseBackendKind(values.backend ?? process.env.INFER_BACKEND ?? "auto"),
+    modelPath, contextLength, batch: Math.min(contextLength, 512), threads, backend,
   });
   try {
     const t0 = performance.now();
     const r = perplexity(engine, text, {
-      contextLength, chunks: values.chunks === undefined ? undefined : int(values.chunks,
-        "--chunks", 1),
+      contextLength, chunks,
       onChunk: (c, ppl) => process.stderr.write(`[${c}]${ppl.toFixed(4)},`),
     });
     process.stderr.write(

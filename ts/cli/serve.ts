@@ -1,11 +1,9 @@
 // `infer serve`: the OpenAI-compatible HTTP server (ts/serve) on one model.
-import { availableParallelism } from "node:os";
-import { parseArgs } from "node:util";
-import { parseBackendKind } from "../backend/select.ts";
 import { InferError, quote } from "../errors.ts";
 import { startServer } from "../serve/server.ts";
+import { parseCommand } from "./args.ts";
 import { resolveModel } from "./models.ts";
-import { floatOption, intOption } from "./options.ts";
+import { backendOption, floatOption, intOption, threadsOption } from "./options.ts";
 import { defaultModelPath } from "./setup.ts";
 
 export const serveUsage = `usage: infer serve [options]
@@ -57,8 +55,9 @@ another origin are refused (403) unless --cors allows that origin.
 `;
 
 export async function serveCommand(argv: string[]): Promise<number> {
-  const { values, positionals } = parseArgs({
-    args: argv, allowPositionals: true, options: {
+  const { values } = parseCommand(argv, {
+    positionals: { expected: "no arguments", min: 0, max: 0 },
+    options: {
       model: { type: "string", short: "m" }, host: { type: "string" }, port: { type: "string" },
       ctx: { type: "string", short: "c" }, "ctx-size": { type: "string" },
       threads: { type: "string", short: "t" }, backend: { type: "string" },
@@ -71,16 +70,16 @@ export async function serveCommand(argv: string[]): Promise<number> {
     },
   });
   if (values.help) { process.stdout.write(serveUsage); return 0; }
-  if (positionals.length > 0) { process.stderr.write(serveUsage); return 2; }
   const ctx = values.ctx ?? values["ctx-size"];
+  const host = values.host ?? "127.0.0.1";
+  const port = intOption(values.port, "--port", 8080, 0, 65535);
+  const threads = threadsOption(values.threads), backend = backendOption(values.backend);
   const modelPath = resolveModel(values.model ?? defaultModelPath());
+  checkCanListen(host, port);
   const server = await startServer({
-    modelPath,
-    host: values.host ?? "127.0.0.1",
-    port: intOption(values.port, "--port", 8080, 0),
+    modelPath, host, port,
     contextLength: ctx === undefined ? undefined : intOption(ctx, "--ctx", 0, 1),
-    threads: intOption(values.threads, "--threads", availableParallelism(), 1),
-    backend: parseBackendKind(values.backend ?? process.env.INFER_BACKEND ?? "auto"),
+    threads, backend,
     apiKey: values["api-key"] ?? process.env.INFER_API_KEY ?? null,
     maxQueue: intOption(values.queue, "--queue", 16, 0),
     parallel: intOption(values.parallel, "--parallel", 4, 1),
@@ -135,4 +134,23 @@ function corsOrigins(values: readonly string[]): string[] {
     }
   }
   return origins.map((o) => o.replace(/\/$/, ""));
+}
+
+/**
+ * Binds host:port once and lets go, before the model is loaded: a port in use or an address
+ * this machine does not have is then one line at once, not a stack trace after the load.
+ */
+function checkCanListen(host: string, port: number): void {
+  try {
+    Bun.listen({ hostname: host, port, socket: { data() {} } }).stop(true);
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    const where = `${quote(host, 60)} port ${port}`;
+    if (code === "EADDRINUSE") {
+      throw new InferError("io", `cannot listen on ${where}: it is in use (another server?); ` +
+        "choose another with --port, or --port 0 for any free one");
+    }
+    throw new InferError("io", `cannot listen on ${where}${code ? ` (${code})` : ""}; --host ` +
+      "must be an address of this machine, e.g. 127.0.0.1 or 0.0.0.0");
+  }
 }

@@ -6,6 +6,7 @@
 import { InferError } from "../errors.ts";
 import { gguf, type GgufTypedValue } from "../gguf/writer.ts";
 import { LIMITS } from "../model/hparams.ts";
+import { checkRope, refusedSettings, type ConfigRules } from "./config-checks.ts";
 import type { HfConfig, RopeParameters } from "./hf-config.ts";
 import type { TokenizerOptions } from "./tokenizer.ts";
 
@@ -47,12 +48,25 @@ interface DecoderOptions {
   readonly tiedDefault: boolean;
   readonly writeRopeDims: boolean;
   readonly writeVocabSize: boolean;
+  /** Qwen 2 / 3: use_sliding_window and max_window_layers decide which layers slide. */
+  readonly qwenSlidingWindow: boolean;
+  /** attention_bias: true adds an output bias too, which the plan has no place for. */
+  readonly refuseAttentionBias: boolean;
 }
 
+/** The RoPE variants a llama-like GGUF runtime computes (llama3: the rope_freqs tensor). */
+const DECODER_ROPE = ["default", "linear", "llama3", "dynamic"] as const;
+
 function decoderPlan(c: HfConfig, o: DecoderOptions): ArchitecturePlan {
+  refusedSettings(c, {
+    arch: o.arch, activation: { key: "hidden_act", name: "silu" },
+    refuseAttentionBias: o.refuseAttentionBias,
+    qwenSlidingWindow: o.qwenSlidingWindow, runsSlidingWindow: false,
+  } satisfies ConfigRules);
   const s = c.decoderShape();
   const tied = c.bool("tie_word_embeddings", o.tiedDefault);
   const rope = c.rope(10_000);
+  checkRope(c, rope, o.arch, DECODER_ROPE);
   const a = o.arch, e = s.embedding, q = s.heads * s.headDim, kv = s.kvHeads * s.headDim;
   const metadata: [string, GgufTypedValue][] = [
     [`${a}.block_count`, gguf.u32(s.layers)],
@@ -170,24 +184,15 @@ export function llama3RopeFactors(rope: RopeParameters, headDim: number): Float3
 
 /** rope.scaling.* as convert_hf_to_gguf writes them (llama3 becomes the rope_freqs tensor). */
 function ropeScalingMetadata(a: string, rope: RopeParameters): [string, GgufTypedValue][] {
-  const factor = rope.raw.factor;
-  if (rope.type === "linear" && typeof factor === "number") {
-    return [[`${a}.rope.scaling.type`, gguf.str("linear")], [`${a}.rope.scaling.factor`, gguf.f32(
-      factor)]];
-  }
-  if (rope.type === "yarn" && typeof factor === "number") {
-    const out: [string, GgufTypedValue][] = [[`${a}.rope.scaling.type`, gguf.str("yarn")],
-      [`${a}.rope.scaling.factor`, gguf.f32(factor)]];
-    const orig = rope.raw.original_max_position_embeddings;
-    if (typeof orig === "number") out.push([`${a}.rope.scaling.original_context_length`, gguf.u32(orig)]);
-    return out;
-  }
-  if (rope.type === "default" || rope.type === "llama3" || rope.type === "dynamic") return [];
-  throw new InferError("unsupported",
-    `config.json: RoPE scaling '${rope.type}' is not supported by the importer`);
+  if (rope.type !== "linear") return []; // checkRope let through only what needs no keys
+  return [[`${a}.rope.scaling.type`, gguf.str("linear")],
+    [`${a}.rope.scaling.factor`, gguf.f32(rope.raw.factor as number)]];
 }
 
 // ---- Gemma 3 (text) -------------------------------------------------------------------------
+
+/** The global layers' RoPE variants the gemma3 runtimes compute (they read only a factor). */
+const GEMMA3_ROPE = ["default", "linear", "dynamic"] as const;
 
 /** What infer's and llama.cpp's gemma3 runtimes fix rather than read from the GGUF. */
 const GEMMA3_FIXED = { slidingPattern: 6, localRopeTheta: 10_000 } as const;
@@ -205,12 +210,10 @@ function gemma3Plan(c: HfConfig): ArchitecturePlan {
   const unsupported = (key: string, why: string): never => {
     throw new InferError("unsupported", `${c.path}: '${key}' ${why}`);
   };
-  const activation = c.string("hidden_activation", "gelu_pytorch_tanh");
-  if (activation !== "gelu_pytorch_tanh") unsupported("hidden_activation",
-    `is ${activation}; Gemma 3 runtimes use gelu_pytorch_tanh`);
-  for (const key of ["attn_logit_softcapping", "final_logit_softcapping"]) {
-    if (c.has(key)) unsupported(key, "is set; Gemma 3 runtimes do not soft-cap");
-  }
+  refusedSettings(c, {
+    arch: a, activation: { key: "hidden_activation", name: "gelu_pytorch_tanh" },
+    refuseAttentionBias: true, qwenSlidingWindow: false, runsSlidingWindow: true,
+  });
   if (c.bool("use_bidirectional_attention", false)) unsupported("use_bidirectional_attention",
     "is true; only causal attention is supported");
   const scalar = c.int("query_pre_attn_scalar", { min: 1, fallback: s.headDim });
@@ -218,6 +221,7 @@ function gemma3Plan(c: HfConfig): ArchitecturePlan {
     `is ${scalar}; the GGUF runtimes scale attention by 1/sqrt(head_dim = ${s.headDim})`);
   checkGemma3Layers(c, s.layers, unsupported);
   const rope = c.rope(1_000_000);
+  checkRope(c, rope, a, GEMMA3_ROPE);
   const window = c.int("sliding_window", { min: 1, max: LIMITS.context });
   const tied = c.bool("tie_word_embeddings", true);
   const e = s.embedding, q = s.heads * s.headDim, kv = s.kvHeads * s.headDim;
@@ -308,21 +312,25 @@ const architectures: readonly Architecture[] = [
     gguf: "llama", hfClasses: ["LlamaForCausalLM", "LLaMAForCausalLM", "MistralForCausalLM"],
     plan: (c) => decoderPlan(c, {
       arch: "llama", permuteQk: true, qkNorm: false, qkvBias: "optional", tiedDefault: false,
-      writeRopeDims: true, writeVocabSize: true,
+      writeRopeDims: true, writeVocabSize: true, qwenSlidingWindow: false,
+      refuseAttentionBias: true,
     }),
   },
   {
     gguf: "qwen2", hfClasses: ["Qwen2ForCausalLM"],
     plan: (c) => decoderPlan(c, {
       arch: "qwen2", permuteQk: false, qkNorm: false, qkvBias: "required", tiedDefault: false,
-      writeRopeDims: false, writeVocabSize: false,
+      writeRopeDims: false, writeVocabSize: false, qwenSlidingWindow: true,
+      // transformers' Qwen2 reads no attention_bias: q/k/v always have biases, o never
+      refuseAttentionBias: false,
     }),
   },
   {
     gguf: "qwen3", hfClasses: ["Qwen3ForCausalLM"],
     plan: (c) => decoderPlan(c, {
       arch: "qwen3", permuteQk: false, qkNorm: true, qkvBias: "none", tiedDefault: false,
-      writeRopeDims: false, writeVocabSize: false,
+      writeRopeDims: false, writeVocabSize: false, qwenSlidingWindow: true,
+      refuseAttentionBias: true,
     }),
   },
   { gguf: "gemma3", hfClasses: ["Gemma3ForCausalLM"], plan: gemma3Plan },

@@ -4,13 +4,13 @@
 // each tensor is read as f32, transformed where the runtime's layout differs, quantized and
 // streamed out. Re-quantizing an existing GGUF (`infer quantize`) shares the packing.
 import { basename, resolve } from "node:path";
-import { InferError } from "../errors.ts";
+import { InferError, quote } from "../errors.ts";
 import { openGguf } from "../gguf/reader.ts";
-import { typeName } from "../gguf/types.ts";
+import { ggmlTypes, typeName } from "../gguf/types.ts";
 import { gguf, type GgufTypedValue } from "../gguf/writer.ts";
 import { planConversion, type PlannedTensor } from "./architectures.ts";
 import { typedMetadata } from "./gguf-metadata.ts";
-import { writeGgufFile, type TensorToProduce } from "./gguf-out.ts";
+import { checkOutputPath, writeGgufFile, type TensorToProduce } from "./gguf-out.ts";
 import { HfConfig } from "./hf-config.ts";
 import type { Progress } from "./progress.ts";
 import {
@@ -39,6 +39,7 @@ export interface WriteSummary {
 }
 
 export function importHuggingFace(o: ImportOptions): WriteSummary {
+  checkOutputPath(o.output);
   const config = HfConfig.read(o.folder);
   const plan = planConversion(config);
   const vocab = config.int("vocab_size");
@@ -118,15 +119,19 @@ export interface RequantizeOptions {
   readonly input: string;
   readonly output: string;
   readonly quant: QuantName;
+  /**
+   * Re-pack tensors that are quantized already (llama-quantize's --allow-requantize); without
+   * it such a model is refused, since its rounding would be rounded again.
+   */
+  readonly allowRequantize?: boolean;
+  /** Told what is re-quantized when allowRequantize lets it happen. */
+  readonly warn?: (message: string) => void;
   readonly progress?: Progress;
 }
 
 /** GGUF → GGUF in another type: metadata kept (file type updated), tensors re-packed. */
 export function requantizeGguf(o: RequantizeOptions): WriteSummary {
-  if (resolve(o.input) === resolve(o.output)) {
-    throw new InferError("invalid_argument",
-      "quantize: the output must be a different file from the input");
-  }
+  checkOutputPath(o.output, [o.input]);
   const file = openGguf(o.input);
   try {
     const metadata = typedMetadata(file.bytes, o.input).map(([k, v]): [string, GgufTypedValue] =>
@@ -154,10 +159,29 @@ export function requantizeGguf(o: RequantizeOptions): WriteSummary {
         },
       };
     });
+    checkRequantize(o, [...file.tensors.values()].filter((t, i) =>
+      tensors[i].type !== t.type.id && ggmlTypes.get(t.type.id)!.blockValues > 1));
     const bytes = writeGgufFile(o.output, metadata, tensors, { alignment: file.alignment,
       progress: o.progress });
     return { architecture, tensors: tensors.length, bytes, types: countTypes(tensors) };
   } finally {
     file.close();
   }
+}
+
+/** Tensors a quantize would re-pack from a quantized type: refused, or a warning when allowed. */
+function checkRequantize(o: RequantizeOptions,
+  requantized: readonly { type: { name: string } }[]): void {
+  if (requantized.length === 0) return;
+  const byType = new Map<string, number>();
+  for (const t of requantized) byType.set(t.type.name, (byType.get(t.type.name) ?? 0) + 1);
+  const types = [...byType].map(([type, n]) => `${n} in ${type}`).join(", ");
+  if (o.allowRequantize) {
+    o.warn?.(`re-quantizing ${requantized.length} tensors that are quantized already ` +
+      `(${types}) to ${o.quant}: their rounding is rounded again`);
+    return;
+  }
+  throw new InferError("invalid_argument", `${quote(o.input)} is quantized already ` +
+    `(${requantized.length} tensors would be re-quantized: ${types}); quantize from the ` +
+    "F16/BF16/F32 model, or pass --allow-requantize to accept the loss");
 }

@@ -9,7 +9,7 @@
 // Quantizing is libinfer's port of ggml's reference quantizers, one native call per tensor, so
 // the blocks are byte-identical to llama-quantize's (test/quantize-k.test.ts,
 // test/fixtures/quant-k-golden.py).
-import { InferError } from "../errors.ts";
+import { InferError, quote } from "../errors.ts";
 import { GgmlType, ggmlTypes, rowBytes } from "../gguf/types.ts";
 import { check, native } from "../native/lib.ts";
 
@@ -52,7 +52,7 @@ export function parseQuant(name: string): QuantName {
   const upper = name.toUpperCase();
   if (!(QUANT_NAMES as readonly string[]).includes(upper)) {
     throw new InferError("invalid_argument",
-      `--quant ${name} is not one of ${QUANT_NAMES.join(", ")}`);
+      `--quant must be one of ${QUANT_NAMES.join(", ")}, got ${quote(name, 40)}`);
   }
   const quant = upper as QuantName;
   assertCanQuantize(QUANT_IDS[quant], quant);

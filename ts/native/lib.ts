@@ -7,10 +7,13 @@
 // embedded in it (dlopen'ed in place, or copied to the cache first if that fails); from source,
 // the repository's zig-out/lib.
 import { dlopen, ptr, toArrayBuffer, type Pointer } from "bun:ffi";
-import { existsSync, mkdirSync, readFileSync, renameSync, writeFileSync } from "node:fs";
+import {
+  accessSync, constants, existsSync, mkdirSync, readFileSync, renameSync, statSync, writeFileSync,
+  type Stats,
+} from "node:fs";
 import { homedir } from "node:os";
 import { basename, dirname, join } from "node:path";
-import { InferError, type InferErrorCode } from "../errors.ts";
+import { InferError, quote, type InferErrorCode } from "../errors.ts";
 import { libraryFileName } from "./cpu.ts";
 import { symbols } from "./symbols.gen.ts";
 
@@ -126,7 +129,43 @@ export interface MappedFile {
   close(): void;
 }
 
+/** Why a file could not be opened or read, in words, from a node:fs error. */
+export function fileErrorReason(err: unknown): string {
+  const code = (err as NodeJS.ErrnoException).code;
+  const reasons: Record<string, string> = {
+    ENOENT: "no such file", EACCES: "permission denied", EPERM: "permission denied",
+    EISDIR: "it is a folder", ENOTDIR: "a part of the path is not a folder",
+    ELOOP: "too many symbolic links", ENAMETOOLONG: "the name is too long",
+  };
+  return (code !== undefined ? reasons[code] ?? code : undefined) ?? quote(String(err));
+}
+
+/**
+ * What mapping needs, checked first so that each failure is said plainly: a regular file (a
+ * folder cannot be mapped, and opening a FIFO would wait for a writer), readable, not empty.
+ */
+function checkMappable(path: string): void {
+  const shown = quote(path);
+  let stat: Stats;
+  try {
+    stat = statSync(path);
+  } catch (err) {
+    throw new InferError("io", `cannot open ${shown}: ${fileErrorReason(err)}`);
+  }
+  if (stat.isDirectory()) {
+    throw new InferError("invalid_argument", `${shown} is a folder, not a file`);
+  }
+  if (!stat.isFile()) throw new InferError("invalid_argument", `${shown} is not a regular file`);
+  if (stat.size === 0) throw new InferError("invalid_argument", `${shown} is empty (0 bytes)`);
+  try {
+    accessSync(path, constants.R_OK);
+  } catch (err) {
+    throw new InferError("io", `cannot read ${shown}: ${fileErrorReason(err)}`);
+  }
+}
+
 export function mapFile(path: string): MappedFile {
+  checkMappable(path);
   const lib = native();
   const pathBytes = Buffer.from(path, "utf8");
   const out = new BigUint64Array(3);
