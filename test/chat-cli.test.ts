@@ -67,7 +67,7 @@ describe("feedback", () => {
       [["x", "--temp", "hot"], /--temp must be a number >= 0/],
       [["x", "--logit-bias", "12*3"], /--logit-bias must be TOKEN_ID\+BIAS/],
       [["x", "--stop", ""], /--stop needs a non-empty text/],
-      [["x", "--json-schema", "/nonexistent.json"], /--json-schema \/nonexistent\.json/],
+      [["x", "--json-schema", "/nonexistent.json"], /--json-schema "\/nonexistent\.json": .*ENOENT/],
     ] as [string[], RegExp][]) {
       const r = cli([...args, ...model]);
       expect(r.code).not.toBe(0);

@@ -159,8 +159,10 @@ export function requantizeGguf(o: RequantizeOptions): WriteSummary {
         },
       };
     });
+    // Dequantizing to F32/F16/BF16 rounds nothing again; only a quantized target does.
+    const quantized = (id: number) => ggmlTypes.get(id)!.blockValues > 1;
     checkRequantize(o, [...file.tensors.values()].filter((t, i) =>
-      tensors[i].type !== t.type.id && ggmlTypes.get(t.type.id)!.blockValues > 1));
+      tensors[i].type !== t.type.id && quantized(t.type.id) && quantized(tensors[i].type)));
     const bytes = writeGgufFile(o.output, metadata, tensors, { alignment: file.alignment,
       progress: o.progress });
     return { architecture, tensors: tensors.length, bytes, types: countTypes(tensors) };
