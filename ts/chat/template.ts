@@ -10,7 +10,7 @@
 // content; the text between placeholders is the template's, and the real rendering is matched
 // against it piece by piece. BOS is added only when the template did not write it itself.
 import { Environment, Interpreter, Template } from "@huggingface/jinja";
-import { InferError } from "../errors.ts";
+import { InferError, quote } from "../errors.ts";
 import type { Tokenizer } from "../tokenizer/index.ts";
 import { CHATML_TEMPLATE, GEMMA_TEMPLATE, LLAMA3_TEMPLATE } from "./fallback.ts";
 
@@ -84,7 +84,7 @@ export class ChatTemplate {
       this.template = new Template(source);
     } catch (err) {
       const why = (err as Error).message;
-      throw new InferError("bad_model", `the chat template does not parse: ${why}`);
+      throw new InferError("bad_model", `the chat template does not parse: ${quote(why)}`);
     }
   }
 
@@ -95,7 +95,7 @@ export class ChatTemplate {
     const globals: Record<string, unknown> = {
       false: false, true: true, none: null, False: false, True: true, None: null, range,
       raise_exception: (message: unknown) => {
-        throw new InferError("invalid_argument", `chat template: ${String(message)}`);
+        throw new InferError("invalid_argument", `chat template: ${quote(String(message))}`);
       },
       strftime_now: (format: string) => strftime(now, format),
       messages: messages.map((m) => ({ role: m.role, content: m.content })),
@@ -109,7 +109,7 @@ export class ChatTemplate {
       return new Interpreter(env).run(this.template.parsed).value as string;
     } catch (err) {
       if (err instanceof InferError) throw err;
-      throw new InferError("invalid_argument", `chat template: ${(err as Error).message}`);
+      throw new InferError("invalid_argument", `chat template: ${quote((err as Error).message)}`);
     }
   }
 
