@@ -62,10 +62,23 @@ export function strftime(date: Date, format: string): string {
   });
 }
 
-/** Python's range(), as Jinja offers it. */
-function range(start: number, stop?: number, step = 1): number[] {
+/**
+ * Values all range() calls of one rendering may give: a template comes from the model file,
+ * and range(10**9), or two nested range(30000), would hold the engine for minutes (a million
+ * loop steps take the interpreter 1.6 s). Real templates loop over the messages.
+ */
+const RANGE_VALUES_MAX = 100_000;
+
+/** Python's range(), as Jinja offers it, drawing on one rendering's `budget` of values. */
+function range(budget: { left: number }, start: number, stop?: number, step = 1): number[] {
   if (stop === undefined) { stop = start; start = 0; }
   if (step === 0) throw new InferError("invalid_argument", "chat template: range() step is zero");
+  const count = Math.max(0, Math.ceil((stop - start) / step));
+  if (!(count <= budget.left)) {
+    throw new InferError("invalid_argument", `chat template: its range() calls give more ` +
+      `than ${RANGE_VALUES_MAX} values`);
+  }
+  budget.left -= count;
   const out: number[] = [];
   for (let i = start; step > 0 ? i < stop : i > stop; i += step) out.push(i);
   return out;
@@ -93,7 +106,8 @@ export class ChatTemplate {
     const env = new Environment();
     const now = options.now ?? new Date();
     const globals: Record<string, unknown> = {
-      false: false, true: true, none: null, False: false, True: true, None: null, range,
+      false: false, true: true, none: null, False: false, True: true, None: null,
+      range: range.bind(null, { left: RANGE_VALUES_MAX }),
       raise_exception: (message: unknown) => {
         throw new InferError("invalid_argument", `chat template: ${quote(String(message))}`);
       },
@@ -212,7 +226,7 @@ export function chatTemplateFor(metadata: ReadonlyMap<string, unknown>,
   }
   if (has("<|im_start|>")) return new ChatTemplate(CHATML_TEMPLATE, "chatml", specials);
   throw new InferError("unsupported", `the model has no chat template (tokenizer.chat_template) ` +
-    `and infer has none for its family ('${arch}'); use the plain prompt command instead`);
+    `and infer has none for its family (${quote(arch)}); use the plain prompt command instead`);
 }
 
 /**
