@@ -76,7 +76,10 @@ export function headerMap(bytes: Uint8Array): HeaderMap {
     const key = text("", "key length");
     const type = view.getUint32(pos, true);
     field("value type", 4, key);
-    if (key === "general.alignment") alignment = view.getUint32(pos, true);
+    // (A mutated alignment of another type or value leaves the reader's default.)
+    const U32 = 4;
+    if (key === "general.alignment" && type === U32 && view.getUint32(pos, true) % 8 === 0 &&
+      view.getUint32(pos, true) > 0) alignment = view.getUint32(pos, true);
     value(type, key, 0);
   }
   const tensors: HeaderMap["tensors"] = [];

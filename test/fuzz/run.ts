@@ -70,13 +70,17 @@ export async function runFuzz(o: FuzzOptions): Promise<FuzzReport> {
   const failures: Failure[] = [];
 
   const fail = (i: number, kind: FailureKind, detail: string) => {
-    const c = fuzzCase(o.seed, i);
     const file = join(out, `${kind}-seed${o.seed}-case${i}.gguf`);
-    writeFileSync(file, c.bytes);
-    writeFileSync(`${file}.txt`, [`seed model: ${c.seed}`,
-      ...c.mutations.map((m) => `mutation: ${m}`),
-      `prompt: ${JSON.stringify(c.prompt)} greedy: ${c.greedy} context: ${c.contextLength}`,
-      "", detail].join("\n"));
+    let about: string[];
+    try {
+      const c = fuzzCase(o.seed, i);
+      writeFileSync(file, c.bytes);
+      about = [`seed model: ${c.seed}`, ...c.mutations.map((m) => `mutation: ${m}`),
+        `prompt: ${JSON.stringify(c.prompt)} greedy: ${c.greedy} context: ${c.contextLength}`];
+    } catch (err) { // the fuzzer's own bug: the case cannot be made
+      about = [`the case cannot be made: ${(err as Error).stack}`];
+    }
+    writeFileSync(`${file}.txt`, [...about, "", detail].join("\n"));
     failures.push({ i, kind, detail: detail.slice(0, 2000), file });
   };
   const record = (r: Outcome) => {
