@@ -547,6 +547,13 @@ export fn infer_draw(x: [*]const f32, n: u64, max: f32, scale: f32, target: f64,
     return 0;
 }
 
+/// out[0] = the index of the first NaN or infinite value of n, or n where all are finite.
+export fn infer_first_nonfinite(x: [*]const f32, n: u64, out: *u64) i32 {
+    if (!selectCount(n, "first_nonfinite")) return @intFromEnum(status.Status.invalid_argument);
+    out.* = select.firstNonFinite(x[0..n]);
+    return 0;
+}
+
 /// ids[0..count) = the indices of the x at or above floor, in order; ids holds n.
 export fn infer_above(x: [*]const f32, n: u64, floor: f32, ids: [*]i32, out_count: *u32) i32 {
     if (!selectCount(n, "above")) return @intFromEnum(status.Status.invalid_argument);
@@ -594,6 +601,7 @@ test {
     std.testing.refAllDecls(@This());
     _ = status;
     _ = file_map;
+    _ = @import("nonfinite_test.zig");
 }
 
 // ---- bench (bench helper) ----------------------------------------------------------------------

@@ -198,6 +198,50 @@ describe("hostile and damaged files", () => {
       }
     }
   });
+  test("tensors that overlap, or start before another ends, are refused", () => {
+    const at = find(good, "b.weight") + "b.weight".length + 4 + 8 + 4; // b's offset field
+    expectBad(patched(good, at, (v) => v.setBigUint64(0, 0n, true)), "overlaps");
+    // a.weight is 32 bytes at 0: b at 0 (same bytes) or in its last bytes overlaps it.
+    const moved = writeGguf([["general.alignment", gguf.u32(8)]], [
+      { name: "a.weight", type: GgmlType.F32, dims: [8], data: new Uint8Array(32) },
+      { name: "b.weight", type: GgmlType.F32, dims: [8], data: new Uint8Array(32) },
+    ], { alignment: 8 });
+    const bAt = find(moved, "b.weight") + "b.weight".length + 4 + 8 + 4;
+    expectBad(patched(moved, bAt, (v) => v.setBigUint64(0, 24n, true)), 'overlaps "a.weight"');
+    const after = patched(moved, bAt, (v) => v.setBigUint64(0, 32n, true)); // right after a
+    expect(parseGguf(after).tensors.size).toBe(2);
+  });
+  test("a name or key longer than any real one is refused before it is read", () => {
+    const at = find(good, "a.weight") - 8; // the name's length
+    expectBad(patched(good, at, (v) => v.setBigUint64(0, 64n, true)), "64 bytes long (at most 63)");
+    expectBad(patched(good, at, (v) => v.setBigUint64(0, 250_000_000n, true)), "at most 63");
+    expectBad(patched(good, 24, (v) => v.setBigUint64(0, 100_000n, true)), "(at most 256)");
+  });
+  test("file strings reach a message escaped and cut: one line of bounded length", () => {
+    const hostile = "\u001b[2J\u001b]0;pwned\u0007\n" + "x".repeat(200);
+    const name = "\u001b[31m\nred\r" + "y".repeat(40);
+    const unknownType = writeGguf([[hostile, gguf.u32(1)]], []); // then its value type: 77
+    unknownType[24 + 8 + new TextEncoder().encode(hostile).length] = 77;
+    const cases = [
+      writeGguf([[hostile, gguf.u32(1)], [hostile, gguf.u32(2)]], []),
+      writeGguf([["general.architecture", gguf.str("llama")]], [
+        { name, type: GgmlType.F32, dims: [1], data: new Uint8Array(4) },
+        { name, type: GgmlType.F32, dims: [1], data: new Uint8Array(4) },
+      ]),
+      unknownType,
+    ];
+    for (const bytes of cases) {
+      try {
+        parseGguf(bytes, "t.gguf");
+        throw new Error("parsed");
+      } catch (err) {
+        expect(err).toBeInstanceOf(InferError);
+        const message = (err as Error).message;
+        expect(message).not.toMatch(/[\u0000-\u001f\u007f-\u009f]/);
+        expect(message.length).toBeLessThan(300);
+      }
+    }
+  });
   test("openGguf on a non-GGUF file names the path", () => {
     const dir = mkdtempSync(join(tmpdir(), "infer-gguf-"));
     const path = join(dir, "notes.txt");

@@ -30,11 +30,14 @@ pub fn expV(x: L16) L16 {
 
 /// _mm512_scalef_ps(j, n) for the integral n of expV: j · 2^n rounded once; where |n| > 192,
 /// ggml_v_expf returns 0 (n <= 0) or +inf instead. j is in [0.7, 1.5], so j · 2^n1 with
-/// n1 = n / 2 is exact and normal, and the second power of two does the one rounding.
+/// n1 = n / 2 is exact and normal, and the second power of two does the one rounding. A NaN
+/// lane (x was NaN) converts 0 instead of n, whose conversion is undefined, and stays NaN
+/// through j.
 fn scalef(j: L16, n: L16) L16 {
     const I16 = @Vector(16, i32);
     const big = @abs(n) > @as(L16, @splat(192));
-    const n_int: I16 = @intFromFloat(@select(f32, big, @as(L16, @splat(0)), n));
+    const in_range = @abs(n) <= @as(L16, @splat(192));
+    const n_int: I16 = @intFromFloat(@select(f32, in_range, n, @as(L16, @splat(0))));
     const n1 = @divTrunc(n_int, @as(I16, @splat(2)));
     const n2 = n_int - n1;
     const scaled = (j * powerOfTwo(n1)) * powerOfTwo(n2);
@@ -57,6 +60,20 @@ fn scalefScalar(j: L16, n: L16) L16 {
             std.math.ldexp(j[l], @as(i32, @intFromFloat(n[l])));
     }
     return out;
+}
+
+test "expV is NaN for NaN, 0 for -inf, +inf for +inf, and finite lanes keep their values" {
+    var x: L16 = undefined;
+    for (0..16) |l| x[l] = @as(f32, @floatFromInt(l)) * 0.7 - 5.0;
+    const finite = expV(x);
+    x[1] = std.math.nan(f32);
+    x[2] = -std.math.inf(f32);
+    x[3] = std.math.inf(f32);
+    const got = expV(x);
+    try std.testing.expect(std.math.isNan(got[1]));
+    try std.testing.expectEqual(@as(f32, 0), got[2]);
+    try std.testing.expect(std.math.isPositiveInf(got[3]));
+    for (0..16) |l| if (l < 1 or l > 3) try std.testing.expectEqual(finite[l], got[l]);
 }
 
 test "scalef equals ldexp lane by lane, saturation included" {

@@ -232,6 +232,35 @@ pub fn above(x: []const f32, floor: f32, ids: []i32) usize {
     return n;
 }
 
+/// The index of the first value that is NaN or infinite, or x.len where every value is finite:
+/// a forward pass that overflowed or read NaN weights is caught before a token is drawn from it
+/// (x - x is 0 for every finite x and NaN otherwise).
+pub fn firstNonFinite(x: []const f32) usize {
+    var i: usize = 0;
+    while (i + lanes <= x.len) : (i += lanes) {
+        const v: V = x[i..][0..lanes].*;
+        const bad: u16 = @bitCast((v - v) != @as(V, @splat(0)));
+        if (bad != 0) return i + @ctz(bad);
+    }
+    while (i < x.len) : (i += 1) if (x[i] - x[i] != 0) return i;
+    return x.len;
+}
+
+test "firstNonFinite: NaN and either infinity anywhere, every finite row passes" {
+    var x: [100]f32 = undefined;
+    for (&x, 0..) |*v, i| v.* = (@as(f32, @floatFromInt(i)) - 50) * 6e36;
+    try std.testing.expectEqual(@as(usize, 100), firstNonFinite(&x));
+    try std.testing.expectEqual(@as(usize, 0), firstNonFinite(x[0..0]));
+    for ([_]f32{ std.math.nan(f32), std.math.inf(f32), -std.math.inf(f32) }) |bad| {
+        for ([_]usize{ 0, 15, 16, 17, 95, 99 }) |at| {
+            const keep = x[at];
+            x[at] = bad;
+            try std.testing.expectEqual(at, firstNonFinite(&x));
+            x[at] = keep;
+        }
+    }
+}
+
 test "argmax: fast path equals the scalar reference, ties and odd sizes" {
     var rng = @import("../quant/simd.zig").TestRng.init(41);
     var x: [1000]f32 = undefined;

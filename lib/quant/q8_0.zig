@@ -30,7 +30,9 @@ pub inline fn roundEven(v: anytype) @TypeOf(v) {
 
 /// Activation quantization as ggml-cpu runs it on x86 (AVX2) and ARM (NEON), which is what
 /// llama.cpp computes: d = amax/127, q = round_half_even(x * (127/amax)). (ggml's portable
-/// quantize_row_q8_0_ref uses x * (1/d) and roundf instead: see quantizeRef.)
+/// quantize_row_q8_0_ref uses x * (1/d) and roundf instead: see quantizeRef.) A block holding a
+/// NaN gets d = NaN: the max and the clamp would turn it into a finite quant, and every dot
+/// with it must stay NaN so that a forward pass reading NaN weights is caught at its logits.
 pub fn quantize(src: []const f32, dst: []align(1) Block) void {
     std.debug.assert(src.len == dst.len * block_values);
     const V = @Vector(32, f32);
@@ -43,6 +45,7 @@ pub fn quantize(src: []const f32, dst: []align(1) Block) void {
         const q = roundEven(x * @as(V, @splat(id)));
         const clamped = std.math.clamp(q, @as(V, @splat(-128)), @as(V, @splat(127)));
         b.qs = @as(@Vector(32, i8), @intFromFloat(clamped));
+        if (@reduce(.Or, x != x)) b.d = std.math.nan(f16);
     }
 }
 
@@ -56,7 +59,12 @@ pub fn quantizeRef(src: []const f32, dst: []align(1) Block) void {
         const d = amax / 127.0;
         const id: f32 = if (d != 0) 1.0 / d else 0;
         b.d = @floatCast(d);
-        for (x, &b.qs) |v, *q| q.* = @intFromFloat(@round(v * id));
+        // |v · id| <= 127 for every finite v; a NaN or infinite value (whose conversion is
+        // undefined) stores 0, what the C cast gives on x86.
+        for (x, &b.qs) |v, *q| {
+            const r = @round(v * id);
+            q.* = if (r >= -128 and r <= 127) @intFromFloat(r) else 0;
+        }
     }
 }
 

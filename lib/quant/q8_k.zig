@@ -31,19 +31,26 @@ pub fn dequantize(src: []align(1) const Block, dst: []f32) void {
 
 /// ggml's quantize_row_q8_K_ref (ggml-cpu runs the reference for Q8_K on x86): the value of
 /// largest magnitude (first one on ties) maps to -127 exactly: iscale = -127/max,
-/// q = min(127, nearest_int(iscale * x)) with round-half-even, d = 1/iscale.
+/// q = min(127, nearest_int(iscale * x)) with round-half-even, d = 1/iscale. A block holding a
+/// NaN is all zeros with d = NaN (the search for the largest value skips NaN), so that its dots
+/// stay NaN, as q8_0.quantize's.
 pub fn quantize(src: []const f32, dst: []align(1) Block) void {
     std.debug.assert(src.len == dst.len * block_values);
     for (dst, 0..) |*b, i| {
         const x = src[i * 256 ..][0..256];
         var amax: f32 = 0;
         var max: f32 = 0;
-        for (x) |v| if (@abs(v) > amax) {
-            amax = @abs(v);
-            max = v;
-        };
-        if (amax == 0) {
+        var nan = false;
+        for (x) |v| {
+            nan = nan or v != v;
+            if (@abs(v) > amax) {
+                amax = @abs(v);
+                max = v;
+            }
+        }
+        if (amax == 0 or nan) {
             b.* = std.mem.zeroes(Block);
+            if (nan) b.d = std.math.nan(f32);
             continue;
         }
         const iscale = -127.0 / max;

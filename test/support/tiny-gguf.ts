@@ -26,6 +26,8 @@ export function toyVocabulary(): { tokens: string[]; scores: number[]; types: nu
 export function tinyGemma3Gguf(options: {
   shape?: TinyShape; architecture?: string; embeddingType?: number; seed?: number;
   dropMetadata?: string[];
+  /** Metadata set (replaced or added) after the defaults. */
+  setMetadata?: [string, GgufTypedValue][];
   /**
    * Scale of the post-attention and post-FFN norms (default 1). At 1 the scaled embedding
    * dominates the residual and greedy decoding repeats the last token; a larger gain makes the
@@ -91,6 +93,7 @@ export function tinyGemma3Gguf(options: {
     ["tokenizer.ggml.add_bos_token", gguf.bool(true)],
     ["tokenizer.ggml.add_space_prefix", gguf.bool(false)],
   ];
-  const drop = new Set(options.dropMetadata ?? []);
-  return writeGguf(metadata.filter(([k]) => !drop.has(k)), tensors);
+  const set = options.setMetadata ?? [];
+  const drop = new Set([...options.dropMetadata ?? [], ...set.map(([k]) => k)]);
+  return writeGguf([...metadata.filter(([k]) => !drop.has(k)), ...set], tensors);
 }

@@ -7,6 +7,7 @@
 // activations stay in ordinary pages: in huge pages the K and V rows of every layer, carved at
 // power-of-two offsets, fall into the same cache sets, and decode at 1,000 tokens of context ran
 // 20% slower. free() returns every block; the regions must not be used after it.
+import { InferError } from "../errors.ts";
 import { addressOf, allocPages, offsetAddress, type PageRegion, type Pointer } from "../native/lib.ts";
 
 const BLOCK_BYTES = 16 << 20;
@@ -44,7 +45,14 @@ export class Arena {
       const region = allocPages(size);
       return { bytes: region.bytes, address: region.address, used: 0, region };
     }
-    const bytes = new Uint8Array(new ArrayBuffer(size + ALIGN));
+    let bytes: Uint8Array;
+    try {
+      bytes = new Uint8Array(new ArrayBuffer(size + ALIGN));
+    } catch (err) { // JavaScriptCore's "RangeError: Out of memory"
+      if (!(err instanceof RangeError)) throw err;
+      throw new InferError("out_of_memory", `cannot allocate ${size} bytes of buffers ` +
+        `(${this.bytesReserved} reserved already): try a smaller --ctx-size`);
+    }
     const address = addressOf(bytes);
     const pad = (ALIGN - ((address as number) % ALIGN)) % ALIGN;
     return { bytes, address, used: pad, region: null };

@@ -119,6 +119,11 @@ export interface Backend {
   /** A view of the first `rows` rows (valid until the next op that writes `x`). */
   read(x: Activation, rows: number): Float32Array;
   setThreads(n: number): void;
+  /**
+   * A GPU backend's free memory, where weights, activations and KV caches go (the engine checks
+   * that a model fits before it loads); absent where they live in host memory.
+   */
+  deviceMemory?(): { readonly freeBytes: number; readonly name: string };
   /** Releases device memory (GPU backends); the backend is unusable afterwards. */
   dispose?(): void;
 }

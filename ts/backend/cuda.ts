@@ -19,7 +19,7 @@
 import { InferError } from "../errors.ts";
 import type { GgufFile, GgufTensorInfo } from "../gguf/reader.ts";
 import { GgmlType } from "../gguf/types.ts";
-import { cudaHostAlloc, cudaInit, cudaMalloc } from "../native/cuda.ts";
+import { cudaDeviceInfo, cudaHostAlloc, cudaInit, cudaMalloc } from "../native/cuda.ts";
 import { check, native, type Pointer } from "../native/lib.ts";
 import type { Arg, NativeFn } from "./cuda-fuse.ts";
 import { AttentionBuffers, decodePlan } from "./cuda-attention.ts";
@@ -168,6 +168,11 @@ export class CudaBackend implements Backend {
   }
 
   // ---- memory -------------------------------------------------------------------------------
+
+  deviceMemory(): { freeBytes: number; name: string } {
+    const info = cudaDeviceInfo();
+    return { freeBytes: info.freeBytes, name: info.name };
+  }
 
   private alloc(bytes: number, what: string): number {
     if (this.disposed) throw new InferError("internal", "the CUDA backend was disposed");

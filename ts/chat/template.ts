@@ -10,7 +10,7 @@
 // content; the text between placeholders is the template's, and the real rendering is matched
 // against it piece by piece. BOS is added only when the template did not write it itself.
 import { Environment, Interpreter, Template } from "@huggingface/jinja";
-import { InferError } from "../errors.ts";
+import { InferError, quote } from "../errors.ts";
 import type { Tokenizer } from "../tokenizer/index.ts";
 import { CHATML_TEMPLATE, GEMMA_TEMPLATE, LLAMA3_TEMPLATE } from "./fallback.ts";
 
@@ -62,10 +62,23 @@ export function strftime(date: Date, format: string): string {
   });
 }
 
-/** Python's range(), as Jinja offers it. */
-function range(start: number, stop?: number, step = 1): number[] {
+/**
+ * Values all range() calls of one rendering may give: a template comes from the model file,
+ * and range(10**9), or two nested range(30000), would hold the engine for minutes (a million
+ * loop steps take the interpreter 1.6 s). Real templates loop over the messages.
+ */
+const RANGE_VALUES_MAX = 100_000;
+
+/** Python's range(), as Jinja offers it, drawing on one rendering's `budget` of values. */
+function range(budget: { left: number }, start: number, stop?: number, step = 1): number[] {
   if (stop === undefined) { stop = start; start = 0; }
   if (step === 0) throw new InferError("invalid_argument", "chat template: range() step is zero");
+  const count = Math.max(0, Math.ceil((stop - start) / step));
+  if (!(count <= budget.left)) {
+    throw new InferError("invalid_argument", `chat template: its range() calls give more ` +
+      `than ${RANGE_VALUES_MAX} values`);
+  }
+  budget.left -= count;
   const out: number[] = [];
   for (let i = start; step > 0 ? i < stop : i > stop; i += step) out.push(i);
   return out;
@@ -84,7 +97,7 @@ export class ChatTemplate {
       this.template = new Template(source);
     } catch (err) {
       const why = (err as Error).message;
-      throw new InferError("bad_model", `the chat template does not parse: ${why}`);
+      throw new InferError("bad_model", `the chat template does not parse: ${quote(why)}`);
     }
   }
 
@@ -93,9 +106,10 @@ export class ChatTemplate {
     const env = new Environment();
     const now = options.now ?? new Date();
     const globals: Record<string, unknown> = {
-      false: false, true: true, none: null, False: false, True: true, None: null, range,
+      false: false, true: true, none: null, False: false, True: true, None: null,
+      range: range.bind(null, { left: RANGE_VALUES_MAX }),
       raise_exception: (message: unknown) => {
-        throw new InferError("invalid_argument", `chat template: ${String(message)}`);
+        throw new InferError("invalid_argument", `chat template: ${quote(String(message))}`);
       },
       strftime_now: (format: string) => strftime(now, format),
       messages: messages.map((m) => ({ role: m.role, content: m.content })),
@@ -109,7 +123,7 @@ export class ChatTemplate {
       return new Interpreter(env).run(this.template.parsed).value as string;
     } catch (err) {
       if (err instanceof InferError) throw err;
-      throw new InferError("invalid_argument", `chat template: ${(err as Error).message}`);
+      throw new InferError("invalid_argument", `chat template: ${quote((err as Error).message)}`);
     }
   }
 
@@ -212,7 +226,7 @@ export function chatTemplateFor(metadata: ReadonlyMap<string, unknown>,
   }
   if (has("<|im_start|>")) return new ChatTemplate(CHATML_TEMPLATE, "chatml", specials);
   throw new InferError("unsupported", `the model has no chat template (tokenizer.chat_template) ` +
-    `and infer has none for its family ('${arch}'); use the plain prompt command instead`);
+    `and infer has none for its family (${quote(arch)}); use the plain prompt command instead`);
 }
 
 /**

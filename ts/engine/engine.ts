@@ -5,15 +5,19 @@
 // (the next turn of a chat) reuses that prefix and evaluates only the rest; the arithmetic is the
 // same either way, because a prompt evaluated in one batch equals the same prompt fed in pieces.
 import { existsSync } from "node:fs";
+import { availableParallelism } from "node:os";
 import type { Backend, KvType } from "../backend/backend.ts";
 import { createBackend, defaultBackendKind, type BackendKind } from "../backend/select.ts";
 import { InferError } from "../errors.ts";
 import { openGguf, type GgufFile } from "../gguf/reader.ts";
-import type { Model } from "../model/model.ts";
-import { loadModel } from "../model/registry.ts";
+import type { Model, ModelShape } from "../model/model.ts";
+import { loadModel, modelShape } from "../model/registry.ts";
 import { tokenizerFromMetadata, type Tokenizer } from "../tokenizer/index.ts";
 import { Generation, type GenerateOptions, type GenerateResult } from "./generation.ts";
 import { canRewind, createKvCache, type KvCache } from "./kv-cache.ts";
+import {
+  availableHostMemory, checkFits, deviceNeeds, hostNeed, memoryPlan, type MemoryPlanOptions,
+} from "./memory.ts";
 
 export type {
   GenerateOptions, GenerateResult, StopReason, TokenConstraint,
@@ -53,7 +57,8 @@ export class Engine {
   private readonly history: Int32Array;
 
   private constructor(readonly file: GgufFile, readonly backend: Backend, readonly model: Model,
-    readonly tokenizer: Tokenizer, readonly cache: KvCache, readonly loadMs: number) {
+    readonly tokenizer: Tokenizer, readonly cache: KvCache, readonly loadMs: number,
+    private readonly plan: MemoryPlanOptions) {
     this.history = new Int32Array(cache.contextLength);
   }
 
@@ -67,25 +72,43 @@ export class Engine {
     try {
       backend = createBackend(options.backend ?? defaultBackendKind());
       if (options.threads !== undefined) backend.setThreads(options.threads);
-      const onProgress = options.onProgress;
-      const total = file.tensors.size;
-      const counted = onProgress ? countingWeights(backend, total, onProgress) : backend;
-      const model = loadModel(file, counted, { maxBatch: options.batch ?? (backend.name === "cuda" ? 512 : 256) });
-      onProgress?.(total, total);
+      // Everything is validated, and the memory it takes checked, before anything is allocated.
+      const shape = modelShape(file);
       const tokenizer = tokenizerFromMetadata(file.metadata);
-      const contextLength = options.contextLength ?? Math.min(4096, model.info.contextLength);
+      if (tokenizer.vocabSize !== shape.vocab) {
+        throw new InferError("bad_model", `${file.path}: the tokenizer has ` +
+          `${tokenizer.vocabSize} tokens, token_embd.weight ${shape.vocab} rows`);
+      }
+      const contextLength = options.contextLength ?? Math.min(4096, shape.contextLength);
       if (!Number.isInteger(contextLength) || contextLength < 1) {
         throw new InferError("invalid_argument",
           `context length must be a positive integer, got ${contextLength}`);
       }
+      const maxBatch = options.batch ?? (backend.name === "cuda" ? 512 : 256);
       const kvType = options.kvType ?? "f16";
+      const plan = { contextLength, maxBatch, kvType, slots: 1,
+        threads: options.threads ?? availableParallelism() };
+      checkMemory(backend, file, shape, plan);
+      const onProgress = options.onProgress;
+      const total = file.tensors.size;
+      const counted = onProgress ? countingWeights(backend, total, onProgress) : backend;
+      const model = loadModel(file, counted, { maxBatch });
+      onProgress?.(total, total);
       const cache = createKvCache(backend, model.info, contextLength, kvType, model.maxBatch);
-      return new Engine(file, backend, model, tokenizer, cache, performance.now() - t0);
+      return new Engine(file, backend, model, tokenizer, cache, performance.now() - t0, plan);
     } catch (err) {
       backend?.dispose?.();
       file.close();
       throw err;
     }
+  }
+
+  /**
+   * Throws InferError("out_of_memory") unless `slots` sequences, each with a KV cache of this
+   * context, fit (the server's parallel slots; the engine's own cache is one of them).
+   */
+  checkSlotsFit(slots: number): void {
+    checkMemory(this.backend, this.file, modelShape(this.file), { ...this.plan, slots });
   }
 
   get contextLength(): number {
@@ -246,6 +269,22 @@ export class Engine {
     this.backend.dispose?.();
     this.file.close();
   }
+}
+
+/** Checks that a model of `shape` with `plan`'s context and slots fits the backend's memory. */
+function checkMemory(backend: Backend, file: GgufFile, shape: ModelShape,
+  plan: MemoryPlanOptions): void {
+  const bytes = memoryPlan(file, shape, plan);
+  const at = { contextLength: plan.contextLength };
+  const device = backend.deviceMemory?.();
+  if (!device) {
+    checkFits(hostNeed(bytes), { ...at, available: availableHostMemory() });
+    return;
+  }
+  const needs = deviceNeeds(bytes);
+  checkFits(needs.device, { ...at, available: { bytes: device.freeBytes,
+    what: `the free memory of ${device.name}` } });
+  checkFits(needs.host, { ...at, available: availableHostMemory() });
 }
 
 /** The backend, reporting each weight the model asks it to prepare. */

@@ -2,6 +2,8 @@
 // token it samples the next one through the sampler chain (and a grammar mask), detokenizes,
 // holds back text that could begin a stop string, and decides when to end. The caller evaluates
 // the tokens it returns: the engine one sequence at a time, the batch scheduler many at once.
+import { InferError } from "../errors.ts";
+import { check, native } from "../native/lib.ts";
 import {
   logprobs, NoTokenLeftError, Sampler, type Logprobs, type SamplerOptions,
 } from "../sample/sampler.ts";
@@ -124,6 +126,7 @@ export class Generation {
    */
   next(logits: Float32Array, length: number): number | null {
     if (this.finished || this.interrupted()) return null;
+    refuseNonFinite(logits, length - 1);
     const constraint = this.o.constraint;
     const budget = Math.min(this.maxTokens - this.tokens.length, this.contextLength - length);
     let token: number;
@@ -231,4 +234,20 @@ export class Generation {
       logprobs: this.o.logprobs === undefined ? undefined : this.reported,
     };
   }
+}
+
+const nonFiniteAt = new BigUint64Array(1);
+
+/**
+ * Throws where a forward pass gave NaN or infinite logits (NaN weights, or an overflow): no
+ * token is drawn from them, so garbage never reaches the output as text. One native pass over
+ * the row (a JavaScript loop took 0.3 ms for a 262k vocabulary, a few percent of a decode step).
+ */
+function refuseNonFinite(logits: Float32Array, position: number): void {
+  check(native().infer_first_nonfinite(logits, logits.length, nonFiniteAt), "logits check");
+  const at = Number(nonFiniteAt[0]);
+  if (at === logits.length) return;
+  const what = Number.isNaN(logits[at]) ? "NaN" : "an infinite logit";
+  throw new InferError("bad_model", `the model produced ${what} at position ${position} ` +
+    "(NaN in its weights, or an overflow)");
 }

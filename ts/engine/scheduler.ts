@@ -100,6 +100,7 @@ export class BatchScheduler {
       throw new InferError("invalid_argument",
         `${o.slots} slots exceed the batch of ${model.maxBatch}`);
     }
+    if (o.slots > 1) engine.checkSlotsFit(o.slots); // before the slots' caches are allocated
     this.prefillChunk = Math.max(1, Math.min(o.prefillChunk ?? 64, model.maxBatch));
     this.tokens = new Int32Array(model.maxBatch);
     for (let i = 0; i < o.slots; i++) {

@@ -1,9 +1,11 @@
 // GGUF reader (versions 2 and 3; see ggml's docs/gguf.md). The file is untrusted input: every
 // count, length, dimension and offset is bounded by the bytes that remain before it sizes an
-// allocation or indexes anything, and every failure is an InferError("bad_gguf") naming the
-// problem and where it was found. Tensor data is never copied: a tensor is an offset into the
-// library-owned mapping, handed to kernels by address.
-import { InferError } from "../errors.ts";
+// allocation or indexes anything, tensors must lie inside the data section without overlapping,
+// and every failure is an InferError("bad_gguf") naming the problem and where it was found, in
+// one line: a key or name from the file goes in through quote() (escaped, cut to 80
+// characters). Tensor data is never copied: a tensor is an offset into the library-owned
+// mapping, handed to kernels by address.
+import { InferError, quote } from "../errors.ts";
 import { mapFile, type MappedFile } from "../native/lib.ts";
 import { ggmlTypes, type GgmlTypeInfo } from "./types.ts";
 
@@ -56,6 +58,10 @@ const enum V { U8, I8, U16, I16, U32, I32, F32, Bool, Str, Arr, U64, I64, F64 }
 const scalarBytes = [1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8];
 const MAX_DIMS = 4;
 const MAX_ARRAY_DEPTH = 4;
+/** llama.cpp refuses tensor names of GGML_MAX_NAME (64) bytes or more. */
+export const TENSOR_NAME_BYTES_MAX = 63;
+/** Keys are dotted identifiers ("gemma3.attention.head_count_kv"); real ones are under 64. */
+export const KEY_BYTES_MAX = 256;
 
 class Cursor {
   pos = 0;
@@ -79,8 +85,10 @@ class Cursor {
     if (v > BigInt(Number.MAX_SAFE_INTEGER)) this.fail(`${what} is absurd (${v})`);
     return Number(v);
   }
-  string(what: string): string {
+  /** A string of at most `maxBytes` (default: whatever remains of the file). */
+  string(what: string, maxBytes = Infinity): string {
     const len = this.u64(`${what} length`);
+    if (len > maxBytes) this.fail(`${what} is ${len} bytes long (at most ${maxBytes})`);
     this.need(len, what);
     const s = decodeUtf8(this.bytes.subarray(this.pos, this.pos + len));
     this.pos += len;
@@ -179,43 +187,50 @@ export function parseGguf(bytes: Uint8Array, where = "gguf", fileLength = bytes.
 
   const metadata = new Map<string, GgufValue>();
   for (let i = 0; i < kvCount; i++) {
-    const key = c.string(`metadata key #${i}`);
-    const type = c.u32(`type of '${key}'`);
-    const value = type === V.Arr ? readArray(c, `'${key}'`, 1) : readScalar(c, type, `'${key}'`);
-    if (metadata.has(key)) c.fail(`duplicate metadata key '${key}'`);
+    const key = c.string(`metadata key #${i}`, KEY_BYTES_MAX);
+    const what = quote(key);
+    const type = c.u32(`type of ${what}`);
+    const value = type === V.Arr ? readArray(c, what, 1) : readScalar(c, type, what);
+    if (metadata.has(key)) c.fail(`duplicate metadata key ${what}`);
     metadata.set(key, value);
   }
 
   const alignment = metadata.get("general.alignment") ?? GGUF_DEFAULT_ALIGNMENT;
   if (typeof alignment !== "number" || alignment <= 0 || alignment % 8 !== 0 || alignment > 1 << 16) {
-    c.fail(`general.alignment ${String(alignment)} is not a positive multiple of 8`);
+    c.fail(`general.alignment ${quote(String(alignment))} is not a multiple of 8 in 8..65536`);
   }
 
   const raw: { name: string; type: GgmlTypeInfo; dims: number[]; count: number; offset: number }[] = [];
   const names = new Set<string>();
   for (let i = 0; i < tensorCount; i++) {
-    const name = c.string(`tensor #${i} name`);
-    if (names.has(name)) c.fail(`duplicate tensor '${name}'`);
+    const name = c.string(`tensor #${i} name`, TENSOR_NAME_BYTES_MAX);
+    const tensor = `tensor ${quote(name)}`;
+    if (names.has(name)) c.fail(`duplicate ${tensor}`);
     names.add(name);
-    const nDims = c.u32(`'${name}' dimension count`);
-    if (nDims === 0 || nDims > MAX_DIMS) c.fail(`tensor '${name}' has ${nDims} dimensions (1..${MAX_DIMS})`);
+    const nDims = c.u32(`${tensor} dimension count`);
+    if (nDims === 0 || nDims > MAX_DIMS) {
+      c.fail(`${tensor} has ${nDims} dimensions (1..${MAX_DIMS})`);
+    }
     const dims: number[] = [];
     let count = 1;
     for (let d = 0; d < nDims; d++) {
-      const n = c.u64(`'${name}' dimension ${d}`);
-      if (n === 0) c.fail(`tensor '${name}' has a zero dimension`);
+      const n = c.u64(`${tensor} dimension ${d}`);
+      if (n === 0) c.fail(`${tensor} has a zero dimension`);
       count *= n;
-      if (count > fileLength * 8) c.fail(`tensor '${name}' is larger than the file could hold`);
+      if (count > fileLength * 8) c.fail(`${tensor} is larger than the file could hold`);
       dims.push(n);
     }
-    const typeId = c.u32(`'${name}' type`);
+    const typeId = c.u32(`${tensor} type`);
     const type = ggmlTypes.get(typeId);
-    if (!type) c.fail(`tensor '${name}' has unknown type ${typeId}`);
+    if (!type) c.fail(`${tensor} has unknown type ${typeId}`);
     if (dims[0] % type.blockValues !== 0) {
-      c.fail(`tensor '${name}' row of ${dims[0]} is not a multiple of the ${type.name} block (${type.blockValues})`);
+      c.fail(`${tensor} row of ${dims[0]} is not a multiple of the ${type.name} block ` +
+        `(${type.blockValues})`);
     }
-    const offset = c.u64(`'${name}' offset`);
-    if (offset % alignment !== 0) c.fail(`tensor '${name}' offset ${offset} is not aligned to ${alignment}`);
+    const offset = c.u64(`${tensor} offset`);
+    if (offset % alignment !== 0) {
+      c.fail(`${tensor} offset ${offset} is not aligned to ${alignment}`);
+    }
     raw.push({ name, type, dims, count, offset });
   }
 
@@ -225,15 +240,33 @@ export function parseGguf(bytes: Uint8Array, where = "gguf", fileLength = bytes.
   for (const t of raw) {
     const byteLength = (t.count / t.type.blockValues) * t.type.blockBytes;
     if (t.offset + byteLength > dataBytes) {
-      throw new InferError("bad_gguf", `${where}: tensor '${t.name}' (${byteLength} bytes at data offset ` +
-        `${t.offset}) runs past the end of the file (truncated?)`);
+      throw new InferError("bad_gguf", `${where}: tensor ${quote(t.name)} (${byteLength} bytes ` +
+        `at data offset ${t.offset}) runs past the end of the file (truncated?)`);
     }
     tensors.set(t.name, Object.freeze({
       name: t.name, type: t.type, dims: Object.freeze(t.dims), elementCount: t.count, byteLength,
       fileOffset: dataOffset + t.offset,
     }));
   }
+  refuseOverlaps([...tensors.values()], where);
   return { version, metadata, tensors, alignment, dataOffset };
+}
+
+/**
+ * Tensors whose bytes overlap: llama.cpp lays them out back to back and refuses anything else;
+ * here any order is read, but no two may share a byte (1,024 layers over one 576 KiB blob
+ * made a 4 MB file ask for 4.2 GB of repacked copies).
+ */
+function refuseOverlaps(tensors: GgufTensorInfo[], where: string): void {
+  tensors.sort((a, b) => a.fileOffset - b.fileOffset);
+  for (let i = 1; i < tensors.length; i++) {
+    const prev = tensors[i - 1], t = tensors[i];
+    if (t.fileOffset < prev.fileOffset + prev.byteLength) {
+      throw new InferError("bad_gguf", `${where}: tensor ${quote(t.name)} overlaps ` +
+        `${quote(prev.name)} (data offsets ${t.fileOffset - prev.fileOffset} bytes apart, ` +
+        `${prev.byteLength} needed)`);
+    }
+  }
 }
 
 /** Maps `path` and parses it; the mapping lives until close(). */

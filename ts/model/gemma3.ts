@@ -3,13 +3,13 @@
 // report; Hugging Face transformers' modeling_gemma3.py; ../shared/MODELS.md.
 import type { Backend, KvLayer, Weight } from "../backend/backend.ts";
 import type { GgufFile } from "../gguf/reader.ts";
-import { Hparams, LIMITS } from "./hparams.ts";
+import { attentionHparams, Hparams, LIMITS } from "./hparams.ts";
 import {
   attentionWeights, decoderBuffers, ffnWeights, forwardOne, gatedFfn, LogitsHead, selfAttention,
   setBatchInputs, WeightTable,
   type AttentionWeights, type DecoderBuffers, type FfnWeights, type SelfAttentionOptions,
 } from "./layers.ts";
-import type { Batch, ForwardOptions, LogitsSink, Model, ModelInfo } from "./model.ts";
+import type { Batch, ForwardOptions, LogitsSink, Model, ModelInfo, ModelShape } from "./model.ts";
 
 // ---- hyperparameters ------------------------------------------------------------------------
 
@@ -18,16 +18,8 @@ const SLIDING_PATTERN = 6;
 /** Local layers rotate with base 10k; global layers use rope.freq_base (1M). */
 const LOCAL_ROPE_BASE = 10_000;
 
-export interface Gemma3Config {
+export interface Gemma3Config extends ModelShape {
   readonly name: string;
-  readonly layers: number;
-  readonly embedding: number;
-  readonly feedForward: number;
-  readonly heads: number;
-  readonly kvHeads: number;
-  readonly headDim: number;
-  readonly vocab: number;
-  readonly contextLength: number;
   readonly normEps: number;
   readonly globalRopeBase: number;
   readonly globalRopeScale: number;
@@ -37,24 +29,26 @@ export interface Gemma3Config {
 }
 
 export function gemma3Config(meta: Hparams, vocab: number): Gemma3Config {
-  const heads = meta.int(".attention.head_count", { min: 1, max: LIMITS.heads });
-  const kvHeads = meta.int(".attention.head_count_kv", { min: 1, max: heads, fallback: heads });
-  const embedding = meta.int(".embedding_length", { min: 1, max: LIMITS.embedding });
-  const headDim = meta.int(".attention.key_length", { min: 1, max: LIMITS.headDim, fallback: embedding / heads });
-  meta.int(".attention.value_length", { min: headDim, max: headDim, fallback: headDim });
-  if (heads % kvHeads !== 0) meta.int(".attention.head_count_kv", { min: -1, max: -1 }); // throws with the value
+  const { embedding, heads, kvHeads, headDim } = attentionHparams(meta);
+  // llama.cpp rotates whole heads here (n_rot = head size).
+  meta.int(".rope.dimension_count", { min: headDim, max: headDim, fallback: headDim });
   const scaling = meta.float(".rope.scaling.factor", { min: 1e-3, max: 1e3, fallback: 1 });
+  const layers = meta.int(".block_count", { min: 1, max: LIMITS.layers });
+  const slidingWindow = meta.int(".attention.sliding_window", { min: 1, max: LIMITS.context });
   return Object.freeze({
+    architecture: "gemma3",
     name: meta.string("general.name", "gemma3"),
-    layers: meta.int(".block_count", { min: 1, max: LIMITS.layers }),
+    layers,
     embedding,
     feedForward: meta.int(".feed_forward_length", { min: 1, max: LIMITS.feedForward }),
     heads, kvHeads, headDim, vocab,
     contextLength: meta.int(".context_length", { min: 1, max: LIMITS.context }),
+    kvShapes: Array.from({ length: layers }, (_, i) =>
+      ({ kvHeads, headDim, window: isGlobalLayer(i) ? 0 : slidingWindow })),
     normEps: meta.float(".attention.layer_norm_rms_epsilon", { min: 0, max: 1 }),
     globalRopeBase: meta.float(".rope.freq_base", { min: 1, fallback: 1_000_000 }),
     globalRopeScale: 1 / scaling,
-    slidingWindow: meta.int(".attention.sliding_window", { min: 1, max: LIMITS.context }),
+    slidingWindow,
     attentionScale: 1 / Math.sqrt(headDim),
   });
 }
@@ -124,7 +118,7 @@ export class Gemma3 implements Model {
     this.blocks = Array.from({ length: c.layers }, (_, i) => loadLayer(t, c, i));
     this.info = {
       architecture: "gemma3", name: c.name, vocabSize: c.vocab, contextLength: c.contextLength,
-      kvShapes: this.blocks.map((l) => ({ kvHeads: c.kvHeads, headDim: c.headDim, window: l.options.attention.window })),
+      kvShapes: c.kvShapes,
     };
     this.buf = decoderBuffers(be, maxBatch, c);
   }

@@ -4,29 +4,20 @@
 // Meta's Llama 3 report (RoPE frequency scaling); transformers' modeling_llama.py; llama.cpp's
 // src/models/llama.cpp.
 import type { Backend, KvLayer, Weight } from "../backend/backend.ts";
-import { InferError } from "../errors.ts";
+import { InferError, quote } from "../errors.ts";
 import type { GgufFile } from "../gguf/reader.ts";
-import { Hparams, LIMITS } from "./hparams.ts";
+import { attentionHparams, Hparams, LIMITS } from "./hparams.ts";
 import {
   attentionWeights, decoderBuffers, ffnWeights, forwardOne, gatedFfn, LogitsHead, selfAttention,
   setBatchInputs, WeightTable,
   type AttentionWeights, type DecoderBuffers, type FfnWeights, type SelfAttentionOptions,
 } from "./layers.ts";
-import type { Batch, ForwardOptions, LogitsSink, Model, ModelInfo } from "./model.ts";
+import type { Batch, ForwardOptions, LogitsSink, Model, ModelInfo, ModelShape } from "./model.ts";
 
 // ---- hyperparameters ------------------------------------------------------------------------
 
-export interface DecoderConfig {
-  readonly architecture: string;
+export interface DecoderConfig extends ModelShape {
   readonly name: string;
-  readonly layers: number;
-  readonly embedding: number;
-  readonly feedForward: number;
-  readonly heads: number;
-  readonly kvHeads: number;
-  readonly headDim: number;
-  readonly vocab: number;
-  readonly contextLength: number;
   readonly normEps: number;
   readonly ropeBase: number;
   /** 1 / rope.scaling.factor for linear scaling (position interpolation); 1 otherwise. */
@@ -45,32 +36,27 @@ export interface DecoderTraits {
 
 /** The hyperparameters every llama-like decoder shares, validated as llama.cpp loads them. */
 export function decoderConfig(meta: Hparams, vocab: number, traits: DecoderTraits): DecoderConfig {
-  const heads = meta.int(".attention.head_count", { min: 1, max: LIMITS.heads });
-  const kvHeads = meta.int(".attention.head_count_kv", { min: 1, max: heads, fallback: heads });
-  if (heads % kvHeads !== 0) meta.int(".attention.head_count_kv", { min: -1,
-    max: -1 }); // throws with the value
-  const embedding = meta.int(".embedding_length", { min: 1, max: LIMITS.embedding });
-  const headDim = meta.int(".attention.key_length", {
-    min: 2, max: LIMITS.headDim, fallback: Math.floor(embedding / heads),
-  });
-  meta.int(".attention.value_length", { min: headDim, max: headDim, fallback: headDim });
+  const { embedding, heads, kvHeads, headDim } = attentionHparams(meta);
   // llama.cpp requires RoPE over whole heads for these architectures.
   meta.int(".rope.dimension_count", { min: headDim, max: headDim, fallback: headDim });
   const scalingType = meta.string(".rope.scaling.type", "linear");
   if (scalingType !== "linear" && scalingType !== "none") {
-    throw new InferError("unsupported", `RoPE scaling '${scalingType}' ` +
+    throw new InferError("unsupported", `RoPE scaling ${quote(scalingType)} ` +
       `(${meta.architecture}.rope.scaling.type) is not supported yet`);
   }
   const factor = meta.float(".rope.scaling.factor", { min: 0, max: 1e3, fallback: 0 });
+  meta.require(factor === 0 || factor >= 1e-3, ".rope.scaling.factor", `is ${factor} (0: none)`);
   const attentionScale = meta.float(".attention.scale", { min: 0, max: 1e3, fallback: 0 });
+  const layers = meta.int(".block_count", { min: 1, max: LIMITS.layers });
   return Object.freeze({
     architecture: meta.architecture,
     name: meta.string("general.name", meta.architecture),
-    layers: meta.int(".block_count", { min: 1, max: LIMITS.layers }),
+    layers,
     embedding,
     feedForward: meta.int(".feed_forward_length", { min: 1, max: LIMITS.feedForward }),
     heads, kvHeads, headDim, vocab,
     contextLength: meta.int(".context_length", { min: 1, max: LIMITS.context }),
+    kvShapes: Array.from({ length: layers }, () => ({ kvHeads, headDim, window: 0 })),
     normEps: meta.float(".attention.layer_norm_rms_epsilon", { min: 0, max: 1 }),
     ropeBase: meta.float(".rope.freq_base", { min: 1, fallback: 10_000 }),
     ropeScale: scalingType === "linear" && factor !== 0 ? 1 / factor : 1,
@@ -148,8 +134,7 @@ export class Llama implements Model {
     this.blocks = Array.from({ length: c.layers }, (_, i) => loadLayer(t, c, i, ropeFactors));
     this.info = {
       architecture: c.architecture, name: c.name, vocabSize: c.vocab,
-        contextLength: c.contextLength,
-      kvShapes: this.blocks.map(() => ({ kvHeads: c.kvHeads, headDim: c.headDim, window: 0 })),
+      contextLength: c.contextLength, kvShapes: c.kvShapes,
     };
     this.buf = decoderBuffers(be, maxBatch, c);
   }

@@ -9,6 +9,23 @@ export interface KvShape {
   readonly window: number;
 }
 
+/**
+ * What an architecture's validated hyperparameters say about the memory it needs, known before
+ * any weight is touched: the engine checks that the model fits before it is built.
+ */
+export interface ModelShape {
+  readonly architecture: string;
+  readonly layers: number;
+  readonly embedding: number;
+  readonly feedForward: number;
+  readonly heads: number;
+  readonly kvHeads: number;
+  readonly headDim: number;
+  readonly vocab: number;
+  readonly contextLength: number;
+  readonly kvShapes: readonly KvShape[];
+}
+
 export interface ModelInfo {
   readonly architecture: string;
   readonly name: string;

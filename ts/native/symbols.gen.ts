@@ -33,6 +33,7 @@ export const symbols = {
   infer_top_k: { args: [FFIType.ptr, FFIType.u64, FFIType.u64, FFIType.ptr, FFIType.ptr, FFIType.ptr], returns: FFIType.i32 },
   infer_exp_sum: { args: [FFIType.ptr, FFIType.u64, FFIType.f32, FFIType.f32, FFIType.f32, FFIType.ptr], returns: FFIType.i32 },
   infer_draw: { args: [FFIType.ptr, FFIType.u64, FFIType.f32, FFIType.f32, FFIType.f64, FFIType.ptr], returns: FFIType.i32 },
+  infer_first_nonfinite: { args: [FFIType.ptr, FFIType.u64, FFIType.ptr], returns: FFIType.i32 },
   infer_above: { args: [FFIType.ptr, FFIType.u64, FFIType.f32, FFIType.ptr, FFIType.ptr], returns: FFIType.i32 },
   infer_add_row_bias: { args: [FFIType.ptr, FFIType.ptr, FFIType.u64, FFIType.u64], returns: FFIType.i32 },
   infer_bench_read: { args: [FFIType.ptr, FFIType.u64, FFIType.u32], returns: FFIType.f64 },

@@ -1,7 +1,7 @@
 // The tokenizer: text <-> token ids, equal to llama.cpp's llama_tokenize / llama_detokenize for
 // SentencePiece ("llama") and byte-level BPE ("gpt2") vocabularies. Built from GGUF metadata
 // alone; the 262k-entry maps are built once, on first use.
-import { InferError } from "../errors.ts";
+import { InferError, quote } from "../errors.ts";
 import { BpeModel } from "./bpe.ts";
 import { preTokenizer } from "./pretokenize.ts";
 import { partition, type ParseSpecial } from "./special.ts";
@@ -67,7 +67,7 @@ export function tokenizerFromMetadata(meta: ReadonlyMap<string, unknown>): Token
     });
     return new LlamaTokenizer(vocab, new BpeModel(vocab, p, merges));
   }
-  throw new InferError("bad_model", `unknown tokenizer model: '${model}'`);
+  throw new InferError("bad_model", `unknown tokenizer model: ${quote(model)}`);
 }
 
 class LlamaTokenizer implements Tokenizer {

@@ -5,7 +5,7 @@
 // (\p{L} -> U+00D2, \p{N} -> U+00D1, ...; non-ASCII whitespace -> \v), exactly the trick
 // llama.cpp uses to run Unicode classes through std::regex. Doing the same keeps the quirks
 // (e.g. \p{S} does not cover '~' among ASCII characters).
-import { InferError } from "../errors.ts";
+import { InferError, quote } from "../errors.ts";
 import { Cat, category, codePoints, isLetter, isNumber, isWhitespace } from "./unicode.ts";
 
 const GPT2 = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)";
@@ -54,7 +54,7 @@ define(["command-r", "smollm"], flags(["\\p{N}", GPT2], false));
 export function preTokenizer(name: string): PreTokenizer {
   const key = name === "" ? "default" : name;
   const f = Object.hasOwn(PRE, key) ? PRE[key] : undefined;
-  if (f === undefined) throw new InferError("bad_model", `unknown pre-tokenizer type: '${name}'`);
+  if (f === undefined) throw new InferError("bad_model", `unknown pre-tokenizer type: ${quote(name)}`);
   return { name: key, ...f };
 }
 

@@ -2,7 +2,7 @@
 // (with the same text-based fix-ups: EOT/EOG/FIM detection, "unused" marking), special ids with
 // llama.cpp's per-model defaults, the add_bos/add_eos flags, and the list of special tokens
 // that are split out of the text before the tokenizer proper runs. Built from GGUF metadata only.
-import { InferError } from "../errors.ts";
+import { InferError, quote } from "../errors.ts";
 import { utf8Length } from "./unicode.ts";
 
 /** GGUF `tokenizer.ggml.token_type` values. */
@@ -176,7 +176,7 @@ export function loadVocab(meta: Meta, opt: VocabOptions): Vocab {
     for (let i = 0; i < n; i++) {
       const prev = m.get(tokens[i]);
       if (prev !== undefined) {
-        bad(`duplicate token in vocabulary: '${tokens[i]}' has ids ${prev} and ${i}`);
+        bad(`duplicate token in vocabulary: ${quote(tokens[i])} has ids ${prev} and ${i}`);
       }
       m.set(tokens[i], i);
     }
