@@ -7,6 +7,8 @@ import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Engine } from "../ts/engine/engine.ts";
+import type { GenerateResult } from "../ts/engine/generation.ts";
+import { BatchScheduler } from "../ts/engine/scheduler.ts";
 import { InferError } from "../ts/errors.ts";
 import { parseGguf } from "../ts/gguf/reader.ts";
 import { defaultSampling } from "../ts/sample/sampler.ts";
@@ -141,6 +143,32 @@ describe("NaN weights end generation with a clear error, not garbage", () => {
   test("partly-NaN logits (three rows of the LM head) are caught as well", () => {
     const path = withNaN("output.weight", { first: 100, count: 3 });
     expect(openError(path).message).toMatch(/^the model produced NaN at position 6/);
+  });
+  test("in a batch (the server), the sequence that meets NaN fails alone", () => {
+    // NaN in the embedding of one token ("c", in the toy vocabulary's character pieces): only
+    // the prompt holding it reaches NaN logits.
+    const bytes = randomQuantGguf(llamaFloat);
+    const tokens = parseGguf(bytes).metadata.get("tokenizer.ggml.tokens") as string[];
+    const path = withNaN("token_embd.weight", { first: tokens.indexOf("c"), count: 1 });
+    const engine = Engine.open({ modelPath: path, threads: 1, backend: "cpu" });
+    try {
+      const scheduler = new BatchScheduler(engine, { slots: 2, prefixCache: null });
+      const results: (GenerateResult | Error)[] = [];
+      for (const text of ["the cat sat", "the sat a"]) {
+        scheduler.submit({ prompt: engine.tokenizer.encode(text),
+          options: { maxTokens: 3, sampling: { ...defaultSampling, temperature: 0 } },
+          onDone: (r) => results.push(r), onError: (e) => results.push(e) });
+      }
+      while (scheduler.busy) scheduler.step();
+      const failed = results.filter((r) => r instanceof Error);
+      expect(failed.map((e) => (e as Error).message)).toEqual([expect.stringMatching(
+        /^the model produced NaN at position \d+/)]);
+      const done = results.filter((r): r is GenerateResult => !(r instanceof Error));
+      expect(done.map((r) => r.tokens.length)).toEqual([3]);
+      expect(scheduler.stats().busySlots).toBe(0);
+    } finally {
+      engine.close();
+    }
   });
   test("the CLI with --temp 0 prints nothing, one line, exit 1", () => {
     const r = cli("the cat", "-m", withNaN("blk.0.attn_norm.weight"), "--temp", "0", "-n", "4");

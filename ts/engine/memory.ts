@@ -4,11 +4,12 @@
 // adds what a context takes: the weights (mapped, or their repacked copies, which replace the
 // mapped pages), the activations planned for a batch, the KV cache of every slot for the chosen
 // context, the token history and the attention's per-thread scratch; it is compared with the
-// memory this process can still get: MemAvailable, a cgroup's limit, and an address-space limit
-// (ulimit -v). llama.cpp allows a context beyond the trained one, and so does this: what does
-// not fit is refused, not what is long.
+// memory this process can still get: MemAvailable (the machine's memory where there is no
+// /proc/meminfo), a cgroup's limit, and an address-space limit (ulimit -v). llama.cpp allows a
+// context beyond the trained one, and so does this: what does not fit is refused, not what is
+// long.
 import { readFileSync } from "node:fs";
-import { freemem } from "node:os";
+import { totalmem } from "node:os";
 import type { KvType } from "../backend/backend.ts";
 import { InferError } from "../errors.ts";
 import type { GgufFile } from "../gguf/reader.ts";
@@ -89,7 +90,10 @@ function procField(text: string | null, name: string): number | null {
 export function availableHostMemory(): Available {
   const found: Available[] = [];
   const memAvailable = procField(readText("/proc/meminfo"), "MemAvailable");
-  found.push({ bytes: memAvailable ?? freemem(), what: "the available memory" });
+  // Elsewhere (macOS) the free figure leaves out the reclaimable cache and is often a small part
+  // of what can be had: only what exceeds the machine's memory is refused there.
+  found.push(memAvailable !== null ? { bytes: memAvailable, what: "the available memory" }
+    : { bytes: totalmem(), what: "the machine's memory" });
   const max = readText("/sys/fs/cgroup/memory.max")?.trim();
   const current = Number(readText("/sys/fs/cgroup/memory.current")?.trim());
   if (max && /^\d+$/.test(max) && Number.isFinite(current)) {
