@@ -176,4 +176,13 @@ describe("NaN weights end generation with a clear error, not garbage", () => {
     expect(r.stdout).toBe("");
     expect(r.stderr).toBe(`infer: ${nanAt6}\n`);
   }, 30_000);
+  test("perplexity refuses NaN logits too, rather than scoring nan", () => {
+    const text = join(dir, "text.txt");
+    writeFileSync(text, "the cat sat on the mat and the dog ran after it. ".repeat(8));
+    const r = cli("perplexity", withNaN("output.weight", { first: 100, count: 3 }), text,
+      "-c", "16");
+    expect(r.code).toBe(1);
+    expect(r.stderr.trim().split("\n").at(-1)).toMatch(
+      /^infer perplexity: the model produced NaN at position \d+ \(NaN in its weights/);
+  }, 30_000);
 });

@@ -5,6 +5,7 @@
 // before it, so every scored token has at least n_ctx/2 tokens of context.
 import { readFileSync } from "node:fs";
 import { Engine } from "../engine/engine.ts";
+import { refuseNonFinite } from "../engine/generation.ts";
 import { InferError, quote } from "../errors.ts";
 import { parseCommand } from "./args.ts";
 import { resolveModel } from "./models.ts";
@@ -64,6 +65,7 @@ export function perplexity(engine: Engine, text: string, o: {
           for (let r = 0; r < rows; r++) {
             const position = start + firstRow + r;
             if (position < first || position >= nCtx - 1) continue;
+            refuseNonFinite(logits.subarray(r * vocab, (r + 1) * vocab), position);
             const v = -logSoftmax(logits, r * vocab, vocab, chunk[position + 1]);
             nll += v;
             nll2 += v * v;

@@ -243,7 +243,7 @@ const nonFiniteAt = new BigUint64Array(1);
  * token is drawn from them, so garbage never reaches the output as text. One native pass over
  * the row (a JavaScript loop took 0.3 ms for a 262k vocabulary, a few percent of a decode step).
  */
-function refuseNonFinite(logits: Float32Array, position: number): void {
+export function refuseNonFinite(logits: Float32Array, position: number): void {
   check(native().infer_first_nonfinite(logits, logits.length, nonFiniteAt), "logits check");
   const at = Number(nonFiniteAt[0]);
   if (at === logits.length) return;
