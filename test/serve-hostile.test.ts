@@ -170,6 +170,22 @@ describe("bodies a client should not send", () => {
     await expectHealthy(open);
   });
 
+  test("a body cut short by the client closing: a 400, not an internal error", async () => {
+    const counted = async (status: number) => {
+      const text = await (await fetch(`${open.url}/metrics`)).text();
+      const line = `infer_requests_total{endpoint="/v1/completions",status="${status}"} `;
+      return Number(text.split("\n").find((l) => l.startsWith(line))?.slice(line.length) ?? 0);
+    };
+    const [bad, internal] = [await counted(400), await counted(500)];
+    await rawExchange(open.port, rawRequest("POST", "/v1/completions", {
+      host: `127.0.0.1:${open.port}`, "content-type": "application/json",
+      "content-length": 1000 }, "{\"model\":"),
+    { then: (s) => setTimeout(() => s.destroy(), 100) });
+    await until(async () => (await counted(400)) === bad + 1);
+    expect(await counted(500)).toBe(internal);
+    await expectHealthy(open);
+  }, 20_000);
+
   test("huge bodies: 413 with the error object, declared or chunked, and the connection closes",
     async () => {
       const big = await post(open, "/v1/completions", "x".repeat((1 << 20) + 1));

@@ -9,10 +9,10 @@
 //   (body.ts bounds that, with the error object) nor a generation that says nothing for a long
 //   while is ever cut.
 // A request becomes a Request whose body is a web stream read on demand and whose signal fires
-// when the client goes away before its answer is written; a Response is written with its
-// status and headers, an event stream chunk by chunk as it comes (a chunk the client does not
-// take within the idle timeout ends the connection), anything else whole with its length. A
-// client that goes away cancels the Response's body, and with it whatever produces it.
+// when the client goes away before its answer is written. A Response is written with its status
+// and headers, an event stream chunk by chunk as it comes, anything else whole with its length;
+// what the client does not take within the idle timeout ends the connection, and a client that
+// goes away cancels the Response's body, and with it whatever produces it.
 // Every refusal here is an ApiError, for the caller to phrase (the error object).
 import { createServer, STATUS_CODES, type IncomingMessage, type ServerResponse } from "node:http";
 import { isIP, type Socket } from "node:net";
@@ -69,7 +69,10 @@ export async function listen(o: HttpOptions): Promise<HttpServer> {
     res.once("finish", () => {
       if (closing) setImmediate(() => { if (!answering(req.socket)) req.socket.destroySoon(); });
     });
-    void exchange(req, res, url, o, idleMs);
+    exchange(req, res, url, o, idleMs).catch((err: unknown) => {
+      console.error(err);
+      res.destroy();
+    });
   });
   server.on("checkExpectation", (req: IncomingMessage, res: ServerResponse) => {
     const err = new ApiError(417, `the expectation ${quote(req.headers.expect ?? "")} is not ` +
@@ -181,6 +184,11 @@ function bodyStream(req: IncomingMessage): ReadableStream<Uint8Array> {
     pull(controller) {
       if (!started) {
         started = true;
+        if (req.destroyed) {
+          stop();
+          controller.error(endedEarly());
+          return;
+        }
         req.on("data", (chunk: Buffer) => {
           controller.enqueue(new Uint8Array(chunk.buffer, chunk.byteOffset, chunk.byteLength));
           if ((controller.desiredSize ?? 0) <= 0) req.pause();
@@ -189,8 +197,7 @@ function bodyStream(req: IncomingMessage): ReadableStream<Uint8Array> {
         req.once("close", () => {
           if (!settled) {
             stop();
-            controller.error(new ApiError(400, "the request body ended early (the connection " +
-              "closed)", null, "invalid_body"));
+            controller.error(endedEarly());
           }
         });
       }
@@ -202,6 +209,9 @@ function bodyStream(req: IncomingMessage): ReadableStream<Uint8Array> {
     },
   }, { highWaterMark: 0 });
 }
+
+const endedEarly = () => new ApiError(400, "the request body ended early (the connection closed)",
+  null, "invalid_body");
 
 /** Writes `response` (see the file's head); resolves once it is written or the client left. */
 async function send(res: ServerResponse, response: Response, idleMs: number): Promise<void> {
