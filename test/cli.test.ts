@@ -187,6 +187,24 @@ describe("a bad file or path is one line and exit 1", () => {
       taken.stop(true);
     }
   });
+  test("startServer on a port in use throws that InferError and leaves no worker running", () => {
+    const taken = Bun.listen({ hostname: "127.0.0.1", port: 0, socket: { data() {} } });
+    try {
+      // In a process of its own, which a worker left running would keep from exiting.
+      const server = join(root, "ts/serve/server.ts");
+      const script = `import { startServer } from ${JSON.stringify(server)};
+        try {
+          await startServer({ modelPath: ${JSON.stringify(model)}, port: ${taken.port},
+            threads: 1, backend: "cpu" });
+        } catch (err) { console.log(\`\${err.name}: \${err.message}\`); }`;
+      const r = Bun.spawnSync([process.execPath, "-e", script], { timeout: 20_000 });
+      expect(r.stdout.toString()).toMatch(new RegExp(
+        `^InferError: cannot listen on "127\\.0\\.0\\.1" port ${taken.port}: it is in use`));
+      expect(r.exitCode).toBe(0);
+    } finally {
+      taken.stop(true);
+    }
+  }, 30_000);
 });
 
 describe("quantize and perplexity", () => {

@@ -7,17 +7,19 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import type { Subprocess } from "bun";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import type { Socket } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { startServer, type InferServer, type ServeOptions } from "../ts/serve/server.ts";
-import { parseReply, rawExchange, rawRequest, type RawReply } from "./support/raw-http.ts";
+import { parseReplies, parseReply, rawExchange, rawRequest, type RawReply }
+  from "./support/raw-http.ts";
 import { tinyGemma3Gguf } from "./support/tiny-gguf.ts";
 
 const KEY = "a-key-of-some-length";
 const noEos = { 1: -100 };
 let dir: string, modelPath: string;
 let open: InferServer, keyed: InferServer;
-/** Connections sending their headers a byte a second, for the whole file (Bun ends them). */
+/** Connections sending their headers a byte a second, for the whole file (408 ends them). */
 let slowloris: Promise<RawReply>[] = [];
 
 beforeAll(async () => {
@@ -167,6 +169,19 @@ describe("bodies a client should not send", () => {
     await expectHealthy(open);
   });
 
+  test("a body cut short by the client closing: a 400, not an internal error", async () => {
+    const counted = async (status: number) => (await metric(open,
+      `infer_requests_total{endpoint="/v1/completions",status="${status}"}`)) || 0;
+    const [bad, internal] = [await counted(400), await counted(500)];
+    await rawExchange(open.port, rawRequest("POST", "/v1/completions", {
+      host: `127.0.0.1:${open.port}`, "content-type": "application/json",
+      "content-length": 1000 }, "{\"model\":"),
+    { then: (s) => setTimeout(() => s.destroy(), 100) });
+    await until(async () => (await counted(400)) === bad + 1);
+    expect(await counted(500)).toBe(internal);
+    await expectHealthy(open);
+  }, 20_000);
+
   test("huge bodies: 413 with the error object, declared or chunked, and the connection closes",
     async () => {
       const big = await post(open, "/v1/completions", "x".repeat((1 << 20) + 1));
@@ -193,7 +208,7 @@ describe("bodies a client should not send", () => {
 });
 
 describe("requests that are not quite HTTP", () => {
-  test("HTTP/1.0 without Host: JSON answers, never Bun's HTML error page", async () => {
+  test("HTTP/1.0 without Host: JSON answers, never an HTML error page", async () => {
     for (const [server, path, status] of [[open, "/health", 200], [open, "/v1/models", 200],
       [open, "/nowhere", 404], [keyed, "/v1/models", 401]] as const) {
       const r = await rawExchange(server.port, `GET ${path} HTTP/1.0\r\n\r\n`);
@@ -217,37 +232,66 @@ describe("requests that are not quite HTTP", () => {
       expect(long.message.length).toBeLessThan(200);
       const escape = await expectError(await fetch(`${open.url}/v1/models/%1B%5B31m`), 404);
       expect(escape.message).toContain("\\u001b");
-      // Bytes Bun's parser refuses: an error status line and a closed connection, nothing else.
-      for (const bytes of ["GET /a\u0000b HTTP/1.1\r\nHost: x\r\n\r\n",
-        "GET / HTTP/1.1\r\nHost: x\r\nX-Bad: a\u0000b\r\n\r\n", "\u0016\u0003\u0001\u0002\u0000",
-        "NONSENSE\r\n\r\n",
-        "GET /\u00ff\u00fe HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"]) {
+      // Bytes the HTTP parser refuses, a head too large, a target that is not a path: the
+      // error object, then the connection closes.
+      const host = `127.0.0.1:${open.port}`;
+      for (const [bytes, status, code] of [
+        ["GET /a\u0000b HTTP/1.1\r\nHost: x\r\n\r\n", 400, "invalid_http"],
+        ["GET / HTTP/1.1\r\nHost: x\r\nX-Bad: a\u0000b\r\n\r\n", 400, "invalid_http"],
+        ["\u0016\u0003\u0001\u0002\u0000", 400, "invalid_http"],
+        ["NONSENSE\r\n\r\n", 400, "invalid_http"],
+        ["GET /\u00ff\u00fe HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", 400,
+          "invalid_http"],
+        [`GET / HTTP/1.1\r\nHost: ${host}\r\nX-Pad: ${"a".repeat(20_000)}\r\n\r\n`, 431,
+          "headers_too_large"],
+        [`GET http://[bad HTTP/1.1\r\nHost: ${host}\r\nConnection: close\r\n\r\n`, 400,
+          "invalid_path"],
+      ] as const) {
         const r = await rawExchange(open.port, bytes);
         expect(r.closed).toBe(true);
-        const status = parseReply(r.text)?.status ?? 0;
-        expect(status === 0 || status >= 400).toBe(true);
-        expect(r.text).not.toContain("<html");
+        const reply = parseReply(r.text)!;
+        expect(`${JSON.stringify(bytes.slice(0, 20))} ${reply.status}`)
+          .toBe(`${JSON.stringify(bytes.slice(0, 20))} ${status}`);
+        expect(reply.headers.get("content-type")).toBe("application/json");
+        expect((JSON.parse(reply.body) as ErrorBody).error.code).toBe(code);
       }
       await expectHealthy(open);
     });
 
-  test("a request pipelined behind a POST: the connection closes cleanly and the server goes on",
+  test("a request pipelined behind a POST is answered after it, in order", async () => {
+    const body = JSON.stringify({ model: "tiny", prompt: "the", max_tokens: 20,
+      logit_bias: noEos });
+    const host = `127.0.0.1:${open.port}`;
+    // One write: the GET arrives while the POST is still generating.
+    const r = await rawExchange(open.port, rawRequest("POST", "/v1/completions",
+      { host, "content-type": "application/json", "content-length": body.length }, body) +
+      rawRequest("GET", "/health", { host, connection: "close" }), { waitMs: 30_000 });
+    expect(r.closed).toBe(true);
+    const replies = parseReplies(r.text);
+    expect(replies.map((reply) => reply.status)).toEqual([200, 200]);
+    const completion = JSON.parse(replies[0].body) as { usage: { completion_tokens: number } };
+    expect(completion.usage.completion_tokens).toBe(20);
+    expect((JSON.parse(replies[1].body) as Health).status).toBe("ok");
+    await expectHealthy(open);
+  });
+
+  test("a client that pipelines behind a long POST and goes away: the generation is cancelled",
     async () => {
-      // Bun 1.4 closes a connection on which a request arrives while the handler of the one
-      // before has not answered (uWS keeps one response per socket; oven-sh/bun#38128); the
-      // server cannot answer either. What it must do: free the slot, stay healthy.
-      const body = JSON.stringify({ model: "tiny", prompt: "the", max_tokens: 500,
+      const body = JSON.stringify({ model: "tiny", prompt: "the", max_tokens: 4000,
         logit_bias: noEos });
       const host = `127.0.0.1:${open.port}`;
-      const r = await rawExchange(open.port, rawRequest("POST", "/v1/completions",
+      const cancelled = await metric(open, "infer_requests_cancelled_total");
+      let client: Socket | null = null;
+      const r = rawExchange(open.port, rawRequest("POST", "/v1/completions",
         { host, "content-type": "application/json", "content-length": body.length }, body) +
-        rawRequest("GET", "/health", { host }));
-      expect(r.closed).toBe(true);
-      if (r.text !== "") expect(parseReply(r.text)?.status).toBe(200);
+        rawRequest("GET", "/health", { host }), { waitMs: 30_000, then: (s) => (client = s) });
+      await until(async () => (await health(open)).running === 1);
+      client!.destroy();
+      expect((await r).text).toBe(""); // neither answered: the first is not done
       await until(async () => (await health(open)).running === 0);
+      expect(await metric(open, "infer_requests_cancelled_total")).toBe(cancelled + 1);
       await expectHealthy(open);
     });
-  test.todo("a request pipelined behind a POST is answered after it, in order");
 });
 
 describe("who may call", () => {
@@ -349,8 +393,8 @@ describe("slow and stalled clients", () => {
     });
 
   test("a connection kept alive after a generation is closed once idle", async () => {
-    // A generation turns the idle timeout off (it may say nothing for a long while); the
-    // answer must turn it back on, streamed or not.
+    // Nothing times out while a request is answered (a generation may say nothing for a long
+    // while); once it is answered, streamed or not, the connection's idle timeout runs.
     for (const stream of [false, true]) {
       const body = JSON.stringify({ model: "tiny", prompt: "the", max_tokens: 3, stream });
       const r = await rawExchange(short.port, rawRequest("POST", "/v1/completions", {
@@ -359,7 +403,8 @@ describe("slow and stalled clients", () => {
       expect(r.text).toMatch(/^HTTP\/1\.1 200/);
       expect(r.text).toContain(stream ? "[DONE]" : "completion_tokens");
       // Closed by the server once idle (it would stay open for good with no idle timeout), not
-      // announced as the answer's last (Bun's idle timer is coarse: no bound below).
+      // announced as the answer's last (no bound below: the server closes a little after the
+      // timeout it announces, so that a client that heeds it closes first).
       expect(r.text.toLowerCase()).not.toContain("connection: close");
       expect(r.closed).toBe(true);
     }
@@ -411,7 +456,8 @@ async function health(server: InferServer | string): Promise<Health> {
 async function metric(server: InferServer | string, name: string): Promise<number> {
   const url = typeof server === "string" ? server : server.url;
   const text = await (await fetch(`${url}/metrics`)).text();
-  return Number(new RegExp(`^${name} (\\S+)$`, "m").exec(text)?.[1]);
+  const line = text.split("\n").find((l) => l.startsWith(`${name} `));
+  return Number(line?.slice(name.length + 1));
 }
 
 /** Polls `check` every 10 ms until it holds (at most `ms`). */
@@ -559,7 +605,9 @@ test("slowloris connections held nothing up, and the server closed every one", a
   for (const r of await Promise.all(slowloris)) {
     expect(r.closed).toBe(true);
     expect(r.ms).toBeLessThan(30_000);
-    expect(r.text).not.toContain("200 OK");
+    const reply = parseReply(r.text)!;
+    expect(reply.status).toBe(408);
+    expect((JSON.parse(reply.body) as ErrorBody).error.code).toBe("request_timeout");
   }
   await expectHealthy(open);
 }, 60_000);

@@ -57,16 +57,26 @@ export interface ParsedReply {
 
 /** The first response in `text` (a Content-Length body), or null if there is none. */
 export function parseReply(text: string): ParsedReply | null {
-  const m = /^HTTP\/1\.[01] (\d{3})[^\r\n]*\r\n((?:[^\r\n]+\r\n)*)\r\n/.exec(text);
-  if (!m) return null;
-  const headers = new Map<string, string>();
-  for (const line of m[2].split("\r\n").filter(Boolean)) {
-    const at = line.indexOf(":");
-    headers.set(line.slice(0, at).trim().toLowerCase(), line.slice(at + 1).trim());
+  return parseReplies(text)[0] ?? null;
+}
+
+/** The responses in `text`, one after another (Content-Length bodies), as far as they parse. */
+export function parseReplies(text: string): ParsedReply[] {
+  const replies: ParsedReply[] = [];
+  for (;;) {
+    const m = /^HTTP\/1\.[01] (\d{3})[^\r\n]*\r\n((?:[^\r\n]+\r\n)*)\r\n/.exec(text);
+    if (!m) return replies;
+    const headers = new Map<string, string>();
+    for (const line of m[2].split("\r\n").filter(Boolean)) {
+      const at = line.indexOf(":");
+      headers.set(line.slice(0, at).trim().toLowerCase(), line.slice(at + 1).trim());
+    }
+    const length = Number(headers.get("content-length") ?? 0);
+    const bytes = text.slice(m[0].length, m[0].length + length); // latin1: a byte a character
+    const body = Buffer.from(bytes, "latin1").toString("utf8");
+    replies.push({ status: Number(m[1]), headers, body });
+    text = text.slice(m[0].length + length);
   }
-  const length = Number(headers.get("content-length") ?? 0);
-  const body = Buffer.from(text.slice(m[0].length), "latin1").subarray(0, length).toString("utf8");
-  return { status: Number(m[1]), headers, body };
 }
 
 /** A request's bytes: `headers` as given (no Host unless listed), then the body. */

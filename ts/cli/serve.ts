@@ -1,5 +1,6 @@
 // `infer serve`: the OpenAI-compatible HTTP server (ts/serve) on one model.
 import { InferError, quote } from "../errors.ts";
+import { listenError } from "../serve/http.ts";
 import { startServer } from "../serve/server.ts";
 import { parseCommand } from "./args.ts";
 import { resolveModel } from "./models.ts";
@@ -144,13 +145,6 @@ function checkCanListen(host: string, port: number): void {
   try {
     Bun.listen({ hostname: host, port, socket: { data() {} } }).stop(true);
   } catch (err) {
-    const code = (err as NodeJS.ErrnoException).code;
-    const where = `${quote(host, 60)} port ${port}`;
-    if (code === "EADDRINUSE") {
-      throw new InferError("io", `cannot listen on ${where}: it is in use (another server?); ` +
-        "choose another with --port, or --port 0 for any free one");
-    }
-    throw new InferError("io", `cannot listen on ${where}${code ? ` (${code})` : ""}; --host ` +
-      "must be an address of this machine, e.g. 127.0.0.1 or 0.0.0.0");
+    throw listenError(host, port, err);
   }
 }

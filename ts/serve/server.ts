@@ -1,18 +1,20 @@
-// The OpenAI-compatible HTTP server on Bun.serve. This thread parses, validates and queues
-// requests and streams answers; the engine runs in a Worker (worker.ts) that decodes up to
-// `parallel` requests together (continuous batching, ts/engine/scheduler.ts). Requests beyond
-// those wait here in arrival order (a FIFO queue, bounded: 429 with Retry-After when full). A
-// client that goes away (a cancelled stream, an aborted request) has its sequence cancelled,
-// freeing its slot, or is dropped from the queue (queue.ts). Who may call is access.ts's; how
-// bodies are read, body.ts's. A watchdog reads the worker's heartbeat: /health answers 503 while one step
-// has run past its deadline. stop() shuts down gracefully: no new requests, the running ones
-// get a deadline to finish and then end early with a final chunk, the waiting ones get 503.
+// The OpenAI-compatible HTTP server. This thread parses, validates and queues requests and
+// streams answers; the engine runs in a Worker (worker.ts) that decodes up to `parallel` requests
+// together (continuous batching, ts/engine/scheduler.ts). Requests beyond those wait here in
+// arrival order (a FIFO queue, bounded: 429 with Retry-After when full). A client that goes away
+// (a cancelled stream, an aborted request) has its sequence cancelled, freeing its slot, or is
+// dropped from the queue (queue.ts). How requests arrive and answers leave is http.ts's (on
+// node:http); who may call, access.ts's; how bodies are read, body.ts's. A watchdog reads the
+// worker's heartbeat: /health answers 503 while one step has run past its deadline. stop() shuts
+// down gracefully: no new requests, the running ones get a deadline to finish and then end early
+// with a final chunk, the waiting ones get 503.
 import { basename } from "node:path";
 import type { BackendKind } from "../backend/select.ts";
 import { InferError, quote } from "../errors.ts";
 import { isCompiled, libraryPath } from "../native/lib.ts";
 import { Access } from "./access.ts";
 import { BodyReader, bodyText, hasBody } from "./body.ts";
+import { listen, type HttpServer } from "./http.ts";
 import type { FromWorker, ModelInfo, StallForTests, ToWorker } from "./messages.ts";
 import { Metrics } from "./metrics.ts";
 import {
@@ -104,26 +106,12 @@ function finishOf(stopReason: string): ReturnType<typeof finishReason> {
   return stopReason === "interrupted" ? "length" : finishReason(stopReason);
 }
 
-/** Sets the idle timeout of a request's connection (0: none), if it is still open. */
-function setIdleTimeout(x: { req: Request; server: Bun.Server<undefined> }, seconds: number) {
-  try {
-    x.server.timeout(x.req, seconds);
-  } catch { /* the connection is gone already */ }
-}
-
 const endpoints = ["/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions"];
 
 const notFound = (path: string) => new ApiError(404, `no route ${quote(path)}`, null, "not_found");
 
-/** The request's path. (An HTTP/1.0 request may have no Host: its URL is a path alone.) */
-function pathOf(req: Request): string {
-  try {
-    return new URL(req.url, "http://localhost").pathname;
-  } catch {
-    throw new ApiError(400, `the request target ${quote(req.url)} is not a path`, null,
-      "invalid_path");
-  }
-}
+/** The request's path (http.ts made the URL: it parses). */
+const pathOf = (req: Request): string => new URL(req.url).pathname;
 
 /** Whether `p` settles within `ms`; the timer is cleared either way, holding no process up. */
 async function within(p: Promise<unknown>, ms: number): Promise<boolean> {
@@ -208,10 +196,9 @@ export async function startServer(o: ServeOptions): Promise<InferServer> {
     return null;
   };
 
-  /** One request's connection: its idle timeout, and whether its body was read. */
+  /** One request, and whether its body was read. */
   interface Exchange {
     readonly req: Request;
-    readonly server: Bun.Server<undefined>;
     bodyRead: boolean;
   }
 
@@ -224,9 +211,6 @@ export async function startServer(o: ServeOptions): Promise<InferServer> {
   async function generate(x: Exchange, kind: "chat" | "completion"): Promise<Response> {
     const req = x.req;
     const arrived = performance.now();
-    // Neither a body in transit (bounded by its own deadline) nor a generation that has not
-    // sent anything yet is idle; the connection's idle timeout comes back once it is answered.
-    setIdleTimeout(x, 0);
     const parsed = parseRequest(kind, await readJson(x), info);
     if (parsed.model !== modelId) {
       throw new ApiError(404, `the model ${quote(parsed.model)} does not exist; this server has ` +
@@ -240,7 +224,6 @@ export async function startServer(o: ServeOptions): Promise<InferServer> {
     const tickets = scheduler.submit(Array.from({ length: parsed.n }, (_, i) => ({
       ...parsed.job, sampling: { ...parsed.job.sampling, seed: seed < 0 ? -1 : (seed + i) >>> 0 },
     })));
-    void Promise.all(tickets.map((t) => t.ended)).then(() => setIdleTimeout(x, idleSeconds));
     const cancelAll = () => { for (const t of tickets) scheduler.cancel(t); };
     const abort = () => { if (tickets.some((t) => !t.finished)) metrics.cancelled++; cancelAll(); };
     req.signal.addEventListener("abort", abort, { once: true });
@@ -446,35 +429,26 @@ export async function startServer(o: ServeOptions): Promise<InferServer> {
   }
 
   let stopping = false;
-  const server = Bun.serve({
-    hostname: o.host ?? "127.0.0.1",
-    port: o.port ?? 8080,
-    // Bun's development mode answers an uncaught error with a page of source code and paths.
-    development: false,
-    // Connections with no request in progress; a request in progress has its own deadlines.
-    idleTimeout: idleSeconds,
-    // Body sizes are checked while reading (body.ts), so that every 413 carries the error
-    // object; Bun's own limit (an empty 413) is only a backstop that is never reached first.
-    maxRequestBodySize: Number.MAX_SAFE_INTEGER,
-    async fetch(req, srv) {
-      const x: Exchange = { req, server: srv, bodyRead: false };
-      const { res, endpoint } = await answer(x);
-      for (const [k, v] of Object.entries(access.corsHeaders(req))) res.headers.set(k, v);
-      // A body left unread would be parsed as the next request: close instead.
-      if (stopping || (hasBody(req) && !x.bodyRead)) res.headers.set("connection", "close");
-      if (!res.headers.get("content-type")?.startsWith("text/event-stream")) {
-        setIdleTimeout(x, idleSeconds);
-      }
-      metrics.count(endpoint, res.status);
-      return res;
-    },
-    error(err) { // not reached (answer() catches everything); never Bun's HTML page
-      console.error(err);
-      return errorResponse(new ApiError(500, "internal error", null, "internal_error"));
-    },
-  });
+  const host = o.host ?? "127.0.0.1";
+  let http: HttpServer;
+  try {
+    http = await listen({ host, port: o.port ?? 8080, idleTimeoutSeconds: idleSeconds,
+      refuse: errorResponse,
+      async fetch(req) {
+        const x: Exchange = { req, bodyRead: false };
+        const { res, endpoint } = await answer(x);
+        for (const [k, v] of Object.entries(access.corsHeaders(req))) res.headers.set(k, v);
+        // A body left unread: close, rather than read and discard what may be gigabytes.
+        if (stopping || (hasBody(req) && !x.bodyRead)) res.headers.set("connection", "close");
+        metrics.count(endpoint, res.status);
+        return res;
+      } });
+  } catch (err) {
+    worker.terminate();
+    throw err;
+  }
   const access = new Access({ apiKey: o.apiKey ?? null, corsOrigins: o.corsOrigins ?? [],
-    host: o.host ?? "127.0.0.1", port: server.port! });
+    host, port: http.port });
 
   const shutdownTimeoutMs = o.shutdownTimeoutMs ?? 10_000;
   let stopped: Promise<void> | null = null;
@@ -484,7 +458,7 @@ export async function startServer(o: ServeOptions): Promise<InferServer> {
     stopping = true;
     const workerClosed = new Promise<void>((resolve) => (closed = resolve));
     // Stop listening; idle keep-alive connections close, requests in progress go on.
-    const drained = server.stop(false);
+    const drained = http.close();
     scheduler.refuseWaiting(503, "the server is stopping", "server_shutting_down");
     const hurried = new Promise<void>((resolve) => (hurry = resolve));
     await within(Promise.race([scheduler.whenIdle(), hurried]), timeoutMs);
@@ -493,14 +467,14 @@ export async function startServer(o: ServeOptions): Promise<InferServer> {
     worker.postMessage({ type: "close" } satisfies ToWorker);
     if (!(await within(scheduler.whenIdle(), 5_000))) scheduler.fail("the server is stopping");
     await within(drained, 2_000); // the last chunks on their way out
-    await server.stop(true);
+    http.closeAll();
     await within(workerClosed, 2_000);
     worker.terminate();
   }
 
   return {
-    url: `http://${server.hostname}:${server.port}`,
-    port: server.port!,
+    url: http.url,
+    port: http.port,
     modelId,
     info,
     parallel: info.parallel,
