@@ -246,6 +246,28 @@ pub fn firstNonFinite(x: []const f32) usize {
     return x.len;
 }
 
+/// The plain loop firstNonFinite must equal.
+fn firstNonFiniteRef(x: []const f32) usize {
+    for (x, 0..) |v, i| if (std.math.isNan(v) or std.math.isInf(v)) return i;
+    return x.len;
+}
+
+test "firstNonFinite equals the scalar reference on random rows of odd sizes" {
+    var rng = @import("../quant/simd.zig").TestRng.init(43);
+    var x: [300]f32 = undefined;
+    const bad = [_]f32{ std.math.nan(f32), std.math.inf(f32), -std.math.inf(f32) };
+    for ([_]usize{ 0, 1, 15, 16, 17, 31, 33, 257, 300 }) |n| {
+        for (0..20) |round| {
+            rng.floats(x[0..n], 3e38);
+            // None, one, or two values that are not finite, at random places.
+            for (0..round % 3) |_| {
+                if (n > 0) x[rng.next() % n] = bad[rng.next() % bad.len];
+            }
+            try std.testing.expectEqual(firstNonFiniteRef(x[0..n]), firstNonFinite(x[0..n]));
+        }
+    }
+}
+
 test "firstNonFinite: NaN and either infinity anywhere, every finite row passes" {
     var x: [100]f32 = undefined;
     for (&x, 0..) |*v, i| v.* = (@as(f32, @floatFromInt(i)) - 50) * 6e36;

@@ -8,7 +8,7 @@ import { GgmlType, ggmlTypes } from "../../ts/gguf/types.ts";
 import { gguf, type GgufTensorToWrite, type GgufTypedValue } from "../../ts/gguf/writer.ts";
 import { gpt2ByteToChar } from "../../ts/tokenizer/unicode.ts";
 import { randomTensorData } from "../support/random-quant-gguf.ts";
-import { toyVocabulary } from "../support/tiny-gguf.ts";
+import { toyTokenizerMetadata, toyVocabulary } from "../support/tiny-gguf.ts";
 
 export const architectures = ["gemma3", "llama", "qwen2", "qwen3"] as const;
 export type Architecture = (typeof architectures)[number];
@@ -60,19 +60,7 @@ function tokenizerMetadata(arch: Architecture): { metadata: [string, GgufTypedVa
         "{{ m.content }}<|im_end|>\n{% endfor %}")],
     ] };
   }
-  const v = toyVocabulary();
-  return { vocab: v.tokens.length, metadata: [
-    ["tokenizer.ggml.model", gguf.str("llama")],
-    ["tokenizer.ggml.tokens", gguf.strs(v.tokens)],
-    ["tokenizer.ggml.scores", gguf.f32s(v.scores)],
-    ["tokenizer.ggml.token_type", gguf.i32s(v.types)],
-    ["tokenizer.ggml.bos_token_id", gguf.u32(2)],
-    ["tokenizer.ggml.eos_token_id", gguf.u32(1)],
-    ["tokenizer.ggml.unknown_token_id", gguf.u32(3)],
-    ["tokenizer.ggml.padding_token_id", gguf.u32(0)],
-    ["tokenizer.ggml.add_bos_token", gguf.bool(true)],
-    ["tokenizer.ggml.add_space_prefix", gguf.bool(false)],
-  ] };
+  return { vocab: toyVocabulary().tokens.length, metadata: toyTokenizerMetadata() };
 }
 
 /** Rows a multiple of 256 for the K-quants' blocks, 32 for the rest: small, every kernel runs. */

@@ -5,7 +5,7 @@
 import { GgmlType, ggmlTypes } from "../../ts/gguf/types.ts";
 import { gguf, writeGguf, type GgufTensorToWrite, type GgufTypedValue } from "../../ts/gguf/writer.ts";
 import { check, native } from "../../ts/native/lib.ts";
-import { toyVocabulary } from "./tiny-gguf.ts";
+import { toyTokenizerMetadata, toyVocabulary } from "./tiny-gguf.ts";
 
 export interface RandomQuantSpec {
   readonly arch: "gemma3" | "llama" | "qwen3";
@@ -140,16 +140,7 @@ export function randomQuantGguf(spec: RandomQuantSpec): Uint8Array {
     [`${arch}.attention.layer_norm_rms_epsilon`, gguf.f32(1e-6)],
     [`${arch}.rope.freq_base`, gguf.f32(arch === "llama" ? 500000 : 1e6)],
     [`${arch}.rope.dimension_count`, gguf.u32(s.headDim)],
-    ["tokenizer.ggml.model", gguf.str("llama")],
-    ["tokenizer.ggml.tokens", gguf.strs(vocab.tokens)],
-    ["tokenizer.ggml.scores", gguf.f32s(vocab.scores)],
-    ["tokenizer.ggml.token_type", gguf.i32s(vocab.types)],
-    ["tokenizer.ggml.bos_token_id", gguf.u32(2)],
-    ["tokenizer.ggml.eos_token_id", gguf.u32(1)],
-    ["tokenizer.ggml.unknown_token_id", gguf.u32(3)],
-    ["tokenizer.ggml.padding_token_id", gguf.u32(0)],
-    ["tokenizer.ggml.add_bos_token", gguf.bool(true)],
-    ["tokenizer.ggml.add_space_prefix", gguf.bool(false)],
+    ...toyTokenizerMetadata(),
   ];
   if (arch === "gemma3") metadata.push([`${arch}.attention.sliding_window`, gguf.u32(s.window ?? 16)]);
   return writeGguf(metadata, tensors);

@@ -23,6 +23,23 @@ export function toyVocabulary(): { tokens: string[]; scores: number[]; types: nu
   return { tokens, scores, types };
 }
 
+/** The toy vocabulary as a SentencePiece tokenizer's GGUF metadata (BOS 2, EOS 1, UNK 3). */
+export function toyTokenizerMetadata(): [string, GgufTypedValue][] {
+  const vocab = toyVocabulary();
+  return [
+    ["tokenizer.ggml.model", gguf.str("llama")],
+    ["tokenizer.ggml.tokens", gguf.strs(vocab.tokens)],
+    ["tokenizer.ggml.scores", gguf.f32s(vocab.scores)],
+    ["tokenizer.ggml.token_type", gguf.i32s(vocab.types)],
+    ["tokenizer.ggml.bos_token_id", gguf.u32(2)],
+    ["tokenizer.ggml.eos_token_id", gguf.u32(1)],
+    ["tokenizer.ggml.unknown_token_id", gguf.u32(3)],
+    ["tokenizer.ggml.padding_token_id", gguf.u32(0)],
+    ["tokenizer.ggml.add_bos_token", gguf.bool(true)],
+    ["tokenizer.ggml.add_space_prefix", gguf.bool(false)],
+  ];
+}
+
 export function tinyGemma3Gguf(options: {
   shape?: TinyShape; architecture?: string; embeddingType?: number; seed?: number;
   dropMetadata?: string[];
@@ -82,16 +99,7 @@ export function tinyGemma3Gguf(options: {
     [`${arch}.attention.layer_norm_rms_epsilon`, gguf.f32(1e-6)],
     [`${arch}.rope.freq_base`, gguf.f32(1e6)],
     [`${arch}.attention.sliding_window`, gguf.u32(8)],
-    ["tokenizer.ggml.model", gguf.str("llama")],
-    ["tokenizer.ggml.tokens", gguf.strs(vocab.tokens)],
-    ["tokenizer.ggml.scores", gguf.f32s(vocab.scores)],
-    ["tokenizer.ggml.token_type", gguf.i32s(vocab.types)],
-    ["tokenizer.ggml.bos_token_id", gguf.u32(2)],
-    ["tokenizer.ggml.eos_token_id", gguf.u32(1)],
-    ["tokenizer.ggml.unknown_token_id", gguf.u32(3)],
-    ["tokenizer.ggml.padding_token_id", gguf.u32(0)],
-    ["tokenizer.ggml.add_bos_token", gguf.bool(true)],
-    ["tokenizer.ggml.add_space_prefix", gguf.bool(false)],
+    ...toyTokenizerMetadata(),
   ];
   const set = options.setMetadata ?? [];
   const drop = new Set([...options.dropMetadata ?? [], ...set.map(([k]) => k)]);

@@ -11,7 +11,7 @@ import { createBackend, defaultBackendKind, type BackendKind } from "../backend/
 import { InferError } from "../errors.ts";
 import { openGguf, type GgufFile } from "../gguf/reader.ts";
 import type { Model, ModelShape } from "../model/model.ts";
-import { loadModel, modelShape } from "../model/registry.ts";
+import { planModel } from "../model/registry.ts";
 import { tokenizerFromMetadata, type Tokenizer } from "../tokenizer/index.ts";
 import { Generation, type GenerateOptions, type GenerateResult } from "./generation.ts";
 import { canRewind, createKvCache, type KvCache } from "./kv-cache.ts";
@@ -58,7 +58,7 @@ export class Engine {
 
   private constructor(readonly file: GgufFile, readonly backend: Backend, readonly model: Model,
     readonly tokenizer: Tokenizer, readonly cache: KvCache, readonly loadMs: number,
-    private readonly plan: MemoryPlanOptions) {
+    private readonly shape: ModelShape, private readonly plan: MemoryPlanOptions) {
     this.history = new Int32Array(cache.contextLength);
   }
 
@@ -73,7 +73,7 @@ export class Engine {
       backend = createBackend(options.backend ?? defaultBackendKind());
       if (options.threads !== undefined) backend.setThreads(options.threads);
       // Everything is validated, and the memory it takes checked, before anything is allocated.
-      const shape = modelShape(file);
+      const planned = planModel(file), shape = planned.shape;
       const tokenizer = tokenizerFromMetadata(file.metadata);
       if (tokenizer.vocabSize !== shape.vocab) {
         throw new InferError("bad_model", `${file.path}: the tokenizer has ` +
@@ -92,10 +92,11 @@ export class Engine {
       const onProgress = options.onProgress;
       const total = file.tensors.size;
       const counted = onProgress ? countingWeights(backend, total, onProgress) : backend;
-      const model = loadModel(file, counted, { maxBatch });
+      const model = planned.build(counted, maxBatch);
       onProgress?.(total, total);
       const cache = createKvCache(backend, model.info, contextLength, kvType, model.maxBatch);
-      return new Engine(file, backend, model, tokenizer, cache, performance.now() - t0, plan);
+      return new Engine(file, backend, model, tokenizer, cache, performance.now() - t0, shape,
+        plan);
     } catch (err) {
       backend?.dispose?.();
       file.close();
@@ -108,7 +109,7 @@ export class Engine {
    * context, fit (the server's parallel slots; the engine's own cache is one of them).
    */
   checkSlotsFit(slots: number): void {
-    checkMemory(this.backend, this.file, modelShape(this.file), { ...this.plan, slots });
+    checkMemory(this.backend, this.file, this.shape, { ...this.plan, slots });
   }
 
   get contextLength(): number {

@@ -11,43 +11,37 @@ import type { Model, ModelShape } from "./model.ts";
 import { qwen2Config } from "./qwen2.ts";
 import { qwen3Config } from "./qwen3.ts";
 
-export interface LoadOptions {
-  /** Tokens per forward pass; longer prompts are fed in chunks of this size. */
-  readonly maxBatch: number;
-}
-
 /** A file's validated configuration, and how to build its graph on a backend. */
-interface Plan {
+export interface ModelPlan {
   readonly shape: ModelShape;
+  /** The graph, every tensor's shape and type checked; `maxBatch` tokens per forward pass. */
   build(be: Backend, maxBatch: number): Model;
 }
 
-type Planner = (file: GgufFile, meta: Hparams, vocab: number) => Plan;
+type Planner = (file: GgufFile, meta: Hparams, vocab: number) => ModelPlan;
+
+/** A family: its configuration from the metadata, and the graph that runs it. */
+function family<C extends ModelShape>(config: (meta: Hparams, vocab: number) => C,
+  Graph: new (config: C, file: GgufFile, be: Backend, maxBatch: number) => Model): Planner {
+  return (file, meta, vocab) => {
+    const c = config(meta, vocab);
+    return { shape: c, build: (be, maxBatch) => new Graph(c, file, be, maxBatch) };
+  };
+}
 
 const architectures: ReadonlyMap<string, Planner> = new Map<string, Planner>([
-  ["gemma3", (file, meta, vocab) => {
-    const c = gemma3Config(meta, vocab);
-    return { shape: c, build: (be, maxBatch) => new Gemma3(c, file, be, maxBatch) };
-  }],
-  ["llama", (file, meta, vocab) => {
-    const c = llamaConfig(meta, vocab);
-    return { shape: c, build: (be, maxBatch) => new Llama(c, file, be, maxBatch) };
-  }],
-  ["qwen2", (file, meta, vocab) => {
-    const c = qwen2Config(meta, vocab);
-    return { shape: c, build: (be, maxBatch) => new Llama(c, file, be, maxBatch) };
-  }],
-  ["qwen3", (file, meta, vocab) => {
-    const c = qwen3Config(meta, vocab);
-    return { shape: c, build: (be, maxBatch) => new Llama(c, file, be, maxBatch) };
-  }],
+  ["gemma3", family(gemma3Config, Gemma3)],
+  ["llama", family(llamaConfig, Llama)],
+  ["qwen2", family(qwen2Config, Llama)],
+  ["qwen3", family(qwen3Config, Llama)],
 ]);
 
 export function supportedArchitectures(): string[] {
   return [...architectures.keys()];
 }
 
-function plan(file: GgufFile): Plan {
+/** Validates the file's hyperparameters (nothing is allocated) and plans its model. */
+export function planModel(file: GgufFile): ModelPlan {
   const arch = file.metadata.get("general.architecture");
   if (typeof arch !== "string") {
     throw new InferError("bad_model", `${file.path}: no general.architecture in the metadata`);
@@ -66,13 +60,4 @@ function plan(file: GgufFile): Plan {
     throw new InferError("bad_model", `${file.path}: vocabulary of ${vocab} is too large`);
   }
   return planner(file, new Hparams(file.metadata, arch), vocab);
-}
-
-/** The model's validated shape; nothing is allocated. */
-export function modelShape(file: GgufFile): ModelShape {
-  return plan(file).shape;
-}
-
-export function loadModel(file: GgufFile, be: Backend, options: LoadOptions): Model {
-  return plan(file).build(be, options.maxBatch);
 }

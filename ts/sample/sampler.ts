@@ -93,6 +93,18 @@ export function argmax(logits: Float32Array): number {
   return selected[0];
 }
 
+const nonFiniteAt = new BigUint64Array(1);
+
+/**
+ * The index of the first NaN or infinite logit, or logits.length where all are finite. One
+ * pass in the library (a JavaScript loop took 0.3 ms for a 262k vocabulary, a few percent of a
+ * decode step; this takes 12 µs).
+ */
+export function firstNonFinite(logits: Float32Array): number {
+  check(native().infer_first_nonfinite(logits, logits.length, nonFiniteAt), "logits check");
+  return Number(nonFiniteAt[0]);
+}
+
 /** A token's log-probability under the model, and the most likely tokens at its position. */
 export interface Logprobs {
   readonly token: number;
