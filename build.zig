@@ -45,6 +45,8 @@ pub fn build(b: *std.Build) void {
     }
     const target = b.standardTargetOptions(.{});
     const optimize = b.standardOptimizeOption(.{});
+    // -Dstrip: no debug information or local symbols (the package's prebuilt libraries).
+    const strip = b.option(bool, "strip", "Strip debug information and local symbols");
 
     const variants: []const Variant = switch (target.result.cpu.arch) {
         .x86_64 => &x86_variants,
@@ -59,7 +61,7 @@ pub fn build(b: *std.Build) void {
         const lib = b.addLibrary(.{
             .linkage = .dynamic,
             .name = b.fmt("infer-{s}", .{v.name}),
-            .root_module = rootModule(b, b.resolveTargetQuery(query), optimize),
+            .root_module = rootModule(b, b.resolveTargetQuery(query), optimize, strip),
         });
         b.installArtifact(lib);
     }
@@ -67,22 +69,28 @@ pub fn build(b: *std.Build) void {
         const lib = b.addLibrary(.{
             .linkage = .dynamic,
             .name = "infer",
-            .root_module = rootModule(b, target, optimize),
+            .root_module = rootModule(b, target, optimize, strip),
         });
         b.installArtifact(lib);
     }
 
-    const tests = b.addTest(.{ .root_module = rootModule(b, target, optimize) });
+    const tests = b.addTest(.{ .root_module = rootModule(b, target, optimize, null) });
     const run_tests = b.addRunArtifact(tests);
     b.step("test", "Run every Zig test (fast paths against scalar references)").dependOn(&run_tests.step);
 }
 
-fn rootModule(b: *std.Build, target: std.Build.ResolvedTarget, optimize: std.builtin.OptimizeMode) *std.Build.Module {
+fn rootModule(
+    b: *std.Build,
+    target: std.Build.ResolvedTarget,
+    optimize: std.builtin.OptimizeMode,
+    strip: ?bool,
+) *std.Build.Module {
     const module = b.createModule(.{
         .root_source_file = b.path("lib/root.zig"),
         .target = target,
         .optimize = optimize,
         .link_libc = true,
+        .strip = strip,
     });
     // shaders/metal/blocks.h: the Metal block layouts, checked against lib/quant by a Zig test.
     module.addIncludePath(b.path("shaders/metal"));
