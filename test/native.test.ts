@@ -1,10 +1,10 @@
 // Method: load the real library and exercise the status/error path and file mapping.
 import { expect, test } from "bun:test";
-import { mkdtempSync, writeFileSync } from "node:fs";
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { InferError } from "../ts/errors.ts";
-import { allocPages, mapFile, native } from "../ts/native/lib.ts";
+import { allocPages, mapFile, native, sourceOrPrebuilt } from "../ts/native/lib.ts";
 import { generate } from "../ts/native/gen-symbols.ts";
 
 test("library loads and reports its version", () => {
@@ -46,5 +46,50 @@ test("a missing file is an InferError naming the path", () => {
     expect(err).toBeInstanceOf(InferError);
     expect((err as InferError).code).toBe("io");
     expect((err as Error).message).toContain("/nonexistent/model.gguf");
+  }
+});
+
+/** A folder laid out as `files` (relative paths), for the library search below. */
+function layout(files: string[]): string {
+  const root = mkdtempSync(join(tmpdir(), "infer-layout-"));
+  for (const file of files) {
+    mkdirSync(join(root, file, ".."), { recursive: true });
+    writeFileSync(join(root, file), "");
+  }
+  return root;
+}
+
+test("the library search: the checkout's build, then the best prebuilt level present", () => {
+  const levels = () => ["libinfer-v4.so", "libinfer-v3.so", "libinfer-v2.so"];
+  const cases: [string[], string | RegExp][] = [
+    // a checkout: its own build wins over prebuilds; unbuilt, the prebuilds serve
+    [["build.zig", "zig-out/lib/libinfer-v4.so", "prebuilds/linux-x64/libinfer-v4.so"],
+      "zig-out/lib/libinfer-v4.so"],
+    [["build.zig", "prebuilds/linux-x64/libinfer-v3.so"], "prebuilds/linux-x64/libinfer-v3.so"],
+    [["build.zig"], "zig-out/lib/libinfer-v4.so"], // native() then says to run the setup
+    // the package: the best level it carries that this CPU runs
+    [["prebuilds/linux-x64/libinfer-v2.so", "prebuilds/linux-x64/libinfer-v3.so"],
+      "prebuilds/linux-x64/libinfer-v3.so"],
+    [["prebuilds/linux-x64/libinfer-v2.so"], "prebuilds/linux-x64/libinfer-v2.so"],
+    [["prebuilds/linux-x64/libinfer-v5.so"], "prebuilds/linux-x64/libinfer-v4.so"], // missing
+    // no folder for the platform: an error naming it and what the package carries
+    [["prebuilds/darwin-arm64/libinfer-v4.so"],
+      /no native library for linux-x64 \(its prebuilt ones: darwin-arm64\)/],
+  ];
+  for (const [files, expected] of cases) {
+    const root = layout(files);
+    try {
+      if (typeof expected === "string") {
+        expect(sourceOrPrebuilt(root, "linux-x64", levels)).toBe(join(root, expected));
+      } else {
+        let error: unknown;
+        try { sourceOrPrebuilt(root, "linux-x64", levels); } catch (err) { error = err; }
+        expect(error).toBeInstanceOf(InferError);
+        expect((error as InferError).code).toBe("native_unavailable");
+        expect((error as Error).message).toMatch(expected);
+      }
+    } finally {
+      rmSync(root, { recursive: true, force: true });
+    }
   }
 });

@@ -31,12 +31,20 @@ export function supportedVariants(features = cpuFeatures()): string[] {
   return (variants[arch] ?? []).filter((v) => v.needs.every((f) => features.has(f))).map((v) => v.name);
 }
 
-export function libraryFileName(): string {
+/** The library files this CPU can load, best first: one per level it runs (INFER_CPU: that one). */
+export function libraryFileNames(): string[] {
   const ext = platform === "darwin" ? "dylib" : "so";
   const forced = process.env.INFER_CPU;
-  if (forced) return `libinfer-${forced}.${ext}`;
-  if (!(arch in variants)) return `libinfer.${ext}`; // built for the requested CPU only
-  const best = supportedVariants()[0];
-  if (!best) throw new InferError("native_unavailable", `this ${arch} CPU lacks the features infer's lowest build needs`);
-  return `libinfer-${best}.${ext}`;
+  if (forced) return [`libinfer-${forced}.${ext}`];
+  if (!(arch in variants)) return [`libinfer.${ext}`]; // built for the requested CPU only
+  const names = supportedVariants().map((v) => `libinfer-${v}.${ext}`);
+  if (names.length === 0) {
+    throw new InferError("native_unavailable", `this ${arch} CPU lacks the features infer's lowest build needs`);
+  }
+  return names;
+}
+
+/** The best library file this CPU can load. */
+export function libraryFileName(): string {
+  return libraryFileNames()[0];
 }

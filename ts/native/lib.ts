@@ -4,17 +4,19 @@
 //
 // Where the library comes from, first found wins: INFER_LIB; in a compiled infer
 // (bun build --compile, see ts/cli/build-bin.ts), the build beside the executable, then the one
-// embedded in it (dlopen'ed in place, or copied to the cache first if that fails); from source,
-// the repository's zig-out/lib.
+// embedded in it (dlopen'ed in place, or copied to the cache first if that fails); in a source
+// checkout, the repository's zig-out/lib; then the package's prebuilt libraries,
+// prebuilds/<platform>-<arch>/ (ts/cli/prebuild.ts), at the best level this CPU runs.
 import { dlopen, ptr, toArrayBuffer, type Pointer } from "bun:ffi";
 import {
-  accessSync, constants, existsSync, mkdirSync, readFileSync, renameSync, statSync, writeFileSync,
+  accessSync, constants, existsSync, mkdirSync, readdirSync, readFileSync, renameSync, statSync,
+  writeFileSync,
   type Stats,
 } from "node:fs";
 import { homedir } from "node:os";
 import { basename, dirname, join } from "node:path";
 import { InferError, quote, type InferErrorCode } from "../errors.ts";
-import { libraryFileName } from "./cpu.ts";
+import { libraryFileName, libraryFileNames } from "./cpu.ts";
 import { symbols } from "./symbols.gen.ts";
 
 export type { Pointer };
@@ -30,17 +32,46 @@ export function isCompiled(): boolean {
   return path.startsWith("/$bunfs/") || /^[A-Za-z]:[\\/]~BUN[\\/]/.test(path);
 }
 
+/** The folder the package (or the checkout) lives in. */
+const packageRoot = join(import.meta.dir, "..", "..");
+
+/** A source checkout builds its own library (build.zig is not in the package). */
+function isCheckout(root = packageRoot): boolean {
+  return existsSync(join(root, "build.zig"));
+}
+
 /** The library to load (see the top of this file). */
 export function libraryPath(): string {
   const override = process.env.INFER_LIB;
   if (override) return override;
-  const name = libraryFileName();
   if (isCompiled()) {
+    const name = libraryFileName();
     const beside = join(dirname(process.execPath), name);
     // embedded assets sit beside the bundled code, in the executable's own file system
     return existsSync(beside) ? beside : join(import.meta.dir, name);
   }
-  return join(import.meta.dir, "..", "..", "zig-out", "lib", name);
+  return sourceOrPrebuilt(packageRoot, `${process.platform}-${process.arch}`);
+}
+
+/**
+ * The checkout's zig-out/lib build for this CPU, else the best level present in
+ * prebuilds/<platformArch>/; when neither exists, the path a checkout would build (native()
+ * says how), or, in the package, an InferError naming the platform.
+ */
+export function sourceOrPrebuilt(root: string, platformArch: string, names = libraryFileNames,
+): string {
+  const prebuilds = join(root, "prebuilds");
+  const dir = join(prebuilds, platformArch);
+  if (!isCheckout(root) && !existsSync(dir)) {
+    const carried = existsSync(prebuilds) ? readdirSync(prebuilds).sort().join(", ") : "none";
+    throw new InferError("native_unavailable", `infer has no native library for ${platformArch} ` +
+      `(its prebuilt ones: ${carried}); build libinfer from source and set INFER_LIB`);
+  }
+  const candidates = names();
+  const built = join(root, "zig-out", "lib", candidates[0]);
+  if (existsSync(built)) return built;
+  const prebuilt = candidates.map((name) => join(dir, name)).find((path) => existsSync(path));
+  return prebuilt ?? (isCheckout(root) ? built : join(dir, candidates[0]));
 }
 
 /** A copy of an embedded file in the cache, named by its content, written once. */
@@ -67,7 +98,10 @@ export function native(): Library {
       : isCompiled()
         ? `${basename(path)} is neither beside ${process.execPath} nor embedded in it ` +
           `(rebuild with 'bun run build:bin', or set INFER_LIB)`
-        : `native library not found at ${path}: run 'bun run setup' (or set INFER_LIB)`;
+        : isCheckout()
+          ? `native library not found at ${path}: run 'bun run setup' (or set INFER_LIB)`
+          : `no prebuilt native library for ${process.platform}-${process.arch} fits this CPU ` +
+            `(${path} is missing); build libinfer from source and set INFER_LIB`;
     throw new InferError("native_unavailable", where);
   }
   let lib: Library;
