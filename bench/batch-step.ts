@@ -5,7 +5,7 @@
 // the forward pass and how far 8 rows are from 8 times one.
 //   bun bench/batch-step.ts [--steps 40] [--threads N]
 import { availableParallelism } from "node:os";
-import { defaultModelPath } from "../ts/cli/setup.ts";
+import { defaultModelPath } from "../ts/models/cache.ts";
 import { Engine } from "../ts/engine/engine.ts";
 import { createKvCache } from "../ts/engine/kv-cache.ts";
 import { Sampler } from "../ts/sample/sampler.ts";

@@ -15,7 +15,7 @@
 // time this.
 import { availableParallelism } from "node:os";
 import { join } from "node:path";
-import { defaultModelPath } from "../ts/cli/setup.ts";
+import { defaultModelPath } from "../ts/models/cache.ts";
 import { measureBandwidth } from "./bandwidth.ts";
 import { findPeers } from "./peers.ts";
 import { ensureRandomModel, randomQuants, randomShapes, type RandomQuant } from "./random-model.ts";

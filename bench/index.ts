@@ -26,7 +26,7 @@
 import { cpSync, existsSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { availableParallelism, tmpdir } from "node:os";
 import { join } from "node:path";
-import { defaultModelPath } from "../ts/cli/setup.ts";
+import { defaultModelPath } from "../ts/models/cache.ts";
 import { openGguf } from "../ts/gguf/reader.ts";
 import { libraryPath } from "../ts/native/lib.ts";
 import { tokenizerFromMetadata } from "../ts/tokenizer/index.ts";

@@ -11,7 +11,7 @@
 // there (same name, same generator version) is reused.
 import { closeSync, existsSync, mkdirSync, openSync, renameSync, writeSync } from "node:fs";
 import { join } from "node:path";
-import { cacheDir } from "../ts/cli/setup.ts";
+import { cacheDir } from "../ts/models/cache.ts";
 import { GgmlType, ggmlTypes } from "../ts/gguf/types.ts";
 import { gguf, ggufLayout, type GgufTensorHeader, type GgufTypedValue } from "../ts/gguf/writer.ts";
 

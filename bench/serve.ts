@@ -15,7 +15,7 @@
 //   bun run bench/serve.ts [--runs 3] [--gen 128] [--system 1000] [--threads N] [--model PATH]
 //                          [--max-wait 120] [--temperature 0 (greedy; 1: an OpenAI default request)]
 import { availableParallelism } from "node:os";
-import { defaultModelPath } from "../ts/cli/setup.ts";
+import { defaultModelPath } from "../ts/models/cache.ts";
 import { startServer, type InferServer } from "../ts/serve/server.ts";
 import { backgroundLoad } from "./peers.ts";
 

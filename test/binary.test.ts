@@ -8,7 +8,7 @@ import { existsSync, mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { buildBinary } from "../ts/cli/build-bin.ts";
-import { defaultModelPath } from "../ts/cli/setup.ts";
+import { defaultModelPath } from "../ts/models/cache.ts";
 import { Engine } from "../ts/engine/engine.ts";
 
 const dir = mkdtempSync(join(tmpdir(), "infer-bin-"));

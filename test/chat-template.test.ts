@@ -9,7 +9,7 @@ import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { CHATML_TEMPLATE, GEMMA_TEMPLATE, LLAMA3_TEMPLATE } from "../ts/chat/fallback.ts";
 import { ChatTemplate, chatTemplateFor, strftime, turnTokens, type ChatMessage } from "../ts/chat/template.ts";
-import { defaultModelPath } from "../ts/cli/setup.ts";
+import { defaultModelPath } from "../ts/models/cache.ts";
 import { openGguf } from "../ts/gguf/reader.ts";
 import { tokenizerFromMetadata } from "../ts/tokenizer/index.ts";
 

@@ -10,7 +10,7 @@
 import { describe, expect, test } from "bun:test";
 import { existsSync } from "node:fs";
 import { join } from "node:path";
-import { defaultModelPath } from "../ts/cli/setup.ts";
+import { defaultModelPath } from "../ts/models/cache.ts";
 import { Engine } from "../ts/engine/engine.ts";
 import { argmax } from "../ts/sample/sampler.ts";
 

@@ -15,7 +15,7 @@ import { createHash } from "node:crypto";
 import { cpSync, existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync,
   writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { cacheDir } from "../ts/cli/setup.ts";
+import { cacheDir } from "../ts/models/cache.ts";
 
 export const HF_TINY_ARCHS = ["llama", "qwen2", "qwen3", "gemma3"] as const;
 export type HfTinyArch = (typeof HF_TINY_ARCHS)[number];

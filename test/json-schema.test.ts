@@ -8,7 +8,7 @@ import Ajv2020 from "ajv/dist/2020";
 import { existsSync, mkdtempSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { defaultModelPath } from "../ts/cli/setup.ts";
+import { defaultModelPath } from "../ts/models/cache.ts";
 import { Engine } from "../ts/engine/engine.ts";
 import { InferError } from "../ts/errors.ts";
 import { isPlainText, JsonGrammar } from "../ts/sample/json-grammar.ts";

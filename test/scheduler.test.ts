@@ -7,7 +7,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { defaultModelPath } from "../ts/cli/setup.ts";
+import { defaultModelPath } from "../ts/models/cache.ts";
 import { Engine } from "../ts/engine/engine.ts";
 import type { GenerateOptions, GenerateResult } from "../ts/engine/generation.ts";
 import { createKvCache } from "../ts/engine/kv-cache.ts";

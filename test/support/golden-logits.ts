@@ -2,7 +2,7 @@
 // fixture's token_by_token variant) on the fixture's short prompts, with the library variant that
 // ts/native/cpu.ts picked (or INFER_CPU forced). Used by test/cpu-variants.test.ts.
 import { join } from "node:path";
-import { defaultModelPath } from "../../ts/cli/setup.ts";
+import { defaultModelPath } from "../../ts/models/cache.ts";
 import { Engine } from "../../ts/engine/engine.ts";
 import { libraryPath } from "../../ts/native/lib.ts";
 

@@ -9,14 +9,13 @@ import { createInterface } from "node:readline";
 import { ChatSession } from "../chat/session.ts";
 import { Engine } from "../engine/engine.ts";
 import { InferError } from "../errors.ts";
+import { ensureModel } from "../models/fetch.ts";
 import { parseCommand } from "./args.ts";
 import { describe, formatStats, loadProgress, verbosityOf } from "./feedback.ts";
 import { chatUsage } from "./help.ts";
-import { resolveModel } from "./models.ts";
 import {
   checkLogitBias, engineSettings, generationOptions, intOption, samplingFrom, stopStrings,
 } from "./options.ts";
-import { defaultModelPath } from "./setup.ts";
 
 const commandsHelp = `/reset        forget the conversation (the system message stays)
 /save FILE    write the conversation to FILE (JSON)
@@ -37,7 +36,7 @@ export async function chatCommand(argv: string[]): Promise<number> {
   const maxTokens = intOption(values.n, "-n", 1024, -1);
   const stop = stopStrings(values);
   const settings = engineSettings(values);
-  const modelPath = resolveModel(values.model ?? defaultModelPath());
+  const modelPath = await ensureModel(values.model);
   const onProgress = loadProgress(modelPath, verbosity);
   const engine = Engine.open({ modelPath, ...settings, onProgress });
   try {

@@ -5,6 +5,7 @@ import { readFileSync } from "node:fs";
 import { Engine, type TokenConstraint } from "../engine/engine.ts";
 import type { GenerateResult } from "../engine/generation.ts";
 import { InferError, quote } from "../errors.ts";
+import { ensureModel } from "../models/fetch.ts";
 import { JsonGrammar } from "../sample/json-grammar.ts";
 import { anyObject, compileSchema, minLength, type JsonNode } from "../sample/json-schema.ts";
 import { parseCommand, UsageError } from "./args.ts";
@@ -12,14 +13,13 @@ import { chatCommand } from "./chat.ts";
 import { describe, formatStats, loadProgress, verbosityOf } from "./feedback.ts";
 import { chatUsage, overview, runUsage } from "./help.ts";
 import { importCommand, importUsage } from "./import.ts";
-import { modelsCommand, modelsUsage, resolveModel } from "./models.ts";
+import { modelsCommand, modelsUsage } from "./models.ts";
 import {
   checkLogitBias, engineSettings, generationOptions, intOption, samplingFrom, stopStrings,
 } from "./options.ts";
 import { perplexityCommand, perplexityUsage } from "./perplexity.ts";
 import { quantizeCommand, quantizeUsage } from "./quantize.ts";
 import { serveCommand, serveUsage } from "./serve.ts";
-import { defaultModelPath } from "./setup.ts";
 
 /** Subcommands, chosen when the first argument is exactly their name; anything else is a prompt. */
 const commands: Record<string, (argv: string[]) => number | Promise<number>> = {
@@ -104,7 +104,7 @@ async function runCommand(argv: string[]): Promise<number> {
   const maxTokens = intOption(values.n, "-n", 128, -1);
   const stop = stopStrings(values);
   const settings = engineSettings(values);
-  const modelPath = resolveModel(values.model ?? defaultModelPath());
+  const modelPath = await ensureModel(values.model);
   const onProgress = loadProgress(modelPath, verbosity);
   const engine = Engine.open({ modelPath, ...settings, onProgress });
   try {

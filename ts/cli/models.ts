@@ -1,12 +1,11 @@
 // `infer models`: the GGUF files in the cache (INFER_CACHE, default ~/.cache/infer, under
-// models/) with their size, architecture, quantization and parameter count; and --model NAME,
-// which finds a cached model by file name, by name without .gguf, or by a unique part of it.
-import { existsSync, readdirSync, statSync } from "node:fs";
+// models/) with their size, architecture, quantization and parameter count. How --model NAME
+// finds a cached model is ts/models/cache.ts's resolveModel.
+import { statSync } from "node:fs";
 import { join } from "node:path";
-import { InferError, quote } from "../errors.ts";
 import { openGguf, type GgufFile } from "../gguf/reader.ts";
+import { cachedModelFiles, modelsDir } from "../models/cache.ts";
 import { parseCommand } from "./args.ts";
-import { cacheDir } from "./setup.ts";
 
 export const modelsUsage = `usage: infer models [--json]
 
@@ -32,10 +31,6 @@ export function fileTypeName(fileType: number): string {
   return FILE_TYPES[fileType] ?? `file type ${fileType}`;
 }
 
-export function modelsDir(): string {
-  return join(cacheDir(), "models");
-}
-
 export interface ModelEntry {
   readonly name: string;
   readonly path: string;
@@ -46,16 +41,8 @@ export interface ModelEntry {
   readonly error?: string;
 }
 
-function cachedFiles(): string[] {
-  const dir = modelsDir();
-  if (!existsSync(dir)) return [];
-  return readdirSync(dir)
-    .filter((f) => f.endsWith(".gguf") && statSync(join(dir, f)).isFile())
-    .sort();
-}
-
 export function listModels(): ModelEntry[] {
-  return cachedFiles().map((name) => {
+  return cachedModelFiles().map((name) => {
     const path = join(modelsDir(), name), bytes = statSync(path).size;
     try {
       const file = openGguf(path);
@@ -92,37 +79,6 @@ function majorityType(tensors: Iterable<{ type: { name: string }; dims: readonly
   return [...count.entries()].sort((a, b) => b[1] - a[1])[0]?.[0] ?? "?";
 }
 
-/**
- * A path as given, or the cached model a name picks out (exactly, without .gguf, or uniquely).
- * A folder is refused here, with what to give instead: mapping one fails obscurely.
- */
-export function resolveModel(nameOrPath: string): string {
-  const files = cachedFiles();
-  const exact = files.find((f) => f === nameOrPath || f === `${nameOrPath}.gguf`);
-  const exists = existsSync(nameOrPath);
-  if (exists && statSync(nameOrPath).isDirectory()) {
-    if (exact && !nameOrPath.includes("/")) return join(modelsDir(), exact);
-    throw new InferError("invalid_argument", `${quote(nameOrPath)} is a folder; give a GGUF ` +
-      "file or the name of a cached model ('infer models' lists them; 'infer import' " +
-      "converts a Hugging Face folder)");
-  }
-  if (exists || nameOrPath.includes("/")) return nameOrPath;
-  if (exact) return join(modelsDir(), exact);
-  const needle = nameOrPath.toLowerCase();
-  const partial = files.filter((f) => f.toLowerCase().includes(needle));
-  if (partial.length === 1) return join(modelsDir(), partial[0]);
-  // the first few names, so that a large cache still makes one line
-  const listed = (names: string[]) => names.slice(0, 6).join(", ") +
-    (names.length > 6 ? `, and ${names.length - 6} more` : "");
-  if (partial.length > 1) {
-    throw new InferError("invalid_argument",
-      `'${nameOrPath}' matches several cached models: ${listed(partial)}`);
-  }
-  if (nameOrPath.endsWith(".gguf")) return nameOrPath; // a missing path: the engine says so
-  throw new InferError("io", `no model file '${nameOrPath}' and no cached model by that ` +
-    `name in ${modelsDir()}` + (files.length > 0 ? ` (cached: ${listed(files)})` : ""));
-}
-
 function size(bytes: number): string {
   const units = ["B", "KB", "MB", "GB", "TB"];
   let i = 0, v = bytes;
@@ -146,7 +102,7 @@ export function modelsCommand(argv: string[]): number {
     return 0;
   }
   if (models.length === 0) {
-    process.stderr.write(`no models in ${modelsDir()} (npm install puts the default one there)\n`);
+    process.stderr.write(`no models in ${modelsDir()} (the default one is fetched when first asked for)\n`);
     return 0;
   }
   const rows = [["NAME", "SIZE", "ARCH", "QUANT", "PARAMS"],

@@ -7,8 +7,8 @@ import { readFileSync } from "node:fs";
 import { Engine } from "../engine/engine.ts";
 import { refuseNonFinite } from "../engine/generation.ts";
 import { InferError, quote } from "../errors.ts";
+import { resolveModel } from "../models/cache.ts";
 import { parseCommand } from "./args.ts";
-import { resolveModel } from "./models.ts";
 import { backendOption, intOption, threadsOption } from "./options.ts";
 
 export const perplexityUsage = `usage: infer perplexity <model.gguf> <text-file> [options]

@@ -3,8 +3,8 @@ import { requantizeGguf } from "../convert/import.ts";
 import { stderrProgress } from "../convert/progress.ts";
 import { parseQuant, QUANT_NAMES, type QuantName } from "../convert/quantize.ts";
 import { quote } from "../errors.ts";
+import { resolveModel } from "../models/cache.ts";
 import { parseCommand, requiredOption, UsageError } from "./args.ts";
-import { resolveModel } from "./models.ts";
 
 export const quantizeUsage = `usage: infer quantize <in.gguf> <out.gguf> --quant TYPE
 

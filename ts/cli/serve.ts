@@ -1,11 +1,10 @@
 // `infer serve`: the OpenAI-compatible HTTP server (ts/serve) on one model.
 import { InferError, quote } from "../errors.ts";
+import { ensureModel } from "../models/fetch.ts";
 import { listenError } from "../serve/http.ts";
 import { startServer } from "../serve/server.ts";
 import { parseCommand } from "./args.ts";
-import { resolveModel } from "./models.ts";
 import { backendOption, floatOption, intOption, threadsOption } from "./options.ts";
-import { defaultModelPath } from "./setup.ts";
 
 export const serveUsage = `usage: infer serve [options]
 
@@ -75,7 +74,7 @@ export async function serveCommand(argv: string[]): Promise<number> {
   const host = values.host ?? "127.0.0.1";
   const port = intOption(values.port, "--port", 8080, 0, 65535);
   const threads = threadsOption(values.threads), backend = backendOption(values.backend);
-  const modelPath = resolveModel(values.model ?? defaultModelPath());
+  const modelPath = await ensureModel(values.model);
   checkCanListen(host, port);
   const server = await startServer({
     modelPath, host, port,

