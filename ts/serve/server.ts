@@ -1,5 +1,5 @@
 // The OpenAI-compatible HTTP server. This thread parses, validates and queues requests and
-// streams answers; the engine runs in a Worker (worker.ts) that decodes up to `parallel` requests
+// streams answers; the engine runs on its own thread (ts/runtime/) that decodes up to `parallel` requests
 // together (continuous batching, ts/engine/scheduler.ts). Requests beyond those wait here in
 // arrival order (a FIFO queue, bounded: 429 with Retry-After when full). A client that goes away
 // (a cancelled stream, an aborted request) has its sequence cancelled, freeing its slot, or is
@@ -11,17 +11,17 @@
 import { basename } from "node:path";
 import type { BackendKind } from "../backend/select.ts";
 import { InferError, quote } from "../errors.ts";
-import { isCompiled, libraryPath } from "../native/lib.ts";
 import { Access } from "./access.ts";
 import { BodyReader, bodyText, hasBody } from "./body.ts";
 import { listen, type HttpServer } from "./http.ts";
-import type { FromWorker, ModelInfo, StallForTests, ToWorker } from "./messages.ts";
+import { EngineThread } from "../runtime/engine-thread.ts";
+import type { EngineInfo, StallForTests } from "../runtime/messages.ts";
 import { Metrics } from "./metrics.ts";
 import {
   ApiError, chatLogprobs, completionLogprobs, finishReason, parseJson, parseRequest,
   type LogprobEntry, type ParsedRequest,
 } from "./protocol.ts";
-import { Scheduler, type Done, type Ticket, type WorkerEvent } from "./queue.ts";
+import { RequestQueue, type Done, type Ticket, type WorkerEvent } from "./queue.ts";
 
 export interface ServeOptions {
   readonly modelPath: string;
@@ -74,7 +74,7 @@ export interface InferServer {
   readonly url: string;
   readonly port: number;
   readonly modelId: string;
-  readonly info: ModelInfo;
+  readonly info: EngineInfo;
   /** Requests decoded together. */
   readonly parallel: number;
   /**
@@ -136,32 +136,14 @@ function decodePath(segment: string): string {
 
 const randomId = () => crypto.randomUUID().replaceAll("-", "").slice(0, 24);
 
-/**
- * The worker's module. In the single executable (bun build --compile, ts/cli/build-bin.ts) it is
- * an entry point of its own, bundled beside the main one under Bun's embedded file system.
- */
-function workerPath(): string {
-  if (import.meta.url.includes("$bunfs")) return "/$bunfs/root/ts/serve/worker.js";
-  return new URL("./worker.ts", import.meta.url).href;
-}
-
-/** Opens the model in a worker, then listens. */
+/** Opens the model on the engine's thread, then listens. */
 export async function startServer(o: ServeOptions): Promise<InferServer> {
-  const worker = new Worker(workerPath());
-  const heartbeat = new SharedArrayBuffer(8);
-  const info = await new Promise<ModelInfo>((resolve, reject) => {
-    worker.onmessage = (e: MessageEvent<FromWorker>) => {
-      if (e.data.type === "ready") resolve(e.data.info);
-      else if (e.data.type === "failed") reject(new InferError("io", e.data.message));
-    };
-    worker.onerror = (e) => reject(new InferError("internal", `the engine worker failed: ${e.message}`));
-    worker.postMessage({ type: "open", settings: {
-      modelPath: o.modelPath, threads: o.threads, contextLength: o.contextLength, backend: o.backend,
-      library: isCompiled() ? libraryPath() : undefined, parallel: o.parallel ?? 1,
-      prefillChunk: o.prefillChunk, prefixCacheBytes: o.prefixCacheBytes, heartbeat,
-      stall: o.stallForTests,
-    } } satisfies ToWorker);
-  }).catch((err) => { worker.terminate(); throw err; });
+  const thread = await EngineThread.open({
+    modelPath: o.modelPath, threads: o.threads, contextLength: o.contextLength, backend: o.backend,
+    parallel: o.parallel ?? 1, prefillChunk: o.prefillChunk, prefixCacheBytes: o.prefixCacheBytes,
+    stall: o.stallForTests,
+  });
+  const info = thread.info;
 
   const modelId = o.modelId ?? basename(o.modelPath).replace(/\.gguf$/i, "");
   const maxBody = o.maxBodyBytes ?? 1 << 20;
@@ -169,21 +151,10 @@ export async function startServer(o: ServeOptions): Promise<InferServer> {
     maxBytesInFlight: o.maxBodyBytesInFlight ?? Math.max(16 << 20, 4 * maxBody) });
   const idleSeconds = o.idleTimeoutSeconds ?? 10;
   const stepTimeoutMs = o.stepTimeoutMs ?? 60_000;
-  const beat = new BigInt64Array(heartbeat);
-  /** How long the engine has been in its current step (0: waiting for work). */
-  const busyMs = () => {
-    const since = Number(Atomics.load(beat, 0));
-    return since === 0 ? 0 : Math.max(0, Date.now() - since);
-  };
-  const scheduler = new Scheduler(worker, o.maxQueue ?? 16, info.parallel);
+  const busyMs = () => thread.busyMs();
+  const scheduler = new RequestQueue(thread, o.maxQueue ?? 16, info.parallel);
   const metrics = new Metrics();
   const created = Math.floor(Date.now() / 1000);
-  let closed: (() => void) | null = null;
-  worker.onmessage = (e: MessageEvent<FromWorker>) => {
-    if (e.data.type === "closed") closed?.();
-    else scheduler.onMessage(e.data);
-  };
-  worker.onerror = (e) => scheduler.fail(e.message);
 
   /** Why the engine cannot take work now (stalled, dead or stopping), or null. */
   const unavailable = (): string | null => {
@@ -243,7 +214,7 @@ export async function startServer(o: ServeOptions): Promise<InferServer> {
     };
     const started = performance.now();
     const onDone = (done: Done[]) => {
-      for (const d of done) metrics.tokensGenerated += d.completionTokens;
+      for (const d of done) metrics.tokensGenerated += d.tokens.length;
       metrics.promptTokens += done[0].promptTokens;
       metrics.generationSeconds += (performance.now() - started) / 1000;
     };
@@ -251,7 +222,7 @@ export async function startServer(o: ServeOptions): Promise<InferServer> {
     const now = Math.floor(Date.now() / 1000);
     // The prompt is counted once, however many choices share it (as OpenAI counts it).
     const usage = (done: Done[]) => {
-      const completion = done.reduce((sum, d) => sum + d.completionTokens, 0);
+      const completion = done.reduce((sum, d) => sum + d.tokens.length, 0);
       return { prompt_tokens: done[0].promptTokens, completion_tokens: completion,
         total_tokens: done[0].promptTokens + completion };
     };
@@ -368,7 +339,7 @@ export async function startServer(o: ServeOptions): Promise<InferServer> {
     const state = stopping ? "stopping" : scheduler.broken ? "failed" : down ? "stalled" : "ok";
     return json({ status: state, ...(down ? { reason: down } : {}), model: modelId,
       queue_depth: scheduler.depth, running: scheduler.active, slots: info.parallel,
-      slots_busy: scheduler.engine?.busySlots ?? 0,
+      slots_busy: thread.stats?.busySlots ?? 0,
       engine_busy_seconds: Number((busyMs() / 1000).toFixed(3)) }, down ? 503 : 200);
   }
 
@@ -378,7 +349,7 @@ export async function startServer(o: ServeOptions): Promise<InferServer> {
     if (path === "/metrics") {
       const busy = busyMs();
       return new Response(metrics.text({ queueDepth: scheduler.depth, running: scheduler.active,
-        slots: info.parallel, engine: scheduler.engine, busyMs: busy,
+        slots: info.parallel, engine: thread.stats, busyMs: busy,
         stalled: busy > stepTimeoutMs, bodyBytesInFlight: bodies.bytesInFlight }), {
         headers: { "content-type": "text/plain; version=0.0.4" },
       });
@@ -444,7 +415,7 @@ export async function startServer(o: ServeOptions): Promise<InferServer> {
         return res;
       } });
   } catch (err) {
-    worker.terminate();
+    thread.terminate();
     throw err;
   }
   const access = new Access({ apiKey: o.apiKey ?? null, corsOrigins: o.corsOrigins ?? [],
@@ -456,20 +427,19 @@ export async function startServer(o: ServeOptions): Promise<InferServer> {
 
   async function shutDown(timeoutMs: number): Promise<void> {
     stopping = true;
-    const workerClosed = new Promise<void>((resolve) => (closed = resolve));
     // Stop listening; idle keep-alive connections close, requests in progress go on.
     const drained = http.close();
     scheduler.refuseWaiting(503, "the server is stopping", "server_shutting_down");
     const hurried = new Promise<void>((resolve) => (hurry = resolve));
     await within(Promise.race([scheduler.whenIdle(), hurried]), timeoutMs);
-    // Past the deadline: the worker ends every sequence at its next step, each with the text
+    // Past the deadline: the engine ends every sequence at its next step, each with the text
     // it has (finish_reason "length"); an engine stuck in a step cannot, and its requests fail.
-    worker.postMessage({ type: "close" } satisfies ToWorker);
+    const engineClosed = thread.endAll();
     if (!(await within(scheduler.whenIdle(), 5_000))) scheduler.fail("the server is stopping");
     await within(drained, 2_000); // the last chunks on their way out
     http.closeAll();
-    await within(workerClosed, 2_000);
-    worker.terminate();
+    await within(engineClosed, 2_000);
+    thread.terminate();
   }
 
   return {
