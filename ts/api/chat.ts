@@ -3,7 +3,7 @@
 // KV cache and starts the next turn from the longest prefix it still holds, so a turn evaluates
 // only what is new (the end of the last answer's turn and the user's message).
 import type { ChatMessage } from "../chat/template.ts";
-import { parseMessages } from "../chat/session.ts";
+import { parseMessages } from "../chat/conversation.ts";
 import { InferError } from "../errors.ts";
 import type { Model } from "./model.ts";
 import type { Completion, GenerateOptions, Piece } from "./options.ts";
