@@ -6,7 +6,8 @@
 // piece of work (a step, a job's tokenization and constraint) the worker marks the shared
 // heartbeat cell, so that the owner's watchdog can tell a busy engine from a stuck one.
 import { chatTemplateFor, turnTokens, type ChatTemplate } from "../chat/template.ts";
-import { Engine, type TokenConstraint } from "../engine/engine.ts";
+import { Engine } from "../engine/engine.ts";
+import type { TokenConstraint } from "../sample/constraint.ts";
 import type { TokenLogprob } from "../engine/generation.ts";
 import { BatchScheduler } from "../engine/scheduler.ts";
 import { InferError, type InferErrorCode } from "../errors.ts";
