@@ -11,8 +11,8 @@
 // starts every run once a probe reads that much (as `bun run bench --when-fast`). "same text":
 // whether the two printed the same continuation (greedy on the same file; on Gemma 3 they may
 // part, since llama.cpp runs a prompt through batched kernels that round differently from its
-// single-token ones, which infer reproduces: README, "Same answers as llama.cpp"). Tests never
-// time this.
+// single-token ones, which infer reproduces: docs/correctness.md, "Same answers as llama.cpp").
+// Tests never time this.
 import { availableParallelism } from "node:os";
 import { join } from "node:path";
 import { defaultModelPath } from "../ts/models/cache.ts";

@@ -1,7 +1,7 @@
 // How many u8 x i8 dot-of-four instructions (vpdpbusd) this CPU retires a nanosecond on 256-bit
 // and on 512-bit registers: 8 independent chains, 200 M instructions each way, three rounds. Equal
 // multiply-adds a second on both widths means 512-bit ops are double-pumped (as on Zen 4) and
-// widening the x8 matvec kernels to zmm would not add throughput (bench/RESULTS.md).
+// widening the x8 matvec kernels to zmm would not add throughput (bench/results/cpu.md).
 //   python3 -m ziglang run -OReleaseFast -mcpu=x86_64_v4+avx512vnni bench/cpu-vnni-width.zig
 const std = @import("std");
 /// The loop's text for registers named `r` ("ymm" or "zmm"): 8 zeroed accumulators, then 8

@@ -3,10 +3,9 @@
 // random-weight model (an 8-token prompt, then 4 steps as graphs), the last step's kernels — from
 // its embedding lookup on — summed by kernel and grid. ncu runs each kernel by itself, so these
 // are a kernel's own costs without the overlap of a real step (bench/cuda-step-parts.ts prices
-// that): for comparing one build, type or shape with another. On 2026-12-01 they showed the 8B
-// Q4_K's fused norms at 8.4 µs a launch against Q4_0's 6.9, a shared-memory bank conflict
-// (bench/RESULTS.md; those came from the same ncu flags over the same decode, run by hand: this
-// script's own ncu launch has not yet run on the GPU machine). Needs ncu (the GPU machine's
+// that): for comparing one build, type or shape with another. The same ncu flags over the same
+// decode, run by hand, showed the 8B Q4_K's fused norms at 8.4 µs a launch against Q4_0's 6.9, a
+// shared-memory bank conflict (this script's own ncu launch has not yet run on the GPU machine). Needs ncu (the GPU machine's
 // /usr/local/cuda/bin/ncu; --ncu PATH).
 //   bun bench/cuda-kernel-times.ts [--models llama-3.1-8b] [--quants Q4_0,Q4_K] [--ncu ncu] [--out DIR]
 //   bun bench/cuda-kernel-times.ts --csv a.csv,b.csv      (the tables of CSVs ncu already wrote)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CUDA figures of bench/RESULTS.md beside llama.cpp in one call on a GPU machine (the `device`
+# The CUDA figures of bench/results/cuda.md beside llama.cpp in one call on a GPU machine (the `device`
 # tool): builds the kernels of this tree and llama.cpp (CUDA, sm_90, from node-llama-cpp 3.21.1's
 # bundle, .device/llama-src.tar.xz) meanwhile; runs the CUDA tests; writes the random-weight GGUFs;
 # then infer's bench/cuda-decode.ts (and, for an A/B in the same call, the AB quants again with

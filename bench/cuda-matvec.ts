@@ -24,7 +24,7 @@ const shape = findShape(arg("--model", "llama-3.1-8b"));
 if (!shape) throw new Error("unknown model");
 const quant = arg("--quant", "Q4_0") as RandomQuant;
 const layers = Math.min(Number(arg("--layers", String(shape.layers))), shape.layers);
-/** GB/s of a read-only pass over an H200's HBM (issue 7's figure, measured 2026-11-29). */
+/** GB/s of a read-only pass over an H200's HBM (issue 7's figure). */
 const HBM_READ_GBS = 4380;
 const times = Number(arg("--times", "50"));
 const lib = native();

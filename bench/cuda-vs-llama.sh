@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CUDA comparison of bench/RESULTS.md in one call on a GPU machine (the `device` tool): builds
+# The CUDA comparison of bench/results/cuda.md in one call on a GPU machine (the `device` tool): builds
 # the kernels and llama.cpp (CUDA, sm_90; its source from node-llama-cpp 3.21.1's bundle, packed
 # as .device/llama-src.tar.xz), runs the CUDA tests while llama.cpp compiles, then infer's
 # bench/cuda-decode.ts and llama-bench on the same random-weight GGUFs, one after the other.

@@ -14,8 +14,9 @@
 // quarter of the CPUs (the machine is shared); a measured run during which they used more than
 // --max-background of them is redone (twice at most); the table reports the background load.
 // Before each decode run the memory read bandwidth is probed (~0.5 s) and printed beside the run
-// in a second table: the machine's bandwidth switches between states (~32 and ~50 GB/s on
-// 2026-12-01) within seconds to minutes, and a memory-bound engine's decode follows it.
+// in a second table: the machine's bandwidth switches between states (~32 and ~50 GB/s on the
+// AMD EPYC VMs, bench/results/cpu.md) within seconds to minutes, and a memory-bound engine's
+// decode follows it.
 // --when-fast GB/s: every engine's measured decode run (not the warm-up's) starts only once a
 // probe reads at least that much (probing every ~2 s, up to --fast-wait seconds; then it runs
 // anyway, and the second table shows the probe), and a run after which a probe reads less is
@@ -200,7 +201,7 @@ interface ModelResult {
   readonly retried: number;
   /** The memory read bandwidth (GB/s) probed just before each measured decode run, per engine
    * and measure: the machine's bandwidth changes state within seconds to minutes (~32 against
-   * ~50 GB/s on 2026-12-01), and a memory-bound engine's decode follows it. */
+   * ~50 GB/s on the AMD EPYC VMs), and a memory-bound engine's decode follows it. */
   readonly memory: Record<EngineName, { decode: number[]; decodeDeep: number[] }>;
 }
 

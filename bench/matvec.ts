@@ -6,7 +6,7 @@
 //                       [--n-in 4096]  (row width: 1024 or 3072 give a prefill's task tiles)
 //                       [--when-fast 45 [--max-wait 600]]  (each type's passes only once a probe
 //                       finds the read bandwidth at 45 GB/s or more, within max-wait seconds)
-// The machine's bandwidth switches between states (~32 and ~50 GB/s on 2026-12-01) within
+// The machine's bandwidth switches between states (~32 and ~50 GB/s on the AMD EPYC VMs) within
 // seconds to minutes; with --when-fast each row also shows the bandwidth probed just before and
 // after its passes, and its % is against the probe before.
 // Prints a Markdown table. Best-of-reps is reported beside the median: on a shared machine the

@@ -3,10 +3,10 @@
 // and demand llama.cpp's answer: the logits at the last prompt position and 32 greedy tokens.
 //
 // The reference is llama.cpp's "token_by_token" variant (flash attention off, one token per ubatch).
-// infer reproduces that arithmetic operation for operation (see README, "Same answers as
-// llama.cpp"), so logits are compared for equality as float32, not within a tolerance: this model
-// turns a 1-ulp difference into a different greedy token within a few dozen steps, so anything
-// short of equality would let a numerical slip through unnoticed.
+// infer reproduces that arithmetic operation for operation (see docs/correctness.md, "Same
+// answers as llama.cpp"), so logits are compared for equality as float32, not within a
+// tolerance: this model turns a 1-ulp difference into a different greedy token within a few
+// dozen steps, so anything short of equality would let a numerical slip through unnoticed.
 import { describe, expect, test } from "bun:test";
 import { existsSync } from "node:fs";
 import { join } from "node:path";

@@ -141,7 +141,7 @@ pub fn weightedSumRows(
 /// 256 B each at head_dim 128, stay in L1 for the G heads' passes). Past ~64 cells the partial
 /// rows' fixed cost is spread thin and V streams from memory in cell order faster than slot
 /// by slot: on this 2-core EPYC, a Qwen3-0.6B-shape decode attention with its cache in memory
-/// (`bun bench/attention-decode.ts --keys 16,48,64,80,144`, 2026-12-02, two runs each) took
+/// (`bun bench/attention-decode.ts --keys 16,48,64,80,144`, two runs each) took
 /// 12.9–13.7 against 20.9–26.2 µs a layer at 16 keys, 22.7–23.3 against 31.5–41.5 at 48 and
 /// 27.3–31.4 against 32.3–49.3 at 64; at 80 and 144 keys the slot order was no faster.
 pub const few_cells_max = 64;

@@ -4,7 +4,7 @@
 //! 262,144 logits is a megabyte; in JavaScript the sampler took 0.11 ms a row for greedy, 0.39 ms
 //! with llama.cpp's defaults, 2.3 ms with nothing cut and 145 ms for top-p alone (a sort of the
 //! whole row), next to a batched server step of ~30 ms for eight streams (bun bench/sampling.ts,
-//! bench/RESULTS.md).
+//! bench/results/server.md).
 //!
 //! Semantics, shared by the scalar references and the fast paths:
 //!   - argmax: the lowest index holding the largest value; NaN never wins, and a row with

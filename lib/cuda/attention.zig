@@ -27,7 +27,7 @@ pub fn readSettings() void {
 ///   128), else attn_decode_g*. One split is the context where attn_decode_w's short chain wins:
 ///   at 19 keys the 8B's attention 3.3 µs a launch against mma's 5.5; from 128 keys on mma is
 ///   ahead (5.6 against 6.2, 9.5 against 11.5 at 1,001 keys, 11.0 against g4's 17.8 at 4,096;
-///   bench/cuda-probe.cu on an H200, bench/RESULTS.md 2026-12-06), and a graph's kernels are
+///   bench/cuda-probe.cu on an H200), and a graph's kernels are
 ///   chosen by its split count, not by the keys, which the device reads from the positions;
 /// - warps: attn_decode_w and attn_decode_g* as auto picks them without attn_decode_mma_d* (the
 ///   plan before it);
@@ -95,8 +95,8 @@ pub fn decodeAttentionFits(n_head: u64, n_kv_head: u64, head_dim: u64) bool {
 /// attn_decode_w reads each key and value row once per query head (G times a KV head, from L2
 /// after the first); attn_decode_g* once per KV head. At G × splits of 128 keys from this many
 /// (8B shape, G = 4, 32 splits: 4,096 keys), the reads cost more than the shorter chain saves:
-/// 21.3 against 19.5 µs a launch there, 11.1 against 19.9 at 1,001 keys (bench/cuda-probe.cu,
-/// bench/RESULTS.md 2026-11-30 22:23).
+/// 21.3 against 19.5 µs a launch there, 11.1 against 19.9 at 1,001 keys (bench/cuda-probe.cu on
+/// an H200).
 const warps_group_splits_max = 128;
 
 /// Whether decode attention (rows under 16) of this head_dim runs as attn_decode_w: a power of

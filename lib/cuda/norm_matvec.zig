@@ -7,8 +7,8 @@
 //! rms_norm_q of the row into its own shared memory before its first row block
 //! (MATVEC_PIPE_NORM). Both give every value bit for bit as the kernels they replace. Why: a
 //! kernel boundary in a decode step costs a few µs of drain and ramp, and a row of a few thousand
-//! values read from L2 by each block would cost less; measured, it does not (bench/RESULTS.md
-//! has the A/B, 2026-12-05).
+//! values read from L2 by each block would cost less; measured, it does not
+//! (bench/results/cuda.md, "Tried and not kept").
 //! ts/backend/cuda-fuse.ts decides where the forms apply (fusable); each call here also runs
 //! the unfused kernels when its fused kernel does not take the matrix, so every call is correct
 //! on its own. Off unless INFER_CUDA_NORM_MATVEC=1 (see `enabled`).
@@ -21,7 +21,7 @@ const invalid = cuda.invalid;
 const int = cuda.int;
 const tooLarge = cuda.tooLarge;
 
-/// Off by default: measured on an H200 (bench/RESULTS.md, 2026-12-05) the fold costs more than
+/// Off by default: measured on an H200 (bench/results/cuda.md) the fold costs more than
 /// the launches it saves (the 8B's Q4_0 step 2,437 against 1,835 µs), likely because every
 /// block of a folded matvec waits on the whole residual row and its norm before its weights.
 /// INFER_CUDA_NORM_MATVEC=1 at init, or infer_cuda_set_norm_matvec, turns it on.

@@ -89,9 +89,9 @@ var mmq_enabled = true;
 
 /// The tiles of the mmq_* kernels (weight rows × tokens a block): the small one for batches
 /// (WeightKind.mmq), the large one for prompts from mmq_large_tokens (WeightKind.mmq_prompt, where
-/// the type has one; else the small tile). Measured on an H200 (bench/RESULTS.md,
-/// 2,048-token prompts and 32-sequence batches of the 0.6B and 8B shapes): 64 × 128 prefill
-/// +7–26%, but half the speed at 32 tokens; 128 × 64 and 64 × 64 tiles were slower than both.
+/// the type has one; else the small tile). Measured on an H200 (2,048-token prompts and
+/// 32-sequence batches of the 0.6B and 8B shapes): 64 × 128 prefill +7–26%, but half the speed at
+/// 32 tokens; 128 × 64 and 64 × 64 tiles were slower than both.
 const MmqTile = struct { rows: u32, toks: u32, units: u32 };
 const mmq_tiles = [_]MmqTile{
     .{ .rows = 32, .toks = 64, .units = 8 },
@@ -133,7 +133,7 @@ var matvec_split: ?u32 = null;
 /// Rows a warp of the register-fed one-token matvec (matvec_*_1; shaders/cuda/matmul.cuh
 /// matvec_rows): 2, or 1 with INFER_CUDA_MATVEC_ROWS=1. Two rows share each activation load;
 /// on an H200 an 8B model's down projection went 20.3 -> 19.0 µs in Q8_0, 14.3 -> 12.6 in
-/// Q4_K, 12.9 -> 12.4 in Q4_0 (bench/RESULTS.md, 2026-11-30 17:54).
+/// Q4_K, 12.9 -> 12.4 in Q4_0.
 var matvec_rows_per_warp: u32 = 2;
 
 /// One-token matvecs (matvec_*_1, matvec_multi_*) launch one wave: as many blocks as fit on the
@@ -141,9 +141,9 @@ var matvec_rows_per_warp: u32 = 2;
 /// blocks. Every block is then resident from the start, so the kernel lets its successor launch
 /// (pdl_begin) at once and the next norm or attention waits on the GPU already, where a grid of a
 /// block per row block (up to 7,168 for an 8B model's gate/up) let it launch only once its last
-/// wave had started. Measured on an H200 (bench/RESULTS.md, 2026-11-30 11:20 and 11:25): decode
-/// 8B Q4_0 406 -> 423 tok/s, 0.6B 1,227 -> 1,263 in the same call; a grid past one wave (8
-/// blocks a multiprocessor where Q8_0's 6 fit) was slower than a block per row block.
+/// wave had started. Measured on an H200: decode 8B Q4_0 406 -> 423 tok/s, 0.6B 1,227 -> 1,263 in
+/// the same call; a grid past one wave (8 blocks a multiprocessor where Q8_0's 6 fit) was slower
+/// than a block per row block.
 /// INFER_CUDA_MATVEC_CTAS=n at init: n blocks a multiprocessor instead, 0 a block per row block
 /// (for comparisons).
 var matvec_ctas: ?u32 = null;
@@ -229,7 +229,7 @@ pub fn matmul(w: u64, type_id: u32, n_out: u64, n_in: u64, x: u64, xq: u64, xd: 
 /// activations rounded to f16 (where MMQ quantizes them to 8 bits as the CPU does), the products
 /// summed in f32 on the tensor cores (wgmma on Hopper, which MMQ's mma.sync does not reach).
 /// Below it MMQ wins: dequantizing a whole weight costs as much as MMQ's pass over a few dozen
-/// tokens (bench/RESULTS.md has the crossover). INFER_CUDA_CUBLAS=n at init (0: never),
+/// tokens (the crossover measured on an H200). INFER_CUDA_CUBLAS=n at init (0: never),
 /// infer_cuda_set_cublas at run time.
 pub const cublas_default_min_tokens: u32 = 128;
 var cublas_min_tokens: u32 = cublas_default_min_tokens;
@@ -469,14 +469,14 @@ pub fn matmulMulti(type_id: u32, n_in: u64, xq: u64, xd: u64, w0: u64, n0: u64, 
 /// shared bytes the kernel keeps after its stages besides these (norm_matvec.zig's activation).
 /// Rows a warp: 2, or INFER_CUDA_PIPE_ROWS (1, 2 or 4), fewer where they would not fit. Two
 /// rows share each activation load: an 8B model's Q4_0 gate 12.4 -> 10.9 µs, q 4.1 -> 3.7 on an
-/// H200; four were slower on all but the LM head (bench/RESULTS.md, 2026-11-30 17:48 and 17:54).
+/// H200; four were slower on all but the LM head.
 /// Rows of split_min_units units and more (a down projection's) are split among the block's 4
 /// warps, a row block pipe_rows_split rows: a warp alone on such a row from shared memory was
 /// slower than the register-fed kernel (an 8B model's down projection 13.2 -> 16.6 µs in Q4_0,
 /// 21.2 -> 29.3 in Q8_0, on an H200), its serial work long and its stages leaving room for 1–2
 /// blocks a multiprocessor; split, the 8B's Q4_K down projection went 12.5 -> 10.7 µs (Q4_0
 /// 12.2 either way) and decode Q4_K 531 -> 550 tok/s, Q8_0 345 -> 358, 1B Q4_K 1,755 -> 1,774
-/// (bench/RESULTS.md, 2026-12-01 05:12-05:26; 1, 2 or 4 rows a stage alike alone).
+/// (1, 2 or 4 rows a stage alike alone; bench/results/cuda.md).
 pub fn pipeStages(k: kernels.WeightKind, n_in: u64, n_out: u64, split_ok: bool, extra: u64) ?PipeLaunch {
     if (!matvec_pipe or k.matvec_pipe == null) return null;
     const split = n_in / 32 >= split_min_units;
@@ -518,7 +518,7 @@ var pipe_rows_split: u32 = 2;
 /// Q4_K rows of at least this many values are summed half a superblock a lane, the activation in
 /// shared memory (kernels.zig pipe_halves; shaders/cuda/matvec_pipe.cuh rows_halves); shorter
 /// rows keep a unit a lane, as a half a lane would leave lanes idle (a 1,024-wide row has 8
-/// halves). On an H200 (bench/RESULTS.md, 2026-12-01 02:39-02:55): decode 8B Q4_K 449 -> 492
+/// halves). On an H200: decode 8B Q4_K 449 -> 492
 /// tok/s (rows of 4,096), 4B 588 -> 601 (2,560); with halves at every width the 1B (2,048)
 /// 1,812 -> 1,753 and the 0.6B (1,024) 1,453 -> 1,375. INFER_CUDA_PIPE_HALVES=n at init: this
 /// bound instead.
@@ -527,7 +527,7 @@ var pipe_rows_per_warp: u32 = 2;
 /// Rows a warp of the pipelined matvec for matrices of tall_rows rows and more (the LM head):
 /// 4, or INFER_CUDA_PIPE_ROWS_TALL. A long launch reads at its steady state, which four rows a
 /// warp raise: an 8B model's LM head 83.6 -> 73.4 µs in Q4_0, 140 -> 130 in Q8_0 on an H200,
-/// where every shorter matrix was slower with four (bench/RESULTS.md, 2026-11-30 17:54).
+/// where every shorter matrix was slower with four.
 var pipe_rows_tall: u32 = 4;
 const tall_rows = 32768;
 const pipe_stages = 3;
@@ -542,10 +542,10 @@ const block_reserved: u32 = 1 << 10;
 /// stages would then leave one block), so that the small kernel after a matvec (a fused norm
 /// keeps 8 bytes a value, ~33 KB at 4,096; the decode attention ~23 KB), launched while the
 /// matvec runs, is resident beside it and stages its weights and prefetches ahead of the wait.
-/// On an H200 (bench/RESULTS.md, 2026-11-30 20:21): 8B decode Q4_0 471 -> 488 tok/s, Q4_K 428
+/// On an H200: 8B decode Q4_0 471 -> 488 tok/s, Q4_K 428
 /// -> 431, Q8_0 313 -> 331 (three blocks of one row a warp where two blocks of two rows filled
 /// 209 KB); the 0.6B unchanged (its row blocks are small); the 4B's Q8_0 (rows of 2,560) 479 ->
-/// 468 at 20:41 (two blocks where three fitted). INFER_CUDA_PIPE_RESERVE=bytes at
+/// 468 (two blocks where three fitted). INFER_CUDA_PIPE_RESERVE=bytes at
 /// init: another reserve (0: none, blocks fill the multiprocessor as before).
 var pipe_reserve: u32 = 40 << 10;
 fn reserving(shared: u32) u32 {

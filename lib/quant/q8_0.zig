@@ -207,7 +207,7 @@ pub const multi_rows = if (simd.has_vnni) 8 else 4;
 /// vpmaddubsw's pairs of (x + 128) * w saturate past ±32767 — Q8_0 there takes the sign trick
 /// (prefill 86–95 -> 108–122 tok/s on the Qwen3-0.6B shape, where it fell back to dotMulti row by
 /// row; Q5_0 kept shifted: the sign trick took Gemma's prefill from ~370 to ~290 tok/s,
-/// bench/RESULTS.md 2026-12-06).
+/// bench/results/cpu.md).
 fn shiftActivations(comptime small_weights: bool) bool {
     return simd.has_vnni or (simd.is_x86 and small_weights);
 }

@@ -80,8 +80,7 @@ pub inline fn dotAccU7I8(acc: V8i32, a: V32u8, b: V32i8) V8i32 {
 /// repacked kernels issue one such dot per 32 weight bytes. `word` is comptime so that its offset
 /// is written into the instruction and one register holds `words` for every use. The asm reads
 /// words[word] through the pointer, so it declares a memory clobber: no store to the words moves
-/// past it (measured free: the kernels' loops run as fast with it, bench/RESULTS.md 2026-11-30
-/// 22:53).
+/// past it (measured free: the kernels' loops run as fast with it).
 inline fn vnniWord(comptime instruction: []const u8, acc: V8i32, a: anytype, words: [*]align(1) const i32, comptime word: usize) V8i32 {
     comptime std.debug.assert(has_vnni);
     return asm (std.fmt.comptimePrint("{s} {d}(%[p]){{1to8}}, %[a], %[acc]", .{ instruction, 4 * word })
@@ -109,7 +108,7 @@ pub inline fn dotAccI16Word(acc: V8i32, a: V16i16, words: [*]align(1) const i32,
 /// Where the row-major kernels that read several rows a block at a time (q4_0.dotRows' eight,
 /// q8_0.dotRowsOffset's four) prefetch the next rows: into L1 where `rows` rows fit beside the
 /// ones being read (16 KiB), else L2. Q4_0, 1,024-wide rows: 94-97% of the bandwidth with L1,
-/// 71-75% with L2; 8,192-wide: 75% with L1, 97-109% with L2 (bench/RESULTS.md, 2026-12-01).
+/// 71-75% with L2; 8,192-wide: 75% with L1, 97-109% with L2.
 pub fn nextRowsInL1(rows: usize, row_bytes: usize) bool {
     return rows * row_bytes <= 16 << 10;
 }

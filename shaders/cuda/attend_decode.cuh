@@ -200,7 +200,7 @@ __device__ __forceinline__ void attn_decode_body(const float* q, const __half* k
   const int kg = tid / L, c = tid % L;
   // Value rows requested before the softmax: all of a tile's at head_dim 128 (8B: 17.6 against
   // 18.7 µs a launch at 4,096 keys); none at 64, where it measured slower (1B: 12.9 against 12.7;
-  // bench/cuda-probe.cu, bench/RESULTS.md 2026-12-01).
+  // bench/cuda-probe.cu on an H200).
   const int early = head_dim >= 128 ? DECODE_VEARLY : 0;
   float acc[GM][8], m[GM], l[GM];
 #pragma unroll

@@ -8,7 +8,7 @@
 //     the kernel ahead of it: the DRAM round trip of the cache overlaps that kernel, and bytes in
 //     flight cost shared memory, not registers (attn_decode_g* holds a key row a thread in
 //     registers: 255 a thread, two blocks fill a multiprocessor's register file, so they cannot
-//     start until it is empty, bench/RESULTS.md 2026-12-02);
+//     start until it is empty; bench/results/cuda.md);
 //   - the G heads are the rows of an m16n8k16 A operand (rows G..15 zero): each of the 4 warps
 //     takes 32 keys of the tile, S = Q·Kᵀ and O += P·V are 32 mma.sync each, and the warp keeps
 //     its own online softmax (running maximum and sum a head), so a tile has one barrier (its

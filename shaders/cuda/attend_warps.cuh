@@ -10,7 +10,7 @@
 //   - a block takes one query head, not the G of its KV head: G blocks a KV head, each with a
 //     G-th of the products, the key and value rows read from L2 again by each (at most 64 KB a
 //     block: a split's 128 keys and values at head_dim 128); two heads a block measured slower
-//     (bench/RESULTS.md, 2026-11-30 22:12);
+//     (bench/results/cuda.md);
 //   - each of the 4 warps keeps its own running maximum, sum and outputs over its share of the
 //     keys (flash-decoding inside the block), so there is one barrier, where the warps' results
 //     are combined, instead of several a tile; a key is scored by head_dim / 32 lanes, each

@@ -11,7 +11,7 @@
 // INFER_MARK(k): with -DINFER_TRACE (bench/cuda-probe.cu only), thread 0 of block 0 records the
 // SM clock at mark k of the kernel into infer_trace (the probe prints each phase's cycles); a
 // no-op in the library's kernels. The marks follow one thread: where a block's own latency goes,
-// not what leaving a phase out would save a launch (bench/RESULTS.md, 2026-11-30 21:00).
+// not what leaving a phase out would save a launch.
 #ifdef INFER_TRACE
 __device__ long long infer_trace[64];
 #define INFER_MARK(k)                                                            \
@@ -47,7 +47,7 @@ __device__ unsigned long long infer_block_trace[2048][12];
 /// the order transitive; before the wait a kernel may read only what no kernel writes (weights)
 /// and pull anything into L2 (prefetch_l2: a hint, which cannot read stale data). Letting the
 /// successor launch before the wait (a chain of kernels resident ahead) was measured slower: 8B
-/// Q4_0 decode 431 vs 435 tok/s, 0.6B 1,166 vs 1,276 (bench/RESULTS.md, 2026-11-30 11:05).
+/// Q4_0 decode 431 vs 435 tok/s, 0.6B 1,166 vs 1,276 on an H200.
 __device__ __forceinline__ void pdl_begin() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");

@@ -164,7 +164,7 @@ __device__ __forceinline__ unsigned long long q8k_max(unsigned long long a, unsi
 /// magnitude, iscale = -127/max, q = min(round_half_even(x * iscale), 127), d = 1/iscale (f32).
 /// The calling warp holds one superblock, values lane + 32j (j < 8) in v: callers read them from
 /// shared memory, where 8 consecutive floats a lane put the warp's loads 8 to a bank (an 8B
-/// model's add + norm + quantize took 8.4 µs so, 6.3 this way; bench/RESULTS.md 2026-12-01),
+/// model's add + norm + quantize took 8.4 µs so, 6.3 this way on an H200),
 /// and each of the 8 quant stores is a coalesced 32 bytes. d is written per 32. The maximum is
 /// one 64-bit key (q8k_key) taken by a tree over the lane's 8 values and a shuffle tree over
 /// the lanes.

@@ -6,7 +6,7 @@
 // Why: the register-fed matvec (matvec_q) holds one row's loads in flight per warp — a 4,096-wide
 // Q4_0 row, 2.3 KB — so it reaches 56% of the H200's bandwidth on an 8B model's gate/up where
 // Q8_0, twice the bytes per round trip, reaches 71%, and more units a lane cost registers in every
-// use of the kernel (bench/RESULTS.md, 2026-11-30 15:15). Here the bytes in flight are shared
+// use of the kernel. Here the bytes in flight are shared
 // memory (two stages of a row block), not registers, and the first stages are requested before
 // the kernel waits for the one ahead of it (weights never depend on it). R rows a warp share each
 // load of the activation, which a 4-bit row otherwise reads at twice its own bytes.
@@ -45,7 +45,8 @@ __device__ __forceinline__ int x_slot(int i) { return i ^ ((i >> 3) & 7); }
 /// as integers (T::dot_unit, T::finish_half). The
 /// activation comes from shared memory (xs, laid out by x_slot): read from global memory, a
 /// lane's 128 contiguous bytes made every load of the warp touch 32 cache lines, and the
-/// kernel ran at the L1's pace (8B Q4_K step 2,140 -> 2,586 µs on an H200, 2026-12-01 02:41).
+/// kernel ran at the L1's pace (8B Q4_K step 2,140 -> 2,586 µs on an H200,
+/// bench/results/cuda.md).
 template <class T, int R>
 __device__ __forceinline__ void rows_halves(const uint8_t* wr, size_t row_bytes, int halves, int part, int split,
                                             const int4* xs, const float* __restrict__ xd, float (&acc)[R],
@@ -339,10 +340,9 @@ __device__ __forceinline__ void pipe_variant(int rows_per_warp, int halves, F f)
   }
 }
 
-// SPLIT: the rows split among the warps, a kernel of its own (bench/RESULTS.md 2026-12-01 08:27:
-// as a branch of one kernel, the split variants cost the 0.6B's unsplit matvecs 2.7% of its
-// decode, of which this gets 1.4% back, the 8B's Q4_0 +1%; the 8B's Q4_K decode lost 2.4% by it,
-// not yet explained).
+// SPLIT: the rows split among the warps, a kernel of its own (as a branch of one kernel, the
+// split variants cost the 0.6B's unsplit matvecs 2.7% of its decode, of which this gets 1.4%
+// back, the 8B's Q4_0 +1%; the 8B's Q4_K decode lost 2.4% by it, not yet explained).
 // res: null, or the residual stream y is added to (y = res + W·x; y may be res: the o and down
 // projections' outputs added in place, the add of add_rms_norm_q done here).
 #define MATVEC_PIPE(NAME, T, SPLIT)                                                                            \

@@ -146,7 +146,7 @@ struct Q4_KR : SameArithmetic<Q4_K> {
   // decodes the head once, sums the four units' scaled dots as integers (the Q8_K activation
   // has one scale for the superblock) and meets d·dx and dmin·dx once. Unit by unit it was a head
   // decode, two conversions and two float FMAs for every 32 values: the 8B Q4_K step ran 20%
-  // longer than Q4_0's for the same bytes (bench/RESULTS.md, 2026-12-01).
+  // longer than Q4_0's for the same bytes.
   static constexpr bool HALVES = true;
   /// Half h of a superblock: d, dmin, its four units' 6-bit scales and mins a byte each, and
   /// their 64 bytes of nibbles.

@@ -3,7 +3,7 @@
 // arrays), so hot-path calls pass plain addresses and nothing is allocated per token.
 //
 // An arena of weights streamed every token takes its blocks from the library in huge pages
-// (lib/pages.zig): decode of the Qwen3-0.6B-shape Q4_0 file ran 15% faster (bench/RESULTS.md). Caches and
+// (lib/pages.zig): decode of the Qwen3-0.6B-shape Q4_0 file ran 15% faster. Caches and
 // activations stay in ordinary pages: in huge pages the K and V rows of every layer, carved at
 // power-of-two offsets, fall into the same cache sets, and decode at 1,000 tokens of context ran
 // 20% slower. free() returns every block; the regions must not be used after it.

@@ -12,8 +12,8 @@ const ATTENTION_SCRATCH_BUDGET = 64 << 20;
 /**
  * Keys a split of the grouped decode attention aims at: one tile of attn_decode_* (a split of
  * one tile needs no second pass; more splits pay for the last block's combine, ~3 µs: 16 or 32
- * keys a split took an 8B decode from 483 to 451 / 460 tok/s on an H200, bench/RESULTS.md
- * 2026-11-30 20:29), and 4 a split for the per-head kernels (INFER_CUDA_ATTN=heads).
+ * keys a split took an 8B decode from 483 to 451 / 460 tok/s on an H200), and 4 a split for the
+ * per-head kernels (INFER_CUDA_ATTN=heads).
  */
 const GROUP_SPLIT_KEYS = Number(process.env.INFER_CUDA_SPLIT_KEYS) || 128; // INFER_CUDA_SPLIT_KEYS=n: comparisons
 const PER_HEAD_SPLIT_KEYS = 4;

@@ -26,7 +26,7 @@ export function buildBinary(outfile: string): void {
   }
   const cmd = [process.execPath, "build", "--compile", "--minify-syntax",
     "--asset-naming=[name].[ext]", join(root, "infer.ts"),
-    join(root, "ts", "serve", "worker.ts"), ...assets, "--outfile", outfile];
+    join(root, "ts", "runtime", "worker.ts"), ...assets, "--outfile", outfile];
   const p = Bun.spawnSync(cmd, { cwd: root, stdout: "pipe", stderr: "pipe" });
   if (p.exitCode !== 0) {
     throw new Error(`build:bin: bun build failed:\n${p.stderr.toString()}${p.stdout.toString()}`);

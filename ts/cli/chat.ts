@@ -1,20 +1,22 @@
 // `infer chat`: a conversation in the terminal. Lines typed are the user's turns (a line ending
 // in "\" continues on the next); the answer streams to stdout and a line of statistics follows
 // on stderr ("prefilled N of M prompt tokens": the cache keeps the conversation, so a turn
-// evaluates only what is new). Ctrl-C stops the answer being written, not the session: the
-// handler only sets a flag, which the generation loop reads between tokens. /reset, /save,
+// evaluates only what is new). Ctrl-C stops the answer being written, not the session: it
+// aborts the turn, which the engine ends at its next step, keeping what was said. /reset, /save,
 // /load and /help are commands; Ctrl-D or /exit leaves. Off a terminal (stdin piped), each line
 // is a turn, and the session ends with the input.
 import { createInterface } from "node:readline";
-import { ChatSession } from "../chat/session.ts";
-import { Engine } from "../engine/engine.ts";
+import type { Chat } from "../api/chat.ts";
+import { loadModel } from "../api/model.ts";
+import { readConversation, writeConversation } from "../chat/conversation.ts";
 import { InferError } from "../errors.ts";
 import { ensureModel } from "../models/fetch.ts";
 import { parseCommand } from "./args.ts";
 import { describe, formatStats, loadProgress, verbosityOf } from "./feedback.ts";
 import { chatUsage } from "./help.ts";
 import {
-  checkLogitBias, engineSettings, generationOptions, intOption, samplingFrom, stopStrings,
+  checkLogitBias, engineSettings, generationOptions, intOption, samplingFrom, samplingOptions,
+  stopStrings,
 } from "./options.ts";
 
 const commandsHelp = `/reset        forget the conversation (the system message stays)
@@ -38,26 +40,28 @@ export async function chatCommand(argv: string[]): Promise<number> {
   const settings = engineSettings(values);
   const modelPath = await ensureModel(values.model);
   const onProgress = loadProgress(modelPath, verbosity);
-  const engine = Engine.open({ modelPath, ...settings, onProgress });
+  // One conversation: one sequence, whose cache keeps it from turn to turn.
+  const model = await loadModel(modelPath, { ...settings, parallel: 1, prefixCacheBytes: 0,
+    onProgress });
   try {
-    checkLogitBias(sampling, engine.model.info.vocabSize);
-    const session = new ChatSession(engine, values.system ?? null);
-    if (values.load) session.load(values.load);
+    checkLogitBias(sampling, model.info.vocabSize);
+    const chat = model.chat({ system: values.system });
+    if (values.load) chat.replace(readConversation(values.load));
     const say = (text: string) => { if (verbosity !== "quiet") process.stderr.write(text); };
-    const origin = session.template.origin;
+    const origin = model.info.chatTemplate;
     if (verbosity === "verbose") {
-      process.stderr.write(describe(engine, modelPath, {
+      process.stderr.write(describe(model.info, {
         template: origin === "gguf" ? "the model's own" : `${origin} (fallback)`,
         sampling: { ...sampling, logitBias: Object.fromEntries(sampling.logitBias ?? []) },
       }));
     }
     const template = origin === "gguf" ? "its chat template" : `the ${origin} chat template`;
-    say(`chatting with ${engine.model.info.name} in ${template}; /help for commands, ` +
+    say(`chatting with ${model.info.name} in ${template}; /help for commands, ` +
       `Ctrl-C stops an answer, Ctrl-D leaves\n`);
-    await converse(session, { sampling, maxTokens, stop, say, verbosity });
+    await converse(chat, { sampling, maxTokens, stop, say, verbosity });
     return 0;
   } finally {
-    engine.close();
+    await model.close();
   }
 }
 
@@ -69,12 +73,12 @@ interface Settings {
   readonly verbosity: ReturnType<typeof verbosityOf>;
 }
 
-async function converse(session: ChatSession, s: Settings): Promise<void> {
+async function converse(chat: Chat, s: Settings): Promise<void> {
   const tty = process.stdin.isTTY === true;
   const prompt = () => { if (tty) process.stdout.write("> "); };
-  let answering = false, interrupted = false;
+  let answering: AbortController | null = null;
   const onSigint = () => {
-    if (answering) { interrupted = true; return; }
+    if (answering) { answering.abort(); return; }
     // at the prompt the terminal has dropped the line being typed; start a fresh one
     process.stdout.write("\n");
     s.say("(Ctrl-D or /exit leaves)\n");
@@ -91,24 +95,25 @@ async function converse(session: ChatSession, s: Settings): Promise<void> {
       pending = "";
       if (line.trim() === "") { prompt(); continue; }
       if (line.startsWith("/")) {
-        if (!command(session, line.trim(), s)) break;
+        if (!command(chat, line.trim(), s)) break;
         prompt();
         continue;
       }
-      answering = true;
-      interrupted = false;
+      answering = new AbortController();
       try {
-        const turn = await session.send(line, {
-          sampling: s.sampling, maxTokens: s.maxTokens, stop: s.stop,
-          onText: (t) => process.stdout.write(t), shouldStop: () => interrupted,
+        const turn = chat.stream(line, {
+          ...samplingOptions(s.sampling), maxTokens: s.maxTokens, stop: s.stop,
+          signal: answering.signal, stopOnAbortSignal: true,
         });
+        for await (const piece of turn) process.stdout.write(piece.text);
+        const result = await turn.result;
         process.stdout.write("\n");
-        s.say(`[${formatStats(turn)}]\n`);
+        s.say(`[${formatStats(result)}]\n`);
       } catch (err) {
         if (!(err instanceof InferError)) throw err;
         process.stderr.write(`infer: ${err.message}\n`);
       } finally {
-        answering = false;
+        answering = null;
       }
       prompt();
     }
@@ -120,23 +125,23 @@ async function converse(session: ChatSession, s: Settings): Promise<void> {
 }
 
 /** Runs a /command; false to leave the session. */
-function command(session: ChatSession, line: string, s: Settings): boolean {
+function command(chat: Chat, line: string, s: Settings): boolean {
   const [name, ...rest] = line.split(/\s+/);
   const arg = rest.join(" ");
   try {
     switch (name) {
       case "/exit": case "/quit": return false;
       case "/help": process.stdout.write(commandsHelp); return true;
-      case "/reset": session.reset(); s.say("conversation reset\n"); return true;
+      case "/reset": chat.reset(); s.say("conversation reset\n"); return true;
       case "/save":
         if (!arg) throw new InferError("invalid_argument", "/save needs a file name");
-        session.save(arg);
-        s.say(`saved ${session.messages.length} messages to ${arg}\n`);
+        writeConversation(arg, chat.messages);
+        s.say(`saved ${chat.messages.length} messages to ${arg}\n`);
         return true;
       case "/load":
         if (!arg) throw new InferError("invalid_argument", "/load needs a file name");
-        session.load(arg);
-        s.say(`loaded ${session.messages.length} messages from ${arg}\n`);
+        chat.replace(readConversation(arg));
+        s.say(`loaded ${chat.messages.length} messages from ${arg}\n`);
         return true;
       default:
         throw new InferError("invalid_argument", `unknown command ${name} (/help lists them)`);

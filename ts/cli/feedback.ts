@@ -2,8 +2,8 @@
 // terminal, redrawn in place and erased when done), the statistics after a generation, and with
 // --verbose a description of the model and the settings. --quiet silences all of it.
 import { basename } from "node:path";
-import type { Engine, GenerateResult } from "../engine/engine.ts";
-import { quantOf } from "./models.ts";
+import type { ModelInfo } from "../api/model.ts";
+import type { Completion } from "../api/options.ts";
 
 export type Verbosity = "quiet" | "normal" | "verbose";
 
@@ -33,29 +33,27 @@ export function loadProgress(path: string,
 const rate = (n: number, ms: number) => (ms > 0 ? (n / ms) * 1000 : 0).toFixed(1);
 
 /** One line of statistics after a generation. */
-export function formatStats(r: GenerateResult, loadMs?: number): string {
-  const decodeRate = rate(Math.max(r.tokens.length - 1, 0), r.generateMs);
+export function formatStats(c: Completion, loadMs?: number): string {
+  const t = c.timings;
   const parts = [
-    `prefilled ${r.prefilled} of ${r.promptTokens.length} prompt tokens, ` +
-      `${rate(r.prefilled, r.promptMs)} tok/s`,
-    `generated ${r.tokens.length} tokens, ${decodeRate} tok/s`,
-    `stop: ${r.stopReason}`,
+    `prefilled ${t.promptEvaluated} of ${c.usage.promptTokens} prompt tokens, ` +
+      `${rate(t.promptEvaluated, t.promptMs)} tok/s`,
+    `generated ${c.tokens.length} tokens, ${t.tokensPerSecond.toFixed(1)} tok/s`,
+    `stop: ${c.stopReason}`,
   ];
   if (loadMs !== undefined) parts.unshift(`load ${loadMs.toFixed(0)} ms`);
   return parts.join(" | ");
 }
 
 /** --verbose: what is about to run. */
-export function describe(engine: Engine, path: string,
-  extra: Record<string, unknown> = {}): string {
-  const info = engine.model.info;
+export function describe(info: ModelInfo, extra: Record<string, unknown> = {}): string {
   const lines = [
-    `model: ${path}`,
-    `  ${info.name} (${info.architecture}), ${quantOf(engine.file)}, ` +
-      `${info.kvShapes.length} layers, vocabulary ${info.vocabSize}, ` +
-      `trained context ${info.contextLength}`,
-    `  context ${engine.contextLength} tokens, batch ${engine.model.maxBatch}, ` +
-      `backend ${engine.backend.name}, loaded in ${engine.loadMs.toFixed(0)} ms`,
+    `model: ${info.path}`,
+    `  ${info.name} (${info.architecture}), ${info.quantization}, ` +
+      `${info.layers} layers, vocabulary ${info.vocabSize}, ` +
+      `trained context ${info.trainedContextLength}`,
+    `  context ${info.contextLength} tokens, batch ${info.batch}, ` +
+      `backend ${info.backend}, loaded in ${info.loadMs.toFixed(0)} ms`,
   ];
   for (const [k, v] of Object.entries(extra)) {
     lines.push(`${k}: ${typeof v === "string" ? v : JSON.stringify(v)}`);

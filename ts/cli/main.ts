@@ -2,11 +2,9 @@
 // non-zero exit (2 for a mistake in the command line, 1 for the rest); anything else is a bug and
 // keeps its stack.
 import { readFileSync } from "node:fs";
-import { Engine, type TokenConstraint } from "../engine/engine.ts";
-import type { GenerateResult } from "../engine/generation.ts";
+import { loadModel } from "../api/model.ts";
 import { InferError, quote } from "../errors.ts";
 import { ensureModel } from "../models/fetch.ts";
-import { JsonGrammar } from "../sample/json-grammar.ts";
 import { anyObject, compileSchema, minLength, type JsonNode } from "../sample/json-schema.ts";
 import { parseCommand, UsageError } from "./args.ts";
 import { chatCommand } from "./chat.ts";
@@ -15,8 +13,10 @@ import { chatUsage, overview, runUsage } from "./help.ts";
 import { importCommand, importUsage } from "./import.ts";
 import { modelsCommand, modelsUsage } from "./models.ts";
 import {
-  checkLogitBias, engineSettings, generationOptions, intOption, samplingFrom, stopStrings,
+  checkLogitBias, engineSettings, generationOptions, intOption, samplingFrom, samplingOptions,
+  stopStrings,
 } from "./options.ts";
+import type { Completion } from "../api/options.ts";
 import { perplexityCommand, perplexityUsage } from "./perplexity.ts";
 import { quantizeCommand, quantizeUsage } from "./quantize.ts";
 import { serveCommand, serveUsage } from "./serve.ts";
@@ -50,18 +50,18 @@ function helpCommand(argv: string[]): number {
 }
 
 /**
- * The grammar of --json or --json-schema, once its shortest output is known to fit: the grammar
- * allows a token only while the shortest completion after it fits the tokens left at one token
- * per byte (so output cut off by -n still parses), and so it needs -n (and the room the prompt
- * leaves in the context) to be at least its shortest output's length in bytes.
+ * The schema of --json or --json-schema (undefined: any JSON object; null: neither), once its
+ * shortest output is known to fit -n: the grammar allows a token only while the shortest
+ * completion after it fits the tokens left at one token per byte (so output cut off by -n still
+ * parses), and so -n must be at least its shortest output's length in bytes. (The room the
+ * prompt leaves in the context is the engine's to check.)
  */
-function constraintFor(values: { json?: boolean; "json-schema"?: string }, engine: Engine,
-  run: { prompt: string; maxTokens: number }): TokenConstraint | undefined {
+function schemaFor(values: { json?: boolean; "json-schema"?: string },
+  maxTokens: number): object | undefined | null {
   const path = values["json-schema"];
-  let node: JsonNode;
+  let node: JsonNode, schema: object | undefined;
   const flag = path === undefined ? "--json" : `--json-schema ${quote(path)}`;
   if (path !== undefined) {
-    let schema: unknown;
     try {
       schema = JSON.parse(readFileSync(path, "utf8"));
     } catch (err) {
@@ -70,21 +70,14 @@ function constraintFor(values: { json?: boolean; "json-schema"?: string }, engin
     }
     node = compileSchema(schema);
   } else if (values.json) node = anyObject;
-  else return undefined;
+  else return null;
   const shortest = minLength(node);
-  if (run.maxTokens >= 0 && shortest > run.maxTokens) {
+  if (maxTokens >= 0 && shortest > maxTokens) {
     throw new UsageError(`${flag}: the shortest valid output is ${shortest} bytes, and ` +
-      `-n ${run.maxTokens} cannot hold it (structured output needs a token per byte of it to be ` +
+      `-n ${maxTokens} cannot hold it (structured output needs a token per byte of it to be ` +
       `sure to finish); use -n ${shortest} or more`, { pointToHelp: false });
   }
-  const prompt = engine.tokenizer.encode(run.prompt, { addSpecial: true, parseSpecial: true });
-  const room = engine.contextLength - prompt.length;
-  if (shortest > room) {
-    throw new UsageError(`${flag}: the shortest valid output is ${shortest} bytes, and the ` +
-      `context has room for ${Math.max(0, room)} tokens after the prompt (structured output ` +
-      `needs a token per byte of it); raise --ctx-size`, { pointToHelp: false });
-  }
-  return new JsonGrammar(engine.tokenizer, node);
+  return schema;
 }
 
 async function runCommand(argv: string[]): Promise<number> {
@@ -104,48 +97,54 @@ async function runCommand(argv: string[]): Promise<number> {
   const maxTokens = intOption(values.n, "-n", 128, -1);
   const stop = stopStrings(values);
   const settings = engineSettings(values);
+  const schema = schemaFor(values, maxTokens);
   const modelPath = await ensureModel(values.model);
   const onProgress = loadProgress(modelPath, verbosity);
-  const engine = Engine.open({ modelPath, ...settings, onProgress });
+  // One generation: one sequence, and no prefix cache to fill for later ones.
+  const model = await loadModel(modelPath, { ...settings, parallel: 1, prefixCacheBytes: 0,
+    onProgress });
   try {
-    checkLogitBias(sampling, engine.model.info.vocabSize);
-    const constraint = constraintFor(values, engine, { prompt: positionals[0], maxTokens });
+    checkLogitBias(sampling, model.info.vocabSize);
     if (verbosity === "verbose") {
-      process.stderr.write(describe(engine, modelPath, {
+      process.stderr.write(describe(model.info, {
         sampling: { ...sampling, logitBias: Object.fromEntries(sampling.logitBias ?? []) },
         "max tokens": maxTokens, stop,
         constraint: values["json-schema"] ?? (values.json ? "JSON object" : "none"),
       }));
     }
-    const { result, interrupted } = await untilInterrupted((shouldStop) =>
-      engine.generateAsync(positionals[0], {
-        maxTokens, sampling, stop, constraint, ignoreEos: values["ignore-eos"] ?? false,
-        onText: (text) => process.stdout.write(text), shouldStop,
-      }));
+    const { result, interrupted } = await untilInterrupted(async (signal) => {
+      const stream = model.stream(positionals[0], {
+        ...samplingOptions(sampling), maxTokens, stop, ignoreEos: values["ignore-eos"] ?? false,
+        ...(schema === null ? {} : schema === undefined ? { json: true } : { jsonSchema: schema }),
+        signal, stopOnAbortSignal: true,
+      });
+      for await (const piece of stream) process.stdout.write(piece.text);
+      return stream.result;
+    });
     process.stdout.write("\n");
-    if (verbosity !== "quiet") process.stderr.write(formatStats(result, engine.loadMs) + "\n");
+    if (verbosity !== "quiet") process.stderr.write(formatStats(result, model.info.loadMs) + "\n");
     return interrupted ? 130 : 0; // 128 + SIGINT, as a shell reports a command Ctrl-C ended
   } finally {
-    engine.close();
+    await model.close();
   }
 }
 
 /**
- * Runs a generation with Ctrl-C (SIGINT) asking it to stop: the handler only sets the flag the
- * generation reads between tokens, so what was generated is kept and reported. A second Ctrl-C
- * (a prompt still being evaluated, which is not interrupted) exits at once.
+ * Runs a generation with Ctrl-C (SIGINT) aborting it: the engine ends it at its next step, and
+ * what was generated is kept and reported. A second Ctrl-C (a prompt still being evaluated,
+ * which is not interrupted) exits at once.
  */
-async function untilInterrupted(generate: (shouldStop: () => boolean) => Promise<GenerateResult>,
-): Promise<{ result: GenerateResult; interrupted: boolean }> {
-  let interrupted = false;
+async function untilInterrupted(generate: (signal: AbortSignal) => Promise<Completion>,
+): Promise<{ result: Completion; interrupted: boolean }> {
+  const abort = new AbortController();
   const onSigint = () => {
-    if (interrupted) process.exit(130);
-    interrupted = true;
+    if (abort.signal.aborted) process.exit(130);
+    abort.abort();
   };
   process.on("SIGINT", onSigint);
   try {
-    const result = await generate(() => interrupted);
-    return { result, interrupted };
+    const result = await generate(abort.signal);
+    return { result, interrupted: abort.signal.aborted };
   } finally {
     process.off("SIGINT", onSigint);
   }
@@ -172,7 +171,9 @@ export async function main(argv: string[]): Promise<number> {
       return 2;
     }
     if (err instanceof InferError) {
-      console.error(`${where}: ${err.message}`);
+      const hint = err.code === "context_overflow" && !err.message.includes("--ctx-size")
+        ? " (raise --ctx-size)" : "";
+      console.error(`${where}: ${err.message}${hint}`);
       return 1;
     }
     if (err instanceof TypeError && (err as { code?: string }).code?.startsWith("ERR_PARSE_ARGS")) {

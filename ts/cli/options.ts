@@ -7,6 +7,7 @@ import { backendKinds, parseBackendKind, type BackendKind } from "../backend/sel
 import { InferError, quote } from "../errors.ts";
 import { defaultSampling, type SamplerOptions } from "../sample/sampler.ts";
 import { UsageError } from "./args.ts";
+import type { GenerateOptions } from "../api/options.ts";
 
 export const generationOptions = {
   model: { type: "string", short: "m" },
@@ -183,4 +184,14 @@ export function stopStrings(v: Values): string[] {
     throw new UsageError("--stop needs a non-empty text");
   }
   return stops;
+}
+
+/** The sampler settings checked here, as the library's generation options. */
+export function samplingOptions(s: SamplerOptions): GenerateOptions {
+  return {
+    temperature: s.temperature, topK: s.topK, topP: s.topP, minP: s.minP, typicalP: s.typicalP,
+    repeatPenalty: s.repeatPenalty, repeatLastN: s.repeatLastN,
+    frequencyPenalty: s.frequencyPenalty, presencePenalty: s.presencePenalty,
+    logitBias: s.logitBias, seed: s.seed,
+  };
 }

@@ -6,18 +6,11 @@ import { InferError } from "../errors.ts";
 import {
   firstNonFinite, logprobs, NoTokenLeftError, Sampler, type Logprobs, type SamplerOptions,
 } from "../sample/sampler.ts";
+import type { TokenConstraint } from "../sample/constraint.ts";
 import { StopMatcher } from "../sample/stop.ts";
-import type { StreamDecoder, Tokenizer } from "../tokenizer/index.ts";
 
-/** What constrains the next token (a JSON-schema grammar, for one). */
-export interface TokenConstraint {
-  /** Sets the logits of tokens that may not come next to -Infinity; `budget`: tokens left. */
-  mask(logits: Float32Array, budget: number): void;
-  /** Advances past `token` (one the mask allowed). */
-  accept(token: number): void;
-  /** The output is complete and nothing may follow it. */
-  readonly done: boolean;
-}
+export type { TokenConstraint };
+import type { StreamDecoder, Tokenizer } from "../tokenizer/index.ts";
 
 export interface GenerateOptions {
   /** Tokens to generate at most; a negative number: until the context is full. */

@@ -17,7 +17,7 @@
 //
 // Nothing here recurses with the schema or the text: unions and references are flattened once
 // (alternatives()), the stack is walked in loops, and the states kept at once are capped.
-import type { TokenConstraint } from "../engine/engine.ts";
+import type { TokenConstraint } from "./constraint.ts";
 import type { Tokenizer } from "../tokenizer/index.ts";
 import { alternatives, minLength, type JsonNode } from "./json-schema.ts";
 import { GrammarVocab, type ByteTrie } from "./vocab-trie.ts";

@@ -1,5 +1,5 @@
 // The server's counters and gauges, as Prometheus text for GET /metrics.
-import type { EngineStats } from "./messages.ts";
+import type { EngineStats } from "../runtime/messages.ts";
 
 export interface MetricsState {
   readonly queueDepth: number;

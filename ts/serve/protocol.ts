@@ -7,6 +7,9 @@ import type { ChatMessage } from "../chat/template.ts";
 import { InferError, quote } from "../errors.ts";
 import { anyObject, compileSchema, minLength } from "../sample/json-schema.ts";
 import type { SamplerOptions } from "../sample/sampler.ts";
+import type { Job, LogprobEntry, ResponseFormat } from "../runtime/job.ts";
+
+export type { Job, LogprobEntry, ResponseFormat };
 
 export class ApiError extends Error {
   constructor(readonly status: number, message: string, readonly param: string | null = null,
@@ -24,35 +27,6 @@ function defaultType(status: number): string {
   if (status === 429) return "rate_limit_error";
   if (status >= 500) return "server_error";
   return "invalid_request_error";
-}
-
-export type ResponseFormat =
-  | { readonly type: "text" }
-  | { readonly type: "json_object" }
-  | { readonly type: "json_schema"; readonly schema: unknown };
-
-/** One generation, as the worker runs it. */
-export interface Job {
-  readonly kind: "chat" | "completion";
-  readonly messages?: readonly ChatMessage[];
-  readonly prompt?: string;
-  readonly maxTokens: number;
-  readonly sampling: SamplerOptions;
-  readonly stop: readonly string[];
-  readonly format: ResponseFormat;
-  /** Log-probabilities of each token and of this many alternatives; null: none asked. */
-  readonly logprobs: number | null;
-}
-
-/** One generated token's log-probabilities, as the worker reports them. */
-export interface LogprobEntry {
-  /** The token's text as bytes (a control token's: its name). */
-  readonly bytes: readonly number[];
-  readonly logprob: number;
-  /** The most likely tokens at its position, best first. */
-  readonly top: readonly { readonly bytes: readonly number[]; readonly logprob: number }[];
-  /** Where its text begins in the choice's text (UTF-16 code units). */
-  readonly offset: number;
 }
 
 export interface ParsedRequest {

@@ -1,53 +1,28 @@
-// The requests in front of the engine's worker: each is a Ticket that reads the worker's events
-// for it in order; the Scheduler runs up to `parallel` of them at once and keeps the others in
-// a bounded FIFO queue (429 when it is full).
-import type { EngineStats, FromWorker, ToWorker } from "./messages.ts";
+// The requests in front of the engine's thread: each is a Ticket (ts/runtime/engine-thread.ts)
+// that reads the engine's events for it in order; the Queue runs up to `parallel` of them at
+// once and keeps the others in a bounded FIFO (429 when it is full), so that a burst of requests
+// waits here, where a client that leaves can be dropped, rather than in the engine.
+import type { EngineThread, JobDoneEvent, JobEvent, Ticket } from "../runtime/engine-thread.ts";
 import { ApiError, type Job } from "./protocol.ts";
 
-export type WorkerEvent = Exclude<FromWorker, { type: "ready" | "failed" | "closed" | "stats" }>;
-export type Done = Extract<WorkerEvent, { type: "done" }>;
+export type WorkerEvent = JobEvent;
+export type Done = JobDoneEvent;
+export type { Ticket };
 
-/** One request's events from the worker, read in order. */
-export class Ticket {
-  private readonly events: WorkerEvent[] = [];
-  private wake: (() => void) | null = null;
-  finished = false;
-  /** Resolves when the request has ended, whichever way. */
-  readonly ended: Promise<void>;
-  markEnded!: () => void;
-  constructor(readonly id: number, readonly job: Job) {
-    this.ended = new Promise((resolve) => (this.markEnded = resolve));
-  }
-
-  push(e: WorkerEvent): void {
-    this.events.push(e);
-    this.wake?.();
-    this.wake = null;
-  }
-
-  async next(): Promise<WorkerEvent> {
-    while (this.events.length === 0) await new Promise<void>((r) => (this.wake = r));
-    return this.events.shift()!;
-  }
-}
-
-/** The worker and the FIFO queue in front of it: up to `parallel` requests run at once. */
-export class Scheduler {
+/** The engine's thread and the FIFO queue in front of it: up to `parallel` requests run at once. */
+export class RequestQueue {
   private readonly queue: Ticket[] = [];
   private readonly running = new Set<Ticket>();
-  private readonly tickets = new Map<number, Ticket>();
-  private nextId = 1;
+  private readonly open = new Set<Ticket>();
   private idleWaiters: (() => void)[] = [];
-  /** Why the engine stopped working for good, or null. */
-  broken: string | null = null;
-  /** The engine's state as the worker last reported it. */
-  engine: EngineStats | null = null;
 
-  constructor(private readonly worker: Worker, private readonly maxQueue: number,
+  constructor(private readonly thread: EngineThread, private readonly maxQueue: number,
     private readonly parallel: number) {}
 
   get depth(): number { return this.queue.length; }
   get active(): number { return this.running.size; }
+  /** Why the engine stopped working for good, or null. */
+  get broken(): string | null { return this.thread.broken; }
 
   /** Queues the jobs of one request (its choices) together, or none of them. */
   submit(jobs: Job[]): Ticket[] {
@@ -63,10 +38,11 @@ export class Scheduler {
       throw new ApiError(429, `the server is busy: ${this.queue.length} requests are waiting`,
         null, "queue_full");
     }
-    const tickets = jobs.map((job) => new Ticket(this.nextId++, job));
+    const tickets = jobs.map((job) => this.thread.ticket(job));
     for (const t of tickets) {
-      this.tickets.set(t.id, t);
+      this.open.add(t);
       this.queue.push(t);
+      void t.ended.then(() => this.end(t));
     }
     this.dispatch();
     return tickets;
@@ -78,66 +54,46 @@ export class Scheduler {
     const at = this.queue.indexOf(t);
     if (at >= 0) {
       this.queue.splice(at, 1);
-      t.push({ type: "error", id: t.id, status: 499, message: "the client went away", param: null,
-        code: "cancelled" });
-      this.end(t);
+      t.push({ type: "error", id: t.id, kind: "internal", status: 499,
+        message: "the client went away", param: null, code: "cancelled" });
     } else {
-      this.post({ type: "cancel", id: t.id });
+      this.thread.cancel(t);
     }
-  }
-
-  onMessage(m: FromWorker): void {
-    if (m.type === "stats") { this.engine = m.stats; return; }
-    if (m.type === "ready" || m.type === "failed" || m.type === "closed") return;
-    const t = this.tickets.get(m.id);
-    if (!t) return;
-    t.push(m);
-    if (m.type === "done" || m.type === "error") this.end(t);
   }
 
   /** Answers every waiting request with `status` (the running ones go on). */
   refuseWaiting(status: number, message: string, code: string): void {
     for (const t of this.queue.splice(0)) {
-      t.push({ type: "error", id: t.id, status, message, param: null, code });
-      this.end(t);
+      t.push({ type: "error", id: t.id, kind: "internal", status, message, param: null, code });
     }
   }
 
   /** Resolves once no request runs or waits. */
   whenIdle(): Promise<void> {
-    if (this.tickets.size === 0) return Promise.resolve();
+    if (this.open.size === 0) return Promise.resolve();
     return new Promise((resolve) => this.idleWaiters.push(resolve));
   }
 
-  /** The worker died: every request fails. */
+  /** Every request, running or waiting, fails (the engine is gone). */
   fail(why: string): void {
-    this.broken = why;
-    for (const t of [...this.tickets.values()]) {
-      t.push({ type: "error", id: t.id, status: 500, message: `the engine stopped: ${why}`,
-        param: null, code: "internal_error" });
-      this.end(t);
-    }
-    this.queue.length = 0;
+    this.thread.fail(why);
+    this.refuseWaiting(500, `the engine stopped: ${why}`, "internal_error");
   }
 
   private end(t: Ticket): void {
-    t.finished = true;
-    t.markEnded();
-    this.tickets.delete(t.id);
+    this.open.delete(t);
     this.running.delete(t);
+    const at = this.queue.indexOf(t);
+    if (at >= 0) this.queue.splice(at, 1);
     this.dispatch();
-    if (this.tickets.size === 0) for (const wake of this.idleWaiters.splice(0)) wake();
+    if (this.open.size === 0) for (const wake of this.idleWaiters.splice(0)) wake();
   }
 
   private dispatch(): void {
     while (this.running.size < this.parallel && this.queue.length > 0 && !this.broken) {
       const t = this.queue.shift()!;
       this.running.add(t);
-      this.post({ type: "run", id: t.id, job: t.job });
+      this.thread.start(t);
     }
-  }
-
-  private post(m: ToWorker): void {
-    this.worker.postMessage(m);
   }
 }

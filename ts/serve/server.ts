@@ -1,5 +1,5 @@
 // The OpenAI-compatible HTTP server. This thread parses, validates and queues requests and
-// streams answers; the engine runs in a Worker (worker.ts) that decodes up to `parallel` requests
+// streams answers; the engine runs on its own thread (ts/runtime/) that decodes up to `parallel` requests
 // together (continuous batching, ts/engine/scheduler.ts). Requests beyond those wait here in
 // arrival order (a FIFO queue, bounded: 429 with Retry-After when full). A client that goes away
 // (a cancelled stream, an aborted request) has its sequence cancelled, freeing its slot, or is
@@ -11,17 +11,15 @@
 import { basename } from "node:path";
 import type { BackendKind } from "../backend/select.ts";
 import { InferError, quote } from "../errors.ts";
-import { isCompiled, libraryPath } from "../native/lib.ts";
 import { Access } from "./access.ts";
 import { BodyReader, bodyText, hasBody } from "./body.ts";
 import { listen, type HttpServer } from "./http.ts";
-import type { FromWorker, ModelInfo, StallForTests, ToWorker } from "./messages.ts";
+import { EngineThread } from "../runtime/engine-thread.ts";
+import type { EngineInfo, StallForTests } from "../runtime/messages.ts";
 import { Metrics } from "./metrics.ts";
-import {
-  ApiError, chatLogprobs, completionLogprobs, finishReason, parseJson, parseRequest,
-  type LogprobEntry, type ParsedRequest,
-} from "./protocol.ts";
-import { Scheduler, type Done, type Ticket, type WorkerEvent } from "./queue.ts";
+import { answerGeneration, json, type GenerationContext } from "./completions.ts";
+import { ApiError, parseJson } from "./protocol.ts";
+import { RequestQueue } from "./queue.ts";
 
 export interface ServeOptions {
   readonly modelPath: string;
@@ -74,7 +72,7 @@ export interface InferServer {
   readonly url: string;
   readonly port: number;
   readonly modelId: string;
-  readonly info: ModelInfo;
+  readonly info: EngineInfo;
   /** Requests decoded together. */
   readonly parallel: number;
   /**
@@ -85,25 +83,11 @@ export interface InferServer {
   stop(options?: StopOptions): Promise<void>;
 }
 
-function json(data: unknown, status = 200, headers: Record<string, string> = {}): Response {
-  return new Response(JSON.stringify(data), {
-    status, headers: { "content-type": "application/json", ...headers },
-  });
-}
-
 function errorResponse(err: ApiError): Response {
   const headers: Record<string, string> = {};
   if (err.status === 429 || err.code === "server_busy") headers["retry-after"] = "1";
   if (err.status === 401) headers["www-authenticate"] = "Bearer";
   return json(err.body(), err.status, headers);
-}
-
-/**
- * The engine's stop reason in OpenAI's words. A request "interrupted" whose answer is still read
- * was cut by the shutdown deadline: like one cut by max_tokens, its text is unfinished.
- */
-function finishOf(stopReason: string): ReturnType<typeof finishReason> {
-  return stopReason === "interrupted" ? "length" : finishReason(stopReason);
 }
 
 const endpoints = ["/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions"];
@@ -134,34 +118,14 @@ function decodePath(segment: string): string {
   }
 }
 
-const randomId = () => crypto.randomUUID().replaceAll("-", "").slice(0, 24);
-
-/**
- * The worker's module. In the single executable (bun build --compile, ts/cli/build-bin.ts) it is
- * an entry point of its own, bundled beside the main one under Bun's embedded file system.
- */
-function workerPath(): string {
-  if (import.meta.url.includes("$bunfs")) return "/$bunfs/root/ts/serve/worker.js";
-  return new URL("./worker.ts", import.meta.url).href;
-}
-
-/** Opens the model in a worker, then listens. */
+/** Opens the model on the engine's thread, then listens. */
 export async function startServer(o: ServeOptions): Promise<InferServer> {
-  const worker = new Worker(workerPath());
-  const heartbeat = new SharedArrayBuffer(8);
-  const info = await new Promise<ModelInfo>((resolve, reject) => {
-    worker.onmessage = (e: MessageEvent<FromWorker>) => {
-      if (e.data.type === "ready") resolve(e.data.info);
-      else if (e.data.type === "failed") reject(new InferError("io", e.data.message));
-    };
-    worker.onerror = (e) => reject(new InferError("internal", `the engine worker failed: ${e.message}`));
-    worker.postMessage({ type: "open", settings: {
-      modelPath: o.modelPath, threads: o.threads, contextLength: o.contextLength, backend: o.backend,
-      library: isCompiled() ? libraryPath() : undefined, parallel: o.parallel ?? 1,
-      prefillChunk: o.prefillChunk, prefixCacheBytes: o.prefixCacheBytes, heartbeat,
-      stall: o.stallForTests,
-    } } satisfies ToWorker);
-  }).catch((err) => { worker.terminate(); throw err; });
+  const thread = await EngineThread.open({
+    modelPath: o.modelPath, threads: o.threads, contextLength: o.contextLength, backend: o.backend,
+    parallel: o.parallel ?? 1, prefillChunk: o.prefillChunk, prefixCacheBytes: o.prefixCacheBytes,
+    stall: o.stallForTests,
+  });
+  const info = thread.info;
 
   const modelId = o.modelId ?? basename(o.modelPath).replace(/\.gguf$/i, "");
   const maxBody = o.maxBodyBytes ?? 1 << 20;
@@ -169,21 +133,10 @@ export async function startServer(o: ServeOptions): Promise<InferServer> {
     maxBytesInFlight: o.maxBodyBytesInFlight ?? Math.max(16 << 20, 4 * maxBody) });
   const idleSeconds = o.idleTimeoutSeconds ?? 10;
   const stepTimeoutMs = o.stepTimeoutMs ?? 60_000;
-  const beat = new BigInt64Array(heartbeat);
-  /** How long the engine has been in its current step (0: waiting for work). */
-  const busyMs = () => {
-    const since = Number(Atomics.load(beat, 0));
-    return since === 0 ? 0 : Math.max(0, Date.now() - since);
-  };
-  const scheduler = new Scheduler(worker, o.maxQueue ?? 16, info.parallel);
+  const busyMs = () => thread.busyMs();
+  const scheduler = new RequestQueue(thread, o.maxQueue ?? 16, info.parallel);
   const metrics = new Metrics();
   const created = Math.floor(Date.now() / 1000);
-  let closed: (() => void) | null = null;
-  worker.onmessage = (e: MessageEvent<FromWorker>) => {
-    if (e.data.type === "closed") closed?.();
-    else scheduler.onMessage(e.data);
-  };
-  worker.onerror = (e) => scheduler.fail(e.message);
 
   /** Why the engine cannot take work now (stalled, dead or stopping), or null. */
   const unavailable = (): string | null => {
@@ -208,167 +161,21 @@ export async function startServer(o: ServeOptions): Promise<InferServer> {
     return parseJson(bodyText(bytes));
   }
 
-  async function generate(x: Exchange, kind: "chat" | "completion"): Promise<Response> {
-    const req = x.req;
-    const arrived = performance.now();
-    const parsed = parseRequest(kind, await readJson(x), info);
-    if (parsed.model !== modelId) {
-      throw new ApiError(404, `the model ${quote(parsed.model)} does not exist; this server has ` +
-        `${quote(modelId)}`, "model", "model_not_found");
-    }
-    if (stopping) throw new ApiError(503, "the server is stopping", null, "server_shutting_down");
-    const down = unavailable();
-    if (down) throw new ApiError(503, down, null, "engine_unavailable");
-    // Choice i samples with seed + i, so that a seeded request's choices differ and repeat.
-    const seed = parsed.job.sampling.seed;
-    const tickets = scheduler.submit(Array.from({ length: parsed.n }, (_, i) => ({
-      ...parsed.job, sampling: { ...parsed.job.sampling, seed: seed < 0 ? -1 : (seed + i) >>> 0 },
-    })));
-    const cancelAll = () => { for (const t of tickets) scheduler.cancel(t); };
-    const abort = () => { if (tickets.some((t) => !t.finished)) metrics.cancelled++; cancelAll(); };
-    req.signal.addEventListener("abort", abort, { once: true });
-    for (const t of tickets) {
-      const first = await t.next();
-      if (first.type === "error") {
-        cancelAll();
-        throw new ApiError(first.status, first.message, first.param, first.code);
-      }
-    }
-    let firstText = true;
-    const onText = () => {
-      if (!firstText) return;
-      firstText = false;
-      metrics.ttftSum += (performance.now() - arrived) / 1000;
-      metrics.ttftCount++;
-    };
-    const started = performance.now();
-    const onDone = (done: Done[]) => {
-      for (const d of done) metrics.tokensGenerated += d.completionTokens;
-      metrics.promptTokens += done[0].promptTokens;
-      metrics.generationSeconds += (performance.now() - started) / 1000;
-    };
-    const id = (kind === "chat" ? "chatcmpl-" : "cmpl-") + randomId();
-    const now = Math.floor(Date.now() / 1000);
-    // The prompt is counted once, however many choices share it (as OpenAI counts it).
-    const usage = (done: Done[]) => {
-      const completion = done.reduce((sum, d) => sum + d.completionTokens, 0);
-      return { prompt_tokens: done[0].promptTokens, completion_tokens: completion,
-        total_tokens: done[0].promptTokens + completion };
-    };
-    // Log-probabilities in the endpoint's shape, where the request asked for them.
-    const logprobs = (entries: readonly LogprobEntry[] | undefined) =>
-      parsed.job.logprobs === null ? null
-        : kind === "chat" ? chatLogprobs(entries ?? []) : completionLogprobs(entries ?? []);
-    if (!parsed.stream) {
-      const finish = async (t: Ticket): Promise<{ done: Done; entries: LogprobEntry[] }> => {
-        const entries: LogprobEntry[] = [];
-        for (;;) {
-          const e = await t.next();
-          if (e.type === "text") {
-            onText();
-            if (e.logprobs) entries.push(...e.logprobs);
-            continue;
-          }
-          if (e.type === "error") throw new ApiError(e.status, e.message, e.param, e.code);
-          if (e.type === "done") return { done: e, entries };
-        }
-      };
-      let results: { done: Done; entries: LogprobEntry[] }[];
-      try {
-        results = await Promise.all(tickets.map(finish));
-      } catch (err) {
-        cancelAll();
-        throw err;
-      }
-      const done = results.map((r) => r.done);
-      onDone(done);
-      const choices = results.map(({ done: e, entries }, index) => {
-        const finishReasonText = finishOf(e.stopReason);
-        return kind === "chat"
-          ? { index, message: { role: "assistant", content: e.text, refusal: null },
-            logprobs: logprobs(entries), finish_reason: finishReasonText }
-          : { index, text: e.text, logprobs: logprobs(entries), finish_reason: finishReasonText };
-      });
-      return json({
-        id, object: kind === "chat" ? "chat.completion" : "text_completion", created: now,
-        model: modelId, system_fingerprint: null, choices, usage: usage(done),
-      });
-    }
-    return streamResponse(tickets, parsed, kind, id, now,
-      { onText, onDone, usage, cancelAll, abort, logprobs });
-  }
-
-  /** SSE chunks of every choice as they come; usage (if asked) and [DONE] after the last. */
-  function streamResponse(tickets: Ticket[], parsed: ParsedRequest, kind: "chat" | "completion",
-    id: string, now: number, h: {
-      onText: () => void; onDone: (done: Done[]) => void; usage: (done: Done[]) => object;
-      cancelAll: () => void; abort: () => void;
-      logprobs: (entries: readonly LogprobEntry[] | undefined) => object | null;
-    }): Response {
-    const encoder = new TextEncoder();
-    const object = kind === "chat" ? "chat.completion.chunk" : "text_completion";
-    const chunk = (choices: object[], extra: object = {}) => encoder.encode(`data: ${JSON.stringify({
-      id, object, created: now, model: modelId, system_fingerprint: null, choices, ...extra,
-    })}\n\n`);
-    const choice = (index: number, text: string | null, finish: string | null, role = false,
-      logprobs: object | null = null) =>
-      kind === "chat"
-        ? { index, delta: text === null ? {} : role ? { role: "assistant", content: text } : { content: text },
-          logprobs, finish_reason: finish }
-        : { index, text: text ?? "", logprobs, finish_reason: finish };
-    // One pending read per choice still running; whichever event comes first is sent first.
-    const pending = new Map<number, Promise<{ index: number; e: WorkerEvent }>>();
-    const read = (index: number) =>
-      pending.set(index, tickets[index].next().then((e) => ({ index, e })));
-    tickets.forEach((_, index) => read(index));
-    const done: Done[] = [];
-    let opened = false;
-    const body = new ReadableStream<Uint8Array>({
-      async pull(controller) {
-        if (!opened) {
-          opened = true;
-          if (kind === "chat") {
-            tickets.forEach((_, index) => controller.enqueue(chunk([choice(index, "", null, true)])));
-            return;
-          }
-        }
-        const { index, e } = await Promise.race(pending.values());
-        pending.delete(index);
-        if (e.type === "text") {
-          h.onText();
-          controller.enqueue(chunk([choice(index, e.text, null, false, h.logprobs(e.logprobs))]));
-          read(index);
-        } else if (e.type === "done") {
-          done[index] = e;
-          controller.enqueue(chunk([choice(index, null, finishOf(e.stopReason) ?? "stop")]));
-          if (pending.size > 0) return;
-          h.onDone(done);
-          if (parsed.includeUsage) controller.enqueue(chunk([], { usage: h.usage(done) }));
-          controller.enqueue(encoder.encode("data: [DONE]\n\n"));
-          controller.close();
-        } else if (e.type === "error") {
-          h.cancelAll();
-          const err = new ApiError(e.status, e.message, e.param, e.code);
-          controller.enqueue(encoder.encode(`data: ${JSON.stringify(err.body())}\n\n`));
-          controller.enqueue(encoder.encode("data: [DONE]\n\n")); // a stream always ends so
-          controller.close();
-        } else {
-          read(index);
-        }
-      },
-      cancel() { h.abort(); },
-    });
-    return new Response(body, { headers: {
-      "content-type": "text/event-stream", "cache-control": "no-cache", connection: "keep-alive",
-    } });
-  }
+  const generation: GenerationContext = { queue: scheduler, metrics, modelId, info,
+    checkAvailable() {
+      if (stopping) throw new ApiError(503, "the server is stopping", null, "server_shutting_down");
+      const down = unavailable();
+      if (down) throw new ApiError(503, down, null, "engine_unavailable");
+    } };
+  const generate = async (x: Exchange, kind: "chat" | "completion") =>
+    answerGeneration(generation, x.req, kind, await readJson(x));
 
   function health(): Response {
     const down = stopping ? "the server is stopping" : unavailable();
     const state = stopping ? "stopping" : scheduler.broken ? "failed" : down ? "stalled" : "ok";
     return json({ status: state, ...(down ? { reason: down } : {}), model: modelId,
       queue_depth: scheduler.depth, running: scheduler.active, slots: info.parallel,
-      slots_busy: scheduler.engine?.busySlots ?? 0,
+      slots_busy: thread.stats?.busySlots ?? 0,
       engine_busy_seconds: Number((busyMs() / 1000).toFixed(3)) }, down ? 503 : 200);
   }
 
@@ -378,7 +185,7 @@ export async function startServer(o: ServeOptions): Promise<InferServer> {
     if (path === "/metrics") {
       const busy = busyMs();
       return new Response(metrics.text({ queueDepth: scheduler.depth, running: scheduler.active,
-        slots: info.parallel, engine: scheduler.engine, busyMs: busy,
+        slots: info.parallel, engine: thread.stats, busyMs: busy,
         stalled: busy > stepTimeoutMs, bodyBytesInFlight: bodies.bytesInFlight }), {
         headers: { "content-type": "text/plain; version=0.0.4" },
       });
@@ -444,7 +251,7 @@ export async function startServer(o: ServeOptions): Promise<InferServer> {
         return res;
       } });
   } catch (err) {
-    worker.terminate();
+    thread.terminate();
     throw err;
   }
   const access = new Access({ apiKey: o.apiKey ?? null, corsOrigins: o.corsOrigins ?? [],
@@ -456,20 +263,19 @@ export async function startServer(o: ServeOptions): Promise<InferServer> {
 
   async function shutDown(timeoutMs: number): Promise<void> {
     stopping = true;
-    const workerClosed = new Promise<void>((resolve) => (closed = resolve));
     // Stop listening; idle keep-alive connections close, requests in progress go on.
     const drained = http.close();
     scheduler.refuseWaiting(503, "the server is stopping", "server_shutting_down");
     const hurried = new Promise<void>((resolve) => (hurry = resolve));
     await within(Promise.race([scheduler.whenIdle(), hurried]), timeoutMs);
-    // Past the deadline: the worker ends every sequence at its next step, each with the text
+    // Past the deadline: the engine ends every sequence at its next step, each with the text
     // it has (finish_reason "length"); an engine stuck in a step cannot, and its requests fail.
-    worker.postMessage({ type: "close" } satisfies ToWorker);
+    const engineClosed = thread.endAll();
     if (!(await within(scheduler.whenIdle(), 5_000))) scheduler.fail("the server is stopping");
     await within(drained, 2_000); // the last chunks on their way out
     http.closeAll();
-    await within(workerClosed, 2_000);
-    worker.terminate();
+    await within(engineClosed, 2_000);
+    thread.terminate();
   }
 
   return {

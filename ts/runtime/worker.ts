@@ -1,20 +1,22 @@
 // The engine's thread: a Bun Worker that opens the model and runs the batch scheduler
-// (ts/engine/scheduler.ts), so the HTTP event loop (server.ts) stays free to answer /health and
-// queue new requests. Jobs join the running batch between steps; text is posted back as it is
+// (ts/engine/scheduler.ts), so that the owner's event loop (the library's caller, the CLI, the
+// server answering /health) stays free. Jobs join the running batch between steps; text is posted back as it is
 // generated. New jobs and "cancel" messages (the client went away) are read between steps,
 // because the loop yields to this worker's event loop after each forward pass. Around every
 // piece of work (a step, a job's tokenization and constraint) the worker marks the shared
-// heartbeat cell, so that the HTTP thread's watchdog can tell a busy engine from a stuck one.
+// heartbeat cell, so that the owner's watchdog can tell a busy engine from a stuck one.
 import { chatTemplateFor, turnTokens, type ChatTemplate } from "../chat/template.ts";
-import { Engine, type TokenConstraint } from "../engine/engine.ts";
+import { Engine } from "../engine/engine.ts";
+import type { TokenConstraint } from "../sample/constraint.ts";
 import type { TokenLogprob } from "../engine/generation.ts";
 import { BatchScheduler } from "../engine/scheduler.ts";
-import { InferError } from "../errors.ts";
+import { InferError, type InferErrorCode } from "../errors.ts";
+import { quantOf } from "../gguf/file-type.ts";
 import { JsonGrammar } from "../sample/json-grammar.ts";
 import { anyObject, compileSchema, minLength, type JsonNode } from "../sample/json-schema.ts";
 import type { Tokenizer } from "../tokenizer/index.ts";
-import type { EngineStats, FromWorker, StallForTests, ToWorker } from "./messages.ts";
-import type { Job, LogprobEntry } from "./protocol.ts";
+import type { Job, LogprobEntry } from "./job.ts";
+import type { EngineInfo, EngineStats, FromWorker, StallForTests, ToWorker } from "./messages.ts";
 
 declare const self: { postMessage(m: FromWorker): void; onmessage: ((e: MessageEvent<ToWorker>) => void) | null };
 
@@ -67,7 +69,7 @@ self.onmessage = (e) => {
       try {
         working(() => submit(m.id, m.job));
       } catch (err) { // a bug, not the request's fault: report it and serve the next one
-        fail(m.id, 500, (err as Error).message, null, "internal_error");
+        fail(m.id, "internal", 500, (err as Error).message, null, "internal_error");
       }
       break;
     case "cancel": if (active.has(m.id)) cancelled.add(m.id); break; // late ones are moot
@@ -85,7 +87,9 @@ function open(settings: Extract<ToWorker, { type: "open" }>["settings"]): void {
     // In the single executable the worker is bundled apart from the embedded libraries; it
     // loads the one the main thread found.
     if (settings.library && !process.env.INFER_LIB) process.env.INFER_LIB = settings.library;
-    engine = Engine.open(settings);
+    const onProgress = settings.progress
+      ? (done: number, total: number) => post({ type: "progress", done, total }) : undefined;
+    engine = Engine.open({ ...settings, onProgress });
     const prefixBytes = settings.prefixCacheBytes ?? 128 << 20;
     // A backend that runs one sequence per pass serves one request at a time.
     const parallel = engine.backend.sequenceBatches ? settings.parallel ?? 1 : 1;
@@ -98,14 +102,24 @@ function open(settings: Extract<ToWorker, { type: "open" }>["settings"]): void {
     } catch (err) {
       templateError = (err as Error).message; // completions still work
     }
-    const name = engine.file.metadata.get("general.name");
-    post({ type: "ready", info: {
-      contextLength: engine.contextLength, vocabSize: engine.tokenizer.vocabSize, parallel,
-      name: typeof name === "string" ? name : null,
-    } });
+    post({ type: "ready", info: describe(engine, parallel) });
   } catch (err) {
-    post({ type: "failed", message: (err as Error).message });
+    const kind = err instanceof InferError ? err.code : "internal";
+    post({ type: "failed", kind, message: (err as Error).message });
   }
+}
+
+function describe(e: Engine, parallel: number): EngineInfo {
+  const info = e.model.info;
+  let parameters = 0;
+  for (const t of e.file.tensors.values()) parameters += t.dims.reduce((a, b) => a * b, 1);
+  return {
+    name: info.name ?? null, architecture: info.architecture, parameters,
+    quantization: quantOf(e.file), contextLength: e.contextLength,
+    trainedContextLength: info.contextLength, vocabSize: info.vocabSize,
+    layers: info.kvShapes.length, backend: e.backend.name, batch: e.model.maxBatch, parallel,
+    chatTemplate: template?.origin ?? null, loadMs: e.loadMs,
+  };
 }
 
 /** Runs steps while sequences run or wait, yielding to messages between them. */
@@ -149,44 +163,68 @@ function postStats(): void {
   post({ type: "stats", stats });
 }
 
-function fail(id: number, status: number, message: string, param: string | null = null,
-  code: string | null = null): void {
-  post({ type: "error", id, status, message, param, code });
+function fail(id: number, kind: InferErrorCode, status: number, message: string,
+  param: string | null = null, code: string | null = null): void {
+  post({ type: "error", id, kind, status, message, param, code });
 }
 
 /** Tokenizes and checks a job, then hands it to the scheduler. */
 function submit(id: number, job: Job): void {
   const e = engine, sched = scheduler;
-  if (!e || !sched) return fail(id, 503, "the model is not loaded");
+  if (!e || !sched) return fail(id, "internal", 503, "the model is not loaded");
+  const param = job.kind === "chat" ? "messages" : "prompt";
   let prompt: number[];
   try {
     if (job.kind === "chat") {
-      if (!template) return fail(id, 400, templateError ?? "the model has no chat template", "messages");
+      if (!template) {
+        return fail(id, "unsupported", 400, templateError ?? "the model has no chat template", param);
+      }
       prompt = template.encode(e.tokenizer, job.messages!);
+    } else if (typeof job.prompt === "string") {
+      prompt = e.tokenizer.encode(job.prompt, { addSpecial: true, parseSpecial: true });
     } else {
-      prompt = e.tokenizer.encode(job.prompt!, { addSpecial: true, parseSpecial: true });
+      prompt = [...job.prompt!];
+      const bad = prompt.find((t) => !(Number.isInteger(t) && t >= 0 && t < e.tokenizer.vocabSize));
+      if (bad !== undefined) {
+        return fail(id, "invalid_argument", 400, `the prompt's token ${bad} is not in the ` +
+          `vocabulary (0..${e.tokenizer.vocabSize - 1})`, param);
+      }
     }
   } catch (err) {
-    if (err instanceof InferError) return fail(id, 400, err.message, job.kind === "chat" ? "messages" : "prompt");
+    if (err instanceof InferError) return fail(id, err.code, 400, err.message, param);
     throw err;
   }
-  const param = job.kind === "chat" ? "messages" : "prompt";
-  if (prompt.length === 0) return fail(id, 400, "the prompt is empty", param);
+  if (prompt.length === 0) return fail(id, "invalid_argument", 400, "the prompt is empty", param);
   if (prompt.length >= e.contextLength) {
-    return fail(id, 400, `the prompt (${prompt.length} tokens) does not fit the context of ` +
-      `${e.contextLength} tokens with room to answer`, param, "context_length_exceeded");
+    return fail(id, "context_overflow", 400, `the prompt (${prompt.length} tokens) does not fit ` +
+      `the context of ${e.contextLength} tokens with room to answer`, param,
+    "context_length_exceeded");
   }
   let constraint: TokenConstraint | undefined;
   const format = job.format;
   if (format.type !== "text") {
-    const node: JsonNode = format.type === "json_object" ? anyObject : compileSchema(format.schema);
-    // As protocol.ts checked against max_tokens: the grammar needs a token per byte of its
-    // shortest output, here against the room the prompt leaves.
+    let node: JsonNode;
+    try {
+      node = format.type === "json_object" ? anyObject : compileSchema(format.schema);
+    } catch (err) {
+      if (err instanceof InferError) {
+        return fail(id, err.code, 400, err.message, "response_format", "unsupported_schema");
+      }
+      throw err;
+    }
+    // The grammar needs a token per byte of its shortest output (so that output cut short still
+    // parses): the asked tokens and the room the prompt leaves must both hold it.
     const room = e.contextLength - prompt.length, shortest = minLength(node);
+    if (job.maxTokens >= 0 && shortest > job.maxTokens) {
+      return fail(id, "invalid_argument", 400, `max tokens (${job.maxTokens}) is too small for ` +
+        `the response format: its shortest output is ${shortest} bytes, and structured output ` +
+        `needs a token per byte of it to be sure to finish`, "max_tokens", "invalid_value");
+    }
     if (shortest > room) {
-      return fail(id, 400, `the prompt (${prompt.length} tokens) leaves room for ${room} ` +
-        `tokens in the context of ${e.contextLength}, fewer than the response format's shortest ` +
-        `output needs (${shortest} bytes, a token each)`, param, "context_length_exceeded");
+      return fail(id, "context_overflow", 400, `the prompt (${prompt.length} tokens) leaves ` +
+        `room for ${room} tokens in the context of ${e.contextLength}, fewer than the response ` +
+        `format's shortest output needs (${shortest} bytes, a token each)`, param,
+      "context_length_exceeded");
     }
     constraint = new JsonGrammar(e.tokenizer, node);
   }
@@ -198,19 +236,22 @@ function submit(id: number, job: Job): void {
     prompt,
     options: {
       maxTokens: job.maxTokens, sampling: job.sampling, stop: [...job.stop], constraint,
+      ignoreEos: job.ignoreEos,
       stopTokens: job.kind === "chat" ? turnStops : undefined,
       shouldStop: () => closing || cancelled.has(id),
       logprobs: job.logprobs ?? undefined,
       onText: (text, logprobs) => post({ type: "text", id, text, logprobs: entries(logprobs) }),
     },
-    onDone: (result) => {
+    onDone: (r) => {
       end();
-      post({ type: "done", id, text: result.text, promptTokens: prompt.length,
-        completionTokens: result.tokens.length, stopReason: result.stopReason });
+      post({ type: "done", id, text: r.text, tokens: r.tokens, promptTokens: r.promptTokens.length,
+        prefilled: r.prefilled, stopReason: r.stopReason, promptMs: r.promptMs,
+        generateMs: r.generateMs });
     },
     onError: (err) => {
       end();
-      fail(id, 500, err.message, null, "internal_error");
+      const kind = err instanceof InferError ? err.code : "internal";
+      fail(id, kind, 500, err.message, null, "internal_error");
     },
   });
   active.add(id);

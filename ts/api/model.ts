@@ -1,0 +1,155 @@
+// The library's model: loadModel() opens a GGUF on the engine's own thread (ts/runtime/) and
+// returns a Model whose calls never block the caller's event loop. Calls in flight together
+// share forward passes (the batch scheduler), each getting exactly the tokens it gets alone.
+import { defaultBackendKind, parseBackendKind, type BackendKind } from "../backend/select.ts";
+import { chatTemplateFor, type ChatMessage, type ChatTemplate } from "../chat/template.ts";
+import { InferError } from "../errors.ts";
+import { openGguf, type GgufFile } from "../gguf/reader.ts";
+import { DEFAULT_MODEL } from "../models/cache.ts";
+import { ensureModel } from "../models/fetch.ts";
+import { EngineThread } from "../runtime/engine-thread.ts";
+import type { EngineInfo } from "../runtime/messages.ts";
+import { tokenizerFromMetadata, type Tokenizer } from "../tokenizer/index.ts";
+import { Chat, type ChatOptions } from "./chat.ts";
+import { jobOf, type Completion, type GenerateOptions } from "./options.ts";
+import { CompletionStream } from "./stream.ts";
+
+export interface LoadOptions {
+  /** cpu, cuda, metal, or auto: Metal on Apple silicon, else CUDA when available, else the CPU (default). */
+  readonly backend?: BackendKind;
+  /** CPU threads (default: all cores). */
+  readonly threads?: number;
+  /** Positions each sequence's KV cache holds (default: min(4096, the model's)). */
+  readonly contextLength?: number;
+  /**
+   * Generations decoded together, each with a KV cache of `contextLength` (default 4; 1 on a
+   * backend that runs one sequence at a time). More calls than this wait their turn.
+   */
+  readonly parallel?: number;
+  /** Memory for sharing prompt beginnings across calls, in bytes (default 128 MiB; 0: none). */
+  readonly prefixCacheBytes?: number;
+  /** Called as the weights are prepared: done of total tensors. */
+  readonly onProgress?: (done: number, total: number) => void;
+}
+
+export interface ModelInfo extends EngineInfo {
+  /** The GGUF file. */
+  readonly path: string;
+}
+
+export interface TokenizeOptions {
+  /** Add the model's BOS (and EOS where it asks) as llama.cpp does (default false). */
+  readonly addSpecial?: boolean;
+  /** Read control-token text (`<start_of_turn>`) as those tokens (default false). */
+  readonly parseSpecial?: boolean;
+}
+
+/**
+ * Opens a model: a GGUF path, or the name of a model in the cache (`infer models` lists them;
+ * default: Gemma 3 270M Q4_K_M, fetched into the cache on its first use). Rejects with an
+ * InferError whose `code` says why (io, bad_gguf, bad_model, out_of_memory, unsupported, ...).
+ */
+export async function loadModel(nameOrPath: string = DEFAULT_MODEL.name,
+  options: LoadOptions = {}): Promise<Model> {
+  if (typeof nameOrPath !== "string" || nameOrPath === "") {
+    throw new InferError("invalid_argument", "loadModel: expected a GGUF path or a cached model's name");
+  }
+  const backend = options.backend === undefined ? defaultBackendKind("auto")
+    : parseBackendKind(options.backend, "backend");
+  // the default model is fetched into the cache on its first use (progress on stderr)
+  const path = await ensureModel(nameOrPath);
+  const thread = await EngineThread.open({
+    modelPath: path, backend, threads: options.threads, contextLength: options.contextLength,
+    parallel: options.parallel ?? 4, prefixCacheBytes: options.prefixCacheBytes,
+  }, options.onProgress);
+  return new Model(thread, path);
+}
+
+export class Model implements AsyncDisposable {
+  readonly info: ModelInfo;
+  private file: GgufFile | null = null;
+  private tokenizerCache: Tokenizer | null = null;
+  private templateCache: ChatTemplate | null = null;
+  private closed: Promise<void> | null = null;
+
+  /** @internal loadModel() makes models. */
+  constructor(private readonly thread: EngineThread, path: string) {
+    this.info = { ...thread.info, path };
+  }
+
+  /** Generates a continuation of `prompt` (text, tokenized as llama.cpp does, or token ids). */
+  complete(prompt: string | readonly number[], options: GenerateOptions = {}): Promise<Completion> {
+    try {
+      return this.start({ prompt }, options).result;
+    } catch (err) {
+      return Promise.reject(err);
+    }
+  }
+
+  /**
+   * As complete(), piece by piece: `for await (const p of model.stream(prompt)) ...`; the
+   * returned stream's `result` holds the whole completion once it has ended.
+   */
+  stream(prompt: string | readonly number[], options: GenerateOptions = {}): CompletionStream {
+    return this.start({ prompt }, options);
+  }
+
+  /** A conversation in the model's chat template; its KV cache is reused between turns. */
+  chat(options: ChatOptions = {}): Chat {
+    return new Chat(this, options);
+  }
+
+  /** Text to token ids, without BOS unless asked (see TokenizeOptions). */
+  tokenize(text: string, options: TokenizeOptions = {}): number[] {
+    if (typeof text !== "string") throw new InferError("invalid_argument", "tokenize: expected a string");
+    return this.tokenizer().encode(text, { addSpecial: options.addSpecial ?? false,
+      parseSpecial: options.parseSpecial ?? false });
+  }
+
+  /** Token ids to text (control tokens have none). */
+  detokenize(tokens: readonly number[]): string {
+    const vocab = this.info.vocabSize;
+    if (!Array.isArray(tokens) || !tokens.every((t) => Number.isInteger(t) && t >= 0 && t < vocab)) {
+      throw new InferError("invalid_argument", `detokenize: expected token ids in 0..${vocab - 1}`);
+    }
+    return this.tokenizer().decode(tokens);
+  }
+
+  /** Ends every generation (with its text so far), then frees the model. */
+  close(): Promise<void> {
+    this.closed ??= this.thread.close().finally(() => {
+      this.file?.close();
+      this.file = null;
+    });
+    return this.closed;
+  }
+
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.close();
+  }
+
+  /** @internal A generation of a prompt or (for Chat) a conversation. */
+  start(input: { prompt: string | readonly number[] } | { messages: readonly ChatMessage[] },
+    options: GenerateOptions): CompletionStream {
+    if (this.closed) throw new InferError("invalid_argument", "the model is closed");
+    return new CompletionStream(this.thread, jobOf(input, options, this.info.vocabSize), options);
+  }
+
+  /** @internal The chat template, read on this thread (Chat checks loaded conversations with it). */
+  template(): ChatTemplate {
+    this.templateCache ??= chatTemplateFor(this.gguf().metadata, this.tokenizer());
+    return this.templateCache;
+  }
+
+  private tokenizer(): Tokenizer {
+    this.tokenizerCache ??= tokenizerFromMetadata(this.gguf().metadata);
+    return this.tokenizerCache;
+  }
+
+  /** The file's metadata on this thread, for the tokenizer (the weights stay the engine's). */
+  private gguf(): GgufFile {
+    if (this.closed) throw new InferError("invalid_argument", "the model is closed");
+    this.file ??= openGguf(this.info.path);
+    return this.file;
+  }
+}

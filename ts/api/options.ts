@@ -1,0 +1,172 @@
+// The library's generation options, checked at the call (each bad value an InferError naming
+// the option) and turned into the Job the engine's thread runs.
+import type { ChatMessage } from "../chat/template.ts";
+import type { StopReason } from "../engine/generation.ts";
+import { InferError } from "../errors.ts";
+import type { Job, ResponseFormat } from "../runtime/job.ts";
+import { defaultSampling, type SamplerOptions } from "../sample/sampler.ts";
+
+export interface GenerateOptions {
+  /** Tokens to generate at most; -1: until the context is full (default 256). */
+  readonly maxTokens?: number;
+  /** 0 is greedy. The sampler chain and its defaults are llama.cpp's (temperature 0.8). */
+  readonly temperature?: number;
+  /** Keep the K most likely tokens; 0: all (default 40). */
+  readonly topK?: number;
+  /** Keep the fewest tokens reaching probability P; 1: off (default 0.95). */
+  readonly topP?: number;
+  /** Drop tokens under P × the most likely one's probability; 0: off (default 0.05). */
+  readonly minP?: number;
+  /** Locally typical sampling; 1: off (default). */
+  readonly typicalP?: number;
+  /** Weaken the logits of tokens seen in the last `repeatLastN`; 1: off (default). */
+  readonly repeatPenalty?: number;
+  /** Tokens the penalties look back over; 0: none, -1: all (default 64). */
+  readonly repeatLastN?: number;
+  /** Subtract F × (times seen) from a token's logit (default 0). */
+  readonly frequencyPenalty?: number;
+  /** Subtract P from the logit of any token seen (default 0). */
+  readonly presencePenalty?: number;
+  /** Added to a token's logit (by token id); -Infinity bans the token. */
+  readonly logitBias?: Readonly<Record<number, number>> | ReadonlyMap<number, number>;
+  /** The same seed and options give the same text (default: random). */
+  readonly seed?: number;
+  /** Generation ends before any of these strings, which are never part of the text. */
+  readonly stop?: string | readonly string[];
+  /** Constrain the output to JSON valid against this schema (a subset: see docs/generation.md). */
+  readonly jsonSchema?: object;
+  /** Constrain the output to a JSON object (any). */
+  readonly json?: boolean;
+  /** Go on past end-of-generation tokens. */
+  readonly ignoreEos?: boolean;
+  /** Ends the generation within one step; the call rejects with the signal's reason. */
+  readonly signal?: AbortSignal;
+  /** With `signal`: resolve with the text so far (finishReason "abort") instead of rejecting. */
+  readonly stopOnAbortSignal?: boolean;
+}
+
+/** Why a generation ended: a stop (end of generation, a stop string, a complete JSON value), a limit, or the caller. */
+export type FinishReason = "stop" | "length" | "abort";
+
+export interface Usage {
+  readonly promptTokens: number;
+  readonly completionTokens: number;
+  readonly totalTokens: number;
+}
+
+export interface Timings {
+  /** Prompt tokens evaluated; the rest came from the KV cache (a chat's earlier turns). */
+  readonly promptEvaluated: number;
+  readonly promptMs: number;
+  readonly generateMs: number;
+  /** Generated tokens per second after the first. */
+  readonly tokensPerSecond: number;
+}
+
+export interface Completion {
+  readonly text: string;
+  /** The generated tokens' ids. */
+  readonly tokens: readonly number[];
+  readonly finishReason: FinishReason;
+  /** The engine's finer reason: eos, stop, complete (JSON), length, context, interrupted. */
+  readonly stopReason: StopReason;
+  readonly usage: Usage;
+  readonly timings: Timings;
+}
+
+/** A piece of streamed text, as soon as it is complete UTF-8 and past any stop string. */
+export interface Piece {
+  readonly text: string;
+}
+
+const bad = (option: string, message: string) =>
+  new InferError("invalid_argument", `${option}: ${message}`);
+
+function num(o: GenerateOptions, key: keyof GenerateOptions, fallback: number, min: number,
+  max: number, integer = false): number {
+  const v = o[key];
+  if (v === undefined) return fallback;
+  if (typeof v !== "number" || Number.isNaN(v) || v < min || v > max || (integer && !Number.isInteger(v))) {
+    throw bad(key, `expected ${integer ? "an integer" : "a number"} in [${min}, ${max}], got ${String(v)}`);
+  }
+  return v;
+}
+
+function logitBias(o: GenerateOptions, vocabSize: number): Map<number, number> | undefined {
+  const v = o.logitBias;
+  if (v === undefined) return undefined;
+  const entries = v instanceof Map ? [...v.entries()] : Object.entries(v).map(([k, b]) => [Number(k), b]);
+  const out = new Map<number, number>();
+  for (const [id, bias] of entries as [number, unknown][]) {
+    if (!Number.isInteger(id) || id < 0 || id >= vocabSize) {
+      throw bad("logitBias", `${String(id)} is not a token id (0..${vocabSize - 1})`);
+    }
+    if (typeof bias !== "number" || Number.isNaN(bias) || bias === Infinity) {
+      throw bad("logitBias", `token ${id}'s bias must be a number or -Infinity`);
+    }
+    out.set(id, bias);
+  }
+  return out;
+}
+
+function stops(o: GenerateOptions): string[] {
+  if (o.stop === undefined) return [];
+  const list = typeof o.stop === "string" ? [o.stop] : o.stop;
+  if (!Array.isArray(list) || !list.every((s) => typeof s === "string" && s.length > 0)) {
+    throw bad("stop", "expected a non-empty string or an array of them");
+  }
+  return [...list];
+}
+
+function format(o: GenerateOptions): ResponseFormat {
+  if (o.jsonSchema !== undefined) {
+    if (typeof o.jsonSchema !== "object" || o.jsonSchema === null) {
+      throw bad("jsonSchema", "expected a JSON schema object");
+    }
+    return { type: "json_schema", schema: o.jsonSchema };
+  }
+  return o.json ? { type: "json_object" } : { type: "text" };
+}
+
+export function samplingOf(o: GenerateOptions, vocabSize: number): SamplerOptions {
+  const d = defaultSampling;
+  const seed = num(o, "seed", -1, -1, 2 ** 32 - 1, true);
+  return {
+    temperature: num(o, "temperature", d.temperature, 0, 100),
+    topK: num(o, "topK", d.topK, 0, 2 ** 31 - 1, true),
+    topP: num(o, "topP", d.topP, 0, 1),
+    minP: num(o, "minP", d.minP, 0, 1),
+    typicalP: num(o, "typicalP", d.typicalP, 0, 1),
+    repeatPenalty: num(o, "repeatPenalty", d.repeatPenalty, 0, 100),
+    repeatLastN: num(o, "repeatLastN", d.repeatLastN, -1, 2 ** 31 - 1, true),
+    frequencyPenalty: num(o, "frequencyPenalty", d.frequencyPenalty, -100, 100),
+    presencePenalty: num(o, "presencePenalty", d.presencePenalty, -100, 100),
+    logitBias: logitBias(o, vocabSize),
+    seed,
+  };
+}
+
+/** The job for a prompt (completion) or a conversation (chat), options checked. */
+export function jobOf(input: { prompt: string | readonly number[] } | { messages: readonly ChatMessage[] },
+  o: GenerateOptions, vocabSize: number): Job {
+  if (o.signal !== undefined && !(o.signal instanceof AbortSignal)) {
+    throw bad("signal", "expected an AbortSignal");
+  }
+  const common = {
+    maxTokens: num(o, "maxTokens", 256, -1, 2 ** 31 - 1, true),
+    sampling: samplingOf(o, vocabSize), stop: stops(o), format: format(o), logprobs: null,
+    ignoreEos: o.ignoreEos === true,
+  };
+  if (common.maxTokens === 0) throw bad("maxTokens", "must be at least 1, or -1 for no limit");
+  if ("messages" in input) return { kind: "chat", messages: input.messages, ...common };
+  const p = input.prompt;
+  if (typeof p !== "string" && !(Array.isArray(p) && p.every((t) => Number.isInteger(t)))) {
+    throw new InferError("invalid_argument", "the prompt must be a string or an array of token ids");
+  }
+  return { kind: "completion", prompt: typeof p === "string" ? p : [...p], ...common };
+}
+
+export function finishReasonOf(stop: StopReason): FinishReason {
+  if (stop === "interrupted") return "abort";
+  return stop === "length" || stop === "context" ? "length" : "stop";
+}

@@ -1,0 +1,45 @@
+// A conversation on disk: {"messages": [{"role", "content"}, ...]}, as `infer chat` saves and
+// loads it (/save, /load, --load) and the library's Chat takes it (chat.replace, messages).
+import { readFileSync, writeFileSync } from "node:fs";
+import { InferError } from "../errors.ts";
+import type { ChatMessage } from "./template.ts";
+
+export function writeConversation(path: string, messages: readonly ChatMessage[]): void {
+  try {
+    writeFileSync(path, JSON.stringify({ messages }, null, 2) + "\n");
+  } catch (err) {
+    throw new InferError("io", `cannot write ${path}: ${(err as Error).message}`);
+  }
+}
+
+/** A conversation written by writeConversation (or a bare array of messages). */
+export function readConversation(path: string): ChatMessage[] {
+  let data: unknown;
+  try {
+    data = JSON.parse(readFileSync(path, "utf8"));
+  } catch (err) {
+    const why = (err as Error).message;
+    throw new InferError("io", `cannot read a conversation from ${path}: ${why}`);
+  }
+  return parseMessages(data, path);
+}
+
+/** A conversation file: {"messages": [{"role": "system" | "user" | "assistant", "content"}]}. */
+export function parseMessages(data: unknown, where: string): ChatMessage[] {
+  const list = Array.isArray(data) ? data : (data as { messages?: unknown } | null)?.messages;
+  if (!Array.isArray(list)) {
+    throw new InferError("invalid_argument", `${where}: expected { "messages": [...] }`);
+  }
+  return list.map((m, i) => {
+    const role = (m as { role?: unknown })?.role, content = (m as { content?: unknown })?.content;
+    const known = role === "system" || role === "user" || role === "assistant";
+    if (!known || typeof content !== "string") {
+      throw new InferError("invalid_argument",
+        `${where}: message ${i} needs a role (system, user or assistant) and a string content`);
+    }
+    if (role === "system" && i > 0) {
+      throw new InferError("invalid_argument", `${where}: only message 0 may be the system's`);
+    }
+    return { role, content };
+  });
+}
