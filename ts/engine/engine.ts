@@ -14,7 +14,9 @@ import type { Model, ModelShape } from "../model/model.ts";
 import { planModel } from "../model/registry.ts";
 import { tokenizerFromMetadata, type Tokenizer } from "../tokenizer/index.ts";
 import { Generation, type GenerateOptions, type GenerateResult } from "./generation.ts";
-import { canRewind, createKvCache, type KvCache } from "./kv-cache.ts";
+import {
+  createKvCache, createSlot, reusablePrefix, rewindSlot, type KvCache, type Slot,
+} from "./kv-cache.ts";
 import {
   availableHostMemory, checkFits, deviceNeeds, hostNeed, memoryPlan, type MemoryPlanOptions,
 } from "./memory.ts";
@@ -52,14 +54,13 @@ interface Running {
 }
 
 export class Engine {
-  private position = 0;
-  /** The tokens whose keys and values the cache holds, positions 0..position-1. */
-  private readonly history: Int32Array;
+  /** The engine's sequence: its KV cache and the tokens it holds (a scheduler's first slot). */
+  readonly slot: Slot;
 
   private constructor(readonly file: GgufFile, readonly backend: Backend, readonly model: Model,
     readonly tokenizer: Tokenizer, readonly cache: KvCache, readonly loadMs: number,
     private readonly shape: ModelShape, private readonly plan: MemoryPlanOptions) {
-    this.history = new Int32Array(cache.contextLength);
+    this.slot = createSlot(cache);
   }
 
   static open(options: EngineOptions): Engine {
@@ -118,32 +119,34 @@ export class Engine {
 
   /** Tokens the cache holds. */
   get length(): number {
-    return this.position;
+    return this.slot.length;
   }
 
   /** The tokens the cache holds (a copy). */
   tokens(): number[] {
-    return Array.from(this.history.subarray(0, this.position));
+    return Array.from(this.slot.history.subarray(0, this.slot.length));
   }
 
   /** Forgets the sequence: the next evaluation starts at position 0. */
   reset(): void {
-    this.position = 0;
+    rewindSlot(this.slot, 0);
   }
 
   /** Runs tokens through the model at the current position; returns the last token's logits. */
   evaluate(tokens: readonly number[]): Float32Array {
     if (tokens.length === 0) throw new InferError("invalid_argument", "nothing to evaluate");
-    if (this.position + tokens.length > this.contextLength) {
-      throw new InferError("context_overflow", `${this.position + tokens.length} tokens do not ` +
+    const slot = this.slot;
+    if (slot.length + tokens.length > this.contextLength) {
+      throw new InferError("context_overflow", `${slot.length + tokens.length} tokens do not ` +
         `fit the context of ${this.contextLength} (raise --ctx-size)`);
     }
     let logits: Float32Array | null = null;
     for (let start = 0; start < tokens.length; start += this.model.maxBatch) {
       const chunk = tokens.slice(start, start + this.model.maxBatch);
-      logits = this.model.forward(chunk, chunk.length, this.position, this.cache.layers);
-      this.history.set(chunk, this.position);
-      this.position += chunk.length;
+      logits = this.model.forward(chunk, chunk.length, slot.length, this.cache.layers);
+      slot.history.set(chunk, slot.length);
+      slot.length += chunk.length;
+      slot.reach = Math.max(slot.reach, slot.length);
     }
     return logits!;
   }
@@ -154,19 +157,9 @@ export class Engine {
    */
   prefill(prompt: readonly number[], reuse = true): { logits: Float32Array; reused: number } {
     if (prompt.length === 0) throw new InferError("invalid_argument", "the prompt is empty");
-    let common = 0;
-    if (reuse) {
-      const limit = Math.min(this.position, prompt.length - 1);
-      while (common < limit && this.history[common] === prompt[common]) common++;
-      if (!this.canRewindTo(common)) common = 0;
-    }
-    this.position = common;
+    const common = reuse ? reusablePrefix(this.slot, this.model.info, prompt) : 0;
+    rewindSlot(this.slot, common);
     return { logits: this.evaluate(prompt.slice(common)), reused: common };
-  }
-
-  /** Whether the cache can drop back to `position` (see canRewind). */
-  private canRewindTo(position: number): boolean {
-    return canRewind(this.cache, this.model.info, this.position, position);
   }
 
   /** Generates from a prompt (text is tokenized as llama.cpp does: BOS, control tokens parsed). */
@@ -211,7 +204,7 @@ export class Engine {
   /** Samples one token and evaluates it; false once generation has ended. */
   private step(g: Running): boolean {
     if (g.onDevice) return this.deviceStep(g);
-    const token = g.generation.next(g.logits, this.position);
+    const token = g.generation.next(g.logits, this.slot.length);
     if (token === null) return false;
     g.logits = this.evaluate([token]);
     return true;
@@ -227,23 +220,23 @@ export class Engine {
   private deviceStep(g: Running): boolean {
     const be = this.backend;
     if (!g.inFlight) {
-      const token = g.generation.next(g.logits, this.position); // the prompt's logits, on the host
+      const token = g.generation.next(g.logits, this.slot.length); // the prompt's logits, on the host
       if (token === null) return false;
       this.queueGreedy(token);
-      this.history[this.position++] = token;
+      this.slot.history[this.slot.length++] = token;
       g.inFlight = true;
       return true;
     }
-    const ahead = this.position < this.contextLength;
+    const ahead = this.slot.length < this.contextLength;
     if (ahead) this.queueGreedy(null);
-    const token = g.generation.accept(be.takeToken!(), this.position);
+    const token = g.generation.accept(be.takeToken!(), this.slot.length);
     if (token === null) {
       g.inFlight = false;
       be.dropTokens!();
       return false;
     }
     if (!ahead) throw new InferError("internal", "a token past the context was accepted");
-    this.history[this.position++] = token;
+    this.slot.history[this.slot.length++] = token;
     return true;
   }
 
@@ -251,11 +244,12 @@ export class Engine {
   private queueGreedy(token: number | null): void {
     this.model.forwardBatch({
       tokens: token === null ? [] : [token],
-      segments: [{ rows: 1, position: this.position, cache: this.cache.layers }],
+      segments: [{ rows: 1, position: this.slot.length, cache: this.cache.layers }],
       logitRows: 1, greedy: { tokenOnDevice: token === null },
     }, () => {
       throw new InferError("internal", "greedy decoding on the device produced host logits");
     });
+    this.slot.reach = Math.max(this.slot.reach, this.slot.length + 1); // if only speculatively
   }
 
   /** After a generation (ended or failed): no device step stays queued. */
