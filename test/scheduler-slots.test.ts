@@ -1,7 +1,9 @@
 // Method: on a tiny random Gemma 3 (sliding window 8; batch 16 makes its local layers rings of
-// 256 cells), a slot's kept tokens are continued in place; every sequence must give exactly the
-// tokens it gets alone (support/reference-generate.ts), having evaluated only what neither its
-// slot nor the prefix cache held.
+// 256 cells), a slot's kept tokens are continued in place, and a lone greedy sequence decodes a
+// step ahead on the "device" (support/device-greedy.ts: the argmax over the CPU logits, queued as
+// the CUDA backend queues it); every sequence must give exactly the tokens it gets alone
+// (support/reference-generate.ts), having evaluated only what neither its slot nor the prefix
+// cache held.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -9,11 +11,14 @@ import { join } from "node:path";
 import { Engine } from "../ts/engine/engine.ts";
 import type { GenerateOptions, GenerateResult } from "../ts/engine/generation.ts";
 import { BatchScheduler, type SchedulerOptions } from "../ts/engine/scheduler.ts";
+import { withDeviceGreedy, type DeviceGreedyCounts } from "./support/device-greedy.ts";
 import { referenceGenerate } from "./support/reference-generate.ts";
 import { tinyGemma3Gguf } from "./support/tiny-gguf.ts";
 
 const EOS = 1; // the toy vocabulary's <eos>
 const banEos = { temperature: 0, topK: 0, topP: 1, minP: 0, seed: 0, logitBias: new Map([[EOS, -Infinity]]) };
+// Plain greedy (no bias): the sampling the device's argmax stands in for.
+const greedy = { temperature: 0, topK: 0, topP: 1, minP: 0, seed: 0 };
 let dir: string, modelPath: string, reference: Engine;
 const open = () => Engine.open({ modelPath, contextLength: 1024, batch: 16, threads: 2, backend: "cpu" });
 
@@ -151,5 +156,107 @@ describe("a slot's kept tokens are continued in place", () => {
     expect(engine.tokens()).toEqual([...next, ...r2.tokens.slice(0, -1)]);
     expect(r2.tokens).toEqual(alone(next, {}).tokens);
     engine.close();
+  });
+});
+
+describe("a lone greedy sequence decodes on the device, a step ahead", () => {
+  let engine: Engine, counts: DeviceGreedyCounts;
+  beforeAll(() => {
+    engine = open();
+    counts = withDeviceGreedy(engine.backend); // before generate() makes its scheduler
+  });
+  afterAll(() => engine.close());
+  const run = (p: number[], options: Partial<GenerateOptions>) => {
+    const before = { ...counts };
+    const r = engine.generate(p, { ...defaults, sampling: greedy, reuseCache: false, ...options });
+    const delta = Object.fromEntries(Object.entries(counts)
+      .map(([k, v]) => [k, v - before[k as keyof DeviceGreedyCounts]]));
+    return { r, delta };
+  };
+
+  test("the host's tokens, and its ends: length, a stop token, the context", () => {
+    const p = prompt(30, 10);
+    const want = alone(p, { sampling: greedy, maxTokens: 40 });
+    const { r, delta } = run(p, { maxTokens: 40 });
+    expect(r.tokens).toEqual(want.tokens);
+    expect(r.text).toBe(want.text);
+    // the first device step evaluates the host's token; one step past the end is dropped
+    expect(delta).toEqual({ argmax: 40, kept: 39, taken: 39, dropped: 1 });
+    const stop = want.tokens[12], firstStop = want.tokens.indexOf(stop);
+    const stopped = run(p, { maxTokens: 40, stopTokens: [stop] }).r;
+    expect([stopped.tokens, stopped.stopReason]).toEqual([want.tokens.slice(0, firstStop), "eos"]);
+    const long = prompt(1000, 11);
+    const full = run(long, { maxTokens: -1 });
+    const fullWant = alone(long, { sampling: greedy, maxTokens: -1 });
+    expect([full.r.tokens, full.r.stopReason]).toEqual([fullWant.tokens, "context"]);
+    expect(full.delta.dropped).toBe(0); // no step was queued past the context
+  });
+
+  test("sampled sequences, and INFER_DEVICE_GREEDY=0, stay on the host", () => {
+    const p = prompt(20, 12);
+    expect(run(p, { sampling: banEos }).delta.argmax).toBe(0);
+    expect(run(p, { sampling: { ...greedy, temperature: 0.8, seed: 3 } }).delta.argmax).toBe(0);
+    const saved = process.env.INFER_DEVICE_GREEDY;
+    process.env.INFER_DEVICE_GREEDY = "0";
+    try {
+      let c: DeviceGreedyCounts | null = null;
+      const r = batched([{ prompt: p, options: { sampling: greedy }, at: 0 }], { slots: 1 },
+        (e) => (c = withDeviceGreedy(e.backend)));
+      expect(c!.argmax).toBe(0);
+      expect(r.results[0].tokens).toEqual(alone(p, { sampling: greedy }).tokens);
+    } finally {
+      if (saved === undefined) delete process.env.INFER_DEVICE_GREEDY;
+      else process.env.INFER_DEVICE_GREEDY = saved;
+    }
+  });
+
+  test("a sequence joining settles the token in flight; all get their tokens alone", () => {
+    let c: DeviceGreedyCounts | null = null;
+    const jobs: Job[] = [
+      { prompt: prompt(25, 13), options: { sampling: greedy, maxTokens: 60 }, at: 0 },
+      { prompt: prompt(40, 14), options: { sampling: greedy, maxTokens: 10 }, at: 12 },
+      { prompt: prompt(33, 15), options: { sampling: { ...greedy, temperature: 0.7, seed: 5 } }, at: 30 },
+    ];
+    const { results } = batched(jobs, { slots: 2, prefixCache: { blockTokens: 8 } },
+      (e) => (c = withDeviceGreedy(e.backend)));
+    expectAlone(jobs, results);
+    // on the device before the second arrives, between the joiners, and after the last left:
+    // each time, the first device step evaluates a token the host sampled
+    expect(c!.argmax - c!.kept).toBeGreaterThanOrEqual(3);
+    expect(c!.kept).toBeGreaterThan(20);
+  });
+
+  test("one slot: a waiting sequence cannot join, so the running one stays on the device", () => {
+    let c: DeviceGreedyCounts | null = null;
+    const jobs: Job[] = [
+      { prompt: prompt(25, 16), options: { sampling: greedy, maxTokens: 30 }, at: 0 },
+      { prompt: prompt(25, 17), options: { sampling: greedy, maxTokens: 30 }, at: 5 },
+    ];
+    const { results } = batched(jobs, { slots: 1, prefixCache: null },
+      (e) => (c = withDeviceGreedy(e.backend)));
+    expectAlone(jobs, results);
+    expect(c!).toEqual({ argmax: 60, kept: 58, taken: 58, dropped: 2 });
+  });
+
+  test("interrupted, or failing in its callback, on the device: the slot is free again", () => {
+    let stop = false, shown = 0;
+    const p = prompt(20, 18);
+    const want = alone(p, { sampling: greedy, maxTokens: 50 }).tokens;
+    const jobs: Job[] = [
+      { prompt: p, options: { sampling: greedy, maxTokens: 50, shouldStop: () => stop,
+        onText: () => { if (++shown === 10) stop = true; } }, at: 0 },
+      { prompt: p, options: { sampling: greedy, maxTokens: 50,
+        onText: () => { if (++shown === 25) throw new Error("the client went away"); } }, at: 1 },
+      { prompt: p, options: { sampling: greedy, maxTokens: 50 }, at: 2 },
+    ];
+    let c: DeviceGreedyCounts | null = null;
+    const { results, stats } = batched(jobs, { slots: 1, prefixCache: null },
+      (e) => (c = withDeviceGreedy(e.backend)));
+    expect(results[0].stopReason).toBe("interrupted");
+    expect(results[0].tokens).toEqual(want.slice(0, results[0].tokens.length));
+    expect((results[1] as unknown as Error).message).toBe("the client went away");
+    expect(results[2].tokens).toEqual(want);
+    expect(stats).toMatchObject({ busySlots: 0, waiting: 0 });
+    expect(c!.taken).toBeGreaterThan(50);
   });
 });

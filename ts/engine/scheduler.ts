@@ -20,6 +20,9 @@
 // further, and each block a sequence completes is saved for the next ones. A sequence whose
 // prompt begins like that of an earlier one still evaluating it waits for those blocks, so a
 // burst of requests with one system prompt evaluates it once.
+//
+// A lone sequence decoding greedily on a backend that takes the argmax on the device (CUDA)
+// runs a step ahead of the host (deviceStep), until another sequence joins it or it ends.
 import { InferError } from "../errors.ts";
 import type { SequenceRows } from "../model/model.ts";
 import type { Engine } from "./engine.ts";
@@ -47,6 +50,11 @@ export interface SchedulerOptions {
   readonly prefillChunk?: number;
   /** Share prompt prefixes across sequences (default: on, 128 MiB); null: off. */
   readonly prefixCache?: PrefixCacheOptions | null;
+  /**
+   * Greedy decoding of a lone sequence with the argmax on the device, where the backend has it
+   * (default: on unless INFER_DEVICE_GREEDY=0).
+   */
+  readonly deviceGreedy?: boolean;
 }
 
 export interface SchedulerStats {
@@ -60,7 +68,10 @@ export interface SchedulerStats {
 }
 
 class Sequence {
-  /** The token sampled last, to be evaluated next step; null while the prompt is prefilled. */
+  /**
+   * The token sampled last, to be evaluated next step; null while the prompt is prefilled (or
+   * while a device step computes the next token).
+   */
   pending: number | null = null;
   /** Prompt positions not evaluated: held by the slot, or copied from the prefix cache. */
   restored = 0;
@@ -91,6 +102,9 @@ export class BatchScheduler {
   private readonly prefix: PrefixCache | null;
   private readonly prefillChunk: number;
   private readonly tokens: Int32Array;
+  private readonly deviceGreedy: boolean;
+  /** The lone greedy sequence whose next token a queued device step computes (deviceStep). */
+  private ahead: Sequence | null = null;
   private steps = 0;
   private reused = 0;
 
@@ -116,6 +130,8 @@ export class BatchScheduler {
         createKvCache(be, model.info, engine.contextLength, engine.cache.type, model.maxBatch)));
     }
     this.free.push(...this.slots);
+    this.deviceGreedy = (o.deviceGreedy ?? process.env.INFER_DEVICE_GREEDY !== "0") &&
+      !!(be.argmaxToken && be.keepTokens && be.takeToken && be.dropTokens);
     this.prefix = o.prefixCache === null || !be.copyKv ? null
       : new PrefixCache(be, model.info.kvShapes, engine.cache.type, o.prefixCache);
   }
@@ -145,10 +161,13 @@ export class BatchScheduler {
   /** Admits waiting sequences, runs one forward pass, samples, and retires ended sequences. */
   step(): void {
     for (const s of this.running) if (s.generation.interrupted()) s.ended = true;
+    if (this.ahead && !this.staysOnDevice(this.ahead)) this.settle(this.ahead);
     this.admit();
     this.retire(); // the interrupted, and new ones with nothing to generate
     if (this.running.length === 0) return;
-    if (!this.hostStep()) return;
+    const lone = this.running[0];
+    const onDevice = this.staysOnDevice(lone) && (this.ahead === lone || lone.pending !== null);
+    if (onDevice ? !this.deviceStep(lone) : !this.hostStep()) return;
     this.steps++;
     if (this.prefix) {
       for (const s of this.running) this.prefix.save(s.chain, s.slot);
@@ -183,6 +202,103 @@ export class BatchScheduler {
       return false;
     }
     return true;
+  }
+
+  /**
+   * Whether `s` may decode with the argmax on the device: it decodes greedily, alone, and no
+   * waiting sequence could join it (none waits, or no slot is free).
+   */
+  private staysOnDevice(s: Sequence): boolean {
+    return this.deviceGreedy && !s.ended && this.running.length === 1 &&
+      this.running[0] === s && (this.waiting.length === 0 || this.free.length === 0) &&
+      s.generation.greedy;
+  }
+
+  /**
+   * Greedy decoding with the argmax on the device, one step ahead of the host: the step that
+   * evaluates token k+1 (the one step k's argmax left in device memory) is queued before the
+   * host reads token k, so the GPU never waits for the host's sampling, streaming or launches.
+   * The tokens and stop decisions are the generation's own (accept()). The first device step
+   * evaluates the token the host sampled and reads nothing. When token k ends the sequence, step
+   * k+1 was speculative: its keys and values lie past the sequence's length and are never read.
+   * Returns false when the device failed (the sequence failed with it).
+   */
+  private deviceStep(s: Sequence): boolean {
+    const be = this.engine.backend;
+    try {
+      if (this.ahead === null) {
+        const token = s.pending!;
+        s.pending = null;
+        this.queueGreedy(s, token);
+        s.slot.history[s.length] = token;
+        s.length++;
+        this.ahead = s;
+        return true;
+      }
+      const room = s.length < this.engine.contextLength;
+      if (room) this.queueGreedy(s, null);
+      const token = this.acceptDeviceToken(s, be.takeToken!());
+      if (token === null) return true;
+      if (!room) throw new InferError("internal", "a token past the context was accepted");
+      s.slot.history[s.length] = token;
+      s.length++;
+      return true;
+    } catch (err) {
+      this.failRunning(err as Error);
+      return false;
+    }
+  }
+
+  /** Queues one greedy step at the sequence's length: `token`, or (null) the device's. */
+  private queueGreedy(s: Sequence, token: number | null): void {
+    this.tokens[0] = token ?? 0;
+    const position = s.length;
+    this.engine.model.forwardBatch({
+      tokens: this.tokens, segments: [{ rows: 1, position, cache: s.slot.cache.layers }],
+      logitRows: 1, greedy: { tokenOnDevice: token === null },
+    }, () => {
+      throw new InferError("internal", "greedy decoding on the device produced host logits");
+    });
+    s.slot.reach = Math.max(s.slot.reach, position + 1); // written, if only speculatively
+  }
+
+  /**
+   * Hands the token the device chose to the sequence: the token to evaluate next, or null when
+   * it ended the sequence (then no device step stays queued).
+   */
+  private acceptDeviceToken(s: Sequence, taken: number): number | null {
+    let token: number | null;
+    try {
+      token = s.generation.accept(taken, s.length);
+    } catch (err) { // this sequence's own failure (its callback threw)
+      s.error = err as Error;
+      token = null;
+    }
+    if (token !== null) return token;
+    s.ended = true;
+    this.ahead = null;
+    this.engine.backend.dropTokens!();
+    return null;
+  }
+
+  /**
+   * Leaves device decoding (another sequence joins, or `s` was interrupted): the token in
+   * flight becomes the one the host evaluates next, as if the host had sampled it.
+   */
+  private settle(s: Sequence): void {
+    const be = this.engine.backend;
+    try {
+      if (s.ended) { // interrupted: its next token is not wanted
+        this.ahead = null;
+        be.dropTokens!();
+        return;
+      }
+      const token = this.acceptDeviceToken(s, be.takeToken!());
+      this.ahead = null;
+      s.pending = token;
+    } catch (err) {
+      this.failRunning(err as Error);
+    }
   }
 
   /**
@@ -320,6 +436,13 @@ export class BatchScheduler {
   }
 
   private failRunning(err: Error): void {
+    if (this.ahead) {
+      this.ahead = null;
+      try {
+        this.engine.backend.dropTokens!();
+      } catch { // the device failed: its queue is forgotten all the same, and err says why
+      }
+    }
     const failed = this.running;
     this.running = [];
     for (const s of failed) {
