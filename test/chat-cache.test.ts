@@ -2,7 +2,8 @@
 // prefill prompts that share a prefix with what the cache holds and compare the logits with a
 // fresh evaluation of the whole prompt, bit for bit: when the shared part is reused, when the
 // prompt goes back a little (within what the ring still holds) and when it goes back too far
-// for the ring (then the engine must evaluate from the start).
+// for the ring (then the engine must evaluate from the start), counting what earlier, longer
+// sequences wrote there.
 import { expect, test } from "bun:test";
 import { mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -58,6 +59,18 @@ test("a prompt that diverges too far back for the ring is evaluated from the sta
   engine.reset();
   engine.evaluate(base);
   const prompt = [...base.slice(0, 400), ...tokens(30)]; // 800 back: past the ring's 512 cells
+  const { logits, reused } = engine.prefill(prompt);
+  expect(reused).toBe(0);
+  expect(Array.from(logits)).toEqual(freshLogits(prompt));
+});
+
+test("going back counts the positions written before an earlier rewind", () => {
+  const base = tokens(1300);
+  engine.reset();
+  engine.evaluate(base);
+  engine.prefill([...base.slice(0, 1000), ...tokens(10)]); // 300 back: the ring still has them
+  // 310 back from the 1010 held, but positions 1204..1299 took the ring cells of 692..787
+  const prompt = [...base.slice(0, 700), ...tokens(3)]; // its last token attends to 695..702
   const { logits, reused } = engine.prefill(prompt);
   expect(reused).toBe(0);
   expect(Array.from(logits)).toEqual(freshLogits(prompt));

@@ -1,8 +1,9 @@
 // Method: sequences run through the batch scheduler (several per forward pass, prompts chunked
 // between decode steps, joining and leaving mid-way, prefixes copied from the prefix cache) must
-// give exactly the tokens each gives alone through Engine.generate, on a tiny random Gemma 3
-// whose sliding-window rings wrap; and on the real default model, the llama.cpp golden fixture's
-// 12 prompts decoded four at a time must give llama.cpp's 32 greedy tokens each.
+// give exactly the tokens each gives alone (support/reference-generate.ts: evaluated by the
+// engine, sampled on the host), on a tiny random Gemma 3 whose sliding-window rings wrap; and
+// on the real default model, the llama.cpp golden fixture's 12 prompts decoded four at a time
+// must give llama.cpp's 32 greedy tokens each.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -12,6 +13,7 @@ import { Engine } from "../ts/engine/engine.ts";
 import type { GenerateOptions, GenerateResult } from "../ts/engine/generation.ts";
 import { createKvCache } from "../ts/engine/kv-cache.ts";
 import { BatchScheduler, type SchedulerOptions } from "../ts/engine/scheduler.ts";
+import { referenceGenerate } from "./support/reference-generate.ts";
 import { tinyGemma3Gguf } from "./support/tiny-gguf.ts";
 
 const EOS = 1; // the toy vocabulary's <eos>, banned so that lengths are known
@@ -42,7 +44,7 @@ function prompt(n: number, seed: number, prefix: number[] = []): number[] {
 }
 
 function alone(tokens: number[], options: Partial<GenerateOptions>): GenerateResult {
-  return reference.generate(tokens, { maxTokens: 8, sampling: greedy, reuseCache: false, ...options });
+  return referenceGenerate(reference, tokens, { maxTokens: 8, sampling: greedy, ...options });
 }
 
 interface Job { prompt: number[]; options: Partial<GenerateOptions>; at: number }
@@ -103,23 +105,27 @@ describe("the batch scheduler gives each sequence the tokens it gets alone", () 
   }, 60_000);
 
   test("the prefix cache restores shared beginnings exactly, rings included", () => {
+    // Each answer runs its slot's rings far past the shared beginning, so that no slot can drop
+    // back to it (slot reuse is scheduler-slots.test.ts's): the prefix cache restores it.
     const system = prompt(280, 7).slice(1); // longer than a ring, so the ring copy wraps
     const shared: Job[] = [0, 1, 2, 3, 4, 5].map((i) => ({
-      prompt: prompt(281 + 5 + 9 * i, 900 + i, system), options: { maxTokens: 10 }, at: i * 40,
+      prompt: prompt(281 + 5 + 9 * i, 900 + i, system), options: { maxTokens: 270, ignoreEos: true }, at: i * 40,
     }));
     const first = batched(shared, { slots: 3, prefillChunk: 8, prefixCache: { blockTokens: 8 } });
-    const restored = first.stats.prefix!.restoredTokens;
-    expect(restored).toBeGreaterThanOrEqual(5 * 280);
+    expect(first.stats.prefix!.restoredTokens).toBeGreaterThanOrEqual(5 * 280);
+    expect(first.stats.reusedTokens).toBe(0);
     for (let i = 0; i < shared.length; i++) {
       expect(first.results[i].tokens).toEqual(alone(shared[i].prompt, shared[i].options).tokens);
       if (i > 0) expect(first.results[i].prefilled).toBeLessThan(shared[i].prompt.length - 270);
     }
-    // A generated answer is cached too: the conversation's next turn reuses it.
+    // A generated answer is cached too: the conversation's next turn reuses it, though another
+    // sequence took the one slot in between.
     const turn = [...shared[0].prompt, ...first.results[0].tokens, ...prompt(12, 3).slice(1)];
-    const again = batched([...shared.slice(0, 1), { prompt: turn, options: {}, at: 30 }],
-      { slots: 2, prefillChunk: 8, prefixCache: { blockTokens: 8 } });
-    expect(again.results[1].tokens).toEqual(alone(turn, {}).tokens);
-    expect(again.results[1].prefilled).toBeLessThanOrEqual(8 + 12);
+    const again = batched([shared[0], { prompt: prompt(20, 4), options: {}, at: 290 },
+      { prompt: turn, options: {}, at: 320 }], { slots: 1, prefixCache: { blockTokens: 8 } });
+    expect(again.results[2].tokens).toEqual(alone(turn, {}).tokens);
+    expect(again.results[2].prefilled).toBeLessThanOrEqual(8 + 12);
+    expect(again.stats.reusedTokens).toBeLessThanOrEqual(2); // the filler's BOS, at most
   }, 60_000);
 
   test("a burst of prompts with one beginning evaluates it once", () => {

@@ -13,9 +13,10 @@
 // { graphs: false }, runs every op eagerly; INFER_CUDA_GRAPH_ROWS=n records steps of up to n rows
 // (1: single-token steps only).
 //
-// Greedy decoding (Engine): argmaxToken ends a step with the argmax of the logits written to the
-// token ids on the device, where the next step's embedding reads it (keepTokens), and copied to
-// pinned memory behind an event; the host queues the next step before it reads the token.
+// Greedy decoding (a lone greedy sequence in the scheduler): argmaxToken ends a step with the
+// argmax of the logits written to the token ids on the device, where the next step's embedding
+// reads it (keepTokens), and copied to pinned memory behind an event; the host queues the next
+// step before it reads the token.
 import { InferError } from "../errors.ts";
 import type { GgufFile, GgufTensorInfo } from "../gguf/reader.ts";
 import { GgmlType } from "../gguf/types.ts";

@@ -1,7 +1,9 @@
-// The engine: opens a GGUF, builds the model on a backend, owns one sequence's KV cache and
-// runs prompt → prefill (in chunks) → sample → decode, streaming text as it completes.
+// The engine: opens a GGUF, builds the model on a backend and owns one sequence's KV cache (its
+// slot). generate() runs prompt → prefill (in chunks) → sample → decode through a one-slot batch
+// scheduler, the path every request takes (scheduler.ts); evaluate() and prefill() run tokens
+// through the model directly, for perplexity and tests.
 //
-// The engine remembers the tokens its cache holds. A new prompt that starts with some of them
+// The slot remembers the tokens its cache holds. A new prompt that starts with some of them
 // (the next turn of a chat) reuses that prefix and evaluates only the rest; the arithmetic is the
 // same either way, because a prompt evaluated in one batch equals the same prompt fed in pieces.
 import { existsSync } from "node:fs";
@@ -13,11 +15,14 @@ import { openGguf, type GgufFile } from "../gguf/reader.ts";
 import type { Model, ModelShape } from "../model/model.ts";
 import { planModel } from "../model/registry.ts";
 import { tokenizerFromMetadata, type Tokenizer } from "../tokenizer/index.ts";
-import { Generation, type GenerateOptions, type GenerateResult } from "./generation.ts";
-import { canRewind, createKvCache, type KvCache } from "./kv-cache.ts";
+import type { GenerateOptions, GenerateResult } from "./generation.ts";
+import {
+  createKvCache, createSlot, reusablePrefix, rewindSlot, type KvCache, type Slot,
+} from "./kv-cache.ts";
 import {
   availableHostMemory, checkFits, deviceNeeds, hostNeed, memoryPlan, type MemoryPlanOptions,
 } from "./memory.ts";
+import { BatchScheduler } from "./scheduler.ts";
 
 export type {
   GenerateOptions, GenerateResult, StopReason, TokenConstraint,
@@ -41,25 +46,16 @@ export interface EngineOptions {
   readonly onProgress?: (done: number, total: number) => void;
 }
 
-/** One generation in progress: the logits after the last evaluated token, or a step in flight. */
-interface Running {
-  readonly generation: Generation;
-  logits: Float32Array;
-  /** Greedy decoding with the argmax on the device (see deviceStep). */
-  readonly onDevice: boolean;
-  /** A device step is queued whose argmax is the next token. */
-  inFlight: boolean;
-}
-
 export class Engine {
-  private position = 0;
-  /** The tokens whose keys and values the cache holds, positions 0..position-1. */
-  private readonly history: Int32Array;
+  /** The engine's sequence: its KV cache and the tokens it holds (a scheduler's first slot). */
+  readonly slot: Slot;
+  /** generate()'s one-slot scheduler, made on first use. */
+  private scheduler: BatchScheduler | null = null;
 
   private constructor(readonly file: GgufFile, readonly backend: Backend, readonly model: Model,
     readonly tokenizer: Tokenizer, readonly cache: KvCache, readonly loadMs: number,
     private readonly shape: ModelShape, private readonly plan: MemoryPlanOptions) {
-    this.history = new Int32Array(cache.contextLength);
+    this.slot = createSlot(cache);
   }
 
   static open(options: EngineOptions): Engine {
@@ -118,32 +114,34 @@ export class Engine {
 
   /** Tokens the cache holds. */
   get length(): number {
-    return this.position;
+    return this.slot.length;
   }
 
   /** The tokens the cache holds (a copy). */
   tokens(): number[] {
-    return Array.from(this.history.subarray(0, this.position));
+    return Array.from(this.slot.history.subarray(0, this.slot.length));
   }
 
   /** Forgets the sequence: the next evaluation starts at position 0. */
   reset(): void {
-    this.position = 0;
+    rewindSlot(this.slot, 0);
   }
 
   /** Runs tokens through the model at the current position; returns the last token's logits. */
   evaluate(tokens: readonly number[]): Float32Array {
     if (tokens.length === 0) throw new InferError("invalid_argument", "nothing to evaluate");
-    if (this.position + tokens.length > this.contextLength) {
-      throw new InferError("context_overflow", `${this.position + tokens.length} tokens do not ` +
+    const slot = this.slot;
+    if (slot.length + tokens.length > this.contextLength) {
+      throw new InferError("context_overflow", `${slot.length + tokens.length} tokens do not ` +
         `fit the context of ${this.contextLength} (raise --ctx-size)`);
     }
     let logits: Float32Array | null = null;
     for (let start = 0; start < tokens.length; start += this.model.maxBatch) {
       const chunk = tokens.slice(start, start + this.model.maxBatch);
-      logits = this.model.forward(chunk, chunk.length, this.position, this.cache.layers);
-      this.history.set(chunk, this.position);
-      this.position += chunk.length;
+      logits = this.model.forward(chunk, chunk.length, slot.length, this.cache.layers);
+      slot.history.set(chunk, slot.length);
+      slot.length += chunk.length;
+      slot.reach = Math.max(slot.reach, slot.length);
     }
     return logits!;
   }
@@ -154,30 +152,20 @@ export class Engine {
    */
   prefill(prompt: readonly number[], reuse = true): { logits: Float32Array; reused: number } {
     if (prompt.length === 0) throw new InferError("invalid_argument", "the prompt is empty");
-    let common = 0;
-    if (reuse) {
-      const limit = Math.min(this.position, prompt.length - 1);
-      while (common < limit && this.history[common] === prompt[common]) common++;
-      if (!this.canRewindTo(common)) common = 0;
-    }
-    this.position = common;
+    const common = reuse ? reusablePrefix(this.slot, this.model.info, prompt) : 0;
+    rewindSlot(this.slot, common);
     return { logits: this.evaluate(prompt.slice(common)), reused: common };
   }
 
-  /** Whether the cache can drop back to `position` (see canRewind). */
-  private canRewindTo(position: number): boolean {
-    return canRewind(this.cache, this.model.info, this.position, position);
-  }
-
-  /** Generates from a prompt (text is tokenized as llama.cpp does: BOS, control tokens parsed). */
+  /**
+   * Generates from a prompt (text is tokenized as llama.cpp does: BOS, control tokens parsed),
+   * continuing from what the cache holds of it unless options.reuseCache is false. Not while
+   * another scheduler runs on this engine: they share its slot.
+   */
   generate(prompt: string | readonly number[], options: GenerateOptions): GenerateResult {
-    const g = this.start(prompt, options);
-    try {
-      while (this.step(g));
-    } finally {
-      this.settle(g);
-    }
-    return g.generation.finish();
+    const run = this.submit(prompt, options);
+    while (!run.result && !run.error) this.step();
+    return run.finish();
   }
 
   /**
@@ -186,83 +174,38 @@ export class Engine {
    */
   async generateAsync(prompt: string | readonly number[],
     options: GenerateOptions): Promise<GenerateResult> {
-    const g = this.start(prompt, options);
-    try {
-      while (this.step(g)) await new Promise<void>((resolve) => setImmediate(resolve));
-    } finally {
-      this.settle(g);
+    const run = this.submit(prompt, options);
+    while (!run.result && !run.error) {
+      this.step();
+      if (!run.result && !run.error) await new Promise<void>((resolve) => setImmediate(resolve));
     }
-    return g.generation.finish();
+    return run.finish();
   }
 
-  private start(prompt: string | readonly number[], options: GenerateOptions): Running {
-    const promptTokens = typeof prompt === "string"
+  /** Queues a generation on the one-slot scheduler. */
+  private submit(prompt: string | readonly number[], options: GenerateOptions) {
+    const tokens = typeof prompt === "string"
       ? this.tokenizer.encode(prompt, { addSpecial: true, parseSpecial: true })
       : [...prompt];
-    const generation = new Generation(this.tokenizer, promptTokens, this.contextLength, options);
-    const { logits, reused } = this.prefill(promptTokens, options.reuseCache ?? true);
-    generation.promptDone(promptTokens.length - reused);
-    const be = this.backend;
-    const onDevice = generation.greedy && be.argmaxToken !== undefined &&
-      process.env.INFER_DEVICE_GREEDY !== "0";
-    return { generation, logits, onDevice, inFlight: false };
+    this.scheduler ??= new BatchScheduler(this, { slots: 1, prefixCache: null });
+    const run = {
+      result: null as GenerateResult | null, error: null as Error | null,
+      finish(): GenerateResult {
+        if (run.error) throw run.error;
+        return run.result!;
+      },
+    };
+    this.scheduler.submit({ prompt: tokens, options, onDone: (r) => (run.result = r),
+      onError: (err) => (run.error = err) });
+    return run;
   }
 
-  /** Samples one token and evaluates it; false once generation has ended. */
-  private step(g: Running): boolean {
-    if (g.onDevice) return this.deviceStep(g);
-    const token = g.generation.next(g.logits, this.position);
-    if (token === null) return false;
-    g.logits = this.evaluate([token]);
-    return true;
-  }
-
-  /**
-   * Greedy decoding with the argmax on the device, one step ahead of the host: the step that
-   * evaluates token k+1 (the one step k's argmax left in device memory) is queued before the
-   * host reads token k, so the GPU never waits for the host's sampling, streaming or launches.
-   * The tokens and stop decisions are next()'s. When token k ends the generation, step k+1 was
-   * speculative: its keys and values lie past the sequence's length and are never read.
-   */
-  private deviceStep(g: Running): boolean {
-    const be = this.backend;
-    if (!g.inFlight) {
-      const token = g.generation.next(g.logits, this.position); // the prompt's logits, on the host
-      if (token === null) return false;
-      this.queueGreedy(token);
-      this.history[this.position++] = token;
-      g.inFlight = true;
-      return true;
-    }
-    const ahead = this.position < this.contextLength;
-    if (ahead) this.queueGreedy(null);
-    const token = g.generation.accept(be.takeToken!(), this.position);
-    if (token === null) {
-      g.inFlight = false;
-      be.dropTokens!();
-      return false;
-    }
-    if (!ahead) throw new InferError("internal", "a token past the context was accepted");
-    this.history[this.position++] = token;
-    return true;
-  }
-
-  /** Queues one greedy step at the current position: `token`, or (null) the device's. */
-  private queueGreedy(token: number | null): void {
-    this.model.forwardBatch({
-      tokens: token === null ? [] : [token],
-      segments: [{ rows: 1, position: this.position, cache: this.cache.layers }],
-      logitRows: 1, greedy: { tokenOnDevice: token === null },
-    }, () => {
-      throw new InferError("internal", "greedy decoding on the device produced host logits");
-    });
-  }
-
-  /** After a generation (ended or failed): no device step stays queued. */
-  private settle(g: Running): void {
-    if (g.onDevice) {
-      g.inFlight = false;
-      this.backend.dropTokens!();
+  private step(): void {
+    const scheduler = this.scheduler!;
+    try {
+      scheduler.step();
+    } catch (err) { // outside a forward pass (a sampler's options, say): fail what runs
+      scheduler.abort(err as Error);
     }
   }
 

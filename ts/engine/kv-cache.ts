@@ -5,6 +5,7 @@
 // evaluates one token per ubatch (768 cells for a 512 window), so that attention sums its terms in
 // the same cell order and the logits stay equal to llama.cpp's past the ring's first wrap.
 import type { Backend, KvLayer, KvType } from "../backend/backend.ts";
+import { InferError } from "../errors.ts";
 import type { ModelInfo } from "../model/model.ts";
 
 export interface KvCache {
@@ -31,14 +32,58 @@ export function createKvCache(be: Backend, info: ModelInfo, contextLength: numbe
 }
 
 /**
- * Whether a cache holding `length` positions can drop back to `position`. A sliding-window ring
- * reuses cells, so the positions the next query sees (the window before `position`) must not
- * have been overwritten by positions past it: at most cells - window positions may be dropped.
+ * A KV cache and the tokens it holds: the engine's sequence, or one of the scheduler's slots.
+ * What a sequence leaves there is kept when it ends, for the next one that begins the same way.
  */
-export function canRewind(cache: KvCache, info: ModelInfo, length: number, position: number): boolean {
-  if (position === 0 || position >= length) return true;
+export interface Slot {
+  readonly cache: KvCache;
+  /** The token at each position the cache holds. */
+  readonly history: Int32Array;
+  /** Positions 0..length-1 hold history's tokens. */
+  length: number;
+  /**
+   * One past the furthest position written since the slot last started over from position 0:
+   * a rewind keeps it, because the ring cells those writes took are lost to earlier positions
+   * (a speculative device step writes one position past the length).
+   */
+  reach: number;
+}
+
+export function createSlot(cache: KvCache): Slot {
+  return { cache, history: new Int32Array(cache.contextLength), length: 0, reach: 0 };
+}
+
+/**
+ * Whether a cache whose cells were written up to position reach - 1 can drop back to
+ * `position`. A sliding-window ring reuses cells, so the positions the next query sees (the
+ * window before `position`) must not have been overwritten by positions past it: at most
+ * cells - window positions may lie between.
+ */
+export function canRewind(cache: KvCache, info: ModelInfo, reach: number, position: number): boolean {
+  if (position === 0 || position >= reach) return true;
   return cache.layers.every((layer, i) => {
     if (!layer.ring) return true;
-    return length - position <= layer.cells - info.kvShapes[i].window;
+    return reach - position <= layer.cells - info.kvShapes[i].window;
   });
+}
+
+/**
+ * How many of the prompt's first tokens the slot holds and can continue from in place: their
+ * common prefix, short of the prompt's last token (whose logits are needed), or 0 where the
+ * cache cannot drop back to it (canRewind).
+ */
+export function reusablePrefix(slot: Slot, info: ModelInfo, prompt: readonly number[]): number {
+  const limit = Math.min(slot.length, prompt.length - 1);
+  let common = 0;
+  while (common < limit && slot.history[common] === prompt[common]) common++;
+  return canRewind(slot.cache, info, slot.reach, common) ? common : 0;
+}
+
+/** Makes the slot continue from `position` (at most its length); 0 starts it over. */
+export function rewindSlot(slot: Slot, position: number): void {
+  if (position > slot.length) {
+    throw new InferError("internal", `a slot of ${slot.length} positions rewound to ${position}`);
+  }
+  slot.length = position;
+  if (position === 0) slot.reach = 0;
 }

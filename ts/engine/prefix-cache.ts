@@ -15,6 +15,7 @@
 import type { Backend, KvLayer, KvType } from "../backend/backend.ts";
 import { InferError } from "../errors.ts";
 import type { KvShape } from "../model/model.ts";
+import type { Slot } from "./kv-cache.ts";
 
 export interface PrefixCacheOptions {
   /** Positions per block (default 32). */
@@ -43,7 +44,7 @@ export interface PrefixCacheStats {
   readonly blocks: number;
   readonly bytes: number;
   readonly bytesMax: number;
-  /** Prompt positions restored from the cache, and looked up, since the start. */
+  /** Prompt positions copied from the cache, and looked up, since the start. */
   readonly restoredTokens: number;
   readonly lookedUpTokens: number;
 }
@@ -89,11 +90,12 @@ export class PrefixCache {
 
   /**
    * Copies the longest cached prefix of `prompt` (whole blocks, fewer than prompt.length
-   * positions: the last prompt token is always evaluated, for its logits) into `layers`;
-   * returns the chain for the sequence to extend, whose `blocks` · blockTokens positions are now
-   * in the slot.
+   * positions: the last prompt token is always evaluated, for its logits) into `layers`, past
+   * the `held` positions they already hold of it (a slot continued in place): nothing when the
+   * blocks reach no further, else the full layers from there on and the rings whole. Returns the
+   * chain for the sequence to extend; max(held, blocks · blockTokens) positions are in the slot.
    */
-  restore(prompt: readonly number[], layers: readonly KvLayer[]): PrefixChain {
+  restore(prompt: readonly number[], layers: readonly KvLayer[], held = 0): PrefixChain {
     const found: Block[] = [];
     const usable = Math.floor((prompt.length - 1) / this.blockTokens);
     let parent: Block | null = null;
@@ -106,34 +108,35 @@ export class PrefixCache {
     this.lookedUp += prompt.length;
     // Most recently used last, the first block last of all: parents outlive their children.
     for (let j = found.length - 1; j >= 0; j--) this.touch(found[j]);
+    const chain = { blocks: found.length, last: found.at(-1) ?? null };
     const positions = found.length * this.blockTokens;
-    this.restored += positions;
+    if (positions <= held) return chain;
+    this.restored += positions - held;
     for (let i = 0; i < layers.length; i++) {
       const dst = layers[i];
-      // A ring only needs (and holds) its last `cells` positions.
-      const from = dst.ring ? Math.max(0, positions - dst.cells) : 0;
+      // A ring only needs (and holds) its last `cells` positions; a full layer keeps what it held.
+      const from = dst.ring ? Math.max(0, positions - dst.cells) : held;
       for (let j = Math.floor(from / this.blockTokens); j < found.length; j++) {
         const start = Math.max(from, j * this.blockTokens);
         this.transfer(dst, found[j].layers[i], j * this.blockTokens, start,
           (j + 1) * this.blockTokens - start, true);
       }
     }
-    return { blocks: found.length, last: found.at(-1) ?? null };
+    return chain;
   }
 
   /**
-   * Saves the sequence's blocks that are complete among its first `length` positions (tokens
-   * in `tokens`) and not saved yet, reading them from `layers`, whose rings hold the last
-   * `cells` positions.
+   * Saves the sequence's blocks that are complete among the slot's positions and not saved yet,
+   * reading them from its layers. A ring holds a position until one `cells` further on is
+   * written: the slot's reach, which after a rewind lies past its length, says how far that went.
    */
-  save(chain: PrefixChain, tokens: ArrayLike<number>, length: number,
-    layers: readonly KvLayer[]): void {
-    const b = this.blockTokens;
-    while ((chain.blocks + 1) * b <= length) {
+  save(chain: PrefixChain, slot: Slot): void {
+    const b = this.blockTokens, layers = slot.cache.layers;
+    while ((chain.blocks + 1) * b <= slot.length) {
       const j = chain.blocks, start = j * b;
       if (chain.last?.evicted) return; // the chain was broken: its descendants would be unreachable
-      if (layers.some((l) => l.ring && start < length - l.cells)) return; // overwritten already
-      const key = this.key(chain.last, tokens, j);
+      if (layers.some((l) => l.ring && start < slot.reach - l.cells)) return; // overwritten already
+      const key = this.key(chain.last, slot.history, j);
       let block = this.byKey.get(key);
       if (block) this.touch(block);
       else {

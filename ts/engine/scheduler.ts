@@ -12,15 +12,22 @@
 // Every row is computed with the single-token arithmetic, so each sequence gets exactly the
 // tokens it would get alone.
 //
-// With a prefix cache, a new sequence first copies the longest cached prefix of its prompt into
-// its slot, and each block a sequence completes is saved for the next ones. A sequence whose
+// A slot keeps what its last sequence left in it. A new sequence takes the free slot that holds
+// the longest beginning of its prompt and continues from there in place, as llama.cpp's server
+// picks a slot by prompt similarity (where a sliding-window ring cannot drop back that far, it
+// starts over): a chat's next turn evaluates only its new tokens. With a prefix cache, a
+// sequence also copies the longest cached prefix of its prompt into its slot when that reaches
+// further, and each block a sequence completes is saved for the next ones. A sequence whose
 // prompt begins like that of an earlier one still evaluating it waits for those blocks, so a
 // burst of requests with one system prompt evaluates it once.
+//
+// A lone sequence decoding greedily on a backend that takes the argmax on the device (CUDA)
+// runs a step ahead of the host (deviceStep), until another sequence joins it or it ends.
 import { InferError } from "../errors.ts";
 import type { SequenceRows } from "../model/model.ts";
 import type { Engine } from "./engine.ts";
 import { Generation, type GenerateOptions, type GenerateResult } from "./generation.ts";
-import { createKvCache, type KvCache } from "./kv-cache.ts";
+import { createKvCache, createSlot, reusablePrefix, rewindSlot, type Slot } from "./kv-cache.ts";
 import {
   PrefixCache, type PrefixCacheOptions, type PrefixCacheStats, type PrefixChain,
 } from "./prefix-cache.ts";
@@ -43,6 +50,11 @@ export interface SchedulerOptions {
   readonly prefillChunk?: number;
   /** Share prompt prefixes across sequences (default: on, 128 MiB); null: off. */
   readonly prefixCache?: PrefixCacheOptions | null;
+  /**
+   * Greedy decoding of a lone sequence with the argmax on the device, where the backend has it
+   * (default: on unless INFER_DEVICE_GREEDY=0).
+   */
+  readonly deviceGreedy?: boolean;
 }
 
 export interface SchedulerStats {
@@ -50,21 +62,18 @@ export interface SchedulerStats {
   readonly busySlots: number;
   readonly waiting: number;
   readonly steps: number;
+  /** Prompt positions continued in place from what a slot held, since the start. */
+  readonly reusedTokens: number;
   readonly prefix: PrefixCacheStats | null;
 }
 
-interface Slot {
-  readonly cache: KvCache;
-  /** The token at each position the cache holds (the prefix cache keys blocks by them). */
-  readonly history: Int32Array;
-}
-
 class Sequence {
-  /** Positions of the slot's cache that hold this sequence's keys and values. */
-  length = 0;
-  /** The token sampled last, to be evaluated next step; null while the prompt is prefilled. */
+  /**
+   * The token sampled last, to be evaluated next step; null while the prompt is prefilled (or
+   * while a device step computes the next token).
+   */
   pending: number | null = null;
-  /** Prompt positions copied from the prefix cache. */
+  /** Prompt positions not evaluated: held by the slot, or copied from the prefix cache. */
   restored = 0;
   ended = false;
   /** Why the sequence failed on its own (its sampler, grammar or callback threw). */
@@ -76,6 +85,13 @@ class Sequence {
     readonly generation: Generation) {}
 
   get prompt(): readonly number[] { return this.request.prompt; }
+
+  /** Positions of the slot's cache that hold this sequence's keys and values. */
+  get length(): number { return this.slot.length; }
+  set length(n: number) {
+    this.slot.length = n;
+    if (n > this.slot.reach) this.slot.reach = n;
+  }
 }
 
 export class BatchScheduler {
@@ -86,7 +102,11 @@ export class BatchScheduler {
   private readonly prefix: PrefixCache | null;
   private readonly prefillChunk: number;
   private readonly tokens: Int32Array;
+  private readonly deviceGreedy: boolean;
+  /** The lone greedy sequence whose next token a queued device step computes (deviceStep). */
+  private ahead: Sequence | null = null;
   private steps = 0;
+  private reused = 0;
 
   constructor(private readonly engine: Engine, o: SchedulerOptions) {
     const be = engine.backend, model = engine.model;
@@ -103,24 +123,26 @@ export class BatchScheduler {
     if (o.slots > 1) engine.checkSlotsFit(o.slots); // before the slots' caches are allocated
     this.prefillChunk = Math.max(1, Math.min(o.prefillChunk ?? 64, model.maxBatch));
     this.tokens = new Int32Array(model.maxBatch);
-    for (let i = 0; i < o.slots; i++) {
-      // The engine's own cache is the first slot: the server uses the scheduler, not the engine.
-      const cache = i === 0 ? engine.cache
-        : createKvCache(be, model.info, engine.contextLength, engine.cache.type, model.maxBatch);
-      this.slots.push({ cache, history: new Int32Array(engine.contextLength) });
+    // The engine's own sequence is the first slot, with what it holds.
+    this.slots.push(engine.slot);
+    for (let i = 1; i < o.slots; i++) {
+      this.slots.push(createSlot(
+        createKvCache(be, model.info, engine.contextLength, engine.cache.type, model.maxBatch)));
     }
     this.free.push(...this.slots);
-    engine.reset();
+    this.deviceGreedy = (o.deviceGreedy ?? process.env.INFER_DEVICE_GREEDY !== "0") &&
+      !!(be.argmaxToken && be.keepTokens && be.takeToken && be.dropTokens);
     this.prefix = o.prefixCache === null || !be.copyKv ? null
       : new PrefixCache(be, model.info.kvShapes, engine.cache.type, o.prefixCache);
   }
 
   /** Queues a sequence; it joins the batch at the next step with a free slot. */
   submit(request: SequenceRequest): void {
-    const n = request.prompt.length;
-    if (n === 0 || n >= this.engine.contextLength) {
-      throw new InferError("invalid_argument", `a prompt of ${n} tokens does not fit the context ` +
-        `of ${this.engine.contextLength} with room to answer`);
+    const n = request.prompt.length, context = this.engine.contextLength;
+    if (n === 0) throw new InferError("invalid_argument", "the prompt is empty");
+    if (n >= context) {
+      throw new InferError("context_overflow", `${n} prompt tokens do not fit the context of ` +
+        `${context} with room to answer (raise --ctx-size)`);
     }
     this.waiting.push(request);
   }
@@ -132,15 +154,29 @@ export class BatchScheduler {
 
   stats(): SchedulerStats {
     return { slots: this.slots.length, busySlots: this.slots.length - this.free.length,
-      waiting: this.waiting.length, steps: this.steps, prefix: this.prefix?.stats() ?? null };
+      waiting: this.waiting.length, steps: this.steps, reusedTokens: this.reused,
+      prefix: this.prefix?.stats() ?? null };
   }
 
   /** Admits waiting sequences, runs one forward pass, samples, and retires ended sequences. */
   step(): void {
     for (const s of this.running) if (s.generation.interrupted()) s.ended = true;
+    if (this.ahead && !this.staysOnDevice(this.ahead)) this.settle(this.ahead);
     this.admit();
     this.retire(); // the interrupted, and new ones with nothing to generate
     if (this.running.length === 0) return;
+    const lone = this.running[0];
+    const onDevice = this.staysOnDevice(lone) && (this.ahead === lone || lone.pending !== null);
+    if (onDevice ? !this.deviceStep(lone) : !this.hostStep()) return;
+    this.steps++;
+    if (this.prefix) {
+      for (const s of this.running) this.prefix.save(s.chain, s.slot);
+    }
+    this.retire();
+  }
+
+  /** One forward pass over the planned rows, its logits sampled on the host; false: it failed. */
+  private hostStep(): boolean {
     const plan = this.plan();
     const vocab = this.engine.model.info.vocabSize;
     const firstLogitRow = plan.rows - plan.logits.length;
@@ -163,37 +199,160 @@ export class BatchScheduler {
     } catch (err) {
       // The caches of this batch may hold half a step: fail its sequences, keep serving.
       this.failRunning(err as Error);
-      return;
+      return false;
     }
-    this.steps++;
-    if (this.prefix) {
-      for (const s of this.running) {
-        this.prefix.save(s.chain, s.slot.history, s.length, s.slot.cache.layers);
-      }
-    }
-    this.retire();
+    return true;
   }
 
-  /** Gives free slots to waiting sequences, in arrival order. */
+  /**
+   * Whether `s` may decode with the argmax on the device: it decodes greedily, alone, and no
+   * waiting sequence could join it (none waits, or no slot is free).
+   */
+  private staysOnDevice(s: Sequence): boolean {
+    return this.deviceGreedy && !s.ended && this.running.length === 1 &&
+      this.running[0] === s && (this.waiting.length === 0 || this.free.length === 0) &&
+      s.generation.greedy;
+  }
+
+  /**
+   * Greedy decoding with the argmax on the device, one step ahead of the host: the step that
+   * evaluates token k+1 (the one step k's argmax left in device memory) is queued before the
+   * host reads token k, so the GPU never waits for the host's sampling, streaming or launches.
+   * The tokens and stop decisions are the generation's own (accept()). The first device step
+   * evaluates the token the host sampled and reads nothing. When token k ends the sequence, step
+   * k+1 was speculative: its keys and values lie past the sequence's length and are never read.
+   * Returns false when the device failed (the sequence failed with it).
+   */
+  private deviceStep(s: Sequence): boolean {
+    const be = this.engine.backend;
+    try {
+      if (this.ahead === null) {
+        const token = s.pending!;
+        s.pending = null;
+        this.queueGreedy(s, token);
+        s.slot.history[s.length] = token;
+        s.length++;
+        this.ahead = s;
+        return true;
+      }
+      const room = s.length < this.engine.contextLength;
+      if (room) this.queueGreedy(s, null);
+      const token = this.acceptDeviceToken(s, be.takeToken!());
+      if (token === null) return true;
+      if (!room) throw new InferError("internal", "a token past the context was accepted");
+      s.slot.history[s.length] = token;
+      s.length++;
+      return true;
+    } catch (err) {
+      this.failRunning(err as Error);
+      return false;
+    }
+  }
+
+  /** Queues one greedy step at the sequence's length: `token`, or (null) the device's. */
+  private queueGreedy(s: Sequence, token: number | null): void {
+    this.tokens[0] = token ?? 0;
+    const position = s.length;
+    this.engine.model.forwardBatch({
+      tokens: this.tokens, segments: [{ rows: 1, position, cache: s.slot.cache.layers }],
+      logitRows: 1, greedy: { tokenOnDevice: token === null },
+    }, () => {
+      throw new InferError("internal", "greedy decoding on the device produced host logits");
+    });
+    s.slot.reach = Math.max(s.slot.reach, position + 1); // written, if only speculatively
+  }
+
+  /**
+   * Hands the token the device chose to the sequence: the token to evaluate next, or null when
+   * it ended the sequence (then no device step stays queued).
+   */
+  private acceptDeviceToken(s: Sequence, taken: number): number | null {
+    let token: number | null;
+    try {
+      token = s.generation.accept(taken, s.length);
+    } catch (err) { // this sequence's own failure (its callback threw)
+      s.error = err as Error;
+      token = null;
+    }
+    if (token !== null) return token;
+    s.ended = true;
+    this.ahead = null;
+    this.engine.backend.dropTokens!();
+    return null;
+  }
+
+  /**
+   * Leaves device decoding (another sequence joins, or `s` was interrupted): the token in
+   * flight becomes the one the host evaluates next, as if the host had sampled it.
+   */
+  private settle(s: Sequence): void {
+    const be = this.engine.backend;
+    try {
+      if (s.ended) { // interrupted: its next token is not wanted
+        this.ahead = null;
+        be.dropTokens!();
+        return;
+      }
+      const token = this.acceptDeviceToken(s, be.takeToken!());
+      this.ahead = null;
+      s.pending = token;
+    } catch (err) {
+      this.failRunning(err as Error);
+    }
+  }
+
+  /**
+   * Gives free slots to waiting sequences, in arrival order: each the slot that holds the
+   * longest beginning of its prompt, which it continues from in place.
+   */
   private admit(): void {
     while (this.free.length > 0 && this.waiting.length > 0) {
       const request = this.waiting.shift()!;
       const generation = new Generation(this.engine.tokenizer, request.prompt,
         this.engine.contextLength, request.options);
-      const slot = this.free.shift()!; // the longest free: a new sequence finds no stale luck
+      const reuse = request.options.reuseCache ?? true;
+      const { slot, common } = this.pickSlot(request.prompt, reuse);
+      this.free.splice(this.free.indexOf(slot), 1);
+      rewindSlot(slot, common);
+      this.reused += common;
       const s = new Sequence(request, slot, generation);
-      this.restore(s);
+      if (reuse) this.restore(s);
+      s.restored = s.length;
       if (generation.interrupted() || generation.done) s.ended = true;
       this.running.push(s);
     }
   }
 
-  /** Copies the longest cached prefix of the prompt into the slot of a sequence yet to start. */
+  /**
+   * The free slot that can continue the longest beginning of `prompt` (reusablePrefix), and that
+   * length; among equals, the one free the longest, so a prompt matching none takes the least
+   * recently used and leaves the others what they hold.
+   */
+  private pickSlot(prompt: readonly number[], reuse: boolean): { slot: Slot; common: number } {
+    let slot = this.free[0], common = 0;
+    if (!reuse) return { slot, common };
+    for (const candidate of this.free) {
+      const n = reusablePrefix(candidate, this.engine.model.info, prompt);
+      if (n > common) {
+        slot = candidate;
+        common = n;
+      }
+    }
+    return { slot, common };
+  }
+
+  /**
+   * Copies the cached blocks of the prompt into the slot of a sequence yet to start, where they
+   * reach past what the slot holds of it; the sequence's chain follows its blocks either way.
+   */
   private restore(s: Sequence): void {
     if (!this.prefix) return;
-    s.chain = this.prefix.restore(s.prompt, s.slot.cache.layers);
-    s.restored = s.length = s.chain.blocks * this.prefix.blockTokens;
-    s.slot.history.set(s.prompt.slice(0, s.length));
+    const held = s.length;
+    s.chain = this.prefix.restore(s.prompt, s.slot.cache.layers, held);
+    const positions = s.chain.blocks * this.prefix.blockTokens;
+    if (positions <= held) return;
+    s.slot.history.set(s.prompt.slice(held, positions), held);
+    s.length = positions;
   }
 
   /**
@@ -231,6 +390,7 @@ export class BatchScheduler {
       if (s.parked) { // what it waited for is in the cache now
         s.parked = false;
         this.restore(s);
+        s.restored = s.length;
       }
       const left = s.prompt.length - s.length, take = Math.min(left, budget);
       budget -= take;
@@ -276,9 +436,19 @@ export class BatchScheduler {
   }
 
   private failRunning(err: Error): void {
+    if (this.ahead) {
+      this.ahead = null;
+      try {
+        this.engine.backend.dropTokens!();
+      } catch { // the device failed: its queue is forgotten all the same, and err says why
+      }
+    }
     const failed = this.running;
     this.running = [];
-    for (const s of failed) this.release(s);
+    for (const s of failed) {
+      rewindSlot(s.slot, 0); // the cache may hold half a step
+      this.release(s);
+    }
     for (const s of failed) s.request.onError(err);
   }
 
