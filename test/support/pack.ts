@@ -3,7 +3,7 @@
 // so that the package tests share one pack and a second run costs nothing.
 import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { join, relative } from "node:path";
+import { basename, dirname, join, relative } from "node:path";
 
 const root = join(import.meta.dir, "..", "..");
 
@@ -55,6 +55,11 @@ export function packPackage(): Packed {
     if (tar.exitCode !== 0) throw new Error(`tar xzf failed: ${tar.stderr.toString()}`);
     rmSync(cache, { recursive: true, force: true });
     renameSync(work, cache);
+    for (const old of readdirSync(dirname(cache))) { // packs of earlier sources
+      if (old !== basename(cache) && !old.endsWith(".partial")) {
+        rmSync(join(dirname(cache), old), { recursive: true, force: true });
+      }
+    }
   }
   const files = filesUnder(dir).map((f) => relative(dir, f)).sort();
   packed = { tarball, dir, files };
