@@ -19,4 +19,4 @@ const r = await model.complete("Facts about Paris as JSON:\n", {
   jsonSchema: schema, maxTokens: 128, temperature: 0,
 });
 const facts = JSON.parse(r.text) as { city: string; country: string; population: number; capital: boolean };
-console.log(facts);
+console.log(JSON.stringify(facts));
