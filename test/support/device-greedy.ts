@@ -35,7 +35,7 @@ export function withDeviceGreedy(be: Backend): DeviceGreedyCounts {
       counts.argmax++;
     },
     keepTokens(dst: Activation, count: number): void {
-      if (dst !== onDevice || count !== 1) throw new Error("keepTokens with no argmax left in the ids");
+      if (dst !== onDevice || count !== 1) throw new Error("keepTokens with no argmax in the ids");
       counts.kept++;
     },
     takeToken(): number {

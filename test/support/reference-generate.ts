@@ -1,7 +1,9 @@
 // The reference a scheduled sequence is held to: one sequence alone, its prompt evaluated in one
 // go by Engine.evaluate and then one token at a time, each sampled on the host by Generation.
 import type { Engine } from "../../ts/engine/engine.ts";
-import { Generation, type GenerateOptions, type GenerateResult } from "../../ts/engine/generation.ts";
+import {
+  Generation, type GenerateOptions, type GenerateResult,
+} from "../../ts/engine/generation.ts";
 
 export function referenceGenerate(engine: Engine, prompt: readonly number[],
   options: GenerateOptions): GenerateResult {

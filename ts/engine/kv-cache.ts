@@ -59,7 +59,8 @@ export function createSlot(cache: KvCache): Slot {
  * window before `position`) must not have been overwritten by positions past it: at most
  * cells - window positions may lie between.
  */
-export function canRewind(cache: KvCache, info: ModelInfo, reach: number, position: number): boolean {
+export function canRewind(cache: KvCache, info: ModelInfo, reach: number,
+  position: number): boolean {
   if (position === 0 || position >= reach) return true;
   return cache.layers.every((layer, i) => {
     if (!layer.ring) return true;
