@@ -819,15 +819,14 @@ export fn infer_cuda_attention_scratch(n_tok: u64, n_head: u64, head_dim: u64, c
 }
 
 /// Causal (optionally sliding-window) GQA over the f16 cache, split n_split ways over the keys.
-/// per_head: the per-query-head kernels (attn_scores + attn_values) even where attn_decode_* fits.
-export fn infer_cuda_attention(q: u64, k_cache: u64, v_cache: u64, out: u64, positions: u64, n_tok: u64, n_head: u64, n_kv_head: u64, head_dim: u64, window: u64, cells: u64, ring: bool, scale: f32, scratch: u64, scratch_floats: u64, n_split: u64, arrived: u64, per_head: bool) i32 {
-    return cuda.ops.attention(q, k_cache, v_cache, out, positions, n_tok, n_head, n_kv_head, head_dim, window, cells, ring, scale, scratch, scratch_floats, n_split, arrived, per_head);
+export fn infer_cuda_attention(q: u64, k_cache: u64, v_cache: u64, out: u64, positions: u64, n_tok: u64, n_head: u64, n_kv_head: u64, head_dim: u64, window: u64, cells: u64, ring: bool, scale: f32, scratch: u64, scratch_floats: u64, n_split: u64, arrived: u64) i32 {
+    return cuda.ops.attention(q, k_cache, v_cache, out, positions, n_tok, n_head, n_kv_head, head_dim, window, cells, ring, scale, scratch, scratch_floats, n_split, arrived);
 }
 
 /// infer_cuda_attention, then infer_cuda_quantize of its output (mode, q, d): in the decode
 /// kernels' epilogue where they can, else as two launches; the same bytes either way.
-export fn infer_cuda_attention_quant(q_in: u64, k_cache: u64, v_cache: u64, out: u64, positions: u64, n_tok: u64, n_head: u64, n_kv_head: u64, head_dim: u64, window: u64, cells: u64, ring: bool, scale: f32, scratch: u64, scratch_floats: u64, n_split: u64, arrived: u64, per_head: bool, mode: u32, q: u64, d: u64) i32 {
-    return cuda.ops.attentionQuant(q_in, k_cache, v_cache, out, positions, n_tok, n_head, n_kv_head, head_dim, window, cells, ring, scale, scratch, scratch_floats, n_split, arrived, per_head, mode, q, d);
+export fn infer_cuda_attention_quant(q_in: u64, k_cache: u64, v_cache: u64, out: u64, positions: u64, n_tok: u64, n_head: u64, n_kv_head: u64, head_dim: u64, window: u64, cells: u64, ring: bool, scale: f32, scratch: u64, scratch_floats: u64, n_split: u64, arrived: u64, mode: u32, q: u64, d: u64) i32 {
+    return cuda.ops.attentionQuant(q_in, k_cache, v_cache, out, positions, n_tok, n_head, n_kv_head, head_dim, window, cells, ring, scale, scratch, scratch_floats, n_split, arrived, mode, q, d);
 }
 
 /// Attention of rows of different sequences in one launch (the server's batched decode): row t
@@ -903,29 +902,6 @@ export fn infer_cuda_rms_norm2(xa: u64, wa: u64, rows_a: u64, xb: u64, wb: u64, 
 /// Two or three one-token matmuls over the same quantized input in one launch (n2 = 0: two).
 export fn infer_cuda_matmul_multi(type_id: u32, n_in: u64, xq: u64, xd: u64, w0: u64, n0: u64, y0: u64, w1: u64, n1: u64, y1: u64, w2: u64, n2: u64, y2: u64) i32 {
     return cuda.ops.matmulMulti(type_id, n_in, xq, xd, w0, n0, y0, w1, n1, y1, w2, n2, y2);
-}
-
-/// res += W · xq for one token (a projection and the residual add after it in one launch where
-/// the pipelined matvec takes W; else the matvec into y and an add). lib/cuda/norm_matvec.zig.
-export fn infer_cuda_matmul_residual(w: u64, type_id: u32, n_out: u64, n_in: u64, xq: u64, xd: u64, y: u64, res: u64) i32 {
-    return cuda.norm_matvec.matmulResidual(w, type_id, n_out, n_in, xq, xd, y, res);
-}
-
-/// rms_norm_quant of one row and the one to three matmuls reading it, in one launch where the
-/// pipelined matvec takes them (else the two launches, writing normed, xq and xd).
-export fn infer_cuda_norm_matmul(type_id: u32, n_in: u64, x: u64, weight: u64, eps: f32, normed: u64, mode: u32, xq: u64, xd: u64, w0: u64, n0: u64, y0: u64, w1: u64, n1: u64, y1: u64, w2: u64, n2: u64, y2: u64) i32 {
-    return cuda.norm_matvec.normMatmul(type_id, n_in, x, weight, eps, normed, mode, xq, xd, w0, n0, y0, w1, n1, y1, w2, n2, y2);
-}
-
-/// Turns the norms folded into the matvecs on (1) or off (0) for the steps recorded after it.
-export fn infer_cuda_set_norm_matvec(on: u32) void {
-    cuda.norm_matvec.setEnabled(on != 0);
-}
-
-/// 1 where infer_cuda_matmul_residual (residual = 1) or infer_cuda_norm_matmul (0) takes its
-/// fused kernel for a matrix of this type and shape, else 0.
-export fn infer_cuda_norm_matvec_fusable(type_id: u32, n_in: u64, n_out: u64, residual: u32) i32 {
-    return @intFromBool(cuda.norm_matvec.fusable(type_id, n_in, n_out, residual != 0));
 }
 
 /// gelu_mul (kind 0) or silu_mul (kind 1), then quantize of the product.

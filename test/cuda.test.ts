@@ -171,13 +171,6 @@ function opsFile(): GgufFile {
   return openGguf(path);
 }
 
-/** A GGUF of `tensors` (architecture "test") in the test's folder. */
-function testGguf(name: string, tensors: GgufTensorToWrite[]): GgufFile {
-  const path = join(dir, name);
-  writeFileSync(path, writeGguf([["general.architecture", gguf.str("test")]], tensors));
-  return openGguf(path);
-}
-
 interface Pair {
   cpu: CpuBackend;
   gpu: CudaBackend;
@@ -343,89 +336,6 @@ describe.skipIf(noCuda)("CUDA ops equal the CPU backend's", () => {
     const [, x] = acts(p, 1, 6144, randomF32(6144, 5, 1));
     expect(() => check(L.infer_cuda_rms_norm_quant(addr(x), 0, 1, 6144, 1e-6, addr(x), 0, addr(x), addr(x)), "norm"))
       .toThrow("rms_norm_quant: n_cols 6144 not in 1..5888");
-  });
-
-  // The norms folded into the decode step's matvecs (lib/cuda/norm_matvec.zig): the projection
-  // that adds into the residual, and the matvecs that normalize their own input, must leave what
-  // matmul + add and rms_norm_quant + matmul(s) leave, bit for bit, for each GPU layout (Q4_K's
-  // Q8_K activation and rows past 4,096 take the two launches: the fallback, equal too), at widths
-  // with and without partial virtual warps, partial row blocks, one to three matrices, rows split
-  // among the warps (6,144 wide) for the projection.
-  test("matmul + residual add and rms_norm + matmuls in one kernel each, bit for bit", () => {
-    const L = native();
-    L.infer_cuda_set_norm_matvec(1); // off by default (lib/cuda/norm_matvec.zig)
-    const addr = (x: { address: number } | Activation | Weight) => (x as unknown as { address: number }).address;
-    const bits = (x: Activation) => new Uint32Array(p.gpu.read(x, x.rows).slice().buffer);
-    const same = (a: Uint32Array, b: Uint32Array) => a.length === b.length && a.every((v, j) => v === b[j]);
-    const WIDTHS = [768, 2816, 4096], SPLIT_ROWS = 6144, HEIGHTS = [300, 100, 37];
-    const types: [string, number][] = [["Q4_0", GgmlType.Q4_0], ["Q8_0", GgmlType.Q8_0], ["Q4_K", GgmlType.Q4_K]];
-    const tensors: GgufTensorToWrite[] = [];
-    for (const [name, type] of types) {
-      for (const n of WIDTHS) {
-        HEIGHTS.forEach((rows, i) => tensors.push({ name: `${name}.${n}.${i}`, type, dims: [n, rows],
-          data: randomTensorData(type, n * rows, n + i + type, 0.05) }));
-        tensors.push({ name: `${name}.proj.${n}`, type, dims: [768, n], data: randomTensorData(type, 768 * n, n + type, 0.05) });
-      }
-      tensors.push({ name: `${name}.proj.split`, type, dims: [SPLIT_ROWS, 768],
-        data: randomTensorData(type, SPLIT_ROWS * 768, 7 + type, 0.05) });
-    }
-    const f = testGguf("norm-matvec.gguf", tensors);
-    const weight = (name: string) => p.gpu.weight(f, f.tensors.get(name)!) as unknown as
-      { address: number; typeId: number; activationFormat: number; dims: number[] };
-    try {
-      for (const [name] of types) {
-        for (const n of WIDTHS) {
-          const mats = HEIGHTS.map((_, i) => weight(`${name}.${n}.${i}`));
-          const type = mats[0].typeId, mode = mats[0].activationFormat;
-          expect(L.infer_cuda_norm_matvec_fusable(type, n, 300, 0)).toBe(name === "Q4_K" ? 0 : 1);
-          expect(L.infer_cuda_norm_matvec_fusable(type, 5376, 300, 0)).toBe(0);
-          const [, x] = acts(p, 1, n, randomF32(n, n + 11, 3)), [, nw] = acts(p, 1, n, randomF32(n, n + 12, 0.5).map((v) => v + 1));
-          for (const count of [1, 2, 3]) {
-            const run = (fused: boolean) => {
-              const [, normed] = acts(p, 1, n), [, q] = acts(p, 1, n / 4), [, d] = acts(p, 1, n / 32);
-              const ys = HEIGHTS.map((rows) => acts(p, 1, rows)[1]);
-              const [a0, a1, a2, b0, b1, b2, c0, c1, c2] = [0, 1, 2].flatMap((i) => i < count ? [addr(mats[i]), HEIGHTS[i], addr(ys[i])] : [0, 0, 0]);
-              if (fused) {
-                expect(L.infer_cuda_norm_matmul(type, n, addr(x), addr(nw), 1e-5, addr(normed), mode, addr(q), addr(d), a0, a1, a2, b0, b1, b2, c0, c1, c2)).toBe(0);
-              } else {
-                expect(L.infer_cuda_rms_norm_quant(addr(x), addr(nw), 1, n, 1e-5, addr(normed), mode, addr(q), addr(d))).toBe(0);
-                if (count === 1) expect(L.infer_cuda_matmul(a0, type, a1, n, 0, addr(q), addr(d), 1, a2)).toBe(0);
-                else expect(L.infer_cuda_matmul_multi(type, n, addr(q), addr(d), a0, a1, a2, b0, b1, b2, c0, c1, c2)).toBe(0);
-              }
-              return ys.slice(0, count).map(bits);
-            };
-            const want = run(false), got = run(true);
-            want.forEach((w, i) => {
-              if (!same(w, got[i])) throw new Error(`${name}, ${n} wide, ${count} matrices: matrix ${i} differs`);
-            });
-          }
-        }
-        for (const [proj, nIn, nOut] of [...WIDTHS.map((n) => [`${name}.proj.${n}`, 768, n]), [`${name}.proj.split`, SPLIT_ROWS, 768]] as [string, number, number][]) {
-          const w = weight(proj), type = w.typeId;
-          expect(L.infer_cuda_norm_matvec_fusable(type, nIn, nOut, 1)).toBe(1);
-          const [, xin] = acts(p, 1, nIn, randomF32(nIn, nIn + 13, 2)), [, q] = acts(p, 1, nIn / 4), [, d] = acts(p, 1, nIn / 32);
-          expect(L.infer_cuda_quantize(addr(xin), 1, nIn, w.activationFormat, addr(q), addr(d))).toBe(0);
-          const start = randomF32(nOut, nOut + 14, 4);
-          const run = (fused: boolean) => {
-            const [, res] = acts(p, 1, nOut, start), [, y] = acts(p, 1, nOut);
-            if (fused) expect(L.infer_cuda_matmul_residual(addr(w), type, nOut, nIn, addr(q), addr(d), addr(y), addr(res))).toBe(0);
-            else {
-              expect(L.infer_cuda_matmul(addr(w), type, nOut, nIn, 0, addr(q), addr(d), 1, addr(y))).toBe(0);
-              expect(L.infer_cuda_add(addr(res), addr(y), nOut, addr(res))).toBe(0);
-            }
-            return bits(res);
-          };
-          if (!same(run(false), run(true))) throw new Error(`${proj}: the residual differs`);
-        }
-      }
-      // A mode that is not the weight's activation format is refused.
-      const w = weight("Q4_0.768.0"), [, x] = acts(p, 1, 768);
-      expect(() => check(L.infer_cuda_norm_matmul(w.typeId, 768, addr(x), 0, 1e-5, addr(x), 1, addr(x), addr(x),
-        addr(w), 300, addr(x), 0, 0, 0, 0, 0, 0), "norm_matmul")).toThrow("norm_matmul: mode 1 is not the activation format");
-    } finally {
-      L.infer_cuda_set_norm_matvec(0);
-      f.close();
-    }
   });
 
   // The GPU's Q8_K quantizer (quant_super_q8_k: the first value of largest magnitude found as the
@@ -769,10 +679,6 @@ const MODELS: [string, RandomQuantSpec, number, number, number][] = [
 ];
 
 describe.skipIf(noCuda)("random-weight models: CUDA equals the CPU", () => {
-  // The fused steps here include the norms folded into the matvecs (off by default), so that the
-  // graph-against-eager check below holds them to the unfused kernels bit for bit.
-  beforeAll(() => native().infer_cuda_set_norm_matvec(1));
-  afterAll(() => native().infer_cuda_set_norm_matvec(0));
   for (const [name, spec, promptLength, batch, tolerance] of MODELS) {
     test(name, () => {
       const path = join(dir, `${spec.arch}-${spec.seed}.gguf`);

@@ -68,18 +68,18 @@ pub fn attentionScratch(n_tok: u64, n_head: u64, head_dim: u64, cells: u64, n_sp
 /// Attention of n_tok queries (at positions[t]) over an f16 cache of `cells` rows: see the
 /// attn_* kernels. `scratch` holds attentionScratch(...) f32 values; with n_split > 1, `arrived`
 /// holds n_tok * n_head u32 counters, zero before the call and left zero by it.
-pub fn attention(q: u64, k_cache: u64, v_cache: u64, out: u64, positions: u64, n_tok: u64, n_head: u64, n_kv_head: u64, head_dim: u64, window: u64, cells: u64, ring: bool, scale_: f32, scratch: u64, scratch_floats: u64, n_split: u64, arrived: u64, per_head: bool) i32 {
-    return attend(per_head, q, k_cache, v_cache, 0, out, positions, n_tok, n_head, n_kv_head, head_dim, window, cells, ring, scale_, scratch, scratch_floats, n_split, arrived, .{});
+pub fn attention(q: u64, k_cache: u64, v_cache: u64, out: u64, positions: u64, n_tok: u64, n_head: u64, n_kv_head: u64, head_dim: u64, window: u64, cells: u64, ring: bool, scale_: f32, scratch: u64, scratch_floats: u64, n_split: u64, arrived: u64) i32 {
+    return attend(q, k_cache, v_cache, 0, out, positions, n_tok, n_head, n_kv_head, head_dim, window, cells, ring, scale_, scratch, scratch_floats, n_split, arrived, .{});
 }
 
 /// attention, then quantize(out, n_tok, n_head * head_dim, mode, q, d) of its output (the
 /// o-projection's input): in the attention kernel's own epilogue where it computes a whole
 /// group of heads that is whole quantization blocks (attn_decode_*, see quantize_group), else as
 /// the two launches. The buffers end the same either way, bit for bit.
-pub fn attentionQuant(q_in: u64, k_cache: u64, v_cache: u64, out: u64, positions: u64, n_tok: u64, n_head: u64, n_kv_head: u64, head_dim: u64, window: u64, cells: u64, ring: bool, scale_: f32, scratch: u64, scratch_floats: u64, n_split: u64, arrived: u64, per_head: bool, mode: u32, q: u64, d: u64) i32 {
+pub fn attentionQuant(q_in: u64, k_cache: u64, v_cache: u64, out: u64, positions: u64, n_tok: u64, n_head: u64, n_kv_head: u64, head_dim: u64, window: u64, cells: u64, ring: bool, scale_: f32, scratch: u64, scratch_floats: u64, n_split: u64, arrived: u64, mode: u32, q: u64, d: u64) i32 {
     const block: u64 = if (mode == 0) 32 else if (mode == 1) 256 else return invalid("attention_quant: mode {d}", .{mode});
     if ((n_head * head_dim) % block != 0) return invalid("attention_quant: rows of {d} values are not whole blocks of {d}", .{ n_head * head_dim, block });
-    return attend(per_head, q_in, k_cache, v_cache, 0, out, positions, n_tok, n_head, n_kv_head, head_dim, window, cells, ring, scale_, scratch, scratch_floats, n_split, arrived, .{ .mode = @intCast(mode), .q = q, .d = d });
+    return attend(q_in, k_cache, v_cache, 0, out, positions, n_tok, n_head, n_kv_head, head_dim, window, cells, ring, scale_, scratch, scratch_floats, n_split, arrived, .{ .mode = @intCast(mode), .q = q, .d = d });
 }
 
 /// Where attend quantizes its output (mode -1: it does not).
@@ -121,7 +121,7 @@ pub fn attentionRows(q: u64, kv_table: u64, out: u64, positions: u64, n_tok: u64
     if (!decodeAttentionFits(n_head, n_kv_head, head_dim))
         return invalid("attention_rows: {d} heads over {d} KV heads of {d} dims take one sequence at a time", .{ n_head, n_kv_head, head_dim });
     if (kv_table == 0) return invalid("attention_rows: no table of caches", .{});
-    return attend(false, q, 0, 0, kv_table, out, positions, n_tok, n_head, n_kv_head, head_dim, window, cells, ring, scale_, scratch, scratch_floats, n_split, arrived, .{});
+    return attend(q, 0, 0, kv_table, out, positions, n_tok, n_head, n_kv_head, head_dim, window, cells, ring, scale_, scratch, scratch_floats, n_split, arrived, .{});
 }
 
 /// kvStore for rows of different sequences, row t into the caches of kv_table (see attentionRows).
@@ -132,14 +132,14 @@ pub fn kvStoreRows(k: u64, v: u64, kv_dim: u64, n_tok: u64, kv_table: u64, posit
     return launch(.kv_store_rows, ceilDiv(kv_dim, 256), n_tok, 256, .{ k, v, dim, kv_table, positions, c, @as(i32, @intFromBool(ring)) });
 }
 
-fn attend(per_head: bool, q: u64, k_cache: u64, v_cache: u64, kv_table: u64, out: u64, positions: u64, n_tok: u64, n_head: u64, n_kv_head: u64, head_dim: u64, window: u64, cells: u64, ring: bool, scale_: f32, scratch: u64, scratch_floats: u64, n_split: u64, arrived: u64, oq: OutQuant) i32 {
+fn attend(q: u64, k_cache: u64, v_cache: u64, kv_table: u64, out: u64, positions: u64, n_tok: u64, n_head: u64, n_kv_head: u64, head_dim: u64, window: u64, cells: u64, ring: bool, scale_: f32, scratch: u64, scratch_floats: u64, n_split: u64, arrived: u64, oq: OutQuant) i32 {
     var quantized = false;
-    const rc = attendInto(per_head, q, k_cache, v_cache, kv_table, out, positions, n_tok, n_head, n_kv_head, head_dim, window, cells, ring, scale_, scratch, scratch_floats, n_split, arrived, oq, &quantized);
+    const rc = attendInto(q, k_cache, v_cache, kv_table, out, positions, n_tok, n_head, n_kv_head, head_dim, window, cells, ring, scale_, scratch, scratch_floats, n_split, arrived, oq, &quantized);
     if (rc != 0 or oq.mode < 0 or quantized) return rc;
     return ops.quantize(out, n_tok, n_head * head_dim, @intCast(oq.mode), oq.q, oq.d);
 }
 
-fn attendInto(per_head: bool, q: u64, k_cache: u64, v_cache: u64, kv_table: u64, out: u64, positions: u64, n_tok: u64, n_head: u64, n_kv_head: u64, head_dim: u64, window: u64, cells: u64, ring: bool, scale_: f32, scratch: u64, scratch_floats: u64, n_split: u64, arrived: u64, oq: OutQuant, quantized: *bool) i32 {
+fn attendInto(q: u64, k_cache: u64, v_cache: u64, kv_table: u64, out: u64, positions: u64, n_tok: u64, n_head: u64, n_kv_head: u64, head_dim: u64, window: u64, cells: u64, ring: bool, scale_: f32, scratch: u64, scratch_floats: u64, n_split: u64, arrived: u64, oq: OutQuant, quantized: *bool) i32 {
     if (n_kv_head == 0 or n_head == 0 or n_head % n_kv_head != 0)
         return invalid("attention: n_head {d} is not a multiple of n_kv_head {d}", .{ n_head, n_kv_head });
     if (head_dim == 0 or head_dim > head_dim_max)
@@ -160,7 +160,7 @@ fn attendInto(per_head: bool, q: u64, k_cache: u64, v_cache: u64, kv_table: u64,
     const scores = scratch;
     const maxima = scratch + rows * cells * 4;
     const partial = maxima + rows * n_split * 4;
-    if (kv_table == 0 and n_tok >= 16 and n_split == 1 and !per_head and (head_dim == 64 or head_dim == 128) and n_head % n_kv_head == 0) {
+    if (kv_table == 0 and n_tok >= 16 and n_split == 1 and (head_dim == 64 or head_dim == 128) and n_head % n_kv_head == 0) {
         // Prompts: flash attention, 64 queries of one head a block (attn_prompt_*; no scratch).
         return launch(if (head_dim == 64) .attn_prompt_d64 else .attn_prompt_d128, ceilDiv(n_tok, 64), n_head, 128, .{
             q, k_cache, v_cache, positions, @as(i32, @intCast(n_tok)), heads, kv_heads, win, c, ring_i, scale_, out,
@@ -179,8 +179,8 @@ fn attendInto(per_head: bool, q: u64, k_cache: u64, v_cache: u64, kv_table: u64,
         });
     }
     const group = n_head / n_kv_head;
-    const mma = !per_head and decodeMmaTakes(n_head, n_kv_head, head_dim) and (n_split >= 2 or decode_attn == .mma);
-    if (!per_head and !mma and decodeWarpsTakes(head_dim) and q % 16 == 0 and group * n_split < warps_group_splits_max) {
+    const mma = decodeMmaTakes(n_head, n_kv_head, head_dim) and (n_split >= 2 or decode_attn == .mma);
+    if (!mma and decodeWarpsTakes(head_dim) and q % 16 == 0 and group * n_split < warps_group_splits_max) {
         // Decode and small batches: a block per (row, query head, split), each warp a softmax of
         // its own (shaders/cuda/attend_warps.cuh). A block's outputs are whole Q8_0 units, quantized
         // in the kernel; a Q8_K superblock spans blocks, so Q8_K is a launch of its own (attend's).
@@ -191,7 +191,7 @@ fn attendInto(per_head: bool, q: u64, k_cache: u64, v_cache: u64, kv_table: u64,
             @as(i32, if (oq.mode == 0) 0 else -1), if (oq.mode == 0) oq.q else 0, if (oq.mode == 0) oq.d else 0,
         });
     }
-    if (!per_head and decodeAttentionFits(n_head, n_kv_head, head_dim)) {
+    if (decodeAttentionFits(n_head, n_kv_head, head_dim)) {
         // Decode and small batches: a block per (row, KV head, split), all the group's query heads;
         // on the tensor cores (attend_decode_mma.cuh) where it fits, else attn_decode_g*.
         const kernel: Kernel = if (mma)

@@ -18,8 +18,6 @@ const kernel_count = kernels.kernel_count;
 
 /// The ops (what each validates and launches): lib/cuda/ops.zig.
 pub const ops = @import("ops.zig");
-/// The norms folded into the decode step's matvecs: lib/cuda/norm_matvec.zig.
-pub const norm_matvec = @import("norm_matvec.zig");
 
 /// Rewrites n_rows rows of n_in values of ggml type `type_id` at w (device memory, just
 /// uploaded) into the GPU layout repackedType names, in place, in stream order. A type without
@@ -66,8 +64,6 @@ pub const State = struct {
     /// Dynamic shared memory the pipelined matvecs may take (raised past 48 KiB at init where the
     /// driver allows).
     pipe_shared_max: u32 = 48 << 10,
-    /// Whether the matvecs that normalize their own input got the same opt-in (norm_matvec.zig).
-    norm_matvec_ok: bool = false,
     /// Whether attn_decode_mma_d* got the dynamic shared memory of its two 128-key tiles
     /// (69,632 bytes at head_dim 128; lib/cuda/attention.zig decodeMmaTakes).
     decode_mma_ok: bool = false,
@@ -223,13 +219,6 @@ pub fn init(path: []const u8, ordinal: i32) i32 {
             ok = ok and set(s.kernels[@intFromEnum(k)], driver.func_attribute_max_dynamic_shared, pipe_shared_sm90) == driver.success;
         }
         if (ok and s.cc_major >= 9) s.pipe_shared_max = pipe_shared_sm90;
-        // Apart, so that a norm kernel the opt-in refuses (its static shared memory) only turns
-        // the norm fusion off (norm_matvec.zig), not every pipelined matvec's stages.
-        var norm_ok = ok;
-        for ([_]Kernel{ .matvec_pipe_norm_q4_0r, .matvec_pipe_norm_q8_0r }) |k| {
-            norm_ok = norm_ok and set(s.kernels[@intFromEnum(k)], driver.func_attribute_max_dynamic_shared, pipe_shared_sm90) == driver.success;
-        }
-        s.norm_matvec_ok = norm_ok and s.cc_major >= 9;
         // mma.sync m16n8k16 f16 and cp.async need sm_80; the kernels are built for sm_90.
         s.decode_mma_ok = s.cc_major >= 8 and
             set(s.kernels[@intFromEnum(Kernel.attn_decode_mma_d64)], driver.func_attribute_max_dynamic_shared, decode_mma_shared_d64) == driver.success and

@@ -41,7 +41,6 @@ pub fn readSettings() void {
     if (std.posix.getenv("INFER_CUDA_PIPE_RESERVE")) |v| pipe_reserve = std.fmt.parseInt(u32, v, 10) catch pipe_reserve;
     if (std.posix.getenv("INFER_CUDA_MATVEC_ROWS")) |v| matvec_rows_per_warp = if (std.mem.eql(u8, v, "1")) 1 else 2;
     attn.readSettings();
-    @import("norm_matvec.zig").readSettings();
     if (std.posix.getenv("INFER_CUDA_CUBLAS")) |v| cublas_min_tokens = std.fmt.parseInt(u32, v, 10) catch cublas_min_tokens;
     if (std.posix.getenv("INFER_CUDA_MMQ_TILE")) |v| {
         for (mmq_tiles, 0..) |t, i| {
@@ -66,7 +65,7 @@ pub fn getRows(type_id: u32, table: u64, n_cols: u64, n_ids: u64, ids: u64, dst:
     return launch(w.get_rows, ceilDiv(n_cols / 32, 128), n_ids, 128, .{ table, cols, ids, dst });
 }
 
-pub fn unsupportedType(type_id: u32) i32 {
+fn unsupportedType(type_id: u32) i32 {
     return status.fail(.unsupported, "the CUDA backend does not compute ggml type {d} yet", .{type_id});
 }
 
@@ -186,11 +185,9 @@ pub fn matmul(w: u64, type_id: u32, n_out: u64, n_in: u64, x: u64, xq: u64, xd: 
     }
     if (xq == 0 or xd == 0) return invalid("matmul: {s} needs quantized activations", .{k.name});
     if (n_tok == 1) {
-        if (pipeStages(k, n_in, n_out, true, 0)) |p| {
-            var none: u64 = 0; // no residual (norm_matvec.zig matmulResidual passes one)
-            _ = &none;
+        if (pipeStages(k, n_in, n_out, true)) |p| {
             const pipe = if (p.split) k.matvec_pipe_split.? else k.matvec_pipe.?;
-            return launchShared(pipe, pipeGrid(pipe, ceilDiv(n_out, p.blockRows()), p.shared), 1, 128, p.shared, .{ w, out, in, xq, xd, y, @as(i32, @intCast(p.rows_per_warp)), @as(i32, @intFromBool(p.halves)), none });
+            return launchShared(pipe, pipeGrid(pipe, ceilDiv(n_out, p.blockRows()), p.shared), 1, 128, p.shared, .{ w, out, in, xq, xd, y, @as(i32, @intCast(p.rows_per_warp)), @as(i32, @intFromBool(p.halves)) });
         }
     }
     if (x != 0 and cublas_min_tokens > 0 and n_tok >= cublas_min_tokens) {
@@ -299,7 +296,7 @@ fn gemmStatus(st: c_int, n_out: i32, n_in: i32, n_tok: i32) i32 {
 /// 1,024-wide row in one pass; many rows (a prompt) and rows of up to 256 values (head norms) keep
 /// 256. The three kernels choose alike, so they sum the squares in the same order (the fused step
 /// equals the unfused one bit for bit), and a head norm sums as rms_norm2's 256 threads do.
-pub fn normThreads(n_rows: u64, n_cols: u64) u32 {
+fn normThreads(n_rows: u64, n_cols: u64) u32 {
     return if (n_cols > 256 and n_rows <= 8) 1024 else 256;
 }
 
@@ -450,7 +447,7 @@ pub fn matmulMulti(type_id: u32, n_in: u64, xq: u64, xd: u64, w0: u64, n0: u64, 
     const a = int(n0) orelse return tooLarge("matmul_multi: n0", n0);
     const b = int(n1) orelse return tooLarge("matmul_multi: n1", n1);
     const c = int(n2) orelse return tooLarge("matmul_multi: n2", n2);
-    if (pipeStages(k, n_in, @max(n0, @max(n1, n2)), false, 0)) |p| {
+    if (pipeStages(k, n_in, @max(n0, @max(n1, n2)), false)) |p| {
         const pipe = k.matvec_pipe_multi.?;
         const per = p.blockRows();
         const row_blocks = ceilDiv(n0, per) + ceilDiv(n1, per) + ceilDiv(n2, per);
@@ -465,8 +462,7 @@ pub fn matmulMulti(type_id: u32, n_in: u64, xq: u64, xd: u64, w0: u64, n0: u64, 
 /// How a pipelined one-token matvec (shaders/cuda/matvec_pipe.cuh: 3 stages of a row block) of
 /// weight kind k with rows of n_in values runs — its rows a warp, whether the 4 warps split each
 /// row, and its dynamic shared memory — or null where it takes the register-fed kernels: no GPU
-/// layout, long rows in a fused launch (`split_ok` false), or INFER_CUDA_MATVEC_PIPE=0. `extra`:
-/// shared bytes the kernel keeps after its stages besides these (norm_matvec.zig's activation).
+/// layout, long rows in a fused launch (`split_ok` false), or INFER_CUDA_MATVEC_PIPE=0.
 /// Rows a warp: 2, or INFER_CUDA_PIPE_ROWS (1, 2 or 4), fewer where they would not fit. Two
 /// rows share each activation load: an 8B model's Q4_0 gate 12.4 -> 10.9 µs, q 4.1 -> 3.7 on an
 /// H200; four were slower on all but the LM head (bench/RESULTS.md, 2026-11-30 17:48 and 17:54).
@@ -477,7 +473,7 @@ pub fn matmulMulti(type_id: u32, n_in: u64, xq: u64, xd: u64, w0: u64, n0: u64, 
 /// blocks a multiprocessor; split, the 8B's Q4_K down projection went 12.5 -> 10.7 µs (Q4_0
 /// 12.2 either way) and decode Q4_K 531 -> 550 tok/s, Q8_0 345 -> 358, 1B Q4_K 1,755 -> 1,774
 /// (bench/RESULTS.md, 2026-12-01 05:12-05:26; 1, 2 or 4 rows a stage alike alone).
-pub fn pipeStages(k: kernels.WeightKind, n_in: u64, n_out: u64, split_ok: bool, extra: u64) ?PipeLaunch {
+fn pipeStages(k: kernels.WeightKind, n_in: u64, n_out: u64, split_ok: bool) ?PipeLaunch {
     if (!matvec_pipe or k.matvec_pipe == null) return null;
     const split = n_in / 32 >= split_min_units;
     if (split and (!split_ok or pipe_rows_split == 0 or k.matvec_pipe_split == null)) return null;
@@ -489,7 +485,7 @@ pub fn pipeStages(k: kernels.WeightKind, n_in: u64, n_out: u64, split_ok: bool, 
     while (true) : (rows /= 2) {
         var p: PipeLaunch = .{ .shared = 0, .rows_per_warp = rows, .halves = halves, .split = split };
         // After the stages: the activation (halves), the warps' partial sums (split).
-        const bytes = pipe_stages * p.blockRows() * row_bytes + (if (halves) n_in else 0) + (if (split) 16 * rows else 0) + extra;
+        const bytes = pipe_stages * p.blockRows() * row_bytes + (if (halves) n_in else 0) + (if (split) 16 * rows else 0);
         if (bytes <= s.pipe_shared_max) {
             // Under a reserve, fewer rows a warp where their stages would leave one block a
             // multiprocessor (an 8B model's Q8_0 rows: 2 rows 104 KB, 1 row 52 KB).
@@ -499,13 +495,13 @@ pub fn pipeStages(k: kernels.WeightKind, n_in: u64, n_out: u64, split_ok: bool, 
         if (rows == 1) return null;
     }
 }
-pub const PipeLaunch = struct {
+const PipeLaunch = struct {
     shared: u32,
     rows_per_warp: u32,
     halves: bool,
     split: bool,
     /// Rows of a row block (matvec_pipe.cuh pipe_block_rows).
-    pub fn blockRows(p: PipeLaunch) u32 {
+    fn blockRows(p: PipeLaunch) u32 {
         return if (p.split) p.rows_per_warp else 4 * p.rows_per_warp;
     }
 };
@@ -561,7 +557,7 @@ fn blocksBeside(shared: u32) u32 {
 
 /// One wave of the pipelined matvec: as many blocks as fit with `shared` bytes each (the driver's
 /// occupancy), at most one per row block.
-pub fn pipeGrid(kernel: Kernel, row_blocks: u64, shared: u32) u64 {
+fn pipeGrid(kernel: Kernel, row_blocks: u64, shared: u32) u64 {
     const s = ready() orelse return row_blocks;
     const occupancy = driver.optional.cuOccupancyMaxActiveBlocksPerMultiprocessor orelse return row_blocks;
     var n: c_int = 0;

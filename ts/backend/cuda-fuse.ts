@@ -49,7 +49,7 @@ export function fuseStep(L: Lib, ops: PendingOp[]): PendingOp[] {
     }
     if (o.code === ATTENTION && n1?.code === QUANTIZE && attentionQuant) {
       // [q, k, v, out, positions, rows, heads, kvHeads, headDim, window, cells, ring, scale, scratch,
-      //  scratchFloats, split, arrived, perHead]; quantize: [x, rows, cols, mode, q, d]
+      //  scratchFloats, split, arrived]; quantize: [x, rows, cols, mode, q, d]
       const A = o.args, [qx, qr, qc, mode, q, d] = num(n1);
       if (qx === A[3] && qr === A[5] && qc === (A[6] as number) * (A[8] as number)) {
         out.push({ code: -1, fn: L.infer_cuda_attention_quant, args: [...A, mode, q, d], what: "attention + quantize" });
@@ -108,91 +108,6 @@ export function fuseStep(L: Lib, ops: PendingOp[]): PendingOp[] {
         out.push({ code: -1, fn: L.infer_cuda_rope2, args: [A[0], A[2], B[0], B[2], A[1], A[3], A[4], A[5], A[6], A[7],
           A[8], A[9]], what: "rope (q and k)" });
         i += 1;
-        continue;
-      }
-    }
-    out.push(o);
-  }
-  return fuseNormMatvecs(L, out);
-}
-
-/**
- * A second pass over the fused step: [projection, add + rms_norm + quantize, matmul(s)] becomes
- * [projection adding into the residual, matmul(s) normalizing the residual themselves], and
- * [rms_norm + quantize, matmul(s)] the latter alone (lib/cuda/norm_matvec.zig): one launch fewer
- * per norm, every value as before. The folded kernels no longer write the norm's output and the
- * quantized activation (nor the projection's own output), so each rule checks that nothing after
- * reads them before something writes them again, and that the native side's fused kernel takes
- * the matrices (infer_cuda_norm_matvec_fusable: where it does not, the two forms would be no
- * fewer launches; never while the fusion is off, its default: INFER_CUDA_NORM_MATVEC=1 turns it on).
- */
-function fuseNormMatvecs(L: Lib, ops: PendingOp[]): PendingOp[] {
-  const num = (o: PendingOp) => o.args as number[];
-  const fusable = (type: number, nIn: number, nOut: number, residual: boolean) =>
-    L.infer_cuda_norm_matvec_fusable(type, nIn, nOut, residual ? 1 : 0) === 1;
-  // Where each op writes (before it reads anything there), by argument position.
-  const writes = (o: PendingOp): number[] => {
-    const A = num(o), at = (...k: number[]) => k.map((i) => A[i]);
-    if (o.code === MATMUL) return at(8);
-    if (o.code === QUANTIZE) return at(4, 5);
-    if (o.code === RMS_NORM) return A[5] === A[0] ? [] : at(5);
-    if (o.fn === L.infer_cuda_matmul_multi) return at(6, 9, 12);
-    if (o.fn === L.infer_cuda_rms_norm_quant || o.fn === L.infer_cuda_act_mul_quant) return at(5, 7, 8);
-    if (o.fn === L.infer_cuda_add_rms_norm_quant) return at(7, 9, 10);
-    if (o.fn === L.infer_cuda_attention_quant) return at(A.length - 2, A.length - 1);
-    return [];
-  };
-  // Whether buffer `addr` is written before it is read from ops[from] on (or never used again).
-  const dead = (from: number, addr: number) => {
-    for (let j = from; j < ops.length; j++) {
-      const uses = num(ops[j]).filter((v) => v === addr).length;
-      if (uses > 0) return uses === 1 && writes(ops[j]).includes(addr);
-    }
-    return true;
-  };
-  // The matmul(s) at ops[j] reading quantized activation (q, d) of width cols: their weights'
-  // type and the (w, n, y) of up to three matrices, or null.
-  const consumer = (j: number, cols: number, q: number, d: number) => {
-    const o = ops[j];
-    if (!o) return null;
-    if (o.code === MATMUL) {
-      const [w, type, nOut, nIn, x, xq, xd, rows, y] = num(o);
-      if (x !== 0 || xq !== q || xd !== d || rows !== 1 || nIn !== cols) return null;
-      return { type, mats: [w, nOut, y, 0, 0, 0, 0, 0, 0] };
-    }
-    if (o.fn === L.infer_cuda_matmul_multi) {
-      const [type, nIn, xq, xd, ...mats] = num(o);
-      if (xq !== q || xd !== d || nIn !== cols) return null;
-      return { type, mats };
-    }
-    return null;
-  };
-  const widest = (mats: number[]) => Math.max(mats[1], mats[4], mats[7]);
-  const out: PendingOp[] = [];
-  for (let i = 0; i < ops.length; i++) {
-    const o = ops[i];
-    // [x, w, rows, cols, eps, normed, mode, q, d] of the norm at ops[n], with the residual add
-    // folded into the projection at ops[i] (add) or not.
-    let norm: number[] | null = null, n = i, residual: PendingOp | null = null;
-    if (o.fn === L.infer_cuda_rms_norm_quant) norm = num(o);
-    else if (o.code === MATMUL && ops[i + 1]?.fn === L.infer_cuda_add_rms_norm_quant) {
-      const [w, type, nOut, nIn, x, xq, xd, rows, y] = num(o);
-      const [a, b, sum, nw, r, cols, eps, normed, mode, q, d] = num(ops[i + 1]);
-      if (x === 0 && xq !== 0 && rows === 1 && r === 1 && b === y && sum === a && nOut === cols &&
-        fusable(type, nIn, nOut, true) && dead(i + 2, y)) {
-        norm = [sum, nw, r, cols, eps, normed, mode, q, d];
-        n = i + 1;
-        residual = { code: -1, fn: L.infer_cuda_matmul_residual, args: [w, type, nOut, nIn, xq, xd, y, a],
-          what: `${o.what} + residual add` };
-      }
-    }
-    if (norm && norm[2] === 1) {
-      const [x, nw, , cols, eps, normed, mode, q, d] = norm, c = consumer(n + 1, cols, q, d);
-      if (c && fusable(c.type, cols, widest(c.mats), false) && [normed, q, d].every((b) => dead(n + 2, b))) {
-        if (residual) out.push(residual);
-        out.push({ code: -1, fn: L.infer_cuda_norm_matmul, args: [c.type, cols, x, nw, eps, normed, mode, q, d, ...c.mats],
-          what: `rms_norm + ${ops[n + 1].what}` });
-        i = n + 1;
         continue;
       }
     }

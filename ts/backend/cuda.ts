@@ -9,7 +9,7 @@
 // captured into a graph (fused first: cuda-fuse.ts), and from then on the same sequence launches
 // that graph. Kernels read positions (setPositions uploads them) and the batch's table of KV
 // caches from the device, so the same graph serves every position of an attention split
-// (decodePlan). The recording and the graphs are cuda-graphs.ts. INFER_CUDA_GRAPHS=0, or
+// (decodeSplit). The recording and the graphs are cuda-graphs.ts. INFER_CUDA_GRAPHS=0, or
 // { graphs: false }, runs every op eagerly; INFER_CUDA_GRAPH_ROWS=n records steps of up to n rows
 // (1: single-token steps only).
 //
@@ -22,7 +22,7 @@ import { GgmlType } from "../gguf/types.ts";
 import { cudaDeviceInfo, cudaHostAlloc, cudaInit, cudaMalloc } from "../native/cuda.ts";
 import { check, native, type Pointer } from "../native/lib.ts";
 import type { Arg, NativeFn } from "./cuda-fuse.ts";
-import { AttentionBuffers, decodePlan } from "./cuda-attention.ts";
+import { AttentionBuffers, decodeSplit } from "./cuda-attention.ts";
 import { StepGraphs, type StepStats } from "./cuda-graphs.ts";
 import type {
   Activation, AttentionOptions, Backend, KvLayer, KvType, RopeOptions, Weight,
@@ -83,8 +83,6 @@ export class CudaBackend implements Backend {
    * step of 8 sequences was 3.3 ms launched op by op against 0.69 ms for one on an H200's 0.6B). */
   private readonly graphRows = Number(process.env.INFER_CUDA_GRAPH_ROWS ?? GRAPH_ROWS) || 1;
   private readonly gpuLayouts: boolean;
-  private readonly splitByCells: boolean;
-  private readonly attentionKernels: "heads" | "groups";
   private readonly deviceAllocations = new Set<number>();
   private readonly hostAllocations: number[] = [];
   private readonly weights = new Map<string, CudaWeight>();
@@ -156,9 +154,6 @@ export class CudaBackend implements Backend {
       beforeRealloc: () => this.beforeRealloc(),
     });
     this.steps = new StepGraphs(this.lib, options.fusion ?? process.env.INFER_CUDA_FUSE !== "0");
-    this.splitByCells = process.env.INFER_CUDA_SPLIT === "cells";
-    const kernels = process.env.INFER_CUDA_ATTN ?? "groups";
-    this.attentionKernels = kernels === "heads" ? "heads" : "groups";
   }
 
   /** Initialises CUDA (throws "CUDA not available: …" as an InferError) and makes a backend. */
@@ -463,15 +458,14 @@ export class CudaBackend implements Backend {
     }
     const p = this.positionsFor(position, rows, firstRow);
     // Decode: split the keys over blocks so that a long context fills the GPU; prefill has rows.
-    const { split, perHead } = rows <= 2 ? decodePlan(this.attentionKernels, this.splitByCells, l, position + rows)
-      : { split: 1, perHead: this.attentionKernels === "heads" };
+    const split = rows <= 2 ? decodeSplit(l, position + rows) : 1;
     const chunk = this.attn.ensure(rows, q.rows, o, l.cells, split);
     const rowBytes = q.cols * 4;
     for (let r0 = 0; r0 < rows; r0 += chunk) {
       const n = Math.min(chunk, rows - r0), r = firstRow + r0;
       this.op(9, this.lib.infer_cuda_attention, [a(q).address + r * rowBytes, l.k, l.v, a(out).address + r * rowBytes,
         p + r0 * 4, n, o.heads, o.kvHeads, o.headDim, o.window, l.cells, l.ring, o.scale, this.attn.scratch,
-        this.attn.scratchFloats, split, split > 1 ? this.attn.arrived : 0, perHead], "attention");
+        this.attn.scratchFloats, split, split > 1 ? this.attn.arrived : 0], "attention");
     }
     a(out).version++;
   }
@@ -504,7 +498,7 @@ export class CudaBackend implements Backend {
     }
     const p = this.positionsFor(positions[0], 1, firstRow);
     const table = this.attn.kvTable(layers as readonly CudaKvLayer[]);
-    const split = decodePlan("groups", false, l0, visible).split;
+    const split = decodeSplit(l0, visible);
     if (this.attn.ensure(rows, rows, o, l0.cells, split) < rows) return false;
     const kvBytes = kvDim * 4;
     this.op(15, this.lib.infer_cuda_kv_store_rows, [a(k).address + firstRow * kvBytes, a(v).address + firstRow * kvBytes,
