@@ -16,6 +16,18 @@ export fn infer_last_error() [*:0]const u8 {
     return status.lastError();
 }
 
+const abi = @import("abi.zig");
+const settings = @import("settings.zig");
+
+/// Takes the library's settings (lib/abi.zig Settings). The host calls it once, right after
+/// loading the library and before any other call; until then the struct's defaults hold.
+export fn infer_configure(s: *const abi.Settings) i32 {
+    if (s.cublas_path_len >= abi.Settings.path_bytes_max)
+        return status.fail(.invalid_argument, "configure: a cuBLAS path of {d} bytes", .{s.cublas_path_len});
+    settings.current = s.*;
+    return 0;
+}
+
 // ---- files ---------------------------------------------------------------------------------
 
 /// Maps `path` read-only. Out: an opaque handle for infer_file_close, the base address, the size.
@@ -849,7 +861,7 @@ export fn infer_cuda_cublas_min_tokens() u32 {
 }
 
 /// The decode attention's kernels (0 auto, 1 warps, 2 groups, 3 mma: lib/cuda/attention.zig
-/// DecodeAttention), for tests and comparisons; INFER_CUDA_DECODE_ATTN sets it at init.
+/// DecodeAttention): the tests run each attention case under each.
 export fn infer_cuda_set_decode_attention(mode: u32) i32 {
     return cuda.ops.setDecodeAttention(mode);
 }

@@ -13,15 +13,8 @@ const int = cuda.int;
 const tooLarge = cuda.tooLarge;
 const status = @import("../status.zig");
 
-/// The INFER_CUDA_* settings of the attention ops (ops.readSettings calls this at init).
-pub fn readSettings() void {
-    if (std.posix.getenv("INFER_CUDA_DECODE_ATTN")) |v| {
-        decode_attn = std.meta.stringToEnum(DecodeAttention, v) orelse .auto;
-    }
-}
-
-/// Which kernels decode attention (rows under 16) takes, INFER_CUDA_DECODE_ATTN or
-/// infer_cuda_set_decode_attention (tests and comparisons):
+/// Which kernels decode attention (rows under 16) takes (infer_cuda_set_decode_attention: the
+/// tests run each attention case under each):
 /// - auto: attn_decode_mma_d* where it fits (decodeMmaTakes) and the keys take two splits or more
 ///   (past 128), else attn_decode_w where it takes the shape (decodeWarpsTakes, group × splits <
 ///   128), else attn_decode_g*. One split is the context where attn_decode_w's short chain wins:
@@ -101,14 +94,14 @@ const warps_group_splits_max = 128;
 
 /// Whether decode attention (rows under 16) of this head_dim runs as attn_decode_w: a power of
 /// two from 32 to 256, so that a key's dimensions split over 1 to 8 lanes of 32 each and a value
-/// row over 4 to 32 lanes of 8 (and not INFER_CUDA_DECODE_ATTN=groups).
+/// row over 4 to 32 lanes of 8 (and not the `groups` choice).
 pub fn decodeWarpsTakes(head_dim: u64) bool {
     return decode_attn != .groups and head_dim >= 32 and head_dim <= 256 and std.math.isPowerOfTwo(head_dim);
 }
 
 /// Whether decode attention of this shape can run as attn_decode_mma_d*: head_dim 64 or 128, a
 /// group of at most 8 query heads (the rows 0..7 of its A operand), the device's opt-in to its
-/// shared memory (cuda.zig decode_mma_ok), and not INFER_CUDA_DECODE_ATTN=warps|groups.
+/// shared memory (cuda.zig decode_mma_ok), and not the `warps` or `groups` choice.
 pub fn decodeMmaTakes(n_head: u64, n_kv_head: u64, head_dim: u64) bool {
     const s = cuda.ready() orelse return false;
     return s.decode_mma_ok and (decode_attn == .auto or decode_attn == .mma) and

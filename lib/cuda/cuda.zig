@@ -7,6 +7,7 @@
 const std = @import("std");
 const status = @import("../status.zig");
 const driver = @import("driver.zig");
+const settings = @import("../settings.zig");
 
 const kernels = @import("kernels.zig");
 pub const Kernel = kernels.Kernel;
@@ -52,7 +53,7 @@ pub const State = struct {
     driver_version: i32 = 0,
     capturing: bool = false,
     debug_sync: bool = false,
-    /// Launches carry the programmatic-serialization attribute (sm_90+, INFER_CUDA_PDL != 0): a
+    /// Launches carry the programmatic-serialization attribute (sm_90+, the cuda_pdl setting): a
     /// kernel's blocks may start while the kernel before it drains, and wait for it in
     /// griddepcontrol.wait (pdl_begin in shaders/cuda/common.cuh), which hides launch latency.
     pdl: bool = false,
@@ -144,7 +145,7 @@ pub fn invalid(comptime fmt: []const u8, args: anytype) i32 {
 /// `unsupported` with a message starting "CUDA not available: ".
 pub fn init(path: []const u8, ordinal: i32) i32 {
     if (state != null) return 0;
-    ops.readSettings();
+    ops.configure(settings.current);
     if (driver.load(&api)) |e| {
         const sep: []const u8 = if (e.detail.len > 0) ": " else "";
         return status.fail(.unsupported, "CUDA not available: {s}{s}{s}", .{ e.reason, sep, e.detail });
@@ -188,9 +189,7 @@ pub fn init(path: []const u8, ordinal: i32) i32 {
         rc = api.cuEventCreate(e, driver.event_disable_timing);
         if (rc != driver.success) return cuFail(rc, "creating an event", .{});
     }
-    const pdl_env = std.posix.getenv("INFER_CUDA_PDL");
-    s.pdl = s.cc_major >= 9 and driver.optional.cuLaunchKernelEx != null and
-        !(pdl_env != null and std.mem.eql(u8, pdl_env.?, "0"));
+    s.pdl = s.cc_major >= 9 and driver.optional.cuLaunchKernelEx != null and settings.current.cuda_pdl;
 
     const image = std.fs.cwd().readFileAlloc(std.heap.c_allocator, path, 256 << 20) catch |err| {
         return status.fail(.unsupported, "CUDA not available: cannot read the kernels at '{s}' ({s}): " ++

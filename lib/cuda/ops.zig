@@ -1,8 +1,7 @@
 //! The CUDA backend's ops: one function per op that validates its arguments and launches the
 //! kernels of shaders/cuda/ (lib/cuda/cuda.zig holds the device, memory, graphs and the launch
-//! itself), with the settings that choose among kernels (the matvec split and grid, the MMQ
-//! tiles), read from the environment once at init for comparisons. The attention ops live in
-//! lib/cuda/attention.zig and are re-exported here.
+//! itself), with the rules that choose among kernels (the matvec split and grid, the MMQ
+//! tiles). The attention ops live in lib/cuda/attention.zig and are re-exported here.
 const std = @import("std");
 const status = @import("../status.zig");
 const driver = @import("driver.zig");
@@ -20,37 +19,12 @@ const int = cuda.int;
 const tooLarge = cuda.tooLarge;
 const cublas = @import("cublas.zig");
 const attn = @import("attention.zig");
+const abi = @import("../abi.zig");
 
-/// The INFER_CUDA_* settings of the ops (cuda.init calls this before the first launch).
-pub fn readSettings() void {
-    if (std.posix.getenv("INFER_CUDA_MMQ")) |v| mmq_enabled = !std.mem.eql(u8, v, "0");
-    if (std.posix.getenv("INFER_CUDA_MATVEC_SPLIT")) |v| {
-        const n = std.fmt.parseInt(u32, v, 10) catch 0;
-        if (n == 1 or n == 2 or n == 4) matvec_split = n;
-    }
-    if (std.posix.getenv("INFER_CUDA_MMQ_SPLIT")) |v| mmq_split_max = @max(std.fmt.parseInt(u64, v, 10) catch mmq_split_max, 1);
-    if (std.posix.getenv("INFER_CUDA_MATVEC_CTAS")) |v| matvec_ctas = std.fmt.parseInt(u32, v, 10) catch null;
-    if (std.posix.getenv("INFER_CUDA_MATVEC_PIPE")) |v| matvec_pipe = !std.mem.eql(u8, v, "0");
-    if (std.posix.getenv("INFER_CUDA_PIPE_ROWS")) |v| pipe_rows_per_warp = std.fmt.parseInt(u32, v, 10) catch 2;
-    if (pipe_rows_per_warp != 1 and pipe_rows_per_warp != 2 and pipe_rows_per_warp != 4) pipe_rows_per_warp = 2;
-    if (std.posix.getenv("INFER_CUDA_PIPE_ROWS_TALL")) |v| pipe_rows_tall = std.fmt.parseInt(u32, v, 10) catch 4;
-    if (pipe_rows_tall != 1 and pipe_rows_tall != 2 and pipe_rows_tall != 4) pipe_rows_tall = 4;
-    if (std.posix.getenv("INFER_CUDA_PIPE_ROWS_SPLIT")) |v| pipe_rows_split = std.fmt.parseInt(u32, v, 10) catch 2;
-    if (pipe_rows_split != 0 and pipe_rows_split != 1 and pipe_rows_split != 2 and pipe_rows_split != 4) pipe_rows_split = 2;
-    if (std.posix.getenv("INFER_CUDA_PIPE_HALVES")) |v| pipe_halves_min = std.fmt.parseInt(u64, v, 10) catch pipe_halves_min;
-    if (std.posix.getenv("INFER_CUDA_PIPE_RESERVE")) |v| pipe_reserve = std.fmt.parseInt(u32, v, 10) catch pipe_reserve;
-    if (std.posix.getenv("INFER_CUDA_MATVEC_ROWS")) |v| matvec_rows_per_warp = if (std.mem.eql(u8, v, "1")) 1 else 2;
-    attn.readSettings();
-    if (std.posix.getenv("INFER_CUDA_CUBLAS")) |v| cublas_min_tokens = std.fmt.parseInt(u32, v, 10) catch cublas_min_tokens;
-    if (std.posix.getenv("INFER_CUDA_MMQ_TILE")) |v| {
-        for (mmq_tiles, 0..) |t, i| {
-            var buf: [32]u8 = undefined;
-            const name = std.fmt.bufPrint(&buf, "{d}x{d}", .{ t.rows, t.toks }) catch continue;
-            if (std.mem.eql(u8, v, name)) mmq_tile = i;
-        }
-    }
+/// The settings of the ops (cuda.init passes lib/settings.zig's before the first launch).
+pub fn configure(settings: abi.Settings) void {
+    cublas_min_tokens = settings.cuda_cublas_min_tokens;
 }
-
 
 /// dst[i] = row ids[i] of a table of n_table_rows rows of n_cols values (ids on the device,
 /// already checked against n_table_rows by the caller).
@@ -83,8 +57,6 @@ pub fn quantize(x: u64, n_rows: u64, n_cols: u64, mode: u32, q: u64, d: u64) i32
 
 /// Batches from this many tokens take the tensor-core kernels (mmq_*); fewer take matvec_8.
 const mmq_min_tokens = 16;
-/// INFER_CUDA_MMQ=0 at init keeps every batch on matvec_8 (for comparisons).
-var mmq_enabled = true;
 
 /// The tiles of the mmq_* kernels (weight rows × tokens a block): the small one for batches
 /// (WeightKind.mmq), the large one for prompts from mmq_large_tokens (WeightKind.mmq_prompt, where
@@ -97,9 +69,6 @@ const mmq_tiles = [_]MmqTile{
     .{ .rows = 64, .toks = 128, .units = 4 },
 };
 const mmq_large_tokens = 256;
-/// INFER_CUDA_MMQ_TILE=32x64 or 64x128 at init: that tile for every batch of the types that have
-/// it (for comparisons).
-var mmq_tile: ?usize = null;
 
 /// K-splits of an mmq_* launch (grid z; shaders/cuda/matmul.cuh mmq). A batch of a few dozen
 /// tokens gives a grid of a few hundred blocks (a 4,096-row weight and 32 tokens: 128), each
@@ -108,7 +77,6 @@ var mmq_tile: ?usize = null;
 /// occupancy: 3 or 4 small-tile blocks a multiprocessor, by registers) turns that chain into
 /// parallel work; each split keeps at least 2 steps. The partial
 /// sums are added in split order (sum_splits), so a result does not depend on timing.
-/// INFER_CUDA_MMQ_SPLIT=n at init: at most n splits (1: none).
 fn mmqSplits(kernel: Kernel, threads: u32, blocks: u64, steps: u64) u64 {
     const s = ready() orelse return 1;
     const cap = @min(mmq_split_max, @max(steps / 2, 1));
@@ -116,24 +84,21 @@ fn mmqSplits(kernel: Kernel, threads: u32, blocks: u64, steps: u64) u64 {
     const want = ceilDiv(@as(u64, @intCast(s.sm_count)) * (if (per_sm == 0) 4 else per_sm), blocks);
     return @max(@min(want, cap), 1);
 }
-var mmq_split_max: u64 = 16;
+const mmq_split_max: u64 = 16;
 
 /// Warps sharing a row of a one-token quantized matvec (shaders/cuda/matmul.cuh matvec_q): rows
 /// of 384 units (12,288 values) and more take 4, from 192 units 2, so that a long row is not one
 /// warp's serial work (an 8B model's 14,336-wide down projection: 4,096 rows, one wave of single
 /// warps). The fused matvec_multi uses the same rule, so its rows equal matvec_1's bit for bit.
-/// INFER_CUDA_MATVEC_SPLIT=1|2|4 at init: that split for every row (for comparisons).
 fn matvecSplit(n_in: u64) u32 {
-    if (matvec_split) |s| return s;
     const units = n_in / 32;
     return if (units >= 384) 4 else if (units >= 192) 2 else 1;
 }
-var matvec_split: ?u32 = null;
 /// Rows a warp of the register-fed one-token matvec (matvec_*_1; shaders/cuda/matmul.cuh
-/// matvec_rows): 2, or 1 with INFER_CUDA_MATVEC_ROWS=1. Two rows share each activation load;
+/// matvec_rows): 2. Two rows share each activation load;
 /// on an H200 an 8B model's down projection went 20.3 -> 19.0 µs in Q8_0, 14.3 -> 12.6 in
 /// Q4_K, 12.9 -> 12.4 in Q4_0 (bench/RESULTS.md, 2026-11-30 17:54).
-var matvec_rows_per_warp: u32 = 2;
+const matvec_rows_per_warp: u32 = 2;
 
 /// One-token matvecs (matvec_*_1, matvec_multi_*) launch one wave: as many blocks as fit on the
 /// GPU at once (the driver's occupancy for 128 threads × multiprocessors), each looping over row
@@ -143,12 +108,9 @@ var matvec_rows_per_warp: u32 = 2;
 /// wave had started. Measured on an H200 (bench/RESULTS.md, 2026-11-30 11:20 and 11:25): decode
 /// 8B Q4_0 406 -> 423 tok/s, 0.6B 1,227 -> 1,263 in the same call; a grid past one wave (8
 /// blocks a multiprocessor where Q8_0's 6 fit) was slower than a block per row block.
-/// INFER_CUDA_MATVEC_CTAS=n at init: n blocks a multiprocessor instead, 0 a block per row block
-/// (for comparisons).
-var matvec_ctas: ?u32 = null;
 fn matvecGrid(kernel: Kernel, row_blocks: u64) u64 {
     const s = ready() orelse return row_blocks;
-    const per_sm: u64 = matvec_ctas orelse resident(s, kernel, 128);
+    const per_sm: u64 = resident(s, kernel, 128);
     if (per_sm == 0) return row_blocks;
     return @min(row_blocks, per_sm * @as(u64, @intCast(s.sm_count)));
 }
@@ -194,8 +156,8 @@ pub fn matmul(w: u64, type_id: u32, n_out: u64, n_in: u64, x: u64, xq: u64, xd: 
         if (gemmF16(k, w, out, in, x, tok, y)) |rc| return rc;
     }
     if (k.mmq) |mmq| {
-        if (n_tok >= mmq_min_tokens and mmq_enabled) {
-            const large = (mmq_tile orelse @intFromBool(n_tok >= mmq_large_tokens)) == 1 and k.mmq_prompt != null;
+        if (n_tok >= mmq_min_tokens) {
+            const large = n_tok >= mmq_large_tokens and k.mmq_prompt != null;
             const tile = mmq_tiles[@intFromBool(large)];
             const kernel_mmq = if (large) k.mmq_prompt.? else mmq;
             const tiles_x = ceilDiv(n_out, tile.rows);
@@ -226,10 +188,9 @@ pub fn matmul(w: u64, type_id: u32, n_out: u64, n_in: u64, x: u64, xq: u64, xd: 
 /// activations rounded to f16 (where MMQ quantizes them to 8 bits as the CPU does), the products
 /// summed in f32 on the tensor cores (wgmma on Hopper, which MMQ's mma.sync does not reach).
 /// Below it MMQ wins: dequantizing a whole weight costs as much as MMQ's pass over a few dozen
-/// tokens (bench/RESULTS.md has the crossover). INFER_CUDA_CUBLAS=n at init (0: never),
-/// infer_cuda_set_cublas at run time.
-pub const cublas_default_min_tokens: u32 = 128;
-var cublas_min_tokens: u32 = cublas_default_min_tokens;
+/// tokens (bench/RESULTS.md has the crossover). The cuda_cublas_min_tokens setting at init
+/// (lib/abi.zig Settings; 0: never), infer_cuda_set_cublas at run time.
+var cublas_min_tokens: u32 = (abi.Settings{}).cuda_cublas_min_tokens;
 
 pub fn cublasMinTokens() u32 {
     return cublas_min_tokens;
@@ -462,8 +423,8 @@ pub fn matmulMulti(type_id: u32, n_in: u64, xq: u64, xd: u64, w0: u64, n0: u64, 
 /// How a pipelined one-token matvec (shaders/cuda/matvec_pipe.cuh: 3 stages of a row block) of
 /// weight kind k with rows of n_in values runs — its rows a warp, whether the 4 warps split each
 /// row, and its dynamic shared memory — or null where it takes the register-fed kernels: no GPU
-/// layout, long rows in a fused launch (`split_ok` false), or INFER_CUDA_MATVEC_PIPE=0.
-/// Rows a warp: 2, or INFER_CUDA_PIPE_ROWS (1, 2 or 4), fewer where they would not fit. Two
+/// layout, or long rows in a fused launch (`split_ok` false).
+/// Rows a warp: 2, fewer where they would not fit. Two
 /// rows share each activation load: an 8B model's Q4_0 gate 12.4 -> 10.9 µs, q 4.1 -> 3.7 on an
 /// H200; four were slower on all but the LM head (bench/RESULTS.md, 2026-11-30 17:48 and 17:54).
 /// Rows of split_min_units units and more (a down projection's) are split among the block's 4
@@ -474,12 +435,12 @@ pub fn matmulMulti(type_id: u32, n_in: u64, xq: u64, xd: u64, w0: u64, n0: u64, 
 /// 12.2 either way) and decode Q4_K 531 -> 550 tok/s, Q8_0 345 -> 358, 1B Q4_K 1,755 -> 1,774
 /// (bench/RESULTS.md, 2026-12-01 05:12-05:26; 1, 2 or 4 rows a stage alike alone).
 fn pipeStages(k: kernels.WeightKind, n_in: u64, n_out: u64, split_ok: bool) ?PipeLaunch {
-    if (!matvec_pipe or k.matvec_pipe == null) return null;
+    if (k.matvec_pipe == null) return null;
     const split = n_in / 32 >= split_min_units;
-    if (split and (!split_ok or pipe_rows_split == 0 or k.matvec_pipe_split == null)) return null;
+    if (split and (!split_ok or k.matvec_pipe_split == null)) return null;
     const s = ready() orelse return null;
     const row_bytes = (n_in / k.block_values) * k.block_bytes;
-    const reserve = s.pipe_shared_max >= 227 << 10 and pipe_reserve > 0; // sm_90's 228 KB a multiprocessor
+    const reserve = s.pipe_shared_max >= 227 << 10; // sm_90's 228 KB a multiprocessor
     var rows: u32 = if (split) pipe_rows_split else if (n_out >= tall_rows) pipe_rows_tall else pipe_rows_per_warp;
     const halves = k.pipe_halves and n_in >= pipe_halves_min;
     while (true) : (rows /= 2) {
@@ -508,26 +469,23 @@ const PipeLaunch = struct {
 /// Rows of this many 32-value units and more are split among a pipelined block's warps (the
 /// register-fed kernels split them from the same width: matvecSplit).
 const split_min_units = 192;
-/// Rows of a row block whose rows the warps split: INFER_CUDA_PIPE_ROWS_SPLIT (1, 2 or 4; 0: such
-/// rows take the register-fed kernel, as before).
-var pipe_rows_split: u32 = 2;
+/// Rows of a row block whose rows the warps split.
+const pipe_rows_split: u32 = 2;
 /// Q4_K rows of at least this many values are summed half a superblock a lane, the activation in
 /// shared memory (kernels.zig pipe_halves; shaders/cuda/matvec_pipe.cuh rows_halves); shorter
 /// rows keep a unit a lane, as a half a lane would leave lanes idle (a 1,024-wide row has 8
 /// halves). On an H200 (bench/RESULTS.md, 2026-12-01 02:39-02:55): decode 8B Q4_K 449 -> 492
 /// tok/s (rows of 4,096), 4B 588 -> 601 (2,560); with halves at every width the 1B (2,048)
-/// 1,812 -> 1,753 and the 0.6B (1,024) 1,453 -> 1,375. INFER_CUDA_PIPE_HALVES=n at init: this
-/// bound instead.
-var pipe_halves_min: u64 = 2560;
-var pipe_rows_per_warp: u32 = 2;
+/// 1,812 -> 1,753 and the 0.6B (1,024) 1,453 -> 1,375.
+const pipe_halves_min: u64 = 2560;
+const pipe_rows_per_warp: u32 = 2;
 /// Rows a warp of the pipelined matvec for matrices of tall_rows rows and more (the LM head):
-/// 4, or INFER_CUDA_PIPE_ROWS_TALL. A long launch reads at its steady state, which four rows a
+/// 4. A long launch reads at its steady state, which four rows a
 /// warp raise: an 8B model's LM head 83.6 -> 73.4 µs in Q4_0, 140 -> 130 in Q8_0 on an H200,
 /// where every shorter matrix was slower with four (bench/RESULTS.md, 2026-11-30 17:54).
-var pipe_rows_tall: u32 = 4;
+const pipe_rows_tall: u32 = 4;
 const tall_rows = 32768;
 const pipe_stages = 3;
-var matvec_pipe = true;
 
 /// Shared memory of an sm_90 multiprocessor (the reserve applies there only) and what the driver
 /// reserves for each block.
@@ -541,9 +499,8 @@ const block_reserved: u32 = 1 << 10;
 /// On an H200 (bench/RESULTS.md, 2026-11-30 20:21): 8B decode Q4_0 471 -> 488 tok/s, Q4_K 428
 /// -> 431, Q8_0 313 -> 331 (three blocks of one row a warp where two blocks of two rows filled
 /// 209 KB); the 0.6B unchanged (its row blocks are small); the 4B's Q8_0 (rows of 2,560) 479 ->
-/// 468 at 20:41 (two blocks where three fitted). INFER_CUDA_PIPE_RESERVE=bytes at
-/// init: another reserve (0: none, blocks fill the multiprocessor as before).
-var pipe_reserve: u32 = 40 << 10;
+/// 468 at 20:41 (two blocks where three fitted).
+const pipe_reserve: u32 = 40 << 10;
 fn reserving(shared: u32) u32 {
     const fit = blocksBeside(shared);
     if (fit == 0) return shared;
@@ -551,7 +508,6 @@ fn reserving(shared: u32) u32 {
 }
 /// Blocks of `shared` bytes that fit a multiprocessor beside the reserve.
 fn blocksBeside(shared: u32) u32 {
-    if (pipe_reserve >= sm_shared) return 0;
     return (sm_shared - pipe_reserve) / (shared + block_reserved);
 }
 

@@ -27,8 +27,6 @@ const FUSED_COLS_MAX = 5888;
  */
 export function fuseStep(L: Lib, ops: PendingOp[]): PendingOp[] {
   const out: PendingOp[] = [];
-  // INFER_CUDA_ATTN_QUANT=0: the attention's output quantized by a kernel of its own (comparisons).
-  const attentionQuant = process.env.INFER_CUDA_ATTN_QUANT !== "0";
   const num = (o: PendingOp) => o.args as number[];
   for (let i = 0; i < ops.length; i++) {
     const o = ops[i], n1 = ops[i + 1], n2 = ops[i + 2];
@@ -47,7 +45,7 @@ export function fuseStep(L: Lib, ops: PendingOp[]): PendingOp[] {
         continue;
       }
     }
-    if (o.code === ATTENTION && n1?.code === QUANTIZE && attentionQuant) {
+    if (o.code === ATTENTION && n1?.code === QUANTIZE) {
       // [q, k, v, out, positions, rows, heads, kvHeads, headDim, window, cells, ring, scale, scratch,
       //  scratchFloats, split, arrived]; quantize: [x, rows, cols, mode, q, d]
       const A = o.args, [qx, qr, qc, mode, q, d] = num(n1);

@@ -10,12 +10,12 @@
 // that graph. Kernels read positions (setPositions uploads them) and the batch's table of KV
 // caches from the device, so the same graph serves every position of an attention split
 // (decodeSplit). The recording and the graphs are cuda-graphs.ts. INFER_CUDA_GRAPHS=0, or
-// { graphs: false }, runs every op eagerly; INFER_CUDA_GRAPH_ROWS=n records steps of up to n rows
-// (1: single-token steps only).
+// { graphs: false }, runs every op eagerly.
 //
 // Greedy decoding (Engine): argmaxToken ends a step with the argmax of the logits written to the
 // token ids on the device, where the next step's embedding reads it (keepTokens), and copied to
 // pinned memory behind an event; the host queues the next step before it reads the token.
+import { setting } from "../config/env.ts";
 import { InferError } from "../errors.ts";
 import type { GgufFile, GgufTensorInfo } from "../gguf/reader.ts";
 import { GgmlType } from "../gguf/types.ts";
@@ -30,7 +30,11 @@ import type {
 
 type Lib = ReturnType<typeof native>;
 
-/** Rows of a step that is still a decode step (the server's batch) rather than a prompt chunk. */
+/**
+ * Rows of a step that is still a decode step (the server's batch) rather than a prompt chunk:
+ * steps of up to this many rows are recorded and replayed as graphs (a step of 8 sequences was
+ * 3.3 ms launched op by op against 0.69 ms as a graph on an H200's 0.6B).
+ */
 const GRAPH_ROWS = 32;
 
 class CudaWeight implements Weight {
@@ -58,12 +62,12 @@ function w(x: Weight): CudaWeight { return x as CudaWeight; }
 function a(x: Activation): CudaActivation { return x as CudaActivation; }
 
 export interface CudaBackendOptions {
-  /** Replay decode steps as CUDA graphs (default: on unless INFER_CUDA_GRAPHS=0). */
+  /** Replay decode steps as CUDA graphs (default: the INFER_CUDA_GRAPHS setting, on). */
   readonly graphs?: boolean;
-  /** Fuse recorded decode steps' ops (default: on unless INFER_CUDA_FUSE=0); see cuda-fuse.ts. */
+  /** Fuse recorded decode steps' ops (default: the INFER_CUDA_FUSE setting, on); see cuda-fuse.ts. */
   readonly fusion?: boolean;
   /** Rewrite Q4_0, Q8_0 and Q4_K weights with rows of whole 256-value groups into the GPU
-   * layouts of shaders/cuda/packed.cuh at upload (default: on unless INFER_CUDA_REPACK=0). */
+   * layouts of shaders/cuda/packed.cuh at upload (default: the INFER_CUDA_REPACK setting, on). */
   readonly gpuLayouts?: boolean;
 }
 
@@ -79,9 +83,6 @@ export class CudaBackend implements Backend {
   readonly sequenceBatches = true;
   private readonly lib: Lib;
   private readonly graphsEnabled: boolean;
-  /** Steps of up to this many rows are recorded and replayed as graphs (batched decode: a
-   * step of 8 sequences was 3.3 ms launched op by op against 0.69 ms for one on an H200's 0.6B). */
-  private readonly graphRows = Number(process.env.INFER_CUDA_GRAPH_ROWS ?? GRAPH_ROWS) || 1;
   private readonly gpuLayouts: boolean;
   private readonly deviceAllocations = new Set<number>();
   private readonly hostAllocations: number[] = [];
@@ -146,14 +147,14 @@ export class CudaBackend implements Backend {
 
   private constructor(options: CudaBackendOptions) {
     this.lib = native();
-    this.graphsEnabled = options.graphs ?? process.env.INFER_CUDA_GRAPHS !== "0";
-    this.gpuLayouts = options.gpuLayouts ?? process.env.INFER_CUDA_REPACK !== "0";
+    this.graphsEnabled = options.graphs ?? setting("INFER_CUDA_GRAPHS");
+    this.gpuLayouts = options.gpuLayouts ?? setting("INFER_CUDA_REPACK");
     this.attn = new AttentionBuffers(this.lib, {
       alloc: (bytes, what) => this.alloc(bytes, what),
       release: (address) => this.release(address),
       beforeRealloc: () => this.beforeRealloc(),
     });
-    this.steps = new StepGraphs(this.lib, options.fusion ?? process.env.INFER_CUDA_FUSE !== "0");
+    this.steps = new StepGraphs(this.lib, options.fusion ?? setting("INFER_CUDA_FUSE"));
   }
 
   /** Initialises CUDA (throws "CUDA not available: …" as an InferError) and makes a backend. */
@@ -283,7 +284,7 @@ export class CudaBackend implements Backend {
   }
 
   private beginStep(count: number): void {
-    if (this.graphsEnabled && count <= this.graphRows) this.steps.begin();
+    if (this.graphsEnabled && count <= GRAPH_ROWS) this.steps.begin();
   }
 
   setPositions(dst: Activation, start: number, count: number, firstRow = 0): void {

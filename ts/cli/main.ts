@@ -2,6 +2,7 @@
 // non-zero exit (2 for a mistake in the command line, 1 for the rest); anything else is a bug and
 // keeps its stack.
 import { readFileSync } from "node:fs";
+import { settingsHelp } from "../config/env.ts";
 import { Engine, type TokenConstraint } from "../engine/engine.ts";
 import type { GenerateResult } from "../engine/generation.ts";
 import { InferError, quote } from "../errors.ts";
@@ -41,9 +42,10 @@ const usages: Record<string, string> = {
 function helpCommand(argv: string[]): number {
   const topic = argv[0];
   if (topic === undefined) { process.stdout.write(overview); return 0; }
+  if (topic === "env") { process.stdout.write(settingsHelp()); return 0; }
   if (!Object.hasOwn(usages, topic)) {
     throw new UsageError(`no command ${quote(topic, 40)} (commands: ` +
-      `${Object.keys(usages).join(", ")})`, { pointToHelp: false });
+      `${Object.keys(usages).join(", ")}; 'infer help env': the environment variables)`, { pointToHelp: false });
   }
   process.stdout.write(usages[topic]);
   return 0;

@@ -9,8 +9,8 @@
 //      qemu-user-static (the aarch64 kernels' tests) and tmux (the chat terminal test).
 // Flags: --lib-only (skip the model), --test-tools. Env: INFER_CACHE (default ~/.cache/infer).
 import { existsSync, mkdirSync, renameSync, rmSync, openSync, writeSync, closeSync, readFileSync } from "node:fs";
-import { homedir } from "node:os";
 import { join } from "node:path";
+import { setting } from "../config/env.ts";
 
 export const ZIG_VERSION = "0.14.1";
 export const DEFAULT_MODEL = {
@@ -25,7 +25,7 @@ export const DEFAULT_MODEL = {
 } as const;
 
 export function cacheDir(): string {
-  return process.env.INFER_CACHE ?? join(homedir(), ".cache", "infer");
+  return setting("INFER_CACHE");
 }
 
 export function defaultModelPath(): string {

@@ -8,6 +8,7 @@ import { existsSync } from "node:fs";
 import { availableParallelism } from "node:os";
 import type { Backend, KvType } from "../backend/backend.ts";
 import { createBackend, defaultBackendKind, type BackendKind } from "../backend/select.ts";
+import { setting } from "../config/env.ts";
 import { InferError } from "../errors.ts";
 import { openGguf, type GgufFile } from "../gguf/reader.ts";
 import type { Model, ModelShape } from "../model/model.ts";
@@ -203,8 +204,7 @@ export class Engine {
     const { logits, reused } = this.prefill(promptTokens, options.reuseCache ?? true);
     generation.promptDone(promptTokens.length - reused);
     const be = this.backend;
-    const onDevice = generation.greedy && be.argmaxToken !== undefined &&
-      process.env.INFER_DEVICE_GREEDY !== "0";
+    const onDevice = generation.greedy && be.argmaxToken !== undefined && setting("INFER_DEVICE_GREEDY");
     return { generation, logits, onDevice, inFlight: false };
   }
 

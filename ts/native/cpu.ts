@@ -3,6 +3,7 @@
 // silicon) and names the best variant it can run. INFER_CPU forces a variant by name.
 import { readFileSync } from "node:fs";
 import { arch, platform } from "node:process";
+import { setting } from "../config/env.ts";
 import { InferError } from "../errors.ts";
 
 /** Variants by preference, best first, with the CPU features each one needs. */
@@ -33,7 +34,7 @@ export function supportedVariants(features = cpuFeatures()): string[] {
 
 export function libraryFileName(): string {
   const ext = platform === "darwin" ? "dylib" : "so";
-  const forced = process.env.INFER_CPU;
+  const forced = setting("INFER_CPU");
   if (forced) return `libinfer-${forced}.${ext}`;
   if (!(arch in variants)) return `libinfer.${ext}`; // built for the requested CPU only
   const best = supportedVariants()[0];

@@ -6,6 +6,7 @@
 // piece of work (a step, a job's tokenization and constraint) the worker marks the shared
 // heartbeat cell, so that the HTTP thread's watchdog can tell a busy engine from a stuck one.
 import { chatTemplateFor, turnTokens, type ChatTemplate } from "../chat/template.ts";
+import { isSet, setSetting } from "../config/env.ts";
 import { Engine, type TokenConstraint } from "../engine/engine.ts";
 import type { TokenLogprob } from "../engine/generation.ts";
 import { BatchScheduler } from "../engine/scheduler.ts";
@@ -84,7 +85,7 @@ function open(settings: Extract<ToWorker, { type: "open" }>["settings"]): void {
   try {
     // In the single executable the worker is bundled apart from the embedded libraries; it
     // loads the one the main thread found.
-    if (settings.library && !process.env.INFER_LIB) process.env.INFER_LIB = settings.library;
+    if (settings.library && !isSet("INFER_LIB")) setSetting("INFER_LIB", settings.library);
     engine = Engine.open(settings);
     const prefixBytes = settings.prefixCacheBytes ?? 128 << 20;
     // A backend that runs one sequence per pass serves one request at a time.
