@@ -29,6 +29,7 @@ import { openGguf, type GgufFile } from "../ts/gguf/reader.ts";
 import { GgmlType } from "../ts/gguf/types.ts";
 import { gguf, writeGguf, type GgufTensorToWrite } from "../ts/gguf/writer.ts";
 import { cudaStatus } from "../ts/native/cuda.ts";
+import { callNamed, type CallName, type NamedArgs } from "../ts/native/calls.ts";
 import { check, native } from "../ts/native/lib.ts";
 import { dequantize } from "../ts/convert/quantize.ts";
 import { maxAbsDiff, normalisedError as logitsError, top2Gap } from "../bench/logits.ts";
@@ -318,8 +319,10 @@ describe.skipIf(noCuda)("CUDA ops equal the CPU backend's", () => {
           const [, x] = acts(p, rows, n, p.gpu.read(a, rows).slice()), [, normed] = acts(p, rows, n);
           const [, q] = acts(p, rows, n / 4), [, d] = acts(p, rows, n / 32);
           if (fused) {
-            expect(add ? L.infer_cuda_add_rms_norm_quant(addr(x), addr(b), addr(x), addr(w), rows, n, 1e-6, addr(normed), mode, addr(q), addr(d))
-              : L.infer_cuda_rms_norm_quant(addr(x), addr(w), rows, n, 1e-6, addr(normed), mode, addr(q), addr(d))).toBe(0);
+            expect(add ? callNamed("infer_cuda_add_rms_norm_quant", { a: addr(x), b: addr(b), sum: addr(x), weight: addr(w),
+              n_rows: rows, n_cols: n, eps: 1e-6, out: addr(normed), mode, q: addr(q), d: addr(d) })
+              : callNamed("infer_cuda_rms_norm_quant", { x: addr(x), weight: addr(w), n_rows: rows, n_cols: n, eps: 1e-6,
+                out: addr(normed), mode, q: addr(q), d: addr(d) })).toBe(0);
           } else {
             if (add) expect(L.infer_cuda_add(addr(x), addr(b), rows * n, addr(x))).toBe(0);
             expect(L.infer_cuda_rms_norm(addr(x), addr(w), rows, n, 1e-6, addr(normed))).toBe(0);
@@ -334,7 +337,8 @@ describe.skipIf(noCuda)("CUDA ops equal the CPU backend's", () => {
       }
     }
     const [, x] = acts(p, 1, 6144, randomF32(6144, 5, 1));
-    expect(() => check(L.infer_cuda_rms_norm_quant(addr(x), 0, 1, 6144, 1e-6, addr(x), 0, addr(x), addr(x)), "norm"))
+    expect(() => check(callNamed("infer_cuda_rms_norm_quant", { x: addr(x), weight: 0, n_rows: 1, n_cols: 6144, eps: 1e-6,
+      out: addr(x), mode: 0, q: addr(x), d: addr(x) }), "norm"))
       .toThrow("rms_norm_quant: n_cols 6144 not in 1..5888");
   });
 
@@ -564,7 +568,7 @@ describe.skipIf(noCuda)("CUDA ops equal the CPU backend's", () => {
         for (const [mode, id] of DECODE_ATTENTION_MODES) {
           if (!setDecodeAttention(id)) continue;
           const [, og] = acts(p, rows, qd);
-          const launched = captureOps(p.gpu, 9, () => p.gpu.attention(qg, kv[1], rows, position, o, og));
+          const launched = captureOps(p.gpu, "infer_cuda_attention", () => p.gpu.attention(qg, kv[1], rows, position, o, og));
           worst.set(mode, Math.max(worst.get(mode) ?? 0, compare(p, oc, og, rows)));
           if (rows <= 2) fusedQuantMatches(launched, og, rows, qd, `${label}, ${rows} row(s) at ${position}, ${mode}`);
         }
@@ -585,13 +589,13 @@ describe.skipIf(noCuda)("CUDA ops equal the CPU backend's", () => {
   }
   const skippedModes = new Set<string>();
 
-  /** The arguments of every op of `code` that `f` records or launches on `gpu`. */
-  function captureOps(gpu: CudaBackend, code: number, f: () => void): (number | boolean)[][] {
-    const g = gpu as unknown as { op: (code: number, fn: unknown, args: (number | boolean)[], what: string) => void };
-    const op = g.op, seen: (number | boolean)[][] = [];
-    g.op = function (c, fn, args, what) {
-      if (c === code) seen.push([...args]);
-      op.call(this, c, fn, args, what);
+  /** The arguments of every call to `name` that `f` records or launches on `gpu`. */
+  function captureOps<F extends CallName>(gpu: CudaBackend, name: F, f: () => void): NamedArgs<F>[] {
+    const g = gpu as unknown as { op: (fn: CallName, args: NamedArgs<F>, what: string) => void };
+    const op = g.op, seen: NamedArgs<F>[] = [];
+    g.op = function (fn, args, what) {
+      if (fn === name) seen.push({ ...args });
+      op.call(this, fn, args, what);
     };
     try {
       f();
@@ -604,11 +608,12 @@ describe.skipIf(noCuda)("CUDA ops equal the CPU backend's", () => {
   /**
    * A decode step's attention followed by the quantization of its output (the o-projection's
    * input) in one launch (cuda-fuse.ts): for each format the row's width allows, the launch
-   * recorded above again through infer_cuda_attention_quant into fresh buffers must give the
+   * recorded above again, quantizing its output (quant_mode), into fresh buffers must give the
    * same output and the bytes infer_cuda_quantize gives, bit for bit (the decode kernels quantize
    * in their epilogue where a group of heads is whole blocks; elsewhere the two launches run).
    */
-  function fusedQuantMatches(launched: (number | boolean)[][], og: Activation, rows: number, width: number, what: string) {
+  function fusedQuantMatches(launched: NamedArgs<"infer_cuda_attention">[], og: Activation, rows: number, width: number,
+    what: string) {
     const L = native();
     const addr = (x: Activation) => (x as unknown as { address: number }).address;
     const bits = (x: Activation) => new Uint32Array(p.gpu.read(x, x.rows).slice().buffer);
@@ -617,9 +622,8 @@ describe.skipIf(noCuda)("CUDA ops equal the CPU backend's", () => {
       const [, q1] = acts(p, rows, width / 4), [, d1] = acts(p, rows, width / 32);
       const [, q2] = acts(p, rows, width / 4), [, d2] = acts(p, rows, width / 32), [, o2] = acts(p, rows, width);
       check(L.infer_cuda_quantize(addr(og), rows, width, mode, addr(q1), addr(d1)), "quantize");
-      const args = [...launched[0]];
-      args[3] = addr(o2);
-      check((L.infer_cuda_attention_quant as (...a: unknown[]) => number)(...args, mode, addr(q2), addr(d2)), "attention_quant");
+      const args = { ...launched[0], out: addr(o2), quant_mode: mode, quant_q: addr(q2), quant_d: addr(d2) };
+      check(callNamed("infer_cuda_attention", args), "attention + quantize");
       for (const [part, want, got] of [["output", og, o2], ["quants", q1, q2], ["scales", d1, d2]] as const) {
         const w = bits(want).subarray(0, part === "output" ? rows * width : undefined), g = bits(got);
         if (!w.every((v, j) => v === g[j])) throw new Error(`attention + quantize ${what}, mode ${mode}: ${part} differs`);

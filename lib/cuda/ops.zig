@@ -130,7 +130,16 @@ fn resident(s: *State, k: Kernel, threads: c_int) u8 {
 
 /// y[t][o] = W[o] · x[t] for t < n_tok. Quantized W reads the activations from xq/xd (see
 /// quantize, in W's activation format); float W reads x.
-pub fn matmul(w: u64, type_id: u32, n_out: u64, n_in: u64, x: u64, xq: u64, xd: u64, n_tok: u64, y: u64) i32 {
+pub fn matmul(a: abi.CudaMatmulArgs) i32 {
+    const w = a.w;
+    const type_id = a.type_id;
+    const n_out = a.n_out;
+    const n_in = a.n_in;
+    const x = a.x;
+    const xq = a.xq;
+    const xd = a.xd;
+    const n_tok = a.n_tok;
+    const y = a.y;
     const k = weightKind(type_id) orelse return unsupportedType(type_id);
     if (n_in == 0 or n_in % k.block_values != 0 or (k.block_values > 1 and n_in % 32 != 0))
         return invalid("matmul: n_in {d} is not a multiple of the {s} block", .{ n_in, k.name });
@@ -275,7 +284,17 @@ pub fn rmsNormAdd(x: u64, weight: u64, n_rows: u64, n_cols: u64, eps: f32, resid
 
 extern "c" fn powf(x: f32, y: f32) f32;
 
-pub fn rope(x: u64, n_tok: u64, n_heads: u64, head_dim: u64, n_rot: u64, positions: u64, freq_base: f32, freq_scale: f32, mode: u32, freq_factors: u64) i32 {
+pub fn rope(a: abi.CudaRopeArgs) i32 {
+    const x = a.x;
+    const n_tok = a.n_tok;
+    const n_heads = a.n_heads;
+    const head_dim = a.head_dim;
+    const n_rot = a.n_rot;
+    const positions = a.positions;
+    const freq_base = a.freq_base;
+    const freq_scale = a.freq_scale;
+    const mode = a.mode;
+    const freq_factors = a.freq_factors;
     if (mode != 0 and mode != 2) return invalid("rope: mode {d} is not 0 (normal) or 2 (neox)", .{mode});
     if (n_rot == 0 or n_rot % 2 != 0 or n_rot > head_dim or n_rot > 2048)
         return invalid("rope: n_rot {d} must be even, > 0, <= head_dim {d} and <= 2048", .{ n_rot, head_dim });
@@ -295,8 +314,6 @@ pub const head_dim_max = attn.head_dim_max;
 pub const split_max = attn.split_max;
 pub const attentionScratch = attn.attentionScratch;
 pub const attention = attn.attention;
-pub const attentionQuant = attn.attentionQuant;
-pub const attentionRows = attn.attentionRows;
 pub const decodeAttentionFits = attn.decodeAttentionFits;
 pub const decodeWarpsTakes = attn.decodeWarpsTakes;
 pub const setDecodeAttention = attn.setDecodeAttention;
@@ -306,7 +323,26 @@ pub const kvStoreRows = attn.kvStoreRows;
 /// One token's query and key head norms (wq = wk = 0: none), their RoPE, and the store of the
 /// keys and values into the f16 cache at positions[0]: rms_norm2 + rope2 + kv_store in one launch
 /// (see norm_rope_store in shaders/cuda/decode.cuh).
-pub fn normRopeStore(q: u64, heads_q: u64, k: u64, heads_k: u64, v: u64, wq: u64, wk: u64, eps: f32, head_dim: u64, n_rot: u64, positions: u64, freq_base: f32, freq_scale: f32, mode: u32, freq_factors: u64, k_cache: u64, v_cache: u64, cells: u64, ring: bool) i32 {
+pub fn normRopeStore(a: abi.CudaNormRopeStoreArgs) i32 {
+    const q = a.q;
+    const heads_q = a.heads_q;
+    const k = a.k;
+    const heads_k = a.heads_k;
+    const v = a.v;
+    const wq = a.wq;
+    const wk = a.wk;
+    const eps = a.eps;
+    const head_dim = a.head_dim;
+    const n_rot = a.n_rot;
+    const positions = a.positions;
+    const freq_base = a.freq_base;
+    const freq_scale = a.freq_scale;
+    const mode = a.mode;
+    const freq_factors = a.freq_factors;
+    const k_cache = a.k_cache;
+    const v_cache = a.v_cache;
+    const cells = a.cells;
+    const ring = a.ring;
     if (mode != 0 and mode != 2) return invalid("norm_rope_store: mode {d} is not 0 (normal) or 2 (neox)", .{mode});
     if (n_rot == 0 or n_rot % 2 != 0 or n_rot > head_dim or head_dim > head_dim_max)
         return invalid("norm_rope_store: n_rot {d} must be even, > 0, <= head_dim {d} <= {d}", .{ n_rot, head_dim, head_dim_max });
@@ -370,7 +406,16 @@ pub fn quantMode(mode: u32, n_cols: u64) ?i32 {
 }
 
 /// rms_norm, then quantize (mode as infer_cuda_quantize) of its output.
-pub fn rmsNormQuant(x: u64, weight: u64, n_rows: u64, n_cols: u64, eps: f32, out: u64, mode: u32, q: u64, d: u64) i32 {
+pub fn rmsNormQuant(a: abi.CudaRmsNormQuantArgs) i32 {
+    const x = a.x;
+    const weight = a.weight;
+    const n_rows = a.n_rows;
+    const n_cols = a.n_cols;
+    const eps = a.eps;
+    const out = a.out;
+    const mode = a.mode;
+    const q = a.q;
+    const d = a.d;
     const m = quantMode(mode, n_cols) orelse return invalid("rms_norm_quant: mode {d} with n_cols {d}", .{ mode, n_cols });
     if (n_cols == 0 or n_cols > fused_cols_max) return invalid("rms_norm_quant: n_cols {d} not in 1..{d}", .{ n_cols, fused_cols_max });
     const cols: i32 = @intCast(n_cols);
@@ -392,7 +437,18 @@ pub fn rmsNorm2(xa: u64, wa: u64, rows_a: u64, xb: u64, wb: u64, rows_b: u64, n_
 }
 
 /// sum = a + b (sum may alias a), then rms_norm(sum) into out, quantized.
-pub fn addRmsNormQuant(a: u64, b: u64, sum: u64, weight: u64, n_rows: u64, n_cols: u64, eps: f32, out: u64, mode: u32, q: u64, d: u64) i32 {
+pub fn addRmsNormQuant(args: abi.CudaAddRmsNormQuantArgs) i32 {
+    const a = args.a;
+    const b = args.b;
+    const sum = args.sum;
+    const weight = args.weight;
+    const n_rows = args.n_rows;
+    const n_cols = args.n_cols;
+    const eps = args.eps;
+    const out = args.out;
+    const mode = args.mode;
+    const q = args.q;
+    const d = args.d;
     const m = quantMode(mode, n_cols) orelse return invalid("add_rms_norm_quant: mode {d} with n_cols {d}", .{ mode, n_cols });
     if (n_cols == 0 or n_cols > fused_cols_max) return invalid("add_rms_norm_quant: n_cols {d} not in 1..{d}", .{ n_cols, fused_cols_max });
     const cols: i32 = @intCast(n_cols);
@@ -400,7 +456,20 @@ pub fn addRmsNormQuant(a: u64, b: u64, sum: u64, weight: u64, n_rows: u64, n_col
 }
 
 /// Up to three matmuls of one token over the same quantized input (n2 = 0: two matrices).
-pub fn matmulMulti(type_id: u32, n_in: u64, xq: u64, xd: u64, w0: u64, n0: u64, y0: u64, w1: u64, n1: u64, y1: u64, w2: u64, n2: u64, y2: u64) i32 {
+pub fn matmulMulti(args: abi.CudaMatmulMultiArgs) i32 {
+    const type_id = args.type_id;
+    const n_in = args.n_in;
+    const xq = args.xq;
+    const xd = args.xd;
+    const w0 = args.w0;
+    const n0 = args.n0;
+    const y0 = args.y0;
+    const w1 = args.w1;
+    const n1 = args.n1;
+    const y1 = args.y1;
+    const w2 = args.w2;
+    const n2 = args.n2;
+    const y2 = args.y2;
     const k = weightKind(type_id) orelse return unsupportedType(type_id);
     const kernel = k.matvec_multi orelse return invalid("matmul_multi: {s} is not a quantized type", .{k.name});
     if (n_in == 0 or n_in % k.block_values != 0) return invalid("matmul_multi: n_in {d} is not a multiple of the {s} block", .{ n_in, k.name });
@@ -522,7 +591,16 @@ fn pipeGrid(kernel: Kernel, row_blocks: u64, shared: u32) u64 {
 }
 
 /// out = act(gate) * up (kind 0 = GELU, 1 = SiLU) over n_rows x n_cols, quantized.
-pub fn actMulQuant(kind: u32, gate: u64, up: u64, n_rows: u64, n_cols: u64, out: u64, mode: u32, q: u64, d: u64) i32 {
+pub fn actMulQuant(a: abi.CudaActMulQuantArgs) i32 {
+    const kind = a.kind;
+    const gate = a.gate;
+    const up = a.up;
+    const n_rows = a.n_rows;
+    const n_cols = a.n_cols;
+    const out = a.out;
+    const mode = a.mode;
+    const q = a.q;
+    const d = a.d;
     const m = quantMode(mode, n_cols) orelse return invalid("act_mul_quant: mode {d} with n_cols {d}", .{ mode, n_cols });
     const n = std.math.mul(u64, n_rows, n_cols) catch return tooLarge("act_mul_quant: values", n_rows);
     const groups = int(n / (if (mode == 0) @as(u64, 32) else 256)) orelse return tooLarge("act_mul_quant: groups", n);
@@ -533,7 +611,19 @@ pub fn actMulQuant(kind: u32, gate: u64, up: u64, n_rows: u64, n_cols: u64, out:
 }
 
 /// RoPE of two tensors (queries and keys) with the same positions and parameters.
-pub fn rope2(xa: u64, heads_a: u64, xb: u64, heads_b: u64, n_tok: u64, head_dim: u64, n_rot: u64, positions: u64, freq_base: f32, freq_scale: f32, mode: u32, freq_factors: u64) i32 {
+pub fn rope2(a: abi.CudaRope2Args) i32 {
+    const xa = a.xa;
+    const heads_a = a.heads_a;
+    const xb = a.xb;
+    const heads_b = a.heads_b;
+    const n_tok = a.n_tok;
+    const head_dim = a.head_dim;
+    const n_rot = a.n_rot;
+    const positions = a.positions;
+    const freq_base = a.freq_base;
+    const freq_scale = a.freq_scale;
+    const mode = a.mode;
+    const freq_factors = a.freq_factors;
     if (mode != 0 and mode != 2) return invalid("rope2: mode {d} is not 0 (normal) or 2 (neox)", .{mode});
     if (n_rot == 0 or n_rot % 2 != 0 or n_rot > head_dim or n_rot > 2048)
         return invalid("rope2: n_rot {d} must be even, > 0, <= head_dim {d} and <= 2048", .{ n_rot, head_dim });

@@ -21,7 +21,8 @@ import type { GgufFile, GgufTensorInfo } from "../gguf/reader.ts";
 import { GgmlType } from "../gguf/types.ts";
 import { cudaDeviceInfo, cudaHostAlloc, cudaInit, cudaMalloc } from "../native/cuda.ts";
 import { check, native, type Pointer } from "../native/lib.ts";
-import type { Arg, NativeFn } from "./cuda-fuse.ts";
+import { callNamed, type NamedArgs } from "../native/calls.ts";
+import type { LaunchCall } from "./cuda-fuse.ts";
 import { AttentionBuffers, decodeSplit } from "./cuda-attention.ts";
 import { StepGraphs, type StepStats } from "./cuda-graphs.ts";
 import type {
@@ -240,11 +241,11 @@ export class CudaBackend implements Backend {
 
   // ---- recording and graphs -----------------------------------------------------------------
 
-  /** Runs (or records, during a decode step) one native launch call. */
-  private op(code: number, fn: NativeFn, args: Arg[], what: string): void {
+  /** Runs (or records, during a decode step) one native launch call, its arguments by name. */
+  private op<F extends LaunchCall>(fn: F, args: NamedArgs<F>, what: string): void {
     if (this.dirtyTo !== 0) this.flushPositions();
-    if (this.steps.recording) this.steps.record({ code, fn, args, what });
-    else check(fn(...args), what);
+    if (this.steps.recording) this.steps.record({ fn, args, what } as never);
+    else check(callNamed(fn, args), what);
   }
 
   /** Runs what was recorded so far eagerly and records no more in this step. */
@@ -342,32 +343,32 @@ export class CudaBackend implements Backend {
         throw new InferError("invalid_argument", `token id ${id} is out of range (vocabulary: ${t.dims[1]})`);
       }
     }
-    this.op(1, this.lib.infer_cuda_get_rows, [t.typeId, t.address, t.dims[0], rows, a(ids).address, a(out).address],
-      `embed ${t.name}`);
+    this.op("infer_cuda_get_rows", { type_id: t.typeId, table: t.address, n_cols: t.dims[0], n_ids: rows,
+      ids: a(ids).address, dst: a(out).address }, `embed ${t.name}`);
     a(out).version++;
   }
 
   scale(x: Activation, rows: number, factor: number): void {
-    this.op(2, this.lib.infer_cuda_scale, [a(x).address, rows * x.cols, factor], "scale");
+    this.op("infer_cuda_scale", { x: a(x).address, n: rows * x.cols, s: factor }, "scale");
     a(x).version++;
   }
 
   rmsNorm(x: Activation, weight: Weight | null, rows: number, eps: number, out: Activation): void {
-    this.op(3, this.lib.infer_cuda_rms_norm, [a(x).address, weight ? w(weight).address : 0, rows, x.cols, eps,
-      a(out).address], "rms_norm");
+    this.op("infer_cuda_rms_norm", { x: a(x).address, weight: weight ? w(weight).address : 0, n_rows: rows,
+      n_cols: x.cols, eps, out: a(out).address }, "rms_norm");
     a(out).version++;
   }
 
   rmsNormAdd(x: Activation, weight: Weight, rows: number, eps: number, residual: Activation): void {
-    this.op(4, this.lib.infer_cuda_rms_norm_add, [a(x).address, w(weight).address, rows, x.cols, eps,
-      a(residual).address], "rms_norm_add");
+    this.op("infer_cuda_rms_norm_add", { x: a(x).address, weight: w(weight).address, n_rows: rows, n_cols: x.cols,
+      eps, residual: a(residual).address }, "rms_norm_add");
     a(residual).version++;
   }
 
   rmsNormHeads(x: Activation, weight: Weight, rows: number, heads: number, eps: number): void {
     const headDim = x.cols / heads;
-    this.op(3, this.lib.infer_cuda_rms_norm, [a(x).address, w(weight).address, rows * heads, headDim, eps,
-      a(x).address], "rms_norm (heads)");
+    this.op("infer_cuda_rms_norm", { x: a(x).address, weight: w(weight).address, n_rows: rows * heads,
+      n_cols: headDim, eps, out: a(x).address }, "rms_norm (heads)");
     a(x).version++;
   }
 
@@ -386,8 +387,8 @@ export class CudaBackend implements Backend {
       this.xd = this.alloc(Math.ceil(capacity / 32) * 4, "activation scales");
       this.xCapacity = capacity;
     }
-    this.op(5, this.lib.infer_cuda_quantize, [x.address + firstRow * x.cols * 4, rows, x.cols, mode, this.xq, this.xd],
-      "quantize activations");
+    this.op("infer_cuda_quantize", { x: x.address + firstRow * x.cols * 4, n_rows: rows, n_cols: x.cols, mode,
+      q: this.xq, d: this.xd }, "quantize activations");
     this.cached = { act: x, version: x.version, mode, first: firstRow, rows };
   }
 
@@ -399,11 +400,11 @@ export class CudaBackend implements Backend {
       // Prompts pass the f32 rows too, for the cuBLAS f16 GEMM (lib/cuda/ops.zig gemmF16); a
       // decode step's matmuls (one row) keep x = 0, which the fusion rules match on.
       const x32 = rows >= CUBLAS_ROWS_MIN ? xa.address + firstRow * x.cols * 4 : 0;
-      this.op(6, this.lib.infer_cuda_matmul, [t.address, t.typeId, t.dims[1], t.dims[0], x32, this.xq, this.xd, rows,
-        a(out).address], `matmul ${t.name}`);
+      this.op("infer_cuda_matmul", { w: t.address, type_id: t.typeId, n_out: t.dims[1], n_in: t.dims[0], x: x32,
+        xq: this.xq, xd: this.xd, n_tok: rows, y: a(out).address }, `matmul ${t.name}`);
     } else {
-      this.op(6, this.lib.infer_cuda_matmul, [t.address, t.typeId, t.dims[1], t.dims[0],
-        xa.address + firstRow * x.cols * 4, 0, 0, rows, a(out).address], `matmul ${t.name}`);
+      this.op("infer_cuda_matmul", { w: t.address, type_id: t.typeId, n_out: t.dims[1], n_in: t.dims[0],
+        x: xa.address + firstRow * x.cols * 4, xq: 0, xd: 0, n_tok: rows, y: a(out).address }, `matmul ${t.name}`);
     }
     a(out).version++;
   }
@@ -417,8 +418,9 @@ export class CudaBackend implements Backend {
       }
       factors = f.address;
     }
-    this.op(7, this.lib.infer_cuda_rope, [a(x).address, rows, o.heads, o.headDim, o.rotaryDims, a(positions).address,
-      o.base, o.scale, o.neox ? 2 : 0, factors], "rope");
+    this.op("infer_cuda_rope", { x: a(x).address, n_tok: rows, n_heads: o.heads, head_dim: o.headDim,
+      n_rot: o.rotaryDims, positions: a(positions).address, freq_base: o.base, freq_scale: o.scale,
+      mode: o.neox ? 2 : 0, freq_factors: factors }, "rope");
     a(x).version++;
   }
 
@@ -433,8 +435,8 @@ export class CudaBackend implements Backend {
     if (k.cols !== kvDim || v.cols !== kvDim) throw new InferError("invalid_argument", "storeKv: k/v width is not kvHeads·headDim");
     const p = this.positionsFor(position, rows, firstRow);
     const rowBytes = kvDim * 4;
-    this.op(8, this.lib.infer_cuda_kv_store, [a(k).address + firstRow * rowBytes,
-      a(v).address + firstRow * rowBytes, kvDim, rows, l.k, l.v, p, l.cells, l.ring], "kv_store");
+    this.op("infer_cuda_kv_store", { k: a(k).address + firstRow * rowBytes, v: a(v).address + firstRow * rowBytes,
+      kv_dim: kvDim, n_tok: rows, k_cache: l.k, v_cache: l.v, positions: p, cells: l.cells, ring: l.ring }, "kv_store");
   }
 
   copyKv(src: KvLayer, srcCell: number, dst: KvLayer, dstCell: number, cells: number): void {
@@ -464,9 +466,11 @@ export class CudaBackend implements Backend {
     const rowBytes = q.cols * 4;
     for (let r0 = 0; r0 < rows; r0 += chunk) {
       const n = Math.min(chunk, rows - r0), r = firstRow + r0;
-      this.op(9, this.lib.infer_cuda_attention, [a(q).address + r * rowBytes, l.k, l.v, a(out).address + r * rowBytes,
-        p + r0 * 4, n, o.heads, o.kvHeads, o.headDim, o.window, l.cells, l.ring, o.scale, this.attn.scratch,
-        this.attn.scratchFloats, split, split > 1 ? this.attn.arrived : 0], "attention");
+      this.op("infer_cuda_attention", { q: a(q).address + r * rowBytes, k_cache: l.k, v_cache: l.v,
+        out: a(out).address + r * rowBytes, positions: p + r0 * 4, n_tok: n, n_head: o.heads, n_kv_head: o.kvHeads,
+        head_dim: o.headDim, window: o.window, cells: l.cells, ring: l.ring, scale: o.scale,
+        scratch: this.attn.scratch, scratch_floats: this.attn.scratchFloats, n_split: split,
+        arrived: split > 1 ? this.attn.arrived : 0 }, "attention");
     }
     a(out).version++;
   }
@@ -502,28 +506,32 @@ export class CudaBackend implements Backend {
     const split = decodeSplit(l0, visible);
     if (this.attn.ensure(rows, rows, o, l0.cells, split) < rows) return false;
     const kvBytes = kvDim * 4;
-    this.op(15, this.lib.infer_cuda_kv_store_rows, [a(k).address + firstRow * kvBytes, a(v).address + firstRow * kvBytes,
-      kvDim, rows, table, p, l0.cells, l0.ring], "kv_store_rows");
+    this.op("infer_cuda_kv_store_rows", { k: a(k).address + firstRow * kvBytes, v: a(v).address + firstRow * kvBytes,
+      kv_dim: kvDim, n_tok: rows, kv_table: table, positions: p, cells: l0.cells, ring: l0.ring }, "kv_store_rows");
     const rowBytes = q.cols * 4;
-    this.op(16, this.lib.infer_cuda_attention_rows, [a(q).address + firstRow * rowBytes, table,
-      a(out).address + firstRow * rowBytes, p, rows, o.heads, o.kvHeads, o.headDim, o.window, l0.cells, l0.ring,
-      o.scale, this.attn.scratch, this.attn.scratchFloats, split, split > 1 ? this.attn.arrived : 0], "attention_rows");
+    this.op("infer_cuda_attention", { q: a(q).address + firstRow * rowBytes, kv_table: table,
+      out: a(out).address + firstRow * rowBytes, positions: p, n_tok: rows, n_head: o.heads, n_kv_head: o.kvHeads,
+      head_dim: o.headDim, window: o.window, cells: l0.cells, ring: l0.ring, scale: o.scale,
+      scratch: this.attn.scratch, scratch_floats: this.attn.scratchFloats, n_split: split,
+      arrived: split > 1 ? this.attn.arrived : 0 }, "attention_rows");
     a(out).version++;
     return true;
   }
 
   geluMul(gate: Activation, up: Activation, rows: number, out: Activation): void {
-    this.op(10, this.lib.infer_cuda_gelu_mul, [a(gate).address, a(up).address, rows * gate.cols, a(out).address], "gelu_mul");
+    this.op("infer_cuda_gelu_mul", { gate: a(gate).address, up: a(up).address, n: rows * gate.cols,
+      out: a(out).address }, "gelu_mul");
     a(out).version++;
   }
 
   siluMul(gate: Activation, up: Activation, rows: number, out: Activation): void {
-    this.op(11, this.lib.infer_cuda_silu_mul, [a(gate).address, a(up).address, rows * gate.cols, a(out).address], "silu_mul");
+    this.op("infer_cuda_silu_mul", { gate: a(gate).address, up: a(up).address, n: rows * gate.cols,
+      out: a(out).address }, "silu_mul");
     a(out).version++;
   }
 
   add(x: Activation, y: Activation, rows: number, out: Activation): void {
-    this.op(12, this.lib.infer_cuda_add, [a(x).address, a(y).address, rows * x.cols, a(out).address], "add");
+    this.op("infer_cuda_add", { a: a(x).address, b: a(y).address, n: rows * x.cols, out: a(out).address }, "add");
     a(out).version++;
   }
 
@@ -532,7 +540,8 @@ export class CudaBackend implements Backend {
     if (b.typeId !== GgmlType.F32 || b.dims.length !== 1 || b.dims[0] !== x.cols) {
       throw new InferError("bad_model", `bias '${b.name}' must be ${x.cols} f32 values`);
     }
-    this.op(13, this.lib.infer_cuda_add_row_bias, [a(x).address, b.address, rows, x.cols], `add bias ${b.name}`);
+    this.op("infer_cuda_add_row_bias", { x: a(x).address, bias: b.address, n_rows: rows, n_cols: x.cols },
+      `add bias ${b.name}`);
     a(x).version++;
   }
 
@@ -546,8 +555,8 @@ export class CudaBackend implements Backend {
       this.tokenSlots = new Int32Array(buffer);
       this.tokenSlotsAddress = address;
     }
-    this.op(14, this.lib.infer_cuda_argmax, [a(logits).address, logits.cols, this.argmaxScratch, a(ids).address],
-      "argmax");
+    this.op("infer_cuda_argmax", { x: a(logits).address, n: logits.cols, scratch: this.argmaxScratch,
+      out: a(ids).address }, "argmax");
     a(ids).version++;
     this.idsWidth = logits.cols;
     if (this.steps.recording) this.lastGraph = this.steps.finish() || this.lastGraph;

@@ -108,7 +108,8 @@ export function setting<N extends SettingName>(name: N): SettingValue<N> {
     if (v === undefined) return s.default as SettingValue<N>;
     const n = Number(v);
     if (!/^\s*\d+\s*$/.test(v) || !Number.isSafeInteger(n) || n < s.min) {
-      throw new InferError("invalid_argument", `${name} must be a whole number of at least ${s.min}, got ${quote(v, 40)}`);
+      throw new InferError("invalid_argument",
+        `${name} must be a whole number of at least ${s.min}, got ${quote(v, 40)}`);
     }
     return n as SettingValue<N>;
   }

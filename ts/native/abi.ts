@@ -59,7 +59,7 @@ function put(view: DataView, f: FieldLayout, v: number | boolean, struct: string
 
 /** The bytes of struct `name` with `values` (into `into`, reused, when given; else a new array). */
 export function packStruct<N extends StructName>(name: N, values: StructValues<N>,
-  into = new Uint8Array(structs[name].size)): Uint8Array {
+  into: Uint8Array = new Uint8Array(structs[name].size)): Uint8Array {
   const fields = layouts.get(name)!;
   const view = new DataView(into.buffer, into.byteOffset, into.byteLength);
   const given = values as Record<string, number | boolean | Uint8Array | undefined>;
@@ -76,6 +76,19 @@ export function packStruct<N extends StructName>(name: N, values: StructValues<N
     put(view, f, (v ?? f.value) as number | boolean, name);
   }
   return into;
+}
+
+const reused = new Map<string, Uint8Array>();
+
+/**
+ * packStruct into a buffer kept for struct `name`: for a call made at once (calls are synchronous
+ * and the library does not keep the pointer), without an allocation per call. The bytes are good
+ * until the next packed() of the same struct.
+ */
+export function packed<N extends StructName>(name: N, values: StructValues<N>): Uint8Array {
+  let into = reused.get(name);
+  if (!into) reused.set(name, into = new Uint8Array(structs[name].size));
+  return packStruct(name, values, into);
 }
 
 /** A struct's default values (lib/abi.zig), by field: what the library holds until told otherwise. */

@@ -9,7 +9,7 @@ import { join } from "node:path";
 
 const root = join(import.meta.dir, "..", "..");
 /** The files that hold the library's `export fn`s, in the order the table lists them. */
-export const exportFiles = ["lib/root.zig"];
+export const exportFiles = ["core", "cpu", "cuda", "metal"].map((area) => `lib/exports/${area}.zig`);
 export const abiFile = "lib/abi.zig";
 const outPath = join(import.meta.dir, "symbols.gen.ts");
 
@@ -87,7 +87,7 @@ function structLayouts(source: string): string[] {
 /** symbols.gen.ts from the export files' sources (in exportFiles' order) and lib/abi.zig's. */
 export function generate(exportSources: readonly string[], abiSource: string): string {
   const decl = /export fn (\w+)\(([^)]*)\)\s*([^{]+?)\s*\{/g;
-  const lines: string[] = [], names: string[] = [];
+  const lines: string[] = [], names: string[] = [], takes: string[] = [];
   for (const source of exportSources) {
     for (const m of source.matchAll(decl)) {
       const [, name, params] = m;
@@ -96,6 +96,9 @@ export function generate(exportSources: readonly string[], abiSource: string): s
       const args = list.map((p) => ffiType(p.slice(p.indexOf(":") + 1), false));
       lines.push(`  ${name}: { args: [${args.join(", ")}], returns: ${ffiType(ret, true)} },`);
       names.push(`  ${name}: [${list.map((p) => `"${p.slice(0, p.indexOf(":")).trim()}"`).join(", ")}],`);
+      const only = list.length === 1 ? list[0].slice(list[0].indexOf(":") + 1).trim() : "";
+      const struct = /^\*const abi\.(\w+)$/.exec(only);
+      if (struct) takes.push(`  ${name}: "${struct[1]}",`);
     }
   }
   return [
@@ -109,6 +112,11 @@ export function generate(exportSources: readonly string[], abiSource: string): s
     "/** Each call's parameter names, in order. */",
     "export const parameters = {",
     ...names,
+    "} as const;",
+    "",
+    "/** The calls whose one argument is a struct of lib/abi.zig, and which. */",
+    "export const structArgs = {",
+    ...takes,
     "} as const;",
     "",
     "/**",
