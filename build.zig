@@ -1,4 +1,5 @@
-//! Builds libinfer (the C-ABI kernel library loaded by ts/native through bun:ffi) and its tests.
+//! Builds libinfer (the C-ABI kernel library loaded by ts/native through bun:ffi) and its tests,
+//! and bench/bandwidth.zig's memory-bandwidth probe (zig-out/lib/libbench-bandwidth.so).
 //!   python3 -m ziglang build -Doptimize=ReleaseFast   -> zig-out/lib/libinfer-<variant>.so, one
 //!       per instruction-set level of the host's architecture; ts/native/cpu.ts picks the best one
 //!       the running CPU supports (x86-64: v2, v3 = AVX2, v4 + VNNI = AVX-512; aarch64: NEON,
@@ -74,9 +75,34 @@ pub fn build(b: *std.Build) void {
         b.installArtifact(lib);
     }
 
+    // The memory bandwidth probe of bench/bandwidth.ts: a library of its own, not libinfer's.
+    b.installArtifact(b.addLibrary(.{
+        .linkage = .dynamic,
+        .name = "bench-bandwidth",
+        .root_module = benchModule(b, target, optimize),
+    }));
+
     const tests = b.addTest(.{ .root_module = rootModule(b, target, optimize, null) });
-    const run_tests = b.addRunArtifact(tests);
-    b.step("test", "Run every Zig test (fast paths against scalar references)").dependOn(&run_tests.step);
+    const bench_tests = b.addTest(.{ .root_module = benchModule(b, target, optimize) });
+    const test_step = b.step("test", "Run every Zig test (fast paths against scalar references)");
+    test_step.dependOn(&b.addRunArtifact(tests).step);
+    test_step.dependOn(&b.addRunArtifact(bench_tests).step);
+}
+
+fn benchModule(b: *std.Build, target: std.Build.ResolvedTarget, optimize: std.builtin.OptimizeMode) *std.Build.Module {
+    const module = b.createModule(.{
+        .root_source_file = b.path("bench/bandwidth.zig"),
+        .target = target,
+        .optimize = optimize,
+        .link_libc = true,
+    });
+    module.addImport("threads", b.createModule(.{
+        .root_source_file = b.path("lib/cpu/threads.zig"),
+        .target = target,
+        .optimize = optimize,
+        .link_libc = true,
+    }));
+    return module;
 }
 
 fn rootModule(

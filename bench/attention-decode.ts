@@ -5,6 +5,7 @@
 // after a 256 MiB pass that pushes the caches' rows out of the CPU caches (as a decode step's
 // weights do). Prints the best and median time of the 28 calls, and µs a call.
 //   bun bench/attention-decode.ts [--keys 1001] [--rounds 40]   (INFER_LIB=... to time another build)
+import { packStruct } from "../ts/native/abi.ts";
 import { native } from "../ts/native/lib.ts";
 import { arg } from "./logits.ts";
 const lib = native();
@@ -27,8 +28,10 @@ for (const keys of keysList) {
   const ms: number[] = [];
   for (let r = 0; r < rounds; r++) {
     if (keys < 512) for (let i = 0; i < flush.length; i += 64) flush[i]++;
+    const shape = packStruct("AttentionShape", { kv_type: 1, n_tok: 1, n_head: nHead, n_kv_head: nKv, head_dim: d,
+      pos0: keys - 1, kv_stride: kvStride, window: 0, ring: 0, scale: 0.088 });
     const t0 = performance.now();
-    for (let l = 0; l < layers; l++) lib.infer_attention(q, ks[l], vs[l], 1, out, 1, nHead, nKv, d, keys - 1, kvStride, 0, 0, 0.088);
+    for (let l = 0; l < layers; l++) lib.infer_attention(q, ks[l], vs[l], out, shape);
     ms.push(performance.now() - t0);
   }
   ms.sort((a, b) => a - b);

@@ -19,6 +19,7 @@
 import { statSync } from "node:fs";
 import { basename } from "node:path";
 import { CudaBackend } from "../ts/backend/cuda.ts";
+import { setting, withSettings } from "../ts/config/env.ts";
 import { Engine } from "../ts/engine/engine.ts";
 import { createKvCache } from "../ts/engine/kv-cache.ts";
 import { argmax as argmaxNative } from "../ts/sample/sampler.ts";
@@ -99,17 +100,7 @@ function batchedRate(engine: Engine, b: number, steps: number): number {
   return (b * steps) / ((performance.now() - t0) / 1000);
 }
 
-function withEnv<T>(name: string, on: boolean, f: () => T): T {
-  const saved = process.env[name];
-  process.env[name] = on ? "1" : "0";
-  try {
-    return f();
-  } finally {
-    if (saved === undefined) delete process.env[name];
-    else process.env[name] = saved;
-  }
-}
-const withGraphs = <T>(on: boolean, f: () => T): T => withEnv("INFER_CUDA_GRAPHS", on, f);
+const withGraphs = <T>(on: boolean, f: () => T): T => withSettings({ INFER_CUDA_GRAPHS: on ? "1" : "0" }, f);
 
 const models = arg("--models", randomShapes.map((s) => s.key).join(",")).split(",");
 const quants = arg("--quants", randomQuants.join(",")).split(",") as RandomQuant[];
@@ -127,7 +118,7 @@ if (depth > 0 && depth + gen + 16 > ctx) throw new Error(`--depth ${depth} needs
 cudaInit();
 const info = cudaDeviceInfo();
 console.log(`# ${new Date().toISOString()} ${info.name} (sm_${info.computeCapability}, ${info.multiprocessors} SMs, ` +
-  `driver ${info.driverVersion}); PDL ${process.env.INFER_CUDA_PDL === "0" ? "off" : "on"}; runs ${runs}, gen ${gen}, prompt 16, prefill ${prefillLength} ` +
+  `driver ${info.driverVersion}); PDL ${setting("INFER_CUDA_PDL") ? "on" : "off"}; runs ${runs}, gen ${gen}, prompt 16, prefill ${prefillLength} ` +
   `(batches of ${prefillBatch}), ctx ${ctx}`);
 // Byte-level tokens: ids 97.. are the ASCII letters of the synthetic vocabulary.
 const prompt16 = Array.from({ length: 16 }, (_, i) => 97 + (i % 26));
@@ -194,7 +185,7 @@ for (const { label, quant, path } of targets) {
     generate(eager, prompt16, 8);
     eagerRate = generate(eager, prompt16, gen).rate;
     eager.close();
-    const unfused = withEnv("INFER_CUDA_FUSE", false, () => withGraphs(true, open));
+    const unfused = withSettings({ INFER_CUDA_FUSE: "0" }, () => withGraphs(true, open));
     generate(unfused, prompt16, 8);
     unfusedRate = generate(unfused, prompt16, gen).rate;
     unfused.close();

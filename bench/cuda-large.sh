@@ -3,11 +3,11 @@
 # tool): builds the kernels of this tree and llama.cpp (CUDA, sm_90, from node-llama-cpp 3.21.1's
 # bundle, .device/llama-src.tar.xz) meanwhile; runs the CUDA tests; writes the random-weight GGUFs;
 # then infer's bench/cuda-decode.ts (and, for an A/B in the same call, the AB quants again with
-# the environment $VARIANT, e.g. VARIANT=INFER_CUDA_ATTN=heads) and llama-bench (flash attention
+# the environment $VARIANT, e.g. VARIANT=INFER_CUDA_FUSE=0) and llama-bench (flash attention
 # on, all layers on the GPU) on the same files, one after the other. Needs .device/bun.xz,
 # .device/llama-src.tar.xz and zig-out/lib carried. Writes to $OUT; every step has a timeout, so
 # a slow one leaves the others' results.
-#   MODELS=qwen3-4b,llama-3.1-8b QUANTS=Q4_0,Q4_K,Q8_0 AB=Q4_0 VARIANT=INFER_CUDA_ATTN=heads RUNS=1 \
+#   MODELS=qwen3-4b,llama-3.1-8b QUANTS=Q4_0,Q4_K,Q8_0 AB=Q4_0 VARIANT=INFER_CUDA_FUSE=0 RUNS=1 \
 #     LLAMA_BENCH=1 TESTS=1 bash bench/cuda-large.sh
 # (LLAMA_BENCH=0: infer alone, no llama.cpp build; AB=: no A/B; TESTS=0: no CUDA tests;
 # PREFILL_BATCH=512: infer's prompt in chunks of 512 rows, as llama-bench's micro-batches; default
@@ -15,7 +15,7 @@
 # decode after 16 tokens and after 4,096, a 2,048-token prefill, and decode of 8 and 32 sequences
 # at once; llama.cpp: llama-bench -p 2048 -n 128, -n 128 -d 4096, llama-batched-bench -npl 8,32.
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-LLAMA_BENCH=${LLAMA_BENCH:-1}; MODELS=${MODELS:-qwen3-4b,llama-3.1-8b}; QUANTS=${QUANTS:-Q4_0,Q4_K,Q8_0}; AB=${AB-}; VARIANT=${VARIANT:-INFER_CUDA_ATTN=heads}; RUNS=${RUNS:-1}; TESTS=${TESTS:-1}
+LLAMA_BENCH=${LLAMA_BENCH:-1}; MODELS=${MODELS:-qwen3-4b,llama-3.1-8b}; QUANTS=${QUANTS:-Q4_0,Q4_K,Q8_0}; AB=${AB-}; VARIANT=${VARIANT:-INFER_CUDA_FUSE=0}; RUNS=${RUNS:-1}; TESTS=${TESTS:-1}
 T0=$(date +%s); t() { echo "t=$(( $(date +%s) - T0 ))s $*"; }
 mkdir -p /tmp/bin && xz -dc .device/bun.xz > /tmp/bin/bun && chmod +x /tmp/bin/bun && export PATH=/tmp/bin:$PATH
 export INFER_CACHE=/tmp/ic

@@ -6,8 +6,7 @@
 // traffic (read + written) measured in the same run. A kind's matrices must outgrow L2 (50 MB on
 // an H200), as a decode step's do, to be read from HBM: with fewer layers, k and v do not.
 //   bun bench/cuda-matvec.ts [--model llama-3.1-8b] [--quant Q4_0] [--layers N] [--times 50]
-// Variants by environment, e.g. INFER_CUDA_MATVEC_CTAS=0 (a block per row block),
-// INFER_CUDA_MATVEC_SPLIT=1, INFER_CUDA_REPACK=0 (the GGUF layout).
+// Variants by environment, e.g. INFER_CUDA_REPACK=0 (the GGUF layout).
 import type { Activation, Weight } from "../ts/backend/backend.ts";
 import { CudaBackend } from "../ts/backend/cuda.ts";
 import { openGguf } from "../ts/gguf/reader.ts";
@@ -81,8 +80,7 @@ for (const kind of kinds) measure(kind, Array.from({ length: layers }, (_, l) =>
 measure("LM head", [file.tensors.has("output.weight") ? "output.weight" : "token_embd.weight"]);
 
 console.log(`${shape.label} ${quant}: one-token matvecs, ${layers} layers' matrices of a kind in one graph, ` +
-  `replayed ${times}x (median of 5); a device-to-device copy moves ${copyGBs.toFixed(0)} GB/s (read + written)` +
-  (process.env.INFER_CUDA_MATVEC_CTAS !== undefined ? `; INFER_CUDA_MATVEC_CTAS=${process.env.INFER_CUDA_MATVEC_CTAS}` : ""));
+  `replayed ${times}x (median of 5); a device-to-device copy moves ${copyGBs.toFixed(0)} GB/s (read + written)`);
 console.log(`| matrix | rows × cols | type | MB | in the graph | µs a matvec | GB/s | % of ${HBM_READ_GBS} GB/s |\n` +
   "|---|---|---|---:|---:|---:|---:|---:|");
 for (const r of rows) console.log(r);

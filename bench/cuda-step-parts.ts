@@ -21,7 +21,6 @@ const PARTS: [string, RegExp][] = [
   ["attention", /^attention/],
   ["add + norm + quantize", /^add \+ rms_norm/],
   ["norm + quantize", /^rms_norm \+ quantize/],
-  ["norm in the matvec", /^rms_norm \+ (\d )?matmul/],
   ["head norms, rope, kv store", /rope|kv_store|rms_norm \(q and k/],
   ["q/k/v matvec", /3 matmuls|attn_[qkv]\.weight/],
   ["o-proj matvec", /attn_output/],

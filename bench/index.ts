@@ -28,6 +28,7 @@ import { cpSync, existsSync, mkdtempSync, readFileSync, rmSync, symlinkSync, wri
 import { availableParallelism, tmpdir } from "node:os";
 import { join } from "node:path";
 import { defaultModelPath } from "../ts/models/cache.ts";
+import { setting } from "../ts/config/env.ts";
 import { openGguf } from "../ts/gguf/reader.ts";
 import { libraryPath } from "../ts/native/lib.ts";
 import { tokenizerFromMetadata } from "../ts/tokenizer/index.ts";
@@ -484,7 +485,7 @@ async function main(): Promise<void> {
   if (existsSync(join(root, "node_modules"))) symlinkSync(join(root, "node_modules"), join(snapshot, "node_modules"));
   setRunnerDir(join(snapshot, "bench"));
   benchDir = join(snapshot, "bench");
-  const lib = process.env.INFER_LIB ?? join(snapshot, "zig-out", "lib", libraryPath().split("/").pop()!);
+  const lib = setting("INFER_LIB") ?? join(snapshot, "zig-out", "lib", libraryPath().split("/").pop()!);
   const libHash = existsSync(lib)
     ? new Bun.CryptoHasher("sha256").update(readFileSync(lib)).digest("hex").slice(0, 12) : "missing";
   const started = new Date();

@@ -3,8 +3,9 @@
 // and node-llama-cpp (bench/run-node-llama-cpp.mjs). Every runner returns a RunResult or throws
 // with the subprocess's own error line.
 import { existsSync, readFileSync } from "node:fs";
-import { availableParallelism, homedir } from "node:os";
+import { availableParallelism } from "node:os";
 import { join } from "node:path";
+import { setting } from "../ts/config/env.ts";
 
 export type Mode = "prefill" | "decode" | "decode-deep";
 export const modes: readonly Mode[] = ["prefill", "decode", "decode-deep"];
@@ -48,7 +49,7 @@ export function setRunnerDir(dir: string): void {
 }
 
 export function findPeers(): Peers {
-  const dir = process.env.INFER_PEERS ?? join(homedir(), ".cache", "infer-peers");
+  const dir = setting("INFER_PEERS");
   const bin = join(dir, "llama.cpp", "build", "bin");
   const exe = (name: string) => (existsSync(join(bin, name)) ? join(bin, name) : null);
   const nodeOk = existsSync(join(dir, "node_modules", "node-llama-cpp", "dist", "index.js")) &&

@@ -6,6 +6,7 @@
 const std = @import("std");
 const select = @import("cpu/select.zig");
 const TestRng = @import("quant/simd.zig").TestRng;
+const shapes = @import("abi.zig");
 
 const nan = std.math.nan(f32);
 const inf = std.math.inf(f32);
@@ -17,7 +18,7 @@ fn ok(status: i32) !void {
     try std.testing.expectEqual(@as(i32, 0), status);
 }
 
-/// The C ABI as a caller links it (the test binary exports these from root.zig).
+/// The C ABI as a caller links it (the test binary exports these from lib/exports/).
 const abi = struct {
     extern fn infer_above(x: [*]const f32, n: u64, floor: f32, ids: [*]i32, out_count: *u32) i32;
     extern fn infer_add(a: [*]const f32, b: [*]const f32, n: u64, out: [*]f32) i32;
@@ -26,17 +27,8 @@ const abi = struct {
         q: [*]const f32,
         k: [*]const u8,
         v: [*]const u8,
-        kv_type: u32,
         out: [*]f32,
-        n_tok: u64,
-        n_head: u64,
-        n_kv_head: u64,
-        head_dim: u64,
-        pos0: u64,
-        kv_stride: u64,
-        window: u64,
-        ring: u64,
-        scale: f32,
+        shape: *const shapes.AttentionShape,
     ) i32;
     extern fn infer_draw(x: [*]const f32, n: u64, max: f32, scale: f32, target: f64, out: *u32) i32;
     extern fn infer_exp_sum(
@@ -94,26 +86,9 @@ const abi = struct {
     ) i32;
     extern fn infer_rope(
         x: [*]f32,
-        n_tok: u64,
-        n_heads: u64,
-        head_dim: u64,
-        n_rot: u64,
         positions: [*]const i32,
-        freq_base: f32,
-        freq_scale: f32,
-        mode: u32,
-    ) i32;
-    extern fn infer_rope_ext(
-        x: [*]f32,
-        n_tok: u64,
-        n_heads: u64,
-        head_dim: u64,
-        n_rot: u64,
-        positions: [*]const i32,
-        freq_base: f32,
-        freq_scale: f32,
-        mode: u32,
         freq_factors: ?[*]const f32,
+        shape: *const shapes.RopeShape,
     ) i32;
     extern fn infer_scale(x: [*]f32, n: u64, s: f32) i32;
     extern fn infer_silu_mul(gate: [*]const f32, up: [*]const f32, n: u64, out: [*]f32) i32;
@@ -303,10 +278,19 @@ test "attention: NaN in a query or in the cache reaches the heads that read it" 
                     defer alloc.free(v);
                     try ok(abi.infer_kv_store(kf.ptr, k.ptr, kv_type, kf.len));
                     try ok(abi.infer_kv_store(vf.ptr, v.ptr, kv_type, vf.len));
-                    const buffers = .{ q.ptr, k.ptr, v.ptr, kv_type, out.ptr };
-                    const shape = .{ c.n_tok, n_head, n_kv_head, c.d, c.pos0, kv_row };
-                    const mask = .{ c.window, c.ring, @as(f32, 0.125) };
-                    try ok(@call(.auto, abi.infer_attention, buffers ++ shape ++ mask));
+                    const shape: shapes.AttentionShape = .{
+                        .kv_type = kv_type,
+                        .n_tok = c.n_tok,
+                        .n_head = n_head,
+                        .n_kv_head = n_kv_head,
+                        .head_dim = c.d,
+                        .pos0 = c.pos0,
+                        .kv_stride = kv_row,
+                        .window = c.window,
+                        .ring = c.ring,
+                        .scale = 0.125,
+                    };
+                    try ok(abi.infer_attention(q.ptr, k.ptr, v.ptr, out.ptr, &shape));
                     // Query head 0 of the last row reads kv head 0 (two query heads per kv
                     // head). An infinity may give a score of -inf, whose weight is just 0.
                     const head0 = out[(c.n_tok - 1) * n_head * c.d ..][0..c.d];
@@ -338,11 +322,20 @@ test "norms, RoPE, activations, softmax and sampling helpers on NaN and infiniti
         for ([_]u32{ 0, 2 }) |mode| {
             const positions = [_]i32{ 0, 1000 };
             var r = x;
-            try ok(abi.infer_rope(&r, 2, 1, 64, 64, &positions, 1e4, 1, mode));
+            const shape: shapes.RopeShape = .{
+                .n_tok = 2,
+                .n_heads = 1,
+                .head_dim = 64,
+                .n_rot = 64,
+                .freq_base = 1e4,
+                .freq_scale = 1,
+                .mode = mode,
+            };
+            try ok(abi.infer_rope(&r, &positions, null, &shape));
             var ff: [32]f32 = undefined;
             rng.floats(&ff, 1);
             ff[7] = bad;
-            try ok(abi.infer_rope_ext(&r, 2, 1, 64, 64, &positions, 1e4, 1, mode, &ff));
+            try ok(abi.infer_rope(&r, &positions, &ff, &shape));
         }
         x[5] = bad; // a vector lane
         try ok(abi.infer_gelu_mul(&x, &y, x.len, &out));

@@ -4,9 +4,11 @@
 //! 4 KiB pages a read stream crosses a page every 64 cache lines, where the hardware prefetcher
 //! stops and the TLB misses: two cores read 21.8 GB/s from 4 KiB pages and 29-30 GB/s from huge
 //! ones (AVX-512 loads over 512 MiB). Elsewhere the advice is skipped and pages are the system's;
-//! INFER_HUGE_PAGES=0 skips it too (to compare, or where huge pages cost more than they give).
+//! the huge_pages setting (lib/abi.zig Settings; INFER_HUGE_PAGES=0) skips it too (to compare, or
+//! where huge pages cost more than they give).
 const std = @import("std");
 const builtin = @import("builtin");
+const settings = @import("settings.zig");
 
 pub const huge_bytes = 2 << 20;
 
@@ -27,8 +29,7 @@ pub fn alloc(bytes: usize) error{OutOfMemory}![]align(huge_bytes) u8 {
     const tail = huge_bytes - head;
     if (tail > 0) std.posix.munmap(@alignCast(mapped[head + size ..][0..tail]));
     const region: []align(huge_bytes) u8 = @as([*]align(huge_bytes) u8, @ptrFromInt(start))[0..size];
-    const refused = if (std.posix.getenv("INFER_HUGE_PAGES")) |v| std.mem.eql(u8, v, "0") else false;
-    if (builtin.os.tag == .linux and !refused) {
+    if (builtin.os.tag == .linux and settings.current.huge_pages) {
         // Advice, not a requirement: where THP is off the region is ordinary memory.
         std.posix.madvise(region.ptr, region.len, std.posix.MADV.HUGEPAGE) catch {};
     }

@@ -29,6 +29,7 @@ import { openGguf, type GgufFile } from "../ts/gguf/reader.ts";
 import { GgmlType } from "../ts/gguf/types.ts";
 import { gguf, writeGguf, type GgufTensorToWrite } from "../ts/gguf/writer.ts";
 import { cudaStatus } from "../ts/native/cuda.ts";
+import { callNamed, type CallName, type NamedArgs } from "../ts/native/calls.ts";
 import { check, native } from "../ts/native/lib.ts";
 import { dequantize } from "../ts/convert/quantize.ts";
 import { maxAbsDiff, normalisedError as logitsError, top2Gap } from "../bench/logits.ts";
@@ -167,13 +168,6 @@ function opsFile(): GgufFile {
   f32("factors", randomF32(16, 3, 1).map((v) => v + 2));
   f32("bias", randomF32(COLS, 4, 1));
   const path = join(dir, "ops.gguf");
-  writeFileSync(path, writeGguf([["general.architecture", gguf.str("test")]], tensors));
-  return openGguf(path);
-}
-
-/** A GGUF of `tensors` (architecture "test") in the test's folder. */
-function testGguf(name: string, tensors: GgufTensorToWrite[]): GgufFile {
-  const path = join(dir, name);
   writeFileSync(path, writeGguf([["general.architecture", gguf.str("test")]], tensors));
   return openGguf(path);
 }
@@ -325,8 +319,10 @@ describe.skipIf(noCuda)("CUDA ops equal the CPU backend's", () => {
           const [, x] = acts(p, rows, n, p.gpu.read(a, rows).slice()), [, normed] = acts(p, rows, n);
           const [, q] = acts(p, rows, n / 4), [, d] = acts(p, rows, n / 32);
           if (fused) {
-            expect(add ? L.infer_cuda_add_rms_norm_quant(addr(x), addr(b), addr(x), addr(w), rows, n, 1e-6, addr(normed), mode, addr(q), addr(d))
-              : L.infer_cuda_rms_norm_quant(addr(x), addr(w), rows, n, 1e-6, addr(normed), mode, addr(q), addr(d))).toBe(0);
+            expect(add ? callNamed("infer_cuda_add_rms_norm_quant", { a: addr(x), b: addr(b), sum: addr(x), weight: addr(w),
+              n_rows: rows, n_cols: n, eps: 1e-6, out: addr(normed), mode, q: addr(q), d: addr(d) })
+              : callNamed("infer_cuda_rms_norm_quant", { x: addr(x), weight: addr(w), n_rows: rows, n_cols: n, eps: 1e-6,
+                out: addr(normed), mode, q: addr(q), d: addr(d) })).toBe(0);
           } else {
             if (add) expect(L.infer_cuda_add(addr(x), addr(b), rows * n, addr(x))).toBe(0);
             expect(L.infer_cuda_rms_norm(addr(x), addr(w), rows, n, 1e-6, addr(normed))).toBe(0);
@@ -341,91 +337,9 @@ describe.skipIf(noCuda)("CUDA ops equal the CPU backend's", () => {
       }
     }
     const [, x] = acts(p, 1, 6144, randomF32(6144, 5, 1));
-    expect(() => check(L.infer_cuda_rms_norm_quant(addr(x), 0, 1, 6144, 1e-6, addr(x), 0, addr(x), addr(x)), "norm"))
+    expect(() => check(callNamed("infer_cuda_rms_norm_quant", { x: addr(x), weight: 0, n_rows: 1, n_cols: 6144, eps: 1e-6,
+      out: addr(x), mode: 0, q: addr(x), d: addr(x) }), "norm"))
       .toThrow("rms_norm_quant: n_cols 6144 not in 1..5888");
-  });
-
-  // The norms folded into the decode step's matvecs (lib/cuda/norm_matvec.zig): the projection
-  // that adds into the residual, and the matvecs that normalize their own input, must leave what
-  // matmul + add and rms_norm_quant + matmul(s) leave, bit for bit, for each GPU layout (Q4_K's
-  // Q8_K activation and rows past 4,096 take the two launches: the fallback, equal too), at widths
-  // with and without partial virtual warps, partial row blocks, one to three matrices, rows split
-  // among the warps (6,144 wide) for the projection.
-  test("matmul + residual add and rms_norm + matmuls in one kernel each, bit for bit", () => {
-    const L = native();
-    L.infer_cuda_set_norm_matvec(1); // off by default (lib/cuda/norm_matvec.zig)
-    const addr = (x: { address: number } | Activation | Weight) => (x as unknown as { address: number }).address;
-    const bits = (x: Activation) => new Uint32Array(p.gpu.read(x, x.rows).slice().buffer);
-    const same = (a: Uint32Array, b: Uint32Array) => a.length === b.length && a.every((v, j) => v === b[j]);
-    const WIDTHS = [768, 2816, 4096], SPLIT_ROWS = 6144, HEIGHTS = [300, 100, 37];
-    const types: [string, number][] = [["Q4_0", GgmlType.Q4_0], ["Q8_0", GgmlType.Q8_0], ["Q4_K", GgmlType.Q4_K]];
-    const tensors: GgufTensorToWrite[] = [];
-    for (const [name, type] of types) {
-      for (const n of WIDTHS) {
-        HEIGHTS.forEach((rows, i) => tensors.push({ name: `${name}.${n}.${i}`, type, dims: [n, rows],
-          data: randomTensorData(type, n * rows, n + i + type, 0.05) }));
-        tensors.push({ name: `${name}.proj.${n}`, type, dims: [768, n], data: randomTensorData(type, 768 * n, n + type, 0.05) });
-      }
-      tensors.push({ name: `${name}.proj.split`, type, dims: [SPLIT_ROWS, 768],
-        data: randomTensorData(type, SPLIT_ROWS * 768, 7 + type, 0.05) });
-    }
-    const f = testGguf("norm-matvec.gguf", tensors);
-    const weight = (name: string) => p.gpu.weight(f, f.tensors.get(name)!) as unknown as
-      { address: number; typeId: number; activationFormat: number; dims: number[] };
-    try {
-      for (const [name] of types) {
-        for (const n of WIDTHS) {
-          const mats = HEIGHTS.map((_, i) => weight(`${name}.${n}.${i}`));
-          const type = mats[0].typeId, mode = mats[0].activationFormat;
-          expect(L.infer_cuda_norm_matvec_fusable(type, n, 300, 0)).toBe(name === "Q4_K" ? 0 : 1);
-          expect(L.infer_cuda_norm_matvec_fusable(type, 5376, 300, 0)).toBe(0);
-          const [, x] = acts(p, 1, n, randomF32(n, n + 11, 3)), [, nw] = acts(p, 1, n, randomF32(n, n + 12, 0.5).map((v) => v + 1));
-          for (const count of [1, 2, 3]) {
-            const run = (fused: boolean) => {
-              const [, normed] = acts(p, 1, n), [, q] = acts(p, 1, n / 4), [, d] = acts(p, 1, n / 32);
-              const ys = HEIGHTS.map((rows) => acts(p, 1, rows)[1]);
-              const [a0, a1, a2, b0, b1, b2, c0, c1, c2] = [0, 1, 2].flatMap((i) => i < count ? [addr(mats[i]), HEIGHTS[i], addr(ys[i])] : [0, 0, 0]);
-              if (fused) {
-                expect(L.infer_cuda_norm_matmul(type, n, addr(x), addr(nw), 1e-5, addr(normed), mode, addr(q), addr(d), a0, a1, a2, b0, b1, b2, c0, c1, c2)).toBe(0);
-              } else {
-                expect(L.infer_cuda_rms_norm_quant(addr(x), addr(nw), 1, n, 1e-5, addr(normed), mode, addr(q), addr(d))).toBe(0);
-                if (count === 1) expect(L.infer_cuda_matmul(a0, type, a1, n, 0, addr(q), addr(d), 1, a2)).toBe(0);
-                else expect(L.infer_cuda_matmul_multi(type, n, addr(q), addr(d), a0, a1, a2, b0, b1, b2, c0, c1, c2)).toBe(0);
-              }
-              return ys.slice(0, count).map(bits);
-            };
-            const want = run(false), got = run(true);
-            want.forEach((w, i) => {
-              if (!same(w, got[i])) throw new Error(`${name}, ${n} wide, ${count} matrices: matrix ${i} differs`);
-            });
-          }
-        }
-        for (const [proj, nIn, nOut] of [...WIDTHS.map((n) => [`${name}.proj.${n}`, 768, n]), [`${name}.proj.split`, SPLIT_ROWS, 768]] as [string, number, number][]) {
-          const w = weight(proj), type = w.typeId;
-          expect(L.infer_cuda_norm_matvec_fusable(type, nIn, nOut, 1)).toBe(1);
-          const [, xin] = acts(p, 1, nIn, randomF32(nIn, nIn + 13, 2)), [, q] = acts(p, 1, nIn / 4), [, d] = acts(p, 1, nIn / 32);
-          expect(L.infer_cuda_quantize(addr(xin), 1, nIn, w.activationFormat, addr(q), addr(d))).toBe(0);
-          const start = randomF32(nOut, nOut + 14, 4);
-          const run = (fused: boolean) => {
-            const [, res] = acts(p, 1, nOut, start), [, y] = acts(p, 1, nOut);
-            if (fused) expect(L.infer_cuda_matmul_residual(addr(w), type, nOut, nIn, addr(q), addr(d), addr(y), addr(res))).toBe(0);
-            else {
-              expect(L.infer_cuda_matmul(addr(w), type, nOut, nIn, 0, addr(q), addr(d), 1, addr(y))).toBe(0);
-              expect(L.infer_cuda_add(addr(res), addr(y), nOut, addr(res))).toBe(0);
-            }
-            return bits(res);
-          };
-          if (!same(run(false), run(true))) throw new Error(`${proj}: the residual differs`);
-        }
-      }
-      // A mode that is not the weight's activation format is refused.
-      const w = weight("Q4_0.768.0"), [, x] = acts(p, 1, 768);
-      expect(() => check(L.infer_cuda_norm_matmul(w.typeId, 768, addr(x), 0, 1e-5, addr(x), 1, addr(x), addr(x),
-        addr(w), 300, addr(x), 0, 0, 0, 0, 0, 0), "norm_matmul")).toThrow("norm_matmul: mode 1 is not the activation format");
-    } finally {
-      L.infer_cuda_set_norm_matvec(0);
-      f.close();
-    }
   });
 
   // The GPU's Q8_K quantizer (quant_super_q8_k: the first value of largest magnitude found as the
@@ -654,7 +568,7 @@ describe.skipIf(noCuda)("CUDA ops equal the CPU backend's", () => {
         for (const [mode, id] of DECODE_ATTENTION_MODES) {
           if (!setDecodeAttention(id)) continue;
           const [, og] = acts(p, rows, qd);
-          const launched = captureOps(p.gpu, 9, () => p.gpu.attention(qg, kv[1], rows, position, o, og));
+          const launched = captureOps(p.gpu, "infer_cuda_attention", () => p.gpu.attention(qg, kv[1], rows, position, o, og));
           worst.set(mode, Math.max(worst.get(mode) ?? 0, compare(p, oc, og, rows)));
           if (rows <= 2) fusedQuantMatches(launched, og, rows, qd, `${label}, ${rows} row(s) at ${position}, ${mode}`);
         }
@@ -675,13 +589,13 @@ describe.skipIf(noCuda)("CUDA ops equal the CPU backend's", () => {
   }
   const skippedModes = new Set<string>();
 
-  /** The arguments of every op of `code` that `f` records or launches on `gpu`. */
-  function captureOps(gpu: CudaBackend, code: number, f: () => void): (number | boolean)[][] {
-    const g = gpu as unknown as { op: (code: number, fn: unknown, args: (number | boolean)[], what: string) => void };
-    const op = g.op, seen: (number | boolean)[][] = [];
-    g.op = function (c, fn, args, what) {
-      if (c === code) seen.push([...args]);
-      op.call(this, c, fn, args, what);
+  /** The arguments of every call to `name` that `f` records or launches on `gpu`. */
+  function captureOps<F extends CallName>(gpu: CudaBackend, name: F, f: () => void): NamedArgs<F>[] {
+    const g = gpu as unknown as { op: (fn: CallName, args: NamedArgs<F>, what: string) => void };
+    const op = g.op, seen: NamedArgs<F>[] = [];
+    g.op = function (fn, args, what) {
+      if (fn === name) seen.push({ ...args });
+      op.call(this, fn, args, what);
     };
     try {
       f();
@@ -694,11 +608,12 @@ describe.skipIf(noCuda)("CUDA ops equal the CPU backend's", () => {
   /**
    * A decode step's attention followed by the quantization of its output (the o-projection's
    * input) in one launch (cuda-fuse.ts): for each format the row's width allows, the launch
-   * recorded above again through infer_cuda_attention_quant into fresh buffers must give the
+   * recorded above again, quantizing its output (quant_mode), into fresh buffers must give the
    * same output and the bytes infer_cuda_quantize gives, bit for bit (the decode kernels quantize
    * in their epilogue where a group of heads is whole blocks; elsewhere the two launches run).
    */
-  function fusedQuantMatches(launched: (number | boolean)[][], og: Activation, rows: number, width: number, what: string) {
+  function fusedQuantMatches(launched: NamedArgs<"infer_cuda_attention">[], og: Activation, rows: number, width: number,
+    what: string) {
     const L = native();
     const addr = (x: Activation) => (x as unknown as { address: number }).address;
     const bits = (x: Activation) => new Uint32Array(p.gpu.read(x, x.rows).slice().buffer);
@@ -707,9 +622,8 @@ describe.skipIf(noCuda)("CUDA ops equal the CPU backend's", () => {
       const [, q1] = acts(p, rows, width / 4), [, d1] = acts(p, rows, width / 32);
       const [, q2] = acts(p, rows, width / 4), [, d2] = acts(p, rows, width / 32), [, o2] = acts(p, rows, width);
       check(L.infer_cuda_quantize(addr(og), rows, width, mode, addr(q1), addr(d1)), "quantize");
-      const args = [...launched[0]];
-      args[3] = addr(o2);
-      check((L.infer_cuda_attention_quant as (...a: unknown[]) => number)(...args, mode, addr(q2), addr(d2)), "attention_quant");
+      const args = { ...launched[0], out: addr(o2), quant_mode: mode, quant_q: addr(q2), quant_d: addr(d2) };
+      check(callNamed("infer_cuda_attention", args), "attention + quantize");
       for (const [part, want, got] of [["output", og, o2], ["quants", q1, q2], ["scales", d1, d2]] as const) {
         const w = bits(want).subarray(0, part === "output" ? rows * width : undefined), g = bits(got);
         if (!w.every((v, j) => v === g[j])) throw new Error(`attention + quantize ${what}, mode ${mode}: ${part} differs`);
@@ -769,10 +683,6 @@ const MODELS: [string, RandomQuantSpec, number, number, number][] = [
 ];
 
 describe.skipIf(noCuda)("random-weight models: CUDA equals the CPU", () => {
-  // The fused steps here include the norms folded into the matvecs (off by default), so that the
-  // graph-against-eager check below holds them to the unfused kernels bit for bit.
-  beforeAll(() => native().infer_cuda_set_norm_matvec(1));
-  afterAll(() => native().infer_cuda_set_norm_matvec(0));
   for (const [name, spec, promptLength, batch, tolerance] of MODELS) {
     test(name, () => {
       const path = join(dir, `${spec.arch}-${spec.seed}.gguf`);

@@ -5,6 +5,7 @@
 // per-op tolerance. Each dispatch runs under a different scheduling seed.
 import { beforeAll, describe, expect, test } from "bun:test";
 import { GgmlType, ggmlTypes } from "../ts/gguf/types.ts";
+import { packStruct } from "../ts/native/abi.ts";
 import { check, native } from "../ts/native/lib.ts";
 import type { MetalBuffer } from "../ts/backend/metal-device.ts";
 import {
@@ -179,8 +180,9 @@ describe("norm, rope, activations against the CPU kernels", () => {
           const positions = new Int32Array([0, 17, 4093]);
           const ff = new Float32Array(nRot / 2).map(() => 1 + rand() * 3);
           const want = x.slice();
-          check(lib.infer_rope_ext(want, nTok, heads, headDim, nRot, positions, 10000, 1, neox ? 2 : 0,
-            withFactors ? ff : null), "rope");
+          check(lib.infer_rope(want, positions, withFactors ? ff : null, packStruct("RopeShape", { n_tok: nTok,
+            n_heads: heads, head_dim: headDim, n_rot: nRot, freq_base: 10000, freq_scale: 1, mode: neox ? 2 : 0 })),
+          "rope");
           const plan = planRope({ nTok, heads, headDim, rotaryDims: nRot, base: 10000, scale: 1, neox,
             freqFactors: withFactors });
           const got = f32(run(plan, { x, positions, freq_factors: ff }).x);
@@ -257,8 +259,9 @@ describe("KV cache and attention against the CPU kernels", () => {
       const q = randomF32(nTok * heads * headDim, rand);
       const scale = 1 / Math.sqrt(headDim);
       const want = new Float32Array(q.length);
-      check(lib.infer_attention(q, new Uint8Array(kRef.buffer), new Uint8Array(vRef.buffer), 0, want, nTok, heads,
-        kvHeads, headDim, pos0, kvDim, window, ringCells, scale), "attention");
+      check(lib.infer_attention(q, new Uint8Array(kRef.buffer), new Uint8Array(vRef.buffer), want,
+        packStruct("AttentionShape", { kv_type: 0, n_tok: nTok, n_head: heads, n_kv_head: kvHeads, head_dim: headDim,
+          pos0, kv_stride: kvDim, window, ring: ringCells, scale })), "attention");
       const plan = planAttention({ nTok, heads, kvHeads, headDim, pos0, window, cells, ring: ringCells > 0, scale });
       const got = f32(run(plan, { q, k_cache: kBits, v_cache: vBits, out: new Float32Array(q.length).fill(NaN) }).out);
       const err = normalisedError(got, want);

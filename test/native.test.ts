@@ -3,18 +3,29 @@ import { expect, test } from "bun:test";
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { settings } from "../ts/config/env.ts";
 import { InferError } from "../ts/errors.ts";
 import { allocPages, mapFile, native, sourceOrPrebuilt } from "../ts/native/lib.ts";
-import { generate } from "../ts/native/gen-symbols.ts";
+import { structDefaults } from "../ts/native/abi.ts";
+import { generateFromTree } from "../ts/native/gen-symbols.ts";
 
 test("library loads and reports its version", () => {
   expect(native().infer_version()).toBeGreaterThan(0);
 });
 
-test("symbols.gen.ts is up to date with lib/root.zig", async () => {
-  const zig = await Bun.file(join(import.meta.dir, "..", "lib", "root.zig")).text();
+test("symbols.gen.ts is up to date with the export files and lib/abi.zig", async () => {
   const committed = await Bun.file(join(import.meta.dir, "..", "ts", "native", "symbols.gen.ts")).text();
-  expect(committed).toBe(generate(zig));
+  expect(committed).toBe(generateFromTree());
+});
+
+test("the library's settings default to what the environment's absence means (ts/config/env.ts)", () => {
+  // lib/abi.zig Settings holds until infer_configure: the Zig tests run with these defaults.
+  expect(structDefaults("Settings")).toEqual({
+    huge_pages: settings.INFER_HUGE_PAGES.default,
+    cuda_pdl: settings.INFER_CUDA_PDL.default,
+    cublas_path_len: 0,
+    cuda_cublas_min_tokens: settings.INFER_CUDA_CUBLAS.default,
+  });
 });
 
 test("mapFile gives a view of the bytes", () => {

@@ -3,6 +3,7 @@
 // named per-op tolerance.
 import { describe, expect, test } from "bun:test";
 import { InferError } from "../ts/errors.ts";
+import { packStruct } from "../ts/native/abi.ts";
 import { check, native } from "../ts/native/lib.ts";
 
 // f32 kernels against f64 references: a few f32 roundings per element.
@@ -169,6 +170,22 @@ const siluRef = (x: number) => x / (1 + Math.exp(-x));
 
 // ---- tests -----------------------------------------------------------------------------------
 
+
+/** infer_rope with its shape (lib/abi.zig RopeShape) from positional values; ff: freq factors. */
+function rope(x: Float32Array, nTok: number, nHeads: number, headDim: number, nRot: number, positions: Int32Array,
+  base: number, scale: number, mode: number, ff: Float32Array | null = null): number {
+  return native().infer_rope(x, positions, ff, packStruct("RopeShape", { n_tok: nTok, n_heads: nHeads,
+    head_dim: headDim, n_rot: nRot, freq_base: base, freq_scale: scale, mode }));
+}
+
+/** infer_attention with its shape (lib/abi.zig AttentionShape) from positional values. */
+function attention(q: Float32Array, k: Float32Array | Uint16Array, v: Float32Array | Uint16Array, kvType: number,
+  out: Float32Array, nTok: number, nHead: number, nKvHead: number, headDim: number, pos0: number, kvStride: number,
+  window: number, ring: number, scale: number): number {
+  return native().infer_attention(q, k, v, out, packStruct("AttentionShape", { kv_type: kvType, n_tok: nTok,
+    n_head: nHead, n_kv_head: nKvHead, head_dim: headDim, pos0, kv_stride: kvStride, window, ring, scale }));
+}
+
 describe("rms_norm", () => {
   const lib = native();
   for (const cols of ODD_SIZES) {
@@ -215,7 +232,7 @@ describe("rope", () => {
         const want = ropeRef(x, nTok, nHeads, headDim, nRot, positions, mode,
           (p) => ropeAnglesGgml(p, nRot, base, scale, null));
         const got = x.slice();
-        check(lib.infer_rope(got, nTok, nHeads, headDim, nRot, positions, base, scale, mode),
+        check(rope(got, nTok, nHeads, headDim, nRot, positions, base, scale, mode),
           "rope");
         expect(normalisedError(got, want)).toBeLessThan(TOL_F32);
       });
@@ -230,16 +247,16 @@ describe("rope", () => {
     const want = ropeRef(x, nTok, nHeads, headDim, nRot, positions, 2,
       (p) => ropeAnglesExact(p, nRot, base, scale, ff));
     const got = x.slice();
-    check(lib.infer_rope_ext(got, nTok, nHeads, headDim, nRot, positions, base, scale, 2, ff),
+    check(rope(got, nTok, nHeads, headDim, nRot, positions, base, scale, 2, ff),
       "rope_ext");
     // The f32 iteration of theta (as in ggml) drifts ~1e-6 relative per step from the exact angle.
     expect(normalisedError(got, want)).toBeLessThan(1e-4);
   });
   test("bad mode and odd n_rot are InferErrors", () => {
     const x = new Float32Array(8), pos = new Int32Array([1]);
-    expectInferError(() => lib.infer_rope(x, 1, 1, 8, 8, pos, 10000, 1, 1), "mode 1");
-    expectInferError(() => lib.infer_rope(x, 1, 1, 8, 7, pos, 10000, 1, 0), "n_rot 7");
-    expectInferError(() => lib.infer_rope(x, 1, 1, 8, 10, pos, 10000, 1, 0), "n_rot 10");
+    expectInferError(() => rope(x, 1, 1, 8, 8, pos, 10000, 1, 1), "mode 1");
+    expectInferError(() => rope(x, 1, 1, 8, 7, pos, 10000, 1, 0), "n_rot 7");
+    expectInferError(() => rope(x, 1, 1, 8, 10, pos, 10000, 1, 0), "n_rot 10");
   });
 });
 
@@ -272,7 +289,7 @@ describe("attention", () => {
           vRef = new Float16Array(vCache.buffer);
         }
         const out = new Float32Array(q.length);
-        check(lib.infer_attention(q, kCache, vCache, kvType, out, s.nTok, s.nHead, s.nKvHead,
+        check(attention(q, kCache, vCache, kvType, out, s.nTok, s.nHead, s.nKvHead,
           s.headDim, s.pos0, s.kvStride, s.window, 0, s.scale), "attention");
         expect(normalisedError(out, attentionRef(q, kRef, vRef, s, kvType === 1))).toBeLessThan(
           kvType === 1 ? TOL_ATTENTION_F16 : TOL_ATTENTION);
@@ -291,15 +308,15 @@ describe("attention", () => {
   });
   test("invalid shapes are InferErrors with clear messages", () => {
     const q = new Float32Array(64), kv = new Float32Array(64), out = new Float32Array(64);
-    expectInferError(() => lib.infer_attention(q, kv, kv, 0, out, 1, 6, 4, 8, 0, 32, 0, 0, 1),
+    expectInferError(() => attention(q, kv, kv, 0, out, 1, 6, 4, 8, 0, 32, 0, 0, 1),
       "n_head 6 is not a multiple of n_kv_head 4");
-    expectInferError(() => lib.infer_attention(q, kv, kv, 2, out, 1, 4, 1, 8, 0, 8, 0, 0, 1),
+    expectInferError(() => attention(q, kv, kv, 2, out, 1, 4, 1, 8, 0, 8, 0, 0, 1),
       "kv_type 2");
-    expectInferError(() => lib.infer_attention(q, kv, kv, 0, out, 1, 4, 2, 8, 0, 8, 0, 0, 1),
+    expectInferError(() => attention(q, kv, kv, 0, out, 1, 4, 2, 8, 0, 8, 0, 0, 1),
       "kv_stride 8");
-    expectInferError(() => lib.infer_attention(q, kv, kv, 0, out, 1, 4, 1, 0, 0, 8, 0, 0, 1),
+    expectInferError(() => attention(q, kv, kv, 0, out, 1, 4, 1, 0, 0, 8, 0, 0, 1),
       "head_dim 0");
-    expectInferError(() => lib.infer_attention(q, kv, kv, 0, out, 4, 4, 1, 8, 10, 8, 8, 9, 1),
+    expectInferError(() => attention(q, kv, kv, 0, out, 4, 4, 1, 8, 10, 8, 8, 9, 1),
       "ring of 9 cells");
     expectInferError(() => lib.infer_kv_store(q, kv, 7, 4), "dst_type 7");
   });

@@ -12,16 +12,10 @@ const ceilDiv = cuda.ceilDiv;
 const int = cuda.int;
 const tooLarge = cuda.tooLarge;
 const status = @import("../status.zig");
+const abi = @import("../abi.zig");
 
-/// The INFER_CUDA_* settings of the attention ops (ops.readSettings calls this at init).
-pub fn readSettings() void {
-    if (std.posix.getenv("INFER_CUDA_DECODE_ATTN")) |v| {
-        decode_attn = std.meta.stringToEnum(DecodeAttention, v) orelse .auto;
-    }
-}
-
-/// Which kernels decode attention (rows under 16) takes, INFER_CUDA_DECODE_ATTN or
-/// infer_cuda_set_decode_attention (tests and comparisons):
+/// Which kernels decode attention (rows under 16) takes (infer_cuda_set_decode_attention: the
+/// tests run each attention case under each):
 /// - auto: attn_decode_mma_d* where it fits (decodeMmaTakes) and the keys take two splits or more
 ///   (past 128), else attn_decode_w where it takes the shape (decodeWarpsTakes, group × splits <
 ///   128), else attn_decode_g*. One split is the context where attn_decode_w's short chain wins:
@@ -48,10 +42,10 @@ pub fn setDecodeAttention(mode: u32) i32 {
 }
 
 /// Rows t < n_tok of k and v (kv_dim values each) into cell positions[t] (mod cells when ring).
-pub fn kvStore(k: u64, v: u64, kv_dim: u64, n_tok: u64, k_cache: u64, v_cache: u64, positions: u64, cells: u64, ring: bool) i32 {
-    const dim = int(kv_dim) orelse return tooLarge("kv_store: kv_dim", kv_dim);
-    const c = int(cells) orelse return tooLarge("kv_store: cells", cells);
-    return launch(.kv_store, ceilDiv(kv_dim, 256), n_tok, 256, .{ k, v, dim, k_cache, v_cache, positions, c, @as(i32, @intFromBool(ring)) });
+pub fn kvStore(a: abi.CudaKvStoreArgs) i32 {
+    const dim = int(a.kv_dim) orelse return tooLarge("kv_store: kv_dim", a.kv_dim);
+    const c = int(a.cells) orelse return tooLarge("kv_store: cells", a.cells);
+    return launch(.kv_store, ceilDiv(a.kv_dim, 256), a.n_tok, 256, .{ a.k, a.v, dim, a.k_cache, a.v_cache, a.positions, c, @as(i32, @intFromBool(a.ring)) });
 }
 
 pub const head_dim_max = 512;
@@ -65,28 +59,34 @@ pub fn attentionScratch(n_tok: u64, n_head: u64, head_dim: u64, cells: u64, n_sp
     return rows * cells + 2 * rows * n_split + (if (n_split > 1) rows * n_split * head_dim else 0);
 }
 
-/// Attention of n_tok queries (at positions[t]) over an f16 cache of `cells` rows: see the
-/// attn_* kernels. `scratch` holds attentionScratch(...) f32 values; with n_split > 1, `arrived`
-/// holds n_tok * n_head u32 counters, zero before the call and left zero by it.
-pub fn attention(q: u64, k_cache: u64, v_cache: u64, out: u64, positions: u64, n_tok: u64, n_head: u64, n_kv_head: u64, head_dim: u64, window: u64, cells: u64, ring: bool, scale_: f32, scratch: u64, scratch_floats: u64, n_split: u64, arrived: u64, per_head: bool) i32 {
-    return attend(per_head, q, k_cache, v_cache, 0, out, positions, n_tok, n_head, n_kv_head, head_dim, window, cells, ring, scale_, scratch, scratch_floats, n_split, arrived, .{});
-}
-
-/// attention, then quantize(out, n_tok, n_head * head_dim, mode, q, d) of its output (the
-/// o-projection's input): in the attention kernel's own epilogue where it computes a whole
-/// group of heads that is whole quantization blocks (attn_decode_*, see quantize_group), else as
-/// the two launches. The buffers end the same either way, bit for bit.
-pub fn attentionQuant(q_in: u64, k_cache: u64, v_cache: u64, out: u64, positions: u64, n_tok: u64, n_head: u64, n_kv_head: u64, head_dim: u64, window: u64, cells: u64, ring: bool, scale_: f32, scratch: u64, scratch_floats: u64, n_split: u64, arrived: u64, per_head: bool, mode: u32, q: u64, d: u64) i32 {
-    const block: u64 = if (mode == 0) 32 else if (mode == 1) 256 else return invalid("attention_quant: mode {d}", .{mode});
-    if ((n_head * head_dim) % block != 0) return invalid("attention_quant: rows of {d} values are not whole blocks of {d}", .{ n_head * head_dim, block });
-    return attend(per_head, q_in, k_cache, v_cache, 0, out, positions, n_tok, n_head, n_kv_head, head_dim, window, cells, ring, scale_, scratch, scratch_floats, n_split, arrived, .{ .mode = @intCast(mode), .q = q, .d = d });
+/// Attention of n_tok queries (at positions[t]) over f16 caches of `cells` rows (lib/abi.zig
+/// CudaAttentionArgs): see the attn_* kernels. With kv_table, rows of different sequences, row t
+/// over the caches at kv_table[2t] and kv_table[2t + 1] (the server's batched decode): one launch
+/// of attn_decode_*. With quant_mode >= 0, then quantize(out, n_tok, n_head * head_dim,
+/// quant_mode, quant_q, quant_d) of the output (the o-projection's input): in the attention
+/// kernel's own epilogue where it computes a whole group of heads that is whole quantization
+/// blocks (attn_decode_*, see quantize_group), else as the two launches. The buffers end the same
+/// either way, bit for bit.
+pub fn attention(a: abi.CudaAttentionArgs) i32 {
+    if (a.kv_table != 0) {
+        if (!decodeAttentionFits(a.n_head, a.n_kv_head, a.head_dim))
+            return invalid("attention_rows: {d} heads over {d} KV heads of {d} dims take one sequence at a time", .{ a.n_head, a.n_kv_head, a.head_dim });
+        if (a.k_cache != 0 or a.v_cache != 0) return invalid("attention: a table of caches or one cache, not both", .{});
+    } else if (a.k_cache == 0 or a.v_cache == 0) return invalid("attention: no cache", .{});
+    var oq: OutQuant = .{};
+    if (a.quant_mode >= 0) {
+        const block: u64 = if (a.quant_mode == 0) 32 else if (a.quant_mode == 1) 256 else return invalid("attention_quant: mode {d}", .{a.quant_mode});
+        if ((a.n_head * a.head_dim) % block != 0) return invalid("attention_quant: rows of {d} values are not whole blocks of {d}", .{ a.n_head * a.head_dim, block });
+        oq = .{ .mode = a.quant_mode, .q = a.quant_q, .d = a.quant_d };
+    } else if (a.quant_mode != -1) return invalid("attention_quant: mode {d}", .{a.quant_mode});
+    return attend(a, oq);
 }
 
 /// Where attend quantizes its output (mode -1: it does not).
 const OutQuant = struct { mode: i32 = -1, q: u64 = 0, d: u64 = 0 };
 
 /// Whether attention of these shapes runs as attn_decode_* (rows under 16), the kernels that
-/// also take a table of caches (attentionRows).
+/// also take a table of caches (attention with kv_table).
 pub fn decodeAttentionFits(n_head: u64, n_kv_head: u64, head_dim: u64) bool {
     return n_kv_head > 0 and n_head % n_kv_head == 0 and n_head / n_kv_head <= 8 and head_dim % 8 == 0 and head_dim > 0 and head_dim <= 256;
 }
@@ -101,30 +101,21 @@ const warps_group_splits_max = 128;
 
 /// Whether decode attention (rows under 16) of this head_dim runs as attn_decode_w: a power of
 /// two from 32 to 256, so that a key's dimensions split over 1 to 8 lanes of 32 each and a value
-/// row over 4 to 32 lanes of 8 (and not INFER_CUDA_DECODE_ATTN=groups).
+/// row over 4 to 32 lanes of 8 (and not the `groups` choice).
 pub fn decodeWarpsTakes(head_dim: u64) bool {
     return decode_attn != .groups and head_dim >= 32 and head_dim <= 256 and std.math.isPowerOfTwo(head_dim);
 }
 
 /// Whether decode attention of this shape can run as attn_decode_mma_d*: head_dim 64 or 128, a
 /// group of at most 8 query heads (the rows 0..7 of its A operand), the device's opt-in to its
-/// shared memory (cuda.zig decode_mma_ok), and not INFER_CUDA_DECODE_ATTN=warps|groups.
+/// shared memory (cuda.zig decode_mma_ok), and not the `warps` or `groups` choice.
 pub fn decodeMmaTakes(n_head: u64, n_kv_head: u64, head_dim: u64) bool {
     const s = cuda.ready() orelse return false;
     return s.decode_mma_ok and (decode_attn == .auto or decode_attn == .mma) and
         decodeAttentionFits(n_head, n_kv_head, head_dim) and (head_dim == 64 or head_dim == 128);
 }
 
-/// Attention of n_tok rows of different sequences, row t over the caches at kv_table[2t] (keys)
-/// and kv_table[2t + 1] (values), all of `cells` rows (the server's batched decode): one launch.
-pub fn attentionRows(q: u64, kv_table: u64, out: u64, positions: u64, n_tok: u64, n_head: u64, n_kv_head: u64, head_dim: u64, window: u64, cells: u64, ring: bool, scale_: f32, scratch: u64, scratch_floats: u64, n_split: u64, arrived: u64) i32 {
-    if (!decodeAttentionFits(n_head, n_kv_head, head_dim))
-        return invalid("attention_rows: {d} heads over {d} KV heads of {d} dims take one sequence at a time", .{ n_head, n_kv_head, head_dim });
-    if (kv_table == 0) return invalid("attention_rows: no table of caches", .{});
-    return attend(false, q, 0, 0, kv_table, out, positions, n_tok, n_head, n_kv_head, head_dim, window, cells, ring, scale_, scratch, scratch_floats, n_split, arrived, .{});
-}
-
-/// kvStore for rows of different sequences, row t into the caches of kv_table (see attentionRows).
+/// kvStore for rows of different sequences, row t into the caches of kv_table (see attention).
 pub fn kvStoreRows(k: u64, v: u64, kv_dim: u64, n_tok: u64, kv_table: u64, positions: u64, cells: u64, ring: bool) i32 {
     if (kv_table == 0) return invalid("kv_store_rows: no table of caches", .{});
     const dim = int(kv_dim) orelse return tooLarge("kv_store_rows: kv_dim", kv_dim);
@@ -132,14 +123,32 @@ pub fn kvStoreRows(k: u64, v: u64, kv_dim: u64, n_tok: u64, kv_table: u64, posit
     return launch(.kv_store_rows, ceilDiv(kv_dim, 256), n_tok, 256, .{ k, v, dim, kv_table, positions, c, @as(i32, @intFromBool(ring)) });
 }
 
-fn attend(per_head: bool, q: u64, k_cache: u64, v_cache: u64, kv_table: u64, out: u64, positions: u64, n_tok: u64, n_head: u64, n_kv_head: u64, head_dim: u64, window: u64, cells: u64, ring: bool, scale_: f32, scratch: u64, scratch_floats: u64, n_split: u64, arrived: u64, oq: OutQuant) i32 {
+fn attend(a: abi.CudaAttentionArgs, oq: OutQuant) i32 {
     var quantized = false;
-    const rc = attendInto(per_head, q, k_cache, v_cache, kv_table, out, positions, n_tok, n_head, n_kv_head, head_dim, window, cells, ring, scale_, scratch, scratch_floats, n_split, arrived, oq, &quantized);
+    const rc = attendInto(a, oq, &quantized);
     if (rc != 0 or oq.mode < 0 or quantized) return rc;
-    return ops.quantize(out, n_tok, n_head * head_dim, @intCast(oq.mode), oq.q, oq.d);
+    return ops.quantize(a.out, a.n_tok, a.n_head * a.head_dim, @intCast(oq.mode), oq.q, oq.d);
 }
 
-fn attendInto(per_head: bool, q: u64, k_cache: u64, v_cache: u64, kv_table: u64, out: u64, positions: u64, n_tok: u64, n_head: u64, n_kv_head: u64, head_dim: u64, window: u64, cells: u64, ring: bool, scale_: f32, scratch: u64, scratch_floats: u64, n_split: u64, arrived: u64, oq: OutQuant, quantized: *bool) i32 {
+fn attendInto(a: abi.CudaAttentionArgs, oq: OutQuant, quantized: *bool) i32 {
+    const q = a.q;
+    const k_cache = a.k_cache;
+    const v_cache = a.v_cache;
+    const kv_table = a.kv_table;
+    const out = a.out;
+    const positions = a.positions;
+    const n_tok = a.n_tok;
+    const n_head = a.n_head;
+    const n_kv_head = a.n_kv_head;
+    const head_dim = a.head_dim;
+    const window = a.window;
+    const cells = a.cells;
+    const ring = a.ring;
+    const scratch = a.scratch;
+    const scratch_floats = a.scratch_floats;
+    const n_split = a.n_split;
+    const arrived = a.arrived;
+    const scale_ = a.scale;
     if (n_kv_head == 0 or n_head == 0 or n_head % n_kv_head != 0)
         return invalid("attention: n_head {d} is not a multiple of n_kv_head {d}", .{ n_head, n_kv_head });
     if (head_dim == 0 or head_dim > head_dim_max)
@@ -160,7 +169,7 @@ fn attendInto(per_head: bool, q: u64, k_cache: u64, v_cache: u64, kv_table: u64,
     const scores = scratch;
     const maxima = scratch + rows * cells * 4;
     const partial = maxima + rows * n_split * 4;
-    if (kv_table == 0 and n_tok >= 16 and n_split == 1 and !per_head and (head_dim == 64 or head_dim == 128) and n_head % n_kv_head == 0) {
+    if (kv_table == 0 and n_tok >= 16 and n_split == 1 and (head_dim == 64 or head_dim == 128) and n_head % n_kv_head == 0) {
         // Prompts: flash attention, 64 queries of one head a block (attn_prompt_*; no scratch).
         return launch(if (head_dim == 64) .attn_prompt_d64 else .attn_prompt_d128, ceilDiv(n_tok, 64), n_head, 128, .{
             q, k_cache, v_cache, positions, @as(i32, @intCast(n_tok)), heads, kv_heads, win, c, ring_i, scale_, out,
@@ -179,8 +188,8 @@ fn attendInto(per_head: bool, q: u64, k_cache: u64, v_cache: u64, kv_table: u64,
         });
     }
     const group = n_head / n_kv_head;
-    const mma = !per_head and decodeMmaTakes(n_head, n_kv_head, head_dim) and (n_split >= 2 or decode_attn == .mma);
-    if (!per_head and !mma and decodeWarpsTakes(head_dim) and q % 16 == 0 and group * n_split < warps_group_splits_max) {
+    const mma = decodeMmaTakes(n_head, n_kv_head, head_dim) and (n_split >= 2 or decode_attn == .mma);
+    if (!mma and decodeWarpsTakes(head_dim) and q % 16 == 0 and group * n_split < warps_group_splits_max) {
         // Decode and small batches: a block per (row, query head, split), each warp a softmax of
         // its own (shaders/cuda/attend_warps.cuh). A block's outputs are whole Q8_0 units, quantized
         // in the kernel; a Q8_K superblock spans blocks, so Q8_K is a launch of its own (attend's).
@@ -191,7 +200,7 @@ fn attendInto(per_head: bool, q: u64, k_cache: u64, v_cache: u64, kv_table: u64,
             @as(i32, if (oq.mode == 0) 0 else -1), if (oq.mode == 0) oq.q else 0, if (oq.mode == 0) oq.d else 0,
         });
     }
-    if (!per_head and decodeAttentionFits(n_head, n_kv_head, head_dim)) {
+    if (decodeAttentionFits(n_head, n_kv_head, head_dim)) {
         // Decode and small batches: a block per (row, KV head, split), all the group's query heads;
         // on the tensor cores (attend_decode_mma.cuh) where it fits, else attn_decode_g*.
         const kernel: Kernel = if (mma)

@@ -5,6 +5,7 @@
 const std = @import("std");
 const builtin = @import("builtin");
 const driver = @import("driver.zig");
+const settings = @import("../settings.zig");
 
 const cc = std.builtin.CallingConvention.c;
 pub const Handle = ?*anyopaque;
@@ -49,7 +50,7 @@ var handle: Handle = null;
 var tried = false;
 
 /// Library names tried in turn: CUDA 13's, 12's, the unversioned link, and the toolkit's usual
-/// place (INFER_CUBLAS names a file to try first).
+/// place (the cublas_path setting, INFER_CUBLAS, names a file to try first: lib/abi.zig Settings).
 const names = [_][:0]const u8{
     "libcublas.so.13",
     "libcublas.so.12",
@@ -64,7 +65,7 @@ pub fn ready(stream: driver.CUstream) bool {
     tried = true;
     if (builtin.os.tag != .linux) return false;
     var lib: ?*anyopaque = null;
-    if (std.posix.getenv("INFER_CUBLAS")) |path| {
+    if (settings.current.cublasPath()) |path| {
         var buf: [std.fs.max_path_bytes:0]u8 = undefined;
         if (path.len < buf.len) {
             @memcpy(buf[0..path.len], path);

@@ -7,6 +7,7 @@
 const std = @import("std");
 const status = @import("../status.zig");
 const driver = @import("driver.zig");
+const settings = @import("../settings.zig");
 
 const kernels = @import("kernels.zig");
 pub const Kernel = kernels.Kernel;
@@ -18,8 +19,6 @@ const kernel_count = kernels.kernel_count;
 
 /// The ops (what each validates and launches): lib/cuda/ops.zig.
 pub const ops = @import("ops.zig");
-/// The norms folded into the decode step's matvecs: lib/cuda/norm_matvec.zig.
-pub const norm_matvec = @import("norm_matvec.zig");
 
 /// Rewrites n_rows rows of n_in values of ggml type `type_id` at w (device memory, just
 /// uploaded) into the GPU layout repackedType names, in place, in stream order. A type without
@@ -54,7 +53,7 @@ pub const State = struct {
     driver_version: i32 = 0,
     capturing: bool = false,
     debug_sync: bool = false,
-    /// Launches carry the programmatic-serialization attribute (sm_90+, INFER_CUDA_PDL != 0): a
+    /// Launches carry the programmatic-serialization attribute (sm_90+, the cuda_pdl setting): a
     /// kernel's blocks may start while the kernel before it drains, and wait for it in
     /// griddepcontrol.wait (pdl_begin in shaders/cuda/common.cuh), which hides launch latency.
     pdl: bool = false,
@@ -66,8 +65,6 @@ pub const State = struct {
     /// Dynamic shared memory the pipelined matvecs may take (raised past 48 KiB at init where the
     /// driver allows).
     pipe_shared_max: u32 = 48 << 10,
-    /// Whether the matvecs that normalize their own input got the same opt-in (norm_matvec.zig).
-    norm_matvec_ok: bool = false,
     /// Whether attn_decode_mma_d* got the dynamic shared memory of its two 128-key tiles
     /// (69,632 bytes at head_dim 128; lib/cuda/attention.zig decodeMmaTakes).
     decode_mma_ok: bool = false,
@@ -148,7 +145,7 @@ pub fn invalid(comptime fmt: []const u8, args: anytype) i32 {
 /// `unsupported` with a message starting "CUDA not available: ".
 pub fn init(path: []const u8, ordinal: i32) i32 {
     if (state != null) return 0;
-    ops.readSettings();
+    ops.configure(settings.current);
     if (driver.load(&api)) |e| {
         const sep: []const u8 = if (e.detail.len > 0) ": " else "";
         return status.fail(.unsupported, "CUDA not available: {s}{s}{s}", .{ e.reason, sep, e.detail });
@@ -192,9 +189,7 @@ pub fn init(path: []const u8, ordinal: i32) i32 {
         rc = api.cuEventCreate(e, driver.event_disable_timing);
         if (rc != driver.success) return cuFail(rc, "creating an event", .{});
     }
-    const pdl_env = std.posix.getenv("INFER_CUDA_PDL");
-    s.pdl = s.cc_major >= 9 and driver.optional.cuLaunchKernelEx != null and
-        !(pdl_env != null and std.mem.eql(u8, pdl_env.?, "0"));
+    s.pdl = s.cc_major >= 9 and driver.optional.cuLaunchKernelEx != null and settings.current.cuda_pdl;
 
     const image = std.fs.cwd().readFileAlloc(std.heap.c_allocator, path, 256 << 20) catch |err| {
         return status.fail(.unsupported, "CUDA not available: cannot read the kernels at '{s}' ({s}): " ++
@@ -223,13 +218,6 @@ pub fn init(path: []const u8, ordinal: i32) i32 {
             ok = ok and set(s.kernels[@intFromEnum(k)], driver.func_attribute_max_dynamic_shared, pipe_shared_sm90) == driver.success;
         }
         if (ok and s.cc_major >= 9) s.pipe_shared_max = pipe_shared_sm90;
-        // Apart, so that a norm kernel the opt-in refuses (its static shared memory) only turns
-        // the norm fusion off (norm_matvec.zig), not every pipelined matvec's stages.
-        var norm_ok = ok;
-        for ([_]Kernel{ .matvec_pipe_norm_q4_0r, .matvec_pipe_norm_q8_0r }) |k| {
-            norm_ok = norm_ok and set(s.kernels[@intFromEnum(k)], driver.func_attribute_max_dynamic_shared, pipe_shared_sm90) == driver.success;
-        }
-        s.norm_matvec_ok = norm_ok and s.cc_major >= 9;
         // mma.sync m16n8k16 f16 and cp.async need sm_80; the kernels are built for sm_90.
         s.decode_mma_ok = s.cc_major >= 8 and
             set(s.kernels[@intFromEnum(Kernel.attn_decode_mma_d64)], driver.func_attribute_max_dynamic_shared, decode_mma_shared_d64) == driver.success and

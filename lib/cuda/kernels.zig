@@ -65,8 +65,6 @@ pub const Kernel = enum {
     matvec_pipe_multi_q4_0r,
     matvec_pipe_multi_q8_0r,
     matvec_pipe_multi_q4_kr,
-    matvec_pipe_norm_q4_0r,
-    matvec_pipe_norm_q8_0r,
     attn_scores_mma,
     attn_values_mma,
     mmq_q4_0,
@@ -145,8 +143,6 @@ pub const WeightKind = struct {
     /// The same with each row split among the block's 4 warps (long rows: ops.zig pipeStages).
     matvec_pipe_split: ?Kernel = null,
     matvec_pipe_multi: ?Kernel = null,
-    /// matvec_pipe_multi computing its own Q8_0 activation as rms_norm_q would (norm_matvec.zig).
-    matvec_pipe_norm: ?Kernel = null,
     /// Whether the pipelined matvec can sum half a superblock a lane, the activation in shared
     /// memory (n_in bytes after its stages; matvec_pipe.cuh rows_halves, ops.zig pipe_halves_min).
     pipe_halves: bool = false,
@@ -175,8 +171,8 @@ pub fn weightKind(type_id: u32) ?WeightKind {
         14 => .{ .name = "Q6_K", .block_values = 256, .block_bytes = 210, .get_rows = .get_rows_q6_k, .matvec_1 = .matvec_q6_k_1, .matvec_8 = .matvec_q6_k_8, .matvec_multi = .matvec_multi_q6_k, .mmq = .mmq_q6_k, .mmq_prompt = .mmq_q6_k_64x128, .activation = 1, .dequant_f16 = .dequant_f16_q6_k },
         // The GPU layouts of shaders/cuda/packed.cuh (repack): groups of 256 values, the bytes of
         // the blocks they came from.
-        packed_type | 2 => .{ .name = "Q4_0 (GPU layout)", .block_values = 256, .block_bytes = 144, .get_rows = .get_rows_q4_0r, .matvec_1 = .matvec_q4_0r_1, .matvec_8 = .matvec_q4_0r_8, .matvec_multi = .matvec_multi_q4_0r, .matvec_pipe = .matvec_pipe_q4_0r, .matvec_pipe_split = .matvec_pipe_split_q4_0r, .matvec_pipe_multi = .matvec_pipe_multi_q4_0r, .matvec_pipe_norm = .matvec_pipe_norm_q4_0r, .mmq = .mmq_q4_0r, .mmq_prompt = .mmq_q4_0r_64x128, .activation = 0, .dequant_f16 = .dequant_f16_q4_0r },
-        packed_type | 8 => .{ .name = "Q8_0 (GPU layout)", .block_values = 256, .block_bytes = 272, .get_rows = .get_rows_q8_0r, .matvec_1 = .matvec_q8_0r_1, .matvec_8 = .matvec_q8_0r_8, .matvec_multi = .matvec_multi_q8_0r, .matvec_pipe = .matvec_pipe_q8_0r, .matvec_pipe_split = .matvec_pipe_split_q8_0r, .matvec_pipe_multi = .matvec_pipe_multi_q8_0r, .matvec_pipe_norm = .matvec_pipe_norm_q8_0r, .mmq = .mmq_q8_0r, .mmq_prompt = .mmq_q8_0r_64x128, .activation = 0, .dequant_f16 = .dequant_f16_q8_0r },
+        packed_type | 2 => .{ .name = "Q4_0 (GPU layout)", .block_values = 256, .block_bytes = 144, .get_rows = .get_rows_q4_0r, .matvec_1 = .matvec_q4_0r_1, .matvec_8 = .matvec_q4_0r_8, .matvec_multi = .matvec_multi_q4_0r, .matvec_pipe = .matvec_pipe_q4_0r, .matvec_pipe_split = .matvec_pipe_split_q4_0r, .matvec_pipe_multi = .matvec_pipe_multi_q4_0r, .mmq = .mmq_q4_0r, .mmq_prompt = .mmq_q4_0r_64x128, .activation = 0, .dequant_f16 = .dequant_f16_q4_0r },
+        packed_type | 8 => .{ .name = "Q8_0 (GPU layout)", .block_values = 256, .block_bytes = 272, .get_rows = .get_rows_q8_0r, .matvec_1 = .matvec_q8_0r_1, .matvec_8 = .matvec_q8_0r_8, .matvec_multi = .matvec_multi_q8_0r, .matvec_pipe = .matvec_pipe_q8_0r, .matvec_pipe_split = .matvec_pipe_split_q8_0r, .matvec_pipe_multi = .matvec_pipe_multi_q8_0r, .mmq = .mmq_q8_0r, .mmq_prompt = .mmq_q8_0r_64x128, .activation = 0, .dequant_f16 = .dequant_f16_q8_0r },
         packed_type | 12 => .{ .name = "Q4_K (GPU layout)", .block_values = 256, .block_bytes = 144, .get_rows = .get_rows_q4_kr, .matvec_1 = .matvec_q4_kr_1, .matvec_8 = .matvec_q4_kr_8, .matvec_multi = .matvec_multi_q4_kr, .matvec_pipe = .matvec_pipe_q4_kr, .matvec_pipe_split = .matvec_pipe_split_q4_kr, .matvec_pipe_multi = .matvec_pipe_multi_q4_kr, .pipe_halves = true, .mmq = .mmq_q4_kr, .activation = 1, .dequant_f16 = .dequant_f16_q4_kr },
         else => null,
     };

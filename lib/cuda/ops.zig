@@ -1,8 +1,7 @@
 //! The CUDA backend's ops: one function per op that validates its arguments and launches the
 //! kernels of shaders/cuda/ (lib/cuda/cuda.zig holds the device, memory, graphs and the launch
-//! itself), with the settings that choose among kernels (the matvec split and grid, the MMQ
-//! tiles), read from the environment once at init for comparisons. The attention ops live in
-//! lib/cuda/attention.zig and are re-exported here.
+//! itself), with the rules that choose among kernels (the matvec split and grid, the MMQ
+//! tiles). The attention ops live in lib/cuda/attention.zig and are re-exported here.
 const std = @import("std");
 const status = @import("../status.zig");
 const driver = @import("driver.zig");
@@ -20,38 +19,12 @@ const int = cuda.int;
 const tooLarge = cuda.tooLarge;
 const cublas = @import("cublas.zig");
 const attn = @import("attention.zig");
+const abi = @import("../abi.zig");
 
-/// The INFER_CUDA_* settings of the ops (cuda.init calls this before the first launch).
-pub fn readSettings() void {
-    if (std.posix.getenv("INFER_CUDA_MMQ")) |v| mmq_enabled = !std.mem.eql(u8, v, "0");
-    if (std.posix.getenv("INFER_CUDA_MATVEC_SPLIT")) |v| {
-        const n = std.fmt.parseInt(u32, v, 10) catch 0;
-        if (n == 1 or n == 2 or n == 4) matvec_split = n;
-    }
-    if (std.posix.getenv("INFER_CUDA_MMQ_SPLIT")) |v| mmq_split_max = @max(std.fmt.parseInt(u64, v, 10) catch mmq_split_max, 1);
-    if (std.posix.getenv("INFER_CUDA_MATVEC_CTAS")) |v| matvec_ctas = std.fmt.parseInt(u32, v, 10) catch null;
-    if (std.posix.getenv("INFER_CUDA_MATVEC_PIPE")) |v| matvec_pipe = !std.mem.eql(u8, v, "0");
-    if (std.posix.getenv("INFER_CUDA_PIPE_ROWS")) |v| pipe_rows_per_warp = std.fmt.parseInt(u32, v, 10) catch 2;
-    if (pipe_rows_per_warp != 1 and pipe_rows_per_warp != 2 and pipe_rows_per_warp != 4) pipe_rows_per_warp = 2;
-    if (std.posix.getenv("INFER_CUDA_PIPE_ROWS_TALL")) |v| pipe_rows_tall = std.fmt.parseInt(u32, v, 10) catch 4;
-    if (pipe_rows_tall != 1 and pipe_rows_tall != 2 and pipe_rows_tall != 4) pipe_rows_tall = 4;
-    if (std.posix.getenv("INFER_CUDA_PIPE_ROWS_SPLIT")) |v| pipe_rows_split = std.fmt.parseInt(u32, v, 10) catch 2;
-    if (pipe_rows_split != 0 and pipe_rows_split != 1 and pipe_rows_split != 2 and pipe_rows_split != 4) pipe_rows_split = 2;
-    if (std.posix.getenv("INFER_CUDA_PIPE_HALVES")) |v| pipe_halves_min = std.fmt.parseInt(u64, v, 10) catch pipe_halves_min;
-    if (std.posix.getenv("INFER_CUDA_PIPE_RESERVE")) |v| pipe_reserve = std.fmt.parseInt(u32, v, 10) catch pipe_reserve;
-    if (std.posix.getenv("INFER_CUDA_MATVEC_ROWS")) |v| matvec_rows_per_warp = if (std.mem.eql(u8, v, "1")) 1 else 2;
-    attn.readSettings();
-    @import("norm_matvec.zig").readSettings();
-    if (std.posix.getenv("INFER_CUDA_CUBLAS")) |v| cublas_min_tokens = std.fmt.parseInt(u32, v, 10) catch cublas_min_tokens;
-    if (std.posix.getenv("INFER_CUDA_MMQ_TILE")) |v| {
-        for (mmq_tiles, 0..) |t, i| {
-            var buf: [32]u8 = undefined;
-            const name = std.fmt.bufPrint(&buf, "{d}x{d}", .{ t.rows, t.toks }) catch continue;
-            if (std.mem.eql(u8, v, name)) mmq_tile = i;
-        }
-    }
+/// The settings of the ops (cuda.init passes lib/settings.zig's before the first launch).
+pub fn configure(settings: abi.Settings) void {
+    cublas_min_tokens = settings.cuda_cublas_min_tokens;
 }
-
 
 /// dst[i] = row ids[i] of a table of n_table_rows rows of n_cols values (ids on the device,
 /// already checked against n_table_rows by the caller).
@@ -66,7 +39,7 @@ pub fn getRows(type_id: u32, table: u64, n_cols: u64, n_ids: u64, ids: u64, dst:
     return launch(w.get_rows, ceilDiv(n_cols / 32, 128), n_ids, 128, .{ table, cols, ids, dst });
 }
 
-pub fn unsupportedType(type_id: u32) i32 {
+fn unsupportedType(type_id: u32) i32 {
     return status.fail(.unsupported, "the CUDA backend does not compute ggml type {d} yet", .{type_id});
 }
 
@@ -84,8 +57,6 @@ pub fn quantize(x: u64, n_rows: u64, n_cols: u64, mode: u32, q: u64, d: u64) i32
 
 /// Batches from this many tokens take the tensor-core kernels (mmq_*); fewer take matvec_8.
 const mmq_min_tokens = 16;
-/// INFER_CUDA_MMQ=0 at init keeps every batch on matvec_8 (for comparisons).
-var mmq_enabled = true;
 
 /// The tiles of the mmq_* kernels (weight rows × tokens a block): the small one for batches
 /// (WeightKind.mmq), the large one for prompts from mmq_large_tokens (WeightKind.mmq_prompt, where
@@ -98,9 +69,6 @@ const mmq_tiles = [_]MmqTile{
     .{ .rows = 64, .toks = 128, .units = 4 },
 };
 const mmq_large_tokens = 256;
-/// INFER_CUDA_MMQ_TILE=32x64 or 64x128 at init: that tile for every batch of the types that have
-/// it (for comparisons).
-var mmq_tile: ?usize = null;
 
 /// K-splits of an mmq_* launch (grid z; shaders/cuda/matmul.cuh mmq). A batch of a few dozen
 /// tokens gives a grid of a few hundred blocks (a 4,096-row weight and 32 tokens: 128), each
@@ -109,7 +77,6 @@ var mmq_tile: ?usize = null;
 /// occupancy: 3 or 4 small-tile blocks a multiprocessor, by registers) turns that chain into
 /// parallel work; each split keeps at least 2 steps. The partial
 /// sums are added in split order (sum_splits), so a result does not depend on timing.
-/// INFER_CUDA_MMQ_SPLIT=n at init: at most n splits (1: none).
 fn mmqSplits(kernel: Kernel, threads: u32, blocks: u64, steps: u64) u64 {
     const s = ready() orelse return 1;
     const cap = @min(mmq_split_max, @max(steps / 2, 1));
@@ -117,24 +84,21 @@ fn mmqSplits(kernel: Kernel, threads: u32, blocks: u64, steps: u64) u64 {
     const want = ceilDiv(@as(u64, @intCast(s.sm_count)) * (if (per_sm == 0) 4 else per_sm), blocks);
     return @max(@min(want, cap), 1);
 }
-var mmq_split_max: u64 = 16;
+const mmq_split_max: u64 = 16;
 
 /// Warps sharing a row of a one-token quantized matvec (shaders/cuda/matmul.cuh matvec_q): rows
 /// of 384 units (12,288 values) and more take 4, from 192 units 2, so that a long row is not one
 /// warp's serial work (an 8B model's 14,336-wide down projection: 4,096 rows, one wave of single
 /// warps). The fused matvec_multi uses the same rule, so its rows equal matvec_1's bit for bit.
-/// INFER_CUDA_MATVEC_SPLIT=1|2|4 at init: that split for every row (for comparisons).
 fn matvecSplit(n_in: u64) u32 {
-    if (matvec_split) |s| return s;
     const units = n_in / 32;
     return if (units >= 384) 4 else if (units >= 192) 2 else 1;
 }
-var matvec_split: ?u32 = null;
 /// Rows a warp of the register-fed one-token matvec (matvec_*_1; shaders/cuda/matmul.cuh
-/// matvec_rows): 2, or 1 with INFER_CUDA_MATVEC_ROWS=1. Two rows share each activation load;
+/// matvec_rows): 2. Two rows share each activation load;
 /// on an H200 an 8B model's down projection went 20.3 -> 19.0 µs in Q8_0, 14.3 -> 12.6 in
 /// Q4_K, 12.9 -> 12.4 in Q4_0.
-var matvec_rows_per_warp: u32 = 2;
+const matvec_rows_per_warp: u32 = 2;
 
 /// One-token matvecs (matvec_*_1, matvec_multi_*) launch one wave: as many blocks as fit on the
 /// GPU at once (the driver's occupancy for 128 threads × multiprocessors), each looping over row
@@ -144,12 +108,9 @@ var matvec_rows_per_warp: u32 = 2;
 /// wave had started. Measured on an H200: decode 8B Q4_0 406 -> 423 tok/s, 0.6B 1,227 -> 1,263 in
 /// the same call; a grid past one wave (8 blocks a multiprocessor where Q8_0's 6 fit) was slower
 /// than a block per row block.
-/// INFER_CUDA_MATVEC_CTAS=n at init: n blocks a multiprocessor instead, 0 a block per row block
-/// (for comparisons).
-var matvec_ctas: ?u32 = null;
 fn matvecGrid(kernel: Kernel, row_blocks: u64) u64 {
     const s = ready() orelse return row_blocks;
-    const per_sm: u64 = matvec_ctas orelse resident(s, kernel, 128);
+    const per_sm: u64 = resident(s, kernel, 128);
     if (per_sm == 0) return row_blocks;
     return @min(row_blocks, per_sm * @as(u64, @intCast(s.sm_count)));
 }
@@ -169,7 +130,16 @@ fn resident(s: *State, k: Kernel, threads: c_int) u8 {
 
 /// y[t][o] = W[o] · x[t] for t < n_tok. Quantized W reads the activations from xq/xd (see
 /// quantize, in W's activation format); float W reads x.
-pub fn matmul(w: u64, type_id: u32, n_out: u64, n_in: u64, x: u64, xq: u64, xd: u64, n_tok: u64, y: u64) i32 {
+pub fn matmul(a: abi.CudaMatmulArgs) i32 {
+    const w = a.w;
+    const type_id = a.type_id;
+    const n_out = a.n_out;
+    const n_in = a.n_in;
+    const x = a.x;
+    const xq = a.xq;
+    const xd = a.xd;
+    const n_tok = a.n_tok;
+    const y = a.y;
     const k = weightKind(type_id) orelse return unsupportedType(type_id);
     if (n_in == 0 or n_in % k.block_values != 0 or (k.block_values > 1 and n_in % 32 != 0))
         return invalid("matmul: n_in {d} is not a multiple of the {s} block", .{ n_in, k.name });
@@ -186,19 +156,17 @@ pub fn matmul(w: u64, type_id: u32, n_out: u64, n_in: u64, x: u64, xq: u64, xd: 
     }
     if (xq == 0 or xd == 0) return invalid("matmul: {s} needs quantized activations", .{k.name});
     if (n_tok == 1) {
-        if (pipeStages(k, n_in, n_out, true, 0)) |p| {
-            var none: u64 = 0; // no residual (norm_matvec.zig matmulResidual passes one)
-            _ = &none;
+        if (pipeStages(k, n_in, n_out, true)) |p| {
             const pipe = if (p.split) k.matvec_pipe_split.? else k.matvec_pipe.?;
-            return launchShared(pipe, pipeGrid(pipe, ceilDiv(n_out, p.blockRows()), p.shared), 1, 128, p.shared, .{ w, out, in, xq, xd, y, @as(i32, @intCast(p.rows_per_warp)), @as(i32, @intFromBool(p.halves)), none });
+            return launchShared(pipe, pipeGrid(pipe, ceilDiv(n_out, p.blockRows()), p.shared), 1, 128, p.shared, .{ w, out, in, xq, xd, y, @as(i32, @intCast(p.rows_per_warp)), @as(i32, @intFromBool(p.halves)) });
         }
     }
     if (x != 0 and cublas_min_tokens > 0 and n_tok >= cublas_min_tokens) {
         if (gemmF16(k, w, out, in, x, tok, y)) |rc| return rc;
     }
     if (k.mmq) |mmq| {
-        if (n_tok >= mmq_min_tokens and mmq_enabled) {
-            const large = (mmq_tile orelse @intFromBool(n_tok >= mmq_large_tokens)) == 1 and k.mmq_prompt != null;
+        if (n_tok >= mmq_min_tokens) {
+            const large = n_tok >= mmq_large_tokens and k.mmq_prompt != null;
             const tile = mmq_tiles[@intFromBool(large)];
             const kernel_mmq = if (large) k.mmq_prompt.? else mmq;
             const tiles_x = ceilDiv(n_out, tile.rows);
@@ -229,10 +197,9 @@ pub fn matmul(w: u64, type_id: u32, n_out: u64, n_in: u64, x: u64, xq: u64, xd: 
 /// activations rounded to f16 (where MMQ quantizes them to 8 bits as the CPU does), the products
 /// summed in f32 on the tensor cores (wgmma on Hopper, which MMQ's mma.sync does not reach).
 /// Below it MMQ wins: dequantizing a whole weight costs as much as MMQ's pass over a few dozen
-/// tokens (the crossover measured on an H200). INFER_CUDA_CUBLAS=n at init (0: never),
-/// infer_cuda_set_cublas at run time.
-pub const cublas_default_min_tokens: u32 = 128;
-var cublas_min_tokens: u32 = cublas_default_min_tokens;
+/// tokens (the crossover measured on an H200). The cuda_cublas_min_tokens setting at init
+/// (lib/abi.zig Settings; 0: never), infer_cuda_set_cublas at run time.
+var cublas_min_tokens: u32 = (abi.Settings{}).cuda_cublas_min_tokens;
 
 pub fn cublasMinTokens() u32 {
     return cublas_min_tokens;
@@ -299,7 +266,7 @@ fn gemmStatus(st: c_int, n_out: i32, n_in: i32, n_tok: i32) i32 {
 /// 1,024-wide row in one pass; many rows (a prompt) and rows of up to 256 values (head norms) keep
 /// 256. The three kernels choose alike, so they sum the squares in the same order (the fused step
 /// equals the unfused one bit for bit), and a head norm sums as rms_norm2's 256 threads do.
-pub fn normThreads(n_rows: u64, n_cols: u64) u32 {
+fn normThreads(n_rows: u64, n_cols: u64) u32 {
     return if (n_cols > 256 and n_rows <= 8) 1024 else 256;
 }
 
@@ -317,7 +284,17 @@ pub fn rmsNormAdd(x: u64, weight: u64, n_rows: u64, n_cols: u64, eps: f32, resid
 
 extern "c" fn powf(x: f32, y: f32) f32;
 
-pub fn rope(x: u64, n_tok: u64, n_heads: u64, head_dim: u64, n_rot: u64, positions: u64, freq_base: f32, freq_scale: f32, mode: u32, freq_factors: u64) i32 {
+pub fn rope(a: abi.CudaRopeArgs) i32 {
+    const x = a.x;
+    const n_tok = a.n_tok;
+    const n_heads = a.n_heads;
+    const head_dim = a.head_dim;
+    const n_rot = a.n_rot;
+    const positions = a.positions;
+    const freq_base = a.freq_base;
+    const freq_scale = a.freq_scale;
+    const mode = a.mode;
+    const freq_factors = a.freq_factors;
     if (mode != 0 and mode != 2) return invalid("rope: mode {d} is not 0 (normal) or 2 (neox)", .{mode});
     if (n_rot == 0 or n_rot % 2 != 0 or n_rot > head_dim or n_rot > 2048)
         return invalid("rope: n_rot {d} must be even, > 0, <= head_dim {d} and <= 2048", .{ n_rot, head_dim });
@@ -337,8 +314,6 @@ pub const head_dim_max = attn.head_dim_max;
 pub const split_max = attn.split_max;
 pub const attentionScratch = attn.attentionScratch;
 pub const attention = attn.attention;
-pub const attentionQuant = attn.attentionQuant;
-pub const attentionRows = attn.attentionRows;
 pub const decodeAttentionFits = attn.decodeAttentionFits;
 pub const decodeWarpsTakes = attn.decodeWarpsTakes;
 pub const setDecodeAttention = attn.setDecodeAttention;
@@ -348,7 +323,26 @@ pub const kvStoreRows = attn.kvStoreRows;
 /// One token's query and key head norms (wq = wk = 0: none), their RoPE, and the store of the
 /// keys and values into the f16 cache at positions[0]: rms_norm2 + rope2 + kv_store in one launch
 /// (see norm_rope_store in shaders/cuda/decode.cuh).
-pub fn normRopeStore(q: u64, heads_q: u64, k: u64, heads_k: u64, v: u64, wq: u64, wk: u64, eps: f32, head_dim: u64, n_rot: u64, positions: u64, freq_base: f32, freq_scale: f32, mode: u32, freq_factors: u64, k_cache: u64, v_cache: u64, cells: u64, ring: bool) i32 {
+pub fn normRopeStore(a: abi.CudaNormRopeStoreArgs) i32 {
+    const q = a.q;
+    const heads_q = a.heads_q;
+    const k = a.k;
+    const heads_k = a.heads_k;
+    const v = a.v;
+    const wq = a.wq;
+    const wk = a.wk;
+    const eps = a.eps;
+    const head_dim = a.head_dim;
+    const n_rot = a.n_rot;
+    const positions = a.positions;
+    const freq_base = a.freq_base;
+    const freq_scale = a.freq_scale;
+    const mode = a.mode;
+    const freq_factors = a.freq_factors;
+    const k_cache = a.k_cache;
+    const v_cache = a.v_cache;
+    const cells = a.cells;
+    const ring = a.ring;
     if (mode != 0 and mode != 2) return invalid("norm_rope_store: mode {d} is not 0 (normal) or 2 (neox)", .{mode});
     if (n_rot == 0 or n_rot % 2 != 0 or n_rot > head_dim or head_dim > head_dim_max)
         return invalid("norm_rope_store: n_rot {d} must be even, > 0, <= head_dim {d} <= {d}", .{ n_rot, head_dim, head_dim_max });
@@ -412,7 +406,16 @@ pub fn quantMode(mode: u32, n_cols: u64) ?i32 {
 }
 
 /// rms_norm, then quantize (mode as infer_cuda_quantize) of its output.
-pub fn rmsNormQuant(x: u64, weight: u64, n_rows: u64, n_cols: u64, eps: f32, out: u64, mode: u32, q: u64, d: u64) i32 {
+pub fn rmsNormQuant(a: abi.CudaRmsNormQuantArgs) i32 {
+    const x = a.x;
+    const weight = a.weight;
+    const n_rows = a.n_rows;
+    const n_cols = a.n_cols;
+    const eps = a.eps;
+    const out = a.out;
+    const mode = a.mode;
+    const q = a.q;
+    const d = a.d;
     const m = quantMode(mode, n_cols) orelse return invalid("rms_norm_quant: mode {d} with n_cols {d}", .{ mode, n_cols });
     if (n_cols == 0 or n_cols > fused_cols_max) return invalid("rms_norm_quant: n_cols {d} not in 1..{d}", .{ n_cols, fused_cols_max });
     const cols: i32 = @intCast(n_cols);
@@ -434,7 +437,18 @@ pub fn rmsNorm2(xa: u64, wa: u64, rows_a: u64, xb: u64, wb: u64, rows_b: u64, n_
 }
 
 /// sum = a + b (sum may alias a), then rms_norm(sum) into out, quantized.
-pub fn addRmsNormQuant(a: u64, b: u64, sum: u64, weight: u64, n_rows: u64, n_cols: u64, eps: f32, out: u64, mode: u32, q: u64, d: u64) i32 {
+pub fn addRmsNormQuant(args: abi.CudaAddRmsNormQuantArgs) i32 {
+    const a = args.a;
+    const b = args.b;
+    const sum = args.sum;
+    const weight = args.weight;
+    const n_rows = args.n_rows;
+    const n_cols = args.n_cols;
+    const eps = args.eps;
+    const out = args.out;
+    const mode = args.mode;
+    const q = args.q;
+    const d = args.d;
     const m = quantMode(mode, n_cols) orelse return invalid("add_rms_norm_quant: mode {d} with n_cols {d}", .{ mode, n_cols });
     if (n_cols == 0 or n_cols > fused_cols_max) return invalid("add_rms_norm_quant: n_cols {d} not in 1..{d}", .{ n_cols, fused_cols_max });
     const cols: i32 = @intCast(n_cols);
@@ -442,7 +456,20 @@ pub fn addRmsNormQuant(a: u64, b: u64, sum: u64, weight: u64, n_rows: u64, n_col
 }
 
 /// Up to three matmuls of one token over the same quantized input (n2 = 0: two matrices).
-pub fn matmulMulti(type_id: u32, n_in: u64, xq: u64, xd: u64, w0: u64, n0: u64, y0: u64, w1: u64, n1: u64, y1: u64, w2: u64, n2: u64, y2: u64) i32 {
+pub fn matmulMulti(args: abi.CudaMatmulMultiArgs) i32 {
+    const type_id = args.type_id;
+    const n_in = args.n_in;
+    const xq = args.xq;
+    const xd = args.xd;
+    const w0 = args.w0;
+    const n0 = args.n0;
+    const y0 = args.y0;
+    const w1 = args.w1;
+    const n1 = args.n1;
+    const y1 = args.y1;
+    const w2 = args.w2;
+    const n2 = args.n2;
+    const y2 = args.y2;
     const k = weightKind(type_id) orelse return unsupportedType(type_id);
     const kernel = k.matvec_multi orelse return invalid("matmul_multi: {s} is not a quantized type", .{k.name});
     if (n_in == 0 or n_in % k.block_values != 0) return invalid("matmul_multi: n_in {d} is not a multiple of the {s} block", .{ n_in, k.name });
@@ -450,7 +477,7 @@ pub fn matmulMulti(type_id: u32, n_in: u64, xq: u64, xd: u64, w0: u64, n0: u64, 
     const a = int(n0) orelse return tooLarge("matmul_multi: n0", n0);
     const b = int(n1) orelse return tooLarge("matmul_multi: n1", n1);
     const c = int(n2) orelse return tooLarge("matmul_multi: n2", n2);
-    if (pipeStages(k, n_in, @max(n0, @max(n1, n2)), false, 0)) |p| {
+    if (pipeStages(k, n_in, @max(n0, @max(n1, n2)), false)) |p| {
         const pipe = k.matvec_pipe_multi.?;
         const per = p.blockRows();
         const row_blocks = ceilDiv(n0, per) + ceilDiv(n1, per) + ceilDiv(n2, per);
@@ -465,9 +492,8 @@ pub fn matmulMulti(type_id: u32, n_in: u64, xq: u64, xd: u64, w0: u64, n0: u64, 
 /// How a pipelined one-token matvec (shaders/cuda/matvec_pipe.cuh: 3 stages of a row block) of
 /// weight kind k with rows of n_in values runs — its rows a warp, whether the 4 warps split each
 /// row, and its dynamic shared memory — or null where it takes the register-fed kernels: no GPU
-/// layout, long rows in a fused launch (`split_ok` false), or INFER_CUDA_MATVEC_PIPE=0. `extra`:
-/// shared bytes the kernel keeps after its stages besides these (norm_matvec.zig's activation).
-/// Rows a warp: 2, or INFER_CUDA_PIPE_ROWS (1, 2 or 4), fewer where they would not fit. Two
+/// layout, or long rows in a fused launch (`split_ok` false).
+/// Rows a warp: 2, fewer where they would not fit. Two
 /// rows share each activation load: an 8B model's Q4_0 gate 12.4 -> 10.9 µs, q 4.1 -> 3.7 on an
 /// H200; four were slower on all but the LM head.
 /// Rows of split_min_units units and more (a down projection's) are split among the block's 4
@@ -477,19 +503,19 @@ pub fn matmulMulti(type_id: u32, n_in: u64, xq: u64, xd: u64, w0: u64, n0: u64, 
 /// blocks a multiprocessor; split, the 8B's Q4_K down projection went 12.5 -> 10.7 µs (Q4_0
 /// 12.2 either way) and decode Q4_K 531 -> 550 tok/s, Q8_0 345 -> 358, 1B Q4_K 1,755 -> 1,774
 /// (1, 2 or 4 rows a stage alike alone; bench/results/cuda.md).
-pub fn pipeStages(k: kernels.WeightKind, n_in: u64, n_out: u64, split_ok: bool, extra: u64) ?PipeLaunch {
-    if (!matvec_pipe or k.matvec_pipe == null) return null;
+fn pipeStages(k: kernels.WeightKind, n_in: u64, n_out: u64, split_ok: bool) ?PipeLaunch {
+    if (k.matvec_pipe == null) return null;
     const split = n_in / 32 >= split_min_units;
-    if (split and (!split_ok or pipe_rows_split == 0 or k.matvec_pipe_split == null)) return null;
+    if (split and (!split_ok or k.matvec_pipe_split == null)) return null;
     const s = ready() orelse return null;
     const row_bytes = (n_in / k.block_values) * k.block_bytes;
-    const reserve = s.pipe_shared_max >= 227 << 10 and pipe_reserve > 0; // sm_90's 228 KB a multiprocessor
+    const reserve = s.pipe_shared_max >= 227 << 10; // sm_90's 228 KB a multiprocessor
     var rows: u32 = if (split) pipe_rows_split else if (n_out >= tall_rows) pipe_rows_tall else pipe_rows_per_warp;
     const halves = k.pipe_halves and n_in >= pipe_halves_min;
     while (true) : (rows /= 2) {
         var p: PipeLaunch = .{ .shared = 0, .rows_per_warp = rows, .halves = halves, .split = split };
         // After the stages: the activation (halves), the warps' partial sums (split).
-        const bytes = pipe_stages * p.blockRows() * row_bytes + (if (halves) n_in else 0) + (if (split) 16 * rows else 0) + extra;
+        const bytes = pipe_stages * p.blockRows() * row_bytes + (if (halves) n_in else 0) + (if (split) 16 * rows else 0);
         if (bytes <= s.pipe_shared_max) {
             // Under a reserve, fewer rows a warp where their stages would leave one block a
             // multiprocessor (an 8B model's Q8_0 rows: 2 rows 104 KB, 1 row 52 KB).
@@ -499,39 +525,36 @@ pub fn pipeStages(k: kernels.WeightKind, n_in: u64, n_out: u64, split_ok: bool, 
         if (rows == 1) return null;
     }
 }
-pub const PipeLaunch = struct {
+const PipeLaunch = struct {
     shared: u32,
     rows_per_warp: u32,
     halves: bool,
     split: bool,
     /// Rows of a row block (matvec_pipe.cuh pipe_block_rows).
-    pub fn blockRows(p: PipeLaunch) u32 {
+    fn blockRows(p: PipeLaunch) u32 {
         return if (p.split) p.rows_per_warp else 4 * p.rows_per_warp;
     }
 };
 /// Rows of this many 32-value units and more are split among a pipelined block's warps (the
 /// register-fed kernels split them from the same width: matvecSplit).
 const split_min_units = 192;
-/// Rows of a row block whose rows the warps split: INFER_CUDA_PIPE_ROWS_SPLIT (1, 2 or 4; 0: such
-/// rows take the register-fed kernel, as before).
-var pipe_rows_split: u32 = 2;
+/// Rows of a row block whose rows the warps split.
+const pipe_rows_split: u32 = 2;
 /// Q4_K rows of at least this many values are summed half a superblock a lane, the activation in
 /// shared memory (kernels.zig pipe_halves; shaders/cuda/matvec_pipe.cuh rows_halves); shorter
 /// rows keep a unit a lane, as a half a lane would leave lanes idle (a 1,024-wide row has 8
 /// halves). On an H200: decode 8B Q4_K 449 -> 492
 /// tok/s (rows of 4,096), 4B 588 -> 601 (2,560); with halves at every width the 1B (2,048)
-/// 1,812 -> 1,753 and the 0.6B (1,024) 1,453 -> 1,375. INFER_CUDA_PIPE_HALVES=n at init: this
-/// bound instead.
-var pipe_halves_min: u64 = 2560;
-var pipe_rows_per_warp: u32 = 2;
+/// 1,812 -> 1,753 and the 0.6B (1,024) 1,453 -> 1,375.
+const pipe_halves_min: u64 = 2560;
+const pipe_rows_per_warp: u32 = 2;
 /// Rows a warp of the pipelined matvec for matrices of tall_rows rows and more (the LM head):
-/// 4, or INFER_CUDA_PIPE_ROWS_TALL. A long launch reads at its steady state, which four rows a
+/// 4. A long launch reads at its steady state, which four rows a
 /// warp raise: an 8B model's LM head 83.6 -> 73.4 µs in Q4_0, 140 -> 130 in Q8_0 on an H200,
 /// where every shorter matrix was slower with four.
-var pipe_rows_tall: u32 = 4;
+const pipe_rows_tall: u32 = 4;
 const tall_rows = 32768;
 const pipe_stages = 3;
-var matvec_pipe = true;
 
 /// Shared memory of an sm_90 multiprocessor (the reserve applies there only) and what the driver
 /// reserves for each block.
@@ -545,9 +568,8 @@ const block_reserved: u32 = 1 << 10;
 /// On an H200: 8B decode Q4_0 471 -> 488 tok/s, Q4_K 428
 /// -> 431, Q8_0 313 -> 331 (three blocks of one row a warp where two blocks of two rows filled
 /// 209 KB); the 0.6B unchanged (its row blocks are small); the 4B's Q8_0 (rows of 2,560) 479 ->
-/// 468 (two blocks where three fitted). INFER_CUDA_PIPE_RESERVE=bytes at
-/// init: another reserve (0: none, blocks fill the multiprocessor as before).
-var pipe_reserve: u32 = 40 << 10;
+/// 468 (two blocks where three fitted).
+const pipe_reserve: u32 = 40 << 10;
 fn reserving(shared: u32) u32 {
     const fit = blocksBeside(shared);
     if (fit == 0) return shared;
@@ -555,13 +577,12 @@ fn reserving(shared: u32) u32 {
 }
 /// Blocks of `shared` bytes that fit a multiprocessor beside the reserve.
 fn blocksBeside(shared: u32) u32 {
-    if (pipe_reserve >= sm_shared) return 0;
     return (sm_shared - pipe_reserve) / (shared + block_reserved);
 }
 
 /// One wave of the pipelined matvec: as many blocks as fit with `shared` bytes each (the driver's
 /// occupancy), at most one per row block.
-pub fn pipeGrid(kernel: Kernel, row_blocks: u64, shared: u32) u64 {
+fn pipeGrid(kernel: Kernel, row_blocks: u64, shared: u32) u64 {
     const s = ready() orelse return row_blocks;
     const occupancy = driver.optional.cuOccupancyMaxActiveBlocksPerMultiprocessor orelse return row_blocks;
     var n: c_int = 0;
@@ -570,7 +591,16 @@ pub fn pipeGrid(kernel: Kernel, row_blocks: u64, shared: u32) u64 {
 }
 
 /// out = act(gate) * up (kind 0 = GELU, 1 = SiLU) over n_rows x n_cols, quantized.
-pub fn actMulQuant(kind: u32, gate: u64, up: u64, n_rows: u64, n_cols: u64, out: u64, mode: u32, q: u64, d: u64) i32 {
+pub fn actMulQuant(a: abi.CudaActMulQuantArgs) i32 {
+    const kind = a.kind;
+    const gate = a.gate;
+    const up = a.up;
+    const n_rows = a.n_rows;
+    const n_cols = a.n_cols;
+    const out = a.out;
+    const mode = a.mode;
+    const q = a.q;
+    const d = a.d;
     const m = quantMode(mode, n_cols) orelse return invalid("act_mul_quant: mode {d} with n_cols {d}", .{ mode, n_cols });
     const n = std.math.mul(u64, n_rows, n_cols) catch return tooLarge("act_mul_quant: values", n_rows);
     const groups = int(n / (if (mode == 0) @as(u64, 32) else 256)) orelse return tooLarge("act_mul_quant: groups", n);
@@ -581,7 +611,19 @@ pub fn actMulQuant(kind: u32, gate: u64, up: u64, n_rows: u64, n_cols: u64, out:
 }
 
 /// RoPE of two tensors (queries and keys) with the same positions and parameters.
-pub fn rope2(xa: u64, heads_a: u64, xb: u64, heads_b: u64, n_tok: u64, head_dim: u64, n_rot: u64, positions: u64, freq_base: f32, freq_scale: f32, mode: u32, freq_factors: u64) i32 {
+pub fn rope2(a: abi.CudaRope2Args) i32 {
+    const xa = a.xa;
+    const heads_a = a.heads_a;
+    const xb = a.xb;
+    const heads_b = a.heads_b;
+    const n_tok = a.n_tok;
+    const head_dim = a.head_dim;
+    const n_rot = a.n_rot;
+    const positions = a.positions;
+    const freq_base = a.freq_base;
+    const freq_scale = a.freq_scale;
+    const mode = a.mode;
+    const freq_factors = a.freq_factors;
     if (mode != 0 and mode != 2) return invalid("rope2: mode {d} is not 0 (normal) or 2 (neox)", .{mode});
     if (n_rot == 0 or n_rot % 2 != 0 or n_rot > head_dim or n_rot > 2048)
         return invalid("rope2: n_rot {d} must be even, > 0, <= head_dim {d} and <= 2048", .{ n_rot, head_dim });

@@ -1,4 +1,4 @@
-//! Host-side dispatch of the Metal backend (macOS builds only; lib/root.zig picks
+//! Host-side dispatch of the Metal backend (macOS builds only; lib/exports/metal.zig picks
 //! unavailable.zig elsewhere, so none of this is in a Linux library): the system default device,
 //! one command queue, pipelines compiled once from the kernels' source text at init, shared
 //! buffers (new ones, or ones wrapping mmap'd weights without a copy), and one command buffer with

@@ -1,7 +1,8 @@
 // The per-query-head attention kernels of infer.cu (included there, in this order): attn_scores +
-// attn_values for rows the one-pass kernels do not take and for INFER_CUDA_ATTN=heads, and their
-// tensor-core forms for prompts (attn_scores_mma + attn_values_mma), which follow the CPU
-// backend's three-step arithmetic. attn_row, attn_range and attn_cell serve the one-pass kernels too.
+// attn_values for rows the one-pass kernels do not take (a group of more than 8 query heads, a
+// head_dim that is not a multiple of 8 or is over 256), and their tensor-core forms for prompts
+// whose head_dim attn_prompt_* does not take (Gemma 3's 256: attn_scores_mma + attn_values_mma),
+// which follow the CPU backend's three-step arithmetic. attn_row, attn_range and attn_cell serve the one-pass kernels too.
 #pragma once
 #include "common.cuh"
 

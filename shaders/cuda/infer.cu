@@ -12,8 +12,8 @@
 // f16; the one-pass kernels that run by default (attend_warps.cuh and attend_decode.cuh for
 // decode and small batches, attend_prompt.cuh for prompts of head_dim 64/128) use a running maximum, so their probabilities
 // differ from the CPU's by rounding; the per-head kernels below (attn_scores/attn_values and their
-// MMA forms, INFER_CUDA_ATTN=heads and the shapes the others do not take) follow the CPU's three
-// steps (f16 probabilities after the global max and sum, ggml's expf, the sum in f64).
+// MMA forms, for the shapes the others do not take) follow the CPU's three steps (f16
+// probabilities after the global max and sum, ggml's expf, the sum in f64).
 #include "common.cuh"
 #include "quant.cuh"
 #include "packed.cuh"

@@ -118,81 +118,7 @@ struct PipeRows {
   const uint8_t* w;
   float* y;
   int rows;
-  const float* res;  // null, or y[i] = res[i] + the dot (may be y itself: the residual stream)
 };
-
-/// The input of a matvec that normalizes its own activation (matvec_pipe_norm_*, the fused form
-/// of rms_norm_q and the Q8_0-activation matvecs after it): the row x of n_in values (1,024-thread
-/// rms_norm_q rows: 256 < n_in <= NORM_COLS_MAX), the norm's weights w (null: none), eps.
-struct NormIn {
-  const float* x;
-  const float* w;
-  float eps;
-};
-
-/// Widest row a matvec normalizes itself: NORM_K values a lane in each of NORM_J virtual warps, held
-/// in registers (lib/cuda/norm_matvec.zig norm_cols_max).
-constexpr int NORM_J = 8, NORM_K = 4, NORM_COLS_MAX = 1024 * NORM_K;
-
-/// rms_norm_q (mode 0) of one row into the block's shared memory (q: n_in bytes, d: n_in / 32
-/// floats; vpart: 32 doubles), bit for bit. The norm kernel's 1,024 threads are emulated by the
-/// block's 128: real warp w plays virtual warps w, w + 4, ..., w + 28, and lane l of virtual warp
-/// v holds the values 32v + l + 1024k (k < NORM_K) that thread 32v + l sums, in that order, before
-/// warp_sum_d over the virtual warp and over the 32 warps' sums (block_sum_d). Unit 32k + v is
-/// then value 32v + l + 1024k a lane, quantized by quant_unit_q8_0 as store_quantized_row does.
-/// Every load is issued at once (the weights' before the kernel waits: wv), so the block waits on
-/// one round trip to L2, where a loop over the units waited on one a unit (measured: an 8B step
-/// 1.9 -> 3.6 ms so).
-__device__ __forceinline__ void norm_weights(const NormIn& in, int n_in, float (&wv)[NORM_J][NORM_K]) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-  for (int j = 0; j < NORM_J; j++) {
-#pragma unroll
-    for (int k = 0; k < NORM_K; k++) {
-      const int i = 32 * (warp + 4 * j) + lane + 1024 * k;
-      wv[j][k] = in.w && i < n_in ? in.w[i] : 1.0f;
-    }
-  }
-}
-__device__ __forceinline__ void norm_quant_row(const NormIn& in, int n_in, const float (&wv)[NORM_J][NORM_K],
-                                               int8_t* q, float* d, double* vpart) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  float xv[NORM_J][NORM_K];
-#pragma unroll
-  for (int j = 0; j < NORM_J; j++) {
-#pragma unroll
-    for (int k = 0; k < NORM_K; k++) {
-      const int i = 32 * (warp + 4 * j) + lane + 1024 * k;
-      xv[j][k] = i < n_in ? in.x[i] : 0.0f;
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < NORM_J; j++) {
-    double s = 0.0;
-#pragma unroll
-    for (int k = 0; k < NORM_K; k++) {
-      if (32 * (warp + 4 * j) + lane + 1024 * k < n_in) s += static_cast<double>(xv[j][k] * xv[j][k]);
-    }
-    s = warp_sum_d(s);
-    if (lane == 0) vpart[warp + 4 * j] = s;
-  }
-  __syncthreads();
-  const double total = warp_sum_d(vpart[lane]);
-  const float mean = static_cast<float>(total / static_cast<double>(n_in));
-  const float scale = 1.0f / sqrtf(mean + in.eps);
-#pragma unroll
-  for (int j = 0; j < NORM_J; j++) {
-#pragma unroll
-    for (int k = 0; k < NORM_K; k++) {
-      const int unit = warp + 4 * j + 32 * k;  // warp-uniform
-      if (32 * unit < n_in) {
-        const float v = xv[j][k] * scale;
-        quant_unit_q8_0(in.w ? v * wv[j][k] : v, q + 32 * unit, d + unit);
-      }
-    }
-  }
-  __syncthreads();  // q and d for every warp
-}
 
 constexpr int PIPE_STAGES = 3;  // lib/cuda/ops.zig pipe_stages: shared memory 3 × 4R rows
 /// A compile-time value as a type (for pipe_variant's generic lambdas).
@@ -209,11 +135,8 @@ __host__ __device__ constexpr int pipe_block_rows() { return SPLIT ? R : 4 * R; 
 /// naming each. Without SPLIT warp w sums rows Rw..Rw+R-1 of a row block alone; with SPLIT every
 /// warp sums its quarter of all R rows (rows of 6,144 values and more: lib/cuda/ops.zig
 /// pipeStages) and the quarters are added in warp order, as matvec_q adds a row's parts.
-/// With NORM, the activation is not read from xq/xd: the block computes it (norm_quant_row) into
-/// shared memory after the stages (Q8_0 activations only, so never with H).
-template <class T, int R, bool H, bool SPLIT, bool NORM, class Src>
-__device__ __forceinline__ void matvec_pipe(int blocks, int n_in, const int8_t* xq, const float* xd,
-                                            const NormIn& norm, Src src) {
+template <class T, int R, bool H, bool SPLIT, class Src>
+__device__ __forceinline__ void matvec_pipe(int blocks, int n_in, const int8_t* xq, const float* xd, Src src) {
   constexpr int S = PIPE_STAGES;
   extern __shared__ __align__(16) uint8_t staged[];
   const size_t row_bytes = static_cast<size_t>(n_in / T::BV) * T::BB;  // a multiple of 16
@@ -234,23 +157,7 @@ __device__ __forceinline__ void matvec_pipe(int blocks, int n_in, const int8_t* 
   };
 #pragma unroll
   for (int k = 0; k < S - 1; k++) issue(k);
-  float wv[NORM_J][NORM_K];
-  if constexpr (NORM) {
-    // The norm's weights (no kernel writes them) ahead of the wait, and the row into L2.
-    norm_weights(norm, n_in, wv);
-    for (int i = 32 * threadIdx.x; i < n_in; i += 32 * blockDim.x) prefetch_l2(norm.x + i);
-  }
   pdl_begin();
-  if constexpr (NORM) {
-    // After the stages: the quantized row, its scales, the virtual warps' sums (the host adds
-    // n_in + n_in / 8 + 256 bytes; a static array would raise the kernel's static shared memory
-    // past what the 227 KiB opt-in of cuda.zig leaves).
-    int8_t* qs = reinterpret_cast<int8_t*>(staged + S * stage_bytes + (H ? n_in : 0));
-    float* ds = reinterpret_cast<float*>(qs + n_in);
-    norm_quant_row(norm, n_in, wv, qs, ds, reinterpret_cast<double*>(ds + n_in / 32));
-    xq = qs;
-    xd = ds;
-  }
   // Rows summed by halves (the host's choice: lib/cuda/ops.zig pipe_halves_min) read the
   // activation from shared memory, after the stages (the host adds n_in bytes); the loop's first
   // barrier publishes it.
@@ -279,8 +186,7 @@ __device__ __forceinline__ void matvec_pipe(int blocks, int n_in, const int8_t* 
       __syncthreads();
       if (static_cast<int>(threadIdx.x) < r.rows) {
         const int i = threadIdx.x;
-        const float dot = ((parts[0][i] + parts[1][i]) + parts[2][i]) + parts[3][i];
-        r.y[i] = r.res ? r.res[i] + dot : dot;
+        r.y[i] = ((parts[0][i] + parts[1][i]) + parts[2][i]) + parts[3][i];
       }
     } else if (R * warp < r.rows) {
       float sum[R];
@@ -288,8 +194,7 @@ __device__ __forceinline__ void matvec_pipe(int blocks, int n_in, const int8_t* 
                              sum);
 #pragma unroll
       for (int i = 0; i < R; i++) {
-        const int row = R * warp + i;
-        if (lane == 0 && row < r.rows) r.y[row] = r.res ? r.res[row] + sum[i] : sum[i];
+        if (lane == 0 && R * warp + i < r.rows) r.y[R * warp + i] = sum[i];
       }
     }
     __syncthreads();  // stage k % S (and the parts) are rewritten by the next iteration
@@ -299,28 +204,27 @@ __device__ __forceinline__ void matvec_pipe(int blocks, int n_in, const int8_t* 
 /// One matrix: row blocks of pipe_block_rows rows.
 template <class T, int R, bool H, bool SPLIT>
 __device__ __forceinline__ void matvec_pipe_one(const uint8_t* w, int n_out, int n_in, const int8_t* xq,
-                                                const float* xd, float* y, const float* res) {
+                                                const float* xd, float* y) {
   constexpr int B = pipe_block_rows<R, SPLIT>();
   const size_t block_bytes = B * static_cast<size_t>(n_in / T::BV) * T::BB;
-  matvec_pipe<T, R, H, SPLIT, false>((n_out + B - 1) / B, n_in, xq, xd, NormIn{}, [&](int rb) {
-    return PipeRows{w + rb * block_bytes, y + B * rb, min(B, n_out - B * rb), res ? res + B * rb : nullptr};
-  });
+  matvec_pipe<T, R, H, SPLIT>((n_out + B - 1) / B, n_in, xq, xd,
+                    [&](int rb) { return PipeRows{w + rb * block_bytes, y + B * rb, min(B, n_out - B * rb)}; });
 }
 /// Up to three matrices of one input (q/k/v, gate/up): row blocks [0, b0) of matrix 0, the next b1
 /// of matrix 1, the rest of matrix 2, as matvec_multi.
-template <class T, int R, bool H, bool NORM>
+template <class T, int R, bool H>
 __device__ __forceinline__ void matvec_pipe_three(const uint8_t* w0, int n0, float* y0, const uint8_t* w1, int n1,
                                                   float* y1, const uint8_t* w2, int n2, float* y2, int n_in,
-                                                  const int8_t* xq, const float* xd, const NormIn& norm) {
+                                                  const int8_t* xq, const float* xd) {
   constexpr int B = 4 * R;
   const size_t block_bytes = B * static_cast<size_t>(n_in / T::BV) * T::BB;
   const int b0 = (n0 + B - 1) / B, b1 = (n1 + B - 1) / B, b2 = (n2 + B - 1) / B;
-  matvec_pipe<T, R, H, false, NORM>(b0 + b1 + b2, n_in, xq, xd, norm, [&](int rb) {
-    if (rb < b0) return PipeRows{w0 + rb * block_bytes, y0 + B * rb, min(B, n0 - B * rb), nullptr};
+  matvec_pipe<T, R, H, false>(b0 + b1 + b2, n_in, xq, xd, [&](int rb) {
+    if (rb < b0) return PipeRows{w0 + rb * block_bytes, y0 + B * rb, min(B, n0 - B * rb)};
     rb -= b0;
-    if (rb < b1) return PipeRows{w1 + rb * block_bytes, y1 + B * rb, min(B, n1 - B * rb), nullptr};
+    if (rb < b1) return PipeRows{w1 + rb * block_bytes, y1 + B * rb, min(B, n1 - B * rb)};
     rb -= b1;
-    return PipeRows{w2 + rb * block_bytes, y2 + B * rb, min(B, n2 - B * rb), nullptr};
+    return PipeRows{w2 + rb * block_bytes, y2 + B * rb, min(B, n2 - B * rb)};
   });
 }
 
@@ -343,14 +247,12 @@ __device__ __forceinline__ void pipe_variant(int rows_per_warp, int halves, F f)
 // SPLIT: the rows split among the warps, a kernel of its own (as a branch of one kernel, the
 // split variants cost the 0.6B's unsplit matvecs 2.7% of its decode, of which this gets 1.4%
 // back, the 8B's Q4_0 +1%; the 8B's Q4_K decode lost 2.4% by it, not yet explained).
-// res: null, or the residual stream y is added to (y = res + W·x; y may be res: the o and down
-// projections' outputs added in place, the add of add_rms_norm_q done here).
 #define MATVEC_PIPE(NAME, T, SPLIT)                                                                            \
   extern "C" __global__ void __launch_bounds__(128)                                                            \
       NAME(const uint8_t* w, int n_out, int n_in, const int8_t* xq, const float* xd, float* y, int rows_per_warp,  \
-           int halves, const float* res) {                                                                      \
+           int halves) {                                                                                        \
     pipe_variant<T>(rows_per_warp, halves, [&](auto r, auto h) {                                               \
-      matvec_pipe_one<T, decltype(r)::value, decltype(h)::value, SPLIT>(w, n_out, n_in, xq, xd, y, res);       \
+      matvec_pipe_one<T, decltype(r)::value, decltype(h)::value, SPLIT>(w, n_out, n_in, xq, xd, y);            \
     });                                                                                                        \
   }
 #define MATVEC_PIPE_MULTI(NAME, T)                                                                               \
@@ -358,21 +260,7 @@ __device__ __forceinline__ void pipe_variant(int rows_per_warp, int halves, F f)
       NAME(const uint8_t* w0, int n0, float* y0, const uint8_t* w1, int n1, float* y1, const uint8_t* w2, int n2,   \
            float* y2, int n_in, const int8_t* xq, const float* xd, int rows_per_warp, int halves) {               \
     pipe_variant<T>(rows_per_warp, halves, [&](auto r, auto h) {                                                 \
-      matvec_pipe_three<T, decltype(r)::value, decltype(h)::value, false>(w0, n0, y0, w1, n1, y1, w2, n2, y2, n_in, \
-                                                                           xq, xd, NormIn{});                   \
-    });                                                                                                          \
-  }
-// The same matrices reading the rms_norm_q of row x (NormIn), computed by every block for itself:
-// one launch where rms_norm_q and the matvec were two (a decode step's kernel boundaries cost more
-// than the block's pass over a row of a few thousand values from L2).
-#define MATVEC_PIPE_NORM(NAME, T)                                                                                \
-  extern "C" __global__ void __launch_bounds__(128)                                                              \
-      NAME(const uint8_t* w0, int n0, float* y0, const uint8_t* w1, int n1, float* y1, const uint8_t* w2, int n2,   \
-           float* y2, int n_in, const float* x, const float* nw, float eps, int rows_per_warp, int halves) {        \
-    const NormIn norm{x, nw, eps};                                                                               \
-    pipe_variant<T>(rows_per_warp, halves, [&](auto r, auto h) {                                                 \
-      matvec_pipe_three<T, decltype(r)::value, decltype(h)::value, true>(w0, n0, y0, w1, n1, y1, w2, n2, y2, n_in,  \
-                                                                          nullptr, nullptr, norm);             \
+      matvec_pipe_three<T, decltype(r)::value, decltype(h)::value>(w0, n0, y0, w1, n1, y1, w2, n2, y2, n_in, xq, xd); \
     });                                                                                                          \
   }
 MATVEC_PIPE(matvec_pipe_q4_0r, Q4_0R, false)
@@ -384,5 +272,3 @@ MATVEC_PIPE(matvec_pipe_split_q4_kr, Q4_KR, true)
 MATVEC_PIPE_MULTI(matvec_pipe_multi_q4_0r, Q4_0R)
 MATVEC_PIPE_MULTI(matvec_pipe_multi_q8_0r, Q8_0R)
 MATVEC_PIPE_MULTI(matvec_pipe_multi_q4_kr, Q4_KR)
-MATVEC_PIPE_NORM(matvec_pipe_norm_q4_0r, Q4_0R)
-MATVEC_PIPE_NORM(matvec_pipe_norm_q8_0r, Q8_0R)

@@ -4,6 +4,7 @@
 // same bytes, the same sums in the same order, vector FMAs over eight rows instead of one row's
 // chain at a time. The mapped file stays what embedding lookups read. INFER_REPACK=0 keeps every
 // weight as stored.
+import { setting } from "../config/env.ts";
 import { check, native, type Pointer } from "../native/lib.ts";
 import type { Arena } from "./arena.ts";
 
@@ -14,7 +15,7 @@ export interface MatmulLayout {
 }
 
 export function repackEnabled(): boolean {
-  return process.env.INFER_REPACK !== "0";
+  return setting("INFER_REPACK");
 }
 
 /**

@@ -4,6 +4,7 @@
 import { InferError } from "../errors.ts";
 import type { GgufFile, GgufTensorInfo } from "../gguf/reader.ts";
 import { GgmlType } from "../gguf/types.ts";
+import { packed } from "../native/abi.ts";
 import { check, native, offsetAddress, type Pointer } from "../native/lib.ts";
 import { Arena } from "./arena.ts";
 import { repackForMatmul, type MatmulLayout } from "./cpu-repack.ts";
@@ -145,17 +146,17 @@ export class CpuBackend implements Backend {
   }
 
   rope(x: Activation, positions: Activation, rows: number, o: RopeOptions): void {
+    let factors: Pointer | null = null;
     if (o.freqFactors) {
       const f = w(o.freqFactors);
       if (f.typeId !== GgmlType.F32 || f.dims[0] * 2 !== o.rotaryDims) {
         throw new InferError("bad_model", `rope factors '${f.name}' must be ${o.rotaryDims / 2} f32 values`);
       }
-      check(this.lib.infer_rope_ext(a(x).address, rows, o.heads, o.headDim, o.rotaryDims,
-        a(positions).address, o.base, o.scale, o.neox ? 2 : 0, f.address), "rope (freq factors)");
-      return;
+      factors = f.address;
     }
-    check(this.lib.infer_rope(a(x).address, rows, o.heads, o.headDim, o.rotaryDims,
-      a(positions).address, o.base, o.scale, o.neox ? 2 : 0), "rope");
+    const shape = packed("RopeShape", { n_tok: rows, n_heads: o.heads, head_dim: o.headDim, n_rot: o.rotaryDims,
+      freq_base: o.base, freq_scale: o.scale, mode: o.neox ? 2 : 0 });
+    check(this.lib.infer_rope(a(x).address, a(positions).address, factors, shape), "rope");
   }
 
   storeKv(layer: KvLayer, k: Activation, v: Activation, rows: number, position: number,
@@ -183,8 +184,10 @@ export class CpuBackend implements Backend {
     const l = layer as CpuKvLayer;
     const qAddress = offsetAddress(a(q).address, firstRow * q.cols * 4);
     const outAddress = offsetAddress(a(out).address, firstRow * out.cols * 4);
-    check(this.lib.infer_attention(qAddress, l.k, l.v, l.typeId, outAddress, rows, o.heads,
-      o.kvHeads, o.headDim, position, l.kvHeads * l.headDim, o.window, l.ring ? l.cells : 0, o.scale), "attention");
+    const shape = packed("AttentionShape", { kv_type: l.typeId, n_tok: rows, n_head: o.heads, n_kv_head: o.kvHeads,
+      head_dim: o.headDim, pos0: position, kv_stride: l.kvHeads * l.headDim, window: o.window,
+      ring: l.ring ? l.cells : 0, scale: o.scale });
+    check(this.lib.infer_attention(qAddress, l.k, l.v, outAddress, shape), "attention");
   }
 
   copyKv(src: KvLayer, srcCell: number, dst: KvLayer, dstCell: number, cells: number): void {

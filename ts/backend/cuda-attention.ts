@@ -12,50 +12,35 @@ const ATTENTION_SCRATCH_BUDGET = 64 << 20;
 /**
  * Keys a split of the grouped decode attention aims at: one tile of attn_decode_* (a split of
  * one tile needs no second pass; more splits pay for the last block's combine, ~3 µs: 16 or 32
- * keys a split took an 8B decode from 483 to 451 / 460 tok/s on an H200), and 4 a split for the
- * per-head kernels (INFER_CUDA_ATTN=heads).
+ * keys a split took an 8B decode from 483 to 451 / 460 tok/s on an H200).
  */
-const GROUP_SPLIT_KEYS = Number(process.env.INFER_CUDA_SPLIT_KEYS) || 128; // INFER_CUDA_SPLIT_KEYS=n: comparisons
-const PER_HEAD_SPLIT_KEYS = 4;
+const SPLIT_KEYS = 128;
 /** Tables of cache addresses kept for attendRows (one per layer and set of sequences batched). */
 const KV_TABLES_MAX = 4096;
 
 /**
- * Splits a decode row's keys take at most: 64, or INFER_CUDA_SPLIT_MAX (a power of two up to 64,
- * lib/cuda/attention.zig split_max; comparisons). The kernels give each split whole 128-key
- * tiles and leave the splits past the keys empty (shaders/cuda/attend_decode.cuh decode_span_at),
- * so up to 8,192 keys no split takes a second tile: at 4,100 to 4,224 keys (an 8B model's decode
- * after a 4,096-token prompt) 33 splits of a 64-split launch run, where a cap of 32 gave every
- * split a tile and a sliver of 4 to 5 keys.
+ * Splits a decode row's keys take at most (lib/cuda/attention.zig split_max). The kernels give
+ * each split whole 128-key tiles and leave the splits past the keys empty (shaders/cuda/
+ * attend_decode.cuh decode_span_at), so up to 8,192 keys no split takes a second tile: at 4,100
+ * to 4,224 keys (an 8B model's decode after a 4,096-token prompt) 33 splits of a 64-split launch
+ * run, where a cap of 32 gave every split a tile and a sliver of 4 to 5 keys.
  */
-const SPLITS_MAX = (() => {
-  const n = Number(process.env.INFER_CUDA_SPLIT_MAX);
-  return Number.isInteger(n) && n >= 1 && n <= 64 && (n & (n - 1)) === 0 ? n : 64;
-})();
-
-/** The splits of `keys` keys, about `perSplit` a split: a power of two, at most SPLITS_MAX. */
-function splitFor(keys: number, perSplit: number): number {
+const SPLITS_MAX = 64;
+/** The splits of `keys` keys, about SPLIT_KEYS a split: a power of two, at most SPLITS_MAX. */
+function splitFor(keys: number): number {
   let split = 1;
-  while (split < SPLITS_MAX && split * perSplit < keys) split *= 2;
+  while (split < SPLITS_MAX && split * SPLIT_KEYS < keys) split *= 2;
   return split;
 }
 
 /**
- * How one decode row (or two) attends: attn_decode_* (a block per KV head and split, every key
- * and value row read once for the group's query heads; `kernels` "heads", from
- * INFER_CUDA_ATTN=heads: the per-head attn_scores + attn_values instead, slower at every context
- * measured, kept for comparison), the keys split about GROUP_SPLIT_KEYS a split
- * (PER_HEAD_SPLIT_KEYS per head), rounded up to a power of two, at most SPLITS_MAX, so that a
- * long context fills the GPU with blocks: a graph is captured per split the context passes.
- * `byCells` (INFER_CUDA_SPLIT=cells): a fixed split from the cache size (one graph for every
- * position; slower as the context grows).
+ * The splits of a decode row (or two) over the keys it sees: about SPLIT_KEYS a split, rounded up
+ * to a power of two, at most SPLITS_MAX, so that a long context fills the GPU with blocks (a
+ * block per KV head and split, every key and value row read once for the group's query heads:
+ * attn_decode_*). A graph is captured per split count the context passes.
  */
-export function decodePlan(kernels: "heads" | "groups", byCells: boolean, l: KvLayer, visible: number):
-  { split: number; perHead: boolean } {
-  const keys = Math.min(visible, l.ring ? l.cells : visible);
-  const perHead = kernels === "heads";
-  if (byCells) return { split: Math.min(32, Math.max(1, Math.ceil(l.cells / 256))), perHead };
-  return { split: splitFor(keys, perHead ? PER_HEAD_SPLIT_KEYS : GROUP_SPLIT_KEYS), perHead };
+export function decodeSplit(l: KvLayer, visible: number): number {
+  return splitFor(Math.min(visible, l.ring ? l.cells : visible));
 }
 
 export interface DeviceMemory {

@@ -1,17 +1,26 @@
 // The peephole fusion of a recorded decode step (ts/backend/cuda.ts records every launch call of
-// a one-token step with its arguments; the fused list is what a CUDA graph captures). Each rule
-// matches ops by code and checks that they chain through the same buffers.
-import type { native } from "../native/lib.ts";
+// a one-token step with its arguments by name; the fused list is what a CUDA graph captures).
+// Each rule matches calls by name and checks that they chain through the same buffers, by the
+// arguments' Zig names (lib/exports/cuda.zig, lib/abi.zig).
+import type { NamedArgs } from "../native/calls.ts";
 
-export type Lib = ReturnType<typeof native>;
-// eslint-disable-next-line @typescript-eslint/no-explicit-any
-export type NativeFn = (...args: any[]) => number;
-export type Arg = number | boolean;
-export interface PendingOp { code: number; fn: NativeFn; args: Arg[]; what: string }
+/** The launch calls of a decode step: those cuda.ts records and those the rules below make. */
+export type LaunchCall =
+  | "infer_cuda_get_rows" | "infer_cuda_scale" | "infer_cuda_rms_norm" | "infer_cuda_rms_norm_add"
+  | "infer_cuda_quantize" | "infer_cuda_matmul" | "infer_cuda_rope" | "infer_cuda_kv_store"
+  | "infer_cuda_attention" | "infer_cuda_gelu_mul" | "infer_cuda_silu_mul" | "infer_cuda_add"
+  | "infer_cuda_add_row_bias" | "infer_cuda_argmax" | "infer_cuda_kv_store_rows"
+  | "infer_cuda_add_rms_norm_quant" | "infer_cuda_rms_norm_quant" | "infer_cuda_rms_norm2"
+  | "infer_cuda_act_mul_quant" | "infer_cuda_matmul_multi" | "infer_cuda_rope2" | "infer_cuda_norm_rope_store";
 
-// Op codes (the first argument of CudaBackend.op()); the rules match on them.
-export const RMS_NORM = 3, QUANTIZE = 5, MATMUL = 6, ROPE = 7, KV_STORE = 8, ATTENTION = 9, GELU = 10, SILU = 11,
-  ADD = 12;
+/** One recorded launch call: which, its arguments by name, and what it does (for errors and profiles). */
+export type PendingOp = { [F in LaunchCall]: { fn: F; args: NamedArgs<F>; what: string } }[LaunchCall];
+type Op<F extends LaunchCall> = Extract<PendingOp, { fn: F }>;
+
+function is<F extends LaunchCall>(o: PendingOp | undefined, fn: F): o is Op<F> {
+  return o?.fn === fn;
+}
+
 /** Fused norms keep a row and its weights in shared memory (lib/cuda/ops.zig fused_cols_max). */
 const FUSED_COLS_MAX = 5888;
 
@@ -25,174 +34,100 @@ const FUSED_COLS_MAX = 5888;
  * INFER_CUDA_GRAPHS=0, is the reference the tests compare it with); fewer launches make a
  * shorter graph.
  */
-export function fuseStep(L: Lib, ops: PendingOp[]): PendingOp[] {
+export function fuseStep(ops: PendingOp[]): PendingOp[] {
   const out: PendingOp[] = [];
-  // INFER_CUDA_ATTN_QUANT=0: the attention's output quantized by a kernel of its own (comparisons).
-  const attentionQuant = process.env.INFER_CUDA_ATTN_QUANT !== "0";
-  const num = (o: PendingOp) => o.args as number[];
   for (let i = 0; i < ops.length; i++) {
     const o = ops[i], n1 = ops[i + 1], n2 = ops[i + 2];
-    const qk = normRopeStore(L, ops, i);
+    const qk = normRopeStore(ops, i);
     if (qk) {
       out.push(qk.op);
       i += qk.length - 1;
       continue;
     }
-    if (o.code === ADD && n1?.code === RMS_NORM && n2?.code === QUANTIZE) {
-      const [a, b, n, sum] = num(o), [x, w, rows, cols, eps, normed] = num(n1), [qx, qr, qc, mode, q, d] = num(n2);
-      if (x === sum && rows * cols === n && qx === normed && qr === rows && qc === cols && cols <= FUSED_COLS_MAX) {
-        out.push({ code: -1, fn: L.infer_cuda_add_rms_norm_quant, args: [a, b, sum, w, rows, cols, eps, normed, mode, q, d],
-          what: "add + rms_norm + quantize" });
+    if (is(o, "infer_cuda_add") && is(n1, "infer_cuda_rms_norm") && is(n2, "infer_cuda_quantize")) {
+      const add = o.args, norm = n1.args, quant = n2.args;
+      if (norm.x === add.out && norm.n_rows * norm.n_cols === add.n && quant.x === norm.out &&
+        quant.n_rows === norm.n_rows && quant.n_cols === norm.n_cols && norm.n_cols <= FUSED_COLS_MAX) {
+        out.push({ fn: "infer_cuda_add_rms_norm_quant", what: "add + rms_norm + quantize", args: {
+          a: add.a, b: add.b, sum: add.out, weight: norm.weight, n_rows: norm.n_rows, n_cols: norm.n_cols,
+          eps: norm.eps, out: norm.out, mode: quant.mode, q: quant.q, d: quant.d,
+        } });
         i += 2;
         continue;
       }
     }
-    if (o.code === ATTENTION && n1?.code === QUANTIZE && attentionQuant) {
-      // [q, k, v, out, positions, rows, heads, kvHeads, headDim, window, cells, ring, scale, scratch,
-      //  scratchFloats, split, arrived, perHead]; quantize: [x, rows, cols, mode, q, d]
-      const A = o.args, [qx, qr, qc, mode, q, d] = num(n1);
-      if (qx === A[3] && qr === A[5] && qc === (A[6] as number) * (A[8] as number)) {
-        out.push({ code: -1, fn: L.infer_cuda_attention_quant, args: [...A, mode, q, d], what: "attention + quantize" });
+    if (is(o, "infer_cuda_attention") && is(n1, "infer_cuda_quantize") && o.args.quant_mode === undefined) {
+      const attn = o.args, quant = n1.args;
+      if (quant.x === attn.out && quant.n_rows === attn.n_tok && quant.n_cols === attn.n_head * attn.head_dim) {
+        out.push({ fn: "infer_cuda_attention", what: "attention + quantize",
+          args: { ...attn, quant_mode: quant.mode, quant_q: quant.q, quant_d: quant.d } });
         i += 1;
         continue;
       }
     }
-    if (o.code === RMS_NORM && n1?.code === QUANTIZE) {
-      const [x, w, rows, cols, eps, normed] = num(o), [qx, qr, qc, mode, q, d] = num(n1);
-      if (qx === normed && qr === rows && qc === cols && cols <= FUSED_COLS_MAX) {
-        out.push({ code: -1, fn: L.infer_cuda_rms_norm_quant, args: [x, w, rows, cols, eps, normed, mode, q, d],
-          what: "rms_norm + quantize" });
+    if (is(o, "infer_cuda_rms_norm") && is(n1, "infer_cuda_quantize")) {
+      const norm = o.args, quant = n1.args;
+      if (quant.x === norm.out && quant.n_rows === norm.n_rows && quant.n_cols === norm.n_cols &&
+        norm.n_cols <= FUSED_COLS_MAX) {
+        out.push({ fn: "infer_cuda_rms_norm_quant", what: "rms_norm + quantize",
+          args: { ...norm, mode: quant.mode, q: quant.q, d: quant.d } });
         i += 1;
         continue;
       }
     }
-    if (o.code === RMS_NORM && n1?.code === RMS_NORM) {
+    if (is(o, "infer_cuda_rms_norm") && is(n1, "infer_cuda_rms_norm")) {
       // Two in-place norms of the same width (the query and key head norms).
-      const [xa, wa, ra, ca, ea, oa] = num(o), [xb, wb, rb, cb, eb, ob] = num(n1);
-      if (xa === oa && xb === ob && ca === cb && ea === eb && xa !== xb) {
-        out.push({ code: -1, fn: L.infer_cuda_rms_norm2, args: [xa, wa, ra, xb, wb, rb, ca, ea], what: "rms_norm (q and k heads)" });
+      const a = o.args, b = n1.args;
+      if (a.x === a.out && b.x === b.out && a.n_cols === b.n_cols && a.eps === b.eps && a.x !== b.x) {
+        out.push({ fn: "infer_cuda_rms_norm2", what: "rms_norm (q and k heads)", args: {
+          xa: a.x, wa: a.weight, rows_a: a.n_rows, xb: b.x, wb: b.weight, rows_b: b.n_rows, n_cols: a.n_cols,
+          eps: a.eps,
+        } });
         i += 1;
         continue;
       }
     }
-    if ((o.code === GELU || o.code === SILU) && n1?.code === QUANTIZE) {
-      const [g, u, n, y] = num(o), [qx, qr, qc, mode, q, d] = num(n1);
-      if (qx === y && qr * qc === n) {
-        out.push({ code: -1, fn: L.infer_cuda_act_mul_quant, args: [o.code === SILU ? 1 : 0, g, u, qr, qc, y, mode, q, d],
-          what: "gated activation + quantize" });
+    if ((is(o, "infer_cuda_gelu_mul") || is(o, "infer_cuda_silu_mul")) && is(n1, "infer_cuda_quantize")) {
+      const act = o.args, quant = n1.args;
+      if (quant.x === act.out && quant.n_rows * quant.n_cols === act.n) {
+        out.push({ fn: "infer_cuda_act_mul_quant", what: "gated activation + quantize", args: {
+          kind: o.fn === "infer_cuda_silu_mul" ? 1 : 0, gate: act.gate, up: act.up, n_rows: quant.n_rows,
+          n_cols: quant.n_cols, out: act.out, mode: quant.mode, q: quant.q, d: quant.d,
+        } });
         i += 1;
         continue;
       }
     }
-    if (o.code === MATMUL && n1?.code === MATMUL) {
-      // [w, type, n_out, n_in, x, xq, xd, rows, out]
-      const first = num(o), group = [first];
-      const quantized = first[4] === 0 && first[5] !== 0 && first[7] === 1;
-      for (let j = i + 1; quantized && j < ops.length && group.length < 3 && ops[j].code === MATMUL; j++) {
-        const m = num(ops[j]);
-        if (m[1] !== first[1] || m[3] !== first[3] || m[4] !== 0 || m[5] !== first[5] || m[6] !== first[6] || m[7] !== 1) break;
-        group.push(m);
+    if (is(o, "infer_cuda_matmul") && is(n1, "infer_cuda_matmul")) {
+      const first = o.args, group = [first];
+      const quantized = first.x === 0 && first.xq !== 0 && first.n_tok === 1;
+      for (let j = i + 1; quantized && j < ops.length && group.length < 3; j++) {
+        const m = ops[j];
+        if (!is(m, "infer_cuda_matmul")) break;
+        const a = m.args;
+        if (a.type_id !== first.type_id || a.n_in !== first.n_in || a.x !== 0 || a.xq !== first.xq ||
+          a.xd !== first.xd || a.n_tok !== 1) break;
+        group.push(a);
       }
       if (group.length >= 2) {
-        const [a, b, c] = [group[0], group[1], group[2] ?? [0, 0, 0, 0, 0, 0, 0, 0, 0]];
-        out.push({ code: -1, fn: L.infer_cuda_matmul_multi, args: [first[1], first[3], first[5], first[6],
-          a[0], a[2], a[8], b[0], b[2], b[8], c[0], c[2], c[8]], what: `${group.length} matmuls` });
+        const [a, b, c] = [group[0], group[1], group[2] ?? { w: 0, n_out: 0, y: 0 }];
+        out.push({ fn: "infer_cuda_matmul_multi", what: `${group.length} matmuls`, args: {
+          type_id: first.type_id, n_in: first.n_in, xq: first.xq, xd: first.xd,
+          w0: a.w, n0: a.n_out, y0: a.y, w1: b.w, n1: b.n_out, y1: b.y, w2: c.w, n2: c.n_out, y2: c.y,
+        } });
         i += group.length - 1;
         continue;
       }
     }
-    if (o.code === ROPE && n1?.code === ROPE) {
-      // [x, rows, heads, headDim, rot, positions, base, scale, mode, factors]
-      const A = num(o), B = num(n1);
-      if ([1, 3, 4, 5, 6, 7, 8, 9].every((k) => A[k] === B[k])) {
-        out.push({ code: -1, fn: L.infer_cuda_rope2, args: [A[0], A[2], B[0], B[2], A[1], A[3], A[4], A[5], A[6], A[7],
-          A[8], A[9]], what: "rope (q and k)" });
+    if (is(o, "infer_cuda_rope") && is(n1, "infer_cuda_rope")) {
+      const a = o.args, b = n1.args;
+      if (sameRope(a, b)) {
+        out.push({ fn: "infer_cuda_rope2", what: "rope (q and k)", args: {
+          xa: a.x, heads_a: a.n_heads, xb: b.x, heads_b: b.n_heads, n_tok: a.n_tok, head_dim: a.head_dim,
+          n_rot: a.n_rot, positions: a.positions, freq_base: a.freq_base, freq_scale: a.freq_scale, mode: a.mode,
+          freq_factors: a.freq_factors,
+        } });
         i += 1;
-        continue;
-      }
-    }
-    out.push(o);
-  }
-  return fuseNormMatvecs(L, out);
-}
-
-/**
- * A second pass over the fused step: [projection, add + rms_norm + quantize, matmul(s)] becomes
- * [projection adding into the residual, matmul(s) normalizing the residual themselves], and
- * [rms_norm + quantize, matmul(s)] the latter alone (lib/cuda/norm_matvec.zig): one launch fewer
- * per norm, every value as before. The folded kernels no longer write the norm's output and the
- * quantized activation (nor the projection's own output), so each rule checks that nothing after
- * reads them before something writes them again, and that the native side's fused kernel takes
- * the matrices (infer_cuda_norm_matvec_fusable: where it does not, the two forms would be no
- * fewer launches; never while the fusion is off, its default: INFER_CUDA_NORM_MATVEC=1 turns it on).
- */
-function fuseNormMatvecs(L: Lib, ops: PendingOp[]): PendingOp[] {
-  const num = (o: PendingOp) => o.args as number[];
-  const fusable = (type: number, nIn: number, nOut: number, residual: boolean) =>
-    L.infer_cuda_norm_matvec_fusable(type, nIn, nOut, residual ? 1 : 0) === 1;
-  // Where each op writes (before it reads anything there), by argument position.
-  const writes = (o: PendingOp): number[] => {
-    const A = num(o), at = (...k: number[]) => k.map((i) => A[i]);
-    if (o.code === MATMUL) return at(8);
-    if (o.code === QUANTIZE) return at(4, 5);
-    if (o.code === RMS_NORM) return A[5] === A[0] ? [] : at(5);
-    if (o.fn === L.infer_cuda_matmul_multi) return at(6, 9, 12);
-    if (o.fn === L.infer_cuda_rms_norm_quant || o.fn === L.infer_cuda_act_mul_quant) return at(5, 7, 8);
-    if (o.fn === L.infer_cuda_add_rms_norm_quant) return at(7, 9, 10);
-    if (o.fn === L.infer_cuda_attention_quant) return at(A.length - 2, A.length - 1);
-    return [];
-  };
-  // Whether buffer `addr` is written before it is read from ops[from] on (or never used again).
-  const dead = (from: number, addr: number) => {
-    for (let j = from; j < ops.length; j++) {
-      const uses = num(ops[j]).filter((v) => v === addr).length;
-      if (uses > 0) return uses === 1 && writes(ops[j]).includes(addr);
-    }
-    return true;
-  };
-  // The matmul(s) at ops[j] reading quantized activation (q, d) of width cols: their weights'
-  // type and the (w, n, y) of up to three matrices, or null.
-  const consumer = (j: number, cols: number, q: number, d: number) => {
-    const o = ops[j];
-    if (!o) return null;
-    if (o.code === MATMUL) {
-      const [w, type, nOut, nIn, x, xq, xd, rows, y] = num(o);
-      if (x !== 0 || xq !== q || xd !== d || rows !== 1 || nIn !== cols) return null;
-      return { type, mats: [w, nOut, y, 0, 0, 0, 0, 0, 0] };
-    }
-    if (o.fn === L.infer_cuda_matmul_multi) {
-      const [type, nIn, xq, xd, ...mats] = num(o);
-      if (xq !== q || xd !== d || nIn !== cols) return null;
-      return { type, mats };
-    }
-    return null;
-  };
-  const widest = (mats: number[]) => Math.max(mats[1], mats[4], mats[7]);
-  const out: PendingOp[] = [];
-  for (let i = 0; i < ops.length; i++) {
-    const o = ops[i];
-    // [x, w, rows, cols, eps, normed, mode, q, d] of the norm at ops[n], with the residual add
-    // folded into the projection at ops[i] (add) or not.
-    let norm: number[] | null = null, n = i, residual: PendingOp | null = null;
-    if (o.fn === L.infer_cuda_rms_norm_quant) norm = num(o);
-    else if (o.code === MATMUL && ops[i + 1]?.fn === L.infer_cuda_add_rms_norm_quant) {
-      const [w, type, nOut, nIn, x, xq, xd, rows, y] = num(o);
-      const [a, b, sum, nw, r, cols, eps, normed, mode, q, d] = num(ops[i + 1]);
-      if (x === 0 && xq !== 0 && rows === 1 && r === 1 && b === y && sum === a && nOut === cols &&
-        fusable(type, nIn, nOut, true) && dead(i + 2, y)) {
-        norm = [sum, nw, r, cols, eps, normed, mode, q, d];
-        n = i + 1;
-        residual = { code: -1, fn: L.infer_cuda_matmul_residual, args: [w, type, nOut, nIn, xq, xd, y, a],
-          what: `${o.what} + residual add` };
-      }
-    }
-    if (norm && norm[2] === 1) {
-      const [x, nw, , cols, eps, normed, mode, q, d] = norm, c = consumer(n + 1, cols, q, d);
-      if (c && fusable(c.type, cols, widest(c.mats), false) && [normed, q, d].every((b) => dead(n + 2, b))) {
-        if (residual) out.push(residual);
-        out.push({ code: -1, fn: L.infer_cuda_norm_matmul, args: [c.type, cols, x, nw, eps, normed, mode, q, d, ...c.mats],
-          what: `rms_norm + ${ops[n + 1].what}` });
-        i = n + 1;
         continue;
       }
     }
@@ -201,35 +136,42 @@ function fuseNormMatvecs(L: Lib, ops: PendingOp[]): PendingOp[] {
   return out;
 }
 
+/** Two RoPE calls of the same rows, head size, positions and frequencies (heads may differ). */
+function sameRope(a: NamedArgs<"infer_cuda_rope">, b: NamedArgs<"infer_cuda_rope">): boolean {
+  return a.n_tok === b.n_tok && a.head_dim === b.head_dim && a.n_rot === b.n_rot && a.positions === b.positions &&
+    a.freq_base === b.freq_base && a.freq_scale === b.freq_scale && a.mode === b.mode &&
+    a.freq_factors === b.freq_factors;
+}
+
 /**
  * One token's [head norm of q, head norm of k,] RoPE of q, RoPE of k, KV store, as recorded by
  * selfAttention (ts/model/layers.ts), into one norm_rope_store launch; null when ops[i..] is not
  * that chain.
  */
-function normRopeStore(L: Lib, ops: PendingOp[], i: number): { op: PendingOp; length: number } | null {
-  const num = (j: number) => ops[j].args as number[];
-  const norms = ops[i]?.code === RMS_NORM && ops[i + 1]?.code === RMS_NORM;
+function normRopeStore(ops: PendingOp[], i: number): { op: PendingOp; length: number } | null {
+  const qn = ops[i], kn = ops[i + 1];
+  const norms = is(qn, "infer_cuda_rms_norm") && is(kn, "infer_cuda_rms_norm");
   const r = norms ? i + 2 : i;
-  if (ops[r]?.code !== ROPE || ops[r + 1]?.code !== ROPE || ops[r + 2]?.code !== KV_STORE) return null;
-  // rope: [x, rows, heads, headDim, rot, positions, base, scale, mode, factors]
-  const A = num(r), B = num(r + 1);
-  // kv_store: [k, v, kvDim, rows, kCache, vCache, positions, cells, ring]
-  const S = ops[r + 2].args;
-  const [rows, headDim] = [A[1], A[3]];
-  if (rows !== 1 || ![1, 3, 4, 5, 6, 7, 8, 9].every((k) => A[k] === B[k]) || A[0] === B[0]) return null;
-  if (S[0] !== B[0] || S[2] !== B[2] * headDim || S[3] !== 1 || S[6] !== A[5]) return null;
+  const qr = ops[r], kr = ops[r + 1], st = ops[r + 2];
+  if (!is(qr, "infer_cuda_rope") || !is(kr, "infer_cuda_rope") || !is(st, "infer_cuda_kv_store")) return null;
+  const A = qr.args, B = kr.args, S = st.args;
+  if (A.n_tok !== 1 || !sameRope(A, B) || A.x === B.x) return null;
+  if (S.k !== B.x || S.kv_dim !== B.n_heads * A.head_dim || S.n_tok !== 1 || S.positions !== A.positions) return null;
   let wq = 0, wk = 0, eps = 0;
-  if (norms) {
-    // rms_norm (heads, in place): [x, w, rows·heads, headDim, eps, out]
-    const Q = num(i), K = num(i + 1);
-    if (Q[0] !== A[0] || Q[5] !== A[0] || K[0] !== B[0] || K[5] !== B[0] || Q[2] !== A[2] || K[2] !== B[2] ||
-      Q[3] !== headDim || K[3] !== headDim || Q[4] !== K[4] || Q[1] === 0 || K[1] === 0) return null;
-    [wq, wk, eps] = [Q[1], K[1], Q[4]];
+  if (is(qn, "infer_cuda_rms_norm") && is(kn, "infer_cuda_rms_norm")) {
+    // rms_norm (heads, in place): rows·heads rows of headDim values.
+    const Q = qn.args, K = kn.args;
+    if (Q.x !== A.x || Q.out !== A.x || K.x !== B.x || K.out !== B.x || Q.n_rows !== A.n_heads ||
+      K.n_rows !== B.n_heads || Q.n_cols !== A.head_dim || K.n_cols !== A.head_dim || Q.eps !== K.eps ||
+      Q.weight === 0 || K.weight === 0) return null;
+    [wq, wk, eps] = [Q.weight, K.weight, Q.eps];
   }
   return {
-    op: { code: -1, fn: L.infer_cuda_norm_rope_store, what: "head norms + rope + kv_store",
-      args: [A[0], A[2], B[0], B[2], S[1], wq, wk, eps, headDim, A[4], A[5], A[6], A[7], A[8], A[9], S[4], S[5], S[7],
-        S[8]] },
+    op: { fn: "infer_cuda_norm_rope_store", what: "head norms + rope + kv_store", args: {
+      q: A.x, heads_q: A.n_heads, k: B.x, heads_k: B.n_heads, v: S.v, wq, wk, eps, head_dim: A.head_dim,
+      n_rot: A.n_rot, positions: A.positions, freq_base: A.freq_base, freq_scale: A.freq_scale, mode: A.mode,
+      freq_factors: A.freq_factors, k_cache: S.k_cache, v_cache: S.v_cache, cells: S.cells, ring: S.ring,
+    } },
     length: (norms ? 2 : 0) + 3,
   };
 }

@@ -3,14 +3,18 @@
 // up: a sequence seen before is fused (cuda-fuse.ts) and captured into a graph, which from then on
 // is launched in one call. Kernels read positions and token ids from device memory, so one graph
 // serves every position of a step with the same shapes and buffers.
+import { callNamed } from "../native/calls.ts";
 import { cudaCaptureEnd } from "../native/cuda.ts";
 import { check, native } from "../native/lib.ts";
+import { symbols } from "../native/symbols.gen.ts";
 import { fuseStep, type PendingOp } from "./cuda-fuse.ts";
 
 type Lib = ReturnType<typeof native>;
 
 /** Graphs kept: host and device greedy steps, a few attention splits each. */
 const GRAPHS_MAX = 16;
+/** A number for each native call, mixed into a step's hash. */
+const callIds = new Map(Object.keys(symbols).map((name, i) => [name, i + 1]));
 
 export interface StepStats {
   eagerSteps: number;
@@ -69,12 +73,12 @@ export class StepGraphs {
 
   record(op: PendingOp): void {
     this.pending.push(op);
-    this.mix(op.code);
-    for (const v of op.args) this.mix(+v);
+    this.mix(callIds.get(op.fn)!);
+    for (const v of Object.values(op.args)) this.mix(+v);
   }
 
   private run(ops: PendingOp[]): void {
-    for (const p of ops) check(p.fn(...p.args), p.what);
+    for (const p of ops) check(callNamed(p.fn, p.args as never), p.what);
   }
 
   /** Runs what was recorded so far eagerly and records no more in this step. */
@@ -98,7 +102,7 @@ export class StepGraphs {
     this.stats.stepOps = recorded.length;
     let exec = this.graphs.get(key);
     if (exec === undefined) { // the common case has nothing to fuse or capture
-      const fused = this.fusion ? fuseStep(this.lib, recorded) : recorded;
+      const fused = this.fusion ? fuseStep(recorded) : recorded;
       const ops = this.skip ? fused.filter((o) => !this.skip!.test(o.what)) : fused;
       this.stats.stepOpsFused = ops.length;
       this.lastFused = ops.map((o) => o.what);

@@ -9,21 +9,22 @@
 // captured into a graph (fused first: cuda-fuse.ts), and from then on the same sequence launches
 // that graph. Kernels read positions (setPositions uploads them) and the batch's table of KV
 // caches from the device, so the same graph serves every position of an attention split
-// (decodePlan). The recording and the graphs are cuda-graphs.ts. INFER_CUDA_GRAPHS=0, or
-// { graphs: false }, runs every op eagerly; INFER_CUDA_GRAPH_ROWS=n records steps of up to n rows
-// (1: single-token steps only).
+// (decodeSplit). The recording and the graphs are cuda-graphs.ts. INFER_CUDA_GRAPHS=0, or
+// { graphs: false }, runs every op eagerly.
 //
 // Greedy decoding (a lone greedy sequence in the scheduler): argmaxToken ends a step with the
 // argmax of the logits written to the token ids on the device, where the next step's embedding
 // reads it (keepTokens), and copied to pinned memory behind an event; the host queues the next
 // step before it reads the token.
+import { setting } from "../config/env.ts";
 import { InferError } from "../errors.ts";
 import type { GgufFile, GgufTensorInfo } from "../gguf/reader.ts";
 import { GgmlType } from "../gguf/types.ts";
 import { cudaDeviceInfo, cudaHostAlloc, cudaInit, cudaMalloc } from "../native/cuda.ts";
 import { check, native, type Pointer } from "../native/lib.ts";
-import type { Arg, NativeFn } from "./cuda-fuse.ts";
-import { AttentionBuffers, decodePlan } from "./cuda-attention.ts";
+import { callNamed, type NamedArgs } from "../native/calls.ts";
+import type { LaunchCall } from "./cuda-fuse.ts";
+import { AttentionBuffers, decodeSplit } from "./cuda-attention.ts";
 import { StepGraphs, type StepStats } from "./cuda-graphs.ts";
 import type {
   Activation, AttentionOptions, Backend, KvLayer, KvType, RopeOptions, Weight,
@@ -31,7 +32,11 @@ import type {
 
 type Lib = ReturnType<typeof native>;
 
-/** Rows of a step that is still a decode step (the server's batch) rather than a prompt chunk. */
+/**
+ * Rows of a step that is still a decode step (the server's batch) rather than a prompt chunk:
+ * steps of up to this many rows are recorded and replayed as graphs (a step of 8 sequences was
+ * 3.3 ms launched op by op against 0.69 ms as a graph on an H200's 0.6B).
+ */
 const GRAPH_ROWS = 32;
 
 class CudaWeight implements Weight {
@@ -59,12 +64,12 @@ function w(x: Weight): CudaWeight { return x as CudaWeight; }
 function a(x: Activation): CudaActivation { return x as CudaActivation; }
 
 export interface CudaBackendOptions {
-  /** Replay decode steps as CUDA graphs (default: on unless INFER_CUDA_GRAPHS=0). */
+  /** Replay decode steps as CUDA graphs (default: the INFER_CUDA_GRAPHS setting, on). */
   readonly graphs?: boolean;
-  /** Fuse recorded decode steps' ops (default: on unless INFER_CUDA_FUSE=0); see cuda-fuse.ts. */
+  /** Fuse recorded decode steps' ops (default: the INFER_CUDA_FUSE setting, on); see cuda-fuse.ts. */
   readonly fusion?: boolean;
   /** Rewrite Q4_0, Q8_0 and Q4_K weights with rows of whole 256-value groups into the GPU
-   * layouts of shaders/cuda/packed.cuh at upload (default: on unless INFER_CUDA_REPACK=0). */
+   * layouts of shaders/cuda/packed.cuh at upload (default: the INFER_CUDA_REPACK setting, on). */
   readonly gpuLayouts?: boolean;
 }
 
@@ -80,12 +85,7 @@ export class CudaBackend implements Backend {
   readonly sequenceBatches = true;
   private readonly lib: Lib;
   private readonly graphsEnabled: boolean;
-  /** Steps of up to this many rows are recorded and replayed as graphs (batched decode: a
-   * step of 8 sequences was 3.3 ms launched op by op against 0.69 ms for one on an H200's 0.6B). */
-  private readonly graphRows = Number(process.env.INFER_CUDA_GRAPH_ROWS ?? GRAPH_ROWS) || 1;
   private readonly gpuLayouts: boolean;
-  private readonly splitByCells: boolean;
-  private readonly attentionKernels: "heads" | "groups";
   private readonly deviceAllocations = new Set<number>();
   private readonly hostAllocations: number[] = [];
   private readonly weights = new Map<string, CudaWeight>();
@@ -149,17 +149,14 @@ export class CudaBackend implements Backend {
 
   private constructor(options: CudaBackendOptions) {
     this.lib = native();
-    this.graphsEnabled = options.graphs ?? process.env.INFER_CUDA_GRAPHS !== "0";
-    this.gpuLayouts = options.gpuLayouts ?? process.env.INFER_CUDA_REPACK !== "0";
+    this.graphsEnabled = options.graphs ?? setting("INFER_CUDA_GRAPHS");
+    this.gpuLayouts = options.gpuLayouts ?? setting("INFER_CUDA_REPACK");
     this.attn = new AttentionBuffers(this.lib, {
       alloc: (bytes, what) => this.alloc(bytes, what),
       release: (address) => this.release(address),
       beforeRealloc: () => this.beforeRealloc(),
     });
-    this.steps = new StepGraphs(this.lib, options.fusion ?? process.env.INFER_CUDA_FUSE !== "0");
-    this.splitByCells = process.env.INFER_CUDA_SPLIT === "cells";
-    const kernels = process.env.INFER_CUDA_ATTN ?? "groups";
-    this.attentionKernels = kernels === "heads" ? "heads" : "groups";
+    this.steps = new StepGraphs(this.lib, options.fusion ?? setting("INFER_CUDA_FUSE"));
   }
 
   /** Initialises CUDA (throws "CUDA not available: …" as an InferError) and makes a backend. */
@@ -245,11 +242,11 @@ export class CudaBackend implements Backend {
 
   // ---- recording and graphs -----------------------------------------------------------------
 
-  /** Runs (or records, during a decode step) one native launch call. */
-  private op(code: number, fn: NativeFn, args: Arg[], what: string): void {
+  /** Runs (or records, during a decode step) one native launch call, its arguments by name. */
+  private op<F extends LaunchCall>(fn: F, args: NamedArgs<F>, what: string): void {
     if (this.dirtyTo !== 0) this.flushPositions();
-    if (this.steps.recording) this.steps.record({ code, fn, args, what });
-    else check(fn(...args), what);
+    if (this.steps.recording) this.steps.record({ fn, args, what } as never);
+    else check(callNamed(fn, args), what);
   }
 
   /** Runs what was recorded so far eagerly and records no more in this step. */
@@ -289,7 +286,7 @@ export class CudaBackend implements Backend {
   }
 
   private beginStep(count: number): void {
-    if (this.graphsEnabled && count <= this.graphRows) this.steps.begin();
+    if (this.graphsEnabled && count <= GRAPH_ROWS) this.steps.begin();
   }
 
   setPositions(dst: Activation, start: number, count: number, firstRow = 0): void {
@@ -347,32 +344,32 @@ export class CudaBackend implements Backend {
         throw new InferError("invalid_argument", `token id ${id} is out of range (vocabulary: ${t.dims[1]})`);
       }
     }
-    this.op(1, this.lib.infer_cuda_get_rows, [t.typeId, t.address, t.dims[0], rows, a(ids).address, a(out).address],
-      `embed ${t.name}`);
+    this.op("infer_cuda_get_rows", { type_id: t.typeId, table: t.address, n_cols: t.dims[0], n_ids: rows,
+      ids: a(ids).address, dst: a(out).address }, `embed ${t.name}`);
     a(out).version++;
   }
 
   scale(x: Activation, rows: number, factor: number): void {
-    this.op(2, this.lib.infer_cuda_scale, [a(x).address, rows * x.cols, factor], "scale");
+    this.op("infer_cuda_scale", { x: a(x).address, n: rows * x.cols, s: factor }, "scale");
     a(x).version++;
   }
 
   rmsNorm(x: Activation, weight: Weight | null, rows: number, eps: number, out: Activation): void {
-    this.op(3, this.lib.infer_cuda_rms_norm, [a(x).address, weight ? w(weight).address : 0, rows, x.cols, eps,
-      a(out).address], "rms_norm");
+    this.op("infer_cuda_rms_norm", { x: a(x).address, weight: weight ? w(weight).address : 0, n_rows: rows,
+      n_cols: x.cols, eps, out: a(out).address }, "rms_norm");
     a(out).version++;
   }
 
   rmsNormAdd(x: Activation, weight: Weight, rows: number, eps: number, residual: Activation): void {
-    this.op(4, this.lib.infer_cuda_rms_norm_add, [a(x).address, w(weight).address, rows, x.cols, eps,
-      a(residual).address], "rms_norm_add");
+    this.op("infer_cuda_rms_norm_add", { x: a(x).address, weight: w(weight).address, n_rows: rows, n_cols: x.cols,
+      eps, residual: a(residual).address }, "rms_norm_add");
     a(residual).version++;
   }
 
   rmsNormHeads(x: Activation, weight: Weight, rows: number, heads: number, eps: number): void {
     const headDim = x.cols / heads;
-    this.op(3, this.lib.infer_cuda_rms_norm, [a(x).address, w(weight).address, rows * heads, headDim, eps,
-      a(x).address], "rms_norm (heads)");
+    this.op("infer_cuda_rms_norm", { x: a(x).address, weight: w(weight).address, n_rows: rows * heads,
+      n_cols: headDim, eps, out: a(x).address }, "rms_norm (heads)");
     a(x).version++;
   }
 
@@ -391,8 +388,8 @@ export class CudaBackend implements Backend {
       this.xd = this.alloc(Math.ceil(capacity / 32) * 4, "activation scales");
       this.xCapacity = capacity;
     }
-    this.op(5, this.lib.infer_cuda_quantize, [x.address + firstRow * x.cols * 4, rows, x.cols, mode, this.xq, this.xd],
-      "quantize activations");
+    this.op("infer_cuda_quantize", { x: x.address + firstRow * x.cols * 4, n_rows: rows, n_cols: x.cols, mode,
+      q: this.xq, d: this.xd }, "quantize activations");
     this.cached = { act: x, version: x.version, mode, first: firstRow, rows };
   }
 
@@ -404,11 +401,11 @@ export class CudaBackend implements Backend {
       // Prompts pass the f32 rows too, for the cuBLAS f16 GEMM (lib/cuda/ops.zig gemmF16); a
       // decode step's matmuls (one row) keep x = 0, which the fusion rules match on.
       const x32 = rows >= CUBLAS_ROWS_MIN ? xa.address + firstRow * x.cols * 4 : 0;
-      this.op(6, this.lib.infer_cuda_matmul, [t.address, t.typeId, t.dims[1], t.dims[0], x32, this.xq, this.xd, rows,
-        a(out).address], `matmul ${t.name}`);
+      this.op("infer_cuda_matmul", { w: t.address, type_id: t.typeId, n_out: t.dims[1], n_in: t.dims[0], x: x32,
+        xq: this.xq, xd: this.xd, n_tok: rows, y: a(out).address }, `matmul ${t.name}`);
     } else {
-      this.op(6, this.lib.infer_cuda_matmul, [t.address, t.typeId, t.dims[1], t.dims[0],
-        xa.address + firstRow * x.cols * 4, 0, 0, rows, a(out).address], `matmul ${t.name}`);
+      this.op("infer_cuda_matmul", { w: t.address, type_id: t.typeId, n_out: t.dims[1], n_in: t.dims[0],
+        x: xa.address + firstRow * x.cols * 4, xq: 0, xd: 0, n_tok: rows, y: a(out).address }, `matmul ${t.name}`);
     }
     a(out).version++;
   }
@@ -422,8 +419,9 @@ export class CudaBackend implements Backend {
       }
       factors = f.address;
     }
-    this.op(7, this.lib.infer_cuda_rope, [a(x).address, rows, o.heads, o.headDim, o.rotaryDims, a(positions).address,
-      o.base, o.scale, o.neox ? 2 : 0, factors], "rope");
+    this.op("infer_cuda_rope", { x: a(x).address, n_tok: rows, n_heads: o.heads, head_dim: o.headDim,
+      n_rot: o.rotaryDims, positions: a(positions).address, freq_base: o.base, freq_scale: o.scale,
+      mode: o.neox ? 2 : 0, freq_factors: factors }, "rope");
     a(x).version++;
   }
 
@@ -438,8 +436,8 @@ export class CudaBackend implements Backend {
     if (k.cols !== kvDim || v.cols !== kvDim) throw new InferError("invalid_argument", "storeKv: k/v width is not kvHeads·headDim");
     const p = this.positionsFor(position, rows, firstRow);
     const rowBytes = kvDim * 4;
-    this.op(8, this.lib.infer_cuda_kv_store, [a(k).address + firstRow * rowBytes,
-      a(v).address + firstRow * rowBytes, kvDim, rows, l.k, l.v, p, l.cells, l.ring], "kv_store");
+    this.op("infer_cuda_kv_store", { k: a(k).address + firstRow * rowBytes, v: a(v).address + firstRow * rowBytes,
+      kv_dim: kvDim, n_tok: rows, k_cache: l.k, v_cache: l.v, positions: p, cells: l.cells, ring: l.ring }, "kv_store");
   }
 
   copyKv(src: KvLayer, srcCell: number, dst: KvLayer, dstCell: number, cells: number): void {
@@ -464,15 +462,16 @@ export class CudaBackend implements Backend {
     }
     const p = this.positionsFor(position, rows, firstRow);
     // Decode: split the keys over blocks so that a long context fills the GPU; prefill has rows.
-    const { split, perHead } = rows <= 2 ? decodePlan(this.attentionKernels, this.splitByCells, l, position + rows)
-      : { split: 1, perHead: this.attentionKernels === "heads" };
+    const split = rows <= 2 ? decodeSplit(l, position + rows) : 1;
     const chunk = this.attn.ensure(rows, q.rows, o, l.cells, split);
     const rowBytes = q.cols * 4;
     for (let r0 = 0; r0 < rows; r0 += chunk) {
       const n = Math.min(chunk, rows - r0), r = firstRow + r0;
-      this.op(9, this.lib.infer_cuda_attention, [a(q).address + r * rowBytes, l.k, l.v, a(out).address + r * rowBytes,
-        p + r0 * 4, n, o.heads, o.kvHeads, o.headDim, o.window, l.cells, l.ring, o.scale, this.attn.scratch,
-        this.attn.scratchFloats, split, split > 1 ? this.attn.arrived : 0, perHead], "attention");
+      this.op("infer_cuda_attention", { q: a(q).address + r * rowBytes, k_cache: l.k, v_cache: l.v,
+        out: a(out).address + r * rowBytes, positions: p + r0 * 4, n_tok: n, n_head: o.heads, n_kv_head: o.kvHeads,
+        head_dim: o.headDim, window: o.window, cells: l.cells, ring: l.ring, scale: o.scale,
+        scratch: this.attn.scratch, scratch_floats: this.attn.scratchFloats, n_split: split,
+        arrived: split > 1 ? this.attn.arrived : 0 }, "attention");
     }
     a(out).version++;
   }
@@ -505,31 +504,35 @@ export class CudaBackend implements Backend {
     }
     const p = this.positionsFor(positions[0], 1, firstRow);
     const table = this.attn.kvTable(layers as readonly CudaKvLayer[]);
-    const split = decodePlan("groups", false, l0, visible).split;
+    const split = decodeSplit(l0, visible);
     if (this.attn.ensure(rows, rows, o, l0.cells, split) < rows) return false;
     const kvBytes = kvDim * 4;
-    this.op(15, this.lib.infer_cuda_kv_store_rows, [a(k).address + firstRow * kvBytes, a(v).address + firstRow * kvBytes,
-      kvDim, rows, table, p, l0.cells, l0.ring], "kv_store_rows");
+    this.op("infer_cuda_kv_store_rows", { k: a(k).address + firstRow * kvBytes, v: a(v).address + firstRow * kvBytes,
+      kv_dim: kvDim, n_tok: rows, kv_table: table, positions: p, cells: l0.cells, ring: l0.ring }, "kv_store_rows");
     const rowBytes = q.cols * 4;
-    this.op(16, this.lib.infer_cuda_attention_rows, [a(q).address + firstRow * rowBytes, table,
-      a(out).address + firstRow * rowBytes, p, rows, o.heads, o.kvHeads, o.headDim, o.window, l0.cells, l0.ring,
-      o.scale, this.attn.scratch, this.attn.scratchFloats, split, split > 1 ? this.attn.arrived : 0], "attention_rows");
+    this.op("infer_cuda_attention", { q: a(q).address + firstRow * rowBytes, kv_table: table,
+      out: a(out).address + firstRow * rowBytes, positions: p, n_tok: rows, n_head: o.heads, n_kv_head: o.kvHeads,
+      head_dim: o.headDim, window: o.window, cells: l0.cells, ring: l0.ring, scale: o.scale,
+      scratch: this.attn.scratch, scratch_floats: this.attn.scratchFloats, n_split: split,
+      arrived: split > 1 ? this.attn.arrived : 0 }, "attention_rows");
     a(out).version++;
     return true;
   }
 
   geluMul(gate: Activation, up: Activation, rows: number, out: Activation): void {
-    this.op(10, this.lib.infer_cuda_gelu_mul, [a(gate).address, a(up).address, rows * gate.cols, a(out).address], "gelu_mul");
+    this.op("infer_cuda_gelu_mul", { gate: a(gate).address, up: a(up).address, n: rows * gate.cols,
+      out: a(out).address }, "gelu_mul");
     a(out).version++;
   }
 
   siluMul(gate: Activation, up: Activation, rows: number, out: Activation): void {
-    this.op(11, this.lib.infer_cuda_silu_mul, [a(gate).address, a(up).address, rows * gate.cols, a(out).address], "silu_mul");
+    this.op("infer_cuda_silu_mul", { gate: a(gate).address, up: a(up).address, n: rows * gate.cols,
+      out: a(out).address }, "silu_mul");
     a(out).version++;
   }
 
   add(x: Activation, y: Activation, rows: number, out: Activation): void {
-    this.op(12, this.lib.infer_cuda_add, [a(x).address, a(y).address, rows * x.cols, a(out).address], "add");
+    this.op("infer_cuda_add", { a: a(x).address, b: a(y).address, n: rows * x.cols, out: a(out).address }, "add");
     a(out).version++;
   }
 
@@ -538,7 +541,8 @@ export class CudaBackend implements Backend {
     if (b.typeId !== GgmlType.F32 || b.dims.length !== 1 || b.dims[0] !== x.cols) {
       throw new InferError("bad_model", `bias '${b.name}' must be ${x.cols} f32 values`);
     }
-    this.op(13, this.lib.infer_cuda_add_row_bias, [a(x).address, b.address, rows, x.cols], `add bias ${b.name}`);
+    this.op("infer_cuda_add_row_bias", { x: a(x).address, bias: b.address, n_rows: rows, n_cols: x.cols },
+      `add bias ${b.name}`);
     a(x).version++;
   }
 
@@ -552,8 +556,8 @@ export class CudaBackend implements Backend {
       this.tokenSlots = new Int32Array(buffer);
       this.tokenSlotsAddress = address;
     }
-    this.op(14, this.lib.infer_cuda_argmax, [a(logits).address, logits.cols, this.argmaxScratch, a(ids).address],
-      "argmax");
+    this.op("infer_cuda_argmax", { x: a(logits).address, n: logits.cols, scratch: this.argmaxScratch,
+      out: a(ids).address }, "argmax");
     a(ids).version++;
     this.idsWidth = logits.cols;
     if (this.steps.recording) this.lastGraph = this.steps.finish() || this.lastGraph;

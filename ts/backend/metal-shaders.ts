@@ -7,11 +7,12 @@
 // launchers from them, so all three read the kernels the same way.
 import { readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
+import { setting } from "../config/env.ts";
 import { InferError } from "../errors.ts";
 
 /** shaders/metal, or INFER_METAL_SHADERS. */
 export function metalShaderDir(): string {
-  return process.env.INFER_METAL_SHADERS || join(import.meta.dir, "..", "..", "shaders", "metal");
+  return setting("INFER_METAL_SHADERS") ?? join(import.meta.dir, "..", "..", "shaders", "metal");
 }
 
 export function metalSourceFiles(dir = metalShaderDir()): string[] {

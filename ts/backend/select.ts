@@ -1,6 +1,7 @@
 // Choosing a backend: `cpu`, `cuda`, `metal`, or `auto` (Metal on Apple silicon, else CUDA when
 // it is available here, else the CPU).
 // Engine.open takes the kind; the CLI's --backend passes it; INFER_BACKEND sets the default.
+import { setting } from "../config/env.ts";
 import { InferError } from "../errors.ts";
 import type { Backend } from "./backend.ts";
 import { CpuBackend } from "./cpu.ts";
@@ -17,8 +18,8 @@ export function parseBackendKind(value: string, what = "--backend"): BackendKind
 
 /** The kind asked for, else INFER_BACKEND, else `fallback`. */
 export function defaultBackendKind(fallback: BackendKind = "cpu"): BackendKind {
-  const env = process.env.INFER_BACKEND;
-  return env ? parseBackendKind(env, "INFER_BACKEND") : fallback;
+  const env = setting("INFER_BACKEND");
+  return env !== null ? parseBackendKind(env, "INFER_BACKEND") : fallback;
 }
 
 /** Apple silicon, where `auto` prefers Metal. */

@@ -15,12 +15,12 @@ usage: infer "prompt" [options]        continue a prompt, streaming to stdout (a
        infer perplexity <model.gguf> <text-file> [options]
                                        score a text as llama-perplexity does
        infer help [command]            this text, or a command's ('infer <command> --help')
+       infer help env                  the environment variables infer reads
 
 From a source checkout 'infer' is 'bun run infer.ts'; 'bun run build:bin' makes the single
 executable dist/infer. Models: --model takes a GGUF path or the name of a model in the cache
-(INFER_CACHE, default ~/.cache/infer). Environment: INFER_CACHE, INFER_LIB (the native library
-to load), INFER_CPU (force a CPU build: x86_64_v2, x86_64_v3, x86_64_v4_vnni, aarch64, ...),
-INFER_TRACE_FFI=1 (log native calls).
+(INFER_CACHE, default ~/.cache/infer). 'infer help env' lists every environment variable
+(INFER_CACHE, INFER_BACKEND, INFER_LIB, ...) with its default.
 
 Exit codes: 0 done; 1 an error, said in one line (a missing or bad model file, too little
 memory, ...); 2 a mistake in the command line (an unknown option, a bad value, a wrong number of

@@ -3,6 +3,7 @@
 // keeps its stack.
 import { readFileSync } from "node:fs";
 import { loadModel } from "../api/model.ts";
+import { settingsHelp } from "../config/env.ts";
 import { InferError, quote } from "../errors.ts";
 import { ensureModel } from "../models/fetch.ts";
 import { anyObject, compileSchema, minLength, type JsonNode } from "../sample/json-schema.ts";
@@ -41,9 +42,10 @@ const usages: Record<string, string> = {
 function helpCommand(argv: string[]): number {
   const topic = argv[0];
   if (topic === undefined) { process.stdout.write(overview); return 0; }
+  if (topic === "env") { process.stdout.write(settingsHelp()); return 0; }
   if (!Object.hasOwn(usages, topic)) {
     throw new UsageError(`no command ${quote(topic, 40)} (commands: ` +
-      `${Object.keys(usages).join(", ")})`, { pointToHelp: false });
+      `${Object.keys(usages).join(", ")}; 'infer help env': the environment variables)`, { pointToHelp: false });
   }
   process.stdout.write(usages[topic]);
   return 0;

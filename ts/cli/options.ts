@@ -4,6 +4,7 @@
 import { availableParallelism } from "node:os";
 import type { ParseArgsConfig } from "node:util";
 import { backendKinds, parseBackendKind, type BackendKind } from "../backend/select.ts";
+import { setting } from "../config/env.ts";
 import { InferError, quote } from "../errors.ts";
 import { defaultSampling, type SamplerOptions } from "../sample/sampler.ts";
 import { UsageError } from "./args.ts";
@@ -121,7 +122,7 @@ export function backendOption(value: string | undefined): BackendKind {
       throw err;
     }
   }
-  return parseBackendKind(process.env.INFER_BACKEND ?? "auto", "INFER_BACKEND");
+  return parseBackendKind(setting("INFER_BACKEND") ?? "auto", "INFER_BACKEND");
 }
 
 /** llama.cpp's --logit-bias TOKEN_ID(+/-)BIAS, e.g. 15043+1, 15043-0.5, 15043-inf. */

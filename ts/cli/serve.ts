@@ -1,4 +1,5 @@
 // `infer serve`: the OpenAI-compatible HTTP server (ts/serve) on one model.
+import { setting } from "../config/env.ts";
 import { InferError, quote } from "../errors.ts";
 import { ensureModel } from "../models/fetch.ts";
 import { listenError } from "../serve/http.ts";
@@ -80,7 +81,7 @@ export async function serveCommand(argv: string[]): Promise<number> {
     modelPath, host, port,
     contextLength: ctx === undefined ? undefined : intOption(ctx, "--ctx", 0, 1),
     threads, backend,
-    apiKey: values["api-key"] ?? process.env.INFER_API_KEY ?? null,
+    apiKey: values["api-key"] ?? setting("INFER_API_KEY"),
     maxQueue: intOption(values.queue, "--queue", 16, 0),
     parallel: intOption(values.parallel, "--parallel", 4, 1),
     prefillChunk: intOption(values["prefill-chunk"], "--prefill-chunk", 64, 1),

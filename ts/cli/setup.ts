@@ -10,6 +10,7 @@
 //      drive, when missing —
 //      qemu-user-static (the aarch64 kernels' tests) and tmux (the chat terminal test).
 // Flags: --lib-only (skip the model), --test-tools. Env: INFER_CACHE (default ~/.cache/infer).
+import { setting } from "../config/env.ts";
 import { existsSync, mkdirSync, renameSync, rmSync, openSync, writeSync, closeSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { cacheDir, DEFAULT_MODEL, defaultModelPath } from "../models/cache.ts";
@@ -100,7 +101,7 @@ function ensureTestTools(): void {
 }
 
 if (import.meta.main) {
-  const command = process.env.npm_command;
+  const command = setting("npm_command");
   if (command === "pack" || command === "publish") {
     // npm runs prepare before packing too; what the package needs, prepack builds
     process.exit(0);

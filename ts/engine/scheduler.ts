@@ -23,6 +23,7 @@
 //
 // A lone sequence decoding greedily on a backend that takes the argmax on the device (CUDA)
 // runs a step ahead of the host (deviceStep), until another sequence joins it or it ends.
+import { setting } from "../config/env.ts";
 import { InferError } from "../errors.ts";
 import type { SequenceRows } from "../model/model.ts";
 import type { Engine } from "./engine.ts";
@@ -130,7 +131,7 @@ export class BatchScheduler {
         createKvCache(be, model.info, engine.contextLength, engine.cache.type, model.maxBatch)));
     }
     this.free.push(...this.slots);
-    this.deviceGreedy = (o.deviceGreedy ?? process.env.INFER_DEVICE_GREEDY !== "0") &&
+    this.deviceGreedy = (o.deviceGreedy ?? setting("INFER_DEVICE_GREEDY")) &&
       !!(be.argmaxToken && be.keepTokens && be.takeToken && be.dropTokens);
     this.prefix = o.prefixCache === null || !be.copyKv ? null
       : new PrefixCache(be, model.info.kvShapes, engine.cache.type, o.prefixCache);

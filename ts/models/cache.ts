@@ -2,8 +2,8 @@
 // default model's description, and how a name given for a model (`--model`, loadModel's first
 // argument) becomes a file: a path as given, else a cached file by name, without .gguf, or by a
 // unique part of its name. Fetching the default model on first use is ensureModel (./fetch.ts).
+import { setting } from "../config/env.ts";
 import { existsSync, readdirSync, statSync } from "node:fs";
-import { homedir } from "node:os";
 import { join } from "node:path";
 import { InferError, quote } from "../errors.ts";
 
@@ -35,7 +35,7 @@ export const DEFAULT_MODEL: ModelDescriptor = {
 };
 
 export function cacheDir(): string {
-  return process.env.INFER_CACHE ?? join(homedir(), ".cache", "infer");
+  return setting("INFER_CACHE")!;
 }
 
 export function modelsDir(): string {

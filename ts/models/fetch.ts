@@ -7,6 +7,7 @@
 // once its SHA-256 is the one the descriptor holds. The setup's pip route (ts/cli/setup.ts)
 // installs the same file for a checkout.
 //   INFER_PYPI_URL  where PyPI is (default https://pypi.org): tests serve a small PyPI locally.
+import { setting } from "../config/env.ts";
 import { closeSync, existsSync, mkdirSync, openSync, renameSync, rmSync, writeSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { InferError } from "../errors.ts";
@@ -26,7 +27,7 @@ export interface EnsureModelOptions {
 }
 
 export function pypiUrl(option?: string): string {
-  return (option ?? process.env.INFER_PYPI_URL ?? "https://pypi.org").replace(/\/+$/, "");
+  return (option ?? setting("INFER_PYPI_URL")!).replace(/\/+$/, "");
 }
 
 /**

@@ -3,6 +3,7 @@
 // silicon) and names the best variant it can run. INFER_CPU forces a variant by name.
 import { readFileSync } from "node:fs";
 import { arch, platform } from "node:process";
+import { setting } from "../config/env.ts";
 import { InferError } from "../errors.ts";
 
 /** Variants by preference, best first, with the CPU features each one needs. */
@@ -34,7 +35,7 @@ export function supportedVariants(features = cpuFeatures()): string[] {
 /** The library files this CPU can load, best first: one per level it runs (INFER_CPU: that one). */
 export function libraryFileNames(): string[] {
   const ext = platform === "darwin" ? "dylib" : "so";
-  const forced = process.env.INFER_CPU;
+  const forced = setting("INFER_CPU");
   if (forced) return [`libinfer-${forced}.${ext}`];
   if (!(arch in variants)) return [`libinfer.${ext}`]; // built for the requested CPU only
   const names = supportedVariants().map((v) => `libinfer-${v}.${ext}`);

@@ -1,11 +1,10 @@
 // The CUDA side of the native facade: initialisation (libcuda is loaded by the library at run
 // time, the kernels from a fatbin built by shaders/cuda/build.sh), device info, and the calls that
 // need out-parameters or views of native memory. Device addresses are plain numbers.
-//   INFER_CUDA_KERNELS  path of the fatbin (default: infer.fatbin beside libinfer)
-//   INFER_CUDA_DEVICE   device ordinal (default 0)
-//   INFER_CUDA_SYNC=1   synchronise after every launch (debugging)
+// Settings (ts/config/env.ts): INFER_CUDA_KERNELS, INFER_CUDA_DEVICE, INFER_CUDA_SYNC.
 import { toArrayBuffer, type Pointer } from "bun:ffi";
 import { dirname, join } from "node:path";
+import { setting } from "../config/env.ts";
 import { InferError, type InferErrorCode } from "../errors.ts";
 import { check, libraryPath, native } from "./lib.ts";
 
@@ -21,7 +20,7 @@ export interface CudaDeviceInfo {
 }
 
 export function cudaKernelsPath(): string {
-  return process.env.INFER_CUDA_KERNELS || join(dirname(libraryPath()), "infer.fatbin");
+  return setting("INFER_CUDA_KERNELS") ?? join(dirname(libraryPath()), "infer.fatbin");
 }
 
 const codes: InferErrorCode[] = ["internal", "invalid_argument", "io", "out_of_memory", "unsupported", "internal"];
@@ -40,17 +39,14 @@ export function cudaInit(): void {
     throw initError;
   }
   const path = Buffer.from(cudaKernelsPath(), "utf8");
-  const device = Number(process.env.INFER_CUDA_DEVICE ?? "0");
-  if (!Number.isInteger(device) || device < 0) {
-    throw new InferError("invalid_argument", `INFER_CUDA_DEVICE must be a device number, got '${process.env.INFER_CUDA_DEVICE}'`);
-  }
+  const device = setting("INFER_CUDA_DEVICE");
   const rc = lib.infer_cuda_init(path, path.length, device);
   if (rc !== 0) {
     initError = new InferError(codes[rc] ?? "internal", String(lib.infer_last_error()));
     throw initError;
   }
   initialized = true;
-  if (process.env.INFER_CUDA_SYNC === "1") lib.infer_cuda_set_debug_sync(true);
+  if (setting("INFER_CUDA_SYNC")) lib.infer_cuda_set_debug_sync(true);
 }
 
 /** Whether CUDA can be used here, and why not. Never throws. */

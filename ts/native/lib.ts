@@ -1,6 +1,7 @@
 // The typed facade over libinfer: the only module that touches bun:ffi. Loads the library
 // lazily (the build for this CPU, see cpu.ts), turns a non-zero status into an InferError
-// carrying infer_last_error(), and logs every call when INFER_TRACE_FFI=1.
+// carrying infer_last_error(), and logs every call when INFER_TRACE_FFI=1. Once loaded, the
+// library gets its settings (lib/abi.zig Settings, from ts/config/env.ts) before any other call.
 //
 // Where the library comes from, first found wins: INFER_LIB; in a compiled infer
 // (bun build --compile, see ts/cli/build-bin.ts), the build beside the executable, then the one
@@ -13,9 +14,10 @@ import {
   writeFileSync,
   type Stats,
 } from "node:fs";
-import { homedir } from "node:os";
 import { basename, dirname, join } from "node:path";
+import { setting } from "../config/env.ts";
 import { InferError, quote, type InferErrorCode } from "../errors.ts";
+import { packStruct } from "./abi.ts";
 import { libraryFileName, libraryFileNames } from "./cpu.ts";
 import { symbols } from "./symbols.gen.ts";
 
@@ -42,8 +44,8 @@ function isCheckout(root = packageRoot): boolean {
 
 /** The library to load (see the top of this file). */
 export function libraryPath(): string {
-  const override = process.env.INFER_LIB;
-  if (override) return override;
+  const override = setting("INFER_LIB");
+  if (override !== null) return override;
   if (isCompiled()) {
     const name = libraryFileName();
     const beside = join(dirname(process.execPath), name);
@@ -77,8 +79,7 @@ export function sourceOrPrebuilt(root: string, platformArch: string, names = lib
 /** A copy of an embedded file in the cache, named by its content, written once. */
 function extract(path: string): string {
   const bytes = readFileSync(path);
-  const cache = process.env.INFER_CACHE ?? join(homedir(), ".cache", "infer");
-  const dir = join(cache, "lib", Bun.hash(bytes).toString(16));
+  const dir = join(setting("INFER_CACHE"), "lib", Bun.hash(bytes).toString(16));
   const out = join(dir, basename(path));
   if (!existsSync(out)) {
     mkdirSync(dir, { recursive: true });
@@ -94,7 +95,7 @@ export function native(): Library {
   if (loaded) return loaded;
   const path = libraryPath();
   if (!existsSync(path)) {
-    const where = process.env.INFER_LIB ? `native library not found at ${path} (INFER_LIB)`
+    const where = setting("INFER_LIB") !== null ? `native library not found at ${path} (INFER_LIB)`
       : isCompiled()
         ? `${basename(path)} is neither beside ${process.execPath} nor embedded in it ` +
           `(rebuild with 'bun run build:bin', or set INFER_LIB)`
@@ -110,15 +111,31 @@ export function native(): Library {
   } catch (err) {
     let message = (err as Error).message;
     try {
-      if (!isCompiled() || process.env.INFER_LIB) throw err;
+      if (!isCompiled() || setting("INFER_LIB") !== null) throw err;
       lib = dlopen(extract(path), symbols).symbols; // a runtime that cannot dlopen from $bunfs
     } catch (again) {
       if (again !== err) message += `; from the cache: ${(again as Error).message}`;
       throw new InferError("native_unavailable", `cannot load ${path}: ${message}`);
     }
   }
-  loaded = process.env.INFER_TRACE_FFI === "1" ? traced(lib) : lib;
+  configure(lib, path);
+  loaded = setting("INFER_TRACE_FFI") ? traced(lib) : lib;
   return loaded;
+}
+
+/** Gives a just-loaded library its settings (lib/abi.zig Settings) from the environment. */
+function configure(lib: Library, path: string): void {
+  const cublas = Buffer.from(setting("INFER_CUBLAS") ?? "", "utf8");
+  const settings = packStruct("Settings", {
+    huge_pages: setting("INFER_HUGE_PAGES"),
+    cuda_pdl: setting("INFER_CUDA_PDL"),
+    cuda_cublas_min_tokens: setting("INFER_CUDA_CUBLAS"),
+    cublas_path_len: cublas.length,
+    cublas_path: cublas,
+  });
+  if (lib.infer_configure(settings) !== 0) {
+    throw new InferError("invalid_argument", `${path}: ${String(lib.infer_last_error())}`);
+  }
 }
 
 function traced(lib: Library): Library {

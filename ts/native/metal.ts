@@ -1,4 +1,4 @@
-// The Metal side of the native facade (lib/metal through lib/root.zig's infer_metal_*): init
+// The Metal side of the native facade (lib/metal through lib/exports/metal.zig's infer_metal_*): init
 // from the kernels' source text, shared buffers and views of their contents, encoding and
 // flushing. Buffer handles and addresses are plain numbers. On anything but macOS every call
 // fails with InferError("unsupported", "Metal not available: ...").

@@ -6,6 +6,7 @@
 // piece of work (a step, a job's tokenization and constraint) the worker marks the shared
 // heartbeat cell, so that the owner's watchdog can tell a busy engine from a stuck one.
 import { chatTemplateFor, turnTokens, type ChatTemplate } from "../chat/template.ts";
+import { isSet, setSetting } from "../config/env.ts";
 import { Engine } from "../engine/engine.ts";
 import type { TokenConstraint } from "../sample/constraint.ts";
 import type { TokenLogprob } from "../engine/generation.ts";
@@ -86,7 +87,7 @@ function open(settings: Extract<ToWorker, { type: "open" }>["settings"]): void {
   try {
     // In the single executable the worker is bundled apart from the embedded libraries; it
     // loads the one the main thread found.
-    if (settings.library && !process.env.INFER_LIB) process.env.INFER_LIB = settings.library;
+    if (settings.library && !isSet("INFER_LIB")) setSetting("INFER_LIB", settings.library);
     const onProgress = settings.progress
       ? (done: number, total: number) => post({ type: "progress", done, total }) : undefined;
     engine = Engine.open({ ...settings, onProgress });

@@ -1,0 +1,282 @@
+//! The structs of the C ABI: what a call takes when its arguments are more than a handful, and
+//! the library's settings. ts/native/gen-symbols.ts reads this file and writes each struct's
+//! layout (C rules: every field at its natural alignment) into ts/native/symbols.gen.ts, where
+//! ts/native/abi.ts packs them field by field, so the two sides cannot drift; the size each
+//! `comptime` block asserts is checked by the generator too. Fields are u8/u32/i32/u64/f32/bool
+//! or byte arrays; a field's default is the value TypeScript packs when it leaves it out.
+const std = @import("std");
+
+/// The library's settings, given once by its host after loading it (infer_configure; the
+/// TypeScript side reads them from the environment: ts/config/env.ts). The library reads no
+/// environment itself. Until infer_configure runs (the Zig tests), these defaults hold.
+pub const Settings = extern struct {
+    /// Regions of infer_pages_alloc advised into huge pages where the system allows
+    /// (lib/pages.zig; INFER_HUGE_PAGES=0: not).
+    huge_pages: bool = true,
+    /// CUDA launches with programmatic dependent launch on sm_90+ (lib/cuda/cuda.zig;
+    /// INFER_CUDA_PDL=0: every kernel waits for the one before it as a plain stream does).
+    cuda_pdl: bool = true,
+    /// Bytes of cublas_path used; 0: the usual names only (lib/cuda/cublas.zig).
+    cublas_path_len: u16 = 0,
+    /// Prompts of at least this many tokens take quantized matmuls as cuBLAS f16 GEMMs where
+    /// cuBLAS loads, 0 never (lib/cuda/ops.zig; INFER_CUDA_CUBLAS).
+    cuda_cublas_min_tokens: u32 = 128,
+    /// A libcublas to try before the usual names (INFER_CUBLAS).
+    cublas_path: [path_bytes_max]u8 = @splat(0),
+
+    pub const path_bytes_max = 4096;
+
+    pub fn cublasPath(s: *const Settings) ?[]const u8 {
+        return if (s.cublas_path_len == 0) null else s.cublas_path[0..s.cublas_path_len];
+    }
+};
+comptime {
+    std.debug.assert(@sizeOf(Settings) == 4104);
+}
+
+// ---- the CPU's calls: the pointers stay arguments (TypeScript passes its arrays themselves),
+// the shape of the call is a struct -------------------------------------------------------------
+
+/// infer_attention: causal (optionally sliding-window) grouped-query attention of n_tok queries
+/// at positions pos0.. over a K/V cache [pos][n_kv_head][head_dim] (rows kv_stride values apart)
+/// of ggml type kv_type (0 = F32, 1 = F16); window 0: every earlier key; ring > 0: position p in
+/// cell p % ring.
+pub const AttentionShape = extern struct {
+    kv_type: u32,
+    n_tok: u64,
+    n_head: u64,
+    n_kv_head: u64,
+    head_dim: u64,
+    pos0: u64,
+    kv_stride: u64,
+    window: u64,
+    ring: u64,
+    scale: f32,
+};
+comptime {
+    std.debug.assert(@sizeOf(AttentionShape) == 80);
+}
+
+/// infer_rope: x[n_tok][n_heads][head_dim]; mode 0 = normal (pairs 2i, 2i+1), 2 = NeoX (pairs
+/// i, i + n_rot/2); theta_i = pos · freq_scale · freq_base^(-2i/n_rot); dims from n_rot kept.
+pub const RopeShape = extern struct {
+    n_tok: u64,
+    n_heads: u64,
+    head_dim: u64,
+    n_rot: u64,
+    freq_base: f32,
+    freq_scale: f32,
+    mode: u32,
+};
+comptime {
+    std.debug.assert(@sizeOf(RopeShape) == 48);
+}
+
+// ---- the CUDA backend's calls: device addresses and counts as u64 ------------------------------
+// `mode` of a quantized output: 0 = Q8_0 blocks, 1 = Q8_K superblocks, into q (int8) and d (one
+// f32 scale per 32 values).
+
+/// infer_cuda_matmul: y[t][o] = W[o] · x[t] for t < n_tok; a quantized W (type_id) reads the
+/// activations from xq/xd (infer_cuda_quantize, in its activation format), a float W from x.
+pub const CudaMatmulArgs = extern struct {
+    w: u64,
+    type_id: u32,
+    n_out: u64,
+    n_in: u64,
+    x: u64,
+    xq: u64,
+    xd: u64,
+    n_tok: u64,
+    y: u64,
+};
+comptime {
+    std.debug.assert(@sizeOf(CudaMatmulArgs) == 72);
+}
+
+/// infer_cuda_matmul_multi: two or three one-token matmuls over the same quantized input in one
+/// launch (n2 = 0: two).
+pub const CudaMatmulMultiArgs = extern struct {
+    type_id: u32,
+    n_in: u64,
+    xq: u64,
+    xd: u64,
+    w0: u64,
+    n0: u64,
+    y0: u64,
+    w1: u64,
+    n1: u64,
+    y1: u64,
+    w2: u64,
+    n2: u64,
+    y2: u64,
+};
+comptime {
+    std.debug.assert(@sizeOf(CudaMatmulMultiArgs) == 104);
+}
+
+/// infer_cuda_rms_norm_quant: out = rms_norm(x) · weight per row (weight 0: none), quantized.
+pub const CudaRmsNormQuantArgs = extern struct {
+    x: u64,
+    weight: u64,
+    n_rows: u64,
+    n_cols: u64,
+    eps: f32,
+    out: u64,
+    mode: u32,
+    q: u64,
+    d: u64,
+};
+comptime {
+    std.debug.assert(@sizeOf(CudaRmsNormQuantArgs) == 72);
+}
+
+/// infer_cuda_add_rms_norm_quant: sum = a + b (sum may be a), out = rms_norm(sum) · weight,
+/// quantized.
+pub const CudaAddRmsNormQuantArgs = extern struct {
+    a: u64,
+    b: u64,
+    sum: u64,
+    weight: u64,
+    n_rows: u64,
+    n_cols: u64,
+    eps: f32,
+    out: u64,
+    mode: u32,
+    q: u64,
+    d: u64,
+};
+comptime {
+    std.debug.assert(@sizeOf(CudaAddRmsNormQuantArgs) == 88);
+}
+
+/// infer_cuda_act_mul_quant: out = act(gate) · up (kind 0 = GELU, 1 = SiLU), quantized.
+pub const CudaActMulQuantArgs = extern struct {
+    kind: u32,
+    gate: u64,
+    up: u64,
+    n_rows: u64,
+    n_cols: u64,
+    out: u64,
+    mode: u32,
+    q: u64,
+    d: u64,
+};
+comptime {
+    std.debug.assert(@sizeOf(CudaActMulQuantArgs) == 72);
+}
+
+/// infer_cuda_rope: in-place RoPE as infer_rope; positions (i32 per token) and freq_factors (0:
+/// none) on the device.
+pub const CudaRopeArgs = extern struct {
+    x: u64,
+    n_tok: u64,
+    n_heads: u64,
+    head_dim: u64,
+    n_rot: u64,
+    positions: u64,
+    freq_base: f32,
+    freq_scale: f32,
+    mode: u32,
+    freq_factors: u64,
+};
+comptime {
+    std.debug.assert(@sizeOf(CudaRopeArgs) == 72);
+}
+
+/// infer_cuda_rope2: the RoPE of queries (xa, heads_a heads) and keys (xb, heads_b) in one launch.
+pub const CudaRope2Args = extern struct {
+    xa: u64,
+    heads_a: u64,
+    xb: u64,
+    heads_b: u64,
+    n_tok: u64,
+    head_dim: u64,
+    n_rot: u64,
+    positions: u64,
+    freq_base: f32,
+    freq_scale: f32,
+    mode: u32,
+    freq_factors: u64,
+};
+comptime {
+    std.debug.assert(@sizeOf(CudaRope2Args) == 88);
+}
+
+/// infer_cuda_kv_store: rows of k and v (kv_dim values each) into the f16 cache at cell
+/// positions[t] (mod cells when ring).
+pub const CudaKvStoreArgs = extern struct {
+    k: u64,
+    v: u64,
+    kv_dim: u64,
+    n_tok: u64,
+    k_cache: u64,
+    v_cache: u64,
+    positions: u64,
+    cells: u64,
+    ring: bool,
+};
+comptime {
+    std.debug.assert(@sizeOf(CudaKvStoreArgs) == 72);
+}
+
+/// infer_cuda_norm_rope_store: one token's q/k head norms (wq = wk = 0: none), RoPE of both, and
+/// k/v into the f16 cache.
+pub const CudaNormRopeStoreArgs = extern struct {
+    q: u64,
+    heads_q: u64,
+    k: u64,
+    heads_k: u64,
+    v: u64,
+    wq: u64,
+    wk: u64,
+    eps: f32,
+    head_dim: u64,
+    n_rot: u64,
+    positions: u64,
+    freq_base: f32,
+    freq_scale: f32,
+    mode: u32,
+    freq_factors: u64,
+    k_cache: u64,
+    v_cache: u64,
+    cells: u64,
+    ring: bool,
+};
+comptime {
+    std.debug.assert(@sizeOf(CudaNormRopeStoreArgs) == 144);
+}
+
+/// infer_cuda_attention: causal (optionally sliding-window) GQA of n_tok query rows over f16
+/// caches of `cells` rows, the keys split n_split ways. One sequence's cache (k_cache, v_cache),
+/// or (kv_table != 0) rows of different sequences, row t over the caches at kv_table[2t] (keys)
+/// and kv_table[2t + 1] (values): a device table of 2 · n_tok addresses (the server's batched
+/// decode). `scratch` holds infer_cuda_attention_scratch(...) f32 values; with n_split > 1,
+/// `arrived` holds n_tok · n_head zeroed u32 counters (left zero). quant_mode 0 or 1: the output
+/// also quantized into quant_q, quant_d (the o-projection's input), in the kernel's epilogue
+/// where it can; -1: not.
+pub const CudaAttentionArgs = extern struct {
+    q: u64,
+    k_cache: u64 = 0,
+    v_cache: u64 = 0,
+    kv_table: u64 = 0,
+    out: u64,
+    positions: u64,
+    n_tok: u64,
+    n_head: u64,
+    n_kv_head: u64,
+    head_dim: u64,
+    window: u64,
+    cells: u64,
+    ring: bool,
+    scale: f32,
+    scratch: u64,
+    scratch_floats: u64,
+    n_split: u64,
+    arrived: u64,
+    quant_mode: i32 = -1,
+    quant_q: u64 = 0,
+    quant_d: u64 = 0,
+};
+comptime {
+    std.debug.assert(@sizeOf(CudaAttentionArgs) == 160);
+}

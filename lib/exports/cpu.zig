@@ -1,0 +1,462 @@
+//! The CPU's part of the C surface: quant formats (block info, dequantize, quantize, repack),
+//! matmul, the thread pool, and the f32 ops (norms, RoPE, attention, activations, token
+//! selection) of lib/quant/ and lib/cpu/. Pointers are the caller's arrays; a call with more than
+//! a handful of scalars takes them in a struct of lib/abi.zig.
+const std = @import("std");
+const status = @import("../status.zig");
+const abi = @import("../abi.zig");
+const quant_types = @import("../quant/types.zig");
+const cpu_matmul = @import("../cpu/matmul.zig");
+const cpu_threads = @import("../cpu/threads.zig");
+const norm = @import("../cpu/norm.zig");
+const rope = @import("../cpu/rope.zig");
+const attention = @import("../cpu/attention.zig");
+const act = @import("../cpu/act.zig");
+const select = @import("../cpu/select.zig");
+
+// ---- quant formats, matmul, threads ------------------------------------------------------------
+/// The traits of `type_id`, or null after recording an `unsupported` status naming the type.
+fn quantTraitsOrFail(type_id: u32) ?*const quant_types.Traits {
+    if (quant_types.get(type_id)) |t| return t;
+    _ = status.fail(.unsupported, "quant type {s} ({d}) is not supported", .{
+        quant_types.typeName(type_id), type_id,
+    });
+    return null;
+}
+
+/// Checks that `n` values fill whole blocks of `t`; records invalid_argument otherwise.
+fn quantBlocksOk(t: *const quant_types.Traits, n: u64, what: []const u8) bool {
+    if (n % t.block_values == 0) return true;
+    _ = status.fail(.invalid_argument, "{s} = {d} is not a multiple of the {s} block size {d}", .{
+        what, n, t.name, t.block_values,
+    });
+    return false;
+}
+
+/// The status of a failure quantBlocksOk already recorded.
+fn quantInvalid() i32 {
+    return @intFromEnum(status.Status.invalid_argument);
+}
+
+/// Out: values per block and bytes per block of a supported type.
+export fn infer_quant_block_info(
+    type_id: u32,
+    out_block_values: ?*u32,
+    out_block_bytes: ?*u32,
+) i32 {
+    const t = quantTraitsOrFail(type_id) orelse return @intFromEnum(status.Status.unsupported);
+    const values = out_block_values orelse
+        return status.fail(.invalid_argument, "block_info: out_block_values is null", .{});
+    const bytes = out_block_bytes orelse
+        return status.fail(.invalid_argument, "block_info: out_block_bytes is null", .{});
+    values.* = t.block_values;
+    bytes.* = t.block_bytes;
+    return 0;
+}
+
+/// dst[0..n] = the n values stored at src in type `type_id` (n a multiple of its block size).
+export fn infer_dequantize(type_id: u32, src: ?[*]const u8, n: u64, dst: ?[*]f32) i32 {
+    const t = quantTraitsOrFail(type_id) orelse return @intFromEnum(status.Status.unsupported);
+    const s = src orelse return status.fail(.invalid_argument, "dequantize: src is null", .{});
+    const d = dst orelse return status.fail(.invalid_argument, "dequantize: dst is null", .{});
+    if (!quantBlocksOk(t, n, "dequantize: n")) return quantInvalid();
+    t.dequantize_row.?(s, d, @intCast(n));
+    return 0;
+}
+
+/// Embedding lookup: dst[i * n_cols ..][0..n_cols] = row ids[i] of a table of n_table_rows
+/// rows of n_cols values in type `type_id`. Every id is checked before anything is written.
+export fn infer_get_rows(
+    type_id: u32,
+    table: ?[*]const u8,
+    n_cols: u64,
+    n_table_rows: u64,
+    ids: ?[*]const i32,
+    n_ids: u64,
+    dst: ?[*]f32,
+) i32 {
+    const t = quantTraitsOrFail(type_id) orelse return @intFromEnum(status.Status.unsupported);
+    const tbl = table orelse return status.fail(.invalid_argument, "get_rows: table is null", .{});
+    const id_list = ids orelse return status.fail(.invalid_argument, "get_rows: ids is null", .{});
+    const out = dst orelse return status.fail(.invalid_argument, "get_rows: dst is null", .{});
+    if (!quantBlocksOk(t, n_cols, "get_rows: n_cols")) return quantInvalid();
+    const row_bytes = n_cols / t.block_values * t.block_bytes;
+    _ = std.math.mul(u64, row_bytes, n_table_rows) catch
+        return status.fail(.invalid_argument, "get_rows: table size overflows", .{});
+    _ = std.math.mul(u64, n_cols, n_ids) catch
+        return status.fail(.invalid_argument, "get_rows: output size overflows", .{});
+    for (id_list[0..@intCast(n_ids)], 0..) |id, i| {
+        if (id < 0 or @as(u64, @intCast(id)) >= n_table_rows) {
+            const fmt = "get_rows: ids[{d}] = {d} is out of range (rows: {d})";
+            return status.fail(.invalid_argument, fmt, .{ i, id, n_table_rows });
+        }
+    }
+    const cols: usize = @intCast(n_cols);
+    for (id_list[0..@intCast(n_ids)], 0..) |id, i| {
+        t.dequantize_row.?(tbl + @as(usize, @intCast(id)) * row_bytes, out + i * cols, cols);
+    }
+    return 0;
+}
+
+/// y[t * n_out + o] = sum_i W[o][i] * x[t * n_in + i] for t < n_tok, o < n_out. W is n_out
+/// rows of n_in values in type `w_type` (row o at byte o * row_bytes). x is quantized to the
+/// type's activation format first (Q8_0 / Q8_K / f16 / bf16), as ggml does.
+export fn infer_matmul(
+    w: ?[*]const u8,
+    w_type: u32,
+    n_out: u64,
+    n_in: u64,
+    x: ?[*]const f32,
+    n_tok: u64,
+    y: ?[*]f32,
+) i32 {
+    const t = quant_types.getForMatmul(w_type) orelse quantTraitsOrFail(w_type) orelse
+        return @intFromEnum(status.Status.unsupported);
+    if (n_out % t.row_group != 0) {
+        return status.fail(.invalid_argument, "matmul: {s} needs rows in groups of {d}, got {d}", .{ t.name, t.row_group, n_out });
+    }
+    if (t.dot_rows == null) {
+        const fmt = "matmul: {s} is an activation format, not a weight type";
+        return status.fail(.unsupported, fmt, .{t.name});
+    }
+    const weights = w orelse return status.fail(.invalid_argument, "matmul: w is null", .{});
+    const acts = x orelse return status.fail(.invalid_argument, "matmul: x is null", .{});
+    const out = y orelse return status.fail(.invalid_argument, "matmul: y is null", .{});
+    if (!quantBlocksOk(t, n_in, "matmul: n_in")) return quantInvalid();
+    const act_traits = quant_types.get(@intFromEnum(t.vec_dot_type)).?;
+    if (!quantBlocksOk(act_traits, n_in, "matmul: n_in")) return quantInvalid();
+    _ = std.math.mul(u64, n_in / t.block_values * t.block_bytes, n_out) catch
+        return status.fail(.invalid_argument, "matmul: weight size overflows", .{});
+    _ = std.math.mul(u64, n_tok, @max(n_in, n_out) * 4) catch
+        return status.fail(.invalid_argument, "matmul: activation size overflows", .{});
+    const rows: usize = @intCast(n_out);
+    const cols: usize = @intCast(n_in);
+    cpu_matmul.matmul(weights, t, rows, cols, acts, @intCast(n_tok), out) catch |err| {
+        return switch (err) {
+            error.OutOfMemory => status.fail(.out_of_memory, "matmul: no memory for x", .{}),
+            error.Unsupported => status.fail(.unsupported, "matmul: {s} has no dot", .{t.name}),
+        };
+    };
+    return 0;
+}
+
+/// The layout a matmul weight of `type_id` with n_out rows is faster in (Q4_0 and Q4_K with n_out
+/// a multiple of 8: their rows interleaved by eight), or 0 where it is used as stored. The
+/// repacked weights take the same bytes; pass the returned id to infer_matmul with them.
+export fn infer_repacked_type(type_id: u32, n_out: u64) u32 {
+    const t = quant_types.repackedType(type_id, @intCast(n_out)) orelse return 0;
+    return @intFromEnum(t.id);
+}
+
+/// Writes the n_out x n_in weights at src (type_id, row-major) into dst (as many bytes) in the
+/// layout infer_repacked_type names.
+export fn infer_repack(type_id: u32, src: ?[*]const u8, n_out: u64, n_in: u64, dst: ?[*]u8) i32 {
+    const t = quantTraitsOrFail(type_id) orelse return @intFromEnum(status.Status.unsupported);
+    if (quant_types.repackedType(type_id, @intCast(n_out)) == null) {
+        return status.fail(.unsupported, "repack: {s} with {d} rows has no repacked layout", .{ t.name, n_out });
+    }
+    const s = src orelse return status.fail(.invalid_argument, "repack: src is null", .{});
+    const d = dst orelse return status.fail(.invalid_argument, "repack: dst is null", .{});
+    if (!quantBlocksOk(t, n_in, "repack: n_in")) return quantInvalid();
+    _ = std.math.mul(u64, n_in / t.block_values * t.block_bytes, n_out) catch
+        return status.fail(.invalid_argument, "repack: weight size overflows", .{});
+    quant_types.repack(type_id, s, @intCast(n_out), @intCast(n_in), d);
+    return 0;
+}
+
+/// Quantizes n f32 values into `type_id` with ggml's reference quantizer (what llama.cpp's
+/// quantize tool writes): F32, F16, BF16, Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, Q8_K.
+export fn infer_quantize_row(type_id: u32, src: ?[*]const f32, n: u64, dst: ?[*]u8) i32 {
+    const t = quantTraitsOrFail(type_id) orelse return @intFromEnum(status.Status.unsupported);
+    const quantize = t.quantize_ref orelse
+        return status.fail(.unsupported, "quantizing to {s} is not implemented", .{t.name});
+    const s = src orelse return status.fail(.invalid_argument, "quantize_row: src is null", .{});
+    const d = dst orelse return status.fail(.invalid_argument, "quantize_row: dst is null", .{});
+    if (!quantBlocksOk(t, n, "quantize_row: n")) return quantInvalid();
+    quantize(s, d, @intCast(n));
+    return 0;
+}
+
+/// Sets the threads kernels use (the caller's thread included); 0 = one per CPU.
+export fn infer_threads_set(n: u32) i32 {
+    if (n > cpu_threads.threads_max) {
+        return status.fail(.invalid_argument, "threads_set: {d} threads is more than {d}", .{
+            n, cpu_threads.threads_max,
+        });
+    }
+    cpu_threads.setThreadCount(n) catch |err|
+        return status.fail(.internal, "threads_set: cannot start threads: {s}", .{@errorName(err)});
+    return 0;
+}
+
+export fn infer_threads_get() u32 {
+    return @intCast(cpu_threads.threadCount());
+}
+
+// ---- f32 ops: norm, RoPE, attention, activations, token selection -----------------------------
+
+/// rows · cols as an element count, or null when it overflows (a count from an untrusted shape).
+fn opsCount(a: u64, b: u64) ?usize {
+    return std.math.mul(usize, a, b) catch null;
+}
+
+fn opsInvalid(comptime fmt: []const u8, args: anytype) i32 {
+    return status.fail(.invalid_argument, fmt, args);
+}
+
+/// out = x / sqrt(mean(x²) + eps) · weight per row of n_cols; weight null = no weight.
+/// `out` may alias `x`. Mirrors ggml's rms_norm (f64 sum of squares) followed by ggml_mul.
+export fn infer_rms_norm(
+    x: [*]const f32,
+    weight: ?[*]const f32,
+    n_rows: u64,
+    n_cols: u64,
+    eps: f32,
+    out: [*]f32,
+) i32 {
+    if (n_cols == 0) return opsInvalid("rms_norm: n_cols must be > 0", .{});
+    const n = opsCount(n_rows, n_cols) orelse
+        return opsInvalid("rms_norm: {d} x {d} overflows", .{ n_rows, n_cols });
+    const w: ?[]const f32 = if (weight) |p| p[0..n_cols] else null;
+    norm.rmsNorm(x[0..n], w, n_cols, eps, out[0..n]);
+    return 0;
+}
+
+/// residual += rms_norm(x) · weight per row (Gemma's post-norm fused with the residual add).
+export fn infer_rms_norm_add(
+    x: [*]const f32,
+    weight: [*]const f32,
+    n_rows: u64,
+    n_cols: u64,
+    eps: f32,
+    residual: [*]f32,
+) i32 {
+    if (n_cols == 0) return opsInvalid("rms_norm_add: n_cols must be > 0", .{});
+    const n = opsCount(n_rows, n_cols) orelse
+        return opsInvalid("rms_norm_add: {d} x {d} overflows", .{ n_rows, n_cols });
+    norm.rmsNormAdd(x[0..n], weight[0..n_cols], n_cols, eps, residual[0..n]);
+    return 0;
+}
+
+/// In-place RoPE on x[n_tok][n_heads][head_dim] (lib/abi.zig RopeShape), with optional per-pair
+/// frequency factors (n_rot/2 of them, null: none): theta_i / ff_i.
+export fn infer_rope(
+    x: [*]f32,
+    positions: [*]const i32,
+    freq_factors: ?[*]const f32,
+    shape: *const abi.RopeShape,
+) i32 {
+    const s = shape.*;
+    const rope_mode = std.meta.intToEnum(rope.Mode, s.mode) catch
+        return opsInvalid("rope: mode {d} is not 0 (normal) or 2 (neox)", .{s.mode});
+    const n_rot_ok = s.n_rot > 0 and s.n_rot % 2 == 0 and s.n_rot <= s.head_dim;
+    if (!n_rot_ok or s.n_rot > rope.rot_dims_max) return opsInvalid(
+        "rope: n_rot {d} must be even, > 0, <= head_dim {d} and <= {d}",
+        .{ s.n_rot, s.head_dim, rope.rot_dims_max },
+    );
+    if (!(s.freq_base > 0) or !std.math.isFinite(s.freq_base) or !std.math.isFinite(s.freq_scale))
+        return opsInvalid("rope: bad freq_base {d} or freq_scale {d}", .{ s.freq_base, s.freq_scale });
+    const per_tok = opsCount(s.n_heads, s.head_dim) orelse return opsInvalid("rope: overflow", .{});
+    const n = opsCount(s.n_tok, per_tok) orelse return opsInvalid("rope: overflow", .{});
+    rope.rope(x[0..n], positions[0..s.n_tok], .{
+        .n_heads = s.n_heads,
+        .head_dim = s.head_dim,
+        .n_rot = s.n_rot,
+        .freq_base = s.freq_base,
+        .freq_scale = s.freq_scale,
+        .mode = rope_mode,
+        .freq_factors = if (freq_factors) |f| f[0 .. s.n_rot / 2] else null,
+    });
+    return 0;
+}
+
+/// Causal (optionally sliding-window) grouped-query attention of queries q over the K/V cache
+/// k, v as lib/abi.zig AttentionShape says. out: [n_tok][n_head][head_dim]. See cpu/attention.zig.
+export fn infer_attention(
+    q: [*]const f32,
+    k: [*]const u8,
+    v: [*]const u8,
+    out: [*]f32,
+    shape: *const abi.AttentionShape,
+) i32 {
+    const kv_type = shape.kv_type;
+    const n_tok = shape.n_tok;
+    const n_head = shape.n_head;
+    const n_kv_head = shape.n_kv_head;
+    const head_dim = shape.head_dim;
+    const pos0 = shape.pos0;
+    const kv_stride = shape.kv_stride;
+    const window = shape.window;
+    const ring = shape.ring;
+    const scale = shape.scale;
+    const cache_type = std.meta.intToEnum(attention.KvType, kv_type) catch
+        return opsInvalid("attention: kv_type {d} is not 0 (F32) or 1 (F16)", .{kv_type});
+    if (n_kv_head == 0 or n_head == 0 or n_head % n_kv_head != 0) return opsInvalid(
+        "attention: n_head {d} is not a multiple of n_kv_head {d}",
+        .{ n_head, n_kv_head },
+    );
+    if (n_head / n_kv_head > attention.group_max)
+        return opsInvalid("attention: over {d} query heads per kv head", .{attention.group_max});
+    const head_dim_max = attention.head_dim_max;
+    if (head_dim == 0 or head_dim > head_dim_max)
+        return opsInvalid("attention: head_dim {d} not in 1..{d}", .{ head_dim, head_dim_max });
+    const kv_row = opsCount(n_kv_head, head_dim) orelse
+        return opsInvalid("attention: shape overflows", .{});
+    if (kv_stride < kv_row)
+        return opsInvalid("attention: kv_stride {d} < n_kv_head·head_dim {d}", .{ kv_stride, kv_row });
+    const positions_max: u64 = 1 << 32;
+    const too_long = pos0 >= positions_max or n_tok >= positions_max;
+    if (too_long or opsCount(pos0 + n_tok, kv_stride) == null)
+        return opsInvalid("attention: pos0 {d} + n_tok {d} too large", .{ pos0, n_tok });
+    if (cache_type == .f32 and (@intFromPtr(k) % 4 != 0 or @intFromPtr(v) % 4 != 0))
+        return opsInvalid("attention: F32 cache pointers must be 4-byte aligned", .{});
+    // A ring holds position p in cell p % ring; it must keep every key the batch's queries see.
+    if (ring != 0 and (window == 0 or ring < window + n_tok - 1)) return opsInvalid(
+        "attention: a ring of {d} cells needs a window and at least window + n_tok - 1 = {d} cells",
+        .{ ring, window + n_tok -| 1 },
+    );
+    if (n_tok == 0) return 0;
+    const k_cache = attention.Cache.fromBytes(cache_type, k);
+    const v_cache = attention.Cache.fromBytes(cache_type, v);
+    const done = attention.attention(q, k_cache, v_cache, out, .{
+        .n_tok = n_tok,
+        .n_head = n_head,
+        .n_kv_head = n_kv_head,
+        .head_dim = head_dim,
+        .pos0 = pos0,
+        .kv_stride = kv_stride,
+        .window = window,
+        .ring = ring,
+        .scale = scale,
+    });
+    if (!done) return status.fail(.out_of_memory, "attention: no memory for {d} scores", .{pos0 + n_tok});
+    return 0;
+}
+
+/// Writes n f32 values into a K/V cache as dst_type (0 = F32, 1 = F16, round to nearest even).
+export fn infer_kv_store(src: [*]const f32, dst: [*]u8, dst_type: u32, n: u64) i32 {
+    const cache_type = std.meta.intToEnum(attention.KvType, dst_type) catch
+        return opsInvalid("kv_store: dst_type {d} is not 0 (F32) or 1 (F16)", .{dst_type});
+    attention.store(src[0..n], dst, cache_type);
+    return 0;
+}
+
+/// out = gelu_tanh(gate) · up; out may alias gate or up.
+export fn infer_gelu_mul(gate: [*]const f32, up: [*]const f32, n: u64, out: [*]f32) i32 {
+    act.gated(.gelu_tanh, gate[0..n], up[0..n], out[0..n]);
+    return 0;
+}
+
+/// out = silu(gate) · up; out may alias gate or up.
+export fn infer_silu_mul(gate: [*]const f32, up: [*]const f32, n: u64, out: [*]f32) i32 {
+    act.gated(.silu, gate[0..n], up[0..n], out[0..n]);
+    return 0;
+}
+
+/// Row-wise softmax in place.
+export fn infer_softmax(x: [*]f32, n_rows: u64, n_cols: u64) i32 {
+    if (n_cols == 0) return opsInvalid("softmax: n_cols must be > 0", .{});
+    const n = opsCount(n_rows, n_cols) orelse
+        return opsInvalid("softmax: {d} x {d} overflows", .{ n_rows, n_cols });
+    act.softmax(x[0..n], n_cols);
+    return 0;
+}
+
+/// out = a + b; out may alias a or b.
+export fn infer_add(a: [*]const f32, b: [*]const f32, n: u64, out: [*]f32) i32 {
+    act.add(a[0..n], b[0..n], out[0..n]);
+    return 0;
+}
+
+/// x *= s in place.
+export fn infer_scale(x: [*]f32, n: u64, s: f32) i32 {
+    act.scale(x[0..n], s);
+    return 0;
+}
+
+
+fn selectCount(n: u64, what: []const u8) bool {
+    if (n > 0 and n <= std.math.maxInt(i32)) return true;
+    _ = opsInvalid("{s}: n = {d} is not in 1..2^31-1", .{ what, n });
+    return false;
+}
+
+/// out[0] = the lowest index of the largest of n values (greedy sampling); NaN never wins.
+export fn infer_argmax(x: [*]const f32, n: u64, out: *u32) i32 {
+    if (!selectCount(n, "argmax")) return @intFromEnum(status.Status.invalid_argument);
+    out.* = @intCast(select.argmax(x[0..n]));
+    return 0;
+}
+
+/// The k largest of n values that are neither -inf nor NaN, best first, equal values in index
+/// order (top-k sampling): ids[0..count) and values[0..count), count (<= k) in out_count[0].
+export fn infer_top_k(x: [*]const f32, n: u64, k: u64, ids: [*]i32, values: [*]f32, out_count: *u32) i32 {
+    if (!selectCount(n, "top_k")) return @intFromEnum(status.Status.invalid_argument);
+    if (k == 0 or k > n) return opsInvalid("top_k: k = {d} is not in 1..{d}", .{ k, n });
+    out_count.* = @intCast(select.topK(x[0..n], ids[0..k], values[0..k]));
+    return 0;
+}
+
+/// out[0] = the sum of exp((x - max) · scale) over the x at or above floor (-inf: all finite x).
+export fn infer_exp_sum(x: [*]const f32, n: u64, max: f32, scale: f32, floor: f32, out: *f64) i32 {
+    if (!selectCount(n, "exp_sum")) return @intFromEnum(status.Status.invalid_argument);
+    out.* = select.expSum(x[0..n], max, scale, floor);
+    return 0;
+}
+
+/// out[0] = the first index where the running sum of exp((x - max) · scale) reaches target.
+export fn infer_draw(x: [*]const f32, n: u64, max: f32, scale: f32, target: f64, out: *u32) i32 {
+    if (!selectCount(n, "draw")) return @intFromEnum(status.Status.invalid_argument);
+    out.* = @intCast(select.draw(x[0..n], max, scale, target));
+    return 0;
+}
+
+/// out[0] = the index of the first NaN or infinite value of n, or n where all are finite.
+export fn infer_first_nonfinite(x: [*]const f32, n: u64, out: *u64) i32 {
+    if (!selectCount(n, "first_nonfinite")) return @intFromEnum(status.Status.invalid_argument);
+    out.* = select.firstNonFinite(x[0..n]);
+    return 0;
+}
+
+/// ids[0..count) = the indices of the x at or above floor, in order; ids holds n.
+export fn infer_above(x: [*]const f32, n: u64, floor: f32, ids: [*]i32, out_count: *u32) i32 {
+    if (!selectCount(n, "above")) return @intFromEnum(status.Status.invalid_argument);
+    out_count.* = @intCast(select.above(x[0..n], floor, ids[0..n]));
+    return 0;
+}
+
+// ---- row bias (the q/k/v biases of Qwen 2, the LM-head bias) -----------------------------------
+
+/// x[r][c] += bias[c] for every one of n_rows rows of n_cols (the q/k/v biases of Qwen 2, the
+/// LM-head bias): one call per op over the whole batch, as ggml_add broadcasts a row.
+export fn infer_add_row_bias(x: [*]f32, bias: [*]const f32, n_rows: u64, n_cols: u64) i32 {
+    if (n_cols == 0) return opsInvalid("add_row_bias: n_cols must be > 0", .{});
+    const n = opsCount(n_rows, n_cols) orelse
+        return opsInvalid("add_row_bias: {d} x {d} overflows", .{ n_rows, n_cols });
+    const cols: usize = @intCast(n_cols);
+    const b = bias[0..cols];
+    var row: usize = 0;
+    while (row < n) : (row += cols) {
+        const r = x[row .. row + cols];
+        act.add(r, b, r);
+    }
+    return 0;
+}
+
+test "add_row_bias adds the bias to every row" {
+    var x = [_]f32{ 1, 2, 3, 4, 5, 6 };
+    const b = [_]f32{ 0.5, -1, 2 };
+    try std.testing.expectEqual(@as(i32, 0), infer_add_row_bias(&x, &b, 2, 3));
+    try std.testing.expectEqualSlices(f32, &.{ 1.5, 1, 5, 4.5, 4, 8 }, &x);
+}
+
+test {
+    _ = quant_types;
+    _ = cpu_matmul;
+    _ = cpu_threads;
+    _ = norm;
+    _ = rope;
+    _ = attention;
+    _ = act;
+    _ = select;
+}
