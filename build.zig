@@ -75,12 +75,15 @@ pub fn build(b: *std.Build) void {
         b.installArtifact(lib);
     }
 
-    // The memory bandwidth probe of bench/bandwidth.ts: a library of its own, not libinfer's.
-    b.installArtifact(b.addLibrary(.{
-        .linkage = .dynamic,
-        .name = "bench-bandwidth",
-        .root_module = benchModule(b, target, optimize),
-    }));
+    // The memory bandwidth probe of bench/bandwidth.ts: a library of its own, not libinfer's,
+    // built for this machine only (cross-compiles make libinfer alone).
+    if (target.query.isNative()) {
+        b.installArtifact(b.addLibrary(.{
+            .linkage = .dynamic,
+            .name = "bench-bandwidth",
+            .root_module = benchModule(b, target, optimize),
+        }));
+    }
 
     const tests = b.addTest(.{ .root_module = rootModule(b, target, optimize, null) });
     const bench_tests = b.addTest(.{ .root_module = benchModule(b, target, optimize) });
