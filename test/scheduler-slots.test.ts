@@ -192,22 +192,15 @@ describe("a lone greedy sequence decodes on the device, a step ahead", () => {
     expect(full.delta.dropped).toBe(0); // no step was queued past the context
   });
 
-  test("sampled sequences, and INFER_DEVICE_GREEDY=0, stay on the host", () => {
+  test("sampled sequences, and deviceGreedy: false, stay on the host", () => {
     const p = prompt(20, 12);
     expect(run(p, { sampling: banEos }).delta.argmax).toBe(0);
     expect(run(p, { sampling: { ...greedy, temperature: 0.8, seed: 3 } }).delta.argmax).toBe(0);
-    const saved = process.env.INFER_DEVICE_GREEDY;
-    process.env.INFER_DEVICE_GREEDY = "0";
-    try {
-      let c: DeviceGreedyCounts | null = null;
-      const r = batched([{ prompt: p, options: { sampling: greedy }, at: 0 }], { slots: 1 },
-        (e) => (c = withDeviceGreedy(e.backend)));
-      expect(c!.argmax).toBe(0);
-      expect(r.results[0].tokens).toEqual(alone(p, { sampling: greedy }).tokens);
-    } finally {
-      if (saved === undefined) delete process.env.INFER_DEVICE_GREEDY;
-      else process.env.INFER_DEVICE_GREEDY = saved;
-    }
+    let c: DeviceGreedyCounts | null = null;
+    const r = batched([{ prompt: p, options: { sampling: greedy }, at: 0 }], { slots: 1, deviceGreedy: false },
+      (e) => (c = withDeviceGreedy(e.backend)));
+    expect(c!.argmax).toBe(0);
+    expect(r.results[0].tokens).toEqual(alone(p, { sampling: greedy }).tokens);
   });
 
   test("a sequence joining settles the token in flight; all get their tokens alone", () => {

@@ -3,7 +3,7 @@
 // the argmax is the sampler's, over the CPU logits, and tokens wait in a queue as the CUDA
 // backend's do. Using it as the CUDA backend may not be used fails loudly: taking a token never
 // queued, more than two in flight, or keeping device ids that a host upload replaced.
-import type { Activation, Backend } from "../../ts/backend/backend.ts";
+import type { Activation, Backend, DeviceGreedy } from "../../ts/backend/backend.ts";
 import { argmax } from "../../ts/sample/sampler.ts";
 
 export interface DeviceGreedyCounts {
@@ -26,6 +26,8 @@ export function withDeviceGreedy(be: Backend): DeviceGreedyCounts {
       if (dst === onDevice) onDevice = null;
       upload(dst, ids, count);
     },
+  });
+  const deviceGreedy: DeviceGreedy = {
     argmaxToken(logits: Activation, ids: Activation): void {
       if (queue.length >= 2) throw new Error("a third greedy token queued");
       const token = argmax(be.read(logits, 1));
@@ -48,6 +50,7 @@ export function withDeviceGreedy(be: Backend): DeviceGreedyCounts {
       counts.dropped += queue.length;
       queue.length = 0;
     },
-  });
+  };
+  Object.assign(be, { deviceGreedy });
   return counts;
 }

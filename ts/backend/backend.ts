@@ -104,18 +104,10 @@ export interface Backend {
   add(a: Activation, b: Activation, rows: number, out: Activation): void;
   /** x[r] += bias for the first `rows` rows; bias is an f32 vector of x.cols values. */
   addBias(x: Activation, bias: Weight, rows: number): void;
-  /**
-   * Greedy sampling on the device (GPU backends): the index of the largest value of logits' first
-   * row becomes token 0 of `ids` in device memory (the next step's input, see keepTokens) and is
-   * queued for takeToken(). Ends the step: its work is queued and nothing waits for it.
-   */
-  argmaxToken?(logits: Activation, ids: Activation): void;
-  /** As setTokens, for the `count` ids an argmaxToken() left in dst on the device. */
-  keepTokens?(dst: Activation, count: number): void;
-  /** Waits for the oldest token argmaxToken() queued and returns it. */
-  takeToken?(): number;
-  /** Forgets the queued tokens (steps queued past the end of a generation); waits for them. */
-  dropTokens?(): void;
+  /** Prompt rows a forward pass takes by default (longer prompts run in chunks). */
+  readonly preferredBatch: number;
+  /** Greedy decoding with the argmax on the device (GPU backends); absent elsewhere. */
+  readonly deviceGreedy?: DeviceGreedy;
   /** A view of the first `rows` rows (valid until the next op that writes `x`). */
   read(x: Activation, rows: number): Float32Array;
   setThreads(n: number): void;
@@ -126,4 +118,23 @@ export interface Backend {
   deviceMemory?(): { readonly freeBytes: number; readonly name: string };
   /** Releases device memory (GPU backends); the backend is unusable afterwards. */
   dispose?(): void;
+}
+
+/**
+ * Greedy decoding on the device: a step ends with its argmax written where the next step's
+ * embedding reads it, so the host can queue step k+1 before it reads token k.
+ */
+export interface DeviceGreedy {
+  /**
+   * The index of the largest value of logits' first row becomes token 0 of `ids` in device
+   * memory (the next step's input, see keepTokens) and is queued for takeToken(). Ends the step:
+   * its work is queued and nothing waits for it.
+   */
+  argmaxToken(logits: Activation, ids: Activation): void;
+  /** As setTokens, for the `count` ids an argmaxToken() left in dst on the device. */
+  keepTokens(dst: Activation, count: number): void;
+  /** Waits for the oldest token argmaxToken() queued and returns it. */
+  takeToken(): number;
+  /** Forgets the queued tokens (steps queued past the end of a generation); waits for them. */
+  dropTokens(): void;
 }

@@ -45,6 +45,7 @@ function a(x: Activation): CpuActivation { return x as CpuActivation; }
 export class CpuBackend implements Backend {
   readonly name = "cpu";
   readonly sequenceBatches = true;
+  readonly preferredBatch = 256;
   private readonly arena = new Arena();
   /** Repacked weights, packed back to back (one huge page's slack in all, not one per tensor). */
   private readonly weights = new Arena({ blockBytes: 64 << 20, hugePages: true });

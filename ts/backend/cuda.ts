@@ -27,7 +27,7 @@ import type { LaunchCall } from "./cuda-fuse.ts";
 import { AttentionBuffers, decodeSplit } from "./cuda-attention.ts";
 import { StepGraphs, type StepStats } from "./cuda-graphs.ts";
 import type {
-  Activation, AttentionOptions, Backend, KvLayer, KvType, RopeOptions, Weight,
+  Activation, AttentionOptions, Backend, DeviceGreedy, KvLayer, KvType, RopeOptions, Weight,
 } from "./backend.ts";
 
 type Lib = ReturnType<typeof native>;
@@ -83,6 +83,17 @@ const NAN_BITS = 0x7fc00000;
 export class CudaBackend implements Backend {
   readonly name = "cuda";
   readonly sequenceBatches = true;
+  /**
+   * llama.cpp's micro-batch: a chunk's matmuls dequantize every weight once (cuBLAS GEMMs from
+   * 128 rows), and longer chunks pay that less often.
+   */
+  readonly preferredBatch = 512;
+  readonly deviceGreedy: DeviceGreedy = {
+    argmaxToken: (logits, ids) => this.argmaxToken(logits, ids),
+    keepTokens: (dst, count) => this.keepTokens(dst, count),
+    takeToken: () => this.takeToken(),
+    dropTokens: () => this.dropTokens(),
+  };
   private readonly lib: Lib;
   private readonly graphsEnabled: boolean;
   private readonly gpuLayouts: boolean;
@@ -274,7 +285,7 @@ export class CudaBackend implements Backend {
     this.beginStep(count);
   }
 
-  keepTokens(dst: Activation, count: number): void {
+  private keepTokens(dst: Activation, count: number): void {
     this.stopRecording();
     if (count !== 1 || this.idsWidth === 0) {
       throw new InferError("internal", `keepTokens: ${count} ids, ${this.idsWidth ? "" : "none "}left by argmaxToken`);
@@ -546,7 +557,7 @@ export class CudaBackend implements Backend {
     a(x).version++;
   }
 
-  argmaxToken(logits: Activation, ids: Activation): void {
+  private argmaxToken(logits: Activation, ids: Activation): void {
     if (this.tokenQueue.length >= TOKEN_SLOTS) throw new InferError("internal", "too many greedy tokens queued");
     if (this.argmaxScratch === 0) {
       this.argmaxScratch = this.alloc(16, "argmax scratch");
@@ -571,7 +582,7 @@ export class CudaBackend implements Backend {
     }
   }
 
-  takeToken(): number {
+  private takeToken(): number {
     const slot = this.tokenQueue.shift();
     if (slot === undefined) throw new InferError("internal", "takeToken: no greedy token queued");
     const t0 = performance.now();
@@ -580,7 +591,7 @@ export class CudaBackend implements Backend {
     return this.tokenSlots![slot];
   }
 
-  dropTokens(): void {
+  private dropTokens(): void {
     if (this.tokenQueue.length === 0) return;
     this.tokenQueue.length = 0;
     check(this.lib.infer_cuda_sync(), "CUDA sync");

@@ -107,6 +107,7 @@ const whole = (buffer: MetalBuffer): MetalBinding => ({ buffer, offset: 0 });
 
 export class MetalBackend implements Backend {
   readonly name = "metal";
+  readonly preferredBatch = 256;
   private readonly files = new Map<string, MetalBuffer>();
   private readonly buffers: MetalBuffer[] = [];
   private hostIds = new Int32Array(0);

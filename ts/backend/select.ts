@@ -1,6 +1,6 @@
 // Choosing a backend: `cpu`, `cuda`, `metal`, or `auto` (Metal on Apple silicon, else CUDA when
 // it is available here, else the CPU).
-// Engine.open takes the kind; the CLI's --backend passes it; INFER_BACKEND sets the default.
+// Engine.open takes the kind (default cpu); the library and the CLI pass --backend, or INFER_BACKEND, or auto.
 import { setting } from "../config/env.ts";
 import { InferError } from "../errors.ts";
 import type { Backend } from "./backend.ts";

@@ -9,7 +9,7 @@
 import { existsSync } from "node:fs";
 import { availableParallelism } from "node:os";
 import type { Backend, KvType } from "../backend/backend.ts";
-import { createBackend, defaultBackendKind, type BackendKind } from "../backend/select.ts";
+import { createBackend, type BackendKind } from "../backend/select.ts";
 import { InferError } from "../errors.ts";
 import { openGguf, type GgufFile } from "../gguf/reader.ts";
 import type { Model, ModelShape } from "../model/model.ts";
@@ -33,14 +33,10 @@ export interface EngineOptions {
   readonly threads?: number;
   /** Positions the KV cache holds (default: min(4096, the model's trained context)). */
   readonly contextLength?: number;
-  /**
-   * Prompt rows a forward pass takes at most (longer prompts run in chunks): default 256 on the
-   * CPU, 512 on CUDA (llama.cpp's default micro-batch), where a chunk's matmuls dequantize every
-   * weight once (cuBLAS GEMMs from 128 rows) and longer chunks pay that less often.
-   */
+  /** Prompt rows a forward pass takes at most (longer prompts run in chunks); default: the backend's preferredBatch. */
   readonly batch?: number;
   readonly kvType?: KvType;
-  /** cpu, cuda, metal or auto (a GPU when available); default: INFER_BACKEND, else cpu. */
+  /** cpu, cuda, metal or auto (a GPU when available); default cpu. */
   readonly backend?: BackendKind;
   /** Called as the model's tensors are prepared (done of total). */
   readonly onProgress?: (done: number, total: number) => void;
@@ -66,7 +62,7 @@ export class Engine {
     const file = openGguf(options.modelPath);
     let backend: Backend | null = null;
     try {
-      backend = createBackend(options.backend ?? defaultBackendKind());
+      backend = createBackend(options.backend ?? "cpu");
       if (options.threads !== undefined) backend.setThreads(options.threads);
       // Everything is validated, and the memory it takes checked, before anything is allocated.
       const planned = planModel(file), shape = planned.shape;
@@ -80,7 +76,7 @@ export class Engine {
         throw new InferError("invalid_argument",
           `context length must be a positive integer, got ${contextLength}`);
       }
-      const maxBatch = options.batch ?? (backend.name === "cuda" ? 512 : 256);
+      const maxBatch = options.batch ?? backend.preferredBatch;
       const kvType = options.kvType ?? "f16";
       const plan = { contextLength, maxBatch, kvType, slots: 1,
         threads: options.threads ?? availableParallelism() };

@@ -23,7 +23,6 @@
 //
 // A lone sequence decoding greedily on a backend that takes the argmax on the device (CUDA)
 // runs a step ahead of the host (deviceStep), until another sequence joins it or it ends.
-import { setting } from "../config/env.ts";
 import { InferError } from "../errors.ts";
 import type { SequenceRows } from "../model/model.ts";
 import type { Engine } from "./engine.ts";
@@ -51,10 +50,7 @@ export interface SchedulerOptions {
   readonly prefillChunk?: number;
   /** Share prompt prefixes across sequences (default: on, 128 MiB); null: off. */
   readonly prefixCache?: PrefixCacheOptions | null;
-  /**
-   * Greedy decoding of a lone sequence with the argmax on the device, where the backend has it
-   * (default: on unless INFER_DEVICE_GREEDY=0).
-   */
+  /** Greedy decoding of a lone sequence with the argmax on the device, where the backend has it (default on). */
   readonly deviceGreedy?: boolean;
 }
 
@@ -131,8 +127,8 @@ export class BatchScheduler {
         createKvCache(be, model.info, engine.contextLength, engine.cache.type, model.maxBatch)));
     }
     this.free.push(...this.slots);
-    this.deviceGreedy = (o.deviceGreedy ?? setting("INFER_DEVICE_GREEDY")) &&
-      !!(be.argmaxToken && be.keepTokens && be.takeToken && be.dropTokens);
+    this.deviceGreedy = (o.deviceGreedy ?? true) &&
+      be.deviceGreedy !== undefined;
     this.prefix = o.prefixCache === null || !be.copyKv ? null
       : new PrefixCache(be, model.info.kvShapes, engine.cache.type, o.prefixCache);
   }
@@ -238,7 +234,7 @@ export class BatchScheduler {
       }
       const room = s.length < this.engine.contextLength;
       if (room) this.queueGreedy(s, null);
-      const token = this.acceptDeviceToken(s, be.takeToken!());
+      const token = this.acceptDeviceToken(s, be.deviceGreedy!.takeToken());
       if (token === null) return true;
       if (!room) throw new InferError("internal", "a token past the context was accepted");
       s.slot.history[s.length] = token;
@@ -278,7 +274,7 @@ export class BatchScheduler {
     if (token !== null) return token;
     s.ended = true;
     this.ahead = null;
-    this.engine.backend.dropTokens!();
+    this.engine.backend.deviceGreedy!.dropTokens();
     return null;
   }
 
@@ -291,10 +287,10 @@ export class BatchScheduler {
     try {
       if (s.ended) { // interrupted: its next token is not wanted
         this.ahead = null;
-        be.dropTokens!();
+        be.deviceGreedy!.dropTokens();
         return;
       }
-      const token = this.acceptDeviceToken(s, be.takeToken!());
+      const token = this.acceptDeviceToken(s, be.deviceGreedy!.takeToken());
       this.ahead = null;
       s.pending = token;
     } catch (err) {
@@ -440,7 +436,7 @@ export class BatchScheduler {
     if (this.ahead) {
       this.ahead = null;
       try {
-        this.engine.backend.dropTokens!();
+        this.engine.backend.deviceGreedy!.dropTokens();
       } catch { // the device failed: its queue is forgotten all the same, and err says why
       }
     }

@@ -212,13 +212,13 @@ export class LogitsHead {
     if (count === 0) return;
     if (greedyIds) {
       const be = this.be;
-      if (count !== 1 || !be.argmaxToken) {
+      if (count !== 1 || !be.deviceGreedy) {
         throw new InferError("invalid_argument", `greedy decoding on the ${be.name} backend with ` +
           `${count} rows of logits`);
       }
       be.matmul(this.output, x, 1, this.last, first);
       if (this.bias) be.addBias(this.last, this.bias, 1);
-      be.argmaxToken(this.last, greedyIds);
+      be.deviceGreedy.argmaxToken(this.last, greedyIds);
       return;
     }
     if (count === 1) {
@@ -263,8 +263,8 @@ export function setBatchInputs(be: Backend, b: DecoderBuffers, batch: Batch, max
     throw new InferError("invalid_argument", `greedy decoding on the device takes one row, not ${rows}`);
   }
   if (batch.greedy?.tokenOnDevice) {
-    if (!be.keepTokens) throw new InferError("unsupported", `the ${be.name} backend keeps no tokens`);
-    be.keepTokens(b.ids, rows);
+    if (!be.deviceGreedy) throw new InferError("unsupported", `the ${be.name} backend keeps no tokens`);
+    be.deviceGreedy.keepTokens(b.ids, rows);
   } else be.setTokens(b.ids, batch.tokens, rows);
   return rows;
 }

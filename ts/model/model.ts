@@ -67,10 +67,10 @@ export interface Batch {
    */
   readonly logitRows: number;
   /**
-   * Greedy decoding on the device (a backend with argmaxToken; one row, logitRows 1): the argmax
+   * Greedy decoding on the device (a backend with deviceGreedy; one row, logitRows 1): the argmax
    * of the logits becomes the next batch's token in device memory and is queued for the
-   * backend's takeToken(); the sink is not called. tokenOnDevice: this batch's token is the one
-   * the previous greedy batch left there (`tokens` is not read).
+   * backend's deviceGreedy.takeToken(); the sink is not called. tokenOnDevice: this batch's
+   * token is the one the previous greedy batch left there (`tokens` is not read).
    */
   readonly greedy?: { readonly tokenOnDevice: boolean };
 }

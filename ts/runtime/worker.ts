@@ -6,7 +6,7 @@
 // piece of work (a step, a job's tokenization and constraint) the worker marks the shared
 // heartbeat cell, so that the owner's watchdog can tell a busy engine from a stuck one.
 import { chatTemplateFor, turnTokens, type ChatTemplate } from "../chat/template.ts";
-import { isSet, setSetting } from "../config/env.ts";
+import { isSet, setSetting, setting } from "../config/env.ts";
 import { Engine } from "../engine/engine.ts";
 import type { TokenConstraint } from "../sample/constraint.ts";
 import type { TokenLogprob } from "../engine/generation.ts";
@@ -95,6 +95,7 @@ function open(settings: Extract<ToWorker, { type: "open" }>["settings"]): void {
     // A backend that runs one sequence per pass serves one request at a time.
     const parallel = engine.backend.sequenceBatches ? settings.parallel ?? 1 : 1;
     scheduler = new BatchScheduler(engine, { slots: parallel,
+      deviceGreedy: setting("INFER_DEVICE_GREEDY"),
       prefillChunk: settings.prefillChunk,
       prefixCache: prefixBytes > 0 ? { bytesMax: prefixBytes } : null });
     try {
