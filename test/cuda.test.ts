@@ -32,10 +32,11 @@ import { cudaStatus } from "../ts/native/cuda.ts";
 import { callNamed, type CallName, type NamedArgs } from "../ts/native/calls.ts";
 import { check, native } from "../ts/native/lib.ts";
 import { dequantize } from "../ts/convert/quantize.ts";
-import { maxAbsDiff, normalisedError as logitsError, top2Gap } from "../bench/logits.ts";
+import { maxAbsDiff, top2Gap } from "../bench/logits.ts";
 import {
   gemmaMixed, llamaFloat, llamaQ4_0, qwen3KQuants, randomQuantGguf, randomTensorData, type RandomQuantSpec,
 } from "./support/random-quant-gguf.ts";
+import { normalisedError, randomF32, rng } from "./support/numeric.ts";
 
 const status = cudaStatus();
 const noCuda = !status.available;
@@ -71,33 +72,11 @@ const NEAR_TIE = 4;
 const dir = mkdtempSync(join(tmpdir(), "infer-cuda-"));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
-function rng(seed: number): () => number {
-  let s = seed >>> 0;
-  return () => {
-    s = (s + 0x6d2b79f5) >>> 0;
-    let t = s;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
 /** v rounded to bf16 (to nearest, ties to even), as __float2bfloat16_rn does. */
 function bf16round(v: number): number {
   const bits = new Uint32Array(new Float32Array([v]).buffer)[0];
   const rounded = (bits + 0x7fff + ((bits >>> 16) & 1)) & 0xffff0000;
   return new Float32Array(new Uint32Array([rounded >>> 0]).buffer)[0];
-}
-
-function randomF32(n: number, seed: number, amp = 1): Float32Array {
-  const r = rng(seed), a = new Float32Array(n);
-  for (let i = 0; i < n; i++) a[i] = (r() * 2 - 1) * amp;
-  return a;
-}
-
-function normalisedError(got: ArrayLike<number>, want: ArrayLike<number>): number {
-  expect(got.length).toBe(want.length);
-  return logitsError(got, want);
 }
 
 function report(what: string, err: number, tol: number): void {

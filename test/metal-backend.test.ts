@@ -17,6 +17,7 @@ import { InferError } from "../ts/errors.ts";
 import { openGguf, type GgufFile } from "../ts/gguf/reader.ts";
 import { llamaFloat, qwen3KQuants, gemmaMixed, llamaQ4_0, randomQuantGguf } from "./support/random-quant-gguf.ts";
 import { EmulatedMetalDevice } from "./support/metal-emu.ts";
+import { normalisedError } from "./support/numeric.ts";
 
 // Whole blocks differ by the CPU's roundings that follow ggml and the GPU kernels do not: the CPU
 // quantizes activations to Q8_0/Q8_K for quantized weights (measured up to ~1e-2 of the largest
@@ -24,16 +25,6 @@ import { EmulatedMetalDevice } from "./support/metal-emu.ts";
 // probabilities to f16 in attention over the f16 cache (~7e-4); the GPU keeps f32 throughout.
 const TOL_BLOCK_Q = 3e-2;
 const TOL_BLOCK_F = 3e-3;
-
-function normalisedError(got: ArrayLike<number>, want: ArrayLike<number>): number {
-  let maxDiff = 0, maxRef = 0;
-  for (let i = 0; i < want.length; i++) {
-    const d = Math.abs(got[i] - want[i]);
-    maxDiff = Number.isNaN(d) ? Infinity : Math.max(maxDiff, d);
-    maxRef = Math.max(maxRef, Math.abs(want[i]));
-  }
-  return maxDiff / Math.max(maxRef, 1e-30);
-}
 
 const dir = mkdtempSync(join(tmpdir(), "infer-metal-backend-"));
 const files: GgufFile[] = [];

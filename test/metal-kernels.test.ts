@@ -13,6 +13,7 @@ import {
   planRmsNorm, planRmsNormAdd, planRope, planScale, MATVEC_TOKENS_MAX, type KernelDispatch,
 } from "../ts/backend/metal-plan.ts";
 import { EmulatedMetalDevice } from "./support/metal-emu.ts";
+import { normalisedError, randomF32, rng } from "./support/numeric.ts";
 
 // Dequantization: the GPU and CPU use the same formula in f32; contraction into an FMA may
 // move the last bit.
@@ -25,34 +26,6 @@ const TOL_ROPE = 1e-5;
 // The CPU reads GELU from an f16 table (llama.cpp's numerics); here it is computed in f32.
 const TOL_GELU = 2e-3;
 const TOL_ATTENTION = 2e-5;
-
-function rng(seed: number): () => number {
-  let s = seed >>> 0;
-  return () => {
-    s = (s + 0x6d2b79f5) >>> 0;
-    let t = s;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
-function randomF32(n: number, rand: () => number, amp = 1): Float32Array {
-  const a = new Float32Array(n);
-  for (let i = 0; i < n; i++) a[i] = (rand() * 2 - 1) * amp;
-  return a;
-}
-
-function normalisedError(got: ArrayLike<number>, want: ArrayLike<number>): number {
-  expect(got.length).toBe(want.length);
-  let maxDiff = 0, maxRef = 0;
-  for (let i = 0; i < want.length; i++) {
-    const d = Math.abs(got[i] - want[i]);
-    maxDiff = Number.isNaN(d) ? Infinity : Math.max(maxDiff, d);
-    maxRef = Math.max(maxRef, Math.abs(want[i]));
-  }
-  return maxDiff / Math.max(maxRef, 1e-30);
-}
 
 let device: EmulatedMetalDevice;
 const lib = native();

@@ -5,6 +5,7 @@ import { describe, expect, test } from "bun:test";
 import { InferError } from "../ts/errors.ts";
 import { packStruct } from "../ts/native/abi.ts";
 import { check, native } from "../ts/native/lib.ts";
+import { normalisedError, randomF32, rng } from "./support/numeric.ts";
 
 // f32 kernels against f64 references: a few f32 roundings per element.
 const TOL_F32 = 1e-5;
@@ -16,33 +17,6 @@ const TOL_ATTENTION_F16 = 5e-4;
 const TOL_ACT = 1e-5;
 
 const ODD_SIZES = [1, 7, 31, 33, 257, 640];
-
-function rng(seed: number): () => number {
-  let s = seed >>> 0;
-  return () => {
-    s = (s + 0x6d2b79f5) >>> 0;
-    let t = s;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
-function randomF32(n: number, rand: () => number, amp = 1): Float32Array {
-  const a = new Float32Array(n);
-  for (let i = 0; i < n; i++) a[i] = (rand() * 2 - 1) * amp;
-  return a;
-}
-
-function normalisedError(got: ArrayLike<number>, want: ArrayLike<number>): number {
-  expect(got.length).toBe(want.length);
-  let maxDiff = 0, maxRef = 0;
-  for (let i = 0; i < want.length; i++) {
-    maxDiff = Math.max(maxDiff, Math.abs(got[i] - want[i]));
-    maxRef = Math.max(maxRef, Math.abs(want[i]));
-  }
-  return maxDiff / Math.max(maxRef, 1e-30);
-}
 
 /** Runs a native call that must fail with invalid_argument and a message containing `fragment`. */
 function expectInferError(call: () => number, fragment: string): void {

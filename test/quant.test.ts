@@ -5,6 +5,7 @@ import { describe, expect, test } from "bun:test";
 import { join } from "node:path";
 import { InferError, type InferErrorCode } from "../ts/errors.ts";
 import { check, native } from "../ts/native/lib.ts";
+import { rng } from "./support/numeric.ts";
 
 interface GoldenCase {
   type: string;
@@ -63,18 +64,6 @@ const weightTypes: Record<string, { id: number; scaleOffsets: number[]; act: Act
   Q5_K: { id: 13, scaleOffsets: [0, 2], act: "q8_k" },
   Q6_K: { id: 14, scaleOffsets: [208], act: "q8_k" },
 };
-
-/** Deterministic PRNG (mulberry32), so a failure reproduces. */
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 function blockInfo(typeId: number): { values: number; bytes: number } {
   const values = new Uint32Array(1), bytes = new Uint32Array(1);
