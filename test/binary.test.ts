@@ -36,8 +36,8 @@ describe("the single executable", () => {
   test("--help and every command's --help are complete", () => {
     const top = run(["--help"]);
     expect(top.code).toBe(0);
-    for (const c of ["chat", "models", "import", "quantize", "perplexity"]) expect(top.stdout).toContain(`infer ${c}`);
-    for (const c of ["run", "chat", "models", "import", "quantize", "perplexity"]) {
+    for (const c of ["chat", "models", "import", "quantize", "perplexity", "tokenize"]) expect(top.stdout).toContain(`infer ${c}`);
+    for (const c of ["run", "chat", "models", "import", "quantize", "perplexity", "tokenize"]) {
       const r = run([c, "--help"]);
       expect(r.code).toBe(0);
       expect(r.stdout).toStartWith(`usage: infer ${c === "run" ? "[run]" : c}`);
@@ -48,7 +48,8 @@ describe("the single executable", () => {
       "--typical", "--repeat-penalty", "--frequency-penalty", "--presence-penalty", "--logit-bias", "--seed", "--stop"]) {
       expect(chat).toContain(word);
     }
-    expect(run(["run", "--help"]).stdout).toContain("--json-schema FILE");
+    expect(run(["run", "--help"]).stdout).toContain("--json-schema SCHEMA");
+    expect(run(["run", "--help"]).stdout).toContain("-f, --file FILE");
     expect(run([]).code).toBe(2);
   });
 

@@ -96,4 +96,6 @@ test("chat from piped input: each line a turn, the cache reused from the second"
   expect(stats[0][0]).toBe(stats[0][1]);
   expect(stats[1][0]).toBeLessThan(stats[1][1]);
   expect(r.stdout).toContain("/save FILE");
+  // the tiny model has no chat template of its own: said once, at the start
+  expect(r.stderr.match(/has no chat template of its own; using the gemma family's/g)).toHaveLength(1);
 });

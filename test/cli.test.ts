@@ -280,3 +280,62 @@ test.skipIf(!existsSync(defaultModelPath()))("Ctrl-C stops generation, keeps the
   expect(stdout.trim().length).toBeGreaterThanOrEqual(20);
   expect(stderr).toMatch(/generated \d+ tokens, [\d.]+ tok\/s \| stop: interrupted\n$/);
 }, 120_000);
+
+describe("the prompt, the schema and tokens as llama.cpp's tools take them", () => {
+  const model = () => file("inputs.gguf", tinyGemma3Gguf());
+  const greedy = ["-n", "6", "--temp", "0", "--ignore-eos", "-q"];
+  const withStdin = (input: string, ...args: string[]): Run => {
+    const p = Bun.spawnSync([process.execPath, "infer.ts", ...args], { cwd: root,
+      stdin: new TextEncoder().encode(input), stdout: "pipe", stderr: "pipe" });
+    return { code: p.exitCode, stdout: p.stdout.toString(), stderr: p.stderr.toString() };
+  };
+
+  test("-f FILE, -f - and the prompt '-' read the same prompt as the argument", () => {
+    const m = model();
+    const direct = cli("the cat sat", "-m", m, ...greedy);
+    expect(direct.code).toBe(0);
+    expect(cli("-f", file("prompt.txt", "the cat sat"), "-m", m, ...greedy).stdout).toBe(direct.stdout);
+    expect(withStdin("the cat sat", "-f", "-", "-m", m, ...greedy).stdout).toBe(direct.stdout);
+    expect(withStdin("the cat sat", "-", "-m", m, ...greedy).stdout).toBe(direct.stdout);
+    expectOneLine(cli("hi", "-f", file("p2.txt", "x"), "-m", m), 2, /^infer: give the prompt as an argument or with -f, not both/);
+    expectOneLine(cli("-f", join(dir, "missing.txt"), "-m", m), 1, /^infer: -f ".*missing\.txt": .*no such file/i);
+  });
+
+  test("--json-schema takes inline JSON, @FILE or FILE alike; bad inline JSON is exit 2", () => {
+    const m = model();
+    const schema = '{"type":"object","properties":{"a":{"type":"boolean"}},"required":["a"]}';
+    const args = ["-m", m, "-n", "40", "--temp", "0.8", "--seed", "5", "-q"];
+    const inline = cli("the cat", "--json-schema", schema, ...args);
+    expect(inline.code).toBe(0);
+    expect(typeof JSON.parse(inline.stdout).a).toBe("boolean");
+    const path = file("schema.json", schema);
+    expect(cli("the cat", "--json-schema", `@${path}`, ...args).stdout).toBe(inline.stdout);
+    expect(cli("the cat", "--json-schema", path, ...args).stdout).toBe(inline.stdout);
+    expectOneLine(cli("the cat", "--json-schema", "{nope", ...args), 2, /^infer: --json-schema: "JSON Parse error/);
+  });
+
+  test("infer tokenize prints ids and pieces as the prompt is tokenized; --ids, --no-bos", () => {
+    const m = model();
+    const r = cli("tokenize", "the cat<start_of_turn>", "-m", m);
+    expect(r.code).toBe(0);
+    const lines = r.stdout.trimEnd().split("\n");
+    expect(lines[0]).toBe('2\t"<bos>"');
+    expect(lines.at(-1)).toBe('4\t"<start_of_turn>"');
+    expect(lines.slice(1, -1).map((l) => JSON.parse(l.split("\t")[1])).join("")).toBe("the cat");
+    const ids = JSON.parse(cli("tokenize", "the cat<start_of_turn>", "-m", m, "--ids").stdout);
+    expect(ids).toEqual(lines.map((l) => Number(l.split("\t")[0])));
+    expect(JSON.parse(cli("tokenize", "the cat", "-m", m, "--ids", "--no-bos").stdout)[0]).not.toBe(2);
+    const plain = JSON.parse(cli("tokenize", "<start_of_turn>", "-m", m, "--ids", "--no-parse-special").stdout);
+    expect(plain).not.toContain(4);
+    expectOneLine(cli("tokenize", "-m", m), 2, /^infer tokenize: expected one text, got none/);
+  });
+
+  test("the overview lists tokenize and --version and shows examples; the version prints", () => {
+    const r = cli("--help");
+    expect(r.stdout).toContain("infer tokenize \"text\"");
+    expect(r.stdout).toContain("infer --version");
+    expect(r.stdout).toMatch(/examples:\n(  infer .*\n){3}/);
+    expect(r.stdout).toContain("a small base model");
+    expect(cli("--version").stdout).toMatch(/^infer \d+\.\d+\.\d+\n$/);
+  });
+});

@@ -56,6 +56,11 @@ export async function chatCommand(argv: string[]): Promise<number> {
       }));
     }
     const template = origin === "gguf" ? "its chat template" : `the ${origin} chat template`;
+    if (origin !== "gguf") {
+      // Said once: a base model (the default one) has no template and was not tuned to chat.
+      say(`${model.info.name} has no chat template of its own; using the ${origin} family's ` +
+        `(a base model continues text and may not answer as a chat model would)\n`);
+    }
     say(`chatting with ${model.info.name} in ${template}; /help for commands, ` +
       `Ctrl-C stops an answer, Ctrl-D leaves\n`);
     await converse(chat, { sampling, maxTokens, stop, say, verbosity });

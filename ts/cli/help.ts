@@ -14,8 +14,18 @@ usage: infer "prompt" [options]        continue a prompt, streaming to stdout (a
                                        re-quantize a GGUF
        infer perplexity <model.gguf> <text-file> [options]
                                        score a text as llama-perplexity does
+       infer tokenize "text"           the token ids and pieces of a text
        infer help [command]            this text, or a command's ('infer <command> --help')
        infer help env                  the environment variables infer reads
+       infer --version                 the version
+
+examples:
+  infer "The capital of France is" -n 32 --temp 0
+  infer -f story.txt -n 256 --json-schema '{"type":"object","properties":{"title":{"type":"string"}}}'
+  infer serve --model qwen2.5-0.5b-instruct-q4_k_m --port 8080 --parallel 4
+
+The default model is Gemma 3 270M Q4_K_M, a small base model: it continues text; it has no
+chat template of its own (chat uses Gemma's) and was not tuned to follow instructions.
 
 From a source checkout 'infer' is 'bun run infer.ts'; 'bun run build:bin' makes the single
 executable dist/infer. Models: --model takes a GGUF path or the name of a model in the cache
@@ -28,6 +38,7 @@ arguments), said in one line with the help to read; 130 stopped by Ctrl-C.
 `;
 
 export const runUsage = `usage: infer [run] "prompt" [options]
+       infer [run] -f FILE [options]      the prompt from FILE ('-' or a prompt '-': stdin)
 
 Streams the continuation of the prompt to stdout; statistics go to stderr. The prompt is
 tokenized as llama.cpp does: BOS is added, and control-token text such as <start_of_turn> becomes
@@ -37,13 +48,15 @@ statistics follow ("stop: interrupted") and the exit code is 130.
 
 structured output:
   --json                 the output is one JSON object
-  --json-schema FILE     the output is JSON valid under the JSON Schema in FILE: objects
+  --json-schema SCHEMA   the output is JSON valid under the JSON Schema given inline ('{...}')
+                         or in a file (@FILE, or FILE): objects
                          (properties in order; required ones present), arrays (items, minItems,
                          maxItems), strings, numbers, integers, booleans, null, enum, const,
                          anyOf/oneOf, type lists and local $ref; other keywords are refused.
                          -n must be at least the shortest valid output's length in bytes
                          (a token per byte, so that output cut off by -n still parses)
   --ignore-eos           keep generating past end-of-generation
+  -f, --file FILE        read the prompt from FILE ('-': standard input)
 
 ${generationHelp("default 128")}`;
 

@@ -21,6 +21,7 @@ import type { Completion } from "../api/options.ts";
 import { perplexityCommand, perplexityUsage } from "./perplexity.ts";
 import { quantizeCommand, quantizeUsage } from "./quantize.ts";
 import { serveCommand, serveUsage } from "./serve.ts";
+import { tokenizeCommand, tokenizeUsage } from "./tokenize.ts";
 
 /** Subcommands, chosen when the first argument is exactly their name; anything else is a prompt. */
 const commands: Record<string, (argv: string[]) => number | Promise<number>> = {
@@ -31,12 +32,13 @@ const commands: Record<string, (argv: string[]) => number | Promise<number>> = {
   quantize: quantizeCommand,
   perplexity: perplexityCommand,
   serve: serveCommand,
+  tokenize: tokenizeCommand,
   help: helpCommand,
 };
 
 const usages: Record<string, string> = {
   run: runUsage, chat: chatUsage, models: modelsUsage, import: importUsage, quantize: quantizeUsage,
-  perplexity: perplexityUsage, serve: serveUsage,
+  perplexity: perplexityUsage, serve: serveUsage, tokenize: tokenizeUsage,
 };
 
 function helpCommand(argv: string[]): number {
@@ -60,16 +62,11 @@ function helpCommand(argv: string[]): number {
  */
 function schemaFor(values: { json?: boolean; "json-schema"?: string },
   maxTokens: number): object | undefined | null {
-  const path = values["json-schema"];
+  const given = values["json-schema"];
   let node: JsonNode, schema: object | undefined;
-  const flag = path === undefined ? "--json" : `--json-schema ${quote(path)}`;
-  if (path !== undefined) {
-    try {
-      schema = JSON.parse(readFileSync(path, "utf8"));
-    } catch (err) {
-      // (the parser's message may quote the file: escaped and cut like any file's text)
-      throw new InferError("io", `${flag}: ${quote((err as Error).message, 160)}`);
-    }
+  const flag = given === undefined ? "--json" : "--json-schema";
+  if (given !== undefined) {
+    schema = readSchema(given);
     node = compileSchema(schema);
   } else if (values.json) node = anyObject;
   else return null;
@@ -82,6 +79,41 @@ function schemaFor(values: { json?: boolean; "json-schema"?: string },
   return schema;
 }
 
+/** --json-schema's value: inline JSON (it starts with '{'), or @FILE (or a FILE) holding it. */
+function readSchema(given: string): object {
+  const inline = given.trimStart().startsWith("{");
+  const path = given.startsWith("@") ? given.slice(1) : given;
+  const where = inline ? "--json-schema" : `--json-schema ${quote(given)}`;
+  let text: string;
+  try {
+    text = inline ? given : readFileSync(path, "utf8");
+  } catch (err) {
+    throw new InferError("io", `${where}: ${quote((err as Error).message, 160)}`);
+  }
+  try {
+    return JSON.parse(text);
+  } catch (err) {
+    // (the parser's message may quote the file: escaped and cut like any file's text)
+    const error = new InferError("io", `${where}: ${quote((err as Error).message, 160)}`);
+    if (inline) throw new UsageError(error.message, { pointToHelp: false });
+    throw error;
+  }
+}
+
+/** The prompt: the argument, or with -f the file's text ('-': standard input). */
+async function promptOf(positionals: string[], file: string | undefined): Promise<string> {
+  if (file === undefined) {
+    if (positionals.length === 0) throw new UsageError("expected one prompt, got none");
+    return positionals[0] === "-" ? await Bun.stdin.text() : positionals[0];
+  }
+  if (positionals.length > 0) throw new UsageError("give the prompt as an argument or with -f, not both");
+  try {
+    return file === "-" ? await Bun.stdin.text() : readFileSync(file, "utf8");
+  } catch (err) {
+    throw new InferError("io", `-f ${quote(file)}: ${quote((err as Error).message, 160)}`);
+  }
+}
+
 async function runCommand(argv: string[]): Promise<number> {
   const { values, positionals } = parseCommand(argv, {
     options: {
@@ -89,11 +121,13 @@ async function runCommand(argv: string[]): Promise<number> {
       "ignore-eos": { type: "boolean" },
       json: { type: "boolean" },
       "json-schema": { type: "string" },
+      file: { type: "string", short: "f" },
     },
-    positionals: { expected: "one prompt", min: 1, max: 1,
+    positionals: { expected: "one prompt", min: 0, max: 1,
       hintWhenTooMany: "quote a prompt that has spaces: infer \"the prompt\"" },
   });
   if (values.help) { process.stdout.write(runUsage); return 0; }
+  const prompt = await promptOf(positionals, values.file);
   const verbosity = verbosityOf(values);
   const sampling = samplingFrom(values);
   const maxTokens = intOption(values.n, "-n", 128, -1);
@@ -115,7 +149,7 @@ async function runCommand(argv: string[]): Promise<number> {
       }));
     }
     const { result, interrupted } = await untilInterrupted(async (signal) => {
-      const stream = model.stream(positionals[0], {
+      const stream = model.stream(prompt, {
         ...samplingOptions(sampling), maxTokens, stop, ignoreEos: values["ignore-eos"] ?? false,
         ...(schema === null ? {} : schema === undefined ? { json: true } : { jsonSchema: schema }),
         signal, stopOnAbortSignal: true,
