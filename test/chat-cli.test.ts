@@ -58,6 +58,8 @@ describe("feedback", () => {
     expect(quiet.stdout).toBe(normal.stdout);
     const verbose = cli(["the cat", "-n", "4", "--temp", "0", "--verbose", ...model]);
     expect(verbose.stderr).toContain("tiny-gemma3 (gemma3), F32, 2 layers, vocabulary 275");
+    // which backend, and why: the one asked for, or what auto found (a device, or why none)
+    expect(verbose.stderr).toMatch(/\n {2}backend (cpu|cuda|metal): (asked for|auto: .+)\n/);
     expect(verbose.stderr).toContain(`"temperature":0`);
   });
 

@@ -33,14 +33,26 @@ export function isAppleSilicon(): boolean {
  * without a Metal device; `auto` then falls back to the CPU.
  */
 export function createBackend(kind: BackendKind): Backend {
-  if (kind === "cpu") return new CpuBackend();
-  if (kind === "cuda") return CudaBackend.open();
-  if (kind === "metal") return MetalBackend.open();
+  return chooseBackend(kind).backend;
+}
+
+/** As createBackend, with why this backend: asked for, or what `auto` found (-v says it). */
+export function chooseBackend(kind: BackendKind): { backend: Backend; why: string } {
+  const device = (be: Backend) => {
+    const m = be.deviceMemory?.();
+    return m ? `${m.name}, ${(m.freeBytes / 2 ** 30).toFixed(1)} GiB free` : be.name;
+  };
+  if (kind === "cpu") return { backend: new CpuBackend(), why: "asked for" };
+  if (kind === "cuda" || kind === "metal") {
+    const backend = kind === "cuda" ? CudaBackend.open() : MetalBackend.open();
+    return { backend, why: `asked for: ${device(backend)}` };
+  }
   try {
-    return isAppleSilicon() ? MetalBackend.open() : CudaBackend.open();
+    const backend = isAppleSilicon() ? MetalBackend.open() : CudaBackend.open();
+    return { backend, why: `auto: ${device(backend)}` };
   } catch (err) {
     if (err instanceof InferError && (err.code === "unsupported" || err.code === "native_unavailable")) {
-      return new CpuBackend();
+      return { backend: new CpuBackend(), why: `auto: ${err.message}` };
     }
     throw err;
   }

@@ -53,7 +53,8 @@ export function describe(info: ModelInfo, extra: Record<string, unknown> = {}): 
       `${info.layers} layers, vocabulary ${info.vocabSize}, ` +
       `trained context ${info.trainedContextLength}`,
     `  context ${info.contextLength} tokens, batch ${info.batch}, ` +
-      `backend ${info.backend}, loaded in ${info.loadMs.toFixed(0)} ms`,
+      `loaded in ${info.loadMs.toFixed(0)} ms`,
+    `  backend ${info.backend}: ${info.backendReason}`,
   ];
   for (const [k, v] of Object.entries(extra)) {
     lines.push(`${k}: ${typeof v === "string" ? v : JSON.stringify(v)}`);

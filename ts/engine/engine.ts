@@ -9,7 +9,7 @@
 import { existsSync } from "node:fs";
 import { availableParallelism } from "node:os";
 import type { Backend, KvType } from "../backend/backend.ts";
-import { createBackend, type BackendKind } from "../backend/select.ts";
+import { chooseBackend, type BackendKind } from "../backend/select.ts";
 import { InferError } from "../errors.ts";
 import { openGguf, type GgufFile } from "../gguf/reader.ts";
 import type { Model, ModelShape } from "../model/model.ts";
@@ -50,7 +50,9 @@ export class Engine {
 
   private constructor(readonly file: GgufFile, readonly backend: Backend, readonly model: Model,
     readonly tokenizer: Tokenizer, readonly cache: KvCache, readonly loadMs: number,
-    private readonly shape: ModelShape, private readonly plan: MemoryPlanOptions) {
+    private readonly shape: ModelShape, private readonly plan: MemoryPlanOptions,
+    /** Why this backend: asked for, or what `auto` found. */
+    readonly backendWhy: string) {
     this.slot = createSlot(cache);
   }
 
@@ -60,9 +62,11 @@ export class Engine {
       throw new InferError("io", `model file not found: ${options.modelPath}`);
     }
     const file = openGguf(options.modelPath);
-    let backend: Backend | null = null;
+    let backend: Backend | null = null, backendWhy = "";
     try {
-      backend = createBackend(options.backend ?? "cpu");
+      const chosen = chooseBackend(options.backend ?? "cpu");
+      backend = chosen.backend;
+      backendWhy = chosen.why;
       if (options.threads !== undefined) backend.setThreads(options.threads);
       // Everything is validated, and the memory it takes checked, before anything is allocated.
       const planned = planModel(file), shape = planned.shape;
@@ -88,7 +92,7 @@ export class Engine {
       onProgress?.(total, total);
       const cache = createKvCache(backend, model.info, contextLength, kvType, model.maxBatch);
       return new Engine(file, backend, model, tokenizer, cache, performance.now() - t0, shape,
-        plan);
+        plan, backendWhy);
     } catch (err) {
       backend?.dispose?.();
       file.close();

@@ -63,6 +63,8 @@ export interface EngineInfo {
   readonly layers: number;
   /** The backend chosen (cpu, cuda or metal). */
   readonly backend: string;
+  /** Why: asked for, or what `auto` found (the device, or why there is none). */
+  readonly backendReason: string;
   /** Prompt rows one forward pass takes at most. */
   readonly batch: number;
   /** Sequences decoded together (the asked parallel, or 1 where the backend cannot batch). */

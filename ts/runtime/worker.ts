@@ -119,7 +119,8 @@ function describe(e: Engine, parallel: number): EngineInfo {
     name: info.name ?? null, architecture: info.architecture, parameters,
     quantization: quantOf(e.file), contextLength: e.contextLength,
     trainedContextLength: info.contextLength, vocabSize: info.vocabSize,
-    layers: info.kvShapes.length, backend: e.backend.name, batch: e.model.maxBatch, parallel,
+    layers: info.kvShapes.length, backend: e.backend.name, backendReason: e.backendWhy,
+    batch: e.model.maxBatch, parallel,
     chatTemplate: template?.origin ?? null, loadMs: e.loadMs,
   };
 }
