@@ -5,48 +5,25 @@
 // (support/reference-generate.ts), having evaluated only what neither its slot nor the prefix
 // cache held.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
 import { Engine } from "../ts/engine/engine.ts";
 import type { GenerateOptions, GenerateResult } from "../ts/engine/generation.ts";
 import { BatchScheduler, type SchedulerOptions } from "../ts/engine/scheduler.ts";
 import { withDeviceGreedy, type DeviceGreedyCounts } from "./support/device-greedy.ts";
 import { referenceGenerate } from "./support/reference-generate.ts";
-import { tinyGemma3Gguf } from "./support/tiny-gguf.ts";
+import { tinySchedulerModel, toyPrompt } from "./support/tiny-scheduler.ts";
 
 const EOS = 1; // the toy vocabulary's <eos>
 const banEos = { temperature: 0, topK: 0, topP: 1, minP: 0, seed: 0, logitBias: new Map([[EOS, -Infinity]]) };
 // Plain greedy (no bias): the sampling the device's argmax stands in for.
 const greedy = { temperature: 0, topK: 0, topP: 1, minP: 0, seed: 0 };
-let dir: string, modelPath: string, reference: Engine;
-const open = () => Engine.open({ modelPath, contextLength: 1024, batch: 16, threads: 2, backend: "cpu" });
-
-beforeAll(() => {
-  dir = mkdtempSync(join(tmpdir(), "infer-slots-"));
-  modelPath = join(dir, "tiny.gguf");
-  writeFileSync(modelPath, tinyGemma3Gguf({ shape: { layers: 3, embedding: 64, feedForward: 128,
-    heads: 4, kvHeads: 2, headDim: 32 }, branchGain: 16 }));
-  reference = open();
-});
-
-afterAll(() => {
-  reference?.close();
-  rmSync(dir, { recursive: true, force: true });
-});
-
-/** A prompt of `n` tokens from the toy vocabulary (BOS first, then `prefix`), varied by `seed`. */
-function prompt(n: number, seed: number, prefix: readonly number[] = []): number[] {
-  const out = [2, ...prefix];
-  let s = seed;
-  while (out.length < n) out.push(6 + ((s = (s * 1103515245 + 12345) >>> 0) % 260));
-  return out;
-}
+const tiny = tinySchedulerModel();
+const open = tiny.open;
+const prompt = toyPrompt;
 
 const defaults: GenerateOptions = { maxTokens: 8, sampling: banEos, ignoreEos: true };
 
 function alone(tokens: readonly number[], options: Partial<GenerateOptions>): GenerateResult {
-  return referenceGenerate(reference, tokens, { ...defaults, ...options });
+  return referenceGenerate(tiny.reference, tokens, { ...defaults, ...options });
 }
 
 interface Job { prompt: number[]; options: Partial<GenerateOptions>; at: number }

@@ -4,9 +4,8 @@
 // engine, sampled on the host), on a tiny random Gemma 3 whose sliding-window rings wrap; and
 // on the real default model, the llama.cpp golden fixture's 12 prompts decoded four at a time
 // must give llama.cpp's 32 greedy tokens each.
-import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { describe, expect, test } from "bun:test";
+import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { defaultModelPath } from "../ts/models/cache.ts";
 import { Engine } from "../ts/engine/engine.ts";
@@ -14,37 +13,16 @@ import type { GenerateOptions, GenerateResult } from "../ts/engine/generation.ts
 import { createKvCache } from "../ts/engine/kv-cache.ts";
 import { BatchScheduler, type SchedulerOptions } from "../ts/engine/scheduler.ts";
 import { referenceGenerate } from "./support/reference-generate.ts";
-import { tinyGemma3Gguf } from "./support/tiny-gguf.ts";
+import { tinySchedulerModel, toyPrompt } from "./support/tiny-scheduler.ts";
 
 const EOS = 1; // the toy vocabulary's <eos>, banned so that lengths are known
 const greedy = { temperature: 0, topK: 0, topP: 1, minP: 0, seed: 0, logitBias: new Map([[EOS, -Infinity]]) };
-let dir: string, modelPath: string, reference: Engine;
-// batch 16 makes the sliding-window layers rings of 256 cells: prompts past that wrap them
-const open = () => Engine.open({ modelPath, contextLength: 1024, batch: 16, threads: 2, backend: "cpu" });
-
-beforeAll(() => {
-  dir = mkdtempSync(join(tmpdir(), "infer-sched-"));
-  modelPath = join(dir, "tiny.gguf");
-  writeFileSync(modelPath, tinyGemma3Gguf({ shape: { layers: 3, embedding: 64, feedForward: 128,
-    heads: 4, kvHeads: 2, headDim: 32 }, branchGain: 16 }));
-  reference = open();
-});
-
-afterAll(() => {
-  reference?.close();
-  rmSync(dir, { recursive: true, force: true });
-});
-
-/** A prompt of `n` tokens from the toy vocabulary (BOS first), varied by `seed`. */
-function prompt(n: number, seed: number, prefix: number[] = []): number[] {
-  const out = [2, ...prefix];
-  let s = seed;
-  while (out.length < n) out.push(6 + ((s = (s * 1103515245 + 12345) >>> 0) % 260));
-  return out;
-}
+const tiny = tinySchedulerModel();
+const open = tiny.open;
+const prompt = toyPrompt;
 
 function alone(tokens: number[], options: Partial<GenerateOptions>): GenerateResult {
-  return referenceGenerate(reference, tokens, { maxTokens: 8, sampling: greedy, ...options });
+  return referenceGenerate(tiny.reference, tokens, { maxTokens: 8, sampling: greedy, ...options });
 }
 
 interface Job { prompt: number[]; options: Partial<GenerateOptions>; at: number }
