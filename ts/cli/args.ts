@@ -3,6 +3,7 @@
 // positional arguments) so that each mistake becomes one line saying what is wrong, and main
 // adds where to look ("see 'infer quantize --help'") and exits 2, instead of parseArgs's own
 // text or a page of usage.
+import { readFileSync } from "node:fs";
 import { parseArgs, type ParseArgsConfig } from "node:util";
 import { InferError, quote } from "../errors.ts";
 
@@ -109,4 +110,22 @@ function checkOptions(args: readonly string[], options: Options): void {
 export function requiredOption(value: string | undefined, what: string): string {
   if (value === undefined || value === "") throw new UsageError(`${what} is required`);
   return value;
+}
+
+/**
+ * The text a command works on: its one positional argument ('-': standard input), or with
+ * -f FILE the file's text ('-': standard input), never both. `what` names it ("prompt").
+ */
+export async function textArgument(positionals: readonly string[], file: string | undefined,
+  what: string): Promise<string> {
+  if (file === undefined) {
+    if (positionals.length === 0) throw new UsageError(`expected one ${what}, got none`);
+    return positionals[0] === "-" ? await Bun.stdin.text() : positionals[0];
+  }
+  if (positionals.length > 0) throw new UsageError(`give the ${what} as an argument or with -f, not both`);
+  try {
+    return file === "-" ? await Bun.stdin.text() : readFileSync(file, "utf8");
+  } catch (err) {
+    throw new InferError("io", `-f ${quote(file)}: ${quote((err as Error).message, 160)}`);
+  }
 }

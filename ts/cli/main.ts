@@ -7,7 +7,7 @@ import { settingsHelp } from "../config/env.ts";
 import { InferError, quote } from "../errors.ts";
 import { ensureModel } from "../models/fetch.ts";
 import { anyObject, compileSchema, minLength, type JsonNode } from "../sample/json-schema.ts";
-import { parseCommand, UsageError } from "./args.ts";
+import { parseCommand, textArgument, UsageError } from "./args.ts";
 import { chatCommand } from "./chat.ts";
 import { describe, formatStats, loadProgress, verbosityOf } from "./feedback.ts";
 import { chatUsage, overview, runUsage } from "./help.ts";
@@ -100,20 +100,6 @@ function readSchema(given: string): object {
   }
 }
 
-/** The prompt: the argument, or with -f the file's text ('-': standard input). */
-async function promptOf(positionals: string[], file: string | undefined): Promise<string> {
-  if (file === undefined) {
-    if (positionals.length === 0) throw new UsageError("expected one prompt, got none");
-    return positionals[0] === "-" ? await Bun.stdin.text() : positionals[0];
-  }
-  if (positionals.length > 0) throw new UsageError("give the prompt as an argument or with -f, not both");
-  try {
-    return file === "-" ? await Bun.stdin.text() : readFileSync(file, "utf8");
-  } catch (err) {
-    throw new InferError("io", `-f ${quote(file)}: ${quote((err as Error).message, 160)}`);
-  }
-}
-
 async function runCommand(argv: string[]): Promise<number> {
   const { values, positionals } = parseCommand(argv, {
     options: {
@@ -127,7 +113,7 @@ async function runCommand(argv: string[]): Promise<number> {
       hintWhenTooMany: "quote a prompt that has spaces: infer \"the prompt\"" },
   });
   if (values.help) { process.stdout.write(runUsage); return 0; }
-  const prompt = await promptOf(positionals, values.file);
+  const prompt = await textArgument(positionals, values.file, "prompt");
   const verbosity = verbosityOf(values);
   const sampling = samplingFrom(values);
   const maxTokens = intOption(values.n, "-n", 128, -1);

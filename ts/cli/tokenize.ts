@@ -1,12 +1,10 @@
 // `infer tokenize "text"`: the token ids of a text and what each stands for, as the prompt of
 // `infer "text"` is tokenized (BOS added, control-token text read as those tokens) unless told
 // otherwise. Only the GGUF's metadata is read: no weights are loaded.
-import { readFileSync } from "node:fs";
-import { quote } from "../errors.ts";
 import { openGguf } from "../gguf/reader.ts";
 import { ensureModel } from "../models/fetch.ts";
 import { tokenizerFromMetadata } from "../tokenizer/index.ts";
-import { parseCommand, UsageError } from "./args.ts";
+import { parseCommand, textArgument } from "./args.ts";
 
 export const tokenizeUsage = `usage: infer tokenize "text" [options]
        infer tokenize -f FILE [options]      ('-': standard input)
@@ -38,17 +36,7 @@ export async function tokenizeCommand(argv: string[]): Promise<number> {
       hintWhenTooMany: "quote a text that has spaces: infer tokenize \"the text\"" },
   });
   if (values.help) { process.stdout.write(tokenizeUsage); return 0; }
-  let text: string;
-  if (values.file !== undefined) {
-    if (positionals.length > 0) throw new UsageError("give the text as an argument or with -f, not both");
-    try {
-      text = values.file === "-" ? await Bun.stdin.text() : readFileSync(values.file, "utf8");
-    } catch (err) {
-      throw new UsageError(`-f ${quote(values.file)}: ${quote((err as Error).message, 160)}`,
-        { pointToHelp: false });
-    }
-  } else if (positionals.length === 1) text = positionals[0];
-  else throw new UsageError("expected one text, got none");
+  const text = await textArgument(positionals, values.file, "text");
   const file = openGguf(await ensureModel(values.model));
   try {
     const tokenizer = tokenizerFromMetadata(file.metadata);
