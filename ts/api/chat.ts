@@ -55,10 +55,7 @@ export class Chat {
     if (typeof text !== "string") throw new InferError("invalid_argument", "chat: expected a string");
     const user: ChatMessage = { role: "user", content: text };
     // Each turn's prompt is the conversation as the turn before it left it.
-    const stream = this.turn.then(() => {
-      const s = this.model.start({ messages: [...this.messages, user] }, options);
-      return s;
-    });
+    const stream = this.turn.then(() => this.model.start({ messages: [...this.messages, user] }, options));
     const result = stream.then((s) => s.result).then((c) => {
       this.history.push(user, { role: "assistant", content: c.text });
       return c;

@@ -3,7 +3,7 @@
 // finds a cached model is ts/models/cache.ts's resolveModel.
 import { statSync } from "node:fs";
 import { join } from "node:path";
-import { quantOf } from "../gguf/file-type.ts";
+import { parameterCount, quantOf } from "../gguf/file-type.ts";
 import { openGguf } from "../gguf/reader.ts";
 import { cachedModelFiles, modelsDir } from "../models/cache.ts";
 import { parseCommand } from "./args.ts";
@@ -36,10 +36,9 @@ export function listModels(): ModelEntry[] {
       const file = openGguf(path);
       try {
         const arch = file.metadata.get("general.architecture");
-        let parameters = 0;
-        for (const t of file.tensors.values()) parameters += t.dims.reduce((a, b) => a * b, 1);
         const architecture = typeof arch === "string" ? arch : "?";
-        return { name, path, bytes, parameters, architecture, quant: quantOf(file) };
+        return { name, path, bytes, parameters: parameterCount(file), architecture,
+          quant: quantOf(file) };
       } finally {
         file.close();
       }

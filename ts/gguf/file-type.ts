@@ -31,3 +31,10 @@ function majorityType(tensors: Iterable<{ type: { name: string }; dims: readonly
   }
   return [...count.entries()].sort((a, b) => b[1] - a[1])[0]?.[0] ?? "?";
 }
+
+/** The weights' elements, all tensors together (the model's parameter count). */
+export function parameterCount(file: GgufFile): number {
+  let n = 0;
+  for (const t of file.tensors.values()) n += t.dims.reduce((a, b) => a * b, 1);
+  return n;
+}

@@ -71,7 +71,7 @@ export class EngineThread {
   }
 
   /** Starts the worker and opens the model there; rejects with the loader's InferError. */
-  static async open(settings: ThreadSettings & { stall?: OpenSettings["stall"] },
+  static async open(settings: ThreadSettings,
     onProgress?: (done: number, total: number) => void): Promise<EngineThread> {
     const worker = new Worker(workerPath());
     const heartbeat = new SharedArrayBuffer(8);

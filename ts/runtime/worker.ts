@@ -12,7 +12,7 @@ import type { TokenConstraint } from "../sample/constraint.ts";
 import type { TokenLogprob } from "../engine/generation.ts";
 import { BatchScheduler } from "../engine/scheduler.ts";
 import { InferError, type InferErrorCode } from "../errors.ts";
-import { quantOf } from "../gguf/file-type.ts";
+import { parameterCount, quantOf } from "../gguf/file-type.ts";
 import { JsonGrammar } from "../sample/json-grammar.ts";
 import { anyObject, compileSchema, minLength, type JsonNode } from "../sample/json-schema.ts";
 import type { Tokenizer } from "../tokenizer/index.ts";
@@ -113,10 +113,8 @@ function open(settings: Extract<ToWorker, { type: "open" }>["settings"]): void {
 
 function describe(e: Engine, parallel: number): EngineInfo {
   const info = e.model.info;
-  let parameters = 0;
-  for (const t of e.file.tensors.values()) parameters += t.dims.reduce((a, b) => a * b, 1);
   return {
-    name: info.name ?? null, architecture: info.architecture, parameters,
+    name: info.name ?? null, architecture: info.architecture, parameters: parameterCount(e.file),
     quantization: quantOf(e.file), contextLength: e.contextLength,
     trainedContextLength: info.contextLength, vocabSize: info.vocabSize,
     layers: info.kvShapes.length, backend: e.backend.name, backendReason: e.backendWhy,
