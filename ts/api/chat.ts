@@ -34,7 +34,8 @@ export class Chat {
 
   /** The conversation, the system message (if any) first. */
   get messages(): ChatMessage[] {
-    const head: ChatMessage[] = this.system === null ? [] : [{ role: "system", content: this.system }];
+    const head: ChatMessage[] = this.system === null ? []
+      : [{ role: "system", content: this.system }];
     return [...head, ...this.history];
   }
 
@@ -52,10 +53,13 @@ export class Chat {
   stream(text: string, options: GenerateOptions = {}): AsyncIterable<Piece> & {
     readonly result: Promise<Completion>;
   } {
-    if (typeof text !== "string") throw new InferError("invalid_argument", "chat: expected a string");
+    if (typeof text !== "string") {
+      throw new InferError("invalid_argument", "chat: expected a string");
+    }
     const user: ChatMessage = { role: "user", content: text };
     // Each turn's prompt is the conversation as the turn before it left it.
-    const stream = this.turn.then(() => this.model.start({ messages: [...this.messages, user] }, options));
+    const stream = this.turn.then(() =>
+      this.model.start({ messages: [...this.messages, user] }, options));
     const result = stream.then((s) => s.result).then((c) => {
       this.history.push(user, { role: "assistant", content: c.text });
       return c;

@@ -45,7 +45,10 @@ export interface GenerateOptions {
   readonly stopOnAbortSignal?: boolean;
 }
 
-/** Why a generation ended: a stop (end of generation, a stop string, a complete JSON value), a limit, or the caller. */
+/**
+ * Why a generation ended: a stop (end of generation, a stop string, a complete JSON value), a
+ * limit, or the caller.
+ */
 export type FinishReason = "stop" | "length" | "abort";
 
 export interface Usage {

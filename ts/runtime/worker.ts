@@ -1,7 +1,7 @@
 // The engine's thread: a Bun Worker that opens the model and runs the batch scheduler
 // (ts/engine/scheduler.ts), so that the owner's event loop (the library's caller, the CLI, the
-// server answering /health) stays free. Jobs join the running batch between steps; text is posted back as it is
-// generated. New jobs and "cancel" messages (the client went away) are read between steps,
+// server answering /health) stays free. Jobs join the running batch between steps; text is
+// posted back as it is generated. New jobs and "cancel" messages (the client went away) are read between steps,
 // because the loop yields to this worker's event loop after each forward pass. Around every
 // piece of work (a step, a job's tokenization and constraint) the worker marks the shared
 // heartbeat cell, so that the owner's watchdog can tell a busy engine from a stuck one.
@@ -19,7 +19,10 @@ import type { Tokenizer } from "../tokenizer/index.ts";
 import type { Job, LogprobEntry } from "./job.ts";
 import type { EngineInfo, EngineStats, FromWorker, StallForTests, ToWorker } from "./messages.ts";
 
-declare const self: { postMessage(m: FromWorker): void; onmessage: ((e: MessageEvent<ToWorker>) => void) | null };
+declare const self: {
+  postMessage(m: FromWorker): void;
+  onmessage: ((e: MessageEvent<ToWorker>) => void) | null;
+};
 
 let engine: Engine | null = null;
 let scheduler: BatchScheduler | null = null;
