@@ -184,12 +184,19 @@ function streamResponse(modelId: string, tickets: Ticket[], parsed: ParsedReques
           return;
         }
       }
-      const { index, e } = await Promise.race(pending.values());
+      let { index, e } = await Promise.race(pending.values());
       pending.delete(index);
+      // Text held back while it may begin a tool call comes as empty pieces, with nothing to
+      // send; a pull that enqueues nothing is not called again, so it reads on.
+      while (e.type === "text" && e.text === "" && !e.toolCalls && !e.logprobs) {
+        h.onText();
+        read(index);
+        ({ index, e } = await Promise.race(pending.values()));
+        pending.delete(index);
+      }
       if (e.type === "text") {
         h.onText();
         const lp = h.logprobs(e.logprobs);
-        // (text held back while it may begin a call comes as empty pieces: nothing to send)
         if (e.text !== "" || lp !== null) {
           controller.enqueue(chunk([choice(index, e.text, null, false, lp)]));
         }
