@@ -45,7 +45,8 @@ describe("reading calls out of an answer", () => {
     [{ name: "get_weather", a: '{"city":"Paris","unit":"celsius"}' }]],
     ["hermes", '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>\n<tool_call>\n' +
       '{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "celsius"}}\n</tool_call>',
-    "", [{ name: "get_time", a: "{}" }, { name: "get_weather", a: '{"city":"Oslo","unit":"celsius"}' }]],
+    "", [{ name: "get_time", a: "{}" },
+      { name: "get_weather", a: '{"city":"Oslo","unit":"celsius"}' }]],
     ["hermes", "a < b, and <tool_ is not a call", "a < b, and <tool_ is not a call", []],
     ["hermes", "<tool_call>\nnot json\n</tool_call>", "<tool_call>\nnot json\n</tool_call>", []],
     ["llama3", '{"name": "get_time", "parameters": {}}', "", [{ name: "get_time", a: "{}" }]],

@@ -12,7 +12,9 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import Ajv from "ajv";
 import OpenAI from "openai";
-import type { ChatCompletionFunctionTool, ChatCompletionMessageParam } from "openai/resources/chat/completions";
+import type {
+  ChatCompletionFunctionTool, ChatCompletionMessageParam,
+} from "openai/resources/chat/completions";
 import { importHuggingFace } from "../ts/convert/import.ts";
 import { startServer, type InferServer } from "../ts/serve/server.ts";
 import { hfTinyFolder } from "./hf-tiny.ts";
@@ -96,8 +98,8 @@ async function streamed(client: OpenAI, body: object) {
     for (const d of c.delta.tool_calls ?? []) {
       if (d.id !== undefined) {
         expect(d.function?.arguments).toBe("");
-        calls[d.index] = { id: d.id, type: d.type as "function", function: { name: d.function!.name!,
-          arguments: "" } };
+        calls[d.index] = { id: d.id, type: d.type as "function",
+          function: { name: d.function!.name!, arguments: "" } };
       } else calls[d.index].function.arguments += d.function?.arguments ?? "";
     }
     finish = c.finish_reason ?? finish;
@@ -132,7 +134,8 @@ for (const [family, which] of [["Qwen3's template", () => qwen], ["no tools in t
         temperature: 0, max_tokens: 40 });
       // (random weights may answer or call again; either way in a well-formed message)
       const m = next.choices[0].message;
-      if (m.tool_calls) for (const c of m.tool_calls) checkCall(c as Call, ["get_weather", "get_time"]);
+      const names = ["get_weather", "get_time"];
+      if (m.tool_calls) for (const c of m.tool_calls) checkCall(c as Call, names);
       else expect(typeof m.content).toBe("string");
       expect(next.usage!.prompt_tokens).toBeGreaterThan(r.usage!.prompt_tokens);
     }, 120_000);
@@ -145,7 +148,8 @@ for (const [family, which] of [["Qwen3's template", () => qwen], ["no tools in t
       expect(s.finish).toBe("tool_calls");
       expect(s.calls).toHaveLength(1);
       checkCall(s.calls[0], ["get_weather", "get_time"]);
-      expect(s.calls[0].function).toEqual((plain.choices[0].message.tool_calls![0] as Call).function);
+      const call = plain.choices[0].message.tool_calls![0] as Call;
+      expect(s.calls[0].function).toEqual(call.function);
     }, 120_000);
   });
 }

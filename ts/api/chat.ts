@@ -30,7 +30,8 @@ function inputMessages(input: ChatInput): ChatMessage[] {
   }
   return results.map((r: ToolResult, i) => {
     if (typeof r?.id !== "string" || typeof r.content !== "string") {
-      throw new InferError("invalid_argument", `chat: tool result ${i} needs an id and a string content`);
+      throw new InferError("invalid_argument",
+        `chat: tool result ${i} needs an id and a string content`);
     }
     return { role: "tool", content: r.content, toolCallId: r.id };
   });

@@ -183,7 +183,9 @@ export function jobOf(input: { prompt: string | readonly number[] } | { messages
 
 function toolsOf(o: GenerateOptions): { tools?: ToolFunction[]; toolChoice?: ToolChoice } {
   if (o.tools === undefined) {
-    if (o.toolChoice !== undefined && o.toolChoice !== "none") throw bad("toolChoice", "needs tools");
+    if (o.toolChoice !== undefined && o.toolChoice !== "none") {
+      throw bad("toolChoice", "needs tools");
+    }
     return {};
   }
   if (!Array.isArray(o.tools)) throw bad("tools", "expected an array of { name, parameters }");

@@ -248,7 +248,8 @@ function toolCalls(v: unknown, i: number): ToolCall[] {
   }
   return v.map((c, j) => {
     const f = isObject(c) ? c.function : undefined;
-    if (!isObject(c) || typeof c.id !== "string" || (c.type !== undefined && c.type !== "function") ||
+    const typed = isObject(c) && (c.type === undefined || c.type === "function");
+    if (!isObject(c) || typeof c.id !== "string" || !typed ||
       !isObject(f) || typeof f.name !== "string" || typeof f.arguments !== "string") {
       throw bad(`${param}[${j}]`, `'${param}[${j}]' must be {"id": string, "type": "function", ` +
         `"function": {"name": string, "arguments": string}}`);
@@ -335,7 +336,8 @@ function toolChoice(body: Body, list: readonly ToolFunction[] | undefined): Tool
       `{"type": "function", "function": {"name": string}}`);
   }
   if (!list?.some((t) => t.name === f.name)) {
-    throw bad("tool_choice", `'tool_choice' names ${quote(f.name as string)}, which is not in 'tools'`);
+    throw bad("tool_choice",
+      `'tool_choice' names ${quote(f.name as string)}, which is not in 'tools'`);
   }
   return { name: f.name as string };
 }
