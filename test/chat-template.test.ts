@@ -1,5 +1,6 @@
 // Method: render the real chat templates of Gemma 3, Llama 3 / 3.2, Qwen 2.5 / 3 (and infer's
-// ChatML fallback) over ten conversations and demand, character for character, what the
+// ChatML fallback) over ten conversations (and those that render tools over four with tools,
+// tool calls and tool results) and demand, character for character, what the
 // reference implementation (transformers' render_jinja_template on Jinja2) rendered into
 // test/fixtures/chat-templates/rendered.json (made by gen-rendered.py there). Then check the
 // tokenization of a rendered prompt on the default model's vocabulary: the template's control
@@ -9,6 +10,7 @@ import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { CHATML_TEMPLATE, GEMMA_TEMPLATE, LLAMA3_TEMPLATE } from "../ts/chat/fallback.ts";
 import { ChatTemplate, chatTemplateFor, strftime, turnTokens, type ChatMessage } from "../ts/chat/template.ts";
+import type { ToolFunction } from "../ts/chat/tools.ts";
 import { defaultModelPath } from "../ts/models/cache.ts";
 import { openGguf } from "../ts/gguf/reader.ts";
 import { tokenizerFromMetadata } from "../ts/tokenizer/index.ts";
@@ -19,16 +21,31 @@ const source = (name: string) => readFileSync(join(dir, `${name}.jinja`), "utf8"
 // gen-rendered.py pins strftime_now to this naive local time.
 const now = new Date(2025, 2, 14, 15, 9, 26);
 
+interface WireMessage {
+  role: ChatMessage["role"]; content: string; tool_call_id?: string;
+  tool_calls?: { id: string; function: { name: string; arguments: unknown } }[];
+}
 interface Case {
-  template: string; title: string; messages: ChatMessage[]; add_generation_prompt: boolean;
+  template: string; title: string; messages: WireMessage[]; add_generation_prompt: boolean;
+  tools?: { function: ToolFunction }[];
   bos_token?: string; eos_token?: string; rendered?: string; error?: string;
 }
 
+/** A message as the API gives it to infer: a call's arguments as JSON text. */
+const ours = (m: WireMessage): ChatMessage => ({
+  role: m.role, content: m.content,
+  ...(m.tool_calls ? { toolCalls: m.tool_calls.map((c) => ({ id: c.id, name: c.function.name,
+    arguments: JSON.stringify(c.function.arguments) })) } : {}),
+  ...(m.tool_call_id === undefined ? {} : { toolCallId: m.tool_call_id }),
+});
+
 describe("rendering equals transformers' apply_chat_template", () => {
   for (const c of fixture.cases as Case[]) {
-    test(`${c.template}: ${c.title}`, () => {
+    test(`${c.template}: ${c.title}${c.tools ? " (tools)" : ""}`, () => {
       const t = new ChatTemplate(source(c.template), "gguf", { bos: c.bos_token, eos: c.eos_token });
-      const render = () => t.render(c.messages, { addGenerationPrompt: c.add_generation_prompt, now });
+      const tools = c.tools?.map((x) => x.function);
+      const render = () => t.render(c.messages.map(ours),
+        { addGenerationPrompt: c.add_generation_prompt, now, tools });
       if (c.error !== undefined) expect(render).toThrow(c.error);
       else expect(render()).toBe(c.rendered!);
     });

@@ -30,6 +30,14 @@ describe.skipIf(!existsSync(defaultModelPath()))("examples/ on the default model
     expect(typeof facts.capital).toBe("boolean");
   }, 60_000);
 
+  test("tools.ts makes a call that follows the schema, and answers after its result", () => {
+    const r = run("tools");
+    expect(r.code).toBe(0);
+    const call = /^call: get_weather\((.*)\)$/m.exec(r.stdout);
+    expect(typeof JSON.parse(call![1]).city).toBe("string");
+    expect(r.stdout).toMatch(/\nanswer: /);
+  }, 60_000);
+
   test("chat.ts answers each line and leaves at the end of input", () => {
     const r = run("chat", [], "Hello!\nWhat is 2 + 2?\n");
     expect(r.code).toBe(0);

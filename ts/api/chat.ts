@@ -2,11 +2,40 @@
 // model's chat template into one prompt per turn. The engine keeps each sequence's tokens in its
 // KV cache and starts the next turn from the longest prefix it still holds, so a turn evaluates
 // only what is new (the end of the last answer's turn and the user's message).
+//
+// Tools: an answer's calls join the conversation with it (message.toolCalls); the caller runs
+// them and sends their results with send({ toolResults: [{ id, content }] }), which the model
+// then answers.
 import type { ChatMessage } from "../chat/template.ts";
 import { parseMessages } from "../chat/conversation.ts";
 import { InferError } from "../errors.ts";
 import type { Model } from "./model.ts";
 import type { Completion, GenerateOptions, Piece } from "./options.ts";
+
+/** A tool's result: the id of the call it answers, and what the tool returned, as text. */
+export interface ToolResult {
+  readonly id: string;
+  readonly content: string;
+}
+
+/** What a turn says: the user's text, or the results of the calls the last answer made. */
+export type ChatInput = string | { readonly toolResults: readonly ToolResult[] };
+
+function inputMessages(input: ChatInput): ChatMessage[] {
+  if (typeof input === "string") return [{ role: "user", content: input }];
+  const results = (input as { toolResults?: unknown } | null)?.toolResults;
+  if (!Array.isArray(results) || results.length === 0) {
+    throw new InferError("invalid_argument",
+      "chat: expected a string or { toolResults: [{ id, content }] }");
+  }
+  return results.map((r: ToolResult, i) => {
+    if (typeof r?.id !== "string" || typeof r.content !== "string") {
+      throw new InferError("invalid_argument",
+        `chat: tool result ${i} needs an id and a string content`);
+    }
+    return { role: "tool", content: r.content, toolCallId: r.id };
+  });
+}
 
 export interface ChatOptions {
   /** The system message, first in every prompt. */
@@ -39,9 +68,12 @@ export class Chat {
     return [...head, ...this.history];
   }
 
-  /** Says `text` and resolves with the answer, which joins the conversation. */
-  async send(text: string, options: GenerateOptions = {}): Promise<ChatReply> {
-    const s = this.stream(text, options);
+  /**
+   * Says `input` (the user's text, or tool results) and resolves with the answer, which joins
+   * the conversation.
+   */
+  async send(input: ChatInput, options: GenerateOptions = {}): Promise<ChatReply> {
+    const s = this.stream(input, options);
     const c = await s.result;
     return { ...c, messages: this.messages };
   }
@@ -50,18 +82,17 @@ export class Chat {
    * As send(), piece by piece. The turn waits for the one before it; the answer joins the
    * conversation when it ends (stopped early too: with the text it has).
    */
-  stream(text: string, options: GenerateOptions = {}): AsyncIterable<Piece> & {
+  stream(input: ChatInput, options: GenerateOptions = {}): AsyncIterable<Piece> & {
     readonly result: Promise<Completion>;
   } {
-    if (typeof text !== "string") {
-      throw new InferError("invalid_argument", "chat: expected a string");
-    }
-    const user: ChatMessage = { role: "user", content: text };
+    const said = inputMessages(input);
     // Each turn's prompt is the conversation as the turn before it left it.
     const stream = this.turn.then(() =>
-      this.model.start({ messages: [...this.messages, user] }, options));
+      this.model.start({ messages: [...this.messages, ...said] }, options));
     const result = stream.then((s) => s.result).then((c) => {
-      this.history.push(user, { role: "assistant", content: c.text });
+      this.history.push(...said, c.toolCalls.length > 0
+        ? { role: "assistant", content: c.text, toolCalls: c.toolCalls }
+        : { role: "assistant", content: c.text });
       return c;
     });
     result.catch(() => {});

@@ -5,11 +5,12 @@
 // The engine runs on a thread of its own; every call returns at once and resolves (or streams)
 // as tokens are decoded. Errors are InferErrors whose `code` is the one the CLI and server use.
 export { loadModel, Model, type LoadOptions, type ModelInfo, type TokenizeOptions } from "./model.ts";
-export { Chat, type ChatOptions, type ChatReply } from "./chat.ts";
+export { Chat, type ChatInput, type ChatOptions, type ChatReply, type ToolResult } from "./chat.ts";
 export { CompletionStream } from "./stream.ts";
 export type {
   Completion, FinishReason, GenerateOptions, Piece, Timings, Usage,
 } from "./options.ts";
 export type { ChatMessage } from "../chat/template.ts";
+export type { ToolCall, ToolChoice, ToolFunction } from "../chat/tools.ts";
 export type { BackendKind } from "../backend/select.ts";
 export { InferError, type InferErrorCode } from "../errors.ts";

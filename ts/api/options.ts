@@ -1,6 +1,7 @@
 // The library's generation options, checked at the call (each bad value an InferError naming
 // the option) and turned into the Job the engine's thread runs.
 import type { ChatMessage } from "../chat/template.ts";
+import type { ToolCall, ToolChoice, ToolFunction } from "../chat/tools.ts";
 import type { StopReason } from "../engine/generation.ts";
 import { InferError } from "../errors.ts";
 import type { Job, ResponseFormat } from "../runtime/job.ts";
@@ -39,6 +40,10 @@ export interface GenerateOptions {
   readonly json?: boolean;
   /** Go on past end-of-generation tokens. */
   readonly ignoreEos?: boolean;
+  /** Chat: functions the model may call; its calls come back in `toolCalls`. */
+  readonly tools?: readonly ToolFunction[];
+  /** Chat: "auto" (default with tools), "none", "required" or { name }: call that function. */
+  readonly toolChoice?: ToolChoice;
   /** Ends the generation within one step; the call rejects with the signal's reason. */
   readonly signal?: AbortSignal;
   /** With `signal`: resolve with the text so far (finishReason "abort") instead of rejecting. */
@@ -47,9 +52,9 @@ export interface GenerateOptions {
 
 /**
  * Why a generation ended: a stop (end of generation, a stop string, a complete JSON value), a
- * limit, or the caller.
+ * limit, the caller, or calls of tools (the answer waits for their results).
  */
-export type FinishReason = "stop" | "length" | "abort";
+export type FinishReason = "stop" | "length" | "abort" | "toolCalls";
 
 export interface Usage {
   readonly promptTokens: number;
@@ -67,7 +72,10 @@ export interface Timings {
 }
 
 export interface Completion {
+  /** The answer's text (with tools: the text outside its calls). */
   readonly text: string;
+  /** The calls of tools the answer made (with `tools`; else empty). */
+  readonly toolCalls: readonly ToolCall[];
   /** The generated tokens' ids. */
   readonly tokens: readonly number[];
   readonly finishReason: FinishReason;
@@ -80,6 +88,8 @@ export interface Completion {
 /** A piece of streamed text, as soon as it is complete UTF-8 and past any stop string. */
 export interface Piece {
   readonly text: string;
+  /** Calls of tools completed with this piece. */
+  readonly toolCalls?: readonly ToolCall[];
 }
 
 const bad = (option: string, message: string) =>
@@ -161,7 +171,9 @@ export function jobOf(input: { prompt: string | readonly number[] } | { messages
     ignoreEos: o.ignoreEos === true,
   };
   if (common.maxTokens === 0) throw bad("maxTokens", "must be at least 1, or -1 for no limit");
-  if ("messages" in input) return { kind: "chat", messages: input.messages, ...common };
+  const tools = toolsOf(o);
+  if ("messages" in input) return { kind: "chat", messages: input.messages, ...common, ...tools };
+  if (o.tools !== undefined) throw bad("tools", "only a chat calls tools");
   const p = input.prompt;
   if (typeof p !== "string" && !(Array.isArray(p) && p.every((t) => Number.isInteger(t)))) {
     throw new InferError("invalid_argument", "the prompt must be a string or an array of token ids");
@@ -169,7 +181,36 @@ export function jobOf(input: { prompt: string | readonly number[] } | { messages
   return { kind: "completion", prompt: typeof p === "string" ? p : [...p], ...common };
 }
 
-export function finishReasonOf(stop: StopReason): FinishReason {
+function toolsOf(o: GenerateOptions): { tools?: ToolFunction[]; toolChoice?: ToolChoice } {
+  if (o.tools === undefined) {
+    if (o.toolChoice !== undefined && o.toolChoice !== "none") {
+      throw bad("toolChoice", "needs tools");
+    }
+    return {};
+  }
+  if (!Array.isArray(o.tools)) throw bad("tools", "expected an array of { name, parameters }");
+  const tools = o.tools.map((t: ToolFunction, i) => {
+    if (typeof t !== "object" || t === null || typeof t.name !== "string" || t.name === "" ||
+      (t.parameters !== undefined && (typeof t.parameters !== "object" || t.parameters === null)) ||
+      (t.description !== undefined && typeof t.description !== "string")) {
+      throw bad("tools", `tool ${i}: expected { name, description?, parameters? (a JSON schema) }`);
+    }
+    return { name: t.name, ...(t.description === undefined ? {} : { description: t.description }),
+      parameters: t.parameters ?? { type: "object", properties: {} } };
+  });
+  const choice = o.toolChoice ?? "auto";
+  const named = typeof choice === "object" && choice !== null;
+  if (!named && !["auto", "none", "required"].includes(choice as string)) {
+    throw bad("toolChoice", 'expected "auto", "none", "required" or { name }');
+  }
+  if (named && !tools.some((t) => t.name === choice.name)) {
+    throw bad("toolChoice", `no tool is named ${JSON.stringify(String(choice.name))}`);
+  }
+  return { tools, toolChoice: named ? { name: choice.name } : choice };
+}
+
+export function finishReasonOf(stop: StopReason, called = false): FinishReason {
   if (stop === "interrupted") return "abort";
+  if (called && stop !== "length" && stop !== "context") return "toolCalls";
   return stop === "length" || stop === "context" ? "length" : "stop";
 }

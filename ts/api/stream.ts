@@ -9,7 +9,8 @@ import { finishReasonOf, type Completion, type GenerateOptions, type Piece } fro
 function completionOf(e: JobDoneEvent): Completion {
   const generated = Math.max(e.tokens.length - 1, 0);
   return {
-    text: e.text, tokens: e.tokens, finishReason: finishReasonOf(e.stopReason),
+    text: e.text, toolCalls: e.toolCalls, tokens: e.tokens,
+    finishReason: finishReasonOf(e.stopReason, e.toolCalls.length > 0),
     stopReason: e.stopReason,
     usage: { promptTokens: e.promptTokens, completionTokens: e.tokens.length,
       totalTokens: e.promptTokens + e.tokens.length },
@@ -50,7 +51,8 @@ export class CompletionStream implements AsyncIterable<Piece> {
     for (;;) {
       const e = await this.ticket.next();
       if (e.type === "text") {
-        if (e.text.length > 0) this.pieces.push({ text: e.text });
+        if (e.toolCalls) this.pieces.push({ text: e.text, toolCalls: e.toolCalls });
+        else if (e.text.length > 0) this.pieces.push({ text: e.text });
         this.notify();
         continue;
       }

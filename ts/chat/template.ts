@@ -1,7 +1,11 @@
 // Chat templates: the model's own Jinja template from its GGUF (tokenizer.chat_template),
 // rendered with @huggingface/jinja as transformers' apply_chat_template renders it (same globals:
-// bos_token, eos_token, add_generation_prompt, raise_exception, strftime_now; tools = None), or
-// the family's template when the GGUF has none (fallback.ts).
+// bos_token, eos_token, add_generation_prompt, raise_exception, strftime_now, tools), or the
+// family's template when the GGUF has none (fallback.ts). Tools and tool calls reach the template
+// in transformers' shapes: tools as [{"type": "function", "function": {name, description,
+// parameters}}], an assistant's calls as tool_calls [{"type": "function", "id", "function":
+// {name, arguments}}] with the arguments parsed into an object, a result as {"role": "tool",
+// "content", "tool_call_id"}.
 //
 // Tokenizing the rendered prompt: the template's own text is tokenized with control tokens parsed
 // (its `<start_of_turn>` is the control token), the messages' text without (a user who types
@@ -13,12 +17,17 @@ import { Environment, Interpreter, Template } from "@huggingface/jinja";
 import { InferError, quote } from "../errors.ts";
 import type { Tokenizer } from "../tokenizer/index.ts";
 import { CHATML_TEMPLATE, GEMMA_TEMPLATE, LLAMA3_TEMPLATE } from "./fallback.ts";
+import type { ToolCall, ToolFunction } from "./tools.ts";
 
-export type Role = "system" | "user" | "assistant";
+export type Role = "system" | "user" | "assistant" | "tool";
 
 export interface ChatMessage {
   readonly role: Role;
   readonly content: string;
+  /** An assistant's calls of tools. */
+  readonly toolCalls?: readonly ToolCall[];
+  /** A tool's message: the call it answers. */
+  readonly toolCallId?: string;
 }
 
 export interface RenderOptions {
@@ -26,6 +35,35 @@ export interface RenderOptions {
   readonly addGenerationPrompt?: boolean;
   /** The clock strftime_now reads (default: now). */
   readonly now?: Date;
+  /** The functions the model may call, for templates that describe them. */
+  readonly tools?: readonly ToolFunction[];
+}
+
+/** A call's arguments as templates expect them: the object, or the text if it does not parse. */
+function argumentsValue(text: string): unknown {
+  try {
+    return JSON.parse(text);
+  } catch {
+    return text;
+  }
+}
+
+/** A message in the shape transformers hands templates. */
+function templateMessage(m: ChatMessage, content: string): Record<string, unknown> {
+  const out: Record<string, unknown> = { role: m.role, content };
+  if (m.toolCalls !== undefined && m.toolCalls.length > 0) {
+    out.tool_calls = m.toolCalls.map((c) => ({ type: "function", id: c.id,
+      function: { name: c.name, arguments: argumentsValue(c.arguments) } }));
+  }
+  if (m.toolCallId !== undefined) out.tool_call_id = m.toolCallId;
+  return out;
+}
+
+function templateTools(tools: readonly ToolFunction[] | undefined): unknown {
+  if (tools === undefined || tools.length === 0) return null;
+  return tools.map((t) => ({ type: "function", function: { name: t.name,
+    ...(t.description === undefined ? {} : { description: t.description }),
+    parameters: t.parameters } }));
 }
 
 /** Where a template came from: the model file, or infer's fallback for its family. */
@@ -112,9 +150,9 @@ export class ChatTemplate {
         throw new InferError("invalid_argument", `chat template: ${quote(String(message))}`);
       },
       strftime_now: (format: string) => strftime(now, format),
-      messages: messages.map((m) => ({ role: m.role, content: m.content })),
+      messages: messages.map((m) => templateMessage(m, m.content)),
       add_generation_prompt: options.addGenerationPrompt ?? true,
-      tools: null, documents: null,
+      tools: templateTools(options.tools), documents: null,
     };
     if (this.specials.bos !== undefined) globals.bos_token = this.specials.bos;
     if (this.specials.eos !== undefined) globals.eos_token = this.specials.eos;
@@ -146,7 +184,9 @@ export class ChatTemplate {
   /** Spans [start, end) of `text` that hold the messages' contents. */
   contentSpans(text: string, messages: readonly ChatMessage[],
     options: RenderOptions = {}): [number, number][] {
-    const placeholders = messages.map((m, i) => ({ role: m.role, content: `${OPEN}${i}${CLOSE}` }));
+    // (an empty content stays empty: templates test it, as Qwen's does before a tool call)
+    const placeholders = messages.map((m, i) =>
+      ({ ...m, content: m.content === "" ? "" : `${OPEN}${i}${CLOSE}` }));
     const marked = this.render(placeholders, options);
     const pieces: string[] = [];
     const order: number[] = [];

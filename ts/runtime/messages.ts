@@ -1,6 +1,7 @@
 // What the engine's thread (worker.ts) and the thread that owns it (engine-thread.ts) say to
 // each other. Everything here survives structured cloning.
 import type { BackendKind } from "../backend/select.ts";
+import type { ToolCall } from "../chat/tools.ts";
 import type { StopReason } from "../engine/generation.ts";
 import type { InferErrorCode } from "../errors.ts";
 import type { Job, LogprobEntry } from "./job.ts";
@@ -91,7 +92,10 @@ export interface JobFailure {
 }
 
 export interface JobDone {
+  /** The answer's text (with tools: the text outside its calls). */
   readonly text: string;
+  /** The calls read out of the answer (with tools). */
+  readonly toolCalls: readonly ToolCall[];
   readonly tokens: readonly number[];
   readonly promptTokens: number;
   /** Prompt tokens evaluated for this job; the rest came from a cache. */
@@ -111,6 +115,8 @@ export type FromWorker =
     readonly type: "text"; readonly id: number; readonly text: string;
     /** With job.logprobs: the tokens whose text this piece completes. */
     readonly logprobs?: readonly LogprobEntry[];
+    /** Calls completed with this piece (with tools). */
+    readonly toolCalls?: readonly ToolCall[];
   }
   | ({ readonly type: "done"; readonly id: number } & JobDone)
   | ({ readonly type: "error"; readonly id: number } & JobFailure)

@@ -6,6 +6,7 @@
 // piece of work (a step, a job's tokenization and constraint) the worker marks the shared
 // heartbeat cell, so that the owner's watchdog can tell a busy engine from a stuck one.
 import { chatTemplateFor, turnTokens, type ChatTemplate } from "../chat/template.ts";
+import { planTools, ToolCallReader, type ToolPlan } from "../chat/tools.ts";
 import { isSet, setSetting, setting } from "../config/env.ts";
 import { Engine } from "../engine/engine.ts";
 import type { TokenConstraint } from "../sample/constraint.ts";
@@ -178,12 +179,21 @@ function submit(id: number, job: Job): void {
   if (!e || !sched) return fail(id, "internal", 503, "the model is not loaded");
   const param = job.kind === "chat" ? "messages" : "prompt";
   let prompt: number[];
+  let tools: ToolPlan | null = null;
   try {
     if (job.kind === "chat") {
       if (!template) {
         return fail(id, "unsupported", 400, templateError ?? "the model has no chat template", param);
       }
-      prompt = template.encode(e.tokenizer, job.messages!);
+      try {
+        tools = planTools(template.source, job.messages!, job.tools, job.toolChoice);
+      } catch (err) {
+        if (err instanceof InferError) {
+          return fail(id, err.code, 400, err.message, "tools", "unsupported_schema");
+        }
+        throw err;
+      }
+      prompt = template.encode(e.tokenizer, tools.messages, { tools: tools.renderTools });
     } else if (typeof job.prompt === "string") {
       prompt = e.tokenizer.encode(job.prompt, { addSpecial: true, parseSpecial: true });
     } else {
@@ -206,32 +216,40 @@ function submit(id: number, job: Job): void {
   }
   let constraint: TokenConstraint | undefined;
   const format = job.format;
-  if (format.type !== "text") {
-    let node: JsonNode;
+  let grammar: { node: JsonNode; prefix: string; suffix: string; what: string } | null = null;
+  if (tools?.grammar) grammar = { ...tools.grammar, what: "tool call" };
+  else if (format.type !== "text") {
     try {
-      node = format.type === "json_object" ? anyObject : compileSchema(format.schema);
+      const node = format.type === "json_object" ? anyObject : compileSchema(format.schema);
+      grammar = { node, prefix: "", suffix: "", what: "response format" };
     } catch (err) {
       if (err instanceof InferError) {
         return fail(id, err.code, 400, err.message, "response_format", "unsupported_schema");
       }
       throw err;
     }
+  }
+  if (grammar) {
     // The grammar needs a token per byte of its shortest output (so that output cut short still
     // parses): the asked tokens and the room the prompt leaves must both hold it.
-    const room = e.contextLength - prompt.length, shortest = minLength(node);
+    const room = e.contextLength - prompt.length;
+    const shortest = minLength(grammar.node) + utf8.encode(grammar.prefix + grammar.suffix).length;
+    const what = grammar.what;
     if (job.maxTokens >= 0 && shortest > job.maxTokens) {
       return fail(id, "invalid_argument", 400, `max tokens (${job.maxTokens}) is too small for ` +
-        `the response format: its shortest output is ${shortest} bytes, and structured output ` +
+        `the ${what}: its shortest output is ${shortest} bytes, and structured output ` +
         `needs a token per byte of it to be sure to finish`, "max_tokens", "invalid_value");
     }
     if (shortest > room) {
       return fail(id, "context_overflow", 400, `the prompt (${prompt.length} tokens) leaves ` +
-        `room for ${room} tokens in the context of ${e.contextLength}, fewer than the response ` +
-        `format's shortest output needs (${shortest} bytes, a token each)`, param,
+        `room for ${room} tokens in the context of ${e.contextLength}, fewer than the ${what}'s ` +
+        `shortest output needs (${shortest} bytes, a token each)`, param,
       "context_length_exceeded");
     }
-    constraint = new JsonGrammar(e.tokenizer, node);
+    constraint = new JsonGrammar(e.tokenizer, grammar.node, grammar);
   }
+  // Calls are read out of the text as it comes: text that may begin a call is held back.
+  const reader = tools?.parse ? new ToolCallReader(tools.format) : null;
   const entries = (list: readonly TokenLogprob[] | undefined) =>
     list?.map((p) => logprobEntry(e.tokenizer, p));
   post({ type: "started", id, promptTokens: prompt.length });
@@ -244,11 +262,22 @@ function submit(id: number, job: Job): void {
       stopTokens: job.kind === "chat" ? turnStops : undefined,
       shouldStop: () => closing || cancelled.has(id),
       logprobs: job.logprobs ?? undefined,
-      onText: (text, logprobs) => post({ type: "text", id, text, logprobs: entries(logprobs) }),
+      onText: (text, logprobs) => {
+        if (!reader) return post({ type: "text", id, text, logprobs: entries(logprobs) });
+        const piece = reader.feed(text);
+        post({ type: "text", id, text: piece.content, logprobs: entries(logprobs),
+          ...(piece.calls.length > 0 ? { toolCalls: piece.calls } : {}) });
+      },
     },
     onDone: (r) => {
       end();
-      post({ type: "done", id, text: r.text, tokens: r.tokens, promptTokens: r.promptTokens.length,
+      const last = reader?.end();
+      if (last && (last.content !== "" || last.calls.length > 0)) {
+        post({ type: "text", id, text: last.content,
+          ...(last.calls.length > 0 ? { toolCalls: last.calls } : {}) });
+      }
+      post({ type: "done", id, text: reader ? reader.content : r.text,
+        toolCalls: reader ? reader.calls : [], tokens: r.tokens, promptTokens: r.promptTokens.length,
         prefilled: r.prefilled, stopReason: r.stopReason, promptMs: r.promptMs,
         generateMs: r.generateMs });
     },

@@ -398,9 +398,20 @@ export class JsonGrammar implements TokenConstraint {
   private readonly plain: Uint8Array;
   private stack: Frame[][] = [];
 
-  constructor(tokenizer: Tokenizer, root: JsonNode) {
+  /**
+   * `wrap`: fixed text before and after the JSON value (a tool call's <tool_call> markers); its
+   * bytes are matched like a literal's, so a token that spells a marker whole is allowed too.
+   */
+  constructor(tokenizer: Tokenizer, root: JsonNode,
+    wrap: { readonly prefix: string; readonly suffix: string } = { prefix: "", suffix: "" }) {
     this.vocab = GrammarVocab.for(tokenizer);
-    this.states = [new Frame(Kind.Value, null, root)];
+    const bytes = (text: string) => new TextEncoder().encode(text);
+    // The chain a value completes into: the suffix's literal, then the end.
+    const after = wrap.suffix === "" ? null
+      : new Frame(Kind.Lit, null, null, 0, 0, 0, null, [bytes(wrap.suffix)]);
+    const value = new Frame(Kind.Value, after, root);
+    this.states = [wrap.prefix === "" ? value
+      : new Frame(Kind.Lit, value, null, 0, 0, 0, null, [bytes(wrap.prefix)])];
     this.allowed = new Uint8Array(this.vocab.size);
     this.full = this.vocab.trie("all", () => true);
     this.plain = this.vocab.bitmap("plain-text", isPlainText);

@@ -1,6 +1,7 @@
 // The two generating endpoints, /v1/chat/completions and /v1/completions: a validated body
 // becomes one job per choice in the request queue, and the answer goes back whole or as
 // server-sent events, in OpenAI's shapes.
+import type { ToolCall } from "../chat/tools.ts";
 import { quote } from "../errors.ts";
 import type { EngineInfo } from "../runtime/messages.ts";
 import type { Metrics } from "./metrics.ts";
@@ -29,9 +30,15 @@ export function json(data: unknown, status = 200, headers: Record<string, string
  * The engine's stop reason in OpenAI's words. A request "interrupted" whose answer is still read
  * was cut by the shutdown deadline: like one cut by max_tokens, its text is unfinished.
  */
-function finishOf(stopReason: string): ReturnType<typeof finishReason> {
-  return stopReason === "interrupted" ? "length" : finishReason(stopReason);
+function finishOf(stopReason: string, called = false): ReturnType<typeof finishReason> {
+  const finish = stopReason === "interrupted" ? "length" : finishReason(stopReason);
+  // An answer that ended by itself having called tools waits for their results.
+  return called && finish === "stop" ? "tool_calls" : finish;
 }
+
+/** A call as OpenAI's message.tool_calls has it. */
+const toolCallOf = (c: ToolCall) =>
+  ({ id: c.id, type: "function", function: { name: c.name, arguments: c.arguments } });
 
 const randomId = () => crypto.randomUUID().replaceAll("-", "").slice(0, 24);
 
@@ -109,10 +116,15 @@ export async function answerGeneration(c: GenerationContext, req: Request,
     const done = results.map((r) => r.done);
     onDone(done);
     const choices = results.map(({ done: e, entries }, index) => {
-      const finishReasonText = finishOf(e.stopReason);
+      const called = e.toolCalls.length > 0;
+      const finishReasonText = finishOf(e.stopReason, called);
+      // (OpenAI's message that calls tools has content null when it says nothing else)
+      const message = called
+        ? { role: "assistant", content: e.text === "" ? null : e.text, refusal: null,
+          tool_calls: e.toolCalls.map(toolCallOf) }
+        : { role: "assistant", content: e.text, refusal: null };
       return kind === "chat"
-        ? { index, message: { role: "assistant", content: e.text, refusal: null },
-          logprobs: logprobs(entries), finish_reason: finishReasonText }
+        ? { index, message, logprobs: logprobs(entries), finish_reason: finishReasonText }
         : { index, text: e.text, logprobs: logprobs(entries), finish_reason: finishReasonText };
     });
     return json({
@@ -149,6 +161,19 @@ function streamResponse(modelId: string, tickets: Ticket[], parsed: ParsedReques
     pending.set(index, tickets[index].next().then((e) => ({ index, e })));
   tickets.forEach((_, index) => read(index));
   const done: Done[] = [];
+  /** Per choice: calls sent so far (each call's index in its choice's tool_calls). */
+  const calls = tickets.map(() => 0);
+  // As OpenAI streams a call: a delta with its index, id, type, name and empty arguments, then
+  // the arguments (here in one piece: a call is sent once it is complete).
+  const callChunks = (index: number, list: readonly ToolCall[]) => list.flatMap((c) => {
+    const at = calls[index]++;
+    const delta = (call: object) => chunk([{ index, delta: { tool_calls: [call] }, logprobs: null,
+      finish_reason: null }]);
+    return [
+      delta({ index: at, id: c.id, type: "function", function: { name: c.name, arguments: "" } }),
+      delta({ index: at, function: { arguments: c.arguments } }),
+    ];
+  });
   let opened = false;
   const body = new ReadableStream<Uint8Array>({
     async pull(controller) {
@@ -159,15 +184,30 @@ function streamResponse(modelId: string, tickets: Ticket[], parsed: ParsedReques
           return;
         }
       }
-      const { index, e } = await Promise.race(pending.values());
+      let { index, e } = await Promise.race(pending.values());
       pending.delete(index);
+      // Text held back while it may begin a tool call comes as empty pieces, with nothing to
+      // send; a pull that enqueues nothing is not called again, so it reads on.
+      while (e.type === "text" && e.text === "" && !e.toolCalls && !e.logprobs) {
+        h.onText();
+        read(index);
+        ({ index, e } = await Promise.race(pending.values()));
+        pending.delete(index);
+      }
       if (e.type === "text") {
         h.onText();
-        controller.enqueue(chunk([choice(index, e.text, null, false, h.logprobs(e.logprobs))]));
+        const lp = h.logprobs(e.logprobs);
+        if (e.text !== "" || lp !== null) {
+          controller.enqueue(chunk([choice(index, e.text, null, false, lp)]));
+        }
+        if (kind === "chat" && e.toolCalls) {
+          for (const c of callChunks(index, e.toolCalls)) controller.enqueue(c);
+        }
         read(index);
       } else if (e.type === "done") {
         done[index] = e;
-        controller.enqueue(chunk([choice(index, null, finishOf(e.stopReason) ?? "stop")]));
+        const finish = finishOf(e.stopReason, calls[index] > 0) ?? "stop";
+        controller.enqueue(chunk([choice(index, null, finish)]));
         if (pending.size > 0) return;
         h.onDone(done);
         if (parsed.includeUsage) controller.enqueue(chunk([], { usage: h.usage(done) }));

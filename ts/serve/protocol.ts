@@ -4,6 +4,7 @@
 //   {"error": {"message", "type", "param", "code"}}
 // A field infer does not implement is refused by name, never silently ignored (see FIELDS).
 import type { ChatMessage } from "../chat/template.ts";
+import type { ToolCall, ToolChoice, ToolFunction } from "../chat/tools.ts";
 import { InferError, quote } from "../errors.ts";
 import { anyObject, compileSchema, minLength } from "../sample/json-schema.ts";
 import type { SamplerOptions } from "../sample/sampler.ts";
@@ -187,7 +188,8 @@ const COMMON = ["model", "stream", "stream_options", "n", "max_tokens", "stop", 
   "response_format", ...SAMPLING, "user", "safety_identifier", "metadata", "store",
   "service_tier", "prompt_cache_key", "parallel_tool_calls"];
 const FIELDS = {
-  chat: new Set([...COMMON, "messages", "max_completion_tokens", "top_logprobs"]),
+  chat: new Set([...COMMON, "messages", "max_completion_tokens", "top_logprobs", "tools",
+    "tool_choice"]),
   completion: new Set([...COMMON, "prompt"]),
 };
 /** Fields infer does not implement, with the values that ask for nothing (their defaults). */
@@ -195,8 +197,6 @@ const UNSUPPORTED: Record<string, (v: unknown) => boolean> = {
   echo: (v) => v === false,
   best_of: (v) => v === 1,
   suffix: (v) => v === "",
-  tools: (v) => Array.isArray(v) && v.length === 0,
-  tool_choice: (v) => v === "none",
   functions: (v) => Array.isArray(v) && v.length === 0,
   function_call: (v) => v === "none",
   modalities: (v) => Array.isArray(v) && v.length === 1 && v[0] === "text",
@@ -240,6 +240,24 @@ function messageContent(v: unknown, i: number): string {
     `'messages[${i}].content' must be a string or an array of text parts`);
 }
 
+/** An assistant message's tool_calls: [{id, type: "function", function: {name, arguments}}]. */
+function toolCalls(v: unknown, i: number): ToolCall[] {
+  const param = `messages[${i}].tool_calls`;
+  if (!Array.isArray(v) || v.length > 128) {
+    throw bad(param, `'${param}' must be an array of at most 128 calls`);
+  }
+  return v.map((c, j) => {
+    const f = isObject(c) ? c.function : undefined;
+    const typed = isObject(c) && (c.type === undefined || c.type === "function");
+    if (!isObject(c) || typeof c.id !== "string" || !typed ||
+      !isObject(f) || typeof f.name !== "string" || typeof f.arguments !== "string") {
+      throw bad(`${param}[${j}]`, `'${param}[${j}]' must be {"id": string, "type": "function", ` +
+        `"function": {"name": string, "arguments": string}}`);
+    }
+    return { id: c.id, name: f.name as string, arguments: f.arguments as string };
+  });
+}
+
 function messages(body: Body): ChatMessage[] {
   const v = body.messages;
   if (!Array.isArray(v) || v.length === 0) {
@@ -250,12 +268,78 @@ function messages(body: Body): ChatMessage[] {
     if (!isObject(m)) throw bad(`messages[${i}]`, `'messages[${i}]' must be an object`);
     let role = m.role;
     if (role === "developer") role = "system";
-    if (role !== "system" && role !== "user" && role !== "assistant") {
+    if (role !== "system" && role !== "user" && role !== "assistant" && role !== "tool") {
       throw bad(`messages[${i}].role`,
-        `'messages[${i}].role' must be system, developer, user or assistant`);
+        `'messages[${i}].role' must be system, developer, user, assistant or tool`);
     }
-    return { role, content: messageContent(m.content, i) };
+    if (role === "tool") {
+      if (typeof m.tool_call_id !== "string") {
+        throw bad(`messages[${i}].tool_call_id`,
+          `'messages[${i}].tool_call_id' must be the id of the call this message answers`);
+      }
+      return { role, content: messageContent(m.content, i), toolCallId: m.tool_call_id };
+    }
+    const calls = role === "assistant" && m.tool_calls !== undefined && m.tool_calls !== null
+      ? toolCalls(m.tool_calls, i) : [];
+    // An assistant's message that calls tools may have no content (OpenAI sends null).
+    const content = calls.length > 0 && (m.content === null || m.content === undefined)
+      ? "" : messageContent(m.content, i);
+    return calls.length > 0 ? { role, content, toolCalls: calls } : { role, content };
   });
+}
+
+/** 'tools': [{"type": "function", "function": {name, description?, parameters?}}]. */
+function tools(body: Body): ToolFunction[] | undefined {
+  const v = body.tools;
+  if (v === undefined || v === null) return undefined;
+  if (!Array.isArray(v) || v.length > 128) {
+    throw bad("tools", "'tools' must be an array of at most 128 tools");
+  }
+  const names = new Set<string>();
+  return v.map((t, i) => {
+    const f = isObject(t) ? t.function : undefined;
+    if (!isObject(t) || t.type !== "function" || !isObject(f)) {
+      throw bad(`tools[${i}]`, `'tools[${i}]' must be {"type": "function", "function": {...}}`);
+    }
+    const param = `tools[${i}].function`;
+    if (typeof f.name !== "string" || !/^[a-zA-Z0-9_-]{1,64}$/.test(f.name)) {
+      throw bad(`${param}.name`, `'${param}.name' must be 1 to 64 letters, digits, _ or -`);
+    }
+    if (names.has(f.name)) throw bad(`${param}.name`, `two tools are named ${quote(f.name)}`);
+    names.add(f.name);
+    if (f.description !== undefined && typeof f.description !== "string") {
+      throw bad(`${param}.description`, `'${param}.description' must be a string`);
+    }
+    if (f.parameters !== undefined && !isObject(f.parameters)) {
+      throw bad(`${param}.parameters`, `'${param}.parameters' must be a JSON schema object`);
+    }
+    // OpenAI's default: a function without parameters takes an empty object.
+    const parameters = f.parameters ?? { type: "object", properties: {} };
+    return { name: f.name, ...(f.description === undefined ? {} : { description: f.description }),
+      parameters };
+  });
+}
+
+/** 'tool_choice': none, auto, required, or {"type": "function", "function": {"name"}}. */
+function toolChoice(body: Body, list: readonly ToolFunction[] | undefined): ToolChoice {
+  const v = body.tool_choice;
+  const has = list !== undefined && list.length > 0;
+  if (v === undefined || v === null) return has ? "auto" : "none";
+  if (v === "none") return v;
+  if (v === "auto" || v === "required") {
+    if (!has) throw bad("tool_choice", `'tool_choice' ${quote(v)} needs 'tools'`);
+    return v;
+  }
+  const f = isObject(v) ? v.function : undefined;
+  if (!isObject(v) || v.type !== "function" || !isObject(f) || typeof f.name !== "string") {
+    throw bad("tool_choice", `'tool_choice' must be none, auto, required or ` +
+      `{"type": "function", "function": {"name": string}}`);
+  }
+  if (!list?.some((t) => t.name === f.name)) {
+    throw bad("tool_choice",
+      `'tool_choice' names ${quote(f.name as string)}, which is not in 'tools'`);
+  }
+  return { name: f.name as string };
 }
 
 export interface Limits {
@@ -308,9 +392,16 @@ export function parseRequest(kind: "chat" | "completion", body: Body, limits: Li
   };
   const { format, shortest } = responseFormat(body);
   checkRoom(shortest, maxKey, maxTokens, limits);
+  const functions = kind === "chat" ? tools(body) : undefined;
+  const choice = kind === "chat" ? toolChoice(body, functions) : "none";
+  if (choice !== "none" && format.type !== "text") {
+    throw bad("response_format", "'response_format' cannot be combined with tools (use " +
+      "'tool_choice': \"none\" or leave out the response format)");
+  }
   const job: Job = {
     kind, messages: msgs, prompt, maxTokens, sampling, stop: stops(body), format,
     logprobs: logprobsAsked(kind, body),
+    ...(functions === undefined ? {} : { tools: functions, toolChoice: choice }),
   };
   return { model: body.model, stream, includeUsage, n, job };
 }
@@ -364,7 +455,7 @@ export function completionLogprobs(entries: readonly LogprobEntry[]) {
   };
 }
 
-export type FinishReason = "stop" | "length" | null;
+export type FinishReason = "stop" | "length" | "tool_calls" | null;
 
 /** The engine's stop reason in OpenAI's words. */
 export function finishReason(reason: string): FinishReason {

@@ -1,0 +1,136 @@
+// Method: the pieces of tool calling on their own — calls read out of Qwen's, Llama 3.1's and
+// the generic format's text (whole, and fed a character at a time, which must give the same
+// calls and text, with nothing of a call shown as text), the grammar with its <tool_call>
+// wrapper (texts it accepts and refuses), the prompt of the generic format — then the library's
+// chat.send with tools on a tiny random Gemma 3 (generic format; on the real default model too
+// where it is present): the grammar's calls validate (ajv), and tool results sent back join the
+// conversation.
+import { afterAll, describe, expect, test } from "bun:test";
+import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import Ajv from "ajv";
+import { loadModel } from "../ts/api/index.ts";
+import { callNode, planTools, shapeOf, ToolCallReader, type ToolCallFormat,
+  type ToolFunction } from "../ts/chat/tools.ts";
+import { defaultModelPath } from "../ts/models/cache.ts";
+import { JsonGrammar } from "../ts/sample/json-grammar.ts";
+import { tinyGemma3Gguf } from "./support/tiny-gguf.ts";
+
+const WEATHER: ToolFunction = { name: "get_weather", description: "The weather in a city.",
+  parameters: { type: "object", properties: { city: { type: "string" },
+    unit: { type: "string", enum: ["celsius", "fahrenheit"] } }, required: ["city", "unit"] } };
+const TIME: ToolFunction = { name: "get_time", parameters: { type: "object", properties: {} } };
+
+function readWhole(format: ToolCallFormat, text: string) {
+  const r = new ToolCallReader(format);
+  r.feed(text);
+  r.end();
+  return { content: r.content, calls: r.calls.map(({ name, arguments: a }) => ({ name, a })) };
+}
+
+function readByChar(format: ToolCallFormat, text: string) {
+  const r = new ToolCallReader(format);
+  let shown = "";
+  for (const ch of text) shown += r.feed(ch).content;
+  shown += r.end().content;
+  expect(shown).toBe(r.content);
+  return { content: r.content, calls: r.calls.map(({ name, arguments: a }) => ({ name, a })) };
+}
+
+describe("reading calls out of an answer", () => {
+  const cases: [ToolCallFormat, string, string, { name: string; a: string }[]][] = [
+    ["hermes", 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": ' +
+      '"Paris", "unit": "celsius"}}\n</tool_call>', "Let me check.\n",
+    [{ name: "get_weather", a: '{"city":"Paris","unit":"celsius"}' }]],
+    ["hermes", '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>\n<tool_call>\n' +
+      '{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "celsius"}}\n</tool_call>',
+    "", [{ name: "get_time", a: "{}" },
+      { name: "get_weather", a: '{"city":"Oslo","unit":"celsius"}' }]],
+    ["hermes", "a < b, and <tool_ is not a call", "a < b, and <tool_ is not a call", []],
+    ["hermes", "<tool_call>\nnot json\n</tool_call>", "<tool_call>\nnot json\n</tool_call>", []],
+    ["llama3", '{"name": "get_time", "parameters": {}}', "", [{ name: "get_time", a: "{}" }]],
+    ["llama3", "It is sunny.", "It is sunny.", []],
+    ["generic", '{"name": "get_time", "arguments": {"zone": "UTC"}}', "",
+      [{ name: "get_time", a: '{"zone":"UTC"}' }]],
+    ["generic", '{"response": "Hello there"}', "Hello there", []],
+  ];
+  for (const [format, text, content, calls] of cases) {
+    test(`${format}: ${JSON.stringify(text).slice(0, 60)}`, () => {
+      expect(readWhole(format, text)).toEqual({ content, calls });
+      expect(readByChar(format, text)).toEqual({ content, calls });
+    });
+  }
+});
+
+describe("the grammar of a call", () => {
+  // The grammar on a byte-level vocabulary: feed bytes and ask whether each text is accepted.
+  const accepts = (format: ToolCallFormat, tools: ToolFunction[], text: string) => {
+    const shape = shapeOf(format);
+    const g = new JsonGrammar({ vocabSize: 0, tokenBytes: () => new Uint8Array(),
+      isEndOfGeneration: () => false } as never, callNode(tools, shape), shape);
+    return g.advance(new TextEncoder().encode(text)) && g.done;
+  };
+  test("hermes: the wrapper, one of the named functions, arguments that validate", () => {
+    const ok = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome", "unit": ' +
+      '"celsius"}}\n</tool_call>';
+    expect(accepts("hermes", [WEATHER, TIME], ok)).toBe(true);
+    expect(accepts("hermes", [WEATHER, TIME],
+      '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')).toBe(true);
+    expect(accepts("hermes", [WEATHER], ok.replace("<tool_call>\n", ""))).toBe(false);
+    expect(accepts("hermes", [WEATHER], ok.replace("celsius", "kelvin"))).toBe(false);
+    expect(accepts("hermes", [WEATHER], ok.replace('"city": "Rome", ', ""))).toBe(false);
+    expect(accepts("hermes", [TIME], ok)).toBe(false);
+  });
+  test("llama3: {name, parameters}; generic: {name, arguments}", () => {
+    expect(accepts("llama3", [TIME], '{"name": "get_time", "parameters": {}}')).toBe(true);
+    expect(accepts("llama3", [TIME], '{"name": "get_time", "arguments": {}}')).toBe(false);
+    expect(accepts("generic", [TIME], '{"name": "get_time", "arguments": {}}')).toBe(true);
+  });
+  test("a template's format decides the plan; a schema the grammar cannot enforce is named", () => {
+    const msgs = [{ role: "user" as const, content: "hi" }];
+    expect(planTools("{{ messages }}", msgs, [TIME], "auto").grammar).not.toBeNull();
+    expect(planTools("{% if tools %}<tool_call>{% endif %}", msgs, [TIME], "auto").grammar)
+      .toBeNull();
+    const generic = planTools("{{ messages }}", msgs, [TIME], "required");
+    expect(generic.messages[0].role).toBe("system");
+    expect(generic.messages[0].content).toContain('"get_time"');
+    const bad = { name: "f", parameters: { type: "string", pattern: "a" } };
+    expect(() => planTools("x", msgs, [bad], "required")).toThrow(/tool "f".*pattern/);
+  });
+});
+
+const dir = mkdtempSync(join(tmpdir(), "infer-chat-tools-"));
+afterAll(() => rmSync(dir, { recursive: true, force: true }));
+const tiny = join(dir, "tiny.gguf");
+writeFileSync(tiny, tinyGemma3Gguf());
+const ajv = new Ajv({ strict: false });
+const validWeather = ajv.compile(WEATHER.parameters);
+
+for (const [name, path] of [["a tiny random Gemma 3", tiny], ["the default model",
+  defaultModelPath()]] as const) {
+  test.skipIf(!existsSync(path))(`chat.send with tools on ${name}`, async () => {
+    const model = await loadModel(path, { threads: 2, contextLength: 2048 });
+    try {
+      const chat = model.chat({ system: "You help with the weather." });
+      const reply = await chat.send("What is the weather in Paris?", { tools: [WEATHER, TIME],
+        toolChoice: { name: "get_weather" }, temperature: 0, maxTokens: 200 });
+      expect(reply.finishReason).toBe("toolCalls");
+      expect(reply.toolCalls).toHaveLength(1);
+      const call = reply.toolCalls[0];
+      expect(call.name).toBe("get_weather");
+      expect(validWeather(JSON.parse(call.arguments))).toBe(true);
+      expect(reply.messages.at(-1)).toEqual({ role: "assistant", content: reply.text,
+        toolCalls: reply.toolCalls });
+      const answer = await chat.send({ toolResults: [{ id: call.id, content: "18 C, cloudy" }] },
+        { tools: [WEATHER, TIME], toolChoice: "none", temperature: 0, maxTokens: 12 });
+      expect(answer.toolCalls).toEqual([]);
+      expect(answer.messages.at(-2)).toEqual({ role: "tool", content: "18 C, cloudy",
+        toolCallId: call.id });
+      expect(answer.messages.map((m) => m.role)).toEqual(["system", "user", "assistant", "tool",
+        "assistant"]);
+    } finally {
+      await model.close();
+    }
+  }, 120_000);
+}

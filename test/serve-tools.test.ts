@@ -1,0 +1,191 @@
+// Method: tool calling through the official `openai` client against `infer serve` in-process, on
+// two random models: the tiny Qwen3 of test/fixtures/hf-tiny imported with Qwen3's real chat
+// template (its own format: <tool_call> blocks), and the tiny Gemma, whose template has no tools
+// (infer's generic format). Random weights say nothing sensible, so the checks are the ones the
+// grammar guarantees: with tool_choice "required" or a named function, every call's arguments
+// parse and validate (ajv) against the function's schema; the streamed deltas assemble into the
+// call the non-streaming request gives (greedy); a tool result sent back gets an answer; bad
+// shapes get OpenAI-style 400s.
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { copyFileSync, cpSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import Ajv from "ajv";
+import OpenAI from "openai";
+import type {
+  ChatCompletionFunctionTool, ChatCompletionMessageParam,
+} from "openai/resources/chat/completions";
+import { importHuggingFace } from "../ts/convert/import.ts";
+import { startServer, type InferServer } from "../ts/serve/server.ts";
+import { hfTinyFolder } from "./hf-tiny.ts";
+import { tinyGemma3Gguf } from "./support/tiny-gguf.ts";
+
+const WEATHER = {
+  type: "object",
+  properties: {
+    city: { type: "string" },
+    unit: { type: "string", enum: ["celsius", "fahrenheit"] },
+    days: { type: "integer" },
+  },
+  required: ["city", "unit"],
+  additionalProperties: false,
+};
+const TOOLS: ChatCompletionFunctionTool[] = [
+  { type: "function", function: { name: "get_weather", description: "The weather in a city.",
+    parameters: WEATHER } },
+  { type: "function", function: { name: "get_time", parameters: { type: "object",
+    properties: { zone: { type: "string" } }, required: ["zone"] } } },
+];
+const ajv = new Ajv({ strict: false });
+const validators = new Map(TOOLS.map((t) =>
+  [t.function.name, ajv.compile(t.function.parameters as object)]));
+const ask: ChatCompletionMessageParam[] = [{ role: "user", content: "Weather in Paris?" }];
+
+let dir: string;
+const servers: InferServer[] = [];
+let qwen: OpenAI, gemma: OpenAI;
+
+beforeAll(async () => {
+  dir = mkdtempSync(join(tmpdir(), "infer-tools-"));
+  // The fixture's own template is a toy; the model gets Qwen3's real one by the ordinary import
+  // path (a chat_template.jinja beside the weights).
+  const folder = join(dir, "qwen3");
+  cpSync(hfTinyFolder("qwen3"), folder, { recursive: true });
+  copyFileSync(join(import.meta.dir, "fixtures", "chat-templates", "qwen3.jinja"),
+    join(folder, "chat_template.jinja"));
+  // (each file is named tiny.gguf, the model id the requests give)
+  mkdirSync(join(dir, "q"));
+  mkdirSync(join(dir, "g"));
+  const qwenPath = join(dir, "q", "tiny.gguf");
+  importHuggingFace({ folder, output: qwenPath, quant: "F32" as never });
+  const gemmaPath = join(dir, "g", "tiny.gguf");
+  writeFileSync(gemmaPath, tinyGemma3Gguf({}));
+  for (const modelPath of [qwenPath, gemmaPath]) {
+    servers.push(await startServer({ modelPath, host: "127.0.0.1", port: 0, contextLength: 2048,
+      threads: 2, backend: "cpu" }));
+  }
+  const client = (s: InferServer) =>
+    new OpenAI({ baseURL: `${s.url}/v1`, apiKey: "none", maxRetries: 0, timeout: 60_000 });
+  [qwen, gemma] = servers.map(client);
+});
+
+afterAll(async () => {
+  for (const s of servers) await s.stop();
+  rmSync(dir, { recursive: true, force: true });
+});
+
+type Call = { id: string; type: "function"; function: { name: string; arguments: string } };
+
+function checkCall(call: Call, names: string[]): void {
+  expect(call.type).toBe("function");
+  expect(call.id).toMatch(/^call_\w+$/);
+  expect(names).toContain(call.function.name);
+  const args = JSON.parse(call.function.arguments);
+  const validate = validators.get(call.function.name)!;
+  expect(validate(args) ? null : validate.errors).toBeNull();
+}
+
+/** The calls of a streamed answer, assembled from the deltas as an OpenAI client does. */
+async function streamed(client: OpenAI, body: object) {
+  const stream = await client.chat.completions.create({ ...body, stream: true } as never) as
+    unknown as AsyncIterable<OpenAI.ChatCompletionChunk>;
+  const calls: Call[] = [];
+  let content = "", finish: string | null = null;
+  for await (const chunk of stream) {
+    const c = chunk.choices[0];
+    if (!c) continue;
+    content += c.delta.content ?? "";
+    for (const d of c.delta.tool_calls ?? []) {
+      if (d.id !== undefined) {
+        expect(d.function?.arguments).toBe("");
+        calls[d.index] = { id: d.id, type: d.type as "function",
+          function: { name: d.function!.name!, arguments: "" } };
+      } else calls[d.index].function.arguments += d.function?.arguments ?? "";
+    }
+    finish = c.finish_reason ?? finish;
+  }
+  return { calls, content, finish };
+}
+
+for (const [family, which] of [["Qwen3's template", () => qwen], ["no tools in the template " +
+  "(generic format)", () => gemma]] as const) {
+  describe(`tool calls: ${family}`, () => {
+    test("tool_choice required: a call whose arguments validate, finish_reason tool_calls",
+      async () => {
+        for (const seed of [1, 2, 3]) {
+          const r = await which().chat.completions.create({ model: "tiny", messages: ask,
+            tools: TOOLS, tool_choice: "required", temperature: 1, seed, max_tokens: 300 });
+          const m = r.choices[0].message;
+          expect(r.choices[0].finish_reason).toBe("tool_calls");
+          expect(m.tool_calls).toHaveLength(1);
+          checkCall(m.tool_calls![0] as Call, ["get_weather", "get_time"]);
+        }
+      }, 120_000);
+
+    test("a named function is the one called; its result sent back gets an answer", async () => {
+      const r = await which().chat.completions.create({ model: "tiny", messages: ask,
+        tools: TOOLS, tool_choice: { type: "function", function: { name: "get_time" } },
+        temperature: 0, max_tokens: 300 });
+      const call = r.choices[0].message.tool_calls![0] as Call;
+      checkCall(call, ["get_time"]);
+      const next = await which().chat.completions.create({ model: "tiny", tools: TOOLS,
+        messages: [...ask, { role: "assistant", content: null, tool_calls: [call] },
+          { role: "tool", tool_call_id: call.id, content: '{"time": "12:00"}' }],
+        temperature: 0, max_tokens: 40 });
+      // (random weights may answer or call again; either way in a well-formed message)
+      const m = next.choices[0].message;
+      const names = ["get_weather", "get_time"];
+      if (m.tool_calls) for (const c of m.tool_calls) checkCall(c as Call, names);
+      else expect(typeof m.content).toBe("string");
+      expect(next.usage!.prompt_tokens).toBeGreaterThan(r.usage!.prompt_tokens);
+    }, 120_000);
+
+    test("streaming: the deltas assemble into the call the plain request gives", async () => {
+      const body = { model: "tiny", messages: ask, tools: TOOLS, tool_choice: "required",
+        temperature: 0, max_tokens: 300 };
+      const plain = await which().chat.completions.create(body as never) as OpenAI.ChatCompletion;
+      const s = await streamed(which(), body);
+      expect(s.finish).toBe("tool_calls");
+      expect(s.calls).toHaveLength(1);
+      checkCall(s.calls[0], ["get_weather", "get_time"]);
+      const call = plain.choices[0].message.tool_calls![0] as Call;
+      expect(s.calls[0].function).toEqual(call.function);
+    }, 120_000);
+  });
+}
+
+describe("tool requests the server refuses", () => {
+  const post = (body: object) => fetch(`${servers[0].url}/v1/chat/completions`, {
+    method: "POST", headers: { "content-type": "application/json" },
+    body: JSON.stringify({ model: "tiny", messages: ask, ...body }) });
+  const cases: [string, object, string][] = [
+    ["tools not an array", { tools: { type: "function" } }, "tools"],
+    ["a tool that is not a function", { tools: [{ type: "code" }] }, "tools[0]"],
+    ["parameters not an object", { tools: [{ type: "function", function: { name: "f",
+      parameters: [] } }] }, "tools[0].function.parameters"],
+    ["a bad function name", { tools: [{ type: "function", function: { name: "a b" } }] },
+      "tools[0].function.name"],
+    ["tool_choice naming an unknown function", { tools: TOOLS,
+      tool_choice: { type: "function", function: { name: "nope" } } }, "tool_choice"],
+    ["tool_choice required without tools", { tool_choice: "required" }, "tool_choice"],
+    ["a tool message without tool_call_id", { messages: [...ask,
+      { role: "tool", content: "x" }] }, "messages[1].tool_call_id"],
+    ["tool_calls of the wrong shape", { messages: [...ask,
+      { role: "assistant", content: null, tool_calls: [{ id: "c" }] }] },
+    "messages[1].tool_calls[0]"],
+    ["tools with a response format", { tools: TOOLS, response_format: { type: "json_object" } },
+      "response_format"],
+    ["a schema the grammar cannot enforce, with required", { tool_choice: "required",
+      tools: [{ type: "function", function: { name: "f", parameters: { type: "object",
+        properties: { s: { type: "string", pattern: "^a" } } } } }] }, "tools"],
+  ];
+  for (const [what, body, param] of cases) {
+    test(what, async () => {
+      const res = await post(body);
+      expect(res.status).toBe(400);
+      const e = (await res.json() as { error: { param: string; message: string } }).error;
+      expect(e.param).toBe(param);
+      expect(e.message).not.toContain("\n");
+    });
+  }
+});
