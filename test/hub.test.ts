@@ -54,6 +54,7 @@ beforeEach(() => {
   process.env.INFER_CACHE = cache;
   hub.requests.length = 0;
   hub.cutHalfWay.clear();
+  hub.stallHalfWay.clear();
   hub.corrupt.clear();
   hub.pageSize = Infinity;
 });
@@ -87,7 +88,8 @@ describe("Hub references and picking a file", () => {
     expect(parseHubRef("acme/tiny-GGUF")).toEqual({ repo: "acme/tiny-GGUF", quant: null, file: null });
     expect(parseHubRef("hf.co/acme/tiny-GGUF:q8_0")).toEqual({ repo: "acme/tiny-GGUF", quant: "q8_0", file: null });
     expect(parseHubRef("acme/x/sub/m-Q4_K_M.gguf")).toEqual({ repo: "acme/x", quant: null, file: "sub/m-Q4_K_M.gguf" });
-    for (const no of ["gemma-3-270m-q4_k_m", "./a/b", "/abs/m.gguf", "a/b/c", "../a/b", "a/../b.gguf", "a/b:c:d"]) {
+    for (const no of ["gemma-3-270m-q4_k_m", "./a/b", "/abs/m.gguf", "a/b/c", "../a/b", "a/../b.gguf",
+      "a/b:c:d", "dir/m.gguf"]) {
       expect(parseHubRef(no)).toBeNull();
     }
   });
@@ -158,6 +160,16 @@ describe("pulling", () => {
     expect(from).toBeLessThan(q4.length);
   });
 
+  test("a connection that goes quiet half way is cut and resumed", async () => {
+    hub.stallHalfWay.set(sha256Of(q8), 1);
+    const path = await pullModel("acme/tiny-GGUF:Q8_0", quiet({ stallMs: 300 }));
+    expect(new Uint8Array(readFileSync(path))).toEqual(q8);
+    const ranges = hub.requests.filter((r) => r.server === "cdn").map((r) => r.range);
+    expect(ranges.length).toBe(2);
+    expect(ranges[0]).toBeNull();
+    expect(ranges[1]).toMatch(/^bytes=[1-9]\d*-$/);
+  });
+
   test("a pull that keeps breaking keeps its .partial, which is no model; the next one resumes it", async () => {
     hub.cutHalfWay.set(sha256Of(q4), 4);
     const err = await rejection(pullModel("acme/tiny-GGUF:Q4_K_M", quiet()));
@@ -190,8 +202,14 @@ describe("pulling", () => {
       .toBe("acme/tiny-GGUF has no file \"nope.gguf\" at \"main\"");
     expect((await rejection(pullModel("acme/tiny-GGUF/tiny-Q4_K_M-00002-of-00003.gguf", quiet()))).message)
       .toBe("acme/tiny-GGUF/tiny-Q4_K_M-00002-of-00003.gguf is one part of a split model: give its first part, tiny-Q4_K_M-00001-of-00003.gguf");
-    const unreachable = await rejection(pullModel("acme/tiny-GGUF", quiet({ endpoint: "http://127.0.0.1:9" })));
+    const unreachable = await rejection(pullModel("acme/tiny-GGUF",
+      quiet({ endpoint: "http://127.0.0.1:9" })));
     expect(unreachable.message).toStartWith("cannot reach the Hub at http://127.0.0.1:9: ");
+    // a missing relative path of three parts reads as a Hub file too: both readings are told
+    const pathLike = await withSettings({ HF_ENDPOINT: hub.url }, () =>
+      rejection(ensureModel("models/sub/m.gguf", { onProgress: () => {} })));
+    expect(pathLike.message).toBe(`no model file "models/sub/m.gguf" here, nor on the Hub: ` +
+      `no model repository models/sub on ${hub.url}`);
     expect(filesInCache()).toEqual([]);
   });
 

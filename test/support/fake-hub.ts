@@ -28,6 +28,8 @@ export interface FakeHub {
   readonly requests: HubRequest[];
   /** Blobs (by SHA-256) whose next `n` CDN answers stop half way: sha → n. */
   readonly cutHalfWay: Map<string, number>;
+  /** Blobs (by SHA-256) whose next `n` CDN answers go quiet half way, the connection open. */
+  readonly stallHalfWay: Map<string, number>;
   /** Blobs (by SHA-256) the CDN serves with one byte changed. */
   readonly corrupt: Set<string>;
   /** Tree API entries per page (default: all on one). */
@@ -53,7 +55,8 @@ export async function startFakeHub(repos: Record<string, FakeRepo>): Promise<Fak
     for (const bytes of Object.values(repo.files)) blobs.set(sha256Of(bytes), bytes);
   }
   const requests: HubRequest[] = [];
-  const cutHalfWay = new Map<string, number>(), corrupt = new Set<string>();
+  const cutHalfWay = new Map<string, number>(), stallHalfWay = new Map<string, number>();
+  const corrupt = new Set<string>();
   const record = (server: "hub" | "cdn", req: { method?: string; url?: string;
     headers: Record<string, string | string[] | undefined> }) => requests.push({
     server, method: req.method ?? "", path: req.url ?? "",
@@ -80,18 +83,23 @@ export async function startFakeHub(repos: Record<string, FakeRepo>): Promise<Fak
     } else {
       res.writeHead(200, { "content-length": bytes.length, "accept-ranges": "bytes" });
     }
-    const cuts = cutHalfWay.get(sha) ?? 0;
+    const half = from + ((bytes.length - from) >> 1);
+    const cuts = cutHalfWay.get(sha) ?? 0, stalls = stallHalfWay.get(sha) ?? 0;
     if (cuts > 0) {
       cutHalfWay.set(sha, cuts - 1);
-      const half = from + ((bytes.length - from) >> 1);
       res.write(bytes.subarray(from, half), () => setTimeout(() => req.socket.destroy(), 20));
+      return;
+    }
+    if (stalls > 0) {
+      stallHalfWay.set(sha, stalls - 1);
+      res.write(bytes.subarray(from, half));
       return;
     }
     res.end(bytes.subarray(from));
   });
   const cdnUrl = await listen(cdn);
 
-  const hub = { url: "", requests, cutHalfWay, corrupt, pageSize: Infinity } as FakeHub & { url: string };
+  const hub = { url: "", requests, cutHalfWay, stallHalfWay, corrupt, pageSize: Infinity } as FakeHub & { url: string };
   const server = createServer((req, res) => {
     record("hub", req);
     const url = new URL(req.url ?? "/", "http://x");

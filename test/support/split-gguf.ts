@@ -25,7 +25,7 @@ export function splitGguf(input: string, prefix: string, count: number): string[
         name: t.name, type: t.type.id, dims: [...t.dims], produce: () => file.tensorBytes(t),
       }));
       // a part's tensors are laid out at the alignment its own header gives
-      const alignment: [string, GgufTypedValue][] = metadata.filter(([k]) => k === "general.alignment");
+      const alignment = metadata.filter(([k]) => k === "general.alignment");
       writeGgufFile(path, i === 0 ? [...metadata, ...split] : [...split, ...alignment], mine,
         { alignment: file.alignment });
       paths.push(path);

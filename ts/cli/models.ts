@@ -47,8 +47,9 @@ export function listModels(): ModelEntry[] {
     const path = join(modelsDir(), name), files = modelFilesOf(path);
     const bytes = files.reduce((sum, f) => sum + (existsSync(f) ? statSync(f).size : 0), 0);
     const hub = readSource(path) ?? undefined;
-    const source = hub ? "hub" : name === DEFAULT_MODEL.fileName ? "pypi" : "local";
-    const common = { name, path, bytes, source, files: files.length, ...(hub ? { hub } : {}) } as const;
+    const source: ModelEntry["source"] = hub ? "hub"
+      : name === DEFAULT_MODEL.fileName ? "pypi" : "local";
+    const common = { name, path, bytes, source, files: files.length, ...(hub ? { hub } : {}) };
     try {
       const file = openGguf(path);
       try {
@@ -92,9 +93,12 @@ export function modelsCommand(argv: string[]): number {
   if (values.help) { process.stdout.write(modelsUsage); return 0; }
   if (positionals.length > 0) {
     if (positionals[0] !== "rm") {
-      throw new UsageError(`no models command '${positionals[0].slice(0, 40)}' (rm NAME removes one)`);
+      throw new UsageError(`no models command '${positionals[0].slice(0, 40)}' ` +
+        "(rm NAME removes one)");
     }
-    if (positionals.length !== 2) throw new UsageError("give the model to remove: infer models rm NAME");
+    if (positionals.length !== 2) {
+      throw new UsageError("give the model to remove: infer models rm NAME");
+    }
     const removed = removeCachedModel(positionals[1]);
     process.stderr.write(`removed ${positionals[1]} (${removed.length} files)\n`);
     return 0;
@@ -105,7 +109,8 @@ export function modelsCommand(argv: string[]): number {
     return 0;
   }
   if (models.length === 0) {
-    process.stderr.write(`no models in ${modelsDir()} (the default one is fetched when first asked for)\n`);
+    process.stderr.write(`no models in ${modelsDir()} (the default one is fetched when first ` +
+      "asked for; 'infer pull org/repo:QUANT' fetches one from the Hub)\n");
     return 0;
   }
   const rows = [["NAME", "SIZE", "ARCH", "QUANT", "PARAMS", "SOURCE"],

@@ -355,10 +355,12 @@ export function splitPartPath(prefix: string, i: number, count: number): string 
 export const SPLIT_PART_NAME = /^(.*)-(\d{5})-of-(\d{5})\.gguf$/;
 
 /** A split model's parts (from its first part's header), or null for a whole file. */
-function splitOf(header: GgufHeader, path: string): { paths: string[]; tensorCount: number } | null {
+function splitOf(header: GgufHeader, path: string,
+): { paths: string[]; tensorCount: number } | null {
   const count = header.metadata.get("split.count");
   if (count === undefined) return null;
-  const no = header.metadata.get("split.no"), tensorCount = header.metadata.get("split.tensors.count");
+  const no = header.metadata.get("split.no");
+  const tensorCount = header.metadata.get("split.tensors.count");
   if (typeof count !== "number" || typeof no !== "number" || typeof tensorCount !== "number" ||
     count < 1 || count > 9999 || no < 0 || no >= count) {
     throw new InferError("bad_gguf", `${path}: split.count, split.no or split.tensors.count is ` +

@@ -4,8 +4,7 @@
 // where the connection breaks); a full disk told in one line; and the progress line on stderr.
 // The default model's PyPI fetch (./fetch.ts) and the Hub's pulls (./hub.ts) both use them.
 import {
-  closeSync, existsSync, ftruncateSync, openSync, readSync, renameSync, rmSync, statSync,
-  writeSync,
+  closeSync, ftruncateSync, mkdirSync, openSync, readSync, renameSync, rmSync, statSync, writeSync,
 } from "node:fs";
 import { InferError } from "../errors.ts";
 
@@ -20,6 +19,33 @@ export function partialPathOf(target: string): string {
 function isDiskFull(err: unknown): boolean {
   const code = (err as { code?: string }).code;
   return code === "ENOSPC" || code === "EDQUOT";
+}
+
+/** Creates folder `dir` (and its parents), or says in one line why it cannot be. */
+export function makeFolder(dir: string): void {
+  try {
+    mkdirSync(dir, { recursive: true });
+  } catch (err) {
+    throw new InferError("io", `cannot create ${dir}: ${(err as Error).message}`);
+  }
+}
+
+/** Writes `text` to `path` by a rename, so that a reader sees all of it or none. */
+export function writeWhole(path: string, text: string): void {
+  try {
+    const fd = openSync(`${path}.partial`, "w");
+    try {
+      const bytes = new TextEncoder().encode(text);
+      for (let at = 0; at < bytes.length;) at += writeSync(fd, bytes, at);
+    } finally {
+      closeSync(fd);
+    }
+    renameSync(`${path}.partial`, path);
+  } catch (err) {
+    rmSync(`${path}.partial`, { force: true });
+    throw new InferError("io", isDiskFull(err) ? `no space left on device while writing ${path}`
+      : `cannot write ${path}: ${(err as Error).message}`);
+  }
 }
 
 /**
@@ -116,6 +142,8 @@ export class PartialFile {
   }
 }
 
+const STALL_MS = 30_000;
+
 export interface ResumableGet {
   readonly url: string;
   readonly headers?: Record<string, string>;
@@ -127,6 +155,8 @@ export interface ResumableGet {
   readonly onBytes: (bytesNow: number) => void;
   /** What the download is, for messages. */
   readonly what: string;
+  /** A connection that brings no byte for this long is dropped and tried again (default 30 s). */
+  readonly stallMs?: number;
 }
 
 /**
@@ -139,26 +169,39 @@ export async function getResumable(partial: PartialFile, o: ResumableGet): Promi
   const attempts = o.attempts ?? 4;
   if (partial.bytes > o.totalBytes) partial.restart();
   o.onBytes(partial.bytes);
-  let lastError = "";
+  let broke = "";
   for (let attempt = 0; attempt < attempts && partial.bytes < o.totalBytes; attempt++) {
-    const from = partial.bytes;
-    const headers = { ...o.headers, ...(from > 0 ? { range: `bytes=${from}-` } : {}) };
-    let response: Response;
-    try {
-      response = await fetch(o.url, { headers });
-    } catch (err) {
-      lastError = (err as Error).message;
-      continue;
-    }
+    broke = await getOnce(partial, o);
+  }
+  if (partial.bytes < o.totalBytes) {
+    partial.close();
+    throw new InferError("io", `download of ${o.what} broke off at ${partial.bytes} of ` +
+      `${o.totalBytes} bytes${broke ? ` (${broke})` : ""}; the same command resumes it`);
+  }
+}
+
+/**
+ * One GET from the partial's size on: what broke the connection ("" if nothing did), or an
+ * InferError for an answer that another try would not change. A connection that goes quiet
+ * for stallMs is cut, as one that breaks.
+ */
+async function getOnce(partial: PartialFile, o: ResumableGet): Promise<string> {
+  const from = partial.bytes, stallMs = o.stallMs ?? STALL_MS;
+  const headers = { ...o.headers, ...(from > 0 ? { range: `bytes=${from}-` } : {}) };
+  const stall = new AbortController();
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const alive = () => {
+    clearTimeout(timer);
+    timer = setTimeout(() => stall.abort(), stallMs);
+  };
+  alive();
+  try {
+    const response = await fetch(o.url, { headers, signal: stall.signal });
     if (response.status === 416) { // the partial is not a beginning of this file
       await response.body?.cancel();
       partial.restart();
       o.onBytes(0);
-      continue;
-    }
-    if (response.status === 200 && from > 0) { // Range ignored: the whole file comes
-      partial.restart();
-      o.onBytes(0);
+      return "the server refused the range";
     }
     if (response.status !== 200 && response.status !== 206) {
       await response.body?.cancel();
@@ -169,33 +212,29 @@ export async function getResumable(partial: PartialFile, o: ResumableGet): Promi
       throw new InferError("io", `cannot resume ${o.what}: the server answered bytes ` +
         `${response.headers.get("content-range") ?? "(no content-range)"} for bytes=${from}-`);
     }
-    try {
-      for await (const chunk of response.body!) {
-        const room = o.totalBytes - partial.bytes;
-        partial.append(chunk.length > room ? chunk.subarray(0, room) : chunk);
-        o.onBytes(partial.bytes);
-        if (chunk.length >= room) break;
-      }
-    } catch (err) {
-      if (err instanceof InferError) throw err;
-      lastError = (err as Error).message;
+    if (response.status === 200 && from > 0) { // Range ignored: the whole file comes
+      partial.restart();
+      o.onBytes(0);
     }
-  }
-  if (partial.bytes < o.totalBytes) {
-    partial.close();
-    throw new InferError("io", `download of ${o.what} broke off at ${partial.bytes} of ` +
-      `${o.totalBytes} bytes${lastError ? ` (${lastError})` : ""}; the same command resumes it`);
+    for await (const chunk of response.body!) {
+      alive();
+      const room = o.totalBytes - partial.bytes;
+      partial.append(chunk.length > room ? chunk.subarray(0, room) : chunk);
+      o.onBytes(partial.bytes);
+      if (chunk.length >= room) break;
+    }
+    return "";
+  } catch (err) {
+    if (err instanceof InferError) throw err;
+    return stall.signal.aborted ? `no bytes for ${stallMs / 1000} s` : (err as Error).message;
+  } finally {
+    clearTimeout(timer);
   }
 }
 
 function contentRangeStartsAt(response: Response, from: number): boolean {
   const m = /^bytes (\d+)-/.exec(response.headers.get("content-range") ?? "");
   return m !== null && Number(m[1]) === from;
-}
-
-/** Removes `target`'s partial download, if any. */
-export function removePartial(target: string): void {
-  if (existsSync(partialPathOf(target))) rmSync(partialPathOf(target), { force: true });
 }
 
 function unitOf(bytes: number): [number, string] {
@@ -224,7 +263,8 @@ export function stderrProgress(what: string, stream: { isTTY?: boolean; write(s:
     finished = done;
     if (startBytes < 0) startBytes = receivedBytes; // a resumed download's rate is this run's
     const [scale, unit] = unitOf(totalBytes);
-    const amount = `${(receivedBytes / scale).toFixed(1)} / ${(totalBytes / scale).toFixed(1)} ${unit}`;
+    const amount = `${(receivedBytes / scale).toFixed(1)} / ` +
+      `${(totalBytes / scale).toFixed(1)} ${unit}`;
     if (stream.isTTY) {
       const now = performance.now();
       if (!done && now - drawnMs < 100) return;

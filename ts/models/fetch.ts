@@ -12,7 +12,7 @@
 import { setting } from "../config/env.ts";
 import { existsSync, mkdirSync } from "node:fs";
 import { dirname, join } from "node:path";
-import { InferError } from "../errors.ts";
+import { InferError, quote } from "../errors.ts";
 import {
   cachedModelFiles, DEFAULT_MODEL, defaultModelPath, modelsDir, resolveModel, type ModelDescriptor,
 } from "./cache.ts";
@@ -51,7 +51,14 @@ export async function ensureModel(nameOrPath: string = DEFAULT_MODEL.name,
   const ref = parseHubRef(nameOrPath);
   if (ref && !existsSync(nameOrPath) &&
     !cachedModelFiles().some((f) => f === nameOrPath || f === `${nameOrPath}.gguf`)) {
-    return ensureHubModel(ref, { onProgress: options.onProgress, onNote: options.onNote });
+    const pulled = ensureHubModel(ref, { onProgress: options.onProgress, onNote: options.onNote });
+    if (ref.file === null) return pulled;
+    // `dir/sub/model.gguf` may have been meant as a file here: both readings are told
+    return pulled.catch((err) => {
+      if (!(err instanceof InferError) || err.code !== "io") throw err;
+      throw new InferError("io", `no model file ${quote(nameOrPath)} here, nor on the Hub: ` +
+        err.message);
+    });
   }
   return resolveModel(nameOrPath);
 }

@@ -26,7 +26,8 @@ const REPO_WITH_FILE = new RegExp(`^(${PART}/${PART})/(.+\\.gguf)$`, "i");
 export function parseHubRef(text: string): HubRef | null {
   const bare = text.replace(/^(?:https?:\/\/)?(?:hf\.co|huggingface\.co)\//, "");
   const quanted = REPO_WITH_QUANT.exec(bare);
-  if (quanted && !quanted[1].includes("..")) {
+  // `dir/model.gguf` is a path, never a repo
+  if (quanted && !quanted[1].includes("..") && !/\.gguf$/i.test(quanted[1])) {
     return { repo: quanted[1], quant: quanted[2] ?? null, file: null };
   }
   const filed = REPO_WITH_FILE.exec(bare);
@@ -66,7 +67,8 @@ export function nameHasQuant(path: string, quant: string): boolean {
   return false;
 }
 
-const QUANT_IN_NAME = /[-_.]((?:UD-)?(?:I?Q\d[A-Z0-9_]*?|TQ\d_\d|BF16|F16|F32))(?:-\d{5}-of-\d{5})?\.gguf$/i;
+const QUANT_IN_NAME =
+  /[-_.]((?:UD-)?(?:I?Q\d[A-Z0-9_]*?|TQ\d_\d|BF16|F16|F32))(?:-\d{5}-of-\d{5})?\.gguf$/i;
 
 /** The quantization a file's name carries (`x-Q4_K_M.gguf` → Q4_K_M), or null. */
 export function quantInName(path: string): string | null {
@@ -79,7 +81,8 @@ export function quantInName(path: string): string | null {
  * file. `chosen` says why when no quantization was asked for. Throws, listing what there is,
  * when nothing fits.
  */
-export function pickHubFile(ref: HubRef, files: readonly string[]): { file: string; chosen: string } {
+export function pickHubFile(ref: HubRef, files: readonly string[],
+): { file: string; chosen: string } {
   const candidates = files.filter(isModelCandidate).sort();
   if (candidates.length === 0) {
     throw new InferError("invalid_argument", `${ref.repo} has no GGUF file`);

@@ -6,7 +6,7 @@
 // publishes (x-linked-etag) and the commit (x-repo-commit); the file comes by a resumable GET
 // (./download.ts) into models/<repo>/<path> and lands only once its SHA-256 is right. A split
 // model's parts all come. HF_TOKEN goes as a Bearer token to the Hub, never to the CDN.
-import { mkdirSync, statSync, writeFileSync, renameSync } from "node:fs";
+import { statSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { setting } from "../config/env.ts";
 import { InferError, quote } from "../errors.ts";
@@ -15,7 +15,7 @@ import {
   cachedHubFile, modelFilesOf, modelsDir, readSource, sourceRecordPath, type HubSource,
 } from "./cache.ts";
 import {
-  getResumable, PartialFile, stderrProgress, type DownloadProgress,
+  getResumable, makeFolder, PartialFile, stderrProgress, writeWhole, type DownloadProgress,
 } from "./download.ts";
 import { hubRefText, parseHubRef, pickHubFile, type HubRef } from "./hub-ref.ts";
 
@@ -29,6 +29,8 @@ export interface PullOptions {
   /** An access token (default HF_TOKEN). */
   readonly token?: string | null;
   readonly revision?: string;
+  /** A download that brings no byte for this long is cut and resumed (default 30 s). */
+  readonly stallMs?: number;
 }
 
 interface RemoteFile {
@@ -43,6 +45,7 @@ interface Hub {
   readonly endpoint: string;
   readonly token: string | null;
   readonly revision: string;
+  readonly stallMs?: number;
 }
 
 function hubOf(options: PullOptions): Hub {
@@ -50,6 +53,7 @@ function hubOf(options: PullOptions): Hub {
     endpoint: (options.endpoint ?? setting("HF_ENDPOINT")).replace(/\/+$/, ""),
     token: options.token === undefined ? setting("HF_TOKEN") : options.token,
     revision: options.revision ?? "main",
+    stallMs: options.stallMs,
   };
 }
 
@@ -61,8 +65,8 @@ async function hubFetch(hub: Hub, url: string, init: RequestInit = {}): Promise<
   try {
     return await fetch(url, { ...init, headers: { ...authHeaders(hub), ...init.headers } });
   } catch (err) {
-    throw new InferError("io", `cannot reach the Hub at ${hub.endpoint}: ${(err as Error).message}` +
-      " (HF_ENDPOINT names another)");
+    throw new InferError("io", `cannot reach the Hub at ${hub.endpoint}: ` +
+      `${(err as Error).message} (HF_ENDPOINT names another)`);
   }
 }
 
@@ -94,7 +98,8 @@ async function hubError(hub: Hub, response: Response, repo: string, path: string
       }
       return new InferError("io", `no model repository ${repo} on ${hub.endpoint}`);
     default:
-      return new InferError("io", `${what}: HTTP ${response.status} from ${hub.endpoint}${hubSays}`);
+      return new InferError("io", `${what}: HTTP ${response.status} from ${hub.endpoint}` +
+        hubSays);
   }
 }
 
@@ -130,7 +135,8 @@ function unquoteEtag(etag: string | null): string | null {
 
 /** Where `path` downloads from, its size, SHA-256 and commit: a HEAD of its resolve URL. */
 async function remoteFile(hub: Hub, repo: string, path: string): Promise<RemoteFile> {
-  let url = `${hub.endpoint}/${repo}/resolve/${encodeURIComponent(hub.revision)}/${encodePath(path)}`;
+  let url = `${hub.endpoint}/${repo}/resolve/${encodeURIComponent(hub.revision)}/` +
+    encodePath(path);
   let response = await hubFetch(hub, url, { method: "HEAD", redirect: "manual" });
   // a redirect on the Hub itself without a linked file is a renamed repo: followed
   for (let hop = 0; hop < 5 && response.status >= 301 && response.status <= 308 &&
@@ -230,13 +236,13 @@ function fileSize(path: string): number {
 /** One file into `target`, resumed from its partial, with its source record beside it. */
 async function download(hub: Hub, repo: string, r: RemoteFile, target: string,
   onBytes: (bytesNow: number) => void): Promise<void> {
-  mkdirSync(dirname(target), { recursive: true });
+  makeFolder(dirname(target));
   const partial = PartialFile.resume(target);
   const sameOrigin = new URL(r.url).origin === new URL(hub.endpoint).origin;
   try {
     await getResumable(partial, {
       url: r.url, headers: sameOrigin ? authHeaders(hub) : {}, totalBytes: r.bytes, onBytes,
-      what: `${repo}/${r.path}`,
+      what: `${repo}/${r.path}`, stallMs: hub.stallMs,
     });
   } catch (err) {
     partial.close(); // kept: the same command resumes it
@@ -245,8 +251,6 @@ async function download(hub: Hub, repo: string, r: RemoteFile, target: string,
   partial.land(r.sha256, `${repo}/${r.path} from ${hub.endpoint}`, () => {
     const source: HubSource = { endpoint: hub.endpoint, repo, revision: hub.revision,
       commit: r.commit, path: r.path, sha256: r.sha256, bytes: r.bytes };
-    const record = sourceRecordPath(target);
-    writeFileSync(`${record}.partial`, JSON.stringify(source, null, 2) + "\n");
-    renameSync(`${record}.partial`, record);
+    writeWhole(sourceRecordPath(target), JSON.stringify(source, null, 2) + "\n");
   });
 }
