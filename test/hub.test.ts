@@ -132,7 +132,9 @@ describe("pulling", () => {
     expect(resolveModel("Q8_0")).toBe(path); // a unique part of a cached name
     expect(hub.requests.length).toBe(before);
     // pulled again: the Hub is asked, the file is not fetched again
-    expect(await pullModel("acme/tiny-GGUF:Q8_0", quiet())).toBe(path);
+    const notes: string[] = [];
+    expect(await pullModel("acme/tiny-GGUF:Q8_0", quiet({ onNote: (l) => notes.push(l) }))).toBe(path);
+    expect(notes).toEqual(["acme/tiny-GGUF/tiny-Q8_0.gguf: the cached copy is the Hub's (main)"]);
     expect(hub.requests.filter((r) => r.server === "cdn").length).toBe(1);
     expect(() => resolveModel("acme/tiny-GGUF:Q4_K_M")).toThrow("'infer pull acme/tiny-GGUF:Q4_K_M' fetches it");
   });

@@ -178,10 +178,10 @@ const inFlight = new Map<string, Promise<string>>();
 export function pullModel(ref: HubRef | string, options: PullOptions = {}): Promise<string> {
   const parsed = typeof ref === "string" ? parseHubRef(ref) : ref;
   if (parsed === null) {
-    throw new InferError("invalid_argument", `${quote(String(ref))} is not a Hub model: give ` +
-      "org/repo, org/repo:QUANT or org/repo/path/file.gguf");
+    return Promise.reject(new InferError("invalid_argument", `${quote(String(ref))} is not a ` +
+      "Hub model: give org/repo, org/repo:QUANT or org/repo/path/file.gguf"));
   }
-  const key = hubRefText(parsed);
+  const key = `${hubRefText(parsed)}@${options.revision ?? "main"}`;
   let pending = inFlight.get(key);
   if (!pending) {
     pending = pull(parsed, options).finally(() => inFlight.delete(key));
@@ -212,6 +212,10 @@ async function pull(ref: HubRef, options: PullOptions): Promise<string> {
     const source = readSource(target);
     return source !== null && source.sha256 === r.sha256 && fileSize(target) === r.bytes;
   };
+  if (remote.every((r, i) => current(r, targets[i]))) {
+    note(`${ref.repo}/${file}: the cached copy is the Hub's (${hub.revision})`);
+    return targets[0];
+  }
   const totalBytes = remote.reduce((sum, r) => sum + r.bytes, 0);
   const report = options.onProgress ?? stderrProgress(`${ref.repo}/${file}`);
   let doneBytes = 0;
