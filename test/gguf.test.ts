@@ -91,7 +91,7 @@ describe("round trip", () => {
     const f = openGguf(path);
     const a = f.tensors.get("a.weight")!;
     expect(Array.from(new Float32Array(f.tensorBytes(a).slice().buffer))).toEqual([1, 2, 3, 4, 5, 6, 7, 8]);
-    expect(f.tensorAddress(a)).toBe(f.baseAddress + a.fileOffset);
+    expect(f.tensorAddress(a)).toBe(f.parts[0].baseAddress + a.fileOffset);
     f.close();
   });
 
@@ -114,7 +114,7 @@ describe("round trip", () => {
     }
     const f = openGguf(path);
     try {
-      expect(f.length).toBe(total);
+      expect(f.parts[0].length).toBe(total);
       const b = f.tensors.get("b.weight")!;
       expect(b.fileOffset + b.byteLength).toBe(total);
       const bytes = f.tensorBytes(b);

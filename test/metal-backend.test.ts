@@ -4,7 +4,8 @@
 // prompt of 5 tokens, then 3 single-token steps, each step's outputs read back and compared by
 // normalised error. setTokens/setPositions between steps with work still queued must see the
 // queued work run first, as on a Mac where a step is one command buffer. Also: on Linux,
-// `--backend metal` fails with one clear line and `auto` does not pick Metal.
+// `--backend metal` fails with one clear line and `auto` does not pick Metal. A split model wraps
+// each part as its own buffer and gives the whole file's results.
 import { afterAll, describe, expect, test } from "bun:test";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -15,6 +16,7 @@ import { MetalBackend } from "../ts/backend/metal.ts";
 import { createBackend, isAppleSilicon } from "../ts/backend/select.ts";
 import { InferError } from "../ts/errors.ts";
 import { openGguf, type GgufFile } from "../ts/gguf/reader.ts";
+import { splitGguf } from "./support/split-gguf.ts";
 import { llamaFloat, qwen3KQuants, gemmaMixed, llamaQ4_0, randomQuantGguf } from "./support/random-quant-gguf.ts";
 import { EmulatedMetalDevice } from "./support/metal-emu.ts";
 import { normalisedError } from "./support/numeric.ts";
@@ -112,6 +114,30 @@ describe("the Metal backend on the emulated device equals the CPU backend", () =
     }, 60_000);
   }
 });
+
+test("a split model: each part wrapped as its own buffer, the same results as the whole file", () => {
+  const spec = gemmaMixed;
+  const path = join(dir, "split-whole.gguf");
+  writeFileSync(path, randomQuantGguf({ ...spec, layers: 1 }));
+  const whole = openGguf(path), split = openGguf(splitGguf(path, join(dir, "split"), 3)[0]);
+  files.push(whole, split);
+  expect(split.parts.length).toBe(3);
+  const cpu = new CpuBackend();
+  const device = new EmulatedMetalDevice({ seed: spec.seed });
+  const metal = new MetalBackend(device);
+  try {
+    const runCpu = attentionBlock(cpu, whole, spec), runMetal = attentionBlock(metal, split, spec);
+    let position = 0;
+    for (const tokens of [[2, 17, 270, 5, 41], [7]]) {
+      const want = runCpu(tokens, position), got = runMetal(tokens, position);
+      want.forEach((w, i) => expect(normalisedError(got[i], w)).toBeLessThanOrEqual(TOL_BLOCK_Q));
+      position += tokens.length;
+    }
+  } finally {
+    metal.dispose();
+    device.dispose();
+  }
+}, 60_000);
 
 test("on Linux, --backend metal fails with one clear line and auto does not pick Metal", () => {
   if (isAppleSilicon()) return;

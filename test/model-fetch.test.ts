@@ -149,7 +149,7 @@ test("ensureModel fetches the default model by name, and takes a cached one or a
   }
 });
 
-test("progress off a terminal is a line per tenth; on one, a redrawn line with the rate", () => {
+test("progress off a terminal is a line per tenth; on one, a bar redrawn with the rate and time left", () => {
   const lines: string[] = [];
   const log = stderrProgress("m.gguf", { isTTY: false, write: (s: string) => lines.push(s) });
   for (let received = 0; received <= 1_000_000; received += 1000) log(received, 1_000_000);
@@ -162,7 +162,14 @@ test("progress off a terminal is a line per tenth; on one, a redrawn line with t
   tty(0, 2_000_000);
   tty(2_000_000, 2_000_000);
   expect(drawn.length).toBe(2);
-  expect(drawn[1]).toMatch(/^\r\x1b\[Kfetching m\.gguf: 2\.0 \/ 2\.0 MB, [\d.]+ MB\/s\n$/);
+  expect(drawn[0]).toMatch(/^\r\x1b\[Kfetching m\.gguf: \[\.{20}\] 0\.0 \/ 2\.0 MB, [\d.]+ MB\/s, \S+ left$/);
+  expect(drawn[1]).toMatch(/^\r\x1b\[Kfetching m\.gguf: \[#{20}\] 2\.0 \/ 2\.0 MB, [\d.]+ MB\/s\n$/);
+
+  // a resumed download: its rate and time left count only this run's bytes; GB past 1 GB
+  const resumed: string[] = [];
+  const again = stderrProgress("big.gguf", { isTTY: true, write: (s: string) => resumed.push(s) });
+  again(3e9, 4e9);
+  expect(resumed[0]).toMatch(/^\r\x1b\[Kfetching big\.gguf: \[#{15}\.{5}\] 3\.0 \/ 4\.0 GB, 0\.0 MB\/s, \? left$/);
 });
 
 test("zipEntry names what is wrong with a damaged archive", () => {

@@ -30,6 +30,12 @@ export interface LoadOptions {
   readonly prefixCacheBytes?: number;
   /** Called as the weights are prepared: done of total tensors. */
   readonly onProgress?: (done: number, total: number) => void;
+  /**
+   * Called as a model is downloaded (the default model on its first use, or a Hub model not yet
+   * cached): received of total bytes. When given, nothing is printed; else progress goes to
+   * stderr.
+   */
+  readonly onDownloadProgress?: (receivedBytes: number, totalBytes: number) => void;
 }
 
 export interface ModelInfo extends EngineInfo {
@@ -45,8 +51,10 @@ export interface TokenizeOptions {
 }
 
 /**
- * Opens a model: a GGUF path, or the name of a model in the cache (`infer models` lists them;
- * default: Gemma 3 270M Q4_K_M, fetched into the cache on its first use). Rejects with an
+ * Opens a model: a GGUF path, the name of a model in the cache (`infer models` lists them;
+ * default: Gemma 3 270M Q4_K_M, fetched into the cache on its first use), or a model on the
+ * Hugging Face Hub, `org/repo:QUANT` or `org/repo/file.gguf`, pulled into the cache unless it is
+ * there. Rejects with an
  * InferError whose `code` says why (io, bad_gguf, bad_model, out_of_memory, unsupported, ...).
  */
 export async function loadModel(nameOrPath: string = DEFAULT_MODEL.name,
@@ -56,8 +64,10 @@ export async function loadModel(nameOrPath: string = DEFAULT_MODEL.name,
   }
   const backend = options.backend === undefined ? defaultBackendKind("auto")
     : parseBackendKind(options.backend, "backend");
-  // the default model is fetched into the cache on its first use (progress on stderr)
-  const path = await ensureModel(nameOrPath);
+  // the default model on its first use, and a Hub model not yet cached, are fetched first
+  const onProgress = options.onDownloadProgress;
+  const path = await ensureModel(nameOrPath,
+    onProgress ? { onProgress, onNote: () => {} } : {});
   const thread = await EngineThread.open({
     modelPath: path, backend, threads: options.threads, contextLength: options.contextLength,
     parallel: options.parallel ?? 4, prefixCacheBytes: options.prefixCacheBytes,

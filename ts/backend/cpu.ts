@@ -57,8 +57,8 @@ export class CpuBackend implements Backend {
         "which the CPU backend does not compute yet");
     }
     const weight = new CpuWeight(t.name, t.type.name, t.type.id, t.dims,
-      offsetAddress(file.baseAddress, t.fileOffset), t.byteLength,
-      (offset, bytes) => file.releaseBytes(t.fileOffset + offset, bytes));
+      file.tensorAddress(t) as Pointer, t.byteLength,
+      (offset, bytes) => file.releaseTensorBytes(t, offset, bytes));
     // Repacked now, so the first token does not pay for it. The token embedding is a matmul
     // weight only where the LM head is tied to it (no output.weight): then now as well, while
     // few other copies are resident (repacked after every other weight, at its first matmul,

@@ -135,10 +135,12 @@ export class MetalBackend implements Backend {
     if (!metalWeightTypes[t.type.name]) {
       throw new InferError("unsupported", `tensor '${t.name}' has quant type ${t.type.name}, which the Metal backend does not compute`);
     }
-    let buffer = this.files.get(file.path);
+    // each mapped file (a split model's parts each) is one buffer without a copy
+    const part = file.parts[t.part];
+    let buffer = this.files.get(part.path);
     if (!buffer) {
-      buffer = this.device.wrap(file.baseAddress, file.length, `wrapping ${file.path}`);
-      this.files.set(file.path, buffer);
+      buffer = this.device.wrap(part.baseAddress, part.length, `wrapping ${part.path}`);
+      this.files.set(part.path, buffer);
       this.buffers.push(buffer);
     }
     return new MetalWeight(t.name, t.type.name, t.type.id, t.dims, buffer, t.fileOffset);

@@ -7,7 +7,8 @@ export const overview = `infer: local LLM inference on GGUF models (Zig kernels,
 usage: infer "prompt" [options]        continue a prompt, streaming to stdout (also: infer run ...)
        infer chat [options]            talk with a model turn by turn in its chat template
        infer serve [options]           an OpenAI-compatible HTTP server (/v1/chat/completions, ...)
-       infer models                    list the models in the cache
+       infer pull org/repo[:QUANT]     fetch a GGUF from the Hugging Face Hub into the cache
+       infer models                    list the models in the cache ('infer models rm NAME')
        infer import <hf-folder> -o model.gguf [--quant TYPE]
                                        convert a Hugging Face model folder to GGUF
        infer quantize <in.gguf> <out.gguf> --quant TYPE
@@ -23,14 +24,16 @@ examples:
   infer "The capital of France is" -n 32 --temp 0
   infer -f story.txt -n 256 --json-schema '{"type":"object","properties":{"title":{"type":"string"}}}'
   infer serve --model qwen2.5-0.5b-instruct-q4_k_m --port 8080 --parallel 4
+  infer chat -m bartowski/Qwen2.5-0.5B-Instruct-GGUF:Q4_K_M
 
 The default model is Gemma 3 270M Q4_K_M, a small base model: it continues text; it has no
 chat template of its own (chat uses Gemma's) and was not tuned to follow instructions.
 
 From a source checkout 'infer' is 'bun run infer.ts'; 'bun run build:bin' makes the single
-executable dist/infer. Models: --model takes a GGUF path or the name of a model in the cache
-(INFER_CACHE, default ~/.cache/infer). 'infer help env' lists every environment variable
-(INFER_CACHE, INFER_BACKEND, INFER_LIB, ...) with its default.
+executable dist/infer. Models: --model takes a GGUF path, the name of a model in the cache
+(INFER_CACHE, default ~/.cache/infer), or a Hugging Face Hub model, org/repo:QUANT, pulled into
+the cache on first use ('infer help pull'). 'infer help env' lists every environment variable
+(INFER_CACHE, INFER_BACKEND, HF_TOKEN, ...) with its default.
 
 Exit codes: 0 done; 1 an error, said in one line (a missing or bad model file, too little
 memory, ...); 2 a mistake in the command line (an unknown option, a bad value, a wrong number of

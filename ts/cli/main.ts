@@ -19,6 +19,7 @@ import {
 } from "./options.ts";
 import type { Completion } from "../api/options.ts";
 import { perplexityCommand, perplexityUsage } from "./perplexity.ts";
+import { pullCommand, pullUsage } from "./pull.ts";
 import { quantizeCommand, quantizeUsage } from "./quantize.ts";
 import { serveCommand, serveUsage } from "./serve.ts";
 import { tokenizeCommand, tokenizeUsage } from "./tokenize.ts";
@@ -28,6 +29,7 @@ const commands: Record<string, (argv: string[]) => number | Promise<number>> = {
   run: runCommand,
   chat: chatCommand,
   models: modelsCommand,
+  pull: pullCommand,
   import: importCommand,
   quantize: quantizeCommand,
   perplexity: perplexityCommand,
@@ -37,7 +39,8 @@ const commands: Record<string, (argv: string[]) => number | Promise<number>> = {
 };
 
 const usages: Record<string, string> = {
-  run: runUsage, chat: chatUsage, models: modelsUsage, import: importUsage, quantize: quantizeUsage,
+  run: runUsage, chat: chatUsage, models: modelsUsage, pull: pullUsage, import: importUsage,
+  quantize: quantizeUsage,
   perplexity: perplexityUsage, serve: serveUsage, tokenize: tokenizeUsage,
 };
 

@@ -37,8 +37,9 @@ export const generationOptions = {
 export function generationHelp(defaultTokens: string): string {
   const d = defaultSampling;
   return `model and context:
-  -m, --model PATH|NAME  a GGUF file, or a model in the cache by name (see 'infer models';
-                         default: the installed Gemma 3 270M Q4_K_M)
+  -m, --model PATH|NAME  a GGUF file, a model in the cache by name (see 'infer models'), or
+                         org/repo[:QUANT] on the Hugging Face Hub, pulled on first use
+                         (default: the installed Gemma 3 270M Q4_K_M)
   -c, --ctx-size N       context length in tokens (default: min(4096, the model's))
   -t, --threads N        CPU threads (default: all cores; more than the cores are capped)
   --backend B            cpu, cuda, metal, or auto: Metal on Apple silicon, else CUDA when

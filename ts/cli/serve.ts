@@ -31,7 +31,8 @@ Access: with --api-key, /v1/* needs the key. Without it, only requests whose Hos
 server (localhost or an IP address, with its port) are answered. Requests from web pages of
 another origin are refused (403) unless --cors allows that origin.
 
-  -m, --model M          a GGUF file or the name of a model in the cache
+  -m, --model M          a GGUF file, the name of a model in the cache, or org/repo[:QUANT]
+                         on the Hugging Face Hub, pulled on first use
                          (default: the installed Gemma 3 270M Q4_K_M)
   --host H               address to listen on (default 127.0.0.1)
   --port N               port (default 8080; 0: any free port)

@@ -14,7 +14,8 @@ token's byte). As a prompt is tokenized: BOS is added, and control-token text su
 <start_of_turn> becomes the control token.
 
 options:
-  -m, --model PATH|NAME  a GGUF file, or a model in the cache (default: Gemma 3 270M Q4_K_M)
+  -m, --model PATH|NAME  a GGUF file, a model in the cache, or org/repo[:QUANT] on the Hub
+                         (default: Gemma 3 270M Q4_K_M)
   -f, --file FILE        the text from FILE ('-': standard input)
   --ids                  only the ids, as one JSON array
   --no-bos               add no BOS (nor EOS)

