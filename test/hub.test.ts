@@ -230,6 +230,21 @@ describe("pulling", () => {
     }
   });
 
+  test("without HF_TOKEN the token file is read, as huggingface_hub reads it", async () => {
+    const home = join(cache, "hf-home");
+    mkdirSync(home, { recursive: true });
+    writeFileSync(join(home, "token"), GOOD_TOKEN + "\n");
+    const path = await withSettings({ HF_TOKEN: "", HF_HOME: home, HF_ENDPOINT: hub.url }, () =>
+      pullModel("acme/gated-GGUF:Q4_K_M", { onProgress: () => {}, onNote: () => {} }));
+    expect(new Uint8Array(readFileSync(path))).toEqual(q4);
+    const elsewhere = join(cache, "my-token");
+    writeFileSync(elsewhere, "hf_bad");
+    const wrong = await withSettings({ HF_TOKEN: "", HF_HOME: home, HF_TOKEN_PATH: elsewhere,
+      HF_ENDPOINT: hub.url }, () => rejection(pullModel("acme/gated-GGUF/gated-Q8_0.gguf",
+      { onProgress: () => {}, onNote: () => {} })));
+    expect(wrong.message).toContain("token's account has no access");
+  });
+
   test("a split model comes whole, is listed once, opens as one and is removed whole", async () => {
     const path = await pullModel("acme/split-GGUF:Q4_K_M", quiet());
     expect(path).toBe(join(cache, "models", "acme/split-GGUF/Q4_K_M/tiny-Q4_K_M-00001-of-00003.gguf"));
@@ -264,7 +279,7 @@ describe("the CLI and the library", () => {
   // async: the Hub answers from this process, which a synchronous spawn would block
   async function infer(env: Record<string, string>, ...args: string[]) {
     const p = Bun.spawn([process.execPath, "infer.ts", ...args], { cwd: root, stdout: "pipe",
-      stderr: "pipe", env: { ...process.env, INFER_CACHE: cache, HF_TOKEN: "", ...env } });
+      stderr: "pipe", env: { ...process.env, INFER_CACHE: cache, HF_TOKEN: "", HF_HOME: cache, ...env } });
     const [stdout, stderr, code] = await Promise.all([new Response(p.stdout).text(),
       new Response(p.stderr).text(), p.exited]);
     return { code, stdout, stderr };

@@ -6,7 +6,7 @@
 // publishes (x-linked-etag) and the commit (x-repo-commit); the file comes by a resumable GET
 // (./download.ts) into models/<repo>/<path> and lands only once its SHA-256 is right. A split
 // model's parts all come. HF_TOKEN goes as a Bearer token to the Hub, never to the CDN.
-import { statSync } from "node:fs";
+import { readFileSync, statSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { setting } from "../config/env.ts";
 import { InferError, quote } from "../errors.ts";
@@ -48,10 +48,26 @@ interface Hub {
   readonly stallMs?: number;
 }
 
+/**
+ * The access token as huggingface_hub finds it: HF_TOKEN, else the file `hf auth login` wrote
+ * (HF_TOKEN_PATH, default $HF_HOME/token), else none.
+ */
+export function hubToken(): string | null {
+  const fromEnv = setting("HF_TOKEN");
+  if (fromEnv !== null) return fromEnv.trim();
+  const file = setting("HF_TOKEN_PATH") ?? join(setting("HF_HOME"), "token");
+  try {
+    const token = readFileSync(file, "utf8").trim();
+    return token === "" ? null : token;
+  } catch {
+    return null; // no file: no token, as huggingface_hub has it
+  }
+}
+
 function hubOf(options: PullOptions): Hub {
   return {
     endpoint: (options.endpoint ?? setting("HF_ENDPOINT")).replace(/\/+$/, ""),
-    token: options.token === undefined ? setting("HF_TOKEN") : options.token,
+    token: options.token === undefined ? hubToken() : options.token,
     revision: options.revision ?? "main",
     stallMs: options.stallMs,
   };
