@@ -173,3 +173,41 @@ export function metalArgStructs(dir = metalShaderDir()): Map<string, StructField
 export function metalArgDefines(dir = metalShaderDir()): Map<string, number> {
   return parseDefines(readFileSync(join(dir, "args.h"), "utf8"));
 }
+
+/** The built-ins MSL requires to have one component count within a kernel (MSL spec 5.2.3.6). */
+const gridBuiltins = new Set([
+  "thread_position_in_grid", "thread_position_in_threadgroup", "threadgroup_position_in_grid",
+  "threads_per_threadgroup", "threadgroups_per_grid", "threads_per_grid", "dispatch_threads_per_threadgroup",
+]);
+
+/** uint/ushort (1) or uint2/uint3/ushort2/ushort3 (2, 3); null for anything else. */
+function builtinWidth(type: string): number | null {
+  const m = /^u(?:int|short)([23])?$/.exec(type);
+  return m ? Number(m[1] ?? 1) : null;
+}
+
+/**
+ * The rules on built-in attributes that the Metal compiler enforces and the C++ emulation cannot
+ * see, as one line per violation: position and size attributes (gridBuiltins) are uint/ushort
+ * scalars or vectors of ONE component count per kernel; index and count attributes are scalars.
+ * One rejected kernel fails the whole library, so every kernel is checked.
+ */
+export function builtinAttributeErrors(k: KernelSignature): string[] {
+  const errors: string[] = [];
+  const grid = k.params.filter((p) => p.builtin !== null && gridBuiltins.has(p.builtin));
+  for (const p of k.params) {
+    if (p.builtin === null) continue;
+    const width = builtinWidth(p.type);
+    if (width === null || p.pointer || p.reference) {
+      errors.push(`${k.file}: ${k.name}: [[${p.builtin}]] ${p.name} is '${p.type}', not a uint/ushort scalar or vector`);
+    } else if (!gridBuiltins.has(p.builtin) && width !== 1) {
+      errors.push(`${k.file}: ${k.name}: [[${p.builtin}]] ${p.name} must be a scalar, is '${p.type}'`);
+    }
+  }
+  const widths = new Set(grid.map((p) => builtinWidth(p.type)));
+  if (widths.size > 1) {
+    errors.push(`${k.file}: ${k.name}: position/size attributes mix component counts (` +
+      `${grid.map((p) => `${p.type} [[${p.builtin}]]`).join(", ")}); MSL requires one`);
+  }
+  return errors;
+}
