@@ -12,7 +12,7 @@ import { join } from "node:path";
 import type { Backend } from "../ts/backend/backend.ts";
 import { CpuBackend } from "../ts/backend/cpu.ts";
 import { MetalBackend } from "../ts/backend/metal.ts";
-import { createBackend, isAppleSilicon } from "../ts/backend/select.ts";
+import { chooseBackend, createBackend, isAppleSilicon, type BackendOpeners } from "../ts/backend/select.ts";
 import { InferError } from "../ts/errors.ts";
 import { openGguf, type GgufFile } from "../ts/gguf/reader.ts";
 import { llamaFloat, qwen3KQuants, gemmaMixed, llamaQ4_0, randomQuantGguf } from "./support/random-quant-gguf.ts";
@@ -130,3 +130,53 @@ test("on Linux, --backend metal fails with one clear line and auto does not pick
   auto.dispose?.();
 });
 
+
+describe("auto on Apple silicon falls back to the CPU when Metal fails to start", () => {
+  const cudaUnused = () => { throw new Error("auto must not try CUDA on Apple silicon"); };
+  const openers = (metal: () => Backend, lines: string[]): BackendOpeners =>
+    ({ metal, cuda: cudaUnused, appleSilicon: true, warn: (line) => lines.push(line) });
+
+  test("a kernel the compiler rejects: the CPU, and one line on stderr saying why", () => {
+    const lines: string[] = [];
+    const failing = () => {
+      throw new InferError("internal", "Metal: compiling the kernels failed: program_source:12:5: error: bad\nnote: more");
+    };
+    const { backend, why } = chooseBackend("auto", openers(failing, lines));
+    expect(backend.name).toBe("cpu");
+    expect(lines).toEqual(["infer: the Metal backend failed to start, using the CPU: " +
+      "Metal: compiling the kernels failed: program_source:12:5: error: bad"]);
+    expect(why).toContain("Metal failed to start (Metal: compiling the kernels failed");
+    backend.dispose?.();
+  });
+
+  test("a missing shader directory (not an InferError) also falls back", () => {
+    const lines: string[] = [];
+    const { backend } = chooseBackend("auto", openers(() => { throw new Error("ENOENT: no such file, scandir 'x'"); }, lines));
+    expect(backend.name).toBe("cpu");
+    expect(lines.length).toBe(1);
+    backend.dispose?.();
+  });
+
+  test("no Metal device: the CPU quietly, the reason kept for -v", () => {
+    const lines: string[] = [];
+    const absent = () => { throw new InferError("unsupported", "Metal not available: no Metal device"); };
+    const { backend, why } = chooseBackend("auto", openers(absent, lines));
+    expect(backend.name).toBe("cpu");
+    expect(lines).toEqual([]);
+    expect(why).toBe("auto: Metal not available: no Metal device");
+  });
+
+  test("a working Metal device is taken; --backend metal still fails loudly", () => {
+    const device = new EmulatedMetalDevice();
+    try {
+      const { backend, why } = chooseBackend("auto", openers(() => new MetalBackend(device), []));
+      expect(backend.name).toBe("metal");
+      expect(why).toBe("auto: metal");
+      backend.dispose?.();
+      const failing = () => { throw new InferError("internal", "Metal: pipeline rope: bad"); };
+      expect(() => chooseBackend("metal", openers(failing, []))).toThrow("Metal: pipeline rope: bad");
+    } finally {
+      device.dispose();
+    }
+  });
+});
