@@ -113,6 +113,39 @@ describe("the Metal backend on the emulated device equals the CPU backend", () =
   }
 });
 
+test("a model over maxBufferLength: weights bound through overlapping views equal the CPU", () => {
+  const spec = gemmaMixed;
+  const path = join(dir, `views-${spec.arch}-${spec.seed}.gguf`);
+  writeFileSync(path, randomQuantGguf({ ...spec, layers: 1 }));
+  const file = openGguf(path);
+  files.push(file);
+  let largest = 0;
+  for (const t of file.tensors.values()) largest = Math.max(largest, t.byteLength);
+  // Room for the largest tensor plus two 16 KiB steps: the file takes several views.
+  const maxBufferLength = Math.ceil(largest / 16384) * 16384 + 2 * 16384;
+  expect(file.length).toBeGreaterThan(2 * maxBufferLength);
+  const cpu = new CpuBackend();
+  const device = new EmulatedMetalDevice({ seed: 7, maxBufferLength });
+  const metal = new MetalBackend(device);
+  try {
+    const runCpu = attentionBlock(cpu, file, spec), runMetal = attentionBlock(metal, file, spec);
+    expect(device.wrapped.length).toBeGreaterThan(2);
+    for (const v of device.wrapped) {
+      expect(v.bytes).toBeLessThanOrEqual(maxBufferLength);
+      expect((v.address - file.baseAddress) % 16384).toBe(0);
+    }
+    let position = 0;
+    for (const tokens of [[2, 17, 270], [7]]) {
+      const want = runCpu(tokens, position), got = runMetal(tokens, position);
+      want.forEach((w, i) => expect(normalisedError(got[i], w)).toBeLessThanOrEqual(TOL_BLOCK_Q));
+      position += tokens.length;
+    }
+  } finally {
+    metal.dispose();
+    device.dispose();
+  }
+}, 60_000);
+
 test("on Linux, --backend metal fails with one clear line and auto does not pick Metal", () => {
   if (isAppleSilicon()) return;
   let error: unknown;
