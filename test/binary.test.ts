@@ -4,7 +4,7 @@
 // It must answer every command's --help, list the cached models, and run the default model to
 // the same greedy text as the engine run from source.
 import { describe, expect, test } from "bun:test";
-import { existsSync, mkdtempSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { buildBinary } from "../ts/cli/build-bin.ts";
@@ -53,13 +53,28 @@ describe("the single executable", () => {
     expect(run([]).code).toBe(2);
   });
 
+  const modelPath = defaultModelPath();
+
   test("a missing library is reported with where it was looked for", () => {
     const r = run(["hi"], { env: { INFER_LIB: "/nonexistent/libinfer.so" } });
     expect(r.code).toBe(1);
     expect(r.stderr).toContain("/nonexistent/libinfer.so");
   });
 
-  const modelPath = defaultModelPath();
+  test("embeds the Metal kernels: they assemble with no shaders directory around", () => {
+    const bytes = readFileSync(binary).toString("latin1");
+    for (const marker of ["kernel void rms_norm_add(", "kernel void attention(", "typedef struct {\n    uint32_t n_cols;"]) {
+      expect(bytes).toContain(marker);
+    }
+    // Off macOS the device is missing: the one line must be the native library's, which comes
+    // after the kernels were read and parsed (a missing shader file would fail first).
+    if (process.platform !== "darwin" && existsSync(modelPath)) {
+      const r = run(["hi", "-n", "1", "--backend", "metal"]);
+      expect(r.code).toBe(1);
+      expect(r.stderr.trim()).toMatch(/^[^\n]*Metal not available: the Metal backend runs on macOS/);
+    }
+  });
+
   describe.skipIf(!existsSync(modelPath))("on the default model", () => {
     test("greedy text equals the engine's from source; models lists it; chat and --json run", () => {
       const prompt = "The capital of France is";

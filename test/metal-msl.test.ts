@@ -11,12 +11,21 @@
 //    the reason, where clang is not installed (Debian: apt-get install clang); a clean result is
 //    cached per content hash. Each check is also shown to reject a planted violation.
 import { describe, expect, test } from "bun:test";
-import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import {
-  assembleMetalSource, builtinAttributeErrors, metalKernels, metalShaderDir, parseKernels,
+  assembleMetalSource, builtinAttributeErrors, metalKernels, metalShaderDir, metalShaderFiles, parseKernels,
 } from "../ts/backend/metal-shaders.ts";
+
+test("the kernels built in (imported as text, embedded by build:bin) are exactly shaders/metal's files", () => {
+  const dir = metalShaderDir();
+  const onDisk = readdirSync(dir).filter((f) => /\.(metal|h)$/.test(f)).sort();
+  const embedded = metalShaderFiles();
+  expect([...embedded.keys()]).toEqual(onDisk);
+  for (const f of onDisk) expect(embedded.get(f)).toBe(readFileSync(join(dir, f), "utf8"));
+  expect(assembleMetalSource()).toBe(assembleMetalSource(dir));
+});
 
 describe("built-in attributes agree in width", () => {
   test("every kernel of shaders/metal", () => {
