@@ -47,7 +47,13 @@ export function metalShaderDir(): string {
 export function metalShaderFiles(): ReadonlyMap<string, string> {
   const dir = setting("INFER_METAL_SHADERS");
   if (dir === null) return new Map(Object.entries(embeddedShaders));
-  return new Map(readdirSync(dir).filter((f) => /\.(metal|h)$/.test(f)).sort()
+  let names: string[];
+  try {
+    names = readdirSync(dir);
+  } catch (err) {
+    throw new InferError("invalid_argument", `INFER_METAL_SHADERS: cannot read ${dir}: ${(err as Error).message}`);
+  }
+  return new Map(names.filter((f) => /\.(metal|h)$/.test(f)).sort()
     .map((f) => [f, readFileSync(join(dir, f), "utf8")]));
 }
 
