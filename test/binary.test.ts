@@ -53,13 +53,23 @@ describe("the single executable", () => {
     expect(run([]).code).toBe(2);
   });
 
+  const modelPath = defaultModelPath();
+
   test("a missing library is reported with where it was looked for", () => {
     const r = run(["hi"], { env: { INFER_LIB: "/nonexistent/libinfer.so" } });
     expect(r.code).toBe(1);
     expect(r.stderr).toContain("/nonexistent/libinfer.so");
   });
 
-  const modelPath = defaultModelPath();
+  // Off macOS the device is missing, and the one line must be the native library's, which comes
+  // after the kernels were read and parsed: with no shaders directory around the binary, that
+  // proves they are embedded (a missing kernel file would fail first, with another message).
+  test.skipIf(process.platform === "darwin" || !existsSync(modelPath))("embeds the Metal kernels", () => {
+    const r = run(["hi", "-n", "1", "--backend", "metal"]);
+    expect(r.code).toBe(1);
+    expect(r.stderr.trim()).toBe("infer: Metal not available: the Metal backend runs on macOS (Apple silicon) only");
+  });
+
   describe.skipIf(!existsSync(modelPath))("on the default model", () => {
     test("greedy text equals the engine's from source; models lists it; chat and --json run", () => {
       const prompt = "The capital of France is";

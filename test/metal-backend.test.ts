@@ -13,7 +13,7 @@ import { join } from "node:path";
 import type { Backend } from "../ts/backend/backend.ts";
 import { CpuBackend } from "../ts/backend/cpu.ts";
 import { MetalBackend } from "../ts/backend/metal.ts";
-import { createBackend, isAppleSilicon } from "../ts/backend/select.ts";
+import { chooseBackend, createBackend, isAppleSilicon, type BackendOpeners } from "../ts/backend/select.ts";
 import { InferError } from "../ts/errors.ts";
 import { openGguf, type GgufFile } from "../ts/gguf/reader.ts";
 import { splitGguf } from "./support/split-gguf.ts";
@@ -139,6 +139,39 @@ test("a split model: each part wrapped as its own buffer, the same results as th
   }
 }, 60_000);
 
+test("a model over maxBufferLength: weights bound through overlapping views equal the CPU", () => {
+  const spec = gemmaMixed;
+  const path = join(dir, `views-${spec.arch}-${spec.seed}.gguf`);
+  writeFileSync(path, randomQuantGguf({ ...spec, layers: 1 }));
+  const file = openGguf(path);
+  files.push(file);
+  let largest = 0;
+  for (const t of file.tensors.values()) largest = Math.max(largest, t.byteLength);
+  // Room for the largest tensor plus two 16 KiB steps: the file takes several views.
+  const maxBufferLength = Math.ceil(largest / 16384) * 16384 + 2 * 16384;
+  expect(file.parts[0].length).toBeGreaterThan(2 * maxBufferLength);
+  const cpu = new CpuBackend();
+  const device = new EmulatedMetalDevice({ seed: 7, maxBufferLength });
+  const metal = new MetalBackend(device);
+  try {
+    const runCpu = attentionBlock(cpu, file, spec), runMetal = attentionBlock(metal, file, spec);
+    expect(device.wrapped.length).toBeGreaterThan(2);
+    for (const v of device.wrapped) {
+      expect(v.bytes).toBeLessThanOrEqual(maxBufferLength);
+      expect((v.address - file.parts[0].baseAddress) % 16384).toBe(0);
+    }
+    let position = 0;
+    for (const tokens of [[2, 17, 270], [7]]) {
+      const want = runCpu(tokens, position), got = runMetal(tokens, position);
+      want.forEach((w, i) => expect(normalisedError(got[i], w)).toBeLessThanOrEqual(TOL_BLOCK_Q));
+      position += tokens.length;
+    }
+  } finally {
+    metal.dispose();
+    device.dispose();
+  }
+}, 60_000);
+
 test("on Linux, --backend metal fails with one clear line and auto does not pick Metal", () => {
   if (isAppleSilicon()) return;
   let error: unknown;
@@ -156,3 +189,53 @@ test("on Linux, --backend metal fails with one clear line and auto does not pick
   auto.dispose?.();
 });
 
+
+describe("auto on Apple silicon falls back to the CPU when Metal fails to start", () => {
+  const cudaUnused = () => { throw new Error("auto must not try CUDA on Apple silicon"); };
+  const openers = (metal: () => Backend, lines: string[]): BackendOpeners =>
+    ({ metal, cuda: cudaUnused, appleSilicon: true, warn: (line) => lines.push(line) });
+
+  test("a kernel the compiler rejects: the CPU, and one line on stderr saying why", () => {
+    const lines: string[] = [];
+    const failing = () => {
+      throw new InferError("internal", "Metal: compiling the kernels failed: program_source:12:5: error: bad\nnote: more");
+    };
+    const { backend, why } = chooseBackend("auto", openers(failing, lines));
+    expect(backend.name).toBe("cpu");
+    expect(lines).toEqual(["infer: the Metal backend failed to start, using the CPU: " +
+      "Metal: compiling the kernels failed: program_source:12:5: error: bad"]);
+    expect(why).toContain("Metal failed to start (Metal: compiling the kernels failed");
+    backend.dispose?.();
+  });
+
+  test("a missing shader directory (not an InferError) also falls back", () => {
+    const lines: string[] = [];
+    const { backend } = chooseBackend("auto", openers(() => { throw new Error("ENOENT: no such file, scandir 'x'"); }, lines));
+    expect(backend.name).toBe("cpu");
+    expect(lines.length).toBe(1);
+    backend.dispose?.();
+  });
+
+  test("no Metal device: the CPU quietly, the reason kept for -v", () => {
+    const lines: string[] = [];
+    const absent = () => { throw new InferError("unsupported", "Metal not available: no Metal device"); };
+    const { backend, why } = chooseBackend("auto", openers(absent, lines));
+    expect(backend.name).toBe("cpu");
+    expect(lines).toEqual([]);
+    expect(why).toBe("auto: Metal not available: no Metal device");
+  });
+
+  test("a working Metal device is taken; --backend metal still fails loudly", () => {
+    const device = new EmulatedMetalDevice();
+    try {
+      const { backend, why } = chooseBackend("auto", openers(() => new MetalBackend(device), []));
+      expect(backend.name).toBe("metal");
+      expect(why).toBe("auto: metal");
+      backend.dispose?.();
+      const failing = () => { throw new InferError("internal", "Metal: pipeline rope: bad"); };
+      expect(() => chooseBackend("metal", openers(failing, []))).toThrow("Metal: pipeline rope: bad");
+    } finally {
+      device.dispose();
+    }
+  });
+});

@@ -31,7 +31,11 @@ test("the aarch64-macos library cross-compiles with no warnings and carries the 
         expect(text).toContain(symbol);
       }
       for (const selector of ["newLibraryWithSource:options:error:", "newBufferWithBytesNoCopy:length:options:deallocator:",
-        "dispatchThreadgroups:threadsPerThreadgroup:", "/System/Library/Frameworks/Metal.framework/Metal"]) {
+        "dispatchThreadgroups:threadsPerThreadgroup:", "/System/Library/Frameworks/Metal.framework/Metal",
+        // device discovery: CoreGraphics loaded first, MTLCopyAllDevices as the fallback
+        "/System/Library/Frameworks/CoreGraphics.framework/CoreGraphics", "MTLCopyAllDevices", "objectAtIndex:",
+        // the step's command buffer and encoder retained across calls; the limits for buffer views
+        "retain", "maxBufferLength", "_infer_metal_device_limits"]) {
         expect(text).toContain(selector);
       }
     }
@@ -39,6 +43,22 @@ test("the aarch64-macos library cross-compiles with no warnings and carries the 
     rmSync(prefix, { recursive: true, force: true });
   }
 }, 300_000);
+
+// Each exported call pushes and pops its own autorelease pool (a pool pushed in one FFI call and
+// popped in another is unbalanced whenever an error path or another thread comes between):
+// checked on the source the cross-compile above built, function by function.
+test("every Metal entry point that messages Objective-C pushes and pops its own autorelease pool", () => {
+  const source = readFileSync(join(root, "lib", "metal", "metal.zig"), "utf8");
+  const fns = [...source.matchAll(/^pub fn (\w+)\([\s\S]*?^}$/gm)];
+  expect(fns.map((m) => m[1])).toEqual(["init", "deviceName", "deviceLimits", "bufferNew", "bufferWrap", "bufferFree",
+    "encode", "flush"]);
+  for (const [body, name] of fns) {
+    const pushes = body.match(/const pool = (?:s\.)?rt\.objc_autoreleasePoolPush\(\);\n\s*defer (?:s\.)?rt\.objc_autoreleasePoolPop\(pool\);/g);
+    expect(pushes?.length ?? 0, name).toBe(1);
+    expect(body.match(/objc_autoreleasePool(Push|Pop)/g)?.length, name).toBe(2);
+  }
+  expect(source).not.toMatch(/pool:\s*\?\*anyopaque/);
+});
 
 test("the Linux libraries carry no Metal host code, only the stubs", () => {
   const dir = join(root, "zig-out", "lib");

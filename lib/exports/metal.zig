@@ -13,6 +13,12 @@ export fn infer_metal_device_name(out: [*]u8, len: usize) i32 {
     return metal.deviceName(out, len);
 }
 
+/// out: maxBufferLength, recommendedMaxWorkingSetSize, maxThreadgroupMemoryLength,
+/// hasUnifiedMemory (0/1).
+export fn infer_metal_device_limits(out: *[4]u64) i32 {
+    return metal.deviceLimits(out);
+}
+
 /// A shared buffer; out: its handle and the CPU address of its contents.
 export fn infer_metal_buffer_new(bytes: u64, out_handle: *u64, out_contents: *u64) i32 {
     return metal.bufferNew(bytes, out_handle, out_contents);

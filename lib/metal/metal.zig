@@ -26,13 +26,26 @@ const State = struct {
     queue: Id,
     pipelines: []Id,
     threads_max: []usize,
-    // The open step: an autorelease pool, a command buffer and its encoder, or null.
-    pool: ?*anyopaque = null,
+    // The open step: a command buffer and its encoder (both retained), or null. Every exported
+    // call pushes and pops its own autorelease pool; nothing autoreleased outlives one call.
     command_buffer: Id = null,
     encoder: Id = null,
 };
 
 var state: ?State = null;
+
+/// The system default device, else the first of MTLCopyAllDevices (see objc.load on why the
+/// default can be nil); owned (+1) by the caller. Call inside an autorelease pool.
+fn systemDevice(rt: *const objc.Runtime) Id {
+    const default = rt.MTLCreateSystemDefaultDevice();
+    if (default != null) return default;
+    const copy_all = rt.MTLCopyAllDevices orelse return null;
+    const all = copy_all();
+    if (all == null) return null;
+    defer rt.release(all);
+    if (rt.send(usize, all, rt.sel("count"), .{}) == 0) return null;
+    return rt.retain(rt.send(Id, all, rt.sel("objectAtIndex:"), .{@as(usize, 0)}));
+}
 
 fn notAvailable(comptime fmt: []const u8, args: anytype) i32 {
     return status.fail(.unsupported, "Metal not available: " ++ fmt, args);
@@ -55,8 +68,7 @@ pub fn init(source: []const u8, names: []const u8, out_count: *u32) i32 {
     if (objc.load(&rt)) |e| return notAvailable("{s}", .{e.reason});
     const pool = rt.objc_autoreleasePoolPush();
     defer rt.objc_autoreleasePoolPop(pool);
-    const device = rt.MTLCreateSystemDefaultDevice();
-    if (device == null) return notAvailable("no Metal device", .{});
+    const device = systemDevice(&rt) orelse return notAvailable("no Metal device (MTLCreateSystemDefaultDevice and MTLCopyAllDevices found none)", .{});
     const queue = rt.send(Id, device, rt.sel("newCommandQueue"), .{});
     if (queue == null) return status.fail(.internal, "Metal: newCommandQueue failed", .{});
 
@@ -113,9 +125,25 @@ pub fn deviceName(out: [*]u8, len: usize) i32 {
     return 0;
 }
 
+/// The device's limits: maxBufferLength, recommendedMaxWorkingSetSize,
+/// maxThreadgroupMemoryLength, hasUnifiedMemory (0 or 1).
+pub fn deviceLimits(out: *[4]u64) i32 {
+    const s = ready() orelse return @intFromEnum(status.Status.internal);
+    const rt = &s.rt;
+    const pool = rt.objc_autoreleasePoolPush();
+    defer rt.objc_autoreleasePoolPop(pool);
+    out[0] = rt.send(usize, s.device, rt.sel("maxBufferLength"), .{});
+    out[1] = rt.send(u64, s.device, rt.sel("recommendedMaxWorkingSetSize"), .{});
+    out[2] = rt.send(usize, s.device, rt.sel("maxThreadgroupMemoryLength"), .{});
+    out[3] = @intFromBool(rt.send(bool, s.device, rt.sel("hasUnifiedMemory"), .{}));
+    return 0;
+}
+
 /// A new shared buffer of `bytes` (zeroed by Metal). Out: handle and CPU address of its contents.
 pub fn bufferNew(bytes: u64, out_handle: *u64, out_contents: *u64) i32 {
     const s = ready() orelse return @intFromEnum(status.Status.internal);
+    const pool = s.rt.objc_autoreleasePoolPush();
+    defer s.rt.objc_autoreleasePoolPop(pool);
     const shared: usize = 0; // MTLResourceStorageModeShared | default cache and hazard tracking
     const buffer = s.rt.send(Id, s.device, s.rt.sel("newBufferWithLength:options:"), .{ @as(usize, @intCast(@max(bytes, 16))), shared });
     if (buffer == null) return status.fail(.out_of_memory, "Metal: no memory for a buffer of {d} bytes", .{bytes});
@@ -131,6 +159,8 @@ pub fn bufferWrap(address: u64, bytes: u64, out_handle: *u64) i32 {
     const page = std.heap.pageSize();
     if (address % page != 0) return status.fail(.invalid_argument, "Metal: wrapped memory at {x} is not page aligned", .{address});
     const length = std.mem.alignForward(usize, @intCast(bytes), page);
+    const pool = s.rt.objc_autoreleasePoolPush();
+    defer s.rt.objc_autoreleasePoolPop(pool);
     const buffer = s.rt.send(Id, s.device, s.rt.sel("newBufferWithBytesNoCopy:length:options:deallocator:"), .{
         @as(?*anyopaque, @ptrFromInt(@as(usize, @intCast(address)))), length, @as(usize, 0), @as(Id, null),
     });
@@ -141,6 +171,8 @@ pub fn bufferWrap(address: u64, bytes: u64, out_handle: *u64) i32 {
 
 pub fn bufferFree(handle: u64) void {
     const s = &(state orelse return);
+    const pool = s.rt.objc_autoreleasePoolPush();
+    defer s.rt.objc_autoreleasePoolPop(pool);
     s.rt.release(@ptrFromInt(@as(usize, @intCast(handle))));
 }
 
@@ -165,11 +197,17 @@ pub fn encode(
     if (threads == 0 or threads > s.threads_max[pipeline])
         return status.fail(.invalid_argument, "Metal: {d} threads per threadgroup (pipeline {d} allows {d})", .{ threads, pipeline, s.threads_max[pipeline] });
     const rt = &s.rt;
+    const pool = rt.objc_autoreleasePoolPush();
+    defer rt.objc_autoreleasePoolPop(pool);
     if (s.encoder == null) {
-        s.pool = rt.objc_autoreleasePoolPush();
-        s.command_buffer = rt.send(Id, s.queue, rt.sel("commandBuffer"), .{});
-        s.encoder = rt.send(Id, s.command_buffer, rt.sel("computeCommandEncoder"), .{});
-        if (s.encoder == null) return status.fail(.internal, "Metal: cannot make a compute encoder", .{});
+        // Both come autoreleased: retained here, released by flush, so that they outlive this
+        // call's pool.
+        const command_buffer = rt.send(Id, s.queue, rt.sel("commandBuffer"), .{});
+        if (command_buffer == null) return status.fail(.internal, "Metal: cannot make a command buffer", .{});
+        const encoder = rt.send(Id, command_buffer, rt.sel("computeCommandEncoder"), .{});
+        if (encoder == null) return status.fail(.internal, "Metal: cannot make a compute encoder", .{});
+        s.command_buffer = rt.retain(command_buffer);
+        s.encoder = rt.retain(encoder);
     }
     const enc = s.encoder;
     rt.send(void, enc, rt.sel("setComputePipelineState:"), .{s.pipelines[pipeline]});
@@ -195,6 +233,8 @@ pub fn flush() i32 {
     const s = ready() orelse return @intFromEnum(status.Status.internal);
     if (s.encoder == null) return 0;
     const rt = &s.rt;
+    const pool = rt.objc_autoreleasePoolPush();
+    defer rt.objc_autoreleasePoolPop(pool);
     rt.send(void, s.encoder, rt.sel("endEncoding"), .{});
     rt.send(void, s.command_buffer, rt.sel("commit"), .{});
     rt.send(void, s.command_buffer, rt.sel("waitUntilCompleted"), .{});
@@ -204,8 +244,8 @@ pub fn flush() i32 {
         const err = rt.send(Id, s.command_buffer, rt.sel("error"), .{});
         rc = status.fail(.internal, "Metal: command buffer failed: {s}", .{rt.errorText(err)});
     }
-    rt.objc_autoreleasePoolPop(s.pool);
-    s.pool = null;
+    rt.release(s.encoder);
+    rt.release(s.command_buffer);
     s.encoder = null;
     s.command_buffer = null;
     return rc;

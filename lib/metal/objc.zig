@@ -18,6 +18,8 @@ pub const Runtime = struct {
     objc_autoreleasePoolPush: *const fn () callconv(cc) ?*anyopaque,
     objc_autoreleasePoolPop: *const fn (?*anyopaque) callconv(cc) void,
     MTLCreateSystemDefaultDevice: *const fn () callconv(cc) Id,
+    /// An NSArray (+1) of every device; null where Metal.framework lacks it.
+    MTLCopyAllDevices: ?*const fn () callconv(cc) Id,
 
     pub fn sel(rt: *const Runtime, name: [*:0]const u8) Sel {
         return rt.sel_registerName(name);
@@ -63,6 +65,11 @@ pub const Runtime = struct {
         return if (utf8) |s| std.mem.span(s) else "unknown error";
     }
 
+    /// Takes ownership of an autoreleased object, so that it outlives the pool it came from.
+    pub fn retain(rt: *const Runtime, object: Id) Id {
+        return if (object != null) rt.send(Id, object, rt.sel("retain"), .{}) else null;
+    }
+
     pub fn release(rt: *const Runtime, object: Id) void {
         if (object != null) rt.send(void, object, rt.sel("release"), .{});
     }
@@ -73,6 +80,7 @@ pub const LoadError = struct { reason: []const u8 };
 const libobjc = "/usr/lib/libobjc.A.dylib";
 const foundation = "/System/Library/Frameworks/Foundation.framework/Foundation";
 const metal_framework = "/System/Library/Frameworks/Metal.framework/Metal";
+const core_graphics = "/System/Library/Frameworks/CoreGraphics.framework/CoreGraphics";
 
 fn symbol(handle: *anyopaque, comptime name: [:0]const u8) ?*anyopaque {
     return std.c.dlsym(handle, name);
@@ -92,5 +100,11 @@ pub fn load(out: *Runtime) ?LoadError {
     const create = symbol(mtl, "MTLCreateSystemDefaultDevice") orelse
         return .{ .reason = "Metal.framework lacks MTLCreateSystemDefaultDevice" };
     out.MTLCreateSystemDefaultDevice = @ptrCast(@alignCast(create));
+    out.MTLCopyAllDevices = if (symbol(mtl, "MTLCopyAllDevices")) |all| @ptrCast(@alignCast(all)) else null;
+    // MTLCreateSystemDefaultDevice returns nil in command-line processes that have not loaded
+    // CoreGraphics (reported on Apple silicon, macOS 14); apps get it through AppKit, llama.cpp
+    // and MLX through MetalKit / QuartzCore, a Bun process through nothing. Loading it is enough;
+    // where it is missing the caller still falls back to MTLCopyAllDevices.
+    _ = std.c.dlopen(core_graphics, .{ .NOW = true });
     return null;
 }

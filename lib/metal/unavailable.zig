@@ -17,6 +17,11 @@ pub fn deviceName(out: [*]u8, len: usize) i32 {
     return unavailable();
 }
 
+pub fn deviceLimits(out: *[4]u64) i32 {
+    out.* = .{ 0, 0, 0, 0 };
+    return unavailable();
+}
+
 pub fn bufferNew(bytes: u64, out_handle: *u64, out_contents: *u64) i32 {
     _ = .{ bytes, out_handle, out_contents };
     return unavailable();

@@ -2,7 +2,9 @@
 //   out = (x · 1/sqrt(mean(x²) + eps)) · weight, or residual += that (Gemma's post-norms).
 // Squares are summed per thread, then per simdgroup (simd_sum), then across simdgroups through
 // threadgroup memory (one float per simdgroup) after a barrier. `out` may alias `x`: every thread
-// writes only the elements it read. The CPU sums in f64 (lib/cpu/norm.zig); f32 here.
+// writes only the elements it read. The group position is a uint3 like the group size: MSL
+// requires the position and size attributes of one kernel to have one component count.
+// The CPU sums in f64 (lib/cpu/norm.zig); f32 here.
 #include <metal_stdlib>
 #include "args.h"
 using namespace metal;
@@ -22,12 +24,13 @@ inline float rms_scale(device const float* x, uint n_cols, float eps, threadgrou
 kernel void rms_norm(device const float* x [[buffer(0)]], device const float* weight [[buffer(1)]],
                      device float* out [[buffer(2)]], constant RmsNormArgs& args [[buffer(3)]],
                      threadgroup float* partial [[threadgroup(0)]],
-                     uint row [[threadgroup_position_in_grid]],
+                     uint3 tg [[threadgroup_position_in_grid]],
                      uint tid [[thread_index_in_threadgroup]],
                      uint3 tg_size [[threads_per_threadgroup]],
                      uint sg [[simdgroup_index_in_threadgroup]],
                      uint n_sg [[simdgroups_per_threadgroup]],
                      uint lane [[thread_index_in_simdgroup]]) {
+    const uint row = tg.x;
     device const float* xr = x + ulong(row) * args.n_cols;
     device float* yr = out + ulong(row) * args.n_cols;
     const uint n_threads = tg_size.x;
@@ -43,12 +46,13 @@ kernel void rms_norm_add(device const float* x [[buffer(0)]],
                          device float* residual [[buffer(2)]],
                          constant RmsNormArgs& args [[buffer(3)]],
                          threadgroup float* partial [[threadgroup(0)]],
-                         uint row [[threadgroup_position_in_grid]],
+                         uint3 tg [[threadgroup_position_in_grid]],
                          uint tid [[thread_index_in_threadgroup]],
                          uint3 tg_size [[threads_per_threadgroup]],
                          uint sg [[simdgroup_index_in_threadgroup]],
                          uint n_sg [[simdgroups_per_threadgroup]],
                          uint lane [[thread_index_in_simdgroup]]) {
+    const uint row = tg.x;
     device const float* xr = x + ulong(row) * args.n_cols;
     device float* rr = residual + ulong(row) * args.n_cols;
     const uint n_threads = tg_size.x;

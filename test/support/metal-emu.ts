@@ -122,6 +122,7 @@ interface Encoded { kernel: number; name: string; dims: Uint32Array; addresses: 
  */
 export class EmulatedMetalDevice implements MetalDevice {
   readonly name = "Metal emulation (CPU)";
+  readonly maxBufferLength: number;
   private readonly lib: EmulatorLib;
   private queue: Encoded[] = [];
   private argsArena: EmulatedBuffer;
@@ -129,8 +130,10 @@ export class EmulatedMetalDevice implements MetalDevice {
   private seed: number;
   dispatches = 0;
 
-  constructor(options: { seed?: number; extraSource?: string } = {}) {
+  /** maxBufferLength: as a Mac reports it (default: no limit that matters here). */
+  constructor(options: { seed?: number; extraSource?: string; maxBufferLength?: number } = {}) {
     this.lib = buildEmulator(options.extraSource).lib;
+    this.maxBufferLength = options.maxBufferLength ?? 2 ** 40;
     this.seed = options.seed ?? 1;
     this.argsArena = this.newBuffer(1 << 20, "arguments") as EmulatedBuffer;
   }
@@ -143,7 +146,14 @@ export class EmulatedMetalDevice implements MetalDevice {
     return new EmulatedBuffer(address, bytes, new Uint8Array(toArrayBuffer(address as Pointer, 0, Math.max(bytes, 1))), true);
   }
 
-  wrap(address: number, bytes: number): MetalBuffer {
+  /** Wrapped views, by the byte range of native memory each covers. */
+  readonly wrapped: { address: number; bytes: number }[] = [];
+
+  wrap(address: number, bytes: number, what: string): MetalBuffer {
+    if (bytes > this.maxBufferLength) {
+      throw new InferError("out_of_memory", `${what}: ${bytes} bytes are over maxBufferLength (${this.maxBufferLength})`);
+    }
+    this.wrapped.push({ address, bytes });
     return new EmulatedBuffer(address, bytes, new Uint8Array(toArrayBuffer(address as Pointer, 0, bytes)), false);
   }
 
@@ -154,6 +164,9 @@ export class EmulatedMetalDevice implements MetalDevice {
     const count = Math.max(dispatch.args.index, ...ordered.map((o) => o.index)) + 1;
     const addresses = new BigUint64Array(count);
     for (const { index, binding } of ordered) {
+      if (binding.offset >= binding.buffer.bytes && binding.buffer.bytes > 0) {
+        throw new InferError("internal", `${dispatch.kernel}: offset ${binding.offset} at or past the end of its buffer`);
+      }
       addresses[index] = BigInt((binding.buffer as EmulatedBuffer).address + binding.offset);
     }
     const args = dispatch.args.bytes;

@@ -19,6 +19,8 @@ export interface MetalBinding {
 
 export interface MetalDevice {
   readonly name: string;
+  /** The largest buffer the device makes or wraps (bigger models are split: metal-views.ts). */
+  readonly maxBufferLength: number;
   newBuffer(bytes: number, what: string): MetalBuffer;
   /** A buffer over `bytes` of native memory at `address` (page aligned), without copying. */
   wrap(address: number, bytes: number, what: string): MetalBuffer;

@@ -9,31 +9,85 @@ import { readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { setting } from "../config/env.ts";
 import { InferError } from "../errors.ts";
+// The kernels' text is imported, so that `bun build --compile` embeds it in the binary and the
+// backend needs no shaders directory at run time; test/metal-msl.test.ts checks that this list
+// is exactly shaders/metal's files. INFER_METAL_SHADERS still points at a directory to use instead.
+import actMetal from "../../shaders/metal/act.metal" with { type: "text" };
+import argsHeader from "../../shaders/metal/args.h" with { type: "text" };
+import attentionMetal from "../../shaders/metal/attention.metal" with { type: "text" };
+import blocksHeader from "../../shaders/metal/blocks.h" with { type: "text" };
+import getRowsMetal from "../../shaders/metal/get_rows.metal" with { type: "text" };
+import kvMetal from "../../shaders/metal/kv.metal" with { type: "text" };
+import matmulMetal from "../../shaders/metal/matmul.metal" with { type: "text" };
+import matvecMetal from "../../shaders/metal/matvec.metal" with { type: "text" };
+import normMetal from "../../shaders/metal/norm.metal" with { type: "text" };
+import quantHeader from "../../shaders/metal/quant.h" with { type: "text" };
+import ropeMetal from "../../shaders/metal/rope.metal" with { type: "text" };
+
+const embeddedShaders: Readonly<Record<string, string>> = {
+  "act.metal": actMetal,
+  "args.h": argsHeader,
+  "attention.metal": attentionMetal,
+  "blocks.h": blocksHeader,
+  "get_rows.metal": getRowsMetal,
+  "kv.metal": kvMetal,
+  "matmul.metal": matmulMetal,
+  "matvec.metal": matvecMetal,
+  "norm.metal": normMetal,
+  "quant.h": quantHeader,
+  "rope.metal": ropeMetal,
+};
 
 /** shaders/metal, or INFER_METAL_SHADERS. */
 export function metalShaderDir(): string {
   return setting("INFER_METAL_SHADERS") ?? join(import.meta.dir, "..", "..", "shaders", "metal");
 }
 
+/** The kernel files (.metal and headers) by name: INFER_METAL_SHADERS's, else the embedded ones. */
+export function metalShaderFiles(): ReadonlyMap<string, string> {
+  const dir = setting("INFER_METAL_SHADERS");
+  if (dir === null) return new Map(Object.entries(embeddedShaders));
+  let names: string[];
+  try {
+    names = readdirSync(dir);
+  } catch (err) {
+    throw new InferError("invalid_argument", `INFER_METAL_SHADERS: cannot read ${dir}: ${(err as Error).message}`);
+  }
+  return new Map(names.filter((f) => /\.(metal|h)$/.test(f)).sort()
+    .map((f) => [f, readFileSync(join(dir, f), "utf8")]));
+}
+
 export function metalSourceFiles(dir = metalShaderDir()): string[] {
   return readdirSync(dir).filter((f) => f.endsWith(".metal")).sort();
 }
 
-/** Every .metal file of `dir` in name order, each local #include inlined at its first use. */
-export function assembleMetalSource(dir = metalShaderDir()): string {
+/**
+ * Every .metal file in name order, each local #include inlined at its first use: of `dir` when
+ * given, else of metalShaderFiles() (what the backend compiles).
+ */
+export function assembleMetalSource(dir?: string): string {
+  const files = dir === undefined ? metalShaderFiles() : null;
+  const read = (file: string): string => {
+    if (!files) return readFileSync(join(dir!, file), "utf8");
+    const text = files.get(file);
+    if (text === undefined) throw new InferError("internal", `metal: no kernel file ${file}`);
+    return text;
+  };
   const included = new Set<string>();
   const inline = (file: string, depth: number): string => {
     if (depth > 8) throw new InferError("internal", `metal: #include nesting too deep at ${file}`);
-    const text = readFileSync(join(dir, file), "utf8");
+    const text = read(file);
     return text.replace(/^#include "([\w./-]+)"[^\n]*$/gm, (_, header: string) => {
       if (included.has(header)) return `// (${header}: included above)`;
       included.add(header);
       return `// ---- ${header}\n${inline(header, depth + 1)}`;
     });
   };
-  const files = metalSourceFiles(dir);
-  if (files.length === 0) throw new InferError("unsupported", `Metal not available: no .metal files in ${dir}`);
-  return files.map((f) => `// ==== ${f}\n${inline(f, 0)}`).join("\n");
+  const sources = files ? [...files.keys()].filter((f) => f.endsWith(".metal")) : metalSourceFiles(dir);
+  if (sources.length === 0) {
+    throw new InferError("unsupported", `Metal not available: no .metal files in ${dir ?? metalShaderDir()}`);
+  }
+  return sources.map((f) => `// ==== ${f}\n${inline(f, 0)}`).join("\n");
 }
 
 export type AddressSpace = "device" | "constant" | "threadgroup" | "thread";
@@ -172,4 +226,42 @@ export function metalArgStructs(dir = metalShaderDir()): Map<string, StructField
 
 export function metalArgDefines(dir = metalShaderDir()): Map<string, number> {
   return parseDefines(readFileSync(join(dir, "args.h"), "utf8"));
+}
+
+/** The built-ins MSL requires to have one component count within a kernel (MSL spec 5.2.3.6). */
+const gridBuiltins = new Set([
+  "thread_position_in_grid", "thread_position_in_threadgroup", "threadgroup_position_in_grid",
+  "threads_per_threadgroup", "threadgroups_per_grid", "threads_per_grid", "dispatch_threads_per_threadgroup",
+]);
+
+/** uint/ushort (1) or uint2/uint3/ushort2/ushort3 (2, 3); null for anything else. */
+function builtinWidth(type: string): number | null {
+  const m = /^u(?:int|short)([23])?$/.exec(type);
+  return m ? Number(m[1] ?? 1) : null;
+}
+
+/**
+ * The rules on built-in attributes that the Metal compiler enforces and the C++ emulation cannot
+ * see, as one line per violation: position and size attributes (gridBuiltins) are uint/ushort
+ * scalars or vectors of ONE component count per kernel; index and count attributes are scalars.
+ * One rejected kernel fails the whole library, so every kernel is checked.
+ */
+export function builtinAttributeErrors(k: KernelSignature): string[] {
+  const errors: string[] = [];
+  const grid = k.params.filter((p) => p.builtin !== null && gridBuiltins.has(p.builtin));
+  for (const p of k.params) {
+    if (p.builtin === null) continue;
+    const width = builtinWidth(p.type);
+    if (width === null || p.pointer || p.reference) {
+      errors.push(`${k.file}: ${k.name}: [[${p.builtin}]] ${p.name} is '${p.type}', not a uint/ushort scalar or vector`);
+    } else if (!gridBuiltins.has(p.builtin) && width !== 1) {
+      errors.push(`${k.file}: ${k.name}: [[${p.builtin}]] ${p.name} must be a scalar, is '${p.type}'`);
+    }
+  }
+  const widths = new Set(grid.map((p) => builtinWidth(p.type)));
+  if (widths.size > 1) {
+    errors.push(`${k.file}: ${k.name}: position/size attributes mix component counts (` +
+      `${grid.map((p) => `${p.type} [[${p.builtin}]]`).join(", ")}); MSL requires one`);
+  }
+  return errors;
 }

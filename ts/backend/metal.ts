@@ -10,7 +10,8 @@ import { InferError } from "../errors.ts";
 import type { GgufFile, GgufTensorInfo } from "../gguf/reader.ts";
 import { GgmlType } from "../gguf/types.ts";
 import {
-  metalBufferFree, metalBufferNew, metalBufferWrap, metalDeviceName, metalEncode, metalFlush, metalInit,
+  metalBufferFree, metalBufferNew, metalBufferWrap, metalDeviceLimits, metalDeviceName, metalEncode, metalFlush,
+  metalInit, type MetalDeviceLimits,
 } from "../native/metal.ts";
 import type {
   Activation, AttentionOptions, Backend, KvLayer, KvType, RopeOptions, Weight,
@@ -21,6 +22,7 @@ import {
   planMatmul, planRmsNorm, planRmsNormAdd, planRope, planScale, type KernelDispatch,
 } from "./metal-plan.ts";
 import { assembleMetalSource, parseKernels } from "./metal-shaders.ts";
+import { planBufferViews, viewOf, type BufferView } from "./metal-views.ts";
 
 class NativeBuffer implements MetalBuffer {
   constructor(readonly handle: number, readonly bytes: number, readonly view: Uint8Array) {}
@@ -29,6 +31,7 @@ class NativeBuffer implements MetalBuffer {
 /** The real device: lib/metal through ts/native/metal.ts. */
 export class NativeMetalDevice implements MetalDevice {
   readonly name: string;
+  readonly limits: MetalDeviceLimits;
   private readonly pipelines = new Map<string, number>();
   pending = 0;
 
@@ -38,7 +41,10 @@ export class NativeMetalDevice implements MetalDevice {
     metalInit(source, names);
     names.forEach((n, i) => this.pipelines.set(n, i));
     this.name = metalDeviceName();
+    this.limits = metalDeviceLimits();
   }
+
+  get maxBufferLength(): number { return this.limits.maxBufferLength; }
 
   /** Throws InferError("unsupported", "Metal not available: …") off macOS / Apple GPUs. */
   static open(): NativeMetalDevice {
@@ -101,6 +107,12 @@ class MetalKvLayer implements KvLayer {
     readonly headDim: number, readonly k: MetalBuffer, readonly v: MetalBuffer) {}
 }
 
+/** Wrapped views start on multiples of this: Apple silicon's 16 KiB pages (and so 4 KiB ones). */
+const VIEW_ALIGNMENT = 16384;
+
+/** A mapped file as the buffers that wrap it: one, or overlapping views (metal-views.ts). */
+interface WrappedFile { readonly views: readonly BufferView[]; readonly buffers: readonly MetalBuffer[] }
+
 const w = (x: Weight) => x as MetalWeight;
 const a = (x: Activation) => x as MetalActivation;
 const whole = (buffer: MetalBuffer): MetalBinding => ({ buffer, offset: 0 });
@@ -108,7 +120,7 @@ const whole = (buffer: MetalBuffer): MetalBinding => ({ buffer, offset: 0 });
 export class MetalBackend implements Backend {
   readonly name = "metal";
   readonly preferredBatch = 256;
-  private readonly files = new Map<string, MetalBuffer>();
+  private readonly files = new Map<string, WrappedFile>();
   private readonly buffers: MetalBuffer[] = [];
   private hostIds = new Int32Array(0);
   private disposed = false;
@@ -135,15 +147,25 @@ export class MetalBackend implements Backend {
     if (!metalWeightTypes[t.type.name]) {
       throw new InferError("unsupported", `tensor '${t.name}' has quant type ${t.type.name}, which the Metal backend does not compute`);
     }
-    // each mapped file (a split model's parts each) is one buffer without a copy
+    // each mapped file (a split model's parts each) is wrapped without a copy, in views of at
+    // most maxBufferLength that overlap so that every tensor lies wholly inside one
     const part = file.parts[t.part];
-    let buffer = this.files.get(part.path);
-    if (!buffer) {
-      buffer = this.device.wrap(part.baseAddress, part.length, `wrapping ${part.path}`);
-      this.files.set(part.path, buffer);
-      this.buffers.push(buffer);
+    let wrapped = this.files.get(part.path);
+    if (!wrapped) {
+      let largest = 0;
+      for (const info of file.tensors.values()) {
+        if (info.part === t.part) largest = Math.max(largest, info.byteLength);
+      }
+      const views = planBufferViews(part.length, largest, this.device.maxBufferLength, VIEW_ALIGNMENT);
+      const buffers = views.map((v, i) => this.device.wrap(part.baseAddress + v.offset, v.bytes,
+        views.length === 1 ? `wrapping ${part.path}` : `wrapping view ${i + 1}/${views.length} of ${part.path}`));
+      this.buffers.push(...buffers);
+      wrapped = { views, buffers };
+      this.files.set(part.path, wrapped);
     }
-    return new MetalWeight(t.name, t.type.name, t.type.id, t.dims, buffer, t.fileOffset);
+    const at = viewOf(wrapped.views, t.fileOffset, t.byteLength);
+    const buffer = wrapped.buffers[at.index];
+    return new MetalWeight(t.name, t.type.name, t.type.id, t.dims, buffer, at.offset);
   }
 
   activation(name: string, rows: number, cols: number): Activation {

@@ -36,23 +36,52 @@ export function createBackend(kind: BackendKind): Backend {
   return chooseBackend(kind).backend;
 }
 
-/** As createBackend, with why this backend: asked for, or what `auto` found (-v says it). */
-export function chooseBackend(kind: BackendKind): { backend: Backend; why: string } {
+/** How chooseBackend reaches the devices; tests replace them to inject a set-up failure. */
+export interface BackendOpeners {
+  readonly metal: () => Backend;
+  readonly cuda: () => Backend;
+  readonly appleSilicon: boolean;
+  /** Where the one line about a failed GPU set-up goes (stderr). */
+  readonly warn: (line: string) => void;
+}
+
+const systemOpeners: BackendOpeners = {
+  metal: () => MetalBackend.open(),
+  cuda: () => CudaBackend.open(),
+  appleSilicon: isAppleSilicon(),
+  warn: (line) => console.warn(line),
+};
+
+/**
+ * As createBackend, with why this backend: asked for, or what `auto` found (-v says it). `auto`
+ * takes the CPU when the GPU is absent ("unsupported", or no native library), and also when
+ * Metal is there but its set-up fails (a kernel the compiler rejects, a pipeline it cannot make):
+ * that is a fault the user should see without -v, so it is also one line on stderr.
+ */
+export function chooseBackend(kind: BackendKind, openers: BackendOpeners = systemOpeners): { backend: Backend; why: string } {
   const device = (be: Backend) => {
     const m = be.deviceMemory?.();
     return m ? `${m.name}, ${(m.freeBytes / 2 ** 30).toFixed(1)} GiB free` : be.name;
   };
   if (kind === "cpu") return { backend: new CpuBackend(), why: "asked for" };
   if (kind === "cuda" || kind === "metal") {
-    const backend = kind === "cuda" ? CudaBackend.open() : MetalBackend.open();
+    const backend = kind === "cuda" ? openers.cuda() : openers.metal();
     return { backend, why: `asked for: ${device(backend)}` };
   }
+  const metal = openers.appleSilicon;
   try {
-    const backend = isAppleSilicon() ? MetalBackend.open() : CudaBackend.open();
+    const backend = metal ? openers.metal() : openers.cuda();
     return { backend, why: `auto: ${device(backend)}` };
   } catch (err) {
-    if (err instanceof InferError && (err.code === "unsupported" || err.code === "native_unavailable")) {
-      return { backend: new CpuBackend(), why: `auto: ${err.message}` };
+    const code = err instanceof InferError ? err.code : null;
+    if (code === "unsupported" || code === "native_unavailable") {
+      return { backend: new CpuBackend(), why: `auto: ${(err as Error).message}` };
+    }
+    if (metal && err instanceof Error) {
+      const first = err.message.split("\n")[0];
+      const reason = first.length > 300 ? `${first.slice(0, 300)}…` : first;
+      openers.warn(`infer: the Metal backend failed to start, using the CPU: ${reason}`);
+      return { backend: new CpuBackend(), why: `auto: Metal failed to start (${reason}), using the CPU` };
     }
     throw err;
   }

@@ -37,6 +37,20 @@ export function metalDeviceName(): string {
   return Buffer.from(name.subarray(0, end < 0 ? name.length : end)).toString("utf8");
 }
 
+export interface MetalDeviceLimits {
+  readonly maxBufferLength: number;
+  readonly recommendedMaxWorkingSetSize: number;
+  readonly maxThreadgroupMemoryLength: number;
+  readonly unifiedMemory: boolean;
+}
+
+export function metalDeviceLimits(): MetalDeviceLimits {
+  const out = new BigUint64Array(4);
+  check(native().infer_metal_device_limits(out), "Metal device limits");
+  return { maxBufferLength: Number(out[0]), recommendedMaxWorkingSetSize: Number(out[1]),
+    maxThreadgroupMemoryLength: Number(out[2]), unifiedMemory: out[3] !== 0n };
+}
+
 /** A shared buffer and the CPU's view of its contents. */
 export function metalBufferNew(bytes: number, what: string): { handle: number; view: Uint8Array } {
   const out = new BigUint64Array(2);
