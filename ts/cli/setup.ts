@@ -8,7 +8,8 @@
 //      (outside the repo) and verify the SHA-256 the package publishes. A verified file is reused.
 //   4. with --test-tools (run by `npm test`, and then only this): the Debian packages the tests
 //      drive, when missing —
-//      qemu-user-static (the aarch64 kernels' tests) and tmux (the chat terminal test).
+//      qemu-user-static (the aarch64 kernels' tests), tmux (the chat terminal test) and clang (the
+//      Metal kernels' address-space check, compiled as OpenCL C++).
 // Flags: --lib-only (skip the model), --test-tools. Env: INFER_CACHE (default ~/.cache/infer).
 import { setting } from "../config/env.ts";
 import { existsSync, mkdirSync, renameSync, rmSync, openSync, writeSync, closeSync, readFileSync } from "node:fs";
@@ -85,7 +86,8 @@ async function installModel(): Promise<string> {
 }
 
 /** Debian packages the test suite needs, by a command each provides. */
-const TEST_TOOLS: [string, string][] = [["qemu-aarch64-static", "qemu-user-static"], ["tmux", "tmux"]];
+const TEST_TOOLS: [string, string][] = [["qemu-aarch64-static", "qemu-user-static"], ["tmux", "tmux"],
+  ["clang", "clang"]];
 
 function ensureTestTools(): void {
   const missing = TEST_TOOLS.filter(([cmd]) => Bun.which(cmd) === null).map(([, pkg]) => pkg);
