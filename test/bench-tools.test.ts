@@ -1,8 +1,13 @@
 // Pieces of the bench scripts that CI can check without running them: the parser of an ncu log
-// (bench/cuda-kernel-times.ts, which needs a GPU) and the CPU bench's round-by-round ratios.
+// (bench/cuda-kernel-times.ts, which needs a GPU), the CPU bench's round-by-round ratios, and the
+// Metal smoke script's run where there is no Metal.
 import { describe, expect, test } from "bun:test";
+import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { dirname, join } from "node:path";
 import { csvFields, lastStep } from "../bench/cuda-kernel-times.ts";
 import { pairedRatios } from "../bench/index.ts";
+import { defaultModelPath } from "../ts/models/cache.ts";
 
 const HEAD = '"ID","Kernel Name","Grid Size","Metric Name","Metric Unit","Metric Value"';
 const row = (id: number, kernel: string, grid: string, ns: string, metric = "gpu__time_duration.sum") =>
@@ -43,4 +48,19 @@ describe("bun run bench: infer ÷ llama.cpp by round", () => {
     expect(pairedRatios([1, 2, 3], [1, 2])).toBe("—");
     expect(pairedRatios([], [])).toBe("—");
   });
+});
+
+describe("bun run smoke:metal (for a first run on a Mac)", () => {
+  test("runs where there is no Metal: says so, and checks the CPU half against llama.cpp", () => {
+    if (!existsSync(defaultModelPath())) return; // the default model is not installed here
+    const out = join(mkdtempSync(join(tmpdir(), "infer-smoke-")), "report.md");
+    const p = Bun.spawnSync([process.execPath, "bench/metal-smoke.ts", "--cases", "2", "--out", out],
+      { cwd: join(import.meta.dir, ".."), stdout: "pipe", stderr: "pipe" });
+    expect(p.exitCode).toBe(0);
+    const report = readFileSync(out, "utf8");
+    expect(report).toContain("## Golden prompts");
+    expect(report).toMatch(/\| prose \| - \| 32\/32 \| - \|/);
+    if (process.platform !== "darwin") expect(report).toContain("Metal not available");
+    rmSync(dirname(out), { recursive: true, force: true });
+  }, 120_000);
 });
