@@ -3,7 +3,7 @@
 import type { BackendKind } from "../backend/select.ts";
 import type { StopReason } from "../engine/generation.ts";
 import type { InferErrorCode } from "../errors.ts";
-import type { Job, LogprobEntry } from "./job.ts";
+import type { AnyJob, LogprobEntry } from "./job.ts";
 
 export interface OpenSettings {
   readonly modelPath: string;
@@ -76,7 +76,7 @@ export interface EngineInfo {
 
 export type ToWorker =
   | { readonly type: "open"; readonly settings: OpenSettings }
-  | { readonly type: "run"; readonly id: number; readonly job: Job }
+  | { readonly type: "run"; readonly id: number; readonly job: AnyJob }
   | { readonly type: "cancel"; readonly id: number }
   | { readonly type: "close" };
 
@@ -114,5 +114,10 @@ export type FromWorker =
   }
   | ({ readonly type: "done"; readonly id: number } & JobDone)
   | ({ readonly type: "error"; readonly id: number } & JobFailure)
+  /** An embedding job's vectors, one per input in order, and each input's token count. */
+  | {
+    readonly type: "embedded"; readonly id: number; readonly embeddings: readonly Float32Array[];
+    readonly inputTokens: readonly number[];
+  }
   | { readonly type: "stats"; readonly stats: EngineStats }
   | { readonly type: "closed" };
