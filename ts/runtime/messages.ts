@@ -3,6 +3,7 @@
 import type { BackendKind } from "../backend/select.ts";
 import type { StopReason } from "../engine/generation.ts";
 import type { InferErrorCode } from "../errors.ts";
+import type { Pooling } from "../model/pooling.ts";
 import type { AnyJob, LogprobEntry } from "./job.ts";
 
 export interface OpenSettings {
@@ -61,6 +62,10 @@ export interface EngineInfo {
   readonly trainedContextLength: number;
   readonly vocabSize: number;
   readonly layers: number;
+  /** Dimensions of an embedding (the hidden state's width). */
+  readonly embeddingLength: number;
+  /** How embeddings are pooled unless a call asks otherwise (the GGUF's pooling_type, or mean). */
+  readonly pooling: Pooling;
   /** The backend chosen (cpu, cuda or metal). */
   readonly backend: string;
   /** Why: asked for, or what `auto` found (the device, or why there is none). */

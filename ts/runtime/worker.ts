@@ -121,7 +121,8 @@ function describe(e: Engine, parallel: number): EngineInfo {
     name: info.name ?? null, architecture: info.architecture, parameters: parameterCount(e.file),
     quantization: quantOf(e.file), contextLength: e.contextLength,
     trainedContextLength: info.contextLength, vocabSize: info.vocabSize,
-    layers: info.kvShapes.length, backend: e.backend.name, backendReason: e.backendWhy,
+    layers: info.kvShapes.length, embeddingLength: info.embedding, pooling: e.pooling,
+    backend: e.backend.name, backendReason: e.backendWhy,
     batch: e.model.maxBatch, parallel,
     chatTemplate: template?.origin ?? null, loadMs: e.loadMs,
   };
