@@ -20,6 +20,8 @@ import { referenceGenerate } from "./support/reference-generate.ts";
 import { tinyGemma3Gguf } from "./support/tiny-gguf.ts";
 import { toyPrompt } from "./support/tiny-scheduler.ts";
 
+const infer = join(import.meta.dir, "..", "infer.ts");
+
 const WIDTH = 64;
 let dir: string, modelPath: string, reference: Engine;
 
@@ -99,7 +101,8 @@ describe("embeddings through the batch scheduler", () => {
         backend: "cpu" });
       try {
         const scheduler = new BatchScheduler(engine, { slots: 3, prefillChunk: 8 });
-        const gen = { maxTokens: 24, sampling: { temperature: 0 }, ignoreEos: true };
+        const gen = { maxTokens: 24, ignoreEos: true,
+          sampling: { temperature: 0, topK: 0, topP: 1, minP: 0, seed: 0 } };
         const genPrompt = toyPrompt(20, 7);
         const generated: number[][] = [];
         const vectors = new Map<string, Float32Array>();
@@ -251,5 +254,44 @@ describe("POST /v1/embeddings", () => {
       encoding_format: "float" });
     for (const [i, d] of r.data.entries()) closeTo(d.embedding, expected(encode(inputs[i]), "mean"));
     expect((await gen).choices[0].text.length).toBeGreaterThan(0);
+  });
+});
+
+describe("infer embed", () => {
+  const run = (args: string[], stdin?: string) => {
+    const p = Bun.spawnSync(["bun", infer, "embed", "-m", modelPath, "-t", "2", "-c", "64",
+      ...args], { stdin: stdin === undefined ? "ignore" : Buffer.from(stdin) });
+    return { code: p.exitCode, out: p.stdout.toString(), err: p.stderr.toString() };
+  };
+  const encode = (text: string) => reference.tokenizer.encode(text,
+    { addSpecial: true, parseSpecial: true });
+
+  test("a JSON array of vectors: one text, or one per line", () => {
+    const one = run(["the cat", "--pooling", "cls"]);
+    expect(one.code).toBe(0);
+    const [v] = JSON.parse(one.out) as number[][];
+    closeTo(v, expected(encode("the cat"), "cls"));
+    const lines = run(["--lines", "-f", "-"], "the cat\n\na dog ran\n");
+    expect(lines.code).toBe(0);
+    const vs = JSON.parse(lines.out) as number[][];
+    expect(vs).toHaveLength(2);
+    closeTo(vs[1], expected(encode("a dog ran"), "mean"));
+    const raw = JSON.parse(run(["a dog", "--no-normalize"]).out) as number[][];
+    closeTo(raw[0], expected(encode("a dog"), "mean", false));
+  });
+
+  test("bad input is one line and a non-zero exit", () => {
+    const cases: [string[], number, RegExp][] = [
+      [[""], 1, /^infer embed: nothing to embed: the text is empty\n$/],
+      [["x", "--pooling", "max"], 2, /^infer embed: --pooling: expected one of mean, cls, last/],
+      [["the cat ".repeat(100)], 1, /does not fit the context of 64 tokens \(raise --ctx-size\)\n$/],
+      [["-f", join(dir, "missing.txt")], 1, /^infer embed: -f ".*missing.txt": /],
+    ];
+    for (const [args, code, message] of cases) {
+      const r = run(args);
+      expect([r.code, r.out]).toEqual([code, ""]);
+      expect(r.err).toMatch(message);
+      expect(r.err.trim().split("\n")).toHaveLength(1);
+    }
   });
 });
