@@ -246,6 +246,25 @@ describe("POST /v1/embeddings", () => {
     expect(ok.data[0].embedding).toHaveLength(WIDTH);
   });
 
+  test("a client that goes away frees the engine for the next request", async () => {
+    const abort = new AbortController();
+    const gone = fetch(`${server.url}/v1/embeddings`, { method: "POST", signal: abort.signal,
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ model: "tiny",
+        input: Array(400).fill("the cat sat on the mat ".repeat(6)) }) })
+      .then(() => "answered", () => "aborted");
+    await Bun.sleep(20);
+    abort.abort();
+    expect(["answered", "aborted"]).toContain(await gone);
+    const r = await client.embeddings.create({ model: "tiny", input: "the cat" });
+    expect(r.data[0].embedding).toHaveLength(WIDTH);
+    for (;;) { // the cancelled sequences leave their slots at the engine's next steps
+      const health = await (await fetch(`${server.url}/health`)).json() as { slots_busy: number };
+      if (health.slots_busy === 0) break;
+      await Bun.sleep(10);
+    }
+  });
+
   test("embeddings and a completion in flight together", async () => {
     const gen = client.completions.create({ model: "tiny", prompt: "the cat", max_tokens: 16,
       temperature: 0 });
