@@ -30,7 +30,8 @@ beforeAll(() => {
   modelPath = join(dir, "tiny.gguf");
   writeFileSync(modelPath, tinyGemma3Gguf({ shape: { layers: 3, embedding: WIDTH,
     feedForward: 128, heads: 4, kvHeads: 2, headDim: 32 }, branchGain: 16 }));
-  reference = Engine.open({ modelPath, contextLength: 512, batch: 512, threads: 2, backend: "cpu" });
+  reference = Engine.open({ modelPath, contextLength: 512, batch: 512, threads: 2,
+    backend: "cpu" });
 });
 
 afterAll(() => {
@@ -95,7 +96,7 @@ describe("pooling from the GGUF", () => {
 });
 
 describe("embeddings through the batch scheduler", () => {
-  test("long inputs in chunks beside generations equal one pass alone; generations keep their tokens",
+  test("long inputs in chunks beside generations equal one pass alone; generations unchanged",
     () => {
       const engine = Engine.open({ modelPath, contextLength: 512, batch: 16, threads: 2,
         backend: "cpu" });
@@ -160,8 +161,10 @@ describe("model.embed", () => {
     closeTo(a, one);
     closeTo(b, expected(tokens("a dog ran"), "mean"));
     expect(cosineDistance(a, b)).toBeGreaterThan(1e-3);
-    closeTo(await model.embed("a dog ran", { pooling: "last" }), expected(tokens("a dog ran"), "last"));
-    closeTo(await model.embed("a dog", { normalize: false }), expected(tokens("a dog"), "mean", false));
+    closeTo(await model.embed("a dog ran", { pooling: "last" }),
+      expected(tokens("a dog ran"), "last"));
+    closeTo(await model.embed("a dog", { normalize: false }),
+      expected(tokens("a dog"), "mean", false));
     expect(await model.embed([])).toEqual([]);
   });
 
@@ -271,7 +274,9 @@ describe("POST /v1/embeddings", () => {
     const inputs = Array.from({ length: 6 }, (_, i) => `the cat ${"sat ".repeat(i)}`);
     const r = await client.embeddings.create({ model: "tiny", input: inputs,
       encoding_format: "float" });
-    for (const [i, d] of r.data.entries()) closeTo(d.embedding, expected(encode(inputs[i]), "mean"));
+    for (const [i, d] of r.data.entries()) {
+      closeTo(d.embedding, expected(encode(inputs[i]), "mean"));
+    }
     expect((await gen).choices[0].text.length).toBeGreaterThan(0);
   });
 });
@@ -303,7 +308,8 @@ describe("infer embed", () => {
     const cases: [string[], number, RegExp][] = [
       [[""], 1, /^infer embed: nothing to embed: the text is empty\n$/],
       [["x", "--pooling", "max"], 2, /^infer embed: --pooling: expected one of mean, cls, last/],
-      [["the cat ".repeat(100)], 1, /does not fit the context of 64 tokens \(raise --ctx-size\)\n$/],
+      [["the cat ".repeat(100)], 1,
+        /does not fit the context of 64 tokens \(raise --ctx-size\)\n$/],
       [["-f", join(dir, "missing.txt")], 1, /^infer embed: -f ".*missing.txt": /],
     ];
     for (const [args, code, message] of cases) {

@@ -40,7 +40,7 @@ export interface Embedded {
   readonly inputTokens: readonly number[];
 }
 
-/** Runs an embedding job on the engine's thread; rejects with its InferError or the signal's reason. */
+/** Runs an embedding job on the engine's thread; rejects with its InferError or the signal's. */
 export async function runEmbedding(thread: EngineThread, job: EmbedJob,
   signal?: AbortSignal): Promise<Embedded> {
   if (signal?.aborted) throw signal.reason;

@@ -26,7 +26,8 @@ options:
                          (default: the GGUF's pooling_type; mean where it has none, as
                          llama-embedding --pooling mean)
   --no-normalize         print the pooled vectors as they are
-  -c, --ctx-size N       context length in tokens: the longest input (default: min(4096, the model's))
+  -c, --ctx-size N       context length in tokens, the longest input
+                         (default: min(4096, the model's))
   -t, --threads N        CPU threads (default: all cores)
   --backend B            cpu, cuda, metal, or auto (default: auto)
   -q, --quiet            no progress bar while the model loads
