@@ -2,7 +2,7 @@
 // scheduler on the engine's thread), on the default model (or --model):
 //   batched   all texts in one call: they share forward passes, `--parallel` sequences at a time;
 //   one by one each text in a call of its own, waiting for the last.
-// Texts: sentences of the Alice chapter (short, ~20 tokens) and paragraphs of it (~230 tokens).
+// Texts: sentences of the Alice chapter (~50 tokens) and paragraphs of it (~230 tokens).
 // Each cell is the median of --runs rounds after one warm-up; tokens count BOS. Tests never time this.
 //   bun bench/embeddings.ts [--runs 3] [--threads 2] [--parallel 4] [--model PATH]
 import { readFileSync } from "node:fs";
