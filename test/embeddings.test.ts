@@ -87,11 +87,26 @@ describe("pooling from the GGUF", () => {
     }
   };
 
-  test("absent or none is mean; mean, cls and last as declared; rank and others refused", () => {
+  test("absent or none is mean; mean, cls and last as declared; rank none; others refused", () => {
     expect(poolingOf()).toBe("mean");
-    expect([0, 1, 2, 3].map(poolingOf)).toEqual(["mean", "mean", "cls", "last"]);
-    expect(() => poolingOf(4)).toThrow(/rank/);
+    expect([0, 1, 2, 3, 4].map(poolingOf)).toEqual(["mean", "mean", "cls", "last", null]);
     expect(() => poolingOf(9)).toThrow(/pooling_type' is 9/);
+  });
+
+  test("a reranker loads, and embeds only with a pooling asked for", async () => {
+    const path = join(dir, "rank.gguf");
+    writeFileSync(path, tinyGemma3Gguf({ setMetadata: [["gemma3.pooling_type", gguf.u32(4)]] }));
+    const m = await loadModel(path, { threads: 2, contextLength: 64 });
+    try {
+      expect(m.info.pooling).toBeNull();
+      const err = await m.embed("the cat").then(() => null, (e) => e);
+      expect(err).toMatchObject({ code: "unsupported" });
+      expect(err.message).toMatch(/reranker/);
+      expect(await m.embed("the cat", { pooling: "cls" })).toHaveLength(64);
+      expect((await m.complete("the cat", { maxTokens: 2 })).tokens).toHaveLength(2);
+    } finally {
+      await m.close();
+    }
   });
 });
 

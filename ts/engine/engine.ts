@@ -52,8 +52,8 @@ export class Engine {
   private constructor(readonly file: GgufFile, readonly backend: Backend, readonly model: Model,
     readonly tokenizer: Tokenizer, readonly cache: KvCache, readonly loadMs: number,
     private readonly shape: ModelShape, private readonly plan: MemoryPlanOptions,
-    /** How the model's metadata says to pool an embedding. */
-    readonly pooling: Pooling,
+    /** How the model's metadata says to pool an embedding (null: a reranker's, not run). */
+    readonly pooling: Pooling | null,
     /** Why this backend: asked for, or what `auto` found. */
     readonly backendWhy: string) {
     this.slot = createSlot(cache);

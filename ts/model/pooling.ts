@@ -5,8 +5,9 @@
 // Which pooling a model wants is its GGUF's `<arch>.pooling_type` (llama.cpp's enum: 0 none,
 // 1 mean, 2 cls, 3 last, 4 rank). A model without the key (a plain decoder such as Gemma 3 or
 // Llama), or with "none" (per-token vectors, which infer does not return), is pooled by mean:
-// the choice llama.cpp users make for such models with `--pooling mean`. "rank" needs a
-// classifier head that none of the supported architectures has, so it is refused.
+// the choice llama.cpp users make for such models with `--pooling mean`. "rank" (a reranker)
+// scores with a classifier head infer does not run: such a model has no pooling of its own
+// (null), and embeds only with one asked for; it still loads and generates.
 import { InferError } from "../errors.ts";
 import type { Hparams } from "./hparams.ts";
 
@@ -19,16 +20,12 @@ const GGUF_POOLING: Readonly<Record<number, Pooling | "none" | "rank">> = {
   0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank",
 };
 
-/** The pooling a model's metadata asks for (mean where it asks for none). */
-export function declaredPooling(meta: Hparams): Pooling {
+/** The pooling a model's metadata asks for (mean where it asks for none; null for rank). */
+export function declaredPooling(meta: Hparams): Pooling | null {
   if (!meta.has(".pooling_type")) return "mean";
   const declared = GGUF_POOLING[meta.int(".pooling_type", { min: 0, max: 4 })];
   if (declared === "none") return "mean";
-  if (declared === "rank") {
-    throw new InferError("unsupported", `model metadata '${meta.architecture}.pooling_type' ` +
-      `is rank (a reranker), which infer does not run`);
-  }
-  return declared;
+  return declared === "rank" ? null : declared;
 }
 
 /** Reads a pooling's name (an option, a flag, a request field). */

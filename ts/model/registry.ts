@@ -15,8 +15,8 @@ import { qwen3Config } from "./qwen3.ts";
 /** A file's validated configuration, and how to build its graph on a backend. */
 export interface ModelPlan {
   readonly shape: ModelShape;
-  /** How the model pools its hidden states into an embedding (pooling.ts). */
-  readonly pooling: Pooling;
+  /** How the model pools its hidden states into an embedding (pooling.ts; null: a reranker). */
+  readonly pooling: Pooling | null;
   /** The graph, every tensor's shape and type checked; `maxBatch` tokens per forward pass. */
   build(be: Backend, maxBatch: number): Model;
 }

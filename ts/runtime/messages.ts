@@ -64,8 +64,11 @@ export interface EngineInfo {
   readonly layers: number;
   /** Dimensions of an embedding (the hidden state's width). */
   readonly embeddingLength: number;
-  /** How embeddings are pooled unless a call asks otherwise (the GGUF's pooling_type, or mean). */
-  readonly pooling: Pooling;
+  /**
+   * How embeddings are pooled unless a call asks otherwise (the GGUF's pooling_type, or mean);
+   * null for a reranker (pooling_type rank), whose classifier head infer does not run.
+   */
+  readonly pooling: Pooling | null;
   /** The backend chosen (cpu, cuda or metal). */
   readonly backend: string;
   /** Why: asked for, or what `auto` found (the device, or why there is none). */

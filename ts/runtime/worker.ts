@@ -271,6 +271,12 @@ function submit(id: number, job: Job): void {
 function submitEmbedding(id: number, job: EmbedJob): void {
   const e = engine, sched = scheduler;
   if (!e || !sched) return fail(id, "internal", 503, "the model is not loaded");
+  const pooling = job.pooling ?? e.pooling;
+  if (pooling === null) {
+    return fail(id, "unsupported", 400, "the model is a reranker (pooling_type rank), whose " +
+      "classifier head infer does not run; ask for a pooling (mean, cls, last) to embed with it",
+    null, "unsupported_model");
+  }
   const inputs: number[][] = [];
   for (const [i, input] of job.inputs.entries()) {
     const at = job.inputs.length > 1 ? `input ${i}` : "the input";
@@ -300,7 +306,6 @@ function submitEmbedding(id: number, job: EmbedJob): void {
   post({ type: "started", id, promptTokens: inputs.reduce((n, t) => n + t.length, 0) });
   const embeddings: Float32Array[] = new Array(inputs.length);
   let left = inputs.length, failed = false;
-  const pooling = job.pooling ?? e.pooling;
   active.add(id);
   const end = () => { active.delete(id); cancelled.delete(id); };
   for (const [i, prompt] of inputs.entries()) {
