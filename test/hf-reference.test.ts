@@ -12,6 +12,8 @@ import { importHuggingFace, requantizeGguf } from "../ts/convert/import.ts";
 import { parseQuant, type QuantName } from "../ts/convert/quantize.ts";
 import { perplexity } from "../ts/cli/perplexity.ts";
 import { Engine } from "../ts/engine/engine.ts";
+import { BatchScheduler } from "../ts/engine/scheduler.ts";
+import type { Pooling } from "../ts/model/pooling.ts";
 import { openGguf } from "../ts/gguf/reader.ts";
 import { defaultSampling } from "../ts/sample/sampler.ts";
 import { hfTinyFolder } from "./hf-tiny.ts";
@@ -23,6 +25,8 @@ interface ArchReference {
   greedy: { tokens: number[]; continuation: number[] };
   tokenizer: { text: string; ids: number[] }[];
   perplexity: { text: string; n_ctx: number; chunks: number; value: number };
+  /** The base model's last_hidden_state of `tokens`, mean- and last-pooled, L2-normalised. */
+  embedding: { tokens: number[]; mean: number[]; last: number[] };
 }
 
 const fixtures = join(import.meta.dir, "fixtures");
@@ -113,6 +117,18 @@ function relativeError(ours: Float32Array, ref: number[]): number {
   return diff / scale;
 }
 
+const EMBEDDING_DISTANCE_MAX = 1e-6;
+
+function cosineDistance(a: ArrayLike<number>, b: ArrayLike<number>): number {
+  let ab = 0, aa = 0, bb = 0;
+  for (let i = 0; i < a.length; i++) {
+    ab += a[i] * b[i];
+    aa += a[i] * a[i];
+    bb += b[i] * b[i];
+  }
+  return 1 - ab / Math.sqrt(aa * bb);
+}
+
 function argmax(x: ArrayLike<number>): number {
   let best = 0;
   for (let i = 1; i < x.length; i++) if (x[i] > x[best]) best = i;
@@ -161,6 +177,25 @@ for (const arch of archs) {
         expect(r.chunks).toBe(p.chunks);
         expect(r.scoredTokens).toBe(p.chunks * (p.n_ctx / 2 - 1));
         expect(Math.abs(r.perplexity - p.value) / p.value).toBeLessThan(1e-4);
+      });
+    });
+
+    // The F32 hidden state is the logits' input, so it carries the same float32 summation-order
+    // differences, seen as cosine distances of ~1e-12, and for Gemma 3 its f16 GELU table's
+    // rounding (see TOLERANCE): up to 1.9e-7. The bar, 1e-6, is well above both and far below
+    // what a wrong norm, pooling or row would give (bench/results/correctness.md).
+    test("F32 embeddings (mean and last pooling) equal transformers' last_hidden_state", () => {
+      const want = ref.embedding;
+      withEngine(modelPath(arch, "F32"), (e) => {
+        const scheduler = new BatchScheduler(e, { slots: 2, prefixCache: null });
+        const got = new Map<Pooling, Float32Array>();
+        for (const pooling of ["mean", "last"] as const) {
+          scheduler.submitEmbedding({ prompt: want.tokens, pooling, normalize: true,
+            onDone: (v) => got.set(pooling, v), onError: (err) => { throw err; } });
+        }
+        while (scheduler.busy) scheduler.step();
+        expect(cosineDistance(got.get("mean")!, want.mean)).toBeLessThan(EMBEDDING_DISTANCE_MAX);
+        expect(cosineDistance(got.get("last")!, want.last)).toBeLessThan(EMBEDDING_DISTANCE_MAX);
       });
     });
 

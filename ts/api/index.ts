@@ -7,6 +7,8 @@
 export { loadModel, Model, type LoadOptions, type ModelInfo, type TokenizeOptions } from "./model.ts";
 export { Chat, type ChatInput, type ChatOptions, type ChatReply, type ToolResult } from "./chat.ts";
 export { CompletionStream } from "./stream.ts";
+export type { EmbedOptions } from "./embed.ts";
+export type { Pooling } from "../model/pooling.ts";
 export type {
   Completion, FinishReason, GenerateOptions, Piece, Timings, Usage,
 } from "./options.ts";

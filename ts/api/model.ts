@@ -11,6 +11,7 @@ import { EngineThread } from "../runtime/engine-thread.ts";
 import type { EngineInfo } from "../runtime/messages.ts";
 import { tokenizerFromMetadata, type Tokenizer } from "../tokenizer/index.ts";
 import { Chat, type ChatOptions } from "./chat.ts";
+import { embedJobOf, runEmbedding, type EmbedOptions } from "./embed.ts";
 import { jobOf, type Completion, type GenerateOptions } from "./options.ts";
 import { CompletionStream } from "./stream.ts";
 
@@ -102,6 +103,26 @@ export class Model implements AsyncDisposable {
    */
   stream(prompt: string | readonly number[], options: GenerateOptions = {}): CompletionStream {
     return this.start({ prompt }, options);
+  }
+
+  /**
+   * The embedding of a text (or one per text, in order): the model's last hidden state pooled
+   * (options.pooling) and L2-normalised, as llama.cpp's llama-embedding computes it. Texts are
+   * tokenized as for complete() (BOS added); each must fit the context.
+   */
+  embed(text: string, options?: EmbedOptions): Promise<Float32Array>;
+  embed(texts: readonly string[], options?: EmbedOptions): Promise<Float32Array[]>;
+  async embed(input: string | readonly string[],
+    options: EmbedOptions = {}): Promise<Float32Array | Float32Array[]> {
+    if (this.closed) throw new InferError("invalid_argument", "the model is closed");
+    const one = typeof input === "string";
+    const texts = one ? [input] : input;
+    if (!Array.isArray(texts) || !texts.every((t) => typeof t === "string")) {
+      throw new InferError("invalid_argument", "embed: expected a string or an array of strings");
+    }
+    if (texts.length === 0) return [];
+    const r = await runEmbedding(this.thread, embedJobOf(texts, options), options.signal);
+    return one ? r.embeddings[0] : [...r.embeddings];
   }
 
   /** A conversation in the model's chat template; its KV cache is reused between turns. */

@@ -16,6 +16,7 @@ usage: infer "prompt" [options]        continue a prompt, streaming to stdout (a
        infer perplexity <model.gguf> <text-file> [options]
                                        score a text as llama-perplexity does
        infer tokenize "text"           the token ids and pieces of a text
+       infer embed "text"              the text's embedding vector, as JSON
        infer help [command]            this text, or a command's ('infer <command> --help')
        infer help env                  the environment variables infer reads
        infer --version                 the version

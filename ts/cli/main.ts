@@ -9,6 +9,7 @@ import { ensureModel } from "../models/fetch.ts";
 import { anyObject, compileSchema, minLength, type JsonNode } from "../sample/json-schema.ts";
 import { parseCommand, textArgument, UsageError } from "./args.ts";
 import { chatCommand } from "./chat.ts";
+import { embedCommand, embedUsage } from "./embed.ts";
 import { describe, formatStats, loadProgress, verbosityOf } from "./feedback.ts";
 import { chatUsage, overview, runUsage } from "./help.ts";
 import { importCommand, importUsage } from "./import.ts";
@@ -35,13 +36,14 @@ const commands: Record<string, (argv: string[]) => number | Promise<number>> = {
   perplexity: perplexityCommand,
   serve: serveCommand,
   tokenize: tokenizeCommand,
+  embed: embedCommand,
   help: helpCommand,
 };
 
 const usages: Record<string, string> = {
   run: runUsage, chat: chatUsage, models: modelsUsage, pull: pullUsage, import: importUsage,
-  quantize: quantizeUsage,
-  perplexity: perplexityUsage, serve: serveUsage, tokenize: tokenizeUsage,
+  quantize: quantizeUsage, perplexity: perplexityUsage, serve: serveUsage, tokenize: tokenizeUsage,
+  embed: embedUsage,
 };
 
 function helpCommand(argv: string[]): number {

@@ -13,6 +13,7 @@ import { chooseBackend, type BackendKind } from "../backend/select.ts";
 import { InferError } from "../errors.ts";
 import { openGguf, type GgufFile } from "../gguf/reader.ts";
 import type { Model, ModelShape } from "../model/model.ts";
+import type { Pooling } from "../model/pooling.ts";
 import { planModel } from "../model/registry.ts";
 import { tokenizerFromMetadata, type Tokenizer } from "../tokenizer/index.ts";
 import type { GenerateOptions, GenerateResult } from "./generation.ts";
@@ -51,6 +52,8 @@ export class Engine {
   private constructor(readonly file: GgufFile, readonly backend: Backend, readonly model: Model,
     readonly tokenizer: Tokenizer, readonly cache: KvCache, readonly loadMs: number,
     private readonly shape: ModelShape, private readonly plan: MemoryPlanOptions,
+    /** How the model's metadata says to pool an embedding (null: a reranker's, not run). */
+    readonly pooling: Pooling | null,
     /** Why this backend: asked for, or what `auto` found. */
     readonly backendWhy: string) {
     this.slot = createSlot(cache);
@@ -92,7 +95,7 @@ export class Engine {
       onProgress?.(total, total);
       const cache = createKvCache(backend, model.info, contextLength, kvType, model.maxBatch);
       return new Engine(file, backend, model, tokenizer, cache, performance.now() - t0, shape,
-        plan, backendWhy);
+        plan, planned.pooling, backendWhy);
     } catch (err) {
       backend?.dispose?.();
       file.close();

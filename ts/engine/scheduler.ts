@@ -23,8 +23,15 @@
 //
 // A lone sequence decoding greedily on a backend that takes the argmax on the device (CUDA)
 // runs a step ahead of the host (deviceStep), until another sequence joins it or it ends.
+//
+// An embedding is a sequence too: its prompt rows are evaluated in the same batches as everyone
+// else's (prompt rows never need logits), the last hidden state of each row is pooled as it
+// comes (ts/model/pooling.ts), and it ends when its prompt is evaluated, freeing its slot. It
+// starts its slot over: continuing from a cached prefix would skip rows whose hidden states the
+// pooling needs.
 import { InferError } from "../errors.ts";
 import type { SequenceRows } from "../model/model.ts";
+import { Pooler, type Pooling } from "../model/pooling.ts";
 import type { Engine } from "./engine.ts";
 import { Generation, type GenerateOptions, type GenerateResult } from "./generation.ts";
 import { createKvCache, createSlot, reusablePrefix, rewindSlot, type Slot } from "./kv-cache.ts";
@@ -40,6 +47,19 @@ export interface SequenceRequest {
   /** Called once when the sequence ends (interrupted ones too), with its result. */
   readonly onDone: (result: GenerateResult) => void;
   /** Called instead of onDone when the forward pass failed (a bug or an out-of-memory). */
+  readonly onError: (err: Error) => void;
+}
+
+export interface EmbeddingRequest {
+  /** Tokens to embed: at least one, at most the context length. */
+  readonly prompt: readonly number[];
+  readonly pooling: Pooling;
+  /** L2-normalise the pooled vector. */
+  readonly normalize: boolean;
+  /** Polled once per step; true fails the sequence (the caller went away). */
+  readonly shouldStop?: () => boolean;
+  /** Called once with the pooled vector. */
+  readonly onDone: (embedding: Float32Array) => void;
   readonly onError: (err: Error) => void;
 }
 
@@ -78,8 +98,16 @@ class Sequence {
   /** Held back this step for an earlier sequence evaluating the same prompt beginning. */
   parked = false;
   chain: PrefixChain = { blocks: 0, last: null };
-  constructor(readonly request: SequenceRequest, readonly slot: Slot,
-    readonly generation: Generation) {}
+  /** Exactly one of generation (a generating sequence) and pooler (an embedding) is set. */
+  constructor(readonly request: SequenceRequest | EmbeddingRequest, readonly slot: Slot,
+    readonly generation: Generation | null, readonly pooler: Pooler | null) {}
+
+  interrupted(): boolean {
+    if (this.generation) return this.generation.interrupted();
+    const stop = (this.request as EmbeddingRequest).shouldStop?.() ?? false;
+    if (stop) this.error = new InferError("internal", "the embedding was interrupted");
+    return stop;
+  }
 
   get prompt(): readonly number[] { return this.request.prompt; }
 
@@ -91,10 +119,17 @@ class Sequence {
   }
 }
 
+/** An embedding's rows in this step's batch, whose hidden states go to its pooler. */
+interface HiddenRows {
+  readonly s: Sequence;
+  readonly first: number;
+  readonly rows: number;
+}
+
 export class BatchScheduler {
   private readonly slots: Slot[] = [];
   private readonly free: Slot[] = [];
-  private readonly waiting: SequenceRequest[] = [];
+  private readonly waiting: (SequenceRequest | EmbeddingRequest)[] = [];
   private running: Sequence[] = [];
   private readonly prefix: PrefixCache | null;
   private readonly prefillChunk: number;
@@ -144,6 +179,17 @@ export class BatchScheduler {
     this.waiting.push(request);
   }
 
+  /** Queues an embedding; it joins the batch at the next step with a free slot. */
+  submitEmbedding(request: EmbeddingRequest): void {
+    const n = request.prompt.length, context = this.engine.contextLength;
+    if (n === 0) throw new InferError("invalid_argument", "nothing to embed");
+    if (n > context) {
+      throw new InferError("context_overflow", `${n} tokens to embed do not fit the context ` +
+        `of ${context} (raise --ctx-size)`);
+    }
+    this.waiting.push(request);
+  }
+
   /** Whether a step would do anything. */
   get busy(): boolean {
     return this.running.length > 0 || this.waiting.length > 0;
@@ -157,7 +203,7 @@ export class BatchScheduler {
 
   /** Admits waiting sequences, runs one forward pass, samples, and retires ended sequences. */
   step(): void {
-    for (const s of this.running) if (s.generation.interrupted()) s.ended = true;
+    for (const s of this.running) if (s.interrupted()) s.ended = true;
     if (this.ahead && !this.staysOnDevice(this.ahead)) this.settle(this.ahead);
     this.admit();
     this.retire(); // the interrupted, and new ones with nothing to generate
@@ -167,7 +213,8 @@ export class BatchScheduler {
     if (onDevice ? !this.deviceStep(lone) : !this.hostStep()) return;
     this.steps++;
     if (this.prefix) {
-      for (const s of this.running) this.prefix.save(s.chain, s.slot);
+      // Embeddings' texts would only push chats' prompts out of the cache.
+      for (const s of this.running) if (s.generation) this.prefix.save(s.chain, s.slot);
     }
     this.retire();
   }
@@ -177,15 +224,24 @@ export class BatchScheduler {
     const plan = this.plan();
     const vocab = this.engine.model.info.vocabSize;
     const firstLogitRow = plan.rows - plan.logits.length;
+    const hidden = plan.hidden.length === 0 ? undefined : {
+      ranges: plan.hidden,
+      sink: (firstRow: number, rows: number, values: Float32Array) => {
+        const s = plan.hidden.find((h) => h.first === firstRow)!.s;
+        s.pooler!.add(rows, values);
+        if (s.pooler!.complete) s.ended = true;
+      },
+    };
     try {
       this.engine.model.forwardBatch(
-        { tokens: this.tokens, segments: plan.segments, logitRows: plan.logits.length },
+        { tokens: this.tokens, segments: plan.segments, logitRows: plan.logits.length, hidden },
         (firstRow, rows, logits) => {
           for (let r = 0; r < rows; r++) {
             const s = plan.logits[firstRow - firstLogitRow + r];
-            if (s.pending === null) s.generation.promptDone(s.prompt.length - s.restored);
+            const generation = s.generation!;
+            if (s.pending === null) generation.promptDone(s.prompt.length - s.restored);
             try {
-              s.pending = s.generation.next(logits.subarray(r * vocab, (r + 1) * vocab), s.length);
+              s.pending = generation.next(logits.subarray(r * vocab, (r + 1) * vocab), s.length);
             } catch (err) { // this sequence's own failure: the others go on
               s.error = err as Error;
               s.pending = null;
@@ -208,7 +264,7 @@ export class BatchScheduler {
   private staysOnDevice(s: Sequence): boolean {
     return this.deviceGreedy && !s.ended && this.running.length === 1 &&
       this.running[0] === s && (this.waiting.length === 0 || this.free.length === 0) &&
-      s.generation.greedy;
+      s.generation?.greedy === true;
   }
 
   /**
@@ -266,7 +322,7 @@ export class BatchScheduler {
   private acceptDeviceToken(s: Sequence, taken: number): number | null {
     let token: number | null;
     try {
-      token = s.generation.accept(taken, s.length);
+      token = s.generation!.accept(taken, s.length);
     } catch (err) { // this sequence's own failure (its callback threw)
       s.error = err as Error;
       token = null;
@@ -305,6 +361,10 @@ export class BatchScheduler {
   private admit(): void {
     while (this.free.length > 0 && this.waiting.length > 0) {
       const request = this.waiting.shift()!;
+      if ("pooling" in request) {
+        this.admitEmbedding(request);
+        continue;
+      }
       const generation = new Generation(this.engine.tokenizer, request.prompt,
         this.engine.contextLength, request.options);
       const reuse = request.options.reuseCache ?? true;
@@ -312,12 +372,23 @@ export class BatchScheduler {
       this.free.splice(this.free.indexOf(slot), 1);
       rewindSlot(slot, common);
       this.reused += common;
-      const s = new Sequence(request, slot, generation);
+      const s = new Sequence(request, slot, generation, null);
       if (reuse) this.restore(s);
       s.restored = s.length;
       if (generation.interrupted() || generation.done) s.ended = true;
       this.running.push(s);
     }
+  }
+
+  /** An embedding takes the slot free the longest and starts it over. */
+  private admitEmbedding(request: EmbeddingRequest): void {
+    const slot = this.free.shift()!;
+    rewindSlot(slot, 0);
+    const pooler = new Pooler(request.pooling, this.engine.model.info.embedding,
+      request.prompt.length);
+    const s = new Sequence(request, slot, null, pooler);
+    if (s.interrupted()) s.ended = true;
+    this.running.push(s);
   }
 
   /**
@@ -362,6 +433,7 @@ export class BatchScheduler {
     const block = this.prefix.blockTokens;
     for (let i = 0; i < index; i++) {
       const t = this.running[i];
+      if (t.pooler) continue; // an embedding saves nothing to the cache
       const limit = Math.min(t.prompt.length, s.prompt.length - 1);
       let shared = 0;
       while (shared < limit && t.prompt[shared] === s.prompt[shared]) shared++;
@@ -372,7 +444,9 @@ export class BatchScheduler {
   }
 
   /** This step's rows: prompt bodies first, then the rows that need logits. */
-  private plan(): { segments: SequenceRows[]; logits: Sequence[]; rows: number } {
+  private plan(): {
+    segments: SequenceRows[]; logits: Sequence[]; rows: number; hidden: HiddenRows[];
+  } {
     const maxBatch = this.engine.model.maxBatch;
     const decoding = this.running.filter((s) => s.pending !== null);
     let budget = Math.min(maxBatch - decoding.length,
@@ -380,6 +454,12 @@ export class BatchScheduler {
     const bodies: { s: Sequence; rows: number }[] = [], finishing: Sequence[] = [];
     for (const [i, s] of this.running.entries()) {
       if (s.pending !== null || budget <= 0) continue;
+      if (s.pooler) { // every row of an embedding is a body row: none needs logits
+        const take = Math.min(s.prompt.length - s.length, budget);
+        budget -= take;
+        bodies.push({ s, rows: take });
+        continue;
+      }
       if (this.waitsForEarlier(s, i)) {
         s.parked = true;
         continue;
@@ -413,13 +493,17 @@ export class BatchScheduler {
       s.length += n;
       rows += n;
     };
-    for (const { s, rows: n } of bodies) add(s, n, (i) => s.prompt[s.length + i]);
+    const hidden: HiddenRows[] = [];
+    for (const { s, rows: n } of bodies) {
+      if (s.pooler) hidden.push({ s, first: rows, rows: n });
+      add(s, n, (i) => s.prompt[s.length + i]);
+    }
     for (const s of finishing) add(s, 1, () => s.prompt[s.length]);
     for (const s of decoding) add(s, 1, () => s.pending!);
     if (!this.engine.backend.sequenceBatches && segments.length > 1) {
       throw new InferError("internal", "a batch of several segments on a one-sequence backend");
     }
-    return { segments, logits: [...finishing, ...decoding], rows };
+    return { segments, logits: [...finishing, ...decoding], rows, hidden };
   }
 
   /**
@@ -457,7 +541,10 @@ export class BatchScheduler {
     for (const s of ended) {
       this.release(s);
       if (s.error) s.request.onError(s.error);
-      else s.request.onDone(s.generation.finish());
+      else if (s.pooler) {
+        const r = s.request as EmbeddingRequest;
+        r.onDone(s.pooler.result(r.normalize));
+      } else (s.request as SequenceRequest).onDone(s.generation!.finish());
     }
   }
 

@@ -5,8 +5,8 @@ import type { Backend, KvLayer, Weight } from "../backend/backend.ts";
 import type { GgufFile } from "../gguf/reader.ts";
 import { attentionHparams, Hparams, LIMITS } from "./hparams.ts";
 import {
-  attentionWeights, decoderBuffers, ffnWeights, forwardOne, gatedFfn, LogitsHead, selfAttention,
-  setBatchInputs, WeightTable,
+  attentionWeights, decoderBuffers, decoderOutput, ffnWeights, forwardOne, gatedFfn, LogitsHead,
+  selfAttention, setBatchInputs, WeightTable,
   type AttentionWeights, type DecoderBuffers, type FfnWeights, type SelfAttentionOptions,
 } from "./layers.ts";
 import type { Batch, ForwardOptions, LogitsSink, Model, ModelInfo, ModelShape } from "./model.ts";
@@ -118,6 +118,7 @@ export class Gemma3 implements Model {
     this.blocks = Array.from({ length: c.layers }, (_, i) => loadLayer(t, c, i));
     this.info = {
       architecture: "gemma3", name: c.name, vocabSize: c.vocab, contextLength: c.contextLength,
+      embedding: c.embedding,
       kvShapes: c.kvShapes,
     };
     this.buf = decoderBuffers(be, maxBatch, c);
@@ -144,9 +145,6 @@ export class Gemma3 implements Model {
       gatedFfn(be, b.normed, n, l.ffn, "gelu", b.ffn, b.branch);
       be.rmsNormAdd(b.branch, l.postFfnNorm, n, c.normEps, x);
     }
-    if (batch.logitRows === 0) return; // a prompt's body: only its keys and values were needed
-    be.rmsNorm(x, this.outputNorm, n, c.normEps, b.normed);
-    this.head.rows(b.normed, n - batch.logitRows, batch.logitRows, sink,
-      batch.greedy ? b.ids : null);
+    decoderOutput(be, b, batch, n, this.outputNorm, c.normEps, this.head, sink);
   }
 }

@@ -238,6 +238,30 @@ export class LogitsHead {
   }
 }
 
+/**
+ * The end of a decoder's forward pass: the final norm, the hidden rows a batch asks for
+ * (embeddings), then the LM head over the rows that need logits. A batch that wants neither (a
+ * prompt's body) stops before the norm: only its keys and values were needed.
+ */
+export function decoderOutput(be: Backend, b: DecoderBuffers, batch: Batch, rows: number,
+  norm: Weight, normEps: number, head: LogitsHead, sink: LogitsSink): void {
+  const hidden = batch.hidden;
+  if (batch.logitRows === 0 && !hidden?.ranges.length) return;
+  be.rmsNorm(b.x, norm, rows, normEps, b.normed);
+  if (hidden && hidden.ranges.length > 0) {
+    const end = Math.max(...hidden.ranges.map((r) => r.first + r.rows));
+    if (end > rows || hidden.ranges.some((r) => !(r.first >= 0 && r.rows > 0))) {
+      throw new InferError("invalid_argument", `hidden rows up to ${end} of a batch of ${rows}`);
+    }
+    const values = be.read(b.normed, end), width = b.normed.cols;
+    for (const r of hidden.ranges) {
+      hidden.sink(r.first, r.rows, values.subarray(r.first * width, (r.first + r.rows) * width));
+    }
+  }
+  head.rows(b.normed, rows - batch.logitRows, batch.logitRows, sink,
+    batch.greedy ? b.ids : null);
+}
+
 /** Checks a batch against the model's plan and uploads its token ids and per-row positions. */
 export function setBatchInputs(be: Backend, b: DecoderBuffers, batch: Batch, maxBatch: number): number {
   let rows = 0;

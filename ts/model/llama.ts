@@ -8,8 +8,8 @@ import { InferError, quote } from "../errors.ts";
 import type { GgufFile } from "../gguf/reader.ts";
 import { attentionHparams, Hparams, LIMITS } from "./hparams.ts";
 import {
-  attentionWeights, decoderBuffers, ffnWeights, forwardOne, gatedFfn, LogitsHead, selfAttention,
-  setBatchInputs, WeightTable,
+  attentionWeights, decoderBuffers, decoderOutput, ffnWeights, forwardOne, gatedFfn, LogitsHead,
+  selfAttention, setBatchInputs, WeightTable,
   type AttentionWeights, type DecoderBuffers, type FfnWeights, type SelfAttentionOptions,
 } from "./layers.ts";
 import type { Batch, ForwardOptions, LogitsSink, Model, ModelInfo, ModelShape } from "./model.ts";
@@ -134,7 +134,7 @@ export class Llama implements Model {
     this.blocks = Array.from({ length: c.layers }, (_, i) => loadLayer(t, c, i, ropeFactors));
     this.info = {
       architecture: c.architecture, name: c.name, vocabSize: c.vocab,
-      contextLength: c.contextLength, kvShapes: c.kvShapes,
+      contextLength: c.contextLength, embedding: c.embedding, kvShapes: c.kvShapes,
     };
     this.buf = decoderBuffers(be, maxBatch, c);
   }
@@ -158,9 +158,6 @@ export class Llama implements Model {
       gatedFfn(be, b.normed, n, l.ffn, "silu", b.ffn, b.branch);
       be.add(x, b.branch, n, x);
     }
-    if (batch.logitRows === 0) return; // a prompt's body: only its keys and values were needed
-    be.rmsNorm(x, this.outputNorm, n, c.normEps, b.normed);
-    this.head.rows(b.normed, n - batch.logitRows, batch.logitRows, sink,
-      batch.greedy ? b.ids : null);
+    decoderOutput(be, b, batch, n, this.outputNorm, c.normEps, this.head, sink);
   }
 }

@@ -31,6 +31,8 @@ export interface ModelInfo {
   readonly name: string;
   readonly vocabSize: number;
   readonly contextLength: number;
+  /** Width of the hidden state (an embedding's dimensions). */
+  readonly embedding: number;
   /** One entry per layer: the shape of its keys and values. */
   readonly kvShapes: readonly KvShape[];
 }
@@ -73,6 +75,19 @@ export interface Batch {
    * token is the one the previous greedy batch left there (`tokens` is not read).
    */
   readonly greedy?: { readonly tokenOnDevice: boolean };
+  /**
+   * Rows whose last hidden state (after the final norm, where the LM head would read it) is
+   * wanted, for embeddings: each range's rows are handed to the sink before any logits.
+   */
+  readonly hidden?: HiddenRequest;
+}
+
+/** Receives `rows` hidden rows starting at batch row `firstRow` (a view valid during the call). */
+export type HiddenSink = (firstRow: number, rows: number, values: Float32Array) => void;
+
+export interface HiddenRequest {
+  readonly ranges: readonly { readonly first: number; readonly rows: number }[];
+  readonly sink: HiddenSink;
 }
 
 /** Receives `rows` rows of logits starting at batch row `firstRow` (a view valid during the call). */

@@ -8,17 +8,20 @@ import { Gemma3, gemma3Config } from "./gemma3.ts";
 import { Hparams, LIMITS } from "./hparams.ts";
 import { Llama, llamaConfig } from "./llama.ts";
 import type { Model, ModelShape } from "./model.ts";
+import { declaredPooling, type Pooling } from "./pooling.ts";
 import { qwen2Config } from "./qwen2.ts";
 import { qwen3Config } from "./qwen3.ts";
 
 /** A file's validated configuration, and how to build its graph on a backend. */
 export interface ModelPlan {
   readonly shape: ModelShape;
+  /** How the model pools its hidden states into an embedding (pooling.ts; null: a reranker). */
+  readonly pooling: Pooling | null;
   /** The graph, every tensor's shape and type checked; `maxBatch` tokens per forward pass. */
   build(be: Backend, maxBatch: number): Model;
 }
 
-type Planner = (file: GgufFile, meta: Hparams, vocab: number) => ModelPlan;
+type Planner = (file: GgufFile, meta: Hparams, vocab: number) => Omit<ModelPlan, "pooling">;
 
 /** A family: its configuration from the metadata, and the graph that runs it. */
 function family<C extends ModelShape>(config: (meta: Hparams, vocab: number) => C,
@@ -59,5 +62,6 @@ export function planModel(file: GgufFile): ModelPlan {
   if (vocab > LIMITS.vocab) {
     throw new InferError("bad_model", `${file.path}: vocabulary of ${vocab} is too large`);
   }
-  return planner(file, new Hparams(file.metadata, arch), vocab);
+  const meta = new Hparams(file.metadata, arch);
+  return { ...planner(file, meta, vocab), pooling: declaredPooling(meta) };
 }

@@ -4,12 +4,13 @@
 // class, so a prompt reaches a token by one path.
 import { InferError } from "../errors.ts";
 import { isCompiled, libraryPath } from "../native/lib.ts";
-import type { Job } from "./job.ts";
+import type { AnyJob } from "./job.ts";
 import type { EngineInfo, EngineStats, FromWorker, OpenSettings, ToWorker } from "./messages.ts";
 
 export type JobEvent = Exclude<FromWorker, { type: "ready" | "failed" | "progress" | "closed" | "stats" }>;
 export type JobDoneEvent = Extract<JobEvent, { type: "done" }>;
 export type JobErrorEvent = Extract<JobEvent, { type: "error" }>;
+export type JobEmbeddedEvent = Extract<JobEvent, { type: "embedded" }>;
 
 /** One job's events from the worker, read in order. */
 export class Ticket {
@@ -19,17 +20,17 @@ export class Ticket {
   /** Resolves when the job has ended, whichever way. */
   readonly ended: Promise<void>;
   private markEnded!: () => void;
-  constructor(readonly id: number, readonly job: Job) {
+  constructor(readonly id: number, readonly job: AnyJob) {
     this.ended = new Promise((resolve) => (this.markEnded = resolve));
   }
 
-  /** Adds an event; a "done" or "error" ends the job. */
+  /** Adds an event; a "done", "embedded" or "error" ends the job. */
   push(e: JobEvent): void {
     if (this.finished) return;
     this.events.push(e);
     this.wake?.();
     this.wake = null;
-    if (e.type === "done" || e.type === "error") {
+    if (e.type === "done" || e.type === "embedded" || e.type === "error") {
       this.finished = true;
       this.markEnded();
     }
@@ -108,7 +109,7 @@ export class EngineThread {
   }
 
   /** A ticket for `job`, not yet started (a queue may hold it first). */
-  ticket(job: Job): Ticket {
+  ticket(job: AnyJob): Ticket {
     return new Ticket(this.nextId++, job);
   }
 

@@ -3,6 +3,7 @@
 // structured cloning, because it crosses to the worker as a message.
 import type { ChatMessage } from "../chat/template.ts";
 import type { ToolChoice, ToolFunction } from "../chat/tools.ts";
+import type { Pooling } from "../model/pooling.ts";
 import type { SamplerOptions } from "../sample/sampler.ts";
 
 export type ResponseFormat =
@@ -29,6 +30,23 @@ export interface Job {
   readonly tools?: readonly ToolFunction[];
   readonly toolChoice?: ToolChoice;
 }
+
+/**
+ * Embeddings of one or more inputs, each a sequence of its own in the batch scheduler: one
+ * vector each, the last hidden state pooled (ts/model/pooling.ts).
+ */
+export interface EmbedJob {
+  readonly kind: "embedding";
+  /** Texts (tokenized as llama.cpp does: BOS, control tokens parsed) or token ids. */
+  readonly inputs: readonly (string | readonly number[])[];
+  /** null: the model's own (its GGUF pooling_type; mean where it declares none). */
+  readonly pooling: Pooling | null;
+  /** L2-normalise each vector. */
+  readonly normalize: boolean;
+}
+
+/** Whatever the engine's thread runs. */
+export type AnyJob = Job | EmbedJob;
 
 /** One generated token's log-probabilities, as the worker reports them. */
 export interface LogprobEntry {

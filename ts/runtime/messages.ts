@@ -4,7 +4,8 @@ import type { BackendKind } from "../backend/select.ts";
 import type { ToolCall } from "../chat/tools.ts";
 import type { StopReason } from "../engine/generation.ts";
 import type { InferErrorCode } from "../errors.ts";
-import type { Job, LogprobEntry } from "./job.ts";
+import type { Pooling } from "../model/pooling.ts";
+import type { AnyJob, LogprobEntry } from "./job.ts";
 
 export interface OpenSettings {
   readonly modelPath: string;
@@ -62,6 +63,13 @@ export interface EngineInfo {
   readonly trainedContextLength: number;
   readonly vocabSize: number;
   readonly layers: number;
+  /** Dimensions of an embedding (the hidden state's width). */
+  readonly embeddingLength: number;
+  /**
+   * How embeddings are pooled unless a call asks otherwise (the GGUF's pooling_type, or mean);
+   * null for a reranker (pooling_type rank), whose classifier head infer does not run.
+   */
+  readonly pooling: Pooling | null;
   /** The backend chosen (cpu, cuda or metal). */
   readonly backend: string;
   /** Why: asked for, or what `auto` found (the device, or why there is none). */
@@ -77,7 +85,7 @@ export interface EngineInfo {
 
 export type ToWorker =
   | { readonly type: "open"; readonly settings: OpenSettings }
-  | { readonly type: "run"; readonly id: number; readonly job: Job }
+  | { readonly type: "run"; readonly id: number; readonly job: AnyJob }
   | { readonly type: "cancel"; readonly id: number }
   | { readonly type: "close" };
 
@@ -120,5 +128,10 @@ export type FromWorker =
   }
   | ({ readonly type: "done"; readonly id: number } & JobDone)
   | ({ readonly type: "error"; readonly id: number } & JobFailure)
+  /** An embedding job's vectors, one per input in order, and each input's token count. */
+  | {
+    readonly type: "embedded"; readonly id: number; readonly embeddings: readonly Float32Array[];
+    readonly inputTokens: readonly number[];
+  }
   | { readonly type: "stats"; readonly stats: EngineStats }
   | { readonly type: "closed" };

@@ -17,7 +17,7 @@ import { parameterCount, quantOf } from "../gguf/file-type.ts";
 import { JsonGrammar } from "../sample/json-grammar.ts";
 import { anyObject, compileSchema, minLength, type JsonNode } from "../sample/json-schema.ts";
 import type { Tokenizer } from "../tokenizer/index.ts";
-import type { Job, LogprobEntry } from "./job.ts";
+import type { EmbedJob, Job, LogprobEntry } from "./job.ts";
 import type { EngineInfo, EngineStats, FromWorker, StallForTests, ToWorker } from "./messages.ts";
 
 declare const self: {
@@ -72,7 +72,8 @@ self.onmessage = (e) => {
     case "open": open(m.settings); break;
     case "run":
       try {
-        working(() => submit(m.id, m.job));
+        working(() => m.job.kind === "embedding" ? submitEmbedding(m.id, m.job)
+          : submit(m.id, m.job));
       } catch (err) { // a bug, not the request's fault: report it and serve the next one
         fail(m.id, "internal", 500, (err as Error).message, null, "internal_error");
       }
@@ -121,7 +122,8 @@ function describe(e: Engine, parallel: number): EngineInfo {
     name: info.name ?? null, architecture: info.architecture, parameters: parameterCount(e.file),
     quantization: quantOf(e.file), contextLength: e.contextLength,
     trainedContextLength: info.contextLength, vocabSize: info.vocabSize,
-    layers: info.kvShapes.length, backend: e.backend.name, backendReason: e.backendWhy,
+    layers: info.kvShapes.length, embeddingLength: info.embedding, pooling: e.pooling,
+    backend: e.backend.name, backendReason: e.backendWhy,
     batch: e.model.maxBatch, parallel,
     chatTemplate: template?.origin ?? null, loadMs: e.loadMs,
   };
@@ -288,6 +290,72 @@ function submit(id: number, job: Job): void {
     },
   });
   active.add(id);
+  void loop();
+}
+
+/**
+ * Tokenizes and checks every input of an embedding job, then hands each to the scheduler as a
+ * sequence of its own; the job ends when all have their vectors, or at the first failure.
+ */
+function submitEmbedding(id: number, job: EmbedJob): void {
+  const e = engine, sched = scheduler;
+  if (!e || !sched) return fail(id, "internal", 503, "the model is not loaded");
+  const pooling = job.pooling ?? e.pooling;
+  if (pooling === null) {
+    return fail(id, "unsupported", 400, "the model is a reranker (pooling_type rank), whose " +
+      "classifier head infer does not run; ask for a pooling (mean, cls, last) to embed with it",
+    null, "unsupported_model");
+  }
+  const inputs: number[][] = [];
+  for (const [i, input] of job.inputs.entries()) {
+    const at = job.inputs.length > 1 ? `input ${i}` : "the input";
+    let tokens: number[];
+    if (typeof input === "string") {
+      tokens = e.tokenizer.encode(input, { addSpecial: true, parseSpecial: true });
+    } else {
+      tokens = [...input];
+      const bad = tokens.find((t) => !(Number.isInteger(t) && t >= 0 && t < e.tokenizer.vocabSize));
+      if (bad !== undefined) {
+        return fail(id, "invalid_argument", 400, `${at}: token ${bad} is not in the vocabulary ` +
+          `(0..${e.tokenizer.vocabSize - 1})`, "input", "invalid_value");
+      }
+    }
+    if (tokens.length === 0) {
+      return fail(id, "invalid_argument", 400, `${at} is empty`, "input", "invalid_value");
+    }
+    if (tokens.length > e.contextLength) {
+      return fail(id, "context_overflow", 400, `${at} (${tokens.length} tokens) does not fit the ` +
+        `context of ${e.contextLength} tokens`, "input", "context_length_exceeded");
+    }
+    inputs.push(tokens);
+  }
+  if (inputs.length === 0) {
+    return fail(id, "invalid_argument", 400, "nothing to embed", "input", "invalid_value");
+  }
+  post({ type: "started", id, promptTokens: inputs.reduce((n, t) => n + t.length, 0) });
+  const embeddings: Float32Array[] = new Array(inputs.length);
+  let left = inputs.length, failed = false;
+  active.add(id);
+  const end = () => { active.delete(id); cancelled.delete(id); };
+  for (const [i, prompt] of inputs.entries()) {
+    sched.submitEmbedding({
+      prompt, pooling, normalize: job.normalize,
+      shouldStop: () => closing || failed || cancelled.has(id),
+      onDone: (vector) => {
+        embeddings[i] = vector;
+        if (--left > 0 || failed) return;
+        end();
+        post({ type: "embedded", id, embeddings, inputTokens: inputs.map((t) => t.length) });
+      },
+      onError: (err) => {
+        if (failed) return;
+        failed = true; // the other inputs stop at the next step
+        end();
+        const kind = err instanceof InferError ? err.code : "internal";
+        fail(id, kind, 500, err.message, null, "internal_error");
+      },
+    });
+  }
   void loop();
 }
 

@@ -3,7 +3,8 @@
 // once and keeps the others in a bounded FIFO (429 when it is full), so that a burst of requests
 // waits here, where a client that leaves can be dropped, rather than in the engine.
 import type { EngineThread, JobDoneEvent, JobEvent, Ticket } from "../runtime/engine-thread.ts";
-import { ApiError, type Job } from "./protocol.ts";
+import type { AnyJob } from "../runtime/job.ts";
+import { ApiError } from "./protocol.ts";
 
 export type WorkerEvent = JobEvent;
 export type Done = JobDoneEvent;
@@ -25,7 +26,7 @@ export class RequestQueue {
   get broken(): string | null { return this.thread.broken; }
 
   /** Queues the jobs of one request (its choices) together, or none of them. */
-  submit(jobs: Job[]): Ticket[] {
+  submit(jobs: AnyJob[]): Ticket[] {
     if (this.broken) {
       throw new ApiError(503, `the engine stopped: ${this.broken}`, null, "engine_unavailable");
     }

@@ -19,6 +19,7 @@ import type { EngineInfo, StallForTests } from "../runtime/messages.ts";
 import { Metrics } from "./metrics.ts";
 import { answerGeneration, json, type GenerationContext } from "./completions.ts";
 import { ApiError, parseJson } from "./protocol.ts";
+import { answerEmbeddings } from "./embeddings.ts";
 import { RequestQueue } from "./queue.ts";
 
 export interface ServeOptions {
@@ -90,7 +91,8 @@ function errorResponse(err: ApiError): Response {
   return json(err.body(), err.status, headers);
 }
 
-const endpoints = ["/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions"];
+const endpoints = ["/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions",
+  "/v1/embeddings"];
 
 const notFound = (path: string) => new ApiError(404, `no route ${quote(path)}`, null, "not_found");
 
@@ -210,6 +212,10 @@ export async function startServer(o: ServeOptions): Promise<InferServer> {
     }
     if (path === "/v1/chat/completions") { method("POST"); return generate(x, "chat"); }
     if (path === "/v1/completions") { method("POST"); return generate(x, "completion"); }
+    if (path === "/v1/embeddings") {
+      method("POST");
+      return answerEmbeddings(generation, x.req, await readJson(x));
+    }
     throw notFound(path);
   }
 
