@@ -15,6 +15,7 @@ import { existsSync, readFileSync, writeFileSync } from "node:fs";
 import { arch, cpus, platform, release, totalmem } from "node:os";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
+import { childEnvironment } from "../ts/config/env.ts";
 
 const root = join(import.meta.dir, "..");
 const { values } = parseArgs({ options: {
@@ -112,7 +113,7 @@ console.error("running the golden prompts on Metal and on the CPU, with Metal va
 const child = Bun.spawnSync([process.execPath, import.meta.path, "--inner", "--cases", values.cases!,
   ...(values.model ? ["--model", values.model] : [])], {
   cwd: root, stdout: "pipe", stderr: "pipe",
-  env: { ...process.env, MTL_DEBUG_LAYER: "1", MTL_SHADER_VALIDATION: "1" },
+  env: childEnvironment({ MTL_DEBUG_LAYER: "1", MTL_SHADER_VALIDATION: "1" }),
 });
 const stderr = child.stderr.toString();
 const line = child.stdout.toString().trim().split("\n").pop() ?? "";

@@ -28,8 +28,8 @@ describe("models and --model by name", () => {
     const r = cli(["models"]);
     expect(r.code).toBe(0);
     const lines = r.stdout.trim().split("\n");
-    expect(lines[0]).toMatch(/^NAME\s+SIZE\s+ARCH\s+QUANT\s+PARAMS$/);
-    expect(lines[1]).toMatch(/^broken\.gguf\s+11 B\s+\?\s+\?\s+unreadable: .*not a GGUF/);
+    expect(lines[0]).toMatch(/^NAME\s+SIZE\s+ARCH\s+QUANT\s+PARAMS\s+SOURCE$/);
+    expect(lines[1]).toMatch(/^broken\.gguf\s+11 B\s+\?\s+\?\s+\?\s+local; unreadable: .*not a GGUF/);
     expect(lines[2]).toMatch(/^tiny-a\.gguf\s+[\d.]+ KB\s+gemma3\s+F32\s+\d+/); // no file_type: the weights' type
     expect(lines[3]).toMatch(/^tiny-b-f16\.gguf\s+[\d.]+ KB\s+gemma3\s+F32/);
     const json = cli(["models", "--json"]).stdout.trim().split("\n").map((l) => JSON.parse(l));

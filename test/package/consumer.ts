@@ -70,9 +70,10 @@ check(ids.length > 0 && ids.every((id) => Number.isInteger(id)), "tokenize");
 check(model.detokenize(ids) === "Hello, world", `detokenize gave ${model.detokenize(ids)}`);
 
 const one: Float32Array = await model.embed("Hello, world");
-const [same, far]: Float32Array[] = await model.embed(["Hello, world", "Quarterly tax filings"],
+const both: Float32Array[] = await model.embed(["Hello, world", "Quarterly tax filings"],
   { pooling: "mean" });
-const dot = (a: Float32Array, b: Float32Array) => a.reduce((sum, v, i) => sum + v * b[i], 0);
+const same = both[0]!, far = both[1]!;
+const dot = (a: Float32Array, b: Float32Array) => a.reduce((sum, v, i) => sum + v * b[i]!, 0);
 check(one.length === model.info.embeddingLength && Math.abs(dot(one, one) - 1) < 1e-4,
   `embed gave ${one.length} values of norm² ${dot(one, one)}`);
 check(dot(one, same) > 0.9999 && dot(one, far) < dot(one, same), "embed of texts in one call");

@@ -49,7 +49,7 @@ export const settings = {
     about: "a Hugging Face access token, sent to the Hub for gated and private repositories" },
   HF_HOME: { type: "text", default: () => join(homedir(), ".cache", "huggingface"),
     shown: "~/.cache/huggingface", audience: "user",
-    about: "huggingface_hub's folder: its `token` file (from `hf auth login`) is read when HF_TOKEN is unset" },
+    about: "huggingface_hub's folder, whose `token` file is read when HF_TOKEN is unset" },
   HF_TOKEN_PATH: { type: "text", default: null, shown: "$HF_HOME/token", audience: "user",
     about: "the token file to read when HF_TOKEN is unset" },
   INFER_BACKEND: { type: "text", default: null, shown: "auto (the Engine class alone: cpu)", audience: "user",
@@ -141,6 +141,14 @@ export function isSet(name: SettingName): boolean {
 export function setSetting(name: SettingName, value: string | null): void {
   if (value === null) delete process.env[name];
   else process.env[name] = value;
+}
+
+/**
+ * The environment for a child process: this one's, with `extra` added (another program's
+ * variables, e.g. Apple's Metal validation switches for a diagnostic run).
+ */
+export function childEnvironment(extra: Readonly<Record<string, string>>): Record<string, string> {
+  return { ...(process.env as Record<string, string>), ...extra };
 }
 
 /** Runs f with the settings in `values` (as environment text; null: unset), then restores them. */
