@@ -32,7 +32,7 @@ interface ArchReference {
 const fixtures = join(import.meta.dir, "fixtures");
 const reference = JSON.parse(readFileSync(join(fixtures, "hf-reference.json"),
   "utf8")) as Record<string, ArchReference>;
-const archs = ["llama", "qwen2", "qwen3", "gemma3"] as const;
+const archs = ["llama", "qwen2", "qwen3", "gemma3", "qwen3moe"] as const;
 const dir = mkdtempSync(join(tmpdir(), "infer-hf-"));
 const root = join(import.meta.dir, "..");
 
@@ -62,12 +62,15 @@ const root = join(import.meta.dir, "..");
 //        full-size K-quant path is tested on 256-wide rows in quantize-k.test.ts). Q5_0 rounds
 //        each weight by up to 1/32 of its block's range, 8× Q8_0's step: 5.9e-2 to 2.8e-1 is
 //        seen, and the bar of 4e-1 still fails a wrong layout or scale (errors of order 1).
+//  qwen3moe: F32 is held to the issue's 1e-5 for new families (2.4e-6 seen); F16 (exact for its
+//        BF16 fixture) 2.4e-6 and Q8_0 4.2e-2, within the others' bars.
 const TOLERANCE: Record<QuantName, number> = { F32: 1e-4, F16: 1e-3, Q8_0: 6e-2, Q4_K: 4e-1 } as
   Record<QuantName, number>;
 const GEMMA3_TOLERANCE: Partial<Record<QuantName, number>> = { F32: 1e-3, F16: 1e-3, Q8_0: 1e-1 };
 const QUANTS = ["F32", "F16", "Q8_0", "Q4_K"] as const;
 
 function tolerance(arch: string, quant: QuantName): number {
+  if (arch === "qwen3moe" && quant === "F32") return 1e-5; // the issue's bar for new families
   if (arch === "qwen3" && quant === "F16") return 2e-3; // an F32 checkpoint rounded to f16
   return (arch === "gemma3" ? GEMMA3_TOLERANCE[quant] : undefined) ?? TOLERANCE[quant];
 }
@@ -138,7 +141,12 @@ function argmax(x: ArrayLike<number>): number {
 for (const arch of archs) {
   const ref = reference[arch];
   describe(`${arch}: imported from Hugging Face, equal to transformers`, () => {
-    for (const quant of QUANTS) {
+    // qwen3moe at Q4_K (Q5_0 here): rounding that moves the hidden state by a few percent
+    // changes which experts some token's router picks (its 2nd and 3rd logits are 0.022 apart
+    // at the closest), a discrete jump no bar on transformers' logits can follow (0.77 seen
+    // against 0.04 at Q8_0); the quantized MoE graph is held to llama.cpp instead
+    // (moe-llama-golden.test.ts).
+    for (const quant of QUANTS.filter((q) => arch !== "qwen3moe" || q !== "Q4_K")) {
       test(`${quant} logits at every position and at the last of a prompt`, () => {
         withEngine(modelPath(arch, quant), (e) => {
           expect(e.model.info.vocabSize).toBe(ref.vocab);
@@ -424,6 +432,10 @@ describe("bad Hugging Face folders fail with an error naming the problem", () =>
       /'attention_bias' is true/],
     ["qwen3-mlp-bias", (f) => editConfig(f, (c) => { c.mlp_bias = true; }),
       /'mlp_bias' is true; qwen3 runtimes have no feed-forward biases/],
+    ["qwen3moe-no-renormalise", (f) => editConfig(f, (c) => { c.norm_topk_prob = false; }),
+      /'norm_topk_prob' is false; qwen3moe runtimes renormalise/],
+    ["qwen3moe-dense-layers", (f) => editConfig(f, (c) => { c.mlp_only_layers = [1]; }),
+      /'mlp_only_layers' lists dense layers/],
     ["quantized", (f) => editConfig(f, (c) => {
       c.quantization_config = { quant_method: "gptq", bits: 4 };
     }), /'quantization_config' is set \("gptq"\): the checkpoint was quantized by another tool/],

@@ -8,7 +8,9 @@ import { check, native } from "../../ts/native/lib.ts";
 import { toyTokenizerMetadata, toyVocabulary } from "./tiny-gguf.ts";
 
 export interface RandomQuantSpec {
-  readonly arch: "gemma3" | "llama" | "qwen3";
+  readonly arch: "gemma3" | "llama" | "qwen3" | "qwen3moe";
+  /** qwen3moe: experts per layer, chosen per token, and one expert's FFN width. */
+  readonly moe?: { readonly experts: number; readonly used: number; readonly feedForward: number };
   readonly layers: number;
   readonly embedding: number;
   readonly feedForward: number;
@@ -97,6 +99,10 @@ export function randomQuantGguf(spec: RandomQuantSpec): Uint8Array {
   const matrix = (name: string, type: number, dims: number[]) => {
     tensors.push({ name, type, dims, data: randomTensorData(type, dims[0] * dims[1], ++seed, 1 / Math.sqrt(dims[0])) });
   };
+  const experts = (name: string, type: number, dims: number[]) => {
+    tensors.push({ name, type, dims, data: randomTensorData(type, dims[0] * dims[1] * dims[2], ++seed,
+      1 / Math.sqrt(dims[0])) });
+  };
   const vector = (name: string, n: number, centre: number, spread: number) => {
     const next = rng(++seed);
     const v = new Float32Array(n);
@@ -121,9 +127,17 @@ export function randomQuantGguf(spec: RandomQuantSpec): Uint8Array {
     matrix(`${p}.attn_output.weight`, s.types.attnOut, [qd, e]);
     if (arch === "gemma3") vector(`${p}.post_attention_norm.weight`, e, 1, 0.1);
     vector(`${p}.ffn_norm.weight`, e, 1, 0.1);
-    matrix(`${p}.ffn_gate.weight`, s.types.ffn, [e, ff]);
-    matrix(`${p}.ffn_up.weight`, s.types.ffn, [e, ff]);
-    matrix(`${p}.ffn_down.weight`, s.types.ffnDown, [ff, e]);
+    if (s.moe) {
+      const n = s.moe.experts, f = s.moe.feedForward;
+      matrix(`${p}.ffn_gate_inp.weight`, GgmlType.F32, [e, n]);
+      experts(`${p}.ffn_gate_exps.weight`, s.types.ffn, [e, f, n]);
+      experts(`${p}.ffn_up_exps.weight`, s.types.ffn, [e, f, n]);
+      experts(`${p}.ffn_down_exps.weight`, s.types.ffnDown, [f, e, n]);
+    } else {
+      matrix(`${p}.ffn_gate.weight`, s.types.ffn, [e, ff]);
+      matrix(`${p}.ffn_up.weight`, s.types.ffn, [e, ff]);
+      matrix(`${p}.ffn_down.weight`, s.types.ffnDown, [ff, e]);
+    }
     if (arch === "gemma3") vector(`${p}.post_ffw_norm.weight`, e, 1, 0.1);
   }
   const metadata: [string, GgufTypedValue][] = [
@@ -143,6 +157,11 @@ export function randomQuantGguf(spec: RandomQuantSpec): Uint8Array {
     ...toyTokenizerMetadata(),
   ];
   if (arch === "gemma3") metadata.push([`${arch}.attention.sliding_window`, gguf.u32(s.window ?? 16)]);
+  if (s.moe) {
+    metadata.push([`${arch}.expert_count`, gguf.u32(s.moe.experts)],
+      [`${arch}.expert_used_count`, gguf.u32(s.moe.used)],
+      [`${arch}.expert_feed_forward_length`, gguf.u32(s.moe.feedForward)]);
+  }
   return writeGguf(metadata, tensors);
 }
 
@@ -177,4 +196,22 @@ export const llamaFloat: RandomQuantSpec = {
   types: { embed: GgmlType.F16, attn: GgmlType.F16, attnOut: GgmlType.BF16, ffn: GgmlType.F32, ffnDown: GgmlType.F16,
     output: GgmlType.BF16 },
   seed: 9,
+};
+
+/** Qwen3-30B-A3B's routing (128 experts, 8 chosen) and head shape, scaled down: Q4_0 experts. */
+export const qwen3moeQ4_0: RandomQuantSpec = {
+  arch: "qwen3moe", layers: 3, embedding: 256, feedForward: 768, heads: 4, kvHeads: 2, headDim: 128,
+  moe: { experts: 128, used: 8, feedForward: 64 },
+  types: { embed: GgmlType.Q8_0, attn: GgmlType.Q4_0, attnOut: GgmlType.Q4_0, ffn: GgmlType.Q4_0,
+    ffnDown: GgmlType.Q4_0, output: GgmlType.Q6_K },
+  seed: 11,
+};
+
+/** K-quants experts (Q4_K gate/up, Q6_K down) over 256-wide rows, 16 experts, 4 chosen. */
+export const qwen3moeKQuants: RandomQuantSpec = {
+  arch: "qwen3moe", layers: 2, embedding: 256, feedForward: 512, heads: 4, kvHeads: 2, headDim: 64,
+  moe: { experts: 16, used: 4, feedForward: 256 },
+  types: { embed: GgmlType.Q8_0, attn: GgmlType.Q8_0, attnOut: GgmlType.Q4_K, ffn: GgmlType.Q4_K,
+    ffnDown: GgmlType.Q6_K, output: GgmlType.Q8_0 },
+  seed: 13,
 };

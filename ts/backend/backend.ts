@@ -108,6 +108,8 @@ export interface Backend {
   readonly preferredBatch: number;
   /** Greedy decoding with the argmax on the device (GPU backends); absent elsewhere. */
   readonly deviceGreedy?: DeviceGreedy;
+  /** Mixture-of-experts layers; absent where the backend runs no such model (it refuses one). */
+  readonly experts?: ExpertOps;
   /** A view of the first `rows` rows (valid until the next op that writes `x`). */
   read(x: Activation, rows: number): Float32Array;
   setThreads(n: number): void;
@@ -137,4 +139,24 @@ export interface DeviceGreedy {
   takeToken(): number;
   /** Forgets the queued tokens (steps queued past the end of a generation); waits for them. */
   dropTokens(): void;
+}
+
+/**
+ * What a mixture-of-experts layer needs beyond the dense ops: each expert's matrices as weights of
+ * their own (so a matmul reads only the chosen experts' bytes), and moving rows between the batch
+ * and the rows routed to one expert.
+ */
+export interface ExpertOps {
+  /**
+   * The experts of a 3-D tensor (ggml dims [n_in, n_out, experts], expert e's rows stored after
+   * expert e - 1's): one 2-D weight per expert, each a view of its own slice.
+   */
+  split(file: GgufFile, tensor: GgufTensorInfo): readonly Weight[];
+  /** Row i of dst = row rows[i] of src, for i < count. */
+  gatherRows(src: Activation, rows: Int32Array, count: number, dst: Activation): void;
+  /** Row slots[i] of dst = weights[i] × row i of src (each product rounded to f32), for i < count. */
+  scatterScaled(src: Activation, slots: Int32Array, weights: Float32Array, count: number,
+    dst: Activation): void;
+  /** Row r of out = ((src[r·k] + src[r·k + 1]) + …) + src[r·k + k - 1], in that order, for r < rows. */
+  sumGroups(src: Activation, k: number, rows: number, out: Activation): void;
 }

@@ -9,7 +9,7 @@ import { check, native, offsetAddress, type Pointer } from "../native/lib.ts";
 import { Arena } from "./arena.ts";
 import { repackForMatmul, type MatmulLayout } from "./cpu-repack.ts";
 import type {
-  Activation, AttentionOptions, Backend, KvLayer, KvType, RopeOptions, Weight,
+  Activation, AttentionOptions, Backend, ExpertOps, KvLayer, KvType, RopeOptions, Weight,
 } from "./backend.ts";
 
 /** Types the CPU kernels compute with (lib/quant/types.zig). */
@@ -73,6 +73,50 @@ export class CpuBackend implements Backend {
     }
     return t.layout;
   }
+
+  readonly experts: ExpertOps = {
+    // Expert e is the matrix at byte e × (its bytes) of the tensor: a weight of its own, repacked
+    // on its own, so decoding reads only the experts the router chose.
+    split: (file, t) => {
+      if (!cpuWeightTypes.has(t.type.id)) {
+        throw new InferError("unsupported", `tensor '${t.name}' has quant type ${t.type.name}, ` +
+          "which the CPU backend does not compute yet");
+      }
+      if (t.dims.length !== 3) throw new InferError("bad_model", `tensor '${t.name}' is not 3-D`);
+      const [cols, rows, experts] = t.dims as [number, number, number];
+      const bytes = t.byteLength / experts, base = file.tensorAddress(t);
+      return Array.from({ length: experts }, (_, e) => {
+        const weight = new CpuWeight(`${t.name}[${e}]`, t.type.name, t.type.id, [cols, rows],
+          offsetAddress(base as Pointer, e * bytes), bytes,
+          (offset, length) => file.releaseTensorBytes(t, e * bytes + offset, length));
+        this.layoutOf(weight);
+        return weight;
+      });
+    },
+    gatherRows: (src, rows, count, dst) => {
+      const from = a(src).f32, to = a(dst).f32, n = src.cols;
+      for (let i = 0; i < count; i++) to.set(from.subarray(rows[i] * n, rows[i] * n + n), i * n);
+    },
+    scatterScaled: (src, slots, weights, count, dst) => {
+      const from = a(src).f32, to = a(dst).f32, n = src.cols;
+      for (let i = 0; i < count; i++) {
+        const w = weights[i], s = i * n, d = slots[i] * n;
+        for (let j = 0; j < n; j++) to[d + j] = Math.fround(w * from[s + j]);
+      }
+    },
+    sumGroups: (src, k, rows, out) => {
+      const from = a(src).f32, to = a(out).f32, n = src.cols;
+      for (let r = 0; r < rows; r++) {
+        const d = r * n;
+        to.set(from.subarray(r * k * n, r * k * n + n), d);
+        for (let e = 1; e < k; e++) {
+          const s = (r * k + e) * n;
+          // f32 + f32 in float64 is exact; the store rounds once, as an f32 add does.
+          for (let j = 0; j < n; j++) to[d + j] += from[s + j];
+        }
+      }
+    },
+  };
 
   /** Frees the repacked weights, caches and activations: nothing of this backend is usable after. */
   dispose(): void {

@@ -15,8 +15,13 @@ export interface PlannedTensor {
   readonly name: string;
   /** ggml order: dims[0] is the row length. */
   readonly dims: readonly number[];
-  /** The Hugging Face tensor it comes from; null for a tensor computed here. */
+  /** The Hugging Face tensor it comes from; null for a tensor computed here or stacked. */
   readonly source: string | null;
+  /**
+   * A mixture of experts' 3-D tensor: the Hugging Face tensors (one per expert, each of dims
+   * without the last) stacked along the outermost dimension, expert 0 first.
+   */
+  readonly stacked?: readonly string[];
   readonly required: boolean;
   /** Rewrites the f32 data in place or returns new data (permutations, generated tables). */
   readonly transform?: (data: Float32Array) => Float32Array;
@@ -52,6 +57,28 @@ interface DecoderOptions {
   readonly qwenSlidingWindow: boolean;
   /** attention_bias: true adds an output bias too, which the plan has no place for. */
   readonly refuseAttentionBias: boolean;
+  /** Qwen3-MoE: every layer's FFN a mixture of experts (moeShape). */
+  readonly moe?: boolean;
+}
+
+/** A Qwen3-MoE config's experts; the GGUF runtimes route every layer, renormalising the top k. */
+function moeShape(c: HfConfig, arch: string): { experts: number; used: number; feedForward: number } {
+  const refuse = (key: string, why: string): never => {
+    throw new InferError("unsupported", `${c.path}: '${key}' ${why}`);
+  };
+  // transformers 5 spells num_experts num_local_experts; released configs have the former.
+  const key = c.has("num_experts") ? "num_experts" : "num_local_experts";
+  const experts = c.int(key, { min: 1, max: LIMITS.experts });
+  const used = c.int("num_experts_per_tok", { min: 1, max: experts });
+  const feedForward = c.int("moe_intermediate_size", { min: 1, max: LIMITS.feedForward });
+  const dense = c.raw("mlp_only_layers");
+  if (Array.isArray(dense) && dense.length > 0) refuse("mlp_only_layers", `lists dense ` +
+    `layers; ${arch} runtimes run a mixture of experts in every layer`);
+  if (c.int("decoder_sparse_step", { min: 1, fallback: 1 }) !== 1) refuse("decoder_sparse_step",
+    `is not 1; ${arch} runtimes run a mixture of experts in every layer`);
+  if (!c.bool("norm_topk_prob", false)) refuse("norm_topk_prob", `is false; ${arch} runtimes ` +
+    "renormalise the chosen experts' probabilities to sum to 1");
+  return { experts, used, feedForward };
 }
 
 /** The RoPE variants a llama-like GGUF runtime computes (llama3: the rope_freqs tensor). */
@@ -84,6 +111,12 @@ function decoderPlan(c: HfConfig, o: DecoderOptions): ArchitecturePlan {
   }
   if (o.writeVocabSize) metadata.push([`${a}.vocab_size`, gguf.u32(s.vocab)]);
   if (o.writeRopeDims) metadata.push([`${a}.rope.dimension_count`, gguf.u32(s.headDim)]);
+  const moe = o.moe ? moeShape(c, a) : null;
+  if (moe) {
+    metadata.push([`${a}.expert_count`, gguf.u32(moe.experts)],
+      [`${a}.expert_used_count`, gguf.u32(moe.used)],
+      [`${a}.expert_feed_forward_length`, gguf.u32(moe.feedForward)]);
+  }
   metadata.push(...ropeScalingMetadata(a, rope));
 
   const t: PlannedTensor[] = [];
@@ -119,6 +152,19 @@ function decoderPlan(c: HfConfig, o: DecoderOptions): ArchitecturePlan {
       add(`${p}.attn_k_norm.weight`, [s.headDim], `${h}.self_attn.k_norm.weight`);
     }
     add(`${p}.ffn_norm.weight`, [e], `${h}.post_attention_layernorm.weight`);
+    if (moe) {
+      const f = moe.feedForward, n = moe.experts;
+      const experts = (proj: string) =>
+        Array.from({ length: n }, (_, x) => `${h}.mlp.experts.${x}.${proj}.weight`);
+      add(`${p}.ffn_gate_inp.weight`, [e, n], `${h}.mlp.gate.weight`);
+      t.push({ name: `${p}.ffn_gate_exps.weight`, dims: [e, f, n], source: null, required: true,
+        stacked: experts("gate_proj") });
+      t.push({ name: `${p}.ffn_up_exps.weight`, dims: [e, f, n], source: null, required: true,
+        stacked: experts("up_proj") });
+      t.push({ name: `${p}.ffn_down_exps.weight`, dims: [f, e, n], source: null, required: true,
+        stacked: experts("down_proj") });
+      continue;
+    }
     add(`${p}.ffn_gate.weight`, [e, s.feedForward], `${h}.mlp.gate_proj.weight`);
     add(`${p}.ffn_up.weight`, [e, s.feedForward], `${h}.mlp.up_proj.weight`);
     add(`${p}.ffn_down.weight`, [s.feedForward, e], `${h}.mlp.down_proj.weight`);
@@ -331,6 +377,14 @@ const architectures: readonly Architecture[] = [
       arch: "qwen3", permuteQk: false, qkNorm: true, qkvBias: "none", tiedDefault: false,
       writeRopeDims: false, writeVocabSize: false, qwenSlidingWindow: true,
       refuseAttentionBias: true,
+    }),
+  },
+  {
+    gguf: "qwen3moe", hfClasses: ["Qwen3MoeForCausalLM"],
+    plan: (c) => decoderPlan(c, {
+      arch: "qwen3moe", permuteQk: false, qkNorm: true, qkvBias: "none", tiedDefault: false,
+      writeRopeDims: false, writeVocabSize: false, qwenSlidingWindow: true,
+      refuseAttentionBias: true, moe: true,
     }),
   },
   { gguf: "gemma3", hfClasses: ["Gemma3ForCausalLM"], plan: gemma3Plan },

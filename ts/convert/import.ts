@@ -64,8 +64,9 @@ export function importHuggingFace(o: ImportOptions): WriteSummary {
       return {
         name: t.name, type, dims: [...t.dims],
         produce: () => {
-          let data = t.source === null ? new Float32Array(0) : checkpoint.readF32(
-            checkpoint.tensors.get(t.source)!);
+          let data = t.stacked ? stack(t.stacked.map((s) => checkpoint.readF32(
+            checkpoint.tensors.get(s)!))) : t.source === null ? new Float32Array(0)
+            : checkpoint.readF32(checkpoint.tensors.get(t.source)!);
           if (t.transform) data = t.transform(data);
           return quantize(data, type, t.name);
         },
@@ -83,7 +84,8 @@ export function importHuggingFace(o: ImportOptions): WriteSummary {
   in shape. */
 function checkAgainstPlan(checkpoint: SafetensorsCheckpoint, tensors: readonly PlannedTensor[],
   ignored: (name: string) => boolean, architecture: string): PlannedTensor[] {
-  const bySource = new Map(tensors.filter((t) => t.source !== null).map((t) => [t.source!, t]));
+  const bySource = new Map(tensors.flatMap((t) => t.stacked ? t.stacked.map((s) => [s, t] as const)
+    : t.source !== null ? [[t.source, t] as const] : []));
   for (const name of checkpoint.tensors.keys()) {
     if (!bySource.has(name) && !ignored(name)) {
       throw new InferError("bad_model", `tensor '${name}' is not part of a ${architecture} model ` +
@@ -92,19 +94,41 @@ function checkAgainstPlan(checkpoint: SafetensorsCheckpoint, tensors: readonly P
   }
   const out: PlannedTensor[] = [];
   for (const t of tensors) {
-    if (t.source === null) { out.push(t); continue; }
-    const found = checkpoint.tensors.get(t.source);
-    if (!found) {
-      if (t.required) throw new InferError("bad_model",
-        `tensor '${t.source}' (for ${t.name}) is missing from the checkpoint`);
+    if (t.stacked) {
+      for (const s of t.stacked) checkSource(checkpoint, s, t.name, t.dims.slice(0, -1), true);
+      out.push(t);
       continue;
     }
-    const expected = [...t.dims].reverse(); // PyTorch order: the row length is last
-    if (found.shape.length !== expected.length || found.shape.some((d, i) => d !== expected[i])) {
-      throw new InferError("bad_model", `tensor '${t.source}' has shape [${found.shape}], ` +
-        `config.json implies [${expected}]`);
-    }
-    out.push(t);
+    if (t.source === null) { out.push(t); continue; }
+    if (checkSource(checkpoint, t.source, t.name, t.dims, t.required)) out.push(t);
+  }
+  return out;
+}
+
+/** Whether the checkpoint has `source` (refused if required), in the shape `dims` implies. */
+function checkSource(checkpoint: SafetensorsCheckpoint, source: string, name: string,
+  dims: readonly number[], required: boolean): boolean {
+  const found = checkpoint.tensors.get(source);
+  if (!found) {
+    if (required) throw new InferError("bad_model",
+      `tensor '${source}' (for ${name}) is missing from the checkpoint`);
+    return false;
+  }
+  const expected = [...dims].reverse(); // PyTorch order: the row length is last
+  if (found.shape.length !== expected.length || found.shape.some((d, i) => d !== expected[i])) {
+    throw new InferError("bad_model", `tensor '${source}' has shape [${found.shape}], ` +
+      `config.json implies [${expected}]`);
+  }
+  return true;
+}
+
+/** Experts' matrices one after another: the 3-D tensor's data. */
+function stack(parts: readonly Float32Array[]): Float32Array {
+  const out = new Float32Array(parts.reduce((n, p) => n + p.length, 0));
+  let at = 0;
+  for (const p of parts) {
+    out.set(p, at);
+    at += p.length;
   }
   return out;
 }

@@ -141,7 +141,8 @@ export interface StorageOptions {
 /** The type a tensor is stored in (see the top of this file). */
 export function storageType(name: string, dims: readonly number[], quant: QuantName,
   o: StorageOptions = {}): number {
-  if (dims.length < 2) return GgmlType.F32;
+  // A router stays f32, as llama-quantize keeps it: its few logits choose the experts.
+  if (dims.length < 2 || name.endsWith("ffn_gate_inp.weight")) return GgmlType.F32;
   let type: number | undefined = QUANT_IDS[quant];
   if (o.lmHead && HEAD_TO_Q6_K.has(type)) {
     type = dims[0] % 256 === 0 ? GgmlType.Q6_K : GgmlType.Q8_0;

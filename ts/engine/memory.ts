@@ -44,7 +44,7 @@ export function memoryPlan(file: GgufFile, shape: ModelShape, o: MemoryPlanOptio
   const s = shape, q = s.heads * s.headDim, kv = s.kvHeads * s.headDim;
   // ts/model/layers.ts decoderBuffers (ids, positions, x, normed, branch, q, k, v, mixed, gate,
   // up) for maxBatch rows, and one row of logits.
-  const rowFloats = 2 + 3 * s.embedding + 2 * q + 2 * kv + 2 * s.feedForward;
+  const rowFloats = 2 + 3 * s.embedding + 2 * q + 2 * kv + 2 * s.feedForward + (s.extraRowFloats ?? 0);
   const activations = 4 * (o.maxBatch * rowFloats + s.vocab);
   const elementBytes = o.kvType === "f16" ? 2 : 4;
   let kvCache = 0, kvPerPosition = 0;

@@ -78,7 +78,7 @@ function describe(v: GgufValue): string {
  */
 export const LIMITS = {
   layers: 1024, embedding: 1 << 16, heads: 1024, headDim: 1024, queryGroup: 256, vocab: 1 << 22,
-  context: 1 << 24, feedForward: 1 << 18,
+  context: 1 << 24, feedForward: 1 << 18, experts: 1 << 12,
 } as const;
 
 /** The attention's shape, as every architecture here reads it. */

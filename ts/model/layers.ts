@@ -44,6 +44,21 @@ export class WeightTable {
     return this.get(name, dims);
   }
 
+  /** A 3-D tensor of experts' matrices ([n_in, n_out, experts]): one weight per expert. */
+  experts(name: string, dims: readonly [number, number, number]): readonly Weight[] {
+    const ops = this.backend.experts;
+    if (!ops) {
+      throw new InferError("unsupported", `the ${this.backend.name} backend does not run ` +
+        "mixture-of-experts models yet");
+    }
+    const t = this.file.tensors.get(name);
+    if (!t) throw new InferError("bad_model", `model has no tensor '${name}'`);
+    if (t.dims.length !== 3 || t.dims.some((d, i) => d !== dims[i])) {
+      throw new InferError("bad_model", `tensor '${name}' has shape [${t.dims}], expected [${dims}]`);
+    }
+    return ops.split(this.file, t);
+  }
+
   has(name: string): boolean {
     return this.file.tensors.has(name);
   }

@@ -72,16 +72,20 @@ export function llamaConfig(meta: Hparams, vocab: number): DecoderConfig {
 
 // ---- one block ------------------------------------------------------------------------------
 
-interface DecoderLayer {
+/** A pre-norm block's attention half: its norm, projections and options. */
+export interface AttentionHalf {
   readonly attentionNorm: Weight;
   readonly attention: AttentionWeights;
-  readonly ffnNorm: Weight;
-  readonly ffn: FfnWeights;
   readonly options: SelfAttentionOptions;
 }
 
-function loadLayer(t: WeightTable, c: DecoderConfig, i: number,
-  ropeFactors: Weight | null): DecoderLayer {
+interface DecoderLayer extends AttentionHalf {
+  readonly ffnNorm: Weight;
+  readonly ffn: FfnWeights;
+}
+
+export function loadAttentionHalf(t: WeightTable, c: DecoderConfig, i: number,
+  ropeFactors: Weight | null): AttentionHalf {
   const p = `blk.${i}`, e = c.embedding;
   const attention = attentionWeights(t, p, c);
   if (c.qkNorm && (!attention.qNorm || !attention.kNorm)) {
@@ -96,8 +100,6 @@ function loadLayer(t: WeightTable, c: DecoderConfig, i: number,
   return {
     attentionNorm: t.norm(`${p}.attn_norm.weight`, [e]),
     attention,
-    ffnNorm: t.norm(`${p}.ffn_norm.weight`, [e]),
-    ffn: ffnWeights(t, p, e, c.feedForward),
     options: {
       attention: { heads: c.heads, kvHeads: c.kvHeads, headDim: c.headDim, scale: c.attentionScale,
         window: 0 },
@@ -105,6 +107,16 @@ function loadLayer(t: WeightTable, c: DecoderConfig, i: number,
       ropeK: { ...rope, heads: c.kvHeads },
       normEps: c.normEps,
     },
+  };
+}
+
+function loadLayer(t: WeightTable, c: DecoderConfig, i: number,
+  ropeFactors: Weight | null): DecoderLayer {
+  const p = `blk.${i}`, e = c.embedding;
+  return {
+    ...loadAttentionHalf(t, c, i, ropeFactors),
+    ffnNorm: t.norm(`${p}.ffn_norm.weight`, [e]),
+    ffn: ffnWeights(t, p, e, c.feedForward),
   };
 }
 

@@ -24,6 +24,8 @@ export interface ModelShape {
   readonly vocab: number;
   readonly contextLength: number;
   readonly kvShapes: readonly KvShape[];
+  /** Activation floats per batch row beyond the dense decoder's (a mixture of experts' routing). */
+  readonly extraRowFloats?: number;
 }
 
 export interface ModelInfo {

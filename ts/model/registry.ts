@@ -11,6 +11,7 @@ import type { Model, ModelShape } from "./model.ts";
 import { declaredPooling, type Pooling } from "./pooling.ts";
 import { qwen2Config } from "./qwen2.ts";
 import { qwen3Config } from "./qwen3.ts";
+import { Qwen3Moe, qwen3moeConfig } from "./qwen3moe.ts";
 
 /** A file's validated configuration, and how to build its graph on a backend. */
 export interface ModelPlan {
@@ -37,6 +38,7 @@ const architectures: ReadonlyMap<string, Planner> = new Map<string, Planner>([
   ["llama", family(llamaConfig, Llama)],
   ["qwen2", family(qwen2Config, Llama)],
   ["qwen3", family(qwen3Config, Llama)],
+  ["qwen3moe", family(qwen3moeConfig, Qwen3Moe)],
 ]);
 
 export function supportedArchitectures(): string[] {
