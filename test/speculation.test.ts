@@ -1,0 +1,198 @@
+// Method: speculative decoding must not change a single token. On a tiny random Gemma 3 (sliding
+// window 8, rings of 256 cells that wrap), sequences decoded with prompt-lookup drafts, several
+// at once, give exactly the tokens each gives alone without them (the reference engine, one
+// token a pass), greedy and seeded sampling with stop strings, penalties and a JSON grammar;
+// drafts are rejected and the cache rolled back many times, across ring wraps. A fixed pass cost
+// makes the drafting deterministic (it would otherwise follow the timings). On the default model:
+// the llama.cpp golden fixture's tokens with speculation on, and a long grounded prompt's answer
+// equal to the one without, with drafts accepted.
+import { describe, expect, test } from "bun:test";
+import { existsSync } from "node:fs";
+import { join } from "node:path";
+import { Engine } from "../ts/engine/engine.ts";
+import type { GenerateOptions, GenerateResult } from "../ts/engine/generation.ts";
+import { BatchScheduler, type SchedulerOptions } from "../ts/engine/scheduler.ts";
+import {
+  checkSpeculation, lookupDraft, PassCost, SequenceSpeculation,
+} from "../ts/engine/speculation.ts";
+import { defaultModelPath } from "../ts/models/cache.ts";
+import { JsonGrammar } from "../ts/sample/json-grammar.ts";
+import { compileSchema } from "../ts/sample/json-schema.ts";
+import { referenceGenerate } from "./support/reference-generate.ts";
+import { tinySchedulerModel, toyPrompt } from "./support/tiny-scheduler.ts";
+
+const EOS = 1;
+const greedy = { temperature: 0, topK: 0, topP: 1, minP: 0, seed: 0, logitBias: new Map([[EOS, -Infinity]]) };
+const ngram = { mode: "ngram" as const };
+const cheapRows = (rows: number) => 1 + 0.05 * (rows - 1);
+const tiny = tinySchedulerModel();
+
+describe("prompt lookup and the draft length", () => {
+  test("the longest recent n-gram match drafts what followed it", () => {
+    //            0  1  2  3  4  5  6  7  8  9 10 11
+    const text = [5, 1, 2, 3, 9, 1, 2, 3, 7, 8, 1, 2, 3];
+    expect(lookupDraft(text, text.length, 3)).toEqual([7, 8, 1]); // the latest "1 2 3" (at 5)
+    expect(lookupDraft(text, text.length, 10)).toEqual([7, 8, 1, 2, 3]); // up to the text's end
+    expect(lookupDraft([4, 5, 6, 7], 4, 5)).toEqual([]);
+    expect(lookupDraft(text, text.length, 0)).toEqual([]);
+    expect(lookupDraft([1, 2, 1, 2], 3, 4)).toEqual([]); // "2 1" occurs once (only the length counts)
+  });
+
+  test("K follows the acceptance rate and the cost of rows; a losing sequence stops drafting", () => {
+    const spec = new SequenceSpeculation({ mode: "ngram", draftMax: 8 });
+    const cheap = new PassCost(64, cheapRows);
+    for (let i = 0; i < 20; i++) spec.verified(8, 8);
+    expect(spec.plan(100, 0, cheap)).toBe(8);
+    expect(spec.plan(3, 0, cheap)).toBe(3); // the room left
+    const dear = new PassCost(64, (rows) => rows); // a row costs a whole pass: never worth it
+    expect(spec.plan(8, 10, dear)).toBe(0);
+    expect(spec.active(11)).toBe(false); // paused ...
+    expect(spec.active(10 + 8)).toBe(true); // ... for a while, then tried again
+    const poor = new SequenceSpeculation({ mode: "ngram" });
+    for (let i = 0; i < 20; i++) poor.verified(4, 0);
+    expect(poor.plan(16, 0, new PassCost(64, (rows) => 1 + 0.3 * (rows - 1)))).toBe(0);
+    expect(poor.stats()).toEqual({ passes: 20, drafted: 80, accepted: 0 });
+  });
+
+  test("the timed cost: one-row passes and a line through the others", () => {
+    const cost = new PassCost(16);
+    for (let i = 0; i < 5; i++) { cost.record(1, 10); cost.record(3, 14); cost.record(5, 18); }
+    expect(cost.relative(1)).toBe(1);
+    expect(cost.relative(3)).toBeCloseTo(1.4, 5);
+    expect(cost.relative(9)).toBeCloseTo(2.6, 5); // extrapolated: 8 + 2 per row
+  });
+
+  test("bad options are refused by name", () => {
+    expect(() => checkSpeculation({ mode: "lookahead" as never })).toThrow(/speculation: expected/);
+    expect(() => checkSpeculation({ mode: "ngram", draftMax: 0 })).toThrow(/draft-max/);
+    expect(() => checkSpeculation({ mode: "ngram", draftMax: 2.5 })).toThrow(/draft-max/);
+  });
+});
+
+interface Job { prompt: number[]; options: Partial<GenerateOptions> }
+
+function scheduled(jobs: Job[], o: SchedulerOptions): GenerateResult[] {
+  const engine = tiny.open();
+  const scheduler = new BatchScheduler(engine, { passCost: cheapRows, ...o });
+  const results: GenerateResult[] = [];
+  jobs.forEach((j, i) => scheduler.submit({ prompt: j.prompt,
+    options: { maxTokens: 8, sampling: greedy, ...j.options },
+    onDone: (r) => (results[i] = r), onError: (e) => { throw e; } }));
+  while (scheduler.busy) scheduler.step();
+  engine.close();
+  return results;
+}
+
+function alone(job: Job): GenerateResult {
+  const { speculation: _, ...options } = job.options;
+  return referenceGenerate(tiny.reference, job.prompt,
+    { maxTokens: 8, sampling: greedy, ...options });
+}
+
+function accepted(results: readonly GenerateResult[]): number {
+  return results.reduce((n, r) => n + (r.speculation?.accepted ?? 0), 0);
+}
+
+describe("speculation on the tiny model: each sequence's tokens as without it", () => {
+  test("greedy, 3 slots, long answers wrapping the rings, rollbacks across the window", () => {
+    const jobs: Job[] = [5, 40, 250, 90, 17].map((n, i) => ({ prompt: toyPrompt(n, 300 + i),
+      options: { maxTokens: i === 2 ? 300 : 120, speculation: { mode: "ngram", draftMax: 12 } } }));
+    const results = scheduled(jobs, { slots: 3, prefillChunk: 8, prefixCache: null });
+    for (let i = 0; i < jobs.length; i++) {
+      const want = alone(jobs[i]);
+      expect(results[i].tokens).toEqual(want.tokens);
+      expect(results[i].text).toBe(want.text);
+      expect(results[i].stopReason).toBe(want.stopReason);
+    }
+    const stats = results.map((r) => r.speculation!);
+    expect(accepted(results)).toBeGreaterThan(50);
+    // Drafts were also rejected (each rejection rolls the cache back).
+    expect(stats.some((s) => s.accepted < s.drafted)).toBe(true);
+  }, 120_000);
+
+  test("with the prefix cache, slots reused in place", () => {
+    const system = toyPrompt(60, 9).slice(1);
+    const jobs: Job[] = [0, 1, 2, 3].map((i) => ({ prompt: toyPrompt(70 + 5 * i, 40 + i, system),
+      options: { maxTokens: 60, speculation: ngram } }));
+    const results = scheduled([...jobs, ...jobs], { slots: 2, prefillChunk: 16,
+      prefixCache: { blockTokens: 8 } });
+    for (let i = 0; i < results.length; i++) {
+      expect(results[i].tokens).toEqual(alone(jobs[i % 4]).tokens);
+    }
+    expect(accepted(results)).toBeGreaterThan(0);
+  }, 120_000);
+
+  test("seeded sampling with penalties and stop strings: the same draws, so the same tokens", () => {
+    const sampling = { temperature: 0.7, topK: 20, topP: 0.9, minP: 0.02, presencePenalty: 0.2,
+      repeatPenalty: 1.05, logitBias: greedy.logitBias };
+    const jobs: Job[] = [0, 1, 2, 3].map((i) => ({ prompt: toyPrompt(12 + 20 * i, 70 + i),
+      options: { maxTokens: 150, sampling: { ...sampling, seed: 7 + i },
+        stop: i === 1 ? ["the c"] : [], speculation: ngram } }));
+    const results = scheduled(jobs, { slots: 4, prefillChunk: 16, prefixCache: null });
+    for (let i = 0; i < jobs.length; i++) {
+      const want = alone(jobs[i]);
+      expect(results[i].tokens).toEqual(want.tokens);
+      expect(results[i].text).toBe(want.text);
+      expect(results[i].stopReason).toBe(want.stopReason);
+    }
+    expect(accepted(results)).toBeGreaterThan(0);
+  }, 120_000);
+
+  test("a JSON schema: drafted tokens the grammar masks are rejected", () => {
+    const schema = { type: "object", properties: { a: { type: "array", items: { type: "string" } } },
+      required: ["a"] };
+    const tokenizer = tiny.reference.tokenizer;
+    const job = (speculation?: typeof ngram): Job => ({ prompt: toyPrompt(30, 5),
+      options: { maxTokens: 200, sampling: { ...greedy, temperature: 0.8, seed: 3 },
+        constraint: new JsonGrammar(tokenizer, compileSchema(schema)), speculation } });
+    const [got] = scheduled([job(ngram)], { slots: 1, prefixCache: null });
+    const want = alone(job());
+    expect(got.tokens).toEqual(want.tokens);
+    expect(got.stopReason).toBe(want.stopReason);
+    expect(() => JSON.parse(got.text)).not.toThrow();
+  }, 120_000);
+});
+
+const model = defaultModelPath();
+describe.skipIf(!existsSync(model))("speculation on the default model", () => {
+  test("the golden prompts give llama.cpp's greedy tokens with drafts on", async () => {
+    const fixture = await Bun.file(join(import.meta.dir, "fixtures", "gemma3-golden.json")).json();
+    const cases = fixture.cases as { name: string; prompt_tokens: number[];
+      token_by_token: { generated_tokens: number[] } }[];
+    const engine = Engine.open({ modelPath: model, contextLength: fixture.settings.context_size });
+    const scheduler = new BatchScheduler(engine, { slots: 4, prefillChunk: 48, passCost: cheapRows });
+    const got = new Map<string, GenerateResult>();
+    for (const c of cases) {
+      scheduler.submit({ prompt: c.prompt_tokens,
+        options: { maxTokens: c.token_by_token.generated_tokens.length, ignoreEos: true,
+          sampling: { temperature: 0, topK: 0, topP: 1, minP: 0, seed: 0 }, speculation: ngram },
+        onDone: (r) => got.set(c.name, r), onError: (e) => { throw e; } });
+    }
+    while (scheduler.busy) scheduler.step();
+    engine.close();
+    for (const c of cases) {
+      expect([c.name, got.get(c.name)!.tokens]).toEqual([c.name, c.token_by_token.generated_tokens]);
+    }
+    expect(accepted([...got.values()])).toBeGreaterThan(0);
+  }, 240_000);
+
+  test("a long grounded prompt: the same answer, most of it from drafts", async () => {
+    const text = await Bun.file(join(import.meta.dir, "fixtures", "alice-chapter1.txt")).text();
+    const passage = text.slice(0, 2400);
+    const prompt = `${passage}\n\nThe passage above, copied out word for word:\n\n${passage.slice(0, 300)}`;
+    const engine = Engine.open({ modelPath: model, contextLength: 2048 });
+    const options = (speculation?: typeof ngram): GenerateOptions => ({ maxTokens: 160,
+      sampling: { temperature: 0, topK: 0, topP: 1, minP: 0, seed: 0 }, reuseCache: false,
+      speculation });
+    const plain = engine.generate(prompt, options());
+    const scheduler = new BatchScheduler(engine, { slots: 1, prefixCache: null, passCost: cheapRows });
+    let spec: GenerateResult | null = null;
+    scheduler.submit({ prompt: engine.tokenizer.encode(prompt, { addSpecial: true, parseSpecial: true }),
+      options: options(ngram), onDone: (r) => (spec = r), onError: (e) => { throw e; } });
+    while (scheduler.busy) scheduler.step();
+    engine.close();
+    expect(spec!.tokens).toEqual(plain.tokens);
+    expect(spec!.text).toBe(plain.text);
+    expect(spec!.speculation!.accepted).toBeGreaterThan(plain.tokens.length / 2);
+  }, 240_000);
+});
