@@ -2,6 +2,9 @@
 // the option) and turned into the Job the engine's thread runs.
 import type { ChatMessage } from "../chat/template.ts";
 import type { StopReason } from "../engine/generation.ts";
+import {
+  checkSpeculation, type SpeculationMode, type SpeculationOptions, type SpeculationStats,
+} from "../engine/speculation.ts";
 import { InferError } from "../errors.ts";
 import type { Job, ResponseFormat } from "../runtime/job.ts";
 import { defaultSampling, type SamplerOptions } from "../sample/sampler.ts";
@@ -43,6 +46,14 @@ export interface GenerateOptions {
   readonly signal?: AbortSignal;
   /** With `signal`: resolve with the text so far (finishReason "abort") instead of rejecting. */
   readonly stopOnAbortSignal?: boolean;
+  /**
+   * Speculative decoding: "ngram" drafts tokens by looking the last ones up in the prompt and
+   * the text so far, and keeps those the model would have chosen itself (the same output,
+   * faster on text that repeats its input); "off". Default: "ngram" on the CPU.
+   */
+  readonly speculation?: SpeculationMode;
+  /** Drafted tokens a step at most (1..64, default 16). */
+  readonly draftMax?: number;
 }
 
 /**
@@ -75,6 +86,8 @@ export interface Completion {
   readonly stopReason: StopReason;
   readonly usage: Usage;
   readonly timings: Timings;
+  /** With speculation: the drafted tokens, those kept, and the passes that carried them. */
+  readonly speculation?: SpeculationStats;
 }
 
 /** A piece of streamed text, as soon as it is complete UTF-8 and past any stop string. */
@@ -158,7 +171,7 @@ export function jobOf(input: { prompt: string | readonly number[] } | { messages
   const common = {
     maxTokens: num(o, "maxTokens", 256, -1, 2 ** 31 - 1, true),
     sampling: samplingOf(o, vocabSize), stop: stops(o), format: format(o), logprobs: null,
-    ignoreEos: o.ignoreEos === true,
+    ignoreEos: o.ignoreEos === true, speculation: speculationOf(o),
   };
   if (common.maxTokens === 0) throw bad("maxTokens", "must be at least 1, or -1 for no limit");
   if ("messages" in input) return { kind: "chat", messages: input.messages, ...common };
@@ -167,6 +180,22 @@ export function jobOf(input: { prompt: string | readonly number[] } | { messages
     throw new InferError("invalid_argument", "the prompt must be a string or an array of token ids");
   }
   return { kind: "completion", prompt: typeof p === "string" ? p : [...p], ...common };
+}
+
+/** The speculation asked for; undefined: the engine's default. */
+export function speculationOf(o: { speculation?: unknown; draftMax?: unknown }):
+  SpeculationOptions | undefined {
+  if (o.speculation === undefined && o.draftMax === undefined) return undefined;
+  const spec = { mode: (o.speculation ?? "ngram") as SpeculationMode,
+    draftMax: o.draftMax as number | undefined };
+  try {
+    checkSpeculation(spec);
+  } catch (err) {
+    if (!(err instanceof InferError)) throw err;
+    throw bad(o.speculation !== undefined && err.message.startsWith("speculation")
+      ? "speculation" : "draftMax", err.message.replace(/^[a-z-]+: /, ""));
+  }
+  return spec;
 }
 
 export function finishReasonOf(stop: StopReason): FinishReason {

@@ -7,6 +7,9 @@ import { backendKinds, parseBackendKind, type BackendKind } from "../backend/sel
 import { setting } from "../config/env.ts";
 import { InferError, quote } from "../errors.ts";
 import { defaultSampling, type SamplerOptions } from "../sample/sampler.ts";
+import {
+  defaultDraftMax, speculationModes, type SpeculationMode, type SpeculationOptions,
+} from "../engine/speculation.ts";
 import { UsageError } from "./args.ts";
 import type { GenerateOptions } from "../api/options.ts";
 
@@ -25,6 +28,8 @@ export const generationOptions = {
   "logit-bias": { type: "string", multiple: true },
   seed: { type: "string", short: "s" },
   stop: { type: "string", multiple: true },
+  spec: { type: "string" },
+  "draft-max": { type: "string" },
   threads: { type: "string", short: "t" },
   "ctx-size": { type: "string", short: "c" },
   backend: { type: "string" },
@@ -58,12 +63,40 @@ generation (defaults are llama.cpp's):
   --logit-bias ID+B      add B to token ID's logit (ID-B subtracts; ID-inf bans it); repeatable
   -s, --seed S           sampler seed: same seed and settings, same text (default: random)
   --stop TEXT            end before TEXT (never printed); repeatable
-
+${speculationHelp}
 output:
   -q, --quiet            no progress or statistics on stderr
   -v, --verbose          the model, settings and template on stderr before generating
   -h, --help             this text
 `;
+}
+
+/** The help text for --spec and --draft-max (the prompt command, chat and serve). */
+export const speculationHelp = `  --spec MODE            speculative decoding: ngram drafts tokens by finding the last ones
+                         earlier in the prompt or the text and keeps those the model would
+                         choose itself (the same output; faster where the text repeats its
+                         input); off (default: ngram on the CPU, off on a GPU)
+  --draft-max K          drafted tokens a step at most, 1..64 (default ${defaultDraftMax})
+`;
+
+/** --spec and --draft-max; undefined: the engine's default. */
+export function speculationFrom(v: { spec?: string; "draft-max"?: string }):
+  SpeculationOptions | undefined {
+  const spec = v.spec;
+  if (spec !== undefined && !(speculationModes as readonly string[]).includes(spec)) {
+    throw new UsageError(`--spec must be one of ${speculationModes.join(", ")}, got ${quote(spec, 40)}`);
+  }
+  const draftMax = v["draft-max"] === undefined ? undefined
+    : intOption(v["draft-max"], "--draft-max", defaultDraftMax, 1, 64);
+  if (spec === undefined && draftMax === undefined) return undefined;
+  return { mode: (spec ?? "ngram") as SpeculationMode, draftMax };
+}
+
+/** --spec and --draft-max as the library's load options. */
+export function speculationLoad(v: { spec?: string; "draft-max"?: string }):
+  { speculation?: SpeculationMode; draftMax?: number } {
+  const o = speculationFrom(v);
+  return o ? { speculation: o.mode, draftMax: o.draftMax } : {};
 }
 
 type Option<K extends keyof typeof generationOptions> = (typeof generationOptions)[K];

@@ -32,6 +32,15 @@ export interface SpeculationOptions {
 
 export const defaultDraftMax = 16;
 
+/**
+ * Speculation when a request names none: prompt lookup on the CPU, where it was measured never
+ * to cost more than the timing noise (bench/results/speculative.md); off on the GPU backends
+ * until measured there, since it takes a lone greedy sequence off the device's argmax.
+ */
+export function defaultSpeculation(backend: string): SpeculationOptions {
+  return { mode: backend === "cpu" ? "ngram" : "off" };
+}
+
 /** Counts of one generation's speculation. */
 export interface SpeculationStats {
   /** Forward passes that carried a draft. */

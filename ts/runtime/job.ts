@@ -2,6 +2,7 @@
 // the CLI (through the library) or the server (ts/serve/). Everything in a Job survives
 // structured cloning, because it crosses to the worker as a message.
 import type { ChatMessage } from "../chat/template.ts";
+import type { SpeculationOptions } from "../engine/speculation.ts";
 import type { SamplerOptions } from "../sample/sampler.ts";
 
 export type ResponseFormat =
@@ -24,6 +25,8 @@ export interface Job {
   readonly logprobs: number | null;
   /** Generate past end-of-generation tokens. */
   readonly ignoreEos?: boolean;
+  /** Speculative decoding; undefined: the engine's default (defaultSpeculation). */
+  readonly speculation?: SpeculationOptions;
 }
 
 /** One generated token's log-probabilities, as the worker reports them. */

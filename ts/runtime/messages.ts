@@ -2,6 +2,7 @@
 // each other. Everything here survives structured cloning.
 import type { BackendKind } from "../backend/select.ts";
 import type { StopReason } from "../engine/generation.ts";
+import type { SpeculationOptions, SpeculationStats } from "../engine/speculation.ts";
 import type { InferErrorCode } from "../errors.ts";
 import type { Job, LogprobEntry } from "./job.ts";
 
@@ -18,6 +19,8 @@ export interface OpenSettings {
   readonly prefillChunk?: number;
   /** Memory for the prefix cache (default 128 MiB); 0: no prefix cache. */
   readonly prefixCacheBytes?: number;
+  /** Speculation for jobs that name none (default: defaultSpeculation of the backend). */
+  readonly speculation?: SpeculationOptions;
   /** Post "progress" messages while the weights are prepared. */
   readonly progress?: boolean;
   /**
@@ -99,6 +102,7 @@ export interface JobDone {
   readonly stopReason: StopReason;
   readonly promptMs: number;
   readonly generateMs: number;
+  readonly speculation?: SpeculationStats;
 }
 
 export type FromWorker =

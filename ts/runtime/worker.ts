@@ -11,6 +11,7 @@ import { Engine } from "../engine/engine.ts";
 import type { TokenConstraint } from "../sample/constraint.ts";
 import type { TokenLogprob } from "../engine/generation.ts";
 import { BatchScheduler } from "../engine/scheduler.ts";
+import { defaultSpeculation, type SpeculationOptions } from "../engine/speculation.ts";
 import { InferError, type InferErrorCode } from "../errors.ts";
 import { parameterCount, quantOf } from "../gguf/file-type.ts";
 import { JsonGrammar } from "../sample/json-grammar.ts";
@@ -29,6 +30,8 @@ let scheduler: BatchScheduler | null = null;
 let template: ChatTemplate | null = null;
 let templateError: string | null = null;
 let turnStops: number[] = [];
+/** Speculation for jobs that name none. */
+let speculation: SpeculationOptions = { mode: "off" };
 /** Jobs handed to the scheduler and not ended yet; of those, the ones whose client went away. */
 const active = new Set<number>();
 const cancelled = new Set<number>();
@@ -95,6 +98,7 @@ function open(settings: Extract<ToWorker, { type: "open" }>["settings"]): void {
       ? (done: number, total: number) => post({ type: "progress", done, total }) : undefined;
     engine = Engine.open({ ...settings, onProgress });
     const prefixBytes = settings.prefixCacheBytes ?? 128 << 20;
+    speculation = settings.speculation ?? defaultSpeculation(engine.backend.name);
     // A backend that runs one sequence per pass serves one request at a time.
     const parallel = engine.backend.sequenceBatches ? settings.parallel ?? 1 : 1;
     scheduler = new BatchScheduler(engine, { slots: parallel,
@@ -241,6 +245,7 @@ function submit(id: number, job: Job): void {
     options: {
       maxTokens: job.maxTokens, sampling: job.sampling, stop: [...job.stop], constraint,
       ignoreEos: job.ignoreEos,
+      speculation: job.speculation ?? speculation,
       stopTokens: job.kind === "chat" ? turnStops : undefined,
       shouldStop: () => closing || cancelled.has(id),
       logprobs: job.logprobs ?? undefined,
@@ -250,7 +255,7 @@ function submit(id: number, job: Job): void {
       end();
       post({ type: "done", id, text: r.text, tokens: r.tokens, promptTokens: r.promptTokens.length,
         prefilled: r.prefilled, stopReason: r.stopReason, promptMs: r.promptMs,
-        generateMs: r.generateMs });
+        generateMs: r.generateMs, speculation: r.speculation });
     },
     onError: (err) => {
       end();
