@@ -9,6 +9,7 @@
 import { describe, expect, test } from "bun:test";
 import { existsSync } from "node:fs";
 import { join } from "node:path";
+import { DraftModel } from "../ts/engine/draft-model.ts";
 import { Engine } from "../ts/engine/engine.ts";
 import type { GenerateOptions, GenerateResult } from "../ts/engine/generation.ts";
 import { BatchScheduler, type SchedulerOptions } from "../ts/engine/scheduler.ts";
@@ -150,6 +151,40 @@ describe("speculation on the tiny model: each sequence's tokens as without it", 
     expect(got.tokens).toEqual(want.tokens);
     expect(got.stopReason).toBe(want.stopReason);
     expect(() => JSON.parse(got.text)).not.toThrow();
+  }, 120_000);
+});
+
+describe("a draft model drafts greedily for every slot", () => {
+  test("the same tokens as alone, greedy and seeded, with the draft's caches kept per slot", () => {
+    const engine = tiny.open();
+    const drafter = new DraftModel(tiny.open(), engine); // self-drafting: its drafts all hold
+    const scheduler = new BatchScheduler(engine, { slots: 3, prefillChunk: 16, prefixCache: null,
+      passCost: cheapRows, draftModel: drafter });
+    const sampled = { ...greedy, temperature: 0.8, topK: 30, seed: 5 };
+    const jobs: Job[] = [0, 1, 2, 3, 4].map((i) => ({ prompt: toyPrompt(20 + 40 * i, 90 + i),
+      options: { maxTokens: 90, sampling: i % 2 ? sampled : greedy,
+        speculation: { mode: "draft", draftMax: 6 } } }));
+    const results: GenerateResult[] = [];
+    jobs.forEach((j, i) => scheduler.submit({ prompt: j.prompt,
+      options: { maxTokens: 8, sampling: greedy, ...j.options },
+      onDone: (r) => (results[i] = r), onError: (e) => { throw e; } }));
+    while (scheduler.busy) scheduler.step();
+    for (let i = 0; i < jobs.length; i++) {
+      expect(results[i].tokens).toEqual(alone(jobs[i]).tokens);
+      const s = results[i].speculation!;
+      if (i % 2 === 0) expect(s.accepted).toBe(s.drafted); // greedy drafts of the same model
+      else expect(s.accepted).toBeGreaterThan(0);
+    }
+    expect(() => scheduler.submit({ prompt: [2, 7], options: { maxTokens: 2, sampling: greedy,
+      speculation: { mode: "draft" } }, onDone: () => {}, onError: () => {} })).not.toThrow();
+    while (scheduler.busy) scheduler.step();
+    drafter.close();
+    engine.close();
+    const plain = tiny.open();
+    expect(() => new BatchScheduler(plain, { slots: 1 }).submit({ prompt: [2, 7],
+      options: { maxTokens: 2, sampling: greedy, speculation: { mode: "draft" } },
+      onDone: () => {}, onError: () => {} })).toThrow(/needs a draft model/);
+    plain.close();
   }, 120_000);
 });
 

@@ -33,6 +33,11 @@ export interface LoadOptions {
   readonly speculation?: SpeculationMode;
   /** Drafted tokens a step at most, for calls that name none (1..64, default 16). */
   readonly draftMax?: number;
+  /**
+   * A GGUF (path or cached name) with the model's vocabulary that drafts for speculation
+   * "draft" (then the default): a smaller model of the family, or a Q4_0 copy of this one.
+   */
+  readonly draftModel?: string;
   /** Called as the weights are prepared: done of total tensors. */
   readonly onProgress?: (done: number, total: number) => void;
 }
@@ -67,6 +72,7 @@ export async function loadModel(nameOrPath: string = DEFAULT_MODEL.name,
     modelPath: path, backend, threads: options.threads, contextLength: options.contextLength,
     parallel: options.parallel ?? 4, prefixCacheBytes: options.prefixCacheBytes,
     speculation: speculationOf(options),
+    draftModel: options.draftModel === undefined ? undefined : await ensureModel(options.draftModel),
   }, options.onProgress);
   return new Model(thread, path);
 }

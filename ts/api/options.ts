@@ -183,10 +183,10 @@ export function jobOf(input: { prompt: string | readonly number[] } | { messages
 }
 
 /** The speculation asked for; undefined: the engine's default. */
-export function speculationOf(o: { speculation?: unknown; draftMax?: unknown }):
+export function speculationOf(o: { speculation?: unknown; draftMax?: unknown; draftModel?: unknown }):
   SpeculationOptions | undefined {
   if (o.speculation === undefined && o.draftMax === undefined) return undefined;
-  const spec = { mode: (o.speculation ?? "ngram") as SpeculationMode,
+  const spec = { mode: (o.speculation ?? (o.draftModel ? "draft" : "ngram")) as SpeculationMode,
     draftMax: o.draftMax as number | undefined };
   try {
     checkSpeculation(spec);

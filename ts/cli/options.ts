@@ -30,6 +30,7 @@ export const generationOptions = {
   stop: { type: "string", multiple: true },
   spec: { type: "string" },
   "draft-max": { type: "string" },
+  "draft-model": { type: "string" },
   threads: { type: "string", short: "t" },
   "ctx-size": { type: "string", short: "c" },
   backend: { type: "string" },
@@ -72,11 +73,14 @@ output:
 }
 
 /** The help text for --spec and --draft-max (the prompt command, chat and serve). */
-export const speculationHelp = `  --spec MODE            speculative decoding: ngram drafts tokens by finding the last ones
-                         earlier in the prompt or the text and keeps those the model would
-                         choose itself (the same output; faster where the text repeats its
-                         input); off (default: ngram on the CPU, off on a GPU)
+export const speculationHelp = `  --spec MODE            speculative decoding, the same output in fewer passes: ngram drafts
+                         tokens by finding the last ones earlier in the prompt or the text
+                         (faster where the text repeats its input); draft: a draft model's;
+                         off (default: draft with --draft-model, else ngram on the CPU, off
+                         on a GPU). Drafted tokens are kept where the model chooses them too
   --draft-max K          drafted tokens a step at most, 1..64 (default ${defaultDraftMax})
+  --draft-model PATH     a GGUF with the model's vocabulary to draft with: a smaller model of
+                         its family, or a Q4_0 copy of it ('infer quantize')
 `;
 
 /** --spec and --draft-max; undefined: the engine's default. */
@@ -92,11 +96,18 @@ export function speculationFrom(v: { spec?: string; "draft-max"?: string }):
   return { mode: (spec ?? "ngram") as SpeculationMode, draftMax };
 }
 
-/** --spec and --draft-max as the library's load options. */
-export function speculationLoad(v: { spec?: string; "draft-max"?: string }):
-  { speculation?: SpeculationMode; draftMax?: number } {
+/** --spec, --draft-max and --draft-model as the library's load options. */
+export function speculationLoad(v: { spec?: string; "draft-max"?: string; "draft-model"?: string }):
+  { speculation?: SpeculationMode; draftMax?: number; draftModel?: string } {
   const o = speculationFrom(v);
-  return o ? { speculation: o.mode, draftMax: o.draftMax } : {};
+  const model = v["draft-model"];
+  if (o?.mode === "draft" && model === undefined) {
+    throw new UsageError("--spec draft needs --draft-model PATH");
+  }
+  // --draft-max alone, with a draft model: that model drafts
+  const mode = o && v.spec === undefined && model !== undefined ? "draft" : o?.mode;
+  return { ...(o ? { speculation: mode, draftMax: o.draftMax } : {}),
+    ...(model === undefined ? {} : { draftModel: model }) };
 }
 
 type Option<K extends keyof typeof generationOptions> = (typeof generationOptions)[K];

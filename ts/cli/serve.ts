@@ -6,7 +6,7 @@ import { listenError } from "../serve/http.ts";
 import { startServer } from "../serve/server.ts";
 import { parseCommand } from "./args.ts";
 import {
-  backendOption, floatOption, intOption, speculationFrom, speculationHelp, threadsOption,
+  backendOption, floatOption, intOption, speculationHelp, speculationLoad, threadsOption,
 } from "./options.ts";
 
 export const serveUsage = `usage: infer serve [options]
@@ -72,7 +72,7 @@ export async function serveCommand(argv: string[]): Promise<number> {
       "prefix-cache": { type: "string" }, "body-timeout": { type: "string" },
       "step-timeout": { type: "string" }, "shutdown-timeout": { type: "string" },
       cors: { type: "string", multiple: true },
-      spec: { type: "string" }, "draft-max": { type: "string" },
+      spec: { type: "string" }, "draft-max": { type: "string" }, "draft-model": { type: "string" },
     },
   });
   if (values.help) { process.stdout.write(serveUsage); return 0; }
@@ -81,6 +81,8 @@ export async function serveCommand(argv: string[]): Promise<number> {
   const port = intOption(values.port, "--port", 8080, 0, 65535);
   const threads = threadsOption(values.threads), backend = backendOption(values.backend);
   const modelPath = await ensureModel(values.model);
+  const spec = speculationLoad(values);
+  const draftModel = spec.draftModel === undefined ? undefined : await ensureModel(spec.draftModel);
   checkCanListen(host, port);
   const server = await startServer({
     modelPath, host, port,
@@ -91,7 +93,8 @@ export async function serveCommand(argv: string[]): Promise<number> {
     parallel: intOption(values.parallel, "--parallel", 4, 1),
     prefillChunk: intOption(values["prefill-chunk"], "--prefill-chunk", 64, 1),
     prefixCacheBytes: intOption(values["prefix-cache"], "--prefix-cache", 128, 0) * (1 << 20),
-    speculation: speculationFrom(values),
+    speculation: spec.speculation && { mode: spec.speculation, draftMax: spec.draftMax },
+    draftModel,
     maxBodyBytes: intOption(values["max-body"], "--max-body", 1 << 20, 1024),
     bodyTimeoutMs: seconds(values["body-timeout"], "--body-timeout", 30) * 1000,
     stepTimeoutMs: seconds(values["step-timeout"], "--step-timeout", 60) * 1000,

@@ -32,6 +32,7 @@ import type { SequenceRows } from "../model/model.ts";
 import type { Engine } from "./engine.ts";
 import { Generation, type GenerateOptions, type GenerateResult } from "./generation.ts";
 import { createKvCache, createSlot, reusablePrefix, rewindSlot, type Slot } from "./kv-cache.ts";
+import type { DraftModel } from "./draft-model.ts";
 import { lookupDraft, PassCost, SequenceSpeculation } from "./speculation.ts";
 import {
   PrefixCache, type PrefixCacheOptions, type PrefixCacheStats, type PrefixChain,
@@ -62,6 +63,8 @@ export interface SchedulerOptions {
    * timed as the scheduler runs (a fixed function makes the drafts deterministic, for tests).
    */
   readonly passCost?: (rows: number) => number;
+  /** The draft model for sequences with speculation "draft". */
+  readonly draftModel?: DraftModel | null;
 }
 
 export interface SchedulerStats {
@@ -131,6 +134,7 @@ export class BatchScheduler {
   private steps = 0;
   private reused = 0;
   private readonly passCost: PassCost;
+  private readonly draftModel: DraftModel | null;
 
   constructor(private readonly engine: Engine, o: SchedulerOptions) {
     const be = engine.backend, model = engine.model;
@@ -148,6 +152,7 @@ export class BatchScheduler {
     this.prefillChunk = Math.max(1, Math.min(o.prefillChunk ?? 64, model.maxBatch));
     this.tokens = new Int32Array(model.maxBatch);
     this.passCost = new PassCost(model.maxBatch, o.passCost ?? null);
+    this.draftModel = o.draftModel ?? null;
     // The engine's own sequence is the first slot, with what it holds.
     this.slots.push(engine.slot);
     for (let i = 1; i < o.slots; i++) {
@@ -168,6 +173,10 @@ export class BatchScheduler {
     if (n >= context) {
       throw new InferError("context_overflow", `${n} prompt tokens do not fit the context of ` +
         `${context} with room to answer (raise --ctx-size)`);
+    }
+    if (request.options.speculation?.mode === "draft" && !this.draftModel) {
+      throw new InferError("invalid_argument",
+        "speculation 'draft' needs a draft model (--draft-model)");
     }
     this.waiting.push(request);
   }
@@ -280,11 +289,15 @@ export class BatchScheduler {
       if (!s.spec || s.pending === null || s.ended || spare <= 0) continue;
       const g = s.generation;
       const room = Math.min(spare, context - s.length - 1, g.tokensLeft - 1);
-      const k = s.spec.plan(room, g.count, this.passCost);
+      const drafter = s.spec.mode === "draft" ? this.draftModel : null;
+      const oneRow = this.passCost.oneRowMs;
+      const perDraft = drafter ? (oneRow > 0 ? drafter.msPerToken / oneRow : 0.3) : 0;
+      const k = s.spec.plan(room, g.count, this.passCost, perDraft);
       if (k <= 0) continue;
       const history = s.slot.history;
       history[s.length] = s.pending;
-      s.draft = lookupDraft(history, s.length + 1, k);
+      s.draft = drafter ? drafter.draft(s.slot, history, s.length + 1, k)
+        : lookupDraft(history, s.length + 1, k);
       spare -= s.draft.length;
     }
   }

@@ -20,11 +20,14 @@
 // slower. A sequence that stopped drafting tries a short draft again after a growing pause.
 import { InferError } from "../errors.ts";
 
-export type SpeculationMode = "ngram" | "off";
-export const speculationModes: readonly SpeculationMode[] = ["ngram", "off"];
+export type SpeculationMode = "ngram" | "draft" | "off";
+export const speculationModes: readonly SpeculationMode[] = ["ngram", "draft", "off"];
 
 export interface SpeculationOptions {
-  /** ngram: prompt lookup (drafts what followed the last tokens earlier in the text); off. */
+  /**
+   * ngram: prompt lookup (drafts what followed the last tokens earlier in the text); draft: a
+   * draft model's greedy tokens (draft-model.ts; the engine must have one); off.
+   */
   readonly mode: SpeculationMode;
   /** Drafted tokens a step at most (default 16). */
   readonly draftMax?: number;
@@ -107,6 +110,11 @@ export class PassCost {
     this.seen[rows] = w;
   }
 
+  /** Milliseconds of a one-row pass (0 before one was timed). */
+  get oneRowMs(): number {
+    return this.seen[1] > 0 ? this.ms[1] : 0;
+  }
+
   /** The time of an n-row pass over a one-row pass's (≥ 1). */
   relative(rows: number): number {
     if (this.fixed) return this.fixed(rows);
@@ -140,6 +148,7 @@ export class PassCost {
 /** One sequence's speculation: its drafter's state, acceptance estimate and counts. */
 export class SequenceSpeculation {
   readonly draftMax: number;
+  readonly mode: SpeculationMode;
   /** Decayed counts of drafted tokens accepted, and of those judged (accepted or the first rejected). */
   private hits = 1.5;
   private trials = 2;
@@ -152,6 +161,7 @@ export class SequenceSpeculation {
 
   constructor(o: SpeculationOptions) {
     this.draftMax = o.draftMax ?? defaultDraftMax;
+    this.mode = o.mode;
   }
 
   /** The acceptance rate per drafted token. */
@@ -166,9 +176,10 @@ export class SequenceSpeculation {
 
   /**
    * Up to how many tokens to draft this step (0: decode plainly), at most `room`, with
-   * `generated` tokens so far: the K that gives the most tokens per unit of time under `cost`.
+   * `generated` tokens so far: the K that gives the most tokens per unit of time under `cost`,
+   * drafting a token costing `perDraft` one-row passes of the target (a draft model's).
    */
-  plan(room: number, generated: number, cost: PassCost): number {
+  plan(room: number, generated: number, cost: PassCost, perDraft = 0): number {
     const limit = Math.min(this.draftMax, room);
     if (limit <= 0 || !this.active(generated)) return 0;
     const alpha = Math.min(this.alpha, 0.999);
@@ -177,7 +188,7 @@ export class SequenceSpeculation {
     for (let k = 1; k <= limit; k++) {
       power *= alpha;
       expected += power;
-      const rate = expected / cost.relative(k + 1);
+      const rate = expected / (cost.relative(k + 1) + k * perDraft);
       if (rate > bestRate * 1.02) { // a margin: timings are noisy, and a loss is worse than no gain
         best = k;
         bestRate = rate;

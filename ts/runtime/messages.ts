@@ -19,8 +19,10 @@ export interface OpenSettings {
   readonly prefillChunk?: number;
   /** Memory for the prefix cache (default 128 MiB); 0: no prefix cache. */
   readonly prefixCacheBytes?: number;
-  /** Speculation for jobs that name none (default: defaultSpeculation of the backend). */
+  /** Speculation for jobs that name none (default: draft with a draft model, else defaultSpeculation). */
   readonly speculation?: SpeculationOptions;
+  /** A GGUF with the model's vocabulary that drafts for speculation "draft". */
+  readonly draftModel?: string;
   /** Post "progress" messages while the weights are prepared. */
   readonly progress?: boolean;
   /**

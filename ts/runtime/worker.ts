@@ -12,6 +12,8 @@ import type { TokenConstraint } from "../sample/constraint.ts";
 import type { TokenLogprob } from "../engine/generation.ts";
 import { BatchScheduler } from "../engine/scheduler.ts";
 import { defaultSpeculation, type SpeculationOptions } from "../engine/speculation.ts";
+import { DraftModel } from "../engine/draft-model.ts";
+import type { BackendKind } from "../backend/select.ts";
 import { InferError, type InferErrorCode } from "../errors.ts";
 import { parameterCount, quantOf } from "../gguf/file-type.ts";
 import { JsonGrammar } from "../sample/json-grammar.ts";
@@ -32,6 +34,7 @@ let templateError: string | null = null;
 let turnStops: number[] = [];
 /** Speculation for jobs that name none. */
 let speculation: SpeculationOptions = { mode: "off" };
+let draftModel: DraftModel | null = null;
 /** Jobs handed to the scheduler and not ended yet; of those, the ones whose client went away. */
 const active = new Set<number>();
 const cancelled = new Set<number>();
@@ -60,6 +63,8 @@ function maybeStall(): void {
 }
 
 function shutDown(): void {
+  draftModel?.close();
+  draftModel = null;
   engine?.close();
   engine = null;
   scheduler = null;
@@ -98,11 +103,23 @@ function open(settings: Extract<ToWorker, { type: "open" }>["settings"]): void {
       ? (done: number, total: number) => post({ type: "progress", done, total }) : undefined;
     engine = Engine.open({ ...settings, onProgress });
     const prefixBytes = settings.prefixCacheBytes ?? 128 << 20;
-    speculation = settings.speculation ?? defaultSpeculation(engine.backend.name);
+    if (settings.draftModel) {
+      // On the same backend, with the same context, so it drafts for any sequence it serves.
+      const draftEngine = Engine.open({ modelPath: settings.draftModel, threads: settings.threads,
+        backend: engine.backend.name as BackendKind, contextLength: engine.contextLength });
+      try {
+        draftModel = new DraftModel(draftEngine, engine);
+      } catch (err) {
+        draftEngine.close();
+        throw err;
+      }
+    }
+    speculation = settings.speculation ??
+      (draftModel ? { mode: "draft" } : defaultSpeculation(engine.backend.name));
     // A backend that runs one sequence per pass serves one request at a time.
     const parallel = engine.backend.sequenceBatches ? settings.parallel ?? 1 : 1;
     scheduler = new BatchScheduler(engine, { slots: parallel,
-      deviceGreedy: setting("INFER_DEVICE_GREEDY"),
+      deviceGreedy: setting("INFER_DEVICE_GREEDY"), draftModel,
       prefillChunk: settings.prefillChunk,
       prefixCache: prefixBytes > 0 ? { bytesMax: prefixBytes } : null });
     try {
@@ -181,6 +198,10 @@ function submit(id: number, job: Job): void {
   const e = engine, sched = scheduler;
   if (!e || !sched) return fail(id, "internal", 503, "the model is not loaded");
   const param = job.kind === "chat" ? "messages" : "prompt";
+  if ((job.speculation ?? speculation).mode === "draft" && !draftModel) {
+    return fail(id, "invalid_argument", 400, "speculation 'draft' needs a draft model, and " +
+      "none was loaded (--draft-model)", "spec");
+  }
   let prompt: number[];
   try {
     if (job.kind === "chat") {

@@ -42,6 +42,8 @@ export interface ServeOptions {
   readonly prefixCacheBytes?: number;
   /** Speculation for requests that name none (`spec`); default: prompt lookup on the CPU. */
   readonly speculation?: SpeculationOptions;
+  /** A GGUF with the model's vocabulary drafting for speculation "draft". */
+  readonly draftModel?: string;
   /** Request bodies larger than this are refused (default 1 MiB). */
   readonly maxBodyBytes?: number;
   /** Bytes of all bodies being received at once (default: 16 MiB or 4 bodies, the larger). */
@@ -126,7 +128,7 @@ export async function startServer(o: ServeOptions): Promise<InferServer> {
   const thread = await EngineThread.open({
     modelPath: o.modelPath, threads: o.threads, contextLength: o.contextLength, backend: o.backend,
     parallel: o.parallel ?? 1, prefillChunk: o.prefillChunk, prefixCacheBytes: o.prefixCacheBytes,
-    speculation: o.speculation, stall: o.stallForTests,
+    speculation: o.speculation, draftModel: o.draftModel, stall: o.stallForTests,
   });
   const info = thread.info;
 
