@@ -18,6 +18,7 @@ import {
 } from "../ts/engine/speculation.ts";
 import { defaultModelPath } from "../ts/models/cache.ts";
 import { JsonGrammar } from "../ts/sample/json-grammar.ts";
+import { defaultSampling, Sampler } from "../ts/sample/sampler.ts";
 import { compileSchema } from "../ts/sample/json-schema.ts";
 import { referenceGenerate } from "./support/reference-generate.ts";
 import { tinySchedulerModel, toyPrompt } from "./support/tiny-scheduler.ts";
@@ -187,6 +188,62 @@ describe("a draft model drafts greedily for every slot", () => {
     plain.close();
   }, 120_000);
 });
+
+describe("speculative sampling keeps the model's distribution", () => {
+  test("chi-square: the token after a verified draft, over 3000 seeds, follows the target's probabilities", () => {
+    // Self-drafting: the draft is the argmax, which sampling at temperature 1 often rejects, so
+    // both the accepted and the resampled branch are taken.
+    const engine = tiny.open();
+    const drafter = new DraftModel(tiny.open(), engine);
+    const scheduler = new BatchScheduler(engine, { slots: 4, prefixCache: null, passCost: cheapRows,
+      draftModel: drafter });
+    const sampling = { temperature: 1, topK: 6, topP: 1, minP: 0, typicalP: 1, repeatPenalty: 1,
+      logitBias: greedy.logitBias };
+    const prompt = toyPrompt(24, 17);
+    const seen = new Map<number, Map<number, number>>();
+    let drafted = 0, accepted = 0;
+    for (let seed = 0; seed < 3000; seed++) {
+      scheduler.submit({ prompt, options: { maxTokens: 3, sampling: { ...sampling, seed },
+        speculation: { mode: "draft", draftMax: 1 } }, onError: (e) => { throw e; },
+      onDone: (r) => {
+        const [t1, t2] = r.tokens;
+        const m = seen.get(t1) ?? new Map<number, number>();
+        m.set(t2, (m.get(t2) ?? 0) + 1);
+        seen.set(t1, m);
+        drafted += r.speculation!.drafted;
+        accepted += r.speculation!.accepted;
+      } });
+      while (scheduler.busy) scheduler.step();
+    }
+    drafter.close();
+    engine.close();
+    expect(drafted).toBe(3000); // one draft verified per run: the second token's
+    expect(accepted).toBeGreaterThan(300);
+    expect(accepted).toBeLessThan(2700);
+    // The second token after the most frequent first one, against the target's own distribution.
+    const [t1, counts] = [...seen.entries()].sort((a, b) => total(b[1]) - total(a[1]))[0];
+    const n = total(counts);
+    expect(n).toBeGreaterThan(500);
+    tiny.reference.reset();
+    const logits = tiny.reference.evaluate([...prompt, t1]);
+    const target = new Sampler({ ...defaultSampling, ...sampling, seed: 0 }).distribution(logits);
+    let chi2 = 0;
+    target.ids.forEach((id, i) => {
+      const expected = n * target.probs[i];
+      chi2 += (((counts.get(id) ?? 0) - expected) ** 2) / expected;
+    });
+    expect([...counts.keys()].every((id) => target.ids.includes(id))).toBe(true);
+    // df = 5 (six candidates): 20.52 is the 0.999 quantile
+    expect(target.ids.length).toBe(6);
+    expect(chi2).toBeLessThan(20.52);
+  }, 120_000);
+});
+
+function total(m: Map<number, number>): number {
+  let n = 0;
+  for (const v of m.values()) n += v;
+  return n;
+}
 
 const model = defaultModelPath();
 describe.skipIf(!existsSync(model))("speculation on the default model", () => {
