@@ -131,7 +131,8 @@ describe("the library on a tiny random Gemma 3", () => {
       [() => model.complete("x", { jsonSchema: { type: "string", pattern: "a+" } }), "unsupported", /pattern/],
       [() => model.complete("the cat ".repeat(300)), "context_overflow", /context of 256/],
       [() => model.complete([1, 2, 1e9]), "invalid_argument", /not in the vocabulary/],
-      [() => model.complete("x", { speculation: "draft" as never }), "invalid_argument", /^speculation: expected one of ngram, off/],
+      [() => model.complete("x", { speculation: "lookahead" as never }), "invalid_argument", /^speculation: expected one of ngram, draft, off/],
+      [() => model.complete("x", { speculation: "draft" }), "invalid_argument", /needs a draft model/],
       [() => model.complete("x", { draftMax: 100 }), "invalid_argument", /^draftMax: expected an integer in \[1, 64\]/],
     ];
     for (const [call, code, message] of cases) {

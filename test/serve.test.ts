@@ -104,7 +104,7 @@ describe("the OpenAI-compatible server", () => {
       const [off, ngram] = [await ask("off", extra), await ask("ngram", extra)];
       expect(ngram.choices[0].text).toBe(off.choices[0].text);
     }
-    for (const body of [{ spec: "draft" }, { spec: 1 }, { draft_max: 0 }, { draft_max: 1.5 }]) {
+    for (const body of [{ spec: "draft" }, { spec: "lookahead" }, { spec: 1 }, { draft_max: 0 }, { draft_max: 1.5 }]) {
       const r = await post("/v1/completions", { model: "tiny", prompt: "a", max_tokens: 2, ...body });
       expect(r.status).toBe(400);
       expect(((await r.json()) as { error: { param: string } }).error.param).toBe(Object.keys(body)[0]);
