@@ -55,6 +55,9 @@ describe("prompt lookup and the draft length", () => {
     expect(spec.plan(8, 10, dear)).toBe(0);
     expect(spec.active(11)).toBe(false); // paused ...
     expect(spec.active(10 + 8)).toBe(true); // ... for a while, then tried again
+    expect(spec.plan(8, 18, dear)).toBe(4); // a probe, whatever the estimates say
+    expect(spec.plan(8, 19, dear)).toBe(0); // and paused again, for longer
+    expect(spec.active(19 + 15)).toBe(false);
     const poor = new SequenceSpeculation({ mode: "ngram" });
     for (let i = 0; i < 20; i++) poor.verified(4, 0);
     expect(poor.plan(16, 0, new PassCost(64, (rows) => 1 + 0.3 * (rows - 1)))).toBe(0);

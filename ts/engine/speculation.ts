@@ -155,6 +155,8 @@ export class SequenceSpeculation {
   /** Generated tokens before which no draft is tried again, and how long the next pause is. */
   private pausedUntil = 0;
   private nextPause = 8;
+  /** The pause just ended: the next draft is a probe, whatever the estimates say. */
+  private probing = false;
   passes = 0;
   drafted = 0;
   accepted = 0;
@@ -182,6 +184,12 @@ export class SequenceSpeculation {
   plan(room: number, generated: number, cost: PassCost, perDraft = 0): number {
     const limit = Math.min(this.draftMax, room);
     if (limit <= 0 || !this.active(generated)) return 0;
+    if (this.probing) {
+      // Without drafts neither estimate would ever change (timings of a busy moment would
+      // keep speculation off for good): a short draft measures both again.
+      this.probing = false;
+      return Math.min(limit, 4);
+    }
     const alpha = Math.min(this.alpha, 0.999);
     let best = 0, bestRate = 1; // plain decoding: one token per one-row pass
     let expected = 1, power = 1;
@@ -197,6 +205,7 @@ export class SequenceSpeculation {
     if (best > 0) return best;
     // Not worth it at the current estimate: pause, then probe with a short draft.
     this.pausedUntil = generated + this.nextPause;
+    this.probing = true;
     this.nextPause = Math.min(this.nextPause * 2, 256);
     this.hits = this.trials * 0.6; // the probe starts from a middling estimate
     return 0;
