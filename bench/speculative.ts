@@ -6,7 +6,7 @@
 // (they must). With --peer, llama.cpp's llama-lookup on the same prompts: its decode speed
 // without drafts (--spec-draft-n-max 0) and with them (the same draft max).
 //   bun bench/speculative.ts [--threads 2] [--runs 3] [--tokens 192] [--draft-max 16]
-//     [--model PATH] [--backend cpu|cuda] [--tasks all|grounded|repeated]
+//     [--model PATH] [--backend cpu|cuda] [--tasks all|grounded|open|repeated]
 //     [--draft-model PATH]   (adds a column: that model drafting, e.g. a Q4_0 copy of a Q8_0 model)
 //     [--peer ~/.cache/infer-peers/llama.cpp/build-lookup/bin/llama-lookup]
 // On random-weight models (bench/random-model.ts) only the repeated-text task means anything:
@@ -59,7 +59,7 @@ const open: Task[] = [
   { name: "open: an essay", grounded: false, prompt: "The most important inventions of the twentieth century were" },
   { name: "open: a recipe", grounded: false, prompt: "My favourite way to cook vegetables is" },
 ];
-const tasks = which === "repeated" ? [repeated]
+const tasks = which === "repeated" ? [repeated] : which === "open" ? open
   : which === "grounded" ? [...grounded, repeated] : [...grounded, repeated, ...open];
 
 const engine = Engine.open({ modelPath, threads, backend, contextLength: 2048 });
