@@ -109,6 +109,18 @@ describe("the library on a tiny random Gemma 3", () => {
     expect(await rejection(model.complete("the cat", { maxTokens: 3, jsonSchema: schema }))).toMatchObject({ code: "invalid_argument", message: expect.stringMatching(/shortest output/) });
   });
 
+  test("speculation gives the tokens plain decoding gives, and says what it kept", async () => {
+    const model = await open({ speculation: "off" });
+    const prompt = "the cat sat on the mat the cat sat on the mat the cat";
+    const off = await model.complete(prompt, { ...greedy, maxTokens: 40 });
+    expect(off.speculation).toBeUndefined();
+    const on = await model.complete(prompt, { ...greedy, maxTokens: 40, speculation: "ngram", draftMax: 4 });
+    expect(on.tokens).toEqual(off.tokens);
+    expect(on.speculation!.drafted).toBeGreaterThanOrEqual(on.speculation!.accepted);
+    const byDefault = await open(); // prompt lookup on the CPU
+    expect((await byDefault.complete(prompt, { ...greedy, maxTokens: 40 })).speculation).toBeDefined();
+  });
+
   test("bad options and inputs are InferErrors naming what is wrong, and the model goes on", async () => {
     const model = await open();
     const cases: [() => Promise<unknown>, string, RegExp][] = [
@@ -119,6 +131,9 @@ describe("the library on a tiny random Gemma 3", () => {
       [() => model.complete("x", { jsonSchema: { type: "string", pattern: "a+" } }), "unsupported", /pattern/],
       [() => model.complete("the cat ".repeat(300)), "context_overflow", /context of 256/],
       [() => model.complete([1, 2, 1e9]), "invalid_argument", /not in the vocabulary/],
+      [() => model.complete("x", { speculation: "lookahead" as never }), "invalid_argument", /^speculation: expected one of ngram, draft, off/],
+      [() => model.complete("x", { speculation: "draft" }), "invalid_argument", /needs a draft model/],
+      [() => model.complete("x", { draftMax: 100 }), "invalid_argument", /^draftMax: expected an integer in \[1, 64\]/],
     ];
     for (const [call, code, message] of cases) {
       const err = await call().then(() => null, (e) => e);

@@ -95,6 +95,22 @@ describe("the OpenAI-compatible server", () => {
     expect(a.choices[0].text).toBe(b.choices[0].text);
   });
 
+  test("spec per request: ngram gives the text off gives, greedy and seeded; bad values are a 400", async () => {
+    const ask = (spec: string, extra: object) => post("/v1/completions", { model: "tiny",
+      prompt: "the cat sat on the mat the cat sat on the mat the cat", max_tokens: 60,
+      logit_bias: noEos, spec, draft_max: 8, ...extra })
+      .then((r) => r.json() as Promise<{ choices: { text: string }[] }>);
+    for (const extra of [{ temperature: 0 }, { temperature: 0.8, seed: 11 }]) {
+      const [off, ngram] = [await ask("off", extra), await ask("ngram", extra)];
+      expect(ngram.choices[0].text).toBe(off.choices[0].text);
+    }
+    for (const body of [{ spec: "draft" }, { spec: "lookahead" }, { spec: 1 }, { draft_max: 0 }, { draft_max: 1.5 }]) {
+      const r = await post("/v1/completions", { model: "tiny", prompt: "a", max_tokens: 2, ...body });
+      expect(r.status).toBe(400);
+      expect(((await r.json()) as { error: { param: string } }).error.param).toBe(Object.keys(body)[0]);
+    }
+  });
+
   test("a stop string ends the text before it, streaming or not", async () => {
     const full = (await client.completions.create({ model: "tiny", prompt: "the cat sat",
       max_tokens: 40, temperature: 0, logit_bias: noEos })).choices[0].text;

@@ -7,12 +7,13 @@ import { InferError } from "../errors.ts";
 import { openGguf, type GgufFile } from "../gguf/reader.ts";
 import { DEFAULT_MODEL } from "../models/cache.ts";
 import { ensureModel } from "../models/fetch.ts";
+import type { SpeculationMode } from "../engine/speculation.ts";
 import { EngineThread } from "../runtime/engine-thread.ts";
 import type { EngineInfo } from "../runtime/messages.ts";
 import { tokenizerFromMetadata, type Tokenizer } from "../tokenizer/index.ts";
 import { Chat, type ChatOptions } from "./chat.ts";
 import { embedJobOf, runEmbedding, type EmbedOptions } from "./embed.ts";
-import { jobOf, type Completion, type GenerateOptions } from "./options.ts";
+import { jobOf, speculationOf, type Completion, type GenerateOptions } from "./options.ts";
 import { CompletionStream } from "./stream.ts";
 
 export interface LoadOptions {
@@ -29,6 +30,15 @@ export interface LoadOptions {
   readonly parallel?: number;
   /** Memory for sharing prompt beginnings across calls, in bytes (default 128 MiB; 0: none). */
   readonly prefixCacheBytes?: number;
+  /** Speculative decoding for calls that name none (GenerateOptions.speculation). */
+  readonly speculation?: SpeculationMode;
+  /** Drafted tokens a step at most, for calls that name none (1..64, default 16). */
+  readonly draftMax?: number;
+  /**
+   * A GGUF (path or cached name) with the model's vocabulary that drafts for speculation
+   * "draft" (then the default): a smaller model of the family, or a Q4_0 copy of this one.
+   */
+  readonly draftModel?: string;
   /** Called as the weights are prepared: done of total tensors. */
   readonly onProgress?: (done: number, total: number) => void;
   /**
@@ -72,6 +82,8 @@ export async function loadModel(nameOrPath: string = DEFAULT_MODEL.name,
   const thread = await EngineThread.open({
     modelPath: path, backend, threads: options.threads, contextLength: options.contextLength,
     parallel: options.parallel ?? 4, prefixCacheBytes: options.prefixCacheBytes,
+    speculation: speculationOf(options),
+    draftModel: options.draftModel === undefined ? undefined : await ensureModel(options.draftModel),
   }, options.onProgress);
   return new Model(thread, path);
 }

@@ -3,6 +3,9 @@
 import type { ChatMessage } from "../chat/template.ts";
 import type { ToolCall, ToolChoice, ToolFunction } from "../chat/tools.ts";
 import type { StopReason } from "../engine/generation.ts";
+import {
+  checkSpeculation, type SpeculationMode, type SpeculationOptions, type SpeculationStats,
+} from "../engine/speculation.ts";
 import { InferError } from "../errors.ts";
 import type { Job, ResponseFormat } from "../runtime/job.ts";
 import { defaultSampling, type SamplerOptions } from "../sample/sampler.ts";
@@ -48,6 +51,14 @@ export interface GenerateOptions {
   readonly signal?: AbortSignal;
   /** With `signal`: resolve with the text so far (finishReason "abort") instead of rejecting. */
   readonly stopOnAbortSignal?: boolean;
+  /**
+   * Speculative decoding: "ngram" drafts tokens by looking the last ones up in the prompt and
+   * the text so far, and keeps those the model would have chosen itself (the same output,
+   * faster on text that repeats its input); "off". Default: "ngram" on the CPU.
+   */
+  readonly speculation?: SpeculationMode;
+  /** Drafted tokens a step at most (1..64, default 16). */
+  readonly draftMax?: number;
 }
 
 /**
@@ -83,6 +94,8 @@ export interface Completion {
   readonly stopReason: StopReason;
   readonly usage: Usage;
   readonly timings: Timings;
+  /** With speculation: the drafted tokens, those kept, and the passes that carried them. */
+  readonly speculation?: SpeculationStats;
 }
 
 /** A piece of streamed text, as soon as it is complete UTF-8 and past any stop string. */
@@ -168,7 +181,7 @@ export function jobOf(input: { prompt: string | readonly number[] } | { messages
   const common = {
     maxTokens: num(o, "maxTokens", 256, -1, 2 ** 31 - 1, true),
     sampling: samplingOf(o, vocabSize), stop: stops(o), format: format(o), logprobs: null,
-    ignoreEos: o.ignoreEos === true,
+    ignoreEos: o.ignoreEos === true, speculation: speculationOf(o),
   };
   if (common.maxTokens === 0) throw bad("maxTokens", "must be at least 1, or -1 for no limit");
   const tools = toolsOf(o);
@@ -207,6 +220,22 @@ function toolsOf(o: GenerateOptions): { tools?: ToolFunction[]; toolChoice?: Too
     throw bad("toolChoice", `no tool is named ${JSON.stringify(String(choice.name))}`);
   }
   return { tools, toolChoice: named ? { name: choice.name } : choice };
+}
+
+/** The speculation asked for; undefined: the engine's default. */
+export function speculationOf(o: { speculation?: unknown; draftMax?: unknown; draftModel?: unknown }):
+  SpeculationOptions | undefined {
+  if (o.speculation === undefined && o.draftMax === undefined) return undefined;
+  const spec = { mode: (o.speculation ?? (o.draftModel ? "draft" : "ngram")) as SpeculationMode,
+    draftMax: o.draftMax as number | undefined };
+  try {
+    checkSpeculation(spec);
+  } catch (err) {
+    if (!(err instanceof InferError)) throw err;
+    throw bad(o.speculation !== undefined && err.message.startsWith("speculation")
+      ? "speculation" : "draftMax", err.message.replace(/^[a-z-]+: /, ""));
+  }
+  return spec;
 }
 
 export function finishReasonOf(stop: StopReason, called = false): FinishReason {

@@ -16,6 +16,7 @@ function completionOf(e: JobDoneEvent): Completion {
       totalTokens: e.promptTokens + e.tokens.length },
     timings: { promptEvaluated: e.prefilled, promptMs: e.promptMs, generateMs: e.generateMs,
       tokensPerSecond: e.generateMs > 0 ? (generated / e.generateMs) * 1000 : 0 },
+    ...(e.speculation ? { speculation: e.speculation } : {}),
   };
 }
 

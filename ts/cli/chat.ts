@@ -16,6 +16,7 @@ import { describe, formatStats, loadProgress, verbosityOf } from "./feedback.ts"
 import { chatUsage } from "./help.ts";
 import {
   checkLogitBias, engineSettings, generationOptions, intOption, samplingFrom, samplingOptions,
+  speculationLoad,
   stopStrings,
 } from "./options.ts";
 
@@ -42,7 +43,7 @@ export async function chatCommand(argv: string[]): Promise<number> {
   const onProgress = loadProgress(modelPath, verbosity);
   // One conversation: one sequence, whose cache keeps it from turn to turn.
   const model = await loadModel(modelPath, { ...settings, parallel: 1, prefixCacheBytes: 0,
-    onProgress });
+    ...speculationLoad(values), onProgress });
   try {
     checkLogitBias(sampling, model.info.vocabSize);
     const chat = model.chat({ system: values.system });

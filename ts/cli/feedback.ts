@@ -41,6 +41,10 @@ export function formatStats(c: Completion, loadMs?: number): string {
     `generated ${c.tokens.length} tokens, ${t.tokensPerSecond.toFixed(1)} tok/s`,
     `stop: ${c.stopReason}`,
   ];
+  const spec = c.speculation;
+  if (spec && spec.drafted > 0) {
+    parts.splice(2, 0, `drafts: kept ${spec.accepted} of ${spec.drafted} in ${spec.passes} passes`);
+  }
   if (loadMs !== undefined) parts.unshift(`load ${loadMs.toFixed(0)} ms`);
   return parts.join(" | ");
 }

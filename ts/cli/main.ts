@@ -16,6 +16,7 @@ import { importCommand, importUsage } from "./import.ts";
 import { modelsCommand, modelsUsage } from "./models.ts";
 import {
   checkLogitBias, engineSettings, generationOptions, intOption, samplingFrom, samplingOptions,
+  speculationLoad,
   stopStrings,
 } from "./options.ts";
 import type { Completion } from "../api/options.ts";
@@ -129,7 +130,7 @@ async function runCommand(argv: string[]): Promise<number> {
   const onProgress = loadProgress(modelPath, verbosity);
   // One generation: one sequence, and no prefix cache to fill for later ones.
   const model = await loadModel(modelPath, { ...settings, parallel: 1, prefixCacheBytes: 0,
-    onProgress });
+    ...speculationLoad(values), onProgress });
   try {
     checkLogitBias(sampling, model.info.vocabSize);
     if (verbosity === "verbose") {

@@ -7,6 +7,9 @@ import { backendKinds, parseBackendKind, type BackendKind } from "../backend/sel
 import { setting } from "../config/env.ts";
 import { InferError, quote } from "../errors.ts";
 import { defaultSampling, type SamplerOptions } from "../sample/sampler.ts";
+import {
+  defaultDraftMax, speculationModes, type SpeculationMode, type SpeculationOptions,
+} from "../engine/speculation.ts";
 import { UsageError } from "./args.ts";
 import type { GenerateOptions } from "../api/options.ts";
 
@@ -25,6 +28,9 @@ export const generationOptions = {
   "logit-bias": { type: "string", multiple: true },
   seed: { type: "string", short: "s" },
   stop: { type: "string", multiple: true },
+  spec: { type: "string" },
+  "draft-max": { type: "string" },
+  "draft-model": { type: "string" },
   threads: { type: "string", short: "t" },
   "ctx-size": { type: "string", short: "c" },
   backend: { type: "string" },
@@ -59,12 +65,50 @@ generation (defaults are llama.cpp's):
   --logit-bias ID+B      add B to token ID's logit (ID-B subtracts; ID-inf bans it); repeatable
   -s, --seed S           sampler seed: same seed and settings, same text (default: random)
   --stop TEXT            end before TEXT (never printed); repeatable
-
+${speculationHelp}
 output:
   -q, --quiet            no progress or statistics on stderr
   -v, --verbose          the model, settings and template on stderr before generating
   -h, --help             this text
 `;
+}
+
+/** The help text for --spec and --draft-max (the prompt command, chat and serve). */
+export const speculationHelp = `  --spec MODE            speculative decoding, the same output in fewer passes: ngram drafts
+                         tokens by finding the last ones earlier in the prompt or the text
+                         (faster where the text repeats its input); draft: a draft model's;
+                         off (default: draft with --draft-model, else ngram on the CPU, off
+                         on a GPU). Drafted tokens are kept where the model chooses them too
+  --draft-max K          drafted tokens a step at most, 1..64 (default ${defaultDraftMax})
+  --draft-model PATH     a GGUF with the model's vocabulary to draft with: a smaller model of
+                         its family, or a Q4_0 copy of it ('infer quantize')
+`;
+
+/** --spec and --draft-max; undefined: the engine's default. */
+export function speculationFrom(v: { spec?: string; "draft-max"?: string }):
+  SpeculationOptions | undefined {
+  const spec = v.spec;
+  if (spec !== undefined && !(speculationModes as readonly string[]).includes(spec)) {
+    throw new UsageError(`--spec must be one of ${speculationModes.join(", ")}, got ${quote(spec, 40)}`);
+  }
+  const draftMax = v["draft-max"] === undefined ? undefined
+    : intOption(v["draft-max"], "--draft-max", defaultDraftMax, 1, 64);
+  if (spec === undefined && draftMax === undefined) return undefined;
+  return { mode: (spec ?? "ngram") as SpeculationMode, draftMax };
+}
+
+/** --spec, --draft-max and --draft-model as the library's load options. */
+export function speculationLoad(v: { spec?: string; "draft-max"?: string; "draft-model"?: string }):
+  { speculation?: SpeculationMode; draftMax?: number; draftModel?: string } {
+  const o = speculationFrom(v);
+  const model = v["draft-model"];
+  if (o?.mode === "draft" && model === undefined) {
+    throw new UsageError("--spec draft needs --draft-model PATH");
+  }
+  // --draft-max alone, with a draft model: that model drafts
+  const mode = o && v.spec === undefined && model !== undefined ? "draft" : o?.mode;
+  return { ...(o ? { speculation: mode, draftMax: o.draftMax } : {}),
+    ...(model === undefined ? {} : { draftModel: model }) };
 }
 
 type Option<K extends keyof typeof generationOptions> = (typeof generationOptions)[K];

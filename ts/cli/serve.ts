@@ -5,7 +5,9 @@ import { ensureModel } from "../models/fetch.ts";
 import { listenError } from "../serve/http.ts";
 import { startServer } from "../serve/server.ts";
 import { parseCommand } from "./args.ts";
-import { backendOption, floatOption, intOption, threadsOption } from "./options.ts";
+import {
+  backendOption, floatOption, intOption, speculationHelp, speculationLoad, threadsOption,
+} from "./options.ts";
 
 export const serveUsage = `usage: infer serve [options]
 
@@ -41,6 +43,8 @@ another origin are refused (403) unless --cors allows that origin.
   --parallel N           requests decoded together, each with its own KV cache (default 4)
   --prefill-chunk N      prompt tokens per step while other requests decode (default 64)
   --prefix-cache MIB     memory for the prefix cache (default 128; 0: off)
+${speculationHelp.trimEnd()}
+                         (for requests without infer's own fields "spec" and "draft_max")
   -t, --threads N        CPU threads (default: all cores)
   --backend B            cpu, cuda, metal or auto: a GPU when available (default: auto)
   --api-key KEY          require 'Authorization: Bearer KEY' on /v1/* (also: INFER_API_KEY)
@@ -70,6 +74,7 @@ export async function serveCommand(argv: string[]): Promise<number> {
       "prefix-cache": { type: "string" }, "body-timeout": { type: "string" },
       "step-timeout": { type: "string" }, "shutdown-timeout": { type: "string" },
       cors: { type: "string", multiple: true },
+      spec: { type: "string" }, "draft-max": { type: "string" }, "draft-model": { type: "string" },
     },
   });
   if (values.help) { process.stdout.write(serveUsage); return 0; }
@@ -78,6 +83,8 @@ export async function serveCommand(argv: string[]): Promise<number> {
   const port = intOption(values.port, "--port", 8080, 0, 65535);
   const threads = threadsOption(values.threads), backend = backendOption(values.backend);
   const modelPath = await ensureModel(values.model);
+  const spec = speculationLoad(values);
+  const draftModel = spec.draftModel === undefined ? undefined : await ensureModel(spec.draftModel);
   checkCanListen(host, port);
   const server = await startServer({
     modelPath, host, port,
@@ -88,6 +95,8 @@ export async function serveCommand(argv: string[]): Promise<number> {
     parallel: intOption(values.parallel, "--parallel", 4, 1),
     prefillChunk: intOption(values["prefill-chunk"], "--prefill-chunk", 64, 1),
     prefixCacheBytes: intOption(values["prefix-cache"], "--prefix-cache", 128, 0) * (1 << 20),
+    speculation: spec.speculation && { mode: spec.speculation, draftMax: spec.draftMax },
+    draftModel,
     maxBodyBytes: intOption(values["max-body"], "--max-body", 1 << 20, 1024),
     bodyTimeoutMs: seconds(values["body-timeout"], "--body-timeout", 30) * 1000,
     stepTimeoutMs: seconds(values["step-timeout"], "--step-timeout", 60) * 1000,

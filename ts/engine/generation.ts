@@ -8,6 +8,7 @@ import {
 } from "../sample/sampler.ts";
 import type { TokenConstraint } from "../sample/constraint.ts";
 import { StopMatcher } from "../sample/stop.ts";
+import type { SpeculationOptions, SpeculationStats } from "./speculation.ts";
 
 export type { TokenConstraint };
 import type { StreamDecoder, Tokenizer } from "../tokenizer/index.ts";
@@ -37,6 +38,8 @@ export interface GenerateOptions {
    * a stop string comes last, with an empty piece).
    */
   readonly onText?: (text: string, logprobs?: readonly TokenLogprob[]) => void;
+  /** Speculative decoding (the same tokens, fewer forward passes where drafts hold); default off. */
+  readonly speculation?: SpeculationOptions;
 }
 
 /** A generated token's log-probabilities, and where its text begins in the generated text. */
@@ -58,6 +61,8 @@ export interface GenerateResult {
   readonly logprobs?: readonly TokenLogprob[];
   readonly promptMs: number;
   readonly generateMs: number;
+  /** With GenerateOptions.speculation: how many drafted tokens were kept, in how many passes. */
+  readonly speculation?: SpeculationStats;
 }
 
 /** One generation: next() turns the logits after each evaluated token into the next token. */
@@ -102,6 +107,11 @@ export class Generation {
   /** Tokens generated so far. */
   get count(): number {
     return this.tokens.length;
+  }
+
+  /** Tokens it may still generate (Infinity: until the context is full). */
+  get tokensLeft(): number {
+    return this.maxTokens - this.tokens.length;
   }
 
   /** The caller asked to stop (shouldStop); ends the generation as "interrupted" if it did. */

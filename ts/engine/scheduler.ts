@@ -29,12 +29,18 @@
 // comes (ts/model/pooling.ts), and it ends when its prompt is evaluated, freeing its slot. It
 // starts its slot over: continuing from a cached prefix would skip rows whose hidden states the
 // pooling needs.
+//
+// A sequence with speculation (speculation.ts) decodes its sampled token and the tokens drafted
+// after it as consecutive rows of the same step, all with logits; it keeps the drafted tokens
+// its sampler chooses itself and drops the cache back past the first it does not (sampleRow).
 import { InferError } from "../errors.ts";
 import type { SequenceRows } from "../model/model.ts";
 import { Pooler, type Pooling } from "../model/pooling.ts";
 import type { Engine } from "./engine.ts";
 import { Generation, type GenerateOptions, type GenerateResult } from "./generation.ts";
 import { createKvCache, createSlot, reusablePrefix, rewindSlot, type Slot } from "./kv-cache.ts";
+import type { DraftModel } from "./draft-model.ts";
+import { lookupDraft, PassCost, SequenceSpeculation } from "./speculation.ts";
 import {
   PrefixCache, type PrefixCacheOptions, type PrefixCacheStats, type PrefixChain,
 } from "./prefix-cache.ts";
@@ -72,6 +78,13 @@ export interface SchedulerOptions {
   readonly prefixCache?: PrefixCacheOptions | null;
   /** Greedy decoding of a lone sequence with the argmax on the device, where the backend has it (default on). */
   readonly deviceGreedy?: boolean;
+  /**
+   * What a pass of n rows costs relative to one row, for choosing how much to draft; default:
+   * timed as the scheduler runs (a fixed function makes the drafts deterministic, for tests).
+   */
+  readonly passCost?: (rows: number) => number;
+  /** The draft model for sequences with speculation "draft". */
+  readonly draftModel?: DraftModel | null;
 }
 
 export interface SchedulerStats {
@@ -82,6 +95,13 @@ export interface SchedulerStats {
   /** Prompt positions continued in place from what a slot held, since the start. */
   readonly reusedTokens: number;
   readonly prefix: PrefixCacheStats | null;
+}
+
+/** A row whose logits are sampled: the sequence's row `i` of this step, at `position`. */
+interface LogitRow {
+  readonly s: Sequence;
+  readonly i: number;
+  readonly position: number;
 }
 
 class Sequence {
@@ -98,9 +118,18 @@ class Sequence {
   /** Held back this step for an earlier sequence evaluating the same prompt beginning. */
   parked = false;
   chain: PrefixChain = { blocks: 0, last: null };
+  /** Drafted tokens to evaluate after `pending` this step (speculation). */
+  draft: number[] = [];
+  /** This step's rows judged so far: the drafted tokens accepted, and whether one was not. */
+  accepted = 0;
+  rejected = false;
+  readonly spec: SequenceSpeculation | null;
   /** Exactly one of generation (a generating sequence) and pooler (an embedding) is set. */
   constructor(readonly request: SequenceRequest | EmbeddingRequest, readonly slot: Slot,
-    readonly generation: Generation | null, readonly pooler: Pooler | null) {}
+    readonly generation: Generation | null, readonly pooler: Pooler | null) {
+    const o = generation ? (request as SequenceRequest).options.speculation : undefined;
+    this.spec = o && o.mode !== "off" ? new SequenceSpeculation(o) : null;
+  }
 
   interrupted(): boolean {
     if (this.generation) return this.generation.interrupted();
@@ -139,6 +168,8 @@ export class BatchScheduler {
   private ahead: Sequence | null = null;
   private steps = 0;
   private reused = 0;
+  private readonly passCost: PassCost;
+  private readonly draftModel: DraftModel | null;
 
   constructor(private readonly engine: Engine, o: SchedulerOptions) {
     const be = engine.backend, model = engine.model;
@@ -155,6 +186,8 @@ export class BatchScheduler {
     if (o.slots > 1) engine.checkSlotsFit(o.slots); // before the slots' caches are allocated
     this.prefillChunk = Math.max(1, Math.min(o.prefillChunk ?? 64, model.maxBatch));
     this.tokens = new Int32Array(model.maxBatch);
+    this.passCost = new PassCost(model.maxBatch, o.passCost ?? null);
+    this.draftModel = o.draftModel ?? null;
     // The engine's own sequence is the first slot, with what it holds.
     this.slots.push(engine.slot);
     for (let i = 1; i < o.slots; i++) {
@@ -175,6 +208,10 @@ export class BatchScheduler {
     if (n >= context) {
       throw new InferError("context_overflow", `${n} prompt tokens do not fit the context of ` +
         `${context} with room to answer (raise --ctx-size)`);
+    }
+    if (request.options.speculation?.mode === "draft" && !this.draftModel) {
+      throw new InferError("invalid_argument",
+        "speculation 'draft' needs a draft model (--draft-model)");
     }
     this.waiting.push(request);
   }
@@ -208,6 +245,7 @@ export class BatchScheduler {
     this.admit();
     this.retire(); // the interrupted, and new ones with nothing to generate
     if (this.running.length === 0) return;
+    this.draft();
     const lone = this.running[0];
     const onDevice = this.staysOnDevice(lone) && (this.ahead === lone || lone.pending !== null);
     if (onDevice ? !this.deviceStep(lone) : !this.hostStep()) return;
@@ -221,6 +259,7 @@ export class BatchScheduler {
 
   /** One forward pass over the planned rows, its logits sampled on the host; false: it failed. */
   private hostStep(): boolean {
+    const t0 = performance.now();
     const plan = this.plan();
     const vocab = this.engine.model.info.vocabSize;
     const firstLogitRow = plan.rows - plan.logits.length;
@@ -237,16 +276,9 @@ export class BatchScheduler {
         { tokens: this.tokens, segments: plan.segments, logitRows: plan.logits.length, hidden },
         (firstRow, rows, logits) => {
           for (let r = 0; r < rows; r++) {
-            const s = plan.logits[firstRow - firstLogitRow + r];
-            const generation = s.generation!;
-            if (s.pending === null) generation.promptDone(s.prompt.length - s.restored);
-            try {
-              s.pending = generation.next(logits.subarray(r * vocab, (r + 1) * vocab), s.length);
-            } catch (err) { // this sequence's own failure: the others go on
-              s.error = err as Error;
-              s.pending = null;
-            }
-            if (s.pending === null) s.ended = true;
+            const row = plan.logits[firstRow - firstLogitRow + r];
+            this.sampleRow(row.s, row.i, row.position,
+              logits.subarray(r * vocab, (r + 1) * vocab));
           }
         });
     } catch (err) {
@@ -254,7 +286,76 @@ export class BatchScheduler {
       this.failRunning(err as Error);
       return false;
     }
+    this.verified();
+    if (plan.rows === plan.logits.length && plan.finishing === 0) {
+      this.passCost.record(plan.rows, performance.now() - t0);
+    }
     return true;
+  }
+
+  /**
+   * Samples the sequence's next token from the logits of its row `i` of this step (at
+   * `position`): the token after its prompt, after its pending token (i = 0), or after drafted
+   * token i - 1, which was accepted if this row is reached. A token that differs from the
+   * drafted one at i is the sequence's next pending token; the rows after it were evaluated for
+   * drafted tokens that are not the sequence's, and the cache drops back past them.
+   */
+  private sampleRow(s: Sequence, i: number, position: number, logits: Float32Array): void {
+    if (s.ended || s.rejected) return;
+    const generation = s.generation!; // rows with logits are generating sequences'
+    if (s.pending === null) generation.promptDone(s.prompt.length - s.restored);
+    let token: number | null;
+    try {
+      token = generation.next(logits, position + 1);
+    } catch (err) { // this sequence's own failure: the others go on
+      s.error = err as Error;
+      token = null;
+    }
+    if (token === null) {
+      s.ended = true;
+      s.pending = null;
+    } else if (i < s.draft.length && token === s.draft[i]) {
+      s.accepted++;
+      return;
+    } else s.pending = token;
+    s.rejected = true;
+    rewindSlot(s.slot, position + 1);
+  }
+
+  /** Counts each sequence's drafted tokens kept, for its next drafts; clears the step's state. */
+  private verified(): void {
+    for (const s of this.running) {
+      if (s.draft.length > 0) s.spec?.verified(s.draft.length, s.accepted);
+      s.draft = [];
+      s.accepted = 0;
+      s.rejected = false;
+    }
+  }
+
+  /**
+   * Drafts tokens after the pending token of each sequence with speculation, as many as its
+   * estimate says pay (SequenceSpeculation.plan), within its token and context limits and the
+   * batch (every decoding sequence keeps its row).
+   */
+  private draft(): void {
+    const maxBatch = this.engine.model.maxBatch, context = this.engine.contextLength;
+    let spare = maxBatch - this.running.filter((s) => s.pending !== null).length;
+    for (const s of this.running) {
+      s.draft = [];
+      if (!s.spec || s.pending === null || s.ended || spare <= 0) continue;
+      const g = s.generation!; // only generating sequences have speculation
+      const room = Math.min(spare, context - s.length - 1, g.tokensLeft - 1);
+      const drafter = s.spec.mode === "draft" ? this.draftModel : null;
+      const oneRow = this.passCost.oneRowMs;
+      const perDraft = drafter ? (oneRow > 0 ? drafter.msPerToken / oneRow : 0.3) : 0;
+      const k = s.spec.plan(room, g.count, this.passCost, perDraft);
+      if (k <= 0) continue;
+      const history = s.slot.history;
+      history[s.length] = s.pending;
+      s.draft = drafter ? drafter.draft(s.slot, history, s.length + 1, k)
+        : lookupDraft(history, s.length + 1, k);
+      spare -= s.draft.length;
+    }
   }
 
   /**
@@ -264,7 +365,7 @@ export class BatchScheduler {
   private staysOnDevice(s: Sequence): boolean {
     return this.deviceGreedy && !s.ended && this.running.length === 1 &&
       this.running[0] === s && (this.waiting.length === 0 || this.free.length === 0) &&
-      s.generation?.greedy === true;
+      s.generation?.greedy === true && !(s.spec?.active(s.generation.count) ?? false);
   }
 
   /**
@@ -445,11 +546,13 @@ export class BatchScheduler {
 
   /** This step's rows: prompt bodies first, then the rows that need logits. */
   private plan(): {
-    segments: SequenceRows[]; logits: Sequence[]; rows: number; hidden: HiddenRows[];
+    segments: SequenceRows[]; logits: LogitRow[]; rows: number; finishing: number;
+    hidden: HiddenRows[];
   } {
     const maxBatch = this.engine.model.maxBatch;
     const decoding = this.running.filter((s) => s.pending !== null);
-    let budget = Math.min(maxBatch - decoding.length,
+    const decodeRows = decoding.reduce((n, s) => n + 1 + s.draft.length, 0);
+    let budget = Math.min(maxBatch - decodeRows,
       decoding.length > 0 ? this.prefillChunk : maxBatch);
     const bodies: { s: Sequence; rows: number }[] = [], finishing: Sequence[] = [];
     for (const [i, s] of this.running.entries()) {
@@ -493,17 +596,24 @@ export class BatchScheduler {
       s.length += n;
       rows += n;
     };
+    const logits: LogitRow[] = [];
     const hidden: HiddenRows[] = [];
     for (const { s, rows: n } of bodies) {
       if (s.pooler) hidden.push({ s, first: rows, rows: n });
       add(s, n, (i) => s.prompt[s.length + i]);
     }
-    for (const s of finishing) add(s, 1, () => s.prompt[s.length]);
-    for (const s of decoding) add(s, 1, () => s.pending!);
+    for (const s of finishing) {
+      logits.push({ s, i: 0, position: s.length });
+      add(s, 1, () => s.prompt[s.length]);
+    }
+    for (const s of decoding) {
+      for (let i = 0; i <= s.draft.length; i++) logits.push({ s, i, position: s.length + i });
+      add(s, 1 + s.draft.length, (i) => i === 0 ? s.pending! : s.draft[i - 1]);
+    }
     if (!this.engine.backend.sequenceBatches && segments.length > 1) {
       throw new InferError("internal", "a batch of several segments on a one-sequence backend");
     }
-    return { segments, logits: [...finishing, ...decoding], rows, hidden };
+    return { segments, logits, rows, finishing: finishing.length, hidden };
   }
 
   /**
@@ -544,7 +654,10 @@ export class BatchScheduler {
       else if (s.pooler) {
         const r = s.request as EmbeddingRequest;
         r.onDone(s.pooler.result(r.normalize));
-      } else (s.request as SequenceRequest).onDone(s.generation!.finish());
+      } else {
+        const result = s.generation!.finish();
+        (s.request as SequenceRequest).onDone(s.spec ? { ...result, speculation: s.spec.stats() } : result);
+      }
     }
   }
 

@@ -4,6 +4,7 @@
 import type { ChatMessage } from "../chat/template.ts";
 import type { ToolChoice, ToolFunction } from "../chat/tools.ts";
 import type { Pooling } from "../model/pooling.ts";
+import type { SpeculationOptions } from "../engine/speculation.ts";
 import type { SamplerOptions } from "../sample/sampler.ts";
 
 export type ResponseFormat =
@@ -29,6 +30,8 @@ export interface Job {
   /** Chat: functions the model may call (chat/tools.ts), and whether it must. */
   readonly tools?: readonly ToolFunction[];
   readonly toolChoice?: ToolChoice;
+  /** Speculative decoding; undefined: the engine's default (defaultSpeculation). */
+  readonly speculation?: SpeculationOptions;
 }
 
 /**

@@ -3,6 +3,7 @@
 import type { BackendKind } from "../backend/select.ts";
 import type { ToolCall } from "../chat/tools.ts";
 import type { StopReason } from "../engine/generation.ts";
+import type { SpeculationOptions, SpeculationStats } from "../engine/speculation.ts";
 import type { InferErrorCode } from "../errors.ts";
 import type { Pooling } from "../model/pooling.ts";
 import type { AnyJob, LogprobEntry } from "./job.ts";
@@ -20,6 +21,10 @@ export interface OpenSettings {
   readonly prefillChunk?: number;
   /** Memory for the prefix cache (default 128 MiB); 0: no prefix cache. */
   readonly prefixCacheBytes?: number;
+  /** Speculation for jobs that name none (default: draft with a draft model, else defaultSpeculation). */
+  readonly speculation?: SpeculationOptions;
+  /** A GGUF with the model's vocabulary that drafts for speculation "draft". */
+  readonly draftModel?: string;
   /** Post "progress" messages while the weights are prepared. */
   readonly progress?: boolean;
   /**
@@ -111,6 +116,7 @@ export interface JobDone {
   readonly stopReason: StopReason;
   readonly promptMs: number;
   readonly generateMs: number;
+  readonly speculation?: SpeculationStats;
 }
 
 export type FromWorker =

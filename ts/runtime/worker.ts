@@ -12,6 +12,9 @@ import { Engine } from "../engine/engine.ts";
 import type { TokenConstraint } from "../sample/constraint.ts";
 import type { TokenLogprob } from "../engine/generation.ts";
 import { BatchScheduler } from "../engine/scheduler.ts";
+import { defaultSpeculation, type SpeculationOptions } from "../engine/speculation.ts";
+import { DraftModel } from "../engine/draft-model.ts";
+import type { BackendKind } from "../backend/select.ts";
 import { InferError, type InferErrorCode } from "../errors.ts";
 import { parameterCount, quantOf } from "../gguf/file-type.ts";
 import { JsonGrammar } from "../sample/json-grammar.ts";
@@ -30,6 +33,9 @@ let scheduler: BatchScheduler | null = null;
 let template: ChatTemplate | null = null;
 let templateError: string | null = null;
 let turnStops: number[] = [];
+/** Speculation for jobs that name none. */
+let speculation: SpeculationOptions = { mode: "off" };
+let draftModel: DraftModel | null = null;
 /** Jobs handed to the scheduler and not ended yet; of those, the ones whose client went away. */
 const active = new Set<number>();
 const cancelled = new Set<number>();
@@ -58,6 +64,8 @@ function maybeStall(): void {
 }
 
 function shutDown(): void {
+  draftModel?.close();
+  draftModel = null;
   engine?.close();
   engine = null;
   scheduler = null;
@@ -97,10 +105,23 @@ function open(settings: Extract<ToWorker, { type: "open" }>["settings"]): void {
       ? (done: number, total: number) => post({ type: "progress", done, total }) : undefined;
     engine = Engine.open({ ...settings, onProgress });
     const prefixBytes = settings.prefixCacheBytes ?? 128 << 20;
+    if (settings.draftModel) {
+      // On the same backend, with the same context, so it drafts for any sequence it serves.
+      const draftEngine = Engine.open({ modelPath: settings.draftModel, threads: settings.threads,
+        backend: engine.backend.name as BackendKind, contextLength: engine.contextLength });
+      try {
+        draftModel = new DraftModel(draftEngine, engine);
+      } catch (err) {
+        draftEngine.close();
+        throw err;
+      }
+    }
+    speculation = settings.speculation ??
+      (draftModel ? { mode: "draft" } : defaultSpeculation(engine.backend.name));
     // A backend that runs one sequence per pass serves one request at a time.
     const parallel = engine.backend.sequenceBatches ? settings.parallel ?? 1 : 1;
     scheduler = new BatchScheduler(engine, { slots: parallel,
-      deviceGreedy: setting("INFER_DEVICE_GREEDY"),
+      deviceGreedy: setting("INFER_DEVICE_GREEDY"), draftModel,
       prefillChunk: settings.prefillChunk,
       prefixCache: prefixBytes > 0 ? { bytesMax: prefixBytes } : null });
     try {
@@ -180,6 +201,10 @@ function submit(id: number, job: Job): void {
   const e = engine, sched = scheduler;
   if (!e || !sched) return fail(id, "internal", 503, "the model is not loaded");
   const param = job.kind === "chat" ? "messages" : "prompt";
+  if ((job.speculation ?? speculation).mode === "draft" && !draftModel) {
+    return fail(id, "invalid_argument", 400, "speculation 'draft' needs a draft model, and " +
+      "none was loaded (--draft-model)", "spec");
+  }
   let prompt: number[];
   let tools: ToolPlan | null = null;
   try {
@@ -261,6 +286,7 @@ function submit(id: number, job: Job): void {
     options: {
       maxTokens: job.maxTokens, sampling: job.sampling, stop: [...job.stop], constraint,
       ignoreEos: job.ignoreEos,
+      speculation: job.speculation ?? speculation,
       stopTokens: job.kind === "chat" ? turnStops : undefined,
       shouldStop: () => closing || cancelled.has(id),
       logprobs: job.logprobs ?? undefined,
@@ -281,7 +307,7 @@ function submit(id: number, job: Job): void {
       post({ type: "done", id, text: reader ? reader.content : r.text,
         toolCalls: reader ? reader.calls : [], tokens: r.tokens, promptTokens: r.promptTokens.length,
         prefilled: r.prefilled, stopReason: r.stopReason, promptMs: r.promptMs,
-        generateMs: r.generateMs });
+        generateMs: r.generateMs, speculation: r.speculation });
     },
     onError: (err) => {
       end();

@@ -8,6 +8,7 @@ import type { ToolCall, ToolChoice, ToolFunction } from "../chat/tools.ts";
 import { InferError, quote } from "../errors.ts";
 import { anyObject, compileSchema, minLength } from "../sample/json-schema.ts";
 import type { SamplerOptions } from "../sample/sampler.ts";
+import { speculationModes, type SpeculationMode, type SpeculationOptions } from "../engine/speculation.ts";
 import type { Job, LogprobEntry, ResponseFormat } from "../runtime/job.ts";
 
 export type { Job, LogprobEntry, ResponseFormat };
@@ -186,7 +187,7 @@ const SAMPLING = ["temperature", "top_p", "top_k", "min_p", "typical_p", "repeat
   "repeat_last_n", "presence_penalty", "frequency_penalty", "logit_bias", "seed"];
 const COMMON = ["model", "stream", "stream_options", "n", "max_tokens", "stop", "logprobs",
   "response_format", ...SAMPLING, "user", "safety_identifier", "metadata", "store",
-  "service_tier", "prompt_cache_key", "parallel_tool_calls"];
+  "service_tier", "prompt_cache_key", "parallel_tool_calls", "spec", "draft_max"];
 const FIELDS = {
   chat: new Set([...COMMON, "messages", "max_completion_tokens", "top_logprobs", "tools",
     "tool_choice"]),
@@ -400,10 +401,25 @@ export function parseRequest(kind: "chat" | "completion", body: Body, limits: Li
   }
   const job: Job = {
     kind, messages: msgs, prompt, maxTokens, sampling, stop: stops(body), format,
-    logprobs: logprobsAsked(kind, body),
+    logprobs: logprobsAsked(kind, body), speculation: speculation(body),
     ...(functions === undefined ? {} : { tools: functions, toolChoice: choice }),
   };
   return { model: body.model, stream, includeUsage, n, job };
+}
+
+/**
+ * infer's extensions: `spec` ("ngram" or "off"; default: the server's) and `draft_max` (1..64),
+ * speculative decoding for this request.
+ */
+function speculation(body: Body): SpeculationOptions | undefined {
+  const spec = body.spec;
+  if (spec !== undefined && spec !== null && !(speculationModes as readonly unknown[]).includes(spec)) {
+    throw bad("spec", `'spec' must be one of ${speculationModes.join(", ")}`);
+  }
+  const draftMax = body.draft_max === undefined || body.draft_max === null ? undefined
+    : integer(body, "draft_max", 16, 1, 64);
+  if ((spec === undefined || spec === null) && draftMax === undefined) return undefined;
+  return { mode: (spec ?? "ngram") as SpeculationMode, draftMax };
 }
 
 const utf8 = new TextDecoder(), strictUtf8 = new TextDecoder("utf-8", { fatal: true });

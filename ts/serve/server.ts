@@ -16,6 +16,7 @@ import { BodyReader, bodyText, hasBody } from "./body.ts";
 import { listen, type HttpServer } from "./http.ts";
 import { EngineThread } from "../runtime/engine-thread.ts";
 import type { EngineInfo, StallForTests } from "../runtime/messages.ts";
+import type { SpeculationOptions } from "../engine/speculation.ts";
 import { Metrics } from "./metrics.ts";
 import { answerGeneration, json, type GenerationContext } from "./completions.ts";
 import { ApiError, parseJson } from "./protocol.ts";
@@ -40,6 +41,10 @@ export interface ServeOptions {
   readonly prefillChunk?: number;
   /** Memory for the prefix cache shared across requests (default 128 MiB); 0: none. */
   readonly prefixCacheBytes?: number;
+  /** Speculation for requests that name none (`spec`); default: prompt lookup on the CPU. */
+  readonly speculation?: SpeculationOptions;
+  /** A GGUF with the model's vocabulary drafting for speculation "draft". */
+  readonly draftModel?: string;
   /** Request bodies larger than this are refused (default 1 MiB). */
   readonly maxBodyBytes?: number;
   /** Bytes of all bodies being received at once (default: 16 MiB or 4 bodies, the larger). */
@@ -125,7 +130,7 @@ export async function startServer(o: ServeOptions): Promise<InferServer> {
   const thread = await EngineThread.open({
     modelPath: o.modelPath, threads: o.threads, contextLength: o.contextLength, backend: o.backend,
     parallel: o.parallel ?? 1, prefillChunk: o.prefillChunk, prefixCacheBytes: o.prefixCacheBytes,
-    stall: o.stallForTests,
+    speculation: o.speculation, draftModel: o.draftModel, stall: o.stallForTests,
   });
   const info = thread.info;
 

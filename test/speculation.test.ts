@@ -1,0 +1,332 @@
+// Method: speculative decoding must not change a single token. On a tiny random Gemma 3 (sliding
+// window 8, rings of 256 cells that wrap), sequences decoded with drafts (prompt lookup, or a
+// draft model), several at once, give exactly the tokens each gives alone without them (the
+// reference engine, one token a pass), greedy and seeded sampling with stop strings, penalties
+// and a JSON grammar; drafts are rejected and the cache rolled back many times, across ring
+// wraps. A chi-square test over 3,000 seeds checks the token drawn after a verified draft against
+// the target's distribution. A fixed pass cost makes the drafting deterministic (it would
+// otherwise follow the timings). On the default model: the llama.cpp golden fixture's tokens with
+// speculation on, and a long grounded prompt's answer equal to the one without, with drafts
+// accepted. On CUDA (skipped without a GPU): greedy with drafts equals greedy without.
+import { describe, expect, test } from "bun:test";
+import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { DraftModel } from "../ts/engine/draft-model.ts";
+import { Engine } from "../ts/engine/engine.ts";
+import type { GenerateOptions, GenerateResult } from "../ts/engine/generation.ts";
+import { BatchScheduler, type SchedulerOptions } from "../ts/engine/scheduler.ts";
+import {
+  checkSpeculation, lookupDraft, PassCost, SequenceSpeculation,
+} from "../ts/engine/speculation.ts";
+import { defaultModelPath } from "../ts/models/cache.ts";
+import { cudaStatus } from "../ts/native/cuda.ts";
+import { JsonGrammar } from "../ts/sample/json-grammar.ts";
+import { defaultSampling, Sampler } from "../ts/sample/sampler.ts";
+import { compileSchema } from "../ts/sample/json-schema.ts";
+import { referenceGenerate } from "./support/reference-generate.ts";
+import { tinyGemma3Gguf } from "./support/tiny-gguf.ts";
+import { tinySchedulerModel, toyPrompt } from "./support/tiny-scheduler.ts";
+
+const EOS = 1;
+const greedy = { temperature: 0, topK: 0, topP: 1, minP: 0, seed: 0, logitBias: new Map([[EOS, -Infinity]]) };
+const ngram = { mode: "ngram" as const };
+const cheapRows = (rows: number) => 1 + 0.05 * (rows - 1);
+const tiny = tinySchedulerModel();
+
+describe("prompt lookup and the draft length", () => {
+  test("the longest recent n-gram match drafts what followed it", () => {
+    //            0  1  2  3  4  5  6  7  8  9 10 11
+    const text = [5, 1, 2, 3, 9, 1, 2, 3, 7, 8, 1, 2, 3];
+    expect(lookupDraft(text, text.length, 3)).toEqual([7, 8, 1]); // the latest "1 2 3" (at 5)
+    expect(lookupDraft(text, text.length, 10)).toEqual([7, 8, 1, 2, 3]); // up to the text's end
+    expect(lookupDraft([4, 5, 6, 7], 4, 5)).toEqual([]);
+    expect(lookupDraft(text, text.length, 0)).toEqual([]);
+    expect(lookupDraft([1, 2, 1, 2], 3, 4)).toEqual([]); // "2 1" occurs once (only the length counts)
+  });
+
+  test("K follows the acceptance rate and the cost of rows; a losing sequence stops drafting", () => {
+    const spec = new SequenceSpeculation({ mode: "ngram", draftMax: 8 });
+    const cheap = new PassCost(64, cheapRows);
+    for (let i = 0; i < 20; i++) spec.verified(8, 8);
+    expect(spec.plan(100, 0, cheap)).toBe(8);
+    expect(spec.plan(3, 0, cheap)).toBe(3); // the room left
+    const dear = new PassCost(64, (rows) => rows); // a row costs a whole pass: never worth it
+    expect(spec.plan(8, 10, dear)).toBe(0);
+    expect(spec.active(11)).toBe(false); // paused ...
+    expect(spec.active(10 + 8)).toBe(true); // ... for a while, then tried again
+    expect(spec.plan(8, 18, dear)).toBe(4); // a probe, whatever the estimates say
+    expect(spec.plan(8, 19, dear)).toBe(0); // and paused again, for longer
+    expect(spec.active(19 + 15)).toBe(false);
+    const poor = new SequenceSpeculation({ mode: "ngram" });
+    for (let i = 0; i < 20; i++) poor.verified(4, 0);
+    expect(poor.plan(16, 0, new PassCost(64, (rows) => 1 + 0.3 * (rows - 1)))).toBe(0);
+    expect(poor.stats()).toEqual({ passes: 20, drafted: 80, accepted: 0 });
+  });
+
+  test("the timed cost: one-row passes and a line through the others", () => {
+    const cost = new PassCost(16);
+    for (let i = 0; i < 5; i++) { cost.record(1, 10); cost.record(3, 14); cost.record(5, 18); }
+    expect(cost.relative(1)).toBe(1);
+    expect(cost.relative(3)).toBeCloseTo(1.4, 5);
+    expect(cost.relative(9)).toBeCloseTo(2.6, 5); // extrapolated: 8 + 2 per row
+  });
+
+  test("bad options are refused by name", () => {
+    expect(() => checkSpeculation({ mode: "lookahead" as never })).toThrow(/speculation: expected/);
+    expect(() => checkSpeculation({ mode: "ngram", draftMax: 0 })).toThrow(/draft-max/);
+    expect(() => checkSpeculation({ mode: "ngram", draftMax: 2.5 })).toThrow(/draft-max/);
+  });
+});
+
+interface Job { prompt: number[]; options: Partial<GenerateOptions> }
+
+function scheduled(jobs: Job[], o: SchedulerOptions): GenerateResult[] {
+  const engine = tiny.open();
+  const scheduler = new BatchScheduler(engine, { passCost: cheapRows, ...o });
+  const results: GenerateResult[] = [];
+  jobs.forEach((j, i) => scheduler.submit({ prompt: j.prompt,
+    options: { maxTokens: 8, sampling: greedy, ...j.options },
+    onDone: (r) => (results[i] = r), onError: (e) => { throw e; } }));
+  while (scheduler.busy) scheduler.step();
+  engine.close();
+  return results;
+}
+
+function alone(job: Job): GenerateResult {
+  const { speculation: _, ...options } = job.options;
+  return referenceGenerate(tiny.reference, job.prompt,
+    { maxTokens: 8, sampling: greedy, ...options });
+}
+
+function accepted(results: readonly GenerateResult[]): number {
+  return results.reduce((n, r) => n + (r.speculation?.accepted ?? 0), 0);
+}
+
+describe("speculation on the tiny model: each sequence's tokens as without it", () => {
+  test("greedy, 3 slots, long answers wrapping the rings, rollbacks across the window", () => {
+    const jobs: Job[] = [5, 40, 250, 90, 17].map((n, i) => ({ prompt: toyPrompt(n, 300 + i),
+      options: { maxTokens: i === 2 ? 300 : 120, speculation: { mode: "ngram", draftMax: 12 } } }));
+    const results = scheduled(jobs, { slots: 3, prefillChunk: 8, prefixCache: null });
+    for (let i = 0; i < jobs.length; i++) {
+      const want = alone(jobs[i]);
+      expect(results[i].tokens).toEqual(want.tokens);
+      expect(results[i].text).toBe(want.text);
+      expect(results[i].stopReason).toBe(want.stopReason);
+    }
+    const stats = results.map((r) => r.speculation!);
+    expect(accepted(results)).toBeGreaterThan(50);
+    // Drafts were also rejected (each rejection rolls the cache back).
+    expect(stats.some((s) => s.accepted < s.drafted)).toBe(true);
+  }, 120_000);
+
+  test("with the prefix cache, slots reused in place", () => {
+    const system = toyPrompt(60, 9).slice(1);
+    const jobs: Job[] = [0, 1, 2, 3].map((i) => ({ prompt: toyPrompt(70 + 5 * i, 40 + i, system),
+      options: { maxTokens: 60, speculation: ngram } }));
+    const results = scheduled([...jobs, ...jobs], { slots: 2, prefillChunk: 16,
+      prefixCache: { blockTokens: 8 } });
+    for (let i = 0; i < results.length; i++) {
+      expect(results[i].tokens).toEqual(alone(jobs[i % 4]).tokens);
+    }
+    expect(accepted(results)).toBeGreaterThan(0);
+  }, 120_000);
+
+  test("seeded sampling with penalties and stop strings: the same draws, so the same tokens", () => {
+    const sampling = { temperature: 0.7, topK: 20, topP: 0.9, minP: 0.02, presencePenalty: 0.2,
+      repeatPenalty: 1.05, logitBias: greedy.logitBias };
+    const jobs: Job[] = [0, 1, 2, 3].map((i) => ({ prompt: toyPrompt(12 + 20 * i, 70 + i),
+      options: { maxTokens: 150, sampling: { ...sampling, seed: 7 + i },
+        stop: i === 1 ? ["the c"] : [], speculation: ngram } }));
+    const results = scheduled(jobs, { slots: 4, prefillChunk: 16, prefixCache: null });
+    for (let i = 0; i < jobs.length; i++) {
+      const want = alone(jobs[i]);
+      expect(results[i].tokens).toEqual(want.tokens);
+      expect(results[i].text).toBe(want.text);
+      expect(results[i].stopReason).toBe(want.stopReason);
+    }
+    expect(accepted(results)).toBeGreaterThan(0);
+  }, 120_000);
+
+  test("a JSON schema: drafted tokens the grammar masks are rejected", () => {
+    const schema = { type: "object", properties: { a: { type: "array", items: { type: "string" } } },
+      required: ["a"] };
+    const tokenizer = tiny.reference.tokenizer;
+    const job = (speculation?: typeof ngram): Job => ({ prompt: toyPrompt(30, 5),
+      options: { maxTokens: 200, sampling: { ...greedy, temperature: 0.8, seed: 3 },
+        constraint: new JsonGrammar(tokenizer, compileSchema(schema)), speculation } });
+    const [got] = scheduled([job(ngram)], { slots: 1, prefixCache: null });
+    const want = alone(job());
+    expect(got.tokens).toEqual(want.tokens);
+    expect(got.stopReason).toBe(want.stopReason);
+    expect(() => JSON.parse(got.text)).not.toThrow();
+  }, 120_000);
+});
+
+describe("a draft model drafts greedily for every slot", () => {
+  test("the same tokens as alone, greedy and seeded, with the draft's caches kept per slot", () => {
+    const engine = tiny.open();
+    const drafter = new DraftModel(tiny.open(), engine); // self-drafting: its drafts all hold
+    const scheduler = new BatchScheduler(engine, { slots: 3, prefillChunk: 16, prefixCache: null,
+      passCost: cheapRows, draftModel: drafter });
+    const sampled = { ...greedy, temperature: 0.8, topK: 30, seed: 5 };
+    const jobs: Job[] = [0, 1, 2, 3, 4].map((i) => ({ prompt: toyPrompt(20 + 40 * i, 90 + i),
+      options: { maxTokens: 90, sampling: i % 2 ? sampled : greedy,
+        speculation: { mode: "draft", draftMax: 6 } } }));
+    const results: GenerateResult[] = [];
+    jobs.forEach((j, i) => scheduler.submit({ prompt: j.prompt,
+      options: { maxTokens: 8, sampling: greedy, ...j.options },
+      onDone: (r) => (results[i] = r), onError: (e) => { throw e; } }));
+    while (scheduler.busy) scheduler.step();
+    for (let i = 0; i < jobs.length; i++) {
+      expect(results[i].tokens).toEqual(alone(jobs[i]).tokens);
+      const s = results[i].speculation!;
+      if (i % 2 === 0) expect(s.accepted).toBe(s.drafted); // greedy drafts of the same model
+      else expect(s.accepted).toBeGreaterThan(0);
+    }
+    expect(() => scheduler.submit({ prompt: [2, 7], options: { maxTokens: 2, sampling: greedy,
+      speculation: { mode: "draft" } }, onDone: () => {}, onError: () => {} })).not.toThrow();
+    while (scheduler.busy) scheduler.step();
+    drafter.close();
+    engine.close();
+    const plain = tiny.open();
+    expect(() => new BatchScheduler(plain, { slots: 1 }).submit({ prompt: [2, 7],
+      options: { maxTokens: 2, sampling: greedy, speculation: { mode: "draft" } },
+      onDone: () => {}, onError: () => {} })).toThrow(/needs a draft model/);
+    plain.close();
+  }, 120_000);
+});
+
+describe("speculative sampling keeps the model's distribution", () => {
+  test("chi-square: the token after a verified draft, over 3000 seeds, follows the target's probabilities", () => {
+    // Self-drafting: the draft is the argmax, which sampling at temperature 1 often rejects, so
+    // both the accepted and the resampled branch are taken.
+    const engine = tiny.open();
+    const drafter = new DraftModel(tiny.open(), engine);
+    const scheduler = new BatchScheduler(engine, { slots: 4, prefixCache: null, passCost: cheapRows,
+      draftModel: drafter });
+    const sampling = { temperature: 1, topK: 6, topP: 1, minP: 0, typicalP: 1, repeatPenalty: 1,
+      logitBias: greedy.logitBias };
+    const prompt = toyPrompt(24, 17);
+    const seen = new Map<number, Map<number, number>>();
+    let drafted = 0, accepted = 0;
+    for (let seed = 0; seed < 3000; seed++) {
+      scheduler.submit({ prompt, options: { maxTokens: 3, sampling: { ...sampling, seed },
+        speculation: { mode: "draft", draftMax: 1 } }, onError: (e) => { throw e; },
+      onDone: (r) => {
+        const [t1, t2] = r.tokens;
+        const m = seen.get(t1) ?? new Map<number, number>();
+        m.set(t2, (m.get(t2) ?? 0) + 1);
+        seen.set(t1, m);
+        drafted += r.speculation!.drafted;
+        accepted += r.speculation!.accepted;
+      } });
+      while (scheduler.busy) scheduler.step();
+    }
+    drafter.close();
+    engine.close();
+    expect(drafted).toBe(3000); // one draft verified per run: the second token's
+    expect(accepted).toBeGreaterThan(300);
+    expect(accepted).toBeLessThan(2700);
+    // The second token after the most frequent first one, against the target's own distribution.
+    const [t1, counts] = [...seen.entries()].sort((a, b) => total(b[1]) - total(a[1]))[0];
+    const n = total(counts);
+    expect(n).toBeGreaterThan(500);
+    tiny.reference.reset();
+    const logits = tiny.reference.evaluate([...prompt, t1]);
+    const target = new Sampler({ ...defaultSampling, ...sampling, seed: 0 }).distribution(logits);
+    let chi2 = 0;
+    target.ids.forEach((id, i) => {
+      const expected = n * target.probs[i];
+      chi2 += (((counts.get(id) ?? 0) - expected) ** 2) / expected;
+    });
+    expect([...counts.keys()].every((id) => target.ids.includes(id))).toBe(true);
+    // df = 5 (six candidates): 20.52 is the 0.999 quantile
+    expect(target.ids.length).toBe(6);
+    expect(chi2).toBeLessThan(20.52);
+  }, 120_000);
+});
+
+function total(m: Map<number, number>): number {
+  let n = 0;
+  for (const v of m.values()) n += v;
+  return n;
+}
+
+const model = defaultModelPath();
+describe.skipIf(!existsSync(model))("speculation on the default model", () => {
+  test("the golden prompts give llama.cpp's greedy tokens with drafts on", async () => {
+    const fixture = await Bun.file(join(import.meta.dir, "fixtures", "gemma3-golden.json")).json();
+    const cases = fixture.cases as { name: string; prompt_tokens: number[];
+      token_by_token: { generated_tokens: number[] } }[];
+    const engine = Engine.open({ modelPath: model, contextLength: fixture.settings.context_size });
+    const scheduler = new BatchScheduler(engine, { slots: 4, prefillChunk: 48, passCost: cheapRows });
+    const got = new Map<string, GenerateResult>();
+    for (const c of cases) {
+      scheduler.submit({ prompt: c.prompt_tokens,
+        options: { maxTokens: c.token_by_token.generated_tokens.length, ignoreEos: true,
+          sampling: { temperature: 0, topK: 0, topP: 1, minP: 0, seed: 0 }, speculation: ngram },
+        onDone: (r) => got.set(c.name, r), onError: (e) => { throw e; } });
+    }
+    while (scheduler.busy) scheduler.step();
+    engine.close();
+    for (const c of cases) {
+      expect([c.name, got.get(c.name)!.tokens]).toEqual([c.name, c.token_by_token.generated_tokens]);
+    }
+    expect(accepted([...got.values()])).toBeGreaterThan(0);
+  }, 240_000);
+
+  test("a long grounded prompt: the same answer, most of it from drafts", async () => {
+    const text = await Bun.file(join(import.meta.dir, "fixtures", "alice-chapter1.txt")).text();
+    const passage = text.slice(0, 2400);
+    const prompt = `${passage}\n\nThe passage above, copied out word for word:\n\n${passage.slice(0, 300)}`;
+    const engine = Engine.open({ modelPath: model, contextLength: 2048 });
+    const options = (speculation?: typeof ngram): GenerateOptions => ({ maxTokens: 160,
+      sampling: { temperature: 0, topK: 0, topP: 1, minP: 0, seed: 0 }, reuseCache: false,
+      speculation });
+    const plain = engine.generate(prompt, options());
+    const scheduler = new BatchScheduler(engine, { slots: 1, prefixCache: null, passCost: cheapRows });
+    let spec: GenerateResult | null = null;
+    scheduler.submit({ prompt: engine.tokenizer.encode(prompt, { addSpecial: true, parseSpecial: true }),
+      options: options(ngram), onDone: (r) => (spec = r), onError: (e) => { throw e; } });
+    while (scheduler.busy) scheduler.step();
+    engine.close();
+    expect(spec!.tokens).toEqual(plain.tokens);
+    expect(spec!.text).toBe(plain.text);
+    expect(spec!.speculation!.accepted).toBeGreaterThan(plain.tokens.length / 2);
+  }, 240_000);
+});
+
+// On CUDA a decode step and a verification pass of several rows run different kernels, so this
+// holds the GPU to its own plain decoding (the device's greedy argmax for a lone sequence, the
+// batched step for several) rather than to the CPU: a tiny random Gemma 3 that repeats itself.
+describe.skipIf(!cudaStatus().available)("speculation on CUDA", () => {
+  test("greedy, one sequence and three at once: the tokens plain decoding gives", () => {
+    const dir = mkdtempSync(join(tmpdir(), "infer-spec-cuda-"));
+    try {
+      const path = join(dir, "tiny.gguf");
+      writeFileSync(path, tinyGemma3Gguf({ branchGain: 16, shape: { layers: 3, embedding: 128,
+        feedForward: 256, heads: 4, kvHeads: 2, headDim: 32 } }));
+      const run = (mode: "off" | "ngram", slots: number) => {
+        const engine = Engine.open({ modelPath: path, contextLength: 1024, batch: 16, backend: "cuda" });
+        const jobs: Job[] = [0, 1, 2].map((i) => ({ prompt: toyPrompt(30 + 50 * i, 400 + i),
+          options: { maxTokens: 200, speculation: { mode, draftMax: 8 } } }));
+        const results: GenerateResult[] = [];
+        const scheduler = new BatchScheduler(engine, { slots, prefixCache: null, passCost: cheapRows });
+        jobs.forEach((j, i) => scheduler.submit({ prompt: j.prompt,
+          options: { maxTokens: 8, sampling: greedy, ...j.options },
+          onDone: (r) => (results[i] = r), onError: (e) => { throw e; } }));
+        while (scheduler.busy) scheduler.step();
+        engine.close();
+        return results;
+      };
+      for (const slots of [1, 3]) {
+        const off = run("off", slots), on = run("ngram", slots);
+        for (let i = 0; i < off.length; i++) expect([slots, i, on[i].tokens]).toEqual([slots, i, off[i].tokens]);
+        expect(accepted(on)).toBeGreaterThan(0);
+      }
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  }, 240_000);
+});
