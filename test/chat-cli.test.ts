@@ -52,7 +52,7 @@ describe("feedback", () => {
   const model = ["--model", "tiny-a"];
   test("statistics on stderr; --quiet drops them; --verbose describes the run", () => {
     const normal = cli(["the cat", "-n", "4", "--temp", "0", ...model]);
-    expect(normal.stderr).toMatch(/^load \d+ ms \| prefilled (\d+) of \1 prompt tokens, [\d.]+ tok\/s \| generated 4 tokens, [\d.]+ tok\/s \| stop: length\n$/);
+    expect(normal.stderr).toMatch(/^load \d+ ms \| prefilled (\d+) of \1 prompt tokens, [\d.]+ tok\/s \| generated 4 tokens, [\d.]+ tok\/s \| (drafts: kept \d+ of \d+ in \d+ passes \| )?stop: length\n$/);
     const quiet = cli(["the cat", "-n", "4", "--temp", "0", "-q", ...model]);
     expect(quiet.stderr).toBe("");
     expect(quiet.stdout).toBe(normal.stdout);
