@@ -5,6 +5,7 @@
 // the page cache. Prints prefill and decode tokens/s (medians of --runs), the ratio, and the bytes
 // a token reads (from the shapes) against the layer's parameters.
 //   bun bench/moe.ts [--layers 2] [--threads 2] [--prompt 128] [--gen 32] [--runs 3] [--no-llama]
+//     [--per-expert]   also infer with each chosen expert its own matmuls (INFER_MOE_ONE_CALL=0)
 // The file lands in $INFER_CACHE/bench-models (built once, reused). llama-bench is looked for in
 // $INFER_PEERS/llama.cpp/build/bin, then ~/.cache/infer-peers-embed/llama.cpp/build/bin; it runs
 // with -mmp 0 (weights read into memory, as infer's repacked copy is): with mmap its decode
@@ -55,25 +56,40 @@ function median(xs: number[]): number {
   return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
 }
 
-/** Tokens/s of infer: prefill of `prompt` tokens from position 0, and `gen` greedy single steps. */
-function measureInfer(path: string): { prefill: number[]; decode: number[] } {
-  const engine = Engine.open({ modelPath: path, threads, contextLength: 1024 });
+interface Speeds { prefill: number[]; decode: number[] }
+
+/**
+ * Tokens/s of infer: prefill of `prompt` tokens from position 0, and `gen` greedy single steps;
+ * with --per-expert also a second engine with INFER_MOE_ONE_CALL=0 (each chosen expert its own
+ * matmuls), the two runs interleaved so that the machine's load falls on both alike.
+ */
+function measureInfer(path: string, perExpert: boolean): { oneCall: Speeds; perExpert: Speeds | null } {
+  const open = (oneCall: boolean) => {
+    process.env.INFER_MOE_ONE_CALL = oneCall ? "1" : "0";
+    const engine = Engine.open({ modelPath: path, threads, contextLength: 1024 });
+    delete process.env.INFER_MOE_ONE_CALL;
+    return engine;
+  };
+  const engines = perExpert ? [open(true), open(false)] : [open(true)];
   const vocab = toyVocabulary().tokens.length;
   const tokens = Array.from({ length: prompt }, (_, i) => 6 + ((i * 37) % (vocab - 6)));
   const sampler = new Sampler({ temperature: 0, topK: 1, topP: 1, minP: 0, seed: 0 });
-  engine.evaluate(tokens); // warm-up: pages, repacked copies, caches
-  const prefill: number[] = [], decode: number[] = [];
+  const speeds = engines.map((): Speeds => ({ prefill: [], decode: [] }));
+  for (const engine of engines) engine.evaluate(tokens); // warm-up: pages, repacked copies, caches
   for (let r = 0; r < runs; r++) {
-    engine.reset();
-    const t0 = performance.now();
-    let token = sampler.sample(engine.evaluate(tokens));
-    prefill.push(prompt / ((performance.now() - t0) / 1000));
-    const t1 = performance.now();
-    for (let i = 0; i < gen; i++) token = sampler.sample(engine.evaluate([token]));
-    decode.push(gen / ((performance.now() - t1) / 1000));
+    for (let q = 0; q < engines.length; q++) {
+      const i = (q + r) % engines.length, engine = engines[i];
+      engine.reset();
+      const t0 = performance.now();
+      let token = sampler.sample(engine.evaluate(tokens));
+      speeds[i].prefill.push(prompt / ((performance.now() - t0) / 1000));
+      const t1 = performance.now();
+      for (let j = 0; j < gen; j++) token = sampler.sample(engine.evaluate([token]));
+      speeds[i].decode.push(gen / ((performance.now() - t1) / 1000));
+    }
   }
-  engine.close();
-  return { prefill, decode };
+  for (const engine of engines) engine.close();
+  return { oneCall: speeds[0], perExpert: speeds[1] ?? null };
 }
 
 function llamaBench(): string | null {
@@ -95,7 +111,8 @@ function measureLlama(exe: string, path: string, test: string[]): number[] {
 
 const path = modelFile();
 const exe = process.argv.includes("--no-llama") ? null : llamaBench();
-const infer = measureInfer(path);
+const measured = measureInfer(path, process.argv.includes("--per-expert"));
+const infer = measured.oneCall;
 const llama = exe
   ? { prefill: measureLlama(exe, path, ["-p", String(prompt), "-n", "0"]),
     decode: measureLlama(exe, path, ["-p", "0", "-n", String(gen)]) }
@@ -118,6 +135,10 @@ console.log(`qwen3moe, Qwen3-30B-A3B layer shape, ${layers} layers, Q4_0, ${thre
 console.log(`| | prefill ${prompt} (t/s) | decode ${gen} (t/s) |`);
 console.log("| --- | --- | --- |");
 console.log(`| infer | ${fmt(infer.prefill)} | ${fmt(infer.decode)} |`);
+if (measured.perExpert) {
+  const p = measured.perExpert;
+  console.log(`| infer, INFER_MOE_ONE_CALL=0 | ${fmt(p.prefill)} | ${fmt(p.decode)} |`);
+}
 if (llama) {
   console.log(`| llama-bench -mmp 0 | ${fmt(llama.prefill)} | ${fmt(llama.decode)} |`);
   console.log(`| infer / llama.cpp | ${(median(infer.prefill) / median(llama.prefill)).toFixed(2)} | ` +

@@ -159,4 +159,11 @@ export interface ExpertOps {
     dst: Activation): void;
   /** Row r of out = ((src[r·k] + src[r·k + 1]) + …) + src[r·k + k - 1], in that order, for r < rows. */
   sumGroups(src: Activation, k: number, rows: number, out: Activation): void;
+  /**
+   * One token's FFN over its chosen experts in one call (as ggml's mul_mat_id): row 0 of out =
+   * Σ_j weights[at + j] · down[e_j] · (silu(gate[e_j] x) ⊙ up[e_j] x), e_j = chosen[at + j],
+   * j < k, summed in rank order; x's row `row`. Equal to the per-expert ops above, bit for bit.
+   */
+  ffnOne?(gate: readonly Weight[], up: readonly Weight[], down: readonly Weight[], x: Activation, row: number,
+    chosen: Int32Array, weights: Float32Array, at: number, k: number, out: Activation): void;
 }

@@ -4,7 +4,7 @@
 import { InferError } from "../errors.ts";
 import type { GgufFile, GgufTensorInfo } from "../gguf/reader.ts";
 import { GgmlType } from "../gguf/types.ts";
-import { packed } from "../native/abi.ts";
+import { packStruct, packed } from "../native/abi.ts";
 import { check, native, offsetAddress, type Pointer } from "../native/lib.ts";
 import { Arena } from "./arena.ts";
 import { repackForMatmul, type MatmulLayout } from "./cpu-repack.ts";
@@ -74,6 +74,31 @@ export class CpuBackend implements Backend {
     return t.layout;
   }
 
+  /** Per expert tensor: its experts' matmul addresses (what infer_moe_ffn reads) and type. */
+  private readonly expertTables = new WeakMap<readonly Weight[], { table: BigUint64Array; typeId: number }>();
+
+  private expertTable(experts: readonly Weight[]): { table: BigUint64Array; typeId: number } {
+    let entry = this.expertTables.get(experts);
+    if (!entry) {
+      const table = new BigUint64Array(experts.length);
+      let typeId = -1;
+      experts.forEach((e, i) => {
+        const t = w(e), layout = this.layoutOf(t);
+        table[i] = BigInt(layout?.address ?? t.address);
+        const id = layout?.typeId ?? t.typeId;
+        if (typeId >= 0 && id !== typeId) {
+          throw new InferError("bad_model", `expert ${i} of '${t.name}' is laid out unlike expert 0`);
+        }
+        typeId = id;
+      });
+      this.expertTables.set(experts, entry = { table, typeId });
+    }
+    return entry;
+  }
+
+  /** infer_moe_ffn's shape, per gate tensor and k (the same every token). */
+  private readonly moeShapes = new WeakMap<readonly Weight[], { k: number; bytes: Uint8Array }>();
+
   readonly experts: ExpertOps = {
     // Expert e is the matrix at byte e × (its bytes) of the tensor: a weight of its own, repacked
     // on its own, so decoding reads only the experts the router chose.
@@ -103,6 +128,19 @@ export class CpuBackend implements Backend {
         const w = weights[i], s = i * n, d = slots[i] * n;
         for (let j = 0; j < n; j++) to[d + j] = Math.fround(w * from[s + j]);
       }
+    },
+    ffnOne: (gate, up, down, x, row, chosen, weights, at, k, out) => {
+      const g = this.expertTable(gate), u = this.expertTable(up), d = this.expertTable(down);
+      let shape = this.moeShapes.get(gate);
+      if (shape?.k !== k) {
+        shape = { k, bytes: packStruct("MoeShape", { gate_type: g.typeId, up_type: u.typeId, down_type: d.typeId,
+          n_embd: x.cols, n_ff: w(gate[0]).dims[1], n_expert: gate.length, n_used: k }) };
+        this.moeShapes.set(gate, shape);
+      }
+      const ids = at === 0 ? chosen : chosen.subarray(at, at + k);
+      const ws = at === 0 ? weights : weights.subarray(at, at + k);
+      check(this.lib.infer_moe_ffn(g.table, u.table, d.table, ids, ws,
+        offsetAddress(a(x).address, row * x.cols * 4), a(out).address, shape.bytes), "moe_ffn");
     },
     sumGroups: (src, k, rows, out) => {
       const from = a(src).f32, to = a(out).f32, n = src.cols;

@@ -5,6 +5,7 @@
 // weight of its own (Backend.experts.split), and a batch's rows are grouped by expert so that an
 // expert's matrices are read once per batch however many of its rows chose it.
 import type { Activation, Backend, ExpertOps, Weight } from "../backend/backend.ts";
+import { setting } from "../config/env.ts";
 import { InferError } from "../errors.ts";
 import type { WeightTable } from "./layers.ts";
 
@@ -57,6 +58,8 @@ export class MoeBuffers {
   readonly slotWeights: Float32Array;
   readonly counts: Int32Array;
   readonly probs: Float32Array;
+  /** One token goes to the backend's ffnOne where it has one (INFER_MOE_ONE_CALL). */
+  readonly oneCall = setting("INFER_MOE_ONE_CALL");
 
   constructor(be: Backend, rows: number, s: MoeShape) {
     const k = s.expertsUsed;
@@ -119,8 +122,10 @@ export function route(logits: Float32Array, s: MoeShape, probs: Float32Array,
 
 /**
  * out = Σ_j w_j · W_down[e_j] · (silu(W_gate[e_j] x) ⊙ W_up[e_j] x) over each row's k chosen
- * experts e_j (route), summed in rank order as llama.cpp does. Rows are grouped by expert: an
- * expert's matrices run once over all the rows that chose it; a lone row is read in place.
+ * experts e_j (route), summed in rank order as llama.cpp does. One token goes to the backend's
+ * ffnOne where it has one (one native call for all its experts). Otherwise rows are grouped by
+ * expert: an expert's matrices run once over all the rows that chose it; a lone row is read in
+ * place.
  */
 export function moeFfn(be: Backend, x: Activation, rows: number, w: MoeWeights, s: MoeShape,
   b: MoeBuffers, out: Activation): void {
@@ -131,6 +136,10 @@ export function moeFfn(be: Backend, x: Activation, rows: number, w: MoeWeights, 
   const logits = be.read(b.logits, rows);
   for (let r = 0; r < rows; r++) {
     route(logits.subarray(r * s.experts, (r + 1) * s.experts), s, b.probs, b.chosen, b.weights, r * k);
+  }
+  if (rows === 1 && ops.ffnOne && b.oneCall) {
+    ops.ffnOne(w.gate, w.up, w.down, x, 0, b.chosen, b.weights, 0, k, out);
+    return;
   }
   b.counts.fill(0);
   for (let i = 0; i < rows * k; i++) b.counts[b.chosen[i]]++;
