@@ -13,7 +13,7 @@
 import { existsSync, mkdirSync, renameSync, writeFileSync } from "node:fs";
 import { homedir } from "node:os";
 import { join } from "node:path";
-import { setting } from "../ts/config/env.ts";
+import { setting, withSettings } from "../ts/config/env.ts";
 import { Engine } from "../ts/engine/engine.ts";
 import { GgmlType, ggmlTypes } from "../ts/gguf/types.ts";
 import { cacheDir } from "../ts/models/cache.ts";
@@ -64,12 +64,8 @@ interface Speeds { prefill: number[]; decode: number[] }
  * matmuls), the two runs interleaved so that the machine's load falls on both alike.
  */
 function measureInfer(path: string, perExpert: boolean): { oneCall: Speeds; perExpert: Speeds | null } {
-  const open = (oneCall: boolean) => {
-    process.env.INFER_MOE_ONE_CALL = oneCall ? "1" : "0";
-    const engine = Engine.open({ modelPath: path, threads, contextLength: 1024 });
-    delete process.env.INFER_MOE_ONE_CALL;
-    return engine;
-  };
+  const open = (oneCall: boolean) => withSettings({ INFER_MOE_ONE_CALL: oneCall ? "1" : "0" },
+    () => Engine.open({ modelPath: path, threads, contextLength: 1024 }));
   const engines = perExpert ? [open(true), open(false)] : [open(true)];
   const vocab = toyVocabulary().tokens.length;
   const tokens = Array.from({ length: prompt }, (_, i) => 6 + ((i * 37) % (vocab - 6)));

@@ -76,7 +76,7 @@ export const settings = {
   INFER_REPACK: { type: "flag", default: true, audience: "developer",
     about: "0: the CPU computes weights in the file's layout, not the interleaved one (same results)" },
   INFER_MOE_ONE_CALL: { type: "flag", default: true, audience: "developer",
-    about: "0: one token's mixture-of-experts FFN runs each chosen expert as its own matmuls on the CPU, not one call (same results)" },
+    about: "0: a token's CPU MoE FFN runs each chosen expert as its own matmuls (same results)" },
   INFER_DEVICE_GREEDY: { type: "flag", default: true, audience: "developer",
     about: "0: greedy decoding takes its argmax on the host, not the GPU (same tokens)" },
   INFER_CUDA_SYNC: { type: "flag", default: false, audience: "developer",
