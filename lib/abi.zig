@@ -72,7 +72,7 @@ comptime {
     std.debug.assert(@sizeOf(RopeShape) == 48);
 }
 
-/// infer_moe_ffn: one token's mixture-of-experts FFN over the n_used experts it chose. The
+/// infer_moe_ffn: n_tok tokens' mixture-of-experts FFN over the n_used experts each chose. The
 /// gate, up and down tables hold n_expert addresses each (expert e's matrix: gate and up n_ff x
 /// n_embd, down n_embd x n_ff), all experts of a table in one matmul type (the *_type ids, as
 /// infer_matmul takes them: repacked layouts included).
@@ -84,9 +84,10 @@ pub const MoeShape = extern struct {
     n_ff: u64,
     n_expert: u64,
     n_used: u64,
+    n_tok: u64 = 1,
 };
 comptime {
-    std.debug.assert(@sizeOf(MoeShape) == 48);
+    std.debug.assert(@sizeOf(MoeShape) == 56);
 }
 
 // ---- the CUDA backend's calls: device addresses and counts as u64 ------------------------------

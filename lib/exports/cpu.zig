@@ -141,9 +141,10 @@ export fn infer_matmul(
     return 0;
 }
 
-/// out (n_embd) = Σ_j weights[j] · down[ids[j]] · (silu(gate[ids[j]] x) ⊙ up[ids[j]] x) for
-/// j < n_used, summed in that order (abi.MoeShape): two thread-pool dispatches, equal bit for bit
-/// to per-expert infer_matmul calls, infer_silu_mul and the weighted sum.
+/// Row t of out (n_tok x n_embd) = Σ_j w_j · down[e_j] · (silu(gate[e_j] x_t) ⊙ up[e_j] x_t) with
+/// e_j = ids[t · n_used + j], w_j = weights[t · n_used + j], summed in rank order (abi.MoeShape).
+/// One token: two thread-pool dispatches; several: rows grouped by expert, four. Equal bit for bit
+/// to per-expert infer_matmul calls (rows gathered per expert), infer_silu_mul and the weighted sum.
 export fn infer_moe_ffn(
     gate: ?[*]const u64,
     up: ?[*]const u64,
@@ -155,7 +156,11 @@ export fn infer_moe_ffn(
     shape: *const abi.MoeShape,
 ) i32 {
     const s = shape.*;
-    const n_used = std.math.cast(usize, s.n_used) orelse return opsInvalid("moe_ffn: n_used too large", .{});
+    const n_slots = std.math.cast(usize, std.math.mul(u64, s.n_used, s.n_tok) catch
+        return opsInvalid("moe_ffn: n_used x n_tok overflows", .{})) orelse return opsInvalid("moe_ffn: n_used x n_tok overflows", .{});
+    if (s.n_tok == 0) return opsInvalid("moe_ffn: n_tok must be > 0", .{});
+    _ = std.math.mul(u64, n_slots, @max(s.n_embd, s.n_ff) * 4) catch
+        return opsInvalid("moe_ffn: activation size overflows", .{});
     const traits = [3]?*const quant_types.Traits{
         quant_types.getForMatmul(s.gate_type), quant_types.getForMatmul(s.up_type), quant_types.getForMatmul(s.down_type),
     };
@@ -168,8 +173,10 @@ export fn infer_moe_ffn(
         .down = .{ .table = down orelse return opsInvalid("moe_ffn: down is null", .{}), .traits = traits[2].? },
         .n_embd = std.math.cast(usize, s.n_embd) orelse return opsInvalid("moe_ffn: n_embd too large", .{}),
         .n_ff = std.math.cast(usize, s.n_ff) orelse return opsInvalid("moe_ffn: n_ff too large", .{}),
-        .ids = (ids orelse return opsInvalid("moe_ffn: ids is null", .{}))[0..n_used],
-        .weights = (weights orelse return opsInvalid("moe_ffn: weights is null", .{}))[0..n_used],
+        .n_expert = std.math.cast(usize, s.n_expert) orelse return opsInvalid("moe_ffn: n_expert too large", .{}),
+        .n_tok = @intCast(s.n_tok),
+        .ids = (ids orelse return opsInvalid("moe_ffn: ids is null", .{}))[0..n_slots],
+        .weights = (weights orelse return opsInvalid("moe_ffn: weights is null", .{}))[0..n_slots],
         .x = x orelse return opsInvalid("moe_ffn: x is null", .{}),
         .out = out orelse return opsInvalid("moe_ffn: out is null", .{}),
     };

@@ -160,10 +160,13 @@ export interface ExpertOps {
   /** Row r of out = ((src[r·k] + src[r·k + 1]) + …) + src[r·k + k - 1], in that order, for r < rows. */
   sumGroups(src: Activation, k: number, rows: number, out: Activation): void;
   /**
-   * One token's FFN over its chosen experts in one call (as ggml's mul_mat_id): row 0 of out =
-   * Σ_j weights[at + j] · down[e_j] · (silu(gate[e_j] x) ⊙ up[e_j] x), e_j = chosen[at + j],
-   * j < k, summed in rank order; x's row `row`. Equal to the per-expert ops above, bit for bit.
+   * The FFN of `rows` tokens (x's first rows) over their chosen experts in one call (as ggml's
+   * mul_mat_id): row r of out = Σ_j weights[r·k + j] · down[e_j] · (silu(gate[e_j] x_r) ⊙
+   * up[e_j] x_r), e_j = chosen[r·k + j], summed in rank order; several rows grouped by expert.
+   * Equal to the per-expert ops above, bit for bit; `supports` says where it can run.
    */
-  ffnOne?(gate: readonly Weight[], up: readonly Weight[], down: readonly Weight[], x: Activation, row: number,
-    chosen: Int32Array, weights: Float32Array, at: number, k: number, out: Activation): void;
+  ffn?(gate: readonly Weight[], up: readonly Weight[], down: readonly Weight[], x: Activation, rows: number,
+    chosen: Int32Array, weights: Float32Array, k: number, out: Activation): void;
+  /** Whether ffn runs `rows` tokens of experts `feedForward` wide. */
+  ffnSupports?(rows: number, feedForward: number): boolean;
 }

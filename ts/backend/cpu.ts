@@ -4,7 +4,7 @@
 import { InferError } from "../errors.ts";
 import type { GgufFile, GgufTensorInfo } from "../gguf/reader.ts";
 import { GgmlType } from "../gguf/types.ts";
-import { packStruct, packed } from "../native/abi.ts";
+import { packed } from "../native/abi.ts";
 import { check, native, offsetAddress, type Pointer } from "../native/lib.ts";
 import { Arena } from "./arena.ts";
 import { repackForMatmul, type MatmulLayout } from "./cpu-repack.ts";
@@ -96,8 +96,6 @@ export class CpuBackend implements Backend {
     return entry;
   }
 
-  /** infer_moe_ffn's shape, per gate tensor and k (the same every token). */
-  private readonly moeShapes = new WeakMap<readonly Weight[], { k: number; bytes: Uint8Array }>();
 
   readonly experts: ExpertOps = {
     // Expert e is the matrix at byte e × (its bytes) of the tensor: a weight of its own, repacked
@@ -129,19 +127,16 @@ export class CpuBackend implements Backend {
         for (let j = 0; j < n; j++) to[d + j] = Math.fround(w * from[s + j]);
       }
     },
-    ffnOne: (gate, up, down, x, row, chosen, weights, at, k, out) => {
+    ffn: (gate, up, down, x, rows, chosen, weights, k, out) => {
       const g = this.expertTable(gate), u = this.expertTable(up), d = this.expertTable(down);
-      let shape = this.moeShapes.get(gate);
-      if (shape?.k !== k) {
-        shape = { k, bytes: packStruct("MoeShape", { gate_type: g.typeId, up_type: u.typeId, down_type: d.typeId,
-          n_embd: x.cols, n_ff: w(gate[0]).dims[1], n_expert: gate.length, n_used: k }) };
-        this.moeShapes.set(gate, shape);
-      }
-      const ids = at === 0 ? chosen : chosen.subarray(at, at + k);
-      const ws = at === 0 ? weights : weights.subarray(at, at + k);
-      check(this.lib.infer_moe_ffn(g.table, u.table, d.table, ids, ws,
-        offsetAddress(a(x).address, row * x.cols * 4), a(out).address, shape.bytes), "moe_ffn");
+      const shape = packed("MoeShape", { gate_type: g.typeId, up_type: u.typeId, down_type: d.typeId,
+        n_embd: x.cols, n_ff: w(gate[0]).dims[1], n_expert: gate.length, n_used: k, n_tok: rows });
+      check(this.lib.infer_moe_ffn(g.table, u.table, d.table, chosen, weights, a(x).address, a(out).address,
+        shape), "moe_ffn");
     },
+    // Several rows: the per-expert path's SwiGLU runs over all of an expert's rows at once, which
+    // lib/cpu/moe.zig's per-row SwiGLU equals only where each row is whole 16-value vector runs.
+    ffnSupports: (rows, feedForward) => rows === 1 || feedForward % 16 === 0,
     sumGroups: (src, k, rows, out) => {
       const from = a(src).f32, to = a(out).f32, n = src.cols;
       for (let r = 0; r < rows; r++) {

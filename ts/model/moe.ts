@@ -58,7 +58,7 @@ export class MoeBuffers {
   readonly slotWeights: Float32Array;
   readonly counts: Int32Array;
   readonly probs: Float32Array;
-  /** One token goes to the backend's ffnOne where it has one (INFER_MOE_ONE_CALL). */
+  /** The backend's one-call ffn where it has one (INFER_MOE_ONE_CALL). */
   readonly oneCall = setting("INFER_MOE_ONE_CALL");
 
   constructor(be: Backend, rows: number, s: MoeShape) {
@@ -122,10 +122,9 @@ export function route(logits: Float32Array, s: MoeShape, probs: Float32Array,
 
 /**
  * out = Σ_j w_j · W_down[e_j] · (silu(W_gate[e_j] x) ⊙ W_up[e_j] x) over each row's k chosen
- * experts e_j (route), summed in rank order as llama.cpp does. One token goes to the backend's
- * ffnOne where it has one (one native call for all its experts). Otherwise rows are grouped by
- * expert: an expert's matrices run once over all the rows that chose it; a lone row is read in
- * place.
+ * experts e_j (route), summed in rank order as llama.cpp does. The backend's ffn does it all in
+ * one call where it has one; otherwise here, the same sums: rows are grouped by expert, an
+ * expert's matrices run once over all the rows that chose it; a lone row is read in place.
  */
 export function moeFfn(be: Backend, x: Activation, rows: number, w: MoeWeights, s: MoeShape,
   b: MoeBuffers, out: Activation): void {
@@ -137,8 +136,8 @@ export function moeFfn(be: Backend, x: Activation, rows: number, w: MoeWeights, 
   for (let r = 0; r < rows; r++) {
     route(logits.subarray(r * s.experts, (r + 1) * s.experts), s, b.probs, b.chosen, b.weights, r * k);
   }
-  if (rows === 1 && ops.ffnOne && b.oneCall) {
-    ops.ffnOne(w.gate, w.up, w.down, x, 0, b.chosen, b.weights, 0, k, out);
+  if (b.oneCall && ops.ffn && ops.ffnSupports?.(rows, s.expertFeedForward)) {
+    ops.ffn(w.gate, w.up, w.down, x, rows, b.chosen, b.weights, k, out);
     return;
   }
   b.counts.fill(0);

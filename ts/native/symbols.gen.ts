@@ -252,7 +252,7 @@ export const structs = {
     },
   },
   MoeShape: {
-    size: 48,
+    size: 56,
     fields: {
       gate_type: { type: "u32", offset: 0 },
       up_type: { type: "u32", offset: 4 },
@@ -261,6 +261,7 @@ export const structs = {
       n_ff: { type: "u64", offset: 24 },
       n_expert: { type: "u64", offset: 32 },
       n_used: { type: "u64", offset: 40 },
+      n_tok: { type: "u64", offset: 48, value: 1 },
     },
   },
   CudaMatmulArgs: {

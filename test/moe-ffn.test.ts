@@ -1,7 +1,7 @@
-// The CPU backend's one-call MoE FFN for a single token (infer_moe_ffn, lib/cpu/moe.zig) against
-// the per-expert path it replaces (three matmuls, SwiGLU, scaled scatter and rank-order sum per
-// expert): the same f32 bits, for Q4_0 experts (repacked) and K-quant ones (Q4_K gate/up, Q6_K
-// down), on the random-weight GGUFs of the llama.cpp golden test.
+// The CPU backend's one-call MoE FFN (infer_moe_ffn, lib/cpu/moe.zig) against the per-expert path
+// it replaces (rows gathered per expert, three matmuls, SwiGLU, scaled scatter, rank-order sum):
+// the same f32 bits for one token and for batches, Q4_0 experts (repacked) and K-quant ones (Q4_K
+// gate/up, Q6_K down), on the random-weight GGUFs of the llama.cpp golden test.
 import { afterAll, describe, expect, test } from "bun:test";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -32,32 +32,33 @@ function setup(name: string, spec: RandomQuantSpec) {
   };
   const s: MoeShape = { embedding: spec.embedding, experts: spec.moe!.experts, expertsUsed: spec.moe!.used,
     expertFeedForward: spec.moe!.feedForward, normalizeTopK: true };
-  // The same backend without ffnOne: moeFfn takes the per-expert path.
-  const perExpert: Backend = Object.create(be, { experts: { value: { ...ops, ffnOne: undefined } } });
+  // The same backend without ffn: moeFfn takes the per-expert path.
+  const perExpert: Backend = Object.create(be, { experts: { value: { ...ops, ffn: undefined } } });
   return { file, be, perExpert, w, s };
 }
 
-describe("infer_moe_ffn equals the per-expert path, bit for bit", () => {
+describe("infer_moe_ffn equals the per-expert path, bit for bit, for 1 to 16 rows", () => {
   for (const [name, spec] of Object.entries({ qwen3moeQ4_0, qwen3moeKQuants })) {
     test(name, () => {
       const { file, be, perExpert, w, s } = setup(name, spec);
       try {
-        const x = be.activation("x", 1, s.embedding);
-        const one = be.activation("one", 1, s.embedding), each = be.activation("each", 1, s.embedding);
-        const b = new MoeBuffers(be, 1, s);
+        const maxRows = 16;
+        const x = be.activation("x", maxRows, s.embedding);
+        const one = be.activation("one", maxRows, s.embedding), each = be.activation("each", maxRows, s.embedding);
+        const b = new MoeBuffers(be, maxRows, s);
         let seed = 7;
-        for (let trial = 0; trial < 8; trial++) {
-          const v = be.read(x, 1);
+        for (const rows of [1, 1, 1, 2, 5, 16]) {
+          const v = be.read(x, rows);
           for (let i = 0; i < v.length; i++) {
             seed = (seed * 1103515245 + 12345) >>> 0;
             v[i] = (seed / 2 ** 32 - 0.5) * 4;
           }
-          moeFfn(be, x, 1, w, s, b, one);
-          moeFfn(perExpert, x, 1, w, s, b, each);
-          const got = new Uint32Array(be.read(one, 1).slice().buffer);
-          const want = new Uint32Array(be.read(each, 1).slice().buffer);
+          moeFfn(be, x, rows, w, s, b, one);
+          moeFfn(perExpert, x, rows, w, s, b, each);
+          const got = new Uint32Array(be.read(one, rows).slice().buffer);
+          const want = new Uint32Array(be.read(each, rows).slice().buffer);
           expect(got).toEqual(want);
-          expect(be.read(one, 1).some((y) => y !== 0)).toBe(true);
+          expect(be.read(one, rows).some((y) => y !== 0)).toBe(true);
         }
       } finally {
         be.dispose();
@@ -75,7 +76,7 @@ describe("infer_moe_ffn equals the per-expert path, bit for bit", () => {
       const weights = new Float32Array(s.expertsUsed).fill(0.25);
       let error: unknown;
       try {
-        be.experts.ffnOne!(w.gate, w.up, w.down, x, 0, chosen, weights, 0, s.expertsUsed, out);
+        be.experts.ffn!(w.gate, w.up, w.down, x, 1, chosen, weights, s.expertsUsed, out);
       } catch (e) {
         error = e;
       }
