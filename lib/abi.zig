@@ -72,6 +72,24 @@ comptime {
     std.debug.assert(@sizeOf(RopeShape) == 48);
 }
 
+/// infer_moe_ffn: n_tok tokens' mixture-of-experts FFN over the n_used experts each chose. The
+/// gate, up and down tables hold n_expert addresses each (expert e's matrix: gate and up n_ff x
+/// n_embd, down n_embd x n_ff), all experts of a table in one matmul type (the *_type ids, as
+/// infer_matmul takes them: repacked layouts included).
+pub const MoeShape = extern struct {
+    gate_type: u32,
+    up_type: u32,
+    down_type: u32,
+    n_embd: u64,
+    n_ff: u64,
+    n_expert: u64,
+    n_used: u64,
+    n_tok: u64 = 1,
+};
+comptime {
+    std.debug.assert(@sizeOf(MoeShape) == 56);
+}
+
 // ---- the CUDA backend's calls: device addresses and counts as u64 ------------------------------
 // `mode` of a quantized output: 0 = Q8_0 blocks, 1 = Q8_K superblocks, into q (int8) and d (one
 // f32 scale per 32 values).

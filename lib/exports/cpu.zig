@@ -8,6 +8,7 @@ const abi = @import("../abi.zig");
 const quant_types = @import("../quant/types.zig");
 const cpu_matmul = @import("../cpu/matmul.zig");
 const cpu_threads = @import("../cpu/threads.zig");
+const cpu_moe = @import("../cpu/moe.zig");
 const norm = @import("../cpu/norm.zig");
 const rope = @import("../cpu/rope.zig");
 const attention = @import("../cpu/attention.zig");
@@ -136,6 +137,66 @@ export fn infer_matmul(
             error.OutOfMemory => status.fail(.out_of_memory, "matmul: no memory for x", .{}),
             error.Unsupported => status.fail(.unsupported, "matmul: {s} has no dot", .{t.name}),
         };
+    };
+    return 0;
+}
+
+/// Row t of out (n_tok x n_embd) = Σ_j w_j · down[e_j] · (silu(gate[e_j] x_t) ⊙ up[e_j] x_t) with
+/// e_j = ids[t · n_used + j], w_j = weights[t · n_used + j], summed in rank order (abi.MoeShape).
+/// One token: two thread-pool dispatches; several: rows grouped by expert, four. Equal bit for bit
+/// to per-expert infer_matmul calls (rows gathered per expert), infer_silu_mul and the weighted sum.
+export fn infer_moe_ffn(
+    gate: ?[*]const u64,
+    up: ?[*]const u64,
+    down: ?[*]const u64,
+    ids: ?[*]const u32,
+    weights: ?[*]const f32,
+    x: ?[*]const f32,
+    out: ?[*]f32,
+    shape: *const abi.MoeShape,
+) i32 {
+    const s = shape.*;
+    const n_slots = std.math.cast(usize, std.math.mul(u64, s.n_used, s.n_tok) catch
+        return opsInvalid("moe_ffn: n_used x n_tok overflows", .{})) orelse return opsInvalid("moe_ffn: n_used x n_tok overflows", .{});
+    if (s.n_tok == 0) return opsInvalid("moe_ffn: n_tok must be > 0", .{});
+    _ = std.math.mul(u64, n_slots, @max(s.n_embd, s.n_ff) * 4) catch
+        return opsInvalid("moe_ffn: activation size overflows", .{});
+    const traits = [3]?*const quant_types.Traits{
+        quant_types.getForMatmul(s.gate_type), quant_types.getForMatmul(s.up_type), quant_types.getForMatmul(s.down_type),
+    };
+    for (traits, [_]u32{ s.gate_type, s.up_type, s.down_type }) |t, id| {
+        if (t == null) return status.fail(.unsupported, "moe_ffn: quant type {s} ({d}) is not supported", .{ quant_types.typeName(id), id });
+    }
+    const p = cpu_moe.Problem{
+        .gate = .{ .table = gate orelse return opsInvalid("moe_ffn: gate is null", .{}), .traits = traits[0].? },
+        .up = .{ .table = up orelse return opsInvalid("moe_ffn: up is null", .{}), .traits = traits[1].? },
+        .down = .{ .table = down orelse return opsInvalid("moe_ffn: down is null", .{}), .traits = traits[2].? },
+        .n_embd = std.math.cast(usize, s.n_embd) orelse return opsInvalid("moe_ffn: n_embd too large", .{}),
+        .n_ff = std.math.cast(usize, s.n_ff) orelse return opsInvalid("moe_ffn: n_ff too large", .{}),
+        .n_expert = std.math.cast(usize, s.n_expert) orelse return opsInvalid("moe_ffn: n_expert too large", .{}),
+        .n_tok = @intCast(s.n_tok),
+        .ids = (ids orelse return opsInvalid("moe_ffn: ids is null", .{}))[0..n_slots],
+        .weights = (weights orelse return opsInvalid("moe_ffn: weights is null", .{}))[0..n_slots],
+        .x = x orelse return opsInvalid("moe_ffn: x is null", .{}),
+        .out = out orelse return opsInvalid("moe_ffn: out is null", .{}),
+    };
+    if (cpu_moe.unsupported(&p)) |why| return status.fail(.unsupported, "moe_ffn: {s}", .{why});
+    for ([_]*const quant_types.Traits{ p.gate.traits, p.up.traits }) |t| {
+        if (!quantBlocksOk(t, s.n_embd, "moe_ffn: n_embd")) return quantInvalid();
+        if (!quantBlocksOk(quant_types.get(@intFromEnum(t.vec_dot_type)).?, s.n_embd, "moe_ffn: n_embd")) return quantInvalid();
+        if (s.n_ff % t.row_group != 0) return opsInvalid("moe_ffn: {s} needs n_ff in groups of {d}", .{ t.name, t.row_group });
+    }
+    if (!quantBlocksOk(p.down.traits, s.n_ff, "moe_ffn: n_ff")) return quantInvalid();
+    if (!quantBlocksOk(quant_types.get(@intFromEnum(p.down.traits.vec_dot_type)).?, s.n_ff, "moe_ffn: n_ff")) return quantInvalid();
+    if (s.n_embd % p.down.traits.row_group != 0) {
+        return opsInvalid("moe_ffn: {s} needs n_embd in groups of {d}", .{ p.down.traits.name, p.down.traits.row_group });
+    }
+    for (p.ids) |id| {
+        if (id >= s.n_expert) return opsInvalid("moe_ffn: expert {d} of {d}", .{ id, s.n_expert });
+    }
+    cpu_moe.ffn(&p) catch |err| return switch (err) {
+        error.OutOfMemory => status.fail(.out_of_memory, "moe_ffn: scratch allocation failed", .{}),
+        error.Unsupported => status.fail(.unsupported, "moe_ffn: unsupported types", .{}),
     };
     return 0;
 }
@@ -454,6 +515,7 @@ test {
     _ = quant_types;
     _ = cpu_matmul;
     _ = cpu_threads;
+    _ = cpu_moe;
     _ = norm;
     _ = rope;
     _ = attention;

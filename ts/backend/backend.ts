@@ -159,4 +159,14 @@ export interface ExpertOps {
     dst: Activation): void;
   /** Row r of out = ((src[r·k] + src[r·k + 1]) + …) + src[r·k + k - 1], in that order, for r < rows. */
   sumGroups(src: Activation, k: number, rows: number, out: Activation): void;
+  /**
+   * The FFN of `rows` tokens (x's first rows) over their chosen experts in one call (as ggml's
+   * mul_mat_id): row r of out = Σ_j weights[r·k + j] · down[e_j] · (silu(gate[e_j] x_r) ⊙
+   * up[e_j] x_r), e_j = chosen[r·k + j], summed in rank order; several rows grouped by expert.
+   * Equal to the per-expert ops above, bit for bit; `supports` says where it can run.
+   */
+  ffn?(gate: readonly Weight[], up: readonly Weight[], down: readonly Weight[], x: Activation, rows: number,
+    chosen: Int32Array, weights: Float32Array, k: number, out: Activation): void;
+  /** Whether ffn runs `rows` tokens of experts `feedForward` wide. */
+  ffnSupports?(rows: number, feedForward: number): boolean;
 }

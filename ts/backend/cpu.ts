@@ -74,6 +74,29 @@ export class CpuBackend implements Backend {
     return t.layout;
   }
 
+  /** Per expert tensor: its experts' matmul addresses (what infer_moe_ffn reads) and type. */
+  private readonly expertTables = new WeakMap<readonly Weight[], { table: BigUint64Array; typeId: number }>();
+
+  private expertTable(experts: readonly Weight[]): { table: BigUint64Array; typeId: number } {
+    let entry = this.expertTables.get(experts);
+    if (!entry) {
+      const table = new BigUint64Array(experts.length);
+      let typeId = -1;
+      experts.forEach((e, i) => {
+        const t = w(e), layout = this.layoutOf(t);
+        table[i] = BigInt(layout?.address ?? t.address);
+        const id = layout?.typeId ?? t.typeId;
+        if (typeId >= 0 && id !== typeId) {
+          throw new InferError("bad_model", `expert ${i} of '${t.name}' is laid out unlike expert 0`);
+        }
+        typeId = id;
+      });
+      this.expertTables.set(experts, entry = { table, typeId });
+    }
+    return entry;
+  }
+
+
   readonly experts: ExpertOps = {
     // Expert e is the matrix at byte e × (its bytes) of the tensor: a weight of its own, repacked
     // on its own, so decoding reads only the experts the router chose.
@@ -104,6 +127,16 @@ export class CpuBackend implements Backend {
         for (let j = 0; j < n; j++) to[d + j] = Math.fround(w * from[s + j]);
       }
     },
+    ffn: (gate, up, down, x, rows, chosen, weights, k, out) => {
+      const g = this.expertTable(gate), u = this.expertTable(up), d = this.expertTable(down);
+      const shape = packed("MoeShape", { gate_type: g.typeId, up_type: u.typeId, down_type: d.typeId,
+        n_embd: x.cols, n_ff: w(gate[0]).dims[1], n_expert: gate.length, n_used: k, n_tok: rows });
+      check(this.lib.infer_moe_ffn(g.table, u.table, d.table, chosen, weights, a(x).address, a(out).address,
+        shape), "moe_ffn");
+    },
+    // Several rows: the per-expert path's SwiGLU runs over all of an expert's rows at once, which
+    // lib/cpu/moe.zig's per-row SwiGLU equals only where each row is whole 16-value vector runs.
+    ffnSupports: (rows, feedForward) => rows === 1 || feedForward % 16 === 0,
     sumGroups: (src, k, rows, out) => {
       const from = a(src).f32, to = a(out).f32, n = src.cols;
       for (let r = 0; r < rows; r++) {

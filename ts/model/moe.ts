@@ -5,6 +5,7 @@
 // weight of its own (Backend.experts.split), and a batch's rows are grouped by expert so that an
 // expert's matrices are read once per batch however many of its rows chose it.
 import type { Activation, Backend, ExpertOps, Weight } from "../backend/backend.ts";
+import { setting } from "../config/env.ts";
 import { InferError } from "../errors.ts";
 import type { WeightTable } from "./layers.ts";
 
@@ -57,6 +58,8 @@ export class MoeBuffers {
   readonly slotWeights: Float32Array;
   readonly counts: Int32Array;
   readonly probs: Float32Array;
+  /** The backend's one-call ffn where it has one (INFER_MOE_ONE_CALL). */
+  readonly oneCall = setting("INFER_MOE_ONE_CALL");
 
   constructor(be: Backend, rows: number, s: MoeShape) {
     const k = s.expertsUsed;
@@ -119,7 +122,8 @@ export function route(logits: Float32Array, s: MoeShape, probs: Float32Array,
 
 /**
  * out = Σ_j w_j · W_down[e_j] · (silu(W_gate[e_j] x) ⊙ W_up[e_j] x) over each row's k chosen
- * experts e_j (route), summed in rank order as llama.cpp does. Rows are grouped by expert: an
+ * experts e_j (route), summed in rank order as llama.cpp does. The backend's ffn does it all in
+ * one call where it has one; otherwise here, the same sums: rows are grouped by expert, an
  * expert's matrices run once over all the rows that chose it; a lone row is read in place.
  */
 export function moeFfn(be: Backend, x: Activation, rows: number, w: MoeWeights, s: MoeShape,
@@ -131,6 +135,10 @@ export function moeFfn(be: Backend, x: Activation, rows: number, w: MoeWeights, 
   const logits = be.read(b.logits, rows);
   for (let r = 0; r < rows; r++) {
     route(logits.subarray(r * s.experts, (r + 1) * s.experts), s, b.probs, b.chosen, b.weights, r * k);
+  }
+  if (b.oneCall && ops.ffn && ops.ffnSupports?.(rows, s.expertFeedForward)) {
+    ops.ffn(w.gate, w.up, w.down, x, rows, b.chosen, b.weights, k, out);
+    return;
   }
   b.counts.fill(0);
   for (let i = 0; i < rows * k; i++) b.counts[b.chosen[i]]++;
