@@ -1,17 +1,17 @@
 // A sequence's KV cache: one layer of keys and values per transformer block, allocated once, F16 by
-// default as llama.cpp stores it. Full-attention layers hold every position up to the context
+// default as llama.cpp stores it (or q8_0/q4_0 blocks, keys and values each their own type). Full-attention layers hold every position up to the context
 // length. Sliding-window layers hold a ring of roundUp(window + batch, 256) cells: enough for the
 // window plus the batch being written, and the same ring llama.cpp's SWA cache uses when it
 // evaluates one token per ubatch (768 cells for a 512 window), so that attention sums its terms in
 // the same cell order and the logits stay equal to llama.cpp's past the ring's first wrap.
-import type { Backend, KvLayer, KvType } from "../backend/backend.ts";
+import { kvTypesOf, type Backend, type KvLayer, type KvType, type KvTypes } from "../backend/backend.ts";
 import { InferError } from "../errors.ts";
 import type { ModelInfo } from "../model/model.ts";
 
 export interface KvCache {
   readonly layers: readonly KvLayer[];
   readonly contextLength: number;
-  readonly type: KvType;
+  readonly type: KvTypes;
 }
 
 const RING_PAD = 256;
@@ -20,8 +20,9 @@ export function ringCells(window: number, maxBatch: number): number {
   return Math.ceil((window + maxBatch) / RING_PAD) * RING_PAD;
 }
 
-export function createKvCache(be: Backend, info: ModelInfo, contextLength: number, type: KvType,
+export function createKvCache(be: Backend, info: ModelInfo, contextLength: number, types: KvType | KvTypes,
   maxBatch: number): KvCache {
+  const type = kvTypesOf(types);
   const layers = info.kvShapes.map((s) => {
     const ring = s.window > 0 ? ringCells(s.window, maxBatch) : 0;
     return ring > 0 && ring < contextLength

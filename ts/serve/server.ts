@@ -8,6 +8,7 @@
 // worker's heartbeat: /health answers 503 while one step has run past its deadline. stop() shuts
 // down gracefully: no new requests, the running ones get a deadline to finish and then end early
 // with a final chunk, the waiting ones get 503.
+import type { KvType } from "../backend/backend.ts";
 import { basename } from "node:path";
 import type { BackendKind } from "../backend/select.ts";
 import { InferError, quote } from "../errors.ts";
@@ -40,6 +41,9 @@ export interface ServeOptions {
   readonly prefillChunk?: number;
   /** Memory for the prefix cache shared across requests (default 128 MiB); 0: none. */
   readonly prefixCacheBytes?: number;
+  /** The KV cache's key and value types (default f16). */
+  readonly cacheTypeK?: KvType;
+  readonly cacheTypeV?: KvType;
   /** Request bodies larger than this are refused (default 1 MiB). */
   readonly maxBodyBytes?: number;
   /** Bytes of all bodies being received at once (default: 16 MiB or 4 bodies, the larger). */
@@ -124,6 +128,7 @@ function decodePath(segment: string): string {
 export async function startServer(o: ServeOptions): Promise<InferServer> {
   const thread = await EngineThread.open({
     modelPath: o.modelPath, threads: o.threads, contextLength: o.contextLength, backend: o.backend,
+    cacheTypeK: o.cacheTypeK, cacheTypeV: o.cacheTypeV,
     parallel: o.parallel ?? 1, prefillChunk: o.prefillChunk, prefixCacheBytes: o.prefixCacheBytes,
     stall: o.stallForTests,
   });
