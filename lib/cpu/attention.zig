@@ -530,11 +530,10 @@ test "a ring cache gives what a linear cache gives" {
         @memcpy(ring[c * d ..][0..d], lin[p * d ..][0..d]);
         @memcpy(ring[(ringed.ring + c) * d ..][0..d], lin[(positions + p) * d ..][0..d]);
     }
-    for ([_]KvType{ .f32, .f16 }) |kv_type| {
-        const elem: usize = if (kv_type == .f16) 2 else 4;
-        const lin_bytes = try gpa.alignedAlloc(u8, 4, lin.len * elem);
+    for ([_]KvType{ .f32, .f16, .q8_0, .q4_0 }) |kv_type| {
+        const lin_bytes = try gpa.alignedAlloc(u8, 4, kv_type.bytes(lin.len));
         defer gpa.free(lin_bytes);
-        const ring_bytes = try gpa.alignedAlloc(u8, 4, ring.len * elem);
+        const ring_bytes = try gpa.alignedAlloc(u8, 4, kv_type.bytes(ring.len));
         defer gpa.free(ring_bytes);
         store(lin, lin_bytes.ptr, kv_type);
         store(ring, ring_bytes.ptr, kv_type);
@@ -543,12 +542,13 @@ test "a ring cache gives what a linear cache gives" {
         const got = try gpa.alloc(f32, q.len);
         defer gpa.free(got);
         const lk = Cache.fromBytes(kv_type, lin_bytes.ptr);
-        const lv = Cache.fromBytes(kv_type, lin_bytes.ptr + positions * d * elem);
+        const lv = Cache.fromBytes(kv_type, lin_bytes.ptr + kv_type.bytes(positions * d));
         const rk = Cache.fromBytes(kv_type, ring_bytes.ptr);
-        const rv = Cache.fromBytes(kv_type, ring_bytes.ptr + ringed.ring * d * elem);
+        const rv = Cache.fromBytes(kv_type, ring_bytes.ptr + kv_type.bytes(ringed.ring * d));
         try std.testing.expect(attention(q.ptr, lk, lv, want.ptr, linear));
         try std.testing.expect(attention(q.ptr, rk, rv, got.ptr, ringed));
-        // F16 sums the same terms in cell order, which differs from position order once wrapped.
+        // F16 sums the same terms in cell order, which differs from position order once wrapped;
+        // the quantized caches hold the same blocks in either layout (a row is whole blocks).
         const tolerance: f32 = if (kv_type == .f16) 1e-3 else 1e-6;
         for (want, got) |w, g| try std.testing.expectApproxEqAbs(w, g, tolerance);
     }
