@@ -130,6 +130,13 @@ export interface Backend {
    * prefix cache; without it, prefixes are not shared across sequences).
    */
   copyKv?(src: KvLayer, srcCell: number, dst: KvLayer, dstCell: number, cells: number): void;
+  /**
+   * The context shift (ts/engine/kv-cache.ts shiftSlot): a layer holding positions 0 ..
+   * length - 1 drops positions keep .. keep + discard - 1; the later ones move down by `discard`
+   * (into cell p - discard, or (p - discard) % cells in a ring) and their keys are rotated back
+   * by `discard` positions with the layer's RoPE. Absent where the backend cannot.
+   */
+  shiftKv?(layer: KvLayer, rope: RopeOptions, keep: number, discard: number, length: number): void;
   geluMul(gate: Activation, up: Activation, rows: number, out: Activation): void;
   siluMul(gate: Activation, up: Activation, rows: number, out: Activation): void;
   add(a: Activation, b: Activation, rows: number, out: Activation): void;

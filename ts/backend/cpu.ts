@@ -222,6 +222,46 @@ export class CpuBackend implements Backend {
     d.vBytes.set(s.vBytes.subarray(srcCell * vb, (srcCell + cells) * vb), dstCell * vb);
   }
 
+  shiftKv(layer: KvLayer, rope: RopeOptions, keep: number, discard: number, length: number): void {
+    const l = layer as CpuKvLayer;
+    const kvDim = l.kvHeads * l.headDim;
+    if (!l.ring) {
+      const from = keep + discard, rows = length - from;
+      if (rows <= 0) return;
+      const keys = this.rotatedKeys(l, from, rows, rope, discard);
+      check(this.lib.infer_kv_store(keys, offsetAddress(l.k, keep * l.kRowBytes), l.kTypeId, rows * kvDim), "kv_store k");
+      l.vBytes.copyWithin(keep * l.vRowBytes, from * l.vRowBytes, length * l.vRowBytes);
+      return;
+    }
+    // A ring: every cell rotated back, then the ring turned so that position p - discard sits in
+    // cell (p - discard) % cells. Cells whose positions were dropped hold what no query sees.
+    const cells = l.cells, turn = discard % cells;
+    const keys = this.rotatedKeys(l, 0, cells, rope, discard);
+    const tail = (cells - turn) * kvDim;
+    check(this.lib.infer_kv_store(keys.subarray(turn * kvDim), l.k, l.kTypeId, tail), "kv_store k");
+    if (turn > 0) {
+      check(this.lib.infer_kv_store(keys.subarray(0, turn * kvDim), offsetAddress(l.k, (cells - turn) * l.kRowBytes),
+        l.kTypeId, turn * kvDim), "kv_store k");
+    }
+    const values = l.vBytes.slice(0, cells * l.vRowBytes);
+    l.vBytes.set(values.subarray(turn * l.vRowBytes), 0);
+    l.vBytes.set(values.subarray(0, turn * l.vRowBytes), (cells - turn) * l.vRowBytes);
+  }
+
+  /** Keys of cells first .. first + rows - 1 as f32, rotated by -discard positions. */
+  private rotatedKeys(l: CpuKvLayer, first: number, rows: number, rope: RopeOptions, discard: number): Float32Array {
+    const kvDim = l.kvHeads * l.headDim, keys = new Float32Array(rows * kvDim);
+    const src = l.kBytes.subarray(first * l.kRowBytes, (first + rows) * l.kRowBytes);
+    check(this.lib.infer_dequantize(l.kTypeId, src, rows * kvDim, keys), "dequantize keys");
+    const positions = new Int32Array(rows).fill(-discard);
+    let factors: Pointer | null = null;
+    if (rope.freqFactors) factors = w(rope.freqFactors).address;
+    const shape = packed("RopeShape", { n_tok: rows, n_heads: l.kvHeads, head_dim: l.headDim, n_rot: rope.rotaryDims,
+      freq_base: rope.base, freq_scale: rope.scale, mode: rope.neox ? 2 : 0 });
+    check(this.lib.infer_rope(keys, positions, factors, shape), "rope (shift)");
+    return keys;
+  }
+
   geluMul(gate: Activation, up: Activation, rows: number, out: Activation): void {
     check(this.lib.infer_gelu_mul(a(gate).address, a(up).address, rows * gate.cols, a(out).address), "gelu_mul");
   }

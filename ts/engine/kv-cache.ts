@@ -89,3 +89,39 @@ export function rewindSlot(slot: Slot, position: number): void {
   slot.length = position;
   if (position === 0) slot.reach = 0;
 }
+
+/** Positions the context shift keeps at the start by default: StreamingLLM's attention sinks. */
+export const SHIFT_KEEP = 4;
+
+/**
+ * How many positions the context shift drops from a slot holding `length` positions, keeping
+ * the first `keep`: half of the rest, as llama.cpp's context shift, but no more than leaves each
+ * sliding-window ring's window clear of the kept first positions (a ring has forgotten them;
+ * llama.cpp's sliding-window cache has too, so those layers do not see them). 0: none can go.
+ */
+export function shiftDiscard(cache: KvCache, info: ModelInfo, keep: number, length: number): number {
+  let discard = Math.floor((length - keep) / 2);
+  cache.layers.forEach((layer, i) => {
+    if (layer.ring) discard = Math.min(discard, length - keep - info.kvShapes[i].window);
+  });
+  return Math.max(0, discard);
+}
+
+/**
+ * The context shift (StreamingLLM, llama.cpp's context shift): drops the slot's positions keep ..
+ * keep + discard - 1 and moves the later ones down, their keys rotated back by `discard`
+ * positions with each layer's RoPE, so that generation goes on past the end of the context. The
+ * kept keys and values are those computed with the dropped tokens in view, as in llama.cpp.
+ * Returns the positions dropped (0: the backend or model cannot shift, or nothing can go).
+ */
+export function shiftSlot(be: Backend, slot: Slot, info: ModelInfo, keep = SHIFT_KEEP): number {
+  const rope = info.keyRope, length = slot.length;
+  if (!be.shiftKv || !rope || keep >= length) return 0;
+  const discard = shiftDiscard(slot.cache, info, keep, length);
+  if (discard < 1) return 0;
+  slot.cache.layers.forEach((layer, i) => be.shiftKv!(layer, rope[i], keep, discard, length));
+  slot.history.copyWithin(keep, keep + discard, length);
+  slot.length = length - discard;
+  slot.reach = slot.length;
+  return discard;
+}
