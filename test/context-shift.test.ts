@@ -7,11 +7,14 @@ import { describe, expect, test } from "bun:test";
 import { existsSync } from "node:fs";
 import type { KvLayer, KvType, RopeOptions } from "../ts/backend/backend.ts";
 import { CpuBackend } from "../ts/backend/cpu.ts";
+import { loadModel } from "../ts/api/model.ts";
 import { Engine } from "../ts/engine/engine.ts";
 import { shiftSlot } from "../ts/engine/kv-cache.ts";
 import { GgmlType } from "../ts/gguf/types.ts";
 import { defaultModelPath } from "../ts/models/cache.ts";
+import { defaultSampling } from "../ts/sample/sampler.ts";
 import { check, native } from "../ts/native/lib.ts";
+import { parseRequest } from "../ts/serve/protocol.ts";
 
 const typeIds: Record<string, number> = { f32: GgmlType.F32, f16: GgmlType.F16, q8_0: GgmlType.Q8_0 };
 
@@ -108,9 +111,9 @@ describe.skipIf(!existsSync(defaultModelPath()))("generating past the context of
   test("without the shift it ends at the context; with it, it goes on", () => {
     const engine = open();
     try {
-      const ended = engine.generate(prompt, { maxTokens: 200, sampling: { temperature: 0 }, ignoreEos: true });
+      const ended = engine.generate(prompt, { maxTokens: 200, sampling: { ...defaultSampling, temperature: 0 }, ignoreEos: true });
       expect(ended.stopReason).toBe("context");
-      const shifted = engine.generate(prompt, { maxTokens: 200, sampling: { temperature: 0 }, ignoreEos: true,
+      const shifted = engine.generate(prompt, { maxTokens: 200, sampling: { ...defaultSampling, temperature: 0 }, ignoreEos: true,
         contextShift: true });
       expect(shifted.stopReason).toBe("length");
       expect(shifted.tokens.length).toBe(200);
@@ -153,4 +156,61 @@ describe.skipIf(!existsSync(defaultModelPath()))("generating past the context of
       fresh.close();
     }
   }, 120_000);
+});
+
+describe.skipIf(!existsSync(defaultModelPath()))("a long chat through a small context", () => {
+  test("40 turns through a 512-token context each get an answer", async () => {
+    const model = await loadModel(defaultModelPath(), { contextLength: 512, parallel: 1 });
+    try {
+      const chat = model.chat({ system: "You are a helpful assistant." });
+      let forgot = 0;
+      for (let turn = 0; turn < 40; turn++) {
+        const reply = await chat.send(`Tell me fact number ${turn + 1} about rabbits, in one sentence.`, {
+          maxTokens: 32, temperature: 0, contextShift: true,
+        });
+        expect(reply.tokens.length).toBeGreaterThan(0);
+        if (reply.messages.length < 2 * (turn + 1) + 1) forgot++;
+      }
+      // The conversation outgrew the context: its oldest turns were forgotten, every turn answered.
+      expect(forgot).toBeGreaterThan(0);
+      expect(chat.messages[0]).toEqual({ role: "system", content: "You are a helpful assistant." });
+    } finally {
+      await model.close();
+    }
+  }, 600_000);
+
+  test("without contextShift the turn that does not fit fails as before", async () => {
+    const model = await loadModel(defaultModelPath(), { contextLength: 64, parallel: 1 });
+    try {
+      const chat = model.chat();
+      const long = "Tell me everything you know about rabbits and their long ears and their burrows. ".repeat(4);
+      let message = "";
+      try {
+        await chat.send(long, { maxTokens: 8, temperature: 0 });
+      } catch (err) {
+        message = (err as Error).message;
+      }
+      expect(message).toMatch(/does not fit the context of 64 tokens/);
+    } finally {
+      await model.close();
+    }
+  }, 120_000);
+});
+
+describe("the server's --context-shift", () => {
+  const limits = { vocabSize: 1000, contextLength: 64 };
+  const body = { model: "m", prompt: "hi", max_tokens: 500 };
+  test("without it, max_tokens past the context is a 400", () => {
+    expect(() => parseRequest("completion", body, limits)).toThrow(/max_tokens/);
+  });
+  test("with it, max_tokens past the context is taken and the job shifts", () => {
+    const parsed = parseRequest("completion", body, { ...limits, contextShift: true });
+    expect(parsed.job.maxTokens).toBe(500);
+    expect(parsed.job.contextShift).toBe(true);
+  });
+  test("with it, a chat without max_tokens still ends at the context", () => {
+    const parsed = parseRequest("chat", { model: "m", messages: [{ role: "user", content: "hi" }] },
+      { ...limits, contextShift: true });
+    expect(parsed.job.contextShift).toBeUndefined();
+  });
 });

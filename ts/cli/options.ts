@@ -51,7 +51,8 @@ export function generationHelp(defaultTokens: string): string {
                          available, else the CPU (default: auto)
 
 generation (defaults are llama.cpp's):
-  -n N                   tokens to generate; -1: until the context is full (${defaultTokens})
+  -n N                   tokens to generate; -1: no limit, the context shifting when full
+                         (keeps its first 4 tokens, drops the older half; CPU) (${defaultTokens})
   --temp T               temperature; 0 is greedy (default ${d.temperature})
   --top-k K              keep the K most likely tokens; 0: all (default ${d.topK})
   --top-p P              keep the fewest tokens reaching probability P; 1: off (default ${d.topP})

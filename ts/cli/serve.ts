@@ -40,6 +40,8 @@ another origin are refused (403) unless --cors allows that origin.
   -c, --ctx N            context length of each sequence (default: min(4096, the model's))
   -ctk, --cache-type-k T KV cache keys: f16, q8_0 or q4_0 (default f16; CPU backend)
   -ctv, --cache-type-v T KV cache values, as -ctk
+  --context-shift        a request with max_tokens past the context gets them: the context
+                         keeps its first 4 tokens and drops the older half of the rest (CPU)
   --parallel N           requests decoded together, each with its own KV cache (default 4)
   --prefill-chunk N      prompt tokens per step while other requests decode (default 64)
   --prefix-cache MIB     memory for the prefix cache (default 128; 0: off)
@@ -73,6 +75,7 @@ export async function serveCommand(argv: string[]): Promise<number> {
       "step-timeout": { type: "string" }, "shutdown-timeout": { type: "string" },
       cors: { type: "string", multiple: true },
       "cache-type-k": { type: "string" }, "cache-type-v": { type: "string" },
+      "context-shift": { type: "boolean" },
     },
   });
   if (values.help) { process.stdout.write(serveUsage); return 0; }
@@ -88,6 +91,7 @@ export async function serveCommand(argv: string[]): Promise<number> {
     threads, backend,
     cacheTypeK: cacheTypeOption(values["cache-type-k"], "--cache-type-k"),
     cacheTypeV: cacheTypeOption(values["cache-type-v"], "--cache-type-v"),
+    contextShift: values["context-shift"] ?? false,
     apiKey: values["api-key"] ?? setting("INFER_API_KEY"),
     maxQueue: intOption(values.queue, "--queue", 16, 0),
     parallel: intOption(values.parallel, "--parallel", 4, 1),

@@ -41,6 +41,8 @@ export interface ServeOptions {
   readonly prefillChunk?: number;
   /** Memory for the prefix cache shared across requests (default 128 MiB); 0: none. */
   readonly prefixCacheBytes?: number;
+  /** Requests with a max_tokens generate past the context, shifting it (default off). */
+  readonly contextShift?: boolean;
   /** The KV cache's key and value types (default f16). */
   readonly cacheTypeK?: KvType;
   readonly cacheTypeV?: KvType;
@@ -168,7 +170,7 @@ export async function startServer(o: ServeOptions): Promise<InferServer> {
     return parseJson(bodyText(bytes));
   }
 
-  const generation: GenerationContext = { queue: scheduler, metrics, modelId, info,
+  const generation: GenerationContext = { queue: scheduler, metrics, modelId, info, contextShift: o.contextShift,
     checkAvailable() {
       if (stopping) throw new ApiError(503, "the server is stopping", null, "server_shutting_down");
       const down = unavailable();
