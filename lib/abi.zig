@@ -38,11 +38,13 @@ comptime {
 // the shape of the call is a struct -------------------------------------------------------------
 
 /// infer_attention: causal (optionally sliding-window) grouped-query attention of n_tok queries
-/// at positions pos0.. over a K/V cache [pos][n_kv_head][head_dim] (rows kv_stride values apart)
-/// of ggml type kv_type (0 = F32, 1 = F16); window 0: every earlier key; ring > 0: position p in
-/// cell p % ring.
+/// at positions pos0.. over a K/V cache [pos][n_kv_head][head_dim] (rows kv_stride values apart),
+/// the keys of ggml type k_type and the values of v_type (0 = F32, 1 = F16, 2 = Q4_0, 8 = Q8_0;
+/// a quantized cache needs head_dim and kv_stride multiples of 32); window 0: every earlier key;
+/// ring > 0: position p in cell p % ring.
 pub const AttentionShape = extern struct {
-    kv_type: u32,
+    k_type: u32,
+    v_type: u32,
     n_tok: u64,
     n_head: u64,
     n_kv_head: u64,

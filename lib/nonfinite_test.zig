@@ -279,7 +279,8 @@ test "attention: NaN in a query or in the cache reaches the heads that read it" 
                     try ok(abi.infer_kv_store(kf.ptr, k.ptr, kv_type, kf.len));
                     try ok(abi.infer_kv_store(vf.ptr, v.ptr, kv_type, vf.len));
                     const shape: shapes.AttentionShape = .{
-                        .kv_type = kv_type,
+                        .k_type = kv_type,
+                        .v_type = kv_type,
                         .n_tok = c.n_tok,
                         .n_head = n_head,
                         .n_kv_head = n_kv_head,

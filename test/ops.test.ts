@@ -156,7 +156,7 @@ function rope(x: Float32Array, nTok: number, nHeads: number, headDim: number, nR
 function attention(q: Float32Array, k: Float32Array | Uint16Array, v: Float32Array | Uint16Array, kvType: number,
   out: Float32Array, nTok: number, nHead: number, nKvHead: number, headDim: number, pos0: number, kvStride: number,
   window: number, ring: number, scale: number): number {
-  return native().infer_attention(q, k, v, out, packStruct("AttentionShape", { kv_type: kvType, n_tok: nTok,
+  return native().infer_attention(q, k, v, out, packStruct("AttentionShape", { k_type: kvType, v_type: kvType, n_tok: nTok,
     n_head: nHead, n_kv_head: nKvHead, head_dim: headDim, pos0, kv_stride: kvStride, window, ring, scale }));
 }
 
@@ -284,8 +284,10 @@ describe("attention", () => {
     const q = new Float32Array(64), kv = new Float32Array(64), out = new Float32Array(64);
     expectInferError(() => attention(q, kv, kv, 0, out, 1, 6, 4, 8, 0, 32, 0, 0, 1),
       "n_head 6 is not a multiple of n_kv_head 4");
-    expectInferError(() => attention(q, kv, kv, 2, out, 1, 4, 1, 8, 0, 8, 0, 0, 1),
-      "kv_type 2");
+    expectInferError(() => attention(q, kv, kv, 3, out, 1, 4, 1, 8, 0, 8, 0, 0, 1),
+      "k_type 3");
+    expectInferError(() => attention(q, kv, kv, 8, out, 1, 4, 1, 8, 0, 8, 0, 0, 1),
+      "a quantized cache needs head_dim 8 and kv_stride 8 to be multiples of 32");
     expectInferError(() => attention(q, kv, kv, 0, out, 1, 4, 2, 8, 0, 8, 0, 0, 1),
       "kv_stride 8");
     expectInferError(() => attention(q, kv, kv, 0, out, 1, 4, 1, 0, 0, 8, 0, 0, 1),
@@ -293,6 +295,7 @@ describe("attention", () => {
     expectInferError(() => attention(q, kv, kv, 0, out, 4, 4, 1, 8, 10, 8, 8, 9, 1),
       "ring of 9 cells");
     expectInferError(() => lib.infer_kv_store(q, kv, 7, 4), "dst_type 7");
+    expectInferError(() => lib.infer_kv_store(q, kv, 8, 40), "40 values are not whole blocks of 32");
   });
 });
 

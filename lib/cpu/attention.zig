@@ -1,8 +1,8 @@
 //! Causal multi-head attention over a KV cache (Vaswani et al. 2017), with grouped-query heads
 //! (Ainslie et al. 2023) and an optional sliding window (Gemma 2/3 local layers).
 //!   q:   [n_tok][n_head][head_dim] f32, the queries at absolute positions pos0 + t
-//!   k,v: [pos][n_kv_head][head_dim], rows kv_stride elements apart, F32 or F16
-//!        (ggml type ids 0, 1)
+//!   k,v: [pos][n_kv_head][head_dim], rows kv_stride elements apart, each F32, F16, Q4_0 or Q8_0
+//!        (ggml type ids 0, 1, 2, 8; the quantized forms in kv_quant.zig)
 //!   out: [n_tok][n_head][head_dim] = softmax_j(scale · q·k_j) · v_j over the visible keys j:
 //!        j <= p (causal) and, when window > 0, p - j < window.
 //! Softmax is the online form (Milakov & Gimelshein 2018): a running max m, running sum l and an
@@ -15,11 +15,31 @@
 const std = @import("std");
 const attention_f16 = @import("attention_f16.zig");
 const threads = @import("threads.zig");
+const kv_quant = @import("kv_quant.zig");
 
 const lanes = 8;
 const V = @Vector(lanes, f32);
 
-pub const KvType = enum(u32) { f32 = 0, f16 = 1 };
+pub const KvType = enum(u32) {
+    f32 = 0,
+    f16 = 1,
+    q4_0 = 2,
+    q8_0 = 8,
+
+    pub fn quantized(t: KvType) bool {
+        return t == .q4_0 or t == .q8_0;
+    }
+
+    /// Bytes of n values (n a whole number of blocks for the quantized types).
+    pub fn bytes(t: KvType, n: usize) usize {
+        return switch (t) {
+            .f32 => 4 * n,
+            .f16 => 2 * n,
+            .q4_0 => n / kv_quant.block_values * @sizeOf(kv_quant.Q4Block),
+            .q8_0 => n / kv_quant.block_values * @sizeOf(kv_quant.Q8Block),
+        };
+    }
+};
 
 /// Stack sizes for one K/V row and one group's softmax state.
 pub const head_dim_max = 1024;
@@ -75,15 +95,19 @@ pub const Shape = struct {
     }
 };
 
-/// A K or V cache seen as rows of f32 or f16.
+/// A K or V cache seen as rows of f32, f16 or quantized blocks (addressed by element offset).
 pub const Cache = union(KvType) {
     f32: [*]const f32,
     f16: [*]align(1) const f16,
+    q4_0: [*]align(1) const kv_quant.Q4Block,
+    q8_0: [*]align(1) const kv_quant.Q8Block,
 
     pub fn fromBytes(kv_type: KvType, bytes: [*]const u8) Cache {
         return switch (kv_type) {
             .f32 => .{ .f32 = @ptrCast(@alignCast(bytes)) },
             .f16 => .{ .f16 = @ptrCast(bytes) },
+            .q4_0 => .{ .q4_0 = @ptrCast(bytes) },
+            .q8_0 => .{ .q8_0 = @ptrCast(bytes) },
         };
     }
 
@@ -91,6 +115,21 @@ pub const Cache = union(KvType) {
         return switch (c) {
             .f32 => |p| p[i],
             .f16 => |p| p[i],
+            .q4_0 => |p| kv_quant.atQ4(p, i),
+            .q8_0 => |p| kv_quant.atQ8(p, i),
+        };
+    }
+
+    fn quantized(c: Cache) bool {
+        return c == .q4_0 or c == .q8_0;
+    }
+
+    /// key · query for a quantized cache's row at `start`, the query in Q8_0 blocks.
+    fn dotQuery(c: Cache, start: usize, q: []align(1) const kv_quant.Q8Block) f32 {
+        return switch (c) {
+            .q4_0 => |p| kv_quant.dotQ4(p, start, q),
+            .q8_0 => |p| kv_quant.dotQ8(p, start, q),
+            else => unreachable,
         };
     }
 
@@ -108,9 +147,22 @@ pub const Cache = union(KvType) {
                 while (i < buf.len) : (i += 1) buf[i] = src[i];
                 return buf;
             },
+            .q4_0 => |p| return kv_quant.rowQ4(p, start, buf),
+            .q8_0 => |p| return kv_quant.rowQ8(p, start, buf),
         }
     }
 };
+
+/// Per-thread Q8_0 copies of one work row's query heads (a quantized K cache), grown on demand.
+threadlocal var query_blocks: []kv_quant.Q8Block = &.{};
+
+fn growQueryBlocks(n: usize) bool {
+    if (query_blocks.len >= n) return true;
+    const grown = std.heap.page_allocator.alloc(kv_quant.Q8Block, @max(n, 2 * query_blocks.len)) catch return false;
+    if (query_blocks.len > 0) std.heap.page_allocator.free(query_blocks);
+    query_blocks = grown;
+    return true;
+}
 
 fn dot(a: []const f32, b: []const f32) f32 {
     var acc: V = @splat(0);
@@ -136,7 +188,9 @@ fn scaleAdd(y: []f32, c: f32, w: f32, x: []const f32) void {
 }
 
 /// Handles work rows [row_begin, row_end), row = kv_head · n_tok + t. Returns false only
-/// when the F16 path cannot get memory for its scores.
+/// when the F16 path (its scores) or a quantized K cache (its query blocks) cannot get memory.
+/// A quantized K cache dots each key's blocks with the query quantized to Q8_0, as llama.cpp's
+/// flash attention does; a quantized V row is expanded to f32 for the weighted sum.
 pub fn attendRows(
     q: [*]const f32,
     k: Cache,
@@ -154,23 +208,32 @@ pub fn attendRows(
     var v_buf: [head_dim_max]f32 = undefined;
     var run_max: [group_max]f32 = undefined;
     var run_sum: [group_max]f32 = undefined;
+    const k_quant = k.quantized();
+    const q_blocks = d / kv_quant.block_values;
+    if (k_quant and !growQueryBlocks(group * q_blocks)) return false;
     for (row_begin..row_end) |r| {
         const t = s.rowToken(r);
         const kv_head = s.rowKvHead(r);
         const first_head = kv_head * group;
         const row_base = (t * s.n_head + first_head) * d;
+        if (k_quant) for (0..group) |g| {
+            kv_quant.quantizeQuery(q[row_base + g * d ..][0..d], query_blocks[g * q_blocks ..][0..q_blocks]);
+        };
         @memset(out[row_base..][0 .. group * d], 0);
         @memset(run_max[0..group], -std.math.inf(f32));
         @memset(run_sum[0..group], 0);
         const begin, const end = s.keyRange(s.pos0 + t);
         for (begin..end) |j| {
             const kv_start = s.cell(j) * s.kv_stride + kv_head * d;
-            const k_row = k.row(kv_start, k_buf[0..d]);
+            const k_row = if (k_quant) k_buf[0..0] else k.row(kv_start, k_buf[0..d]);
             const v_row = v.row(kv_start, v_buf[0..d]);
             for (0..group) |g| {
                 const q_row = q[row_base + g * d ..][0..d];
                 const o_row = out[row_base + g * d ..][0..d];
-                const score = s.scale * dot(q_row, k_row);
+                const score = s.scale * if (k_quant)
+                    k.dotQuery(kv_start, query_blocks[g * q_blocks ..][0..q_blocks])
+                else
+                    dot(q_row, k_row);
                 var correction: f32 = 1;
                 if (score > run_max[g]) {
                     correction = @exp(run_max[g] - score);
@@ -226,7 +289,8 @@ pub fn attention(q: [*]const f32, k: Cache, v: Cache, out: [*]f32, s: Shape) boo
 }
 
 /// Two passes per query head, in the textbook order: scores, max, exp and sum, weighted sum.
-/// With an F16 cache it rounds the query and the probabilities to f16 as the fast path does.
+/// With an F16 cache it rounds the query and the probabilities to f16 as the fast path does;
+/// with a quantized K cache it rounds the query through Q8_0 as the fast path does.
 /// `scores` needs pos0 + n_tok entries.
 pub fn attentionReference(
     q: [*]const f32,
@@ -237,7 +301,7 @@ pub fn attentionReference(
     scores: []f32,
 ) void {
     const d = s.head_dim;
-    const round = k == .f16;
+    const round = k == .f16 and v == .f16;
     for (0..s.n_tok) |t| {
         for (0..s.n_head) |h| {
             const kv_head = h / s.group();
@@ -245,6 +309,12 @@ pub fn attentionReference(
             for (0..d) |i| {
                 const x = q[(t * s.n_head + h) * d + i];
                 q_row[i] = if (round) @as(f16, @floatCast(x)) else x;
+            }
+            if (k.quantized()) {
+                var blocks: [head_dim_max / kv_quant.block_values]kv_quant.Q8Block = undefined;
+                const nb = d / kv_quant.block_values;
+                kv_quant.quantizeQuery(q_row[0..d], blocks[0..nb]);
+                _ = kv_quant.rowQ8(&blocks, 0, q_row[0..d]);
             }
             const o_row = out[(t * s.n_head + h) * d ..][0..d];
             const begin, const end = s.keyRange(s.pos0 + t);
@@ -271,9 +341,12 @@ pub fn attentionReference(
     }
 }
 
-/// Writes n f32 values into a cache as F32 or F16 (round to nearest even, as ggml's F16C path).
+/// Writes n f32 values into a cache as F32, F16 (round to nearest even, as ggml's F16C path),
+/// Q8_0 or Q4_0 (n a whole number of blocks).
 pub fn store(src: []const f32, dst: [*]u8, dst_type: KvType) void {
     switch (dst_type) {
+        .q8_0 => kv_quant.storeQ8(src, dst),
+        .q4_0 => kv_quant.storeQ4(src, dst),
         .f32 => @memcpy(@as([*]align(1) f32, @ptrCast(dst))[0..src.len], src),
         .f16 => {
             const out: [*]align(1) f16 = @ptrCast(dst);
@@ -290,6 +363,10 @@ pub fn store(src: []const f32, dst: [*]u8, dst_type: KvType) void {
 // ---- tests ---------------------------------------------------------------------------------
 
 fn runCase(kv_type: KvType, s: Shape, seed: u64) !void {
+    return runMixedCase(kv_type, kv_type, s, seed);
+}
+
+fn runMixedCase(k_type: KvType, v_type: KvType, s: Shape, seed: u64) !void {
     const gpa = std.testing.allocator;
     var prng = std.Random.DefaultPrng.init(seed);
     const rand = prng.random();
@@ -300,12 +377,14 @@ fn runCase(kv_type: KvType, s: Shape, seed: u64) !void {
     const kv_f32 = try gpa.alloc(f32, 2 * cache_len);
     defer gpa.free(kv_f32);
     for (kv_f32) |*x| x.* = rand.float(f32) * 2 - 1;
-    const elem: usize = if (kv_type == .f16) 2 else 4;
-    const kv_bytes = try gpa.alignedAlloc(u8, 4, 2 * cache_len * elem);
-    defer gpa.free(kv_bytes);
-    store(kv_f32, kv_bytes.ptr, kv_type);
-    const k = Cache.fromBytes(kv_type, kv_bytes.ptr);
-    const v = Cache.fromBytes(kv_type, kv_bytes.ptr + cache_len * elem);
+    const k_bytes = try gpa.alignedAlloc(u8, 4, k_type.bytes(cache_len));
+    defer gpa.free(k_bytes);
+    const v_bytes = try gpa.alignedAlloc(u8, 4, v_type.bytes(cache_len));
+    defer gpa.free(v_bytes);
+    store(kv_f32[0..cache_len], k_bytes.ptr, k_type);
+    store(kv_f32[cache_len..], v_bytes.ptr, v_type);
+    const k = Cache.fromBytes(k_type, k_bytes.ptr);
+    const v = Cache.fromBytes(v_type, v_bytes.ptr);
     const want = try gpa.alloc(f32, q.len);
     defer gpa.free(want);
     const got = try gpa.alloc(f32, q.len);
@@ -316,8 +395,49 @@ fn runCase(kv_type: KvType, s: Shape, seed: u64) !void {
     try std.testing.expect(attention(q.ptr, k, v, got.ptr, s));
     // F16: a probability whose f32 value sits on an f16 rounding boundary may round one ulp
     // (2^-11 relative) apart in the two summation orders.
-    const tolerance: f32 = if (kv_type == .f16) 1e-3 else 1e-5;
+    const tolerance: f32 = if (k_type == .f16 and v_type == .f16) 1e-3 else 1e-5;
     for (want, got) |w, g| try std.testing.expectApproxEqAbs(w, g, tolerance);
+}
+
+test "attention over quantized and mixed caches matches the two-pass reference" {
+    const types = [_]KvType{ .f32, .f16, .q8_0, .q4_0 };
+    for ([_]usize{ 32, 96, 256 }, 0..) |d, i| {
+        for (types) |k_type| for (types) |v_type| {
+            if (!k_type.quantized() and !v_type.quantized()) continue;
+            // GQA 4:1 prefill; decode over padded rows (a whole number of blocks apart); a window.
+            try runMixedCase(k_type, v_type, .{ .n_tok = 5, .n_head = 4, .n_kv_head = 1, .head_dim = d, .pos0 = 0, .kv_stride = d, .window = 0, .scale = 0.125 }, i);
+            try runMixedCase(k_type, v_type, .{ .n_tok = 1, .n_head = 8, .n_kv_head = 2, .head_dim = d, .pos0 = 37, .kv_stride = 2 * d + 32, .window = 0, .scale = 0.3 }, i + 10);
+            try runMixedCase(k_type, v_type, .{ .n_tok = 9, .n_head = 2, .n_kv_head = 2, .head_dim = d, .pos0 = 4, .kv_stride = 2 * d, .window = 3, .scale = 1 }, i + 20);
+        };
+    }
+}
+
+test "a Q8_0 cache's attention stays close to the f32 cache's" {
+    const gpa = std.testing.allocator;
+    var prng = std.Random.DefaultPrng.init(5);
+    const rand = prng.random();
+    const s = Shape{ .n_tok = 3, .n_head = 4, .n_kv_head = 2, .head_dim = 64, .pos0 = 60, .kv_stride = 128, .window = 0, .scale = 0.125 };
+    const n = s.cacheLen();
+    const q = try gpa.alloc(f32, s.n_tok * s.n_head * s.head_dim);
+    defer gpa.free(q);
+    for (q) |*x| x.* = rand.float(f32) * 2 - 1;
+    const kv = try gpa.alignedAlloc(f32, 4, 2 * n);
+    defer gpa.free(kv);
+    for (kv) |*x| x.* = rand.float(f32) * 2 - 1;
+    const k8 = try gpa.alloc(u8, KvType.q8_0.bytes(n));
+    defer gpa.free(k8);
+    const v8 = try gpa.alloc(u8, KvType.q8_0.bytes(n));
+    defer gpa.free(v8);
+    store(kv[0..n], k8.ptr, .q8_0);
+    store(kv[n..], v8.ptr, .q8_0);
+    const want = try gpa.alloc(f32, q.len);
+    defer gpa.free(want);
+    const got = try gpa.alloc(f32, q.len);
+    defer gpa.free(got);
+    try std.testing.expect(attention(q.ptr, .{ .f32 = kv.ptr }, .{ .f32 = kv[n..].ptr }, want.ptr, s));
+    try std.testing.expect(attention(q.ptr, Cache.fromBytes(.q8_0, k8.ptr), Cache.fromBytes(.q8_0, v8.ptr), got.ptr, s));
+    // Values in [-1, 1] quantize with steps under 1/127; the output moves far less than that.
+    for (want, got) |w, g| try std.testing.expectApproxEqAbs(w, g, 2e-3);
 }
 
 test "attention fast path matches the two-pass reference" {
@@ -410,11 +530,10 @@ test "a ring cache gives what a linear cache gives" {
         @memcpy(ring[c * d ..][0..d], lin[p * d ..][0..d]);
         @memcpy(ring[(ringed.ring + c) * d ..][0..d], lin[(positions + p) * d ..][0..d]);
     }
-    for ([_]KvType{ .f32, .f16 }) |kv_type| {
-        const elem: usize = if (kv_type == .f16) 2 else 4;
-        const lin_bytes = try gpa.alignedAlloc(u8, 4, lin.len * elem);
+    for ([_]KvType{ .f32, .f16, .q8_0, .q4_0 }) |kv_type| {
+        const lin_bytes = try gpa.alignedAlloc(u8, 4, kv_type.bytes(lin.len));
         defer gpa.free(lin_bytes);
-        const ring_bytes = try gpa.alignedAlloc(u8, 4, ring.len * elem);
+        const ring_bytes = try gpa.alignedAlloc(u8, 4, kv_type.bytes(ring.len));
         defer gpa.free(ring_bytes);
         store(lin, lin_bytes.ptr, kv_type);
         store(ring, ring_bytes.ptr, kv_type);
@@ -423,12 +542,13 @@ test "a ring cache gives what a linear cache gives" {
         const got = try gpa.alloc(f32, q.len);
         defer gpa.free(got);
         const lk = Cache.fromBytes(kv_type, lin_bytes.ptr);
-        const lv = Cache.fromBytes(kv_type, lin_bytes.ptr + positions * d * elem);
+        const lv = Cache.fromBytes(kv_type, lin_bytes.ptr + kv_type.bytes(positions * d));
         const rk = Cache.fromBytes(kv_type, ring_bytes.ptr);
-        const rv = Cache.fromBytes(kv_type, ring_bytes.ptr + ringed.ring * d * elem);
+        const rv = Cache.fromBytes(kv_type, ring_bytes.ptr + kv_type.bytes(ringed.ring * d));
         try std.testing.expect(attention(q.ptr, lk, lv, want.ptr, linear));
         try std.testing.expect(attention(q.ptr, rk, rv, got.ptr, ringed));
-        // F16 sums the same terms in cell order, which differs from position order once wrapped.
+        // F16 sums the same terms in cell order, which differs from position order once wrapped;
+        // the quantized caches hold the same blocks in either layout (a row is whole blocks).
         const tolerance: f32 = if (kv_type == .f16) 1e-3 else 1e-6;
         for (want, got) |w, g| try std.testing.expectApproxEqAbs(w, g, tolerance);
     }

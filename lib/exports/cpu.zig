@@ -340,7 +340,6 @@ export fn infer_attention(
     out: [*]f32,
     shape: *const abi.AttentionShape,
 ) i32 {
-    const kv_type = shape.kv_type;
     const n_tok = shape.n_tok;
     const n_head = shape.n_head;
     const n_kv_head = shape.n_kv_head;
@@ -350,8 +349,14 @@ export fn infer_attention(
     const window = shape.window;
     const ring = shape.ring;
     const scale = shape.scale;
-    const cache_type = std.meta.intToEnum(attention.KvType, kv_type) catch
-        return opsInvalid("attention: kv_type {d} is not 0 (F32) or 1 (F16)", .{kv_type});
+    const k_type = std.meta.intToEnum(attention.KvType, shape.k_type) catch return opsInvalid(
+        "attention: k_type {d} is not 0 (F32), 1 (F16), 2 (Q4_0) or 8 (Q8_0)",
+        .{shape.k_type},
+    );
+    const v_type = std.meta.intToEnum(attention.KvType, shape.v_type) catch return opsInvalid(
+        "attention: v_type {d} is not 0 (F32), 1 (F16), 2 (Q4_0) or 8 (Q8_0)",
+        .{shape.v_type},
+    );
     if (n_kv_head == 0 or n_head == 0 or n_head % n_kv_head != 0) return opsInvalid(
         "attention: n_head {d} is not a multiple of n_kv_head {d}",
         .{ n_head, n_kv_head },
@@ -369,16 +374,20 @@ export fn infer_attention(
     const too_long = pos0 >= positions_max or n_tok >= positions_max;
     if (too_long or opsCount(pos0 + n_tok, kv_stride) == null)
         return opsInvalid("attention: pos0 {d} + n_tok {d} too large", .{ pos0, n_tok });
-    if (cache_type == .f32 and (@intFromPtr(k) % 4 != 0 or @intFromPtr(v) % 4 != 0))
+    if ((k_type == .f32 and @intFromPtr(k) % 4 != 0) or (v_type == .f32 and @intFromPtr(v) % 4 != 0))
         return opsInvalid("attention: F32 cache pointers must be 4-byte aligned", .{});
+    if ((k_type.quantized() or v_type.quantized()) and (head_dim % 32 != 0 or kv_stride % 32 != 0)) return opsInvalid(
+        "attention: a quantized cache needs head_dim {d} and kv_stride {d} to be multiples of 32",
+        .{ head_dim, kv_stride },
+    );
     // A ring holds position p in cell p % ring; it must keep every key the batch's queries see.
     if (ring != 0 and (window == 0 or ring < window + n_tok - 1)) return opsInvalid(
         "attention: a ring of {d} cells needs a window and at least window + n_tok - 1 = {d} cells",
         .{ ring, window + n_tok -| 1 },
     );
     if (n_tok == 0) return 0;
-    const k_cache = attention.Cache.fromBytes(cache_type, k);
-    const v_cache = attention.Cache.fromBytes(cache_type, v);
+    const k_cache = attention.Cache.fromBytes(k_type, k);
+    const v_cache = attention.Cache.fromBytes(v_type, v);
     const done = attention.attention(q, k_cache, v_cache, out, .{
         .n_tok = n_tok,
         .n_head = n_head,
@@ -394,10 +403,15 @@ export fn infer_attention(
     return 0;
 }
 
-/// Writes n f32 values into a K/V cache as dst_type (0 = F32, 1 = F16, round to nearest even).
+/// Writes n f32 values into a K/V cache as dst_type (0 = F32, 1 = F16 rounded to nearest even,
+/// 2 = Q4_0, 8 = Q8_0 as llama.cpp quantizes a cache row; n a multiple of 32 for those).
 export fn infer_kv_store(src: [*]const f32, dst: [*]u8, dst_type: u32, n: u64) i32 {
-    const cache_type = std.meta.intToEnum(attention.KvType, dst_type) catch
-        return opsInvalid("kv_store: dst_type {d} is not 0 (F32) or 1 (F16)", .{dst_type});
+    const cache_type = std.meta.intToEnum(attention.KvType, dst_type) catch return opsInvalid(
+        "kv_store: dst_type {d} is not 0 (F32), 1 (F16), 2 (Q4_0) or 8 (Q8_0)",
+        .{dst_type},
+    );
+    if (cache_type.quantized() and n % 32 != 0)
+        return opsInvalid("kv_store: {d} values are not whole blocks of 32", .{n});
     attention.store(src[0..n], dst, cache_type);
     return 0;
 }

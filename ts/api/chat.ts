@@ -11,6 +11,7 @@ import { parseMessages } from "../chat/conversation.ts";
 import { InferError } from "../errors.ts";
 import type { Model } from "./model.ts";
 import type { Completion, GenerateOptions, Piece } from "./options.ts";
+import type { CompletionStream } from "./stream.ts";
 
 /** A tool's result: the id of the call it answers, and what the tool returned, as text. */
 export interface ToolResult {
@@ -87,8 +88,7 @@ export class Chat {
   } {
     const said = inputMessages(input);
     // Each turn's prompt is the conversation as the turn before it left it.
-    const stream = this.turn.then(() =>
-      this.model.start({ messages: [...this.messages, ...said] }, options));
+    const stream = this.turn.then(() => this.startFitting(said, options));
     const result = stream.then((s) => s.result).then((c) => {
       this.history.push(...said, c.toolCalls.length > 0
         ? { role: "assistant", content: c.text, toolCalls: c.toolCalls }
@@ -103,6 +103,33 @@ export class Chat {
         yield* await stream;
       },
     };
+  }
+
+  /**
+   * Starts the turn. With options.contextShift, a conversation grown past the context forgets
+   * its oldest turns (the system message stays) until the prompt fits, as llama.cpp's server
+   * truncates a prompt; the answer itself may then shift the context as it grows.
+   */
+  private async startFitting(said: ChatMessage[], options: GenerateOptions): Promise<CompletionStream> {
+    for (;;) {
+      const s = this.model.start({ messages: [...this.messages, ...said] }, options);
+      if (!options.contextShift) return s;
+      try {
+        await s.started;
+        return s;
+      } catch (err) {
+        const full = err instanceof InferError && err.code === "context_overflow";
+        if (!full || this.history.length === 0) throw err;
+        this.forgetOldestTurn();
+      }
+    }
+  }
+
+  /** Drops the first message and what follows it up to the next message of the user. */
+  private forgetOldestTurn(): void {
+    let n = 1;
+    while (n < this.history.length && this.history[n].role !== "user") n++;
+    this.history.splice(0, n);
   }
 
   /** Forgets the conversation (the system message stays). */

@@ -1,6 +1,7 @@
 // The library's model: loadModel() opens a GGUF on the engine's own thread (ts/runtime/) and
 // returns a Model whose calls never block the caller's event loop. Calls in flight together
 // share forward passes (the batch scheduler), each getting exactly the tokens it gets alone.
+import type { KvType } from "../backend/backend.ts";
 import { defaultBackendKind, parseBackendKind, type BackendKind } from "../backend/select.ts";
 import { chatTemplateFor, type ChatMessage, type ChatTemplate } from "../chat/template.ts";
 import { InferError } from "../errors.ts";
@@ -23,6 +24,13 @@ export interface LoadOptions {
   readonly threads?: number;
   /** Positions each sequence's KV cache holds (default: min(4096, the model's)). */
   readonly contextLength?: number;
+  /**
+   * How the KV cache stores keys (llama.cpp's --cache-type-k): "f16" (default), "q8_0" or
+   * "q4_0" (32 values to an f16 scale: about half and a quarter of f16's memory). CPU backend.
+   */
+  readonly cacheTypeK?: KvType;
+  /** How the KV cache stores values (llama.cpp's --cache-type-v), as cacheTypeK. */
+  readonly cacheTypeV?: KvType;
   /**
    * Generations decoded together, each with a KV cache of `contextLength` (default 4; 1 on a
    * backend that runs one sequence at a time). More calls than this wait their turn.
@@ -81,6 +89,7 @@ export async function loadModel(nameOrPath: string = DEFAULT_MODEL.name,
     onProgress ? { onProgress, onNote: () => {} } : {});
   const thread = await EngineThread.open({
     modelPath: path, backend, threads: options.threads, contextLength: options.contextLength,
+    cacheTypeK: options.cacheTypeK, cacheTypeV: options.cacheTypeV,
     parallel: options.parallel ?? 4, prefixCacheBytes: options.prefixCacheBytes,
     speculation: speculationOf(options),
     draftModel: options.draftModel === undefined ? undefined : await ensureModel(options.draftModel),

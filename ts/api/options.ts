@@ -43,6 +43,11 @@ export interface GenerateOptions {
   readonly json?: boolean;
   /** Go on past end-of-generation tokens. */
   readonly ignoreEos?: boolean;
+  /**
+   * When the context is full, keep its first 4 positions, drop the older half of the rest and go
+   * on (llama.cpp's context shift; CPU backend), instead of finishing with "length".
+   */
+  readonly contextShift?: boolean;
   /** Chat: functions the model may call; its calls come back in `toolCalls`. */
   readonly tools?: readonly ToolFunction[];
   /** Chat: "auto" (default with tools), "none", "required" or { name }: call that function. */
@@ -182,6 +187,7 @@ export function jobOf(input: { prompt: string | readonly number[] } | { messages
     maxTokens: num(o, "maxTokens", 256, -1, 2 ** 31 - 1, true),
     sampling: samplingOf(o, vocabSize), stop: stops(o), format: format(o), logprobs: null,
     ignoreEos: o.ignoreEos === true, speculation: speculationOf(o),
+    contextShift: o.contextShift === true,
   };
   if (common.maxTokens === 0) throw bad("maxTokens", "must be at least 1, or -1 for no limit");
   const tools = toolsOf(o);

@@ -23,6 +23,12 @@ function completionOf(e: JobDoneEvent): Completion {
 export class CompletionStream implements AsyncIterable<Piece> {
   /** The whole completion, once generation has ended (rejects as the iteration does). */
   readonly result: Promise<Completion>;
+  /**
+   * Settles once the engine has taken the prompt (or the job ended first): rejects as `result`
+   * does when the job failed before it began (a prompt that does not fit the context).
+   */
+  readonly started: Promise<void>;
+  private begin!: { resolve: () => void; reject: (e: unknown) => void };
   /** The pieces so far; each iteration reads them from the start, then waits for more. */
   private readonly pieces: Piece[] = [];
   private ended = false;
@@ -35,6 +41,9 @@ export class CompletionStream implements AsyncIterable<Piece> {
     let settle!: { resolve: (c: Completion) => void; reject: (e: unknown) => void };
     this.result = new Promise<Completion>((resolve, reject) => (settle = { resolve, reject }));
     this.result.catch(() => {}); // a caller who only iterates sees the error there
+    this.started = new Promise<void>((resolve, reject) => (this.begin = { resolve, reject }));
+    this.started.catch(() => {});
+    this.result.then(() => this.begin.resolve(), (e) => this.begin.reject(e));
     this.ticket = thread.ticket(job);
     const signal = options.signal;
     if (signal?.aborted) {
@@ -51,6 +60,7 @@ export class CompletionStream implements AsyncIterable<Piece> {
   private async pump(settle: { resolve: (c: Completion) => void; reject: (e: unknown) => void }) {
     for (;;) {
       const e = await this.ticket.next();
+      if (e.type === "started") this.begin.resolve();
       if (e.type === "text") {
         if (e.toolCalls) this.pieces.push({ text: e.text, toolCalls: e.toolCalls });
         else if (e.text.length > 0) this.pieces.push({ text: e.text });

@@ -17,7 +17,38 @@ export interface Activation {
   readonly cols: number;
 }
 
-export type KvType = "f16" | "f32";
+/**
+ * How a KV cache stores a key or value: f16 (the default), f32 (tests), or llama.cpp's block
+ * quantizations q8_0 and q4_0 (32 values share an f16 scale; head_dim a multiple of 32).
+ */
+export type KvType = "f16" | "f32" | "q8_0" | "q4_0";
+export const kvTypes: readonly KvType[] = ["f16", "f32", "q8_0", "q4_0"];
+
+/** The types of a cache's keys and its values (they may differ: keys are the sensitive half). */
+export interface KvTypes {
+  readonly k: KvType;
+  readonly v: KvType;
+}
+
+/** One type for keys and values both, or each its own. */
+export function kvTypesOf(t: KvType | KvTypes): KvTypes {
+  return typeof t === "string" ? { k: t, v: t } : t;
+}
+
+/** Bytes of `values` values (a whole number of 32-value blocks for the quantized types). */
+export function kvBytes(type: KvType, values: number): number {
+  switch (type) {
+    case "f32": return 4 * values;
+    case "f16": return 2 * values;
+    case "q8_0": return (values / 32) * 34;
+    case "q4_0": return (values / 32) * 18;
+  }
+}
+
+/** "q8_0" where both are, else "k q8_0, v f16": for messages and listings. */
+export function kvTypesName(t: KvTypes): string {
+  return t.k === t.v ? t.k : `k ${t.k}, v ${t.v}`;
+}
 
 /**
  * One layer's keys and values for one sequence: `cells` rows. A full layer holds position p in
@@ -60,7 +91,7 @@ export interface Backend {
   readonly sequenceBatches?: boolean;
   weight(file: GgufFile, tensor: GgufTensorInfo): Weight;
   activation(name: string, rows: number, cols: number): Activation;
-  kvLayer(cells: number, kvHeads: number, headDim: number, type: KvType, ring: boolean): KvLayer;
+  kvLayer(cells: number, kvHeads: number, headDim: number, type: KvType | KvTypes, ring: boolean): KvLayer;
   positions(rows: number): Activation;
 
   setTokens(dst: Activation, ids: ArrayLike<number>, count: number): void;
@@ -99,6 +130,13 @@ export interface Backend {
    * prefix cache; without it, prefixes are not shared across sequences).
    */
   copyKv?(src: KvLayer, srcCell: number, dst: KvLayer, dstCell: number, cells: number): void;
+  /**
+   * The context shift (ts/engine/kv-cache.ts shiftSlot): a layer holding positions 0 ..
+   * length - 1 drops positions keep .. keep + discard - 1; the later ones move down by `discard`
+   * (into cell p - discard, or (p - discard) % cells in a ring) and their keys are rotated back
+   * by `discard` positions with the layer's RoPE. Absent where the backend cannot.
+   */
+  shiftKv?(layer: KvLayer, rope: RopeOptions, keep: number, discard: number, length: number): void;
   geluMul(gate: Activation, up: Activation, rows: number, out: Activation): void;
   siluMul(gate: Activation, up: Activation, rows: number, out: Activation): void;
   add(a: Activation, b: Activation, rows: number, out: Activation): void;

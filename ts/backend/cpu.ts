@@ -8,8 +8,9 @@ import { packed } from "../native/abi.ts";
 import { check, native, offsetAddress, type Pointer } from "../native/lib.ts";
 import { Arena } from "./arena.ts";
 import { repackForMatmul, type MatmulLayout } from "./cpu-repack.ts";
-import type {
-  Activation, AttentionOptions, Backend, ExpertOps, KvLayer, KvType, RopeOptions, Weight,
+import {
+  kvBytes, kvTypesOf, type Activation, type AttentionOptions, type Backend, type ExpertOps,
+  type KvLayer, type KvType, type KvTypes, type RopeOptions, type Weight,
 } from "./backend.ts";
 
 /** Types the CPU kernels compute with (lib/quant/types.zig). */
@@ -32,9 +33,16 @@ class CpuActivation implements Activation {
     readonly f32: Float32Array, readonly address: Pointer) {}
 }
 
+/** The ggml type id lib/cpu/attention.zig reads a cache of this type as. */
+const kvTypeIds: Record<KvType, number> = {
+  f32: GgmlType.F32, f16: GgmlType.F16, q8_0: GgmlType.Q8_0, q4_0: GgmlType.Q4_0,
+};
+
 class CpuKvLayer implements KvLayer {
   constructor(readonly cells: number, readonly ring: boolean, readonly kvHeads: number,
-    readonly headDim: number, readonly typeId: number, readonly rowBytes: number,
+    readonly headDim: number, readonly kTypeId: number, readonly vTypeId: number,
+    /** Bytes of one cell (position) of keys, of values. */
+    readonly kRowBytes: number, readonly vRowBytes: number,
     readonly k: Pointer, readonly v: Pointer, readonly kBytes: Uint8Array,
     readonly vBytes: Uint8Array) {}
 }
@@ -167,12 +175,18 @@ export class CpuBackend implements Backend {
     return this.activation("positions", rows, 1);
   }
 
-  kvLayer(cells: number, kvHeads: number, headDim: number, type: KvType, ring: boolean): KvLayer {
-    const elementBytes = type === "f16" ? 2 : 4;
-    const rowBytes = kvHeads * headDim * elementBytes;
-    const k = this.arena.alloc(cells * rowBytes), v = this.arena.alloc(cells * rowBytes);
-    return new CpuKvLayer(cells, ring, kvHeads, headDim, type === "f16" ? GgmlType.F16 : GgmlType.F32,
-      rowBytes, k.address, v.address, k.bytes, v.bytes);
+  kvLayer(cells: number, kvHeads: number, headDim: number, types: KvType | KvTypes, ring: boolean): KvLayer {
+    const type = kvTypesOf(types);
+    for (const t of [type.k, type.v]) {
+      if (!(t in kvTypeIds)) throw new InferError("invalid_argument", `KV cache type '${t}' is not f16, f32, q8_0 or q4_0`);
+      if ((t === "q8_0" || t === "q4_0") && headDim % 32 !== 0) {
+        throw new InferError("unsupported", `a ${t} KV cache needs head_dim a multiple of 32; this model's is ${headDim}`);
+      }
+    }
+    const kRowBytes = kvBytes(type.k, kvHeads * headDim), vRowBytes = kvBytes(type.v, kvHeads * headDim);
+    const k = this.arena.alloc(cells * kRowBytes), v = this.arena.alloc(cells * vRowBytes);
+    return new CpuKvLayer(cells, ring, kvHeads, headDim, kvTypeIds[type.k], kvTypeIds[type.v],
+      kRowBytes, vRowBytes, k.address, v.address, k.bytes, v.bytes);
   }
 
   get bytesReserved(): number {
@@ -252,9 +266,11 @@ export class CpuBackend implements Backend {
   }
 
   private storeRows(l: CpuKvLayer, k: Activation, v: Activation, row: number, cell: number, rows: number): void {
-    const n = rows * l.kvHeads * l.headDim, src = row * k.cols * 4, dst = cell * l.rowBytes;
-    check(this.lib.infer_kv_store(offsetAddress(a(k).address, src), offsetAddress(l.k, dst), l.typeId, n), "kv_store k");
-    check(this.lib.infer_kv_store(offsetAddress(a(v).address, src), offsetAddress(l.v, dst), l.typeId, n), "kv_store v");
+    const n = rows * l.kvHeads * l.headDim, src = row * k.cols * 4;
+    check(this.lib.infer_kv_store(offsetAddress(a(k).address, src), offsetAddress(l.k, cell * l.kRowBytes), l.kTypeId, n),
+      "kv_store k");
+    check(this.lib.infer_kv_store(offsetAddress(a(v).address, src), offsetAddress(l.v, cell * l.vRowBytes), l.vTypeId, n),
+      "kv_store v");
   }
 
   attention(q: Activation, layer: KvLayer, rows: number, position: number, o: AttentionOptions,
@@ -262,7 +278,7 @@ export class CpuBackend implements Backend {
     const l = layer as CpuKvLayer;
     const qAddress = offsetAddress(a(q).address, firstRow * q.cols * 4);
     const outAddress = offsetAddress(a(out).address, firstRow * out.cols * 4);
-    const shape = packed("AttentionShape", { kv_type: l.typeId, n_tok: rows, n_head: o.heads, n_kv_head: o.kvHeads,
+    const shape = packed("AttentionShape", { k_type: l.kTypeId, v_type: l.vTypeId, n_tok: rows, n_head: o.heads, n_kv_head: o.kvHeads,
       head_dim: o.headDim, pos0: position, kv_stride: l.kvHeads * l.headDim, window: o.window,
       ring: l.ring ? l.cells : 0, scale: o.scale });
     check(this.lib.infer_attention(qAddress, l.k, l.v, outAddress, shape), "attention");
@@ -270,16 +286,57 @@ export class CpuBackend implements Backend {
 
   copyKv(src: KvLayer, srcCell: number, dst: KvLayer, dstCell: number, cells: number): void {
     const s = src as CpuKvLayer, d = dst as CpuKvLayer;
-    if (s.rowBytes !== d.rowBytes || s.typeId !== d.typeId) {
+    if (s.kRowBytes !== d.kRowBytes || s.vRowBytes !== d.vRowBytes || s.kTypeId !== d.kTypeId ||
+      s.vTypeId !== d.vTypeId) {
       throw new InferError("invalid_argument", "copyKv: the layers differ in shape or type");
     }
     if (srcCell < 0 || dstCell < 0 || srcCell + cells > s.cells || dstCell + cells > d.cells) {
       throw new InferError("invalid_argument", `copyKv: ${cells} cells from ${srcCell} to ${dstCell} ` +
         `overrun ${s.cells} / ${d.cells}`);
     }
-    const bytes = cells * s.rowBytes, from = srcCell * s.rowBytes, to = dstCell * d.rowBytes;
-    d.kBytes.set(s.kBytes.subarray(from, from + bytes), to);
-    d.vBytes.set(s.vBytes.subarray(from, from + bytes), to);
+    const kb = s.kRowBytes, vb = s.vRowBytes;
+    d.kBytes.set(s.kBytes.subarray(srcCell * kb, (srcCell + cells) * kb), dstCell * kb);
+    d.vBytes.set(s.vBytes.subarray(srcCell * vb, (srcCell + cells) * vb), dstCell * vb);
+  }
+
+  shiftKv(layer: KvLayer, rope: RopeOptions, keep: number, discard: number, length: number): void {
+    const l = layer as CpuKvLayer;
+    const kvDim = l.kvHeads * l.headDim;
+    if (!l.ring) {
+      const from = keep + discard, rows = length - from;
+      if (rows <= 0) return;
+      const keys = this.rotatedKeys(l, from, rows, rope, discard);
+      check(this.lib.infer_kv_store(keys, offsetAddress(l.k, keep * l.kRowBytes), l.kTypeId, rows * kvDim), "kv_store k");
+      l.vBytes.copyWithin(keep * l.vRowBytes, from * l.vRowBytes, length * l.vRowBytes);
+      return;
+    }
+    // A ring: every cell rotated back, then the ring turned so that position p - discard sits in
+    // cell (p - discard) % cells. Cells whose positions were dropped hold what no query sees.
+    const cells = l.cells, turn = discard % cells;
+    const keys = this.rotatedKeys(l, 0, cells, rope, discard);
+    const tail = (cells - turn) * kvDim;
+    check(this.lib.infer_kv_store(keys.subarray(turn * kvDim), l.k, l.kTypeId, tail), "kv_store k");
+    if (turn > 0) {
+      check(this.lib.infer_kv_store(keys.subarray(0, turn * kvDim), offsetAddress(l.k, (cells - turn) * l.kRowBytes),
+        l.kTypeId, turn * kvDim), "kv_store k");
+    }
+    const values = l.vBytes.slice(0, cells * l.vRowBytes);
+    l.vBytes.set(values.subarray(turn * l.vRowBytes), 0);
+    l.vBytes.set(values.subarray(0, turn * l.vRowBytes), (cells - turn) * l.vRowBytes);
+  }
+
+  /** Keys of cells first .. first + rows - 1 as f32, rotated by -discard positions. */
+  private rotatedKeys(l: CpuKvLayer, first: number, rows: number, rope: RopeOptions, discard: number): Float32Array {
+    const kvDim = l.kvHeads * l.headDim, keys = new Float32Array(rows * kvDim);
+    const src = l.kBytes.subarray(first * l.kRowBytes, (first + rows) * l.kRowBytes);
+    check(this.lib.infer_dequantize(l.kTypeId, src, rows * kvDim, keys), "dequantize keys");
+    const positions = new Int32Array(rows).fill(-discard);
+    let factors: Pointer | null = null;
+    if (rope.freqFactors) factors = w(rope.freqFactors).address;
+    const shape = packed("RopeShape", { n_tok: rows, n_heads: l.kvHeads, head_dim: l.headDim, n_rot: rope.rotaryDims,
+      freq_base: rope.base, freq_scale: rope.scale, mode: rope.neox ? 2 : 0 });
+    check(this.lib.infer_rope(keys, positions, factors, shape), "rope (shift)");
+    return keys;
   }
 
   geluMul(gate: Activation, up: Activation, rows: number, out: Activation): void {

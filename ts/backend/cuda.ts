@@ -26,8 +26,9 @@ import { callNamed, type NamedArgs } from "../native/calls.ts";
 import type { LaunchCall } from "./cuda-fuse.ts";
 import { AttentionBuffers, decodeSplit } from "./cuda-attention.ts";
 import { StepGraphs, type StepStats } from "./cuda-graphs.ts";
-import type {
-  Activation, AttentionOptions, Backend, DeviceGreedy, KvLayer, KvType, RopeOptions, Weight,
+import {
+  kvTypesName, kvTypesOf, type Activation, type AttentionOptions, type Backend, type DeviceGreedy, type KvLayer, type KvType, type KvTypes,
+  type RopeOptions, type Weight,
 } from "./backend.ts";
 
 type Lib = ReturnType<typeof native>;
@@ -226,9 +227,11 @@ export class CudaBackend implements Backend {
     return this.activation("positions", rows, 1);
   }
 
-  kvLayer(cells: number, kvHeads: number, headDim: number, type: KvType, ring: boolean): KvLayer {
-    if (type !== "f16") {
-      throw new InferError("unsupported", `the CUDA backend keeps the KV cache in f16, not ${type}`);
+  kvLayer(cells: number, kvHeads: number, headDim: number, types: KvType | KvTypes, ring: boolean): KvLayer {
+    const type = kvTypesOf(types);
+    if (type.k !== "f16" || type.v !== "f16") {
+      throw new InferError("unsupported", `the CUDA backend keeps the KV cache in f16, not ${kvTypesName(type)} ` +
+        "(--cache-type-k/--cache-type-v q8_0 and q4_0 run on the CPU backend)");
     }
     if (headDim > HEAD_DIM_MAX) {
       throw new InferError("unsupported", `head_dim ${headDim} is over the CUDA backend's ${HEAD_DIM_MAX}`);

@@ -13,8 +13,9 @@ import {
   metalBufferFree, metalBufferNew, metalBufferWrap, metalDeviceLimits, metalDeviceName, metalEncode, metalFlush,
   metalInit, type MetalDeviceLimits,
 } from "../native/metal.ts";
-import type {
-  Activation, AttentionOptions, Backend, KvLayer, KvType, RopeOptions, Weight,
+import {
+  kvTypesName, kvTypesOf, type Activation, type AttentionOptions, type Backend, type KvLayer, type KvType, type KvTypes, type RopeOptions,
+  type Weight,
 } from "./backend.ts";
 import { orderBindings, type MetalBinding, type MetalBuffer, type MetalDevice } from "./metal-device.ts";
 import {
@@ -176,8 +177,12 @@ export class MetalBackend implements Backend {
     return this.activation("positions", rows, 1);
   }
 
-  kvLayer(cells: number, kvHeads: number, headDim: number, type: KvType, ring: boolean): KvLayer {
-    if (type !== "f16") throw new InferError("unsupported", `the Metal backend keeps the KV cache in f16, not ${type}`);
+  kvLayer(cells: number, kvHeads: number, headDim: number, types: KvType | KvTypes, ring: boolean): KvLayer {
+    const type = kvTypesOf(types);
+    if (type.k !== "f16" || type.v !== "f16") {
+      throw new InferError("unsupported", `the Metal backend keeps the KV cache in f16, not ${kvTypesName(type)} ` +
+        "(--cache-type-k/--cache-type-v q8_0 and q4_0 run on the CPU backend)");
+    }
     const bytes = cells * kvHeads * headDim * 2;
     return new MetalKvLayer(cells, ring, kvHeads, headDim, this.alloc(bytes, "KV cache"), this.alloc(bytes, "KV cache"));
   }

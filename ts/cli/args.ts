@@ -40,6 +40,7 @@ const NEGATIVE_NUMBER = /^-(\d|\.\d|inf)/i;
  * "-n -1". Joins a value-taking option and a negative number that follows it ("--n=-1").
  */
 export function joinNegativeValues(argv: readonly string[], options: Options): string[] {
+  argv = llamaShortNames(argv, options);
   const takesValue = new Map<string, string>();
   for (const [name, o] of Object.entries(options)) {
     if (o.type !== "string") continue;
@@ -54,6 +55,19 @@ export function joinNegativeValues(argv: readonly string[], options: Options): s
     } else out.push(argv[i]);
   }
   return out;
+}
+
+/** llama.cpp's two-letter short options, where the command has the long one. */
+const LLAMA_SHORT: Readonly<Record<string, string>> = { "-ctk": "cache-type-k", "-ctv": "cache-type-v" };
+
+function llamaShortNames(argv: readonly string[], options: Options): readonly string[] {
+  const end = argv.indexOf("--");
+  return argv.map((a, i) => {
+    if (end >= 0 && i > end) return a;
+    const [flag, ...rest] = a.split("=");
+    const long = LLAMA_SHORT[flag];
+    return long !== undefined && Object.hasOwn(options, long) ? [`--${long}`, ...rest].join("=") : a;
+  });
 }
 
 /** The options and positional arguments of `argv`, or a UsageError naming the first mistake. */

@@ -109,7 +109,7 @@ async function converse(chat: Chat, s: Settings): Promise<void> {
       try {
         const turn = chat.stream(line, {
           ...samplingOptions(s.sampling), maxTokens: s.maxTokens, stop: s.stop,
-          signal: answering.signal, stopOnAbortSignal: true,
+          signal: answering.signal, stopOnAbortSignal: true, contextShift: true,
         });
         for await (const piece of turn) process.stdout.write(piece.text);
         const result = await turn.result;

@@ -143,6 +143,7 @@ async function runCommand(argv: string[]): Promise<number> {
     const { result, interrupted } = await untilInterrupted(async (signal) => {
       const stream = model.stream(prompt, {
         ...samplingOptions(sampling), maxTokens, stop, ignoreEos: values["ignore-eos"] ?? false,
+        contextShift: maxTokens < 0, // -n -1 goes on past the context, as llama.cpp's
         ...(schema === null ? {} : schema === undefined ? { json: true } : { jsonSchema: schema }),
         signal, stopOnAbortSignal: true,
       });

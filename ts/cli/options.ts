@@ -3,6 +3,7 @@
 // here, at the boundary; each bad one is a UsageError, a single line naming the option.
 import { availableParallelism } from "node:os";
 import type { ParseArgsConfig } from "node:util";
+import { kvTypes, type KvType } from "../backend/backend.ts";
 import { backendKinds, parseBackendKind, type BackendKind } from "../backend/select.ts";
 import { setting } from "../config/env.ts";
 import { InferError, quote } from "../errors.ts";
@@ -33,6 +34,8 @@ export const generationOptions = {
   "draft-model": { type: "string" },
   threads: { type: "string", short: "t" },
   "ctx-size": { type: "string", short: "c" },
+  "cache-type-k": { type: "string" },
+  "cache-type-v": { type: "string" },
   backend: { type: "string" },
   quiet: { type: "boolean", short: "q" },
   verbose: { type: "boolean", short: "v" },
@@ -47,12 +50,15 @@ export function generationHelp(defaultTokens: string): string {
                          org/repo[:QUANT] on the Hugging Face Hub, pulled on first use
                          (default: the installed Gemma 3 270M Q4_K_M)
   -c, --ctx-size N       context length in tokens (default: min(4096, the model's))
+  -ctk, --cache-type-k T KV cache keys: f16, q8_0 or q4_0 (default f16; CPU backend)
+  -ctv, --cache-type-v T KV cache values, as -ctk (q4_0 keys cost the most quality)
   -t, --threads N        CPU threads (default: all cores; more than the cores are capped)
   --backend B            cpu, cuda, metal, or auto: Metal on Apple silicon, else CUDA when
                          available, else the CPU (default: auto)
 
 generation (defaults are llama.cpp's):
-  -n N                   tokens to generate; -1: until the context is full (${defaultTokens})
+  -n N                   tokens to generate; -1: no limit, the context shifting when full
+                         (keeps its first 4 tokens, drops the older half; CPU) (${defaultTokens})
   --temp T               temperature; 0 is greedy (default ${d.temperature})
   --top-k K              keep the K most likely tokens; 0: all (default ${d.topK})
   --top-p P              keep the fewest tokens reaching probability P; 1: off (default ${d.topP})
@@ -215,13 +221,24 @@ export function checkLogitBias(sampling: SamplerOptions, vocabSize: number): voi
 }
 
 export function engineSettings(v: Values): {
-  threads: number; contextLength?: number; backend: BackendKind } {
+  threads: number; contextLength?: number; backend: BackendKind; cacheTypeK?: KvType; cacheTypeV?: KvType } {
   return {
     threads: threadsOption(v.threads),
     contextLength: v["ctx-size"] === undefined ? undefined
       : intOption(v["ctx-size"], "--ctx-size", 0, 1),
     backend: backendOption(v.backend),
+    cacheTypeK: cacheTypeOption(v["cache-type-k"], "--cache-type-k"),
+    cacheTypeV: cacheTypeOption(v["cache-type-v"], "--cache-type-v"),
   };
+}
+
+/** --cache-type-k/--cache-type-v: llama.cpp's names of the KV cache types infer stores. */
+export function cacheTypeOption(value: string | undefined, name: string): KvType | undefined {
+  if (value === undefined) return undefined;
+  if (!(kvTypes as readonly string[]).includes(value)) {
+    throw new UsageError(`${name} must be one of ${kvTypes.join(", ")}, got ${quote(value, 40)}`);
+  }
+  return value as KvType;
 }
 
 export function stopStrings(v: Values): string[] {

@@ -9,7 +9,7 @@ import { refuseNonFinite } from "../engine/generation.ts";
 import { InferError, quote } from "../errors.ts";
 import { resolveModel } from "../models/cache.ts";
 import { parseCommand } from "./args.ts";
-import { backendOption, intOption, threadsOption } from "./options.ts";
+import { backendOption, cacheTypeOption, intOption, threadsOption } from "./options.ts";
 
 export const perplexityUsage = `usage: infer perplexity <model.gguf> <text-file> [options]
 
@@ -21,6 +21,8 @@ options:
   --chunks N         score at most N chunks (default: all)
   -t, --threads N    CPU threads (default: all cores; more than the cores are capped)
   --backend B        cpu, cuda, metal or auto: a GPU when available (default: auto)
+  -ctk, --cache-type-k T  KV cache keys: f16, q8_0 or q4_0 (default f16)
+  -ctv, --cache-type-v T  KV cache values, as -ctk
   -h, --help         this text
 `;
 
@@ -89,6 +91,8 @@ export function perplexityCommand(argv: string[]): number {
       chunks: { type: "string" },
       threads: { type: "string", short: "t" },
       backend: { type: "string" },
+      "cache-type-k": { type: "string" },
+      "cache-type-v": { type: "string" },
       help: { type: "boolean", short: "h" },
     },
     positionals: { expected: "<model.gguf> <text-file>", min: 2, max: 2 },
@@ -98,6 +102,8 @@ export function perplexityCommand(argv: string[]): number {
   const chunks = values.chunks === undefined ? undefined
     : intOption(values.chunks, "--chunks", 0, 1);
   const threads = threadsOption(values.threads), backend = backendOption(values.backend);
+  const cacheTypeK = cacheTypeOption(values["cache-type-k"], "--cache-type-k");
+  const cacheTypeV = cacheTypeOption(values["cache-type-v"], "--cache-type-v");
   const modelPath = resolveModel(positionals[0]);
   let text: string;
   try {
@@ -108,6 +114,7 @@ export function perplexityCommand(argv: string[]): number {
   }
   const engine = Engine.open({
     modelPath, contextLength, batch: Math.min(contextLength, 512), threads, backend,
+    cacheTypeK, cacheTypeV,
   });
   try {
     const t0 = performance.now();

@@ -6,7 +6,8 @@ import { listenError } from "../serve/http.ts";
 import { startServer } from "../serve/server.ts";
 import { parseCommand } from "./args.ts";
 import {
-  backendOption, floatOption, intOption, speculationHelp, speculationLoad, threadsOption,
+  backendOption, cacheTypeOption, floatOption, intOption, speculationHelp, speculationLoad,
+  threadsOption,
 } from "./options.ts";
 
 export const serveUsage = `usage: infer serve [options]
@@ -40,6 +41,10 @@ another origin are refused (403) unless --cors allows that origin.
   --host H               address to listen on (default 127.0.0.1)
   --port N               port (default 8080; 0: any free port)
   -c, --ctx N            context length of each sequence (default: min(4096, the model's))
+  -ctk, --cache-type-k T KV cache keys: f16, q8_0 or q4_0 (default f16; CPU backend)
+  -ctv, --cache-type-v T KV cache values, as -ctk
+  --context-shift        a request with max_tokens past the context gets them: the context
+                         keeps its first 4 tokens and drops the older half of the rest (CPU)
   --parallel N           requests decoded together, each with its own KV cache (default 4)
   --prefill-chunk N      prompt tokens per step while other requests decode (default 64)
   --prefix-cache MIB     memory for the prefix cache (default 128; 0: off)
@@ -75,6 +80,8 @@ export async function serveCommand(argv: string[]): Promise<number> {
       "step-timeout": { type: "string" }, "shutdown-timeout": { type: "string" },
       cors: { type: "string", multiple: true },
       spec: { type: "string" }, "draft-max": { type: "string" }, "draft-model": { type: "string" },
+      "cache-type-k": { type: "string" }, "cache-type-v": { type: "string" },
+      "context-shift": { type: "boolean" },
     },
   });
   if (values.help) { process.stdout.write(serveUsage); return 0; }
@@ -90,6 +97,9 @@ export async function serveCommand(argv: string[]): Promise<number> {
     modelPath, host, port,
     contextLength: ctx === undefined ? undefined : intOption(ctx, "--ctx", 0, 1),
     threads, backend,
+    cacheTypeK: cacheTypeOption(values["cache-type-k"], "--cache-type-k"),
+    cacheTypeV: cacheTypeOption(values["cache-type-v"], "--cache-type-v"),
+    contextShift: values["context-shift"] ?? false,
     apiKey: values["api-key"] ?? setting("INFER_API_KEY"),
     maxQueue: intOption(values.queue, "--queue", 16, 0),
     parallel: intOption(values.parallel, "--parallel", 4, 1),

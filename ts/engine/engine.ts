@@ -8,7 +8,7 @@
 // same either way, because a prompt evaluated in one batch equals the same prompt fed in pieces.
 import { existsSync } from "node:fs";
 import { availableParallelism } from "node:os";
-import type { Backend, KvType } from "../backend/backend.ts";
+import { kvTypes, type Backend, type KvType } from "../backend/backend.ts";
 import { chooseBackend, type BackendKind } from "../backend/select.ts";
 import { InferError } from "../errors.ts";
 import { openGguf, type GgufFile } from "../gguf/reader.ts";
@@ -36,7 +36,12 @@ export interface EngineOptions {
   readonly contextLength?: number;
   /** Prompt rows a forward pass takes at most (longer prompts run in chunks); default: the backend's preferredBatch. */
   readonly batch?: number;
+  /** The KV cache's keys and values both (default f16; f32 for tests). */
   readonly kvType?: KvType;
+  /** The keys' type, over kvType (llama.cpp's --cache-type-k): f16, q8_0 or q4_0 on the CPU. */
+  readonly cacheTypeK?: KvType;
+  /** The values' type, over kvType (llama.cpp's --cache-type-v). */
+  readonly cacheTypeV?: KvType;
   /** cpu, cuda, metal or auto (a GPU when available); default cpu. */
   readonly backend?: BackendKind;
   /** Called as the model's tensors are prepared (done of total). */
@@ -84,7 +89,14 @@ export class Engine {
           `context length must be a positive integer, got ${contextLength}`);
       }
       const maxBatch = options.batch ?? backend.preferredBatch;
-      const kvType = options.kvType ?? "f16";
+      const kvType = {
+        k: options.cacheTypeK ?? options.kvType ?? "f16", v: options.cacheTypeV ?? options.kvType ?? "f16",
+      };
+      for (const t of [kvType.k, kvType.v]) {
+        if (!kvTypes.includes(t)) {
+          throw new InferError("invalid_argument", `KV cache type '${t}' is not one of ${kvTypes.join(", ")}`);
+        }
+      }
       const plan = { contextLength, maxBatch, kvType, slots: 1,
         threads: options.threads ?? availableParallelism() };
       checkMemory(backend, file, shape, plan);

@@ -23,6 +23,13 @@ export interface GenerateOptions {
   /** Tokens that end generation as end-of-generation does (a chat template's turn markers). */
   readonly stopTokens?: readonly number[];
   readonly constraint?: TokenConstraint;
+  /**
+   * When the context is full, drop the older half of it past the first `contextKeep` positions
+   * and go on (kv-cache.ts shiftSlot) instead of ending with "context" (where the backend can).
+   */
+  readonly contextShift?: boolean;
+  /** Positions the context shift keeps at the start (default SHIFT_KEEP, 4). */
+  readonly contextKeep?: number;
   /** Reuse the cached prefix this prompt shares with the last sequence (default true). */
   readonly reuseCache?: boolean;
   /** Polled between tokens; true ends generation ("interrupted"). */
@@ -130,7 +137,8 @@ export class Generation {
     if (this.finished || this.interrupted()) return null;
     refuseNonFinite(logits, length - 1);
     const constraint = this.o.constraint;
-    const budget = Math.min(this.maxTokens - this.tokens.length, this.contextLength - length);
+    const budget = Math.min(this.maxTokens - this.tokens.length,
+      this.o.contextShift ? Infinity : this.contextLength - length);
     let token: number;
     try {
       token = this.sampler.sample(logits,
@@ -178,7 +186,7 @@ export class Generation {
     if (this.stops.stopped) return this.end("stop");
     if (constraint?.done) return this.end("complete");
     if (this.tokens.length >= this.maxTokens) return this.end("length");
-    if (length >= this.contextLength) return this.end("context");
+    if (length >= this.contextLength && !this.o.contextShift) return this.end("context");
     return token;
   }
 
@@ -210,6 +218,11 @@ export class Generation {
     const out = this.pending.splice(0, n).map((p) => p.entry);
     this.reported.push(...out);
     return out;
+  }
+
+  /** The context is full and cannot shift: the generation ends as "context". */
+  endAtContext(): void {
+    this.end("context");
   }
 
   private end(reason: StopReason): null {

@@ -1,17 +1,17 @@
 // A sequence's KV cache: one layer of keys and values per transformer block, allocated once, F16 by
-// default as llama.cpp stores it. Full-attention layers hold every position up to the context
+// default as llama.cpp stores it (or q8_0/q4_0 blocks, keys and values each their own type). Full-attention layers hold every position up to the context
 // length. Sliding-window layers hold a ring of roundUp(window + batch, 256) cells: enough for the
 // window plus the batch being written, and the same ring llama.cpp's SWA cache uses when it
 // evaluates one token per ubatch (768 cells for a 512 window), so that attention sums its terms in
 // the same cell order and the logits stay equal to llama.cpp's past the ring's first wrap.
-import type { Backend, KvLayer, KvType } from "../backend/backend.ts";
+import { kvTypesOf, type Backend, type KvLayer, type KvType, type KvTypes } from "../backend/backend.ts";
 import { InferError } from "../errors.ts";
 import type { ModelInfo } from "../model/model.ts";
 
 export interface KvCache {
   readonly layers: readonly KvLayer[];
   readonly contextLength: number;
-  readonly type: KvType;
+  readonly type: KvTypes;
 }
 
 const RING_PAD = 256;
@@ -20,8 +20,9 @@ export function ringCells(window: number, maxBatch: number): number {
   return Math.ceil((window + maxBatch) / RING_PAD) * RING_PAD;
 }
 
-export function createKvCache(be: Backend, info: ModelInfo, contextLength: number, type: KvType,
+export function createKvCache(be: Backend, info: ModelInfo, contextLength: number, types: KvType | KvTypes,
   maxBatch: number): KvCache {
+  const type = kvTypesOf(types);
   const layers = info.kvShapes.map((s) => {
     const ring = s.window > 0 ? ringCells(s.window, maxBatch) : 0;
     return ring > 0 && ring < contextLength
@@ -87,4 +88,40 @@ export function rewindSlot(slot: Slot, position: number): void {
   }
   slot.length = position;
   if (position === 0) slot.reach = 0;
+}
+
+/** Positions the context shift keeps at the start by default: StreamingLLM's attention sinks. */
+export const SHIFT_KEEP = 4;
+
+/**
+ * How many positions the context shift drops from a slot holding `length` positions, keeping
+ * the first `keep`: half of the rest, as llama.cpp's context shift, but no more than leaves each
+ * sliding-window ring's window clear of the kept first positions (a ring has forgotten them;
+ * llama.cpp's sliding-window cache has too, so those layers do not see them). 0: none can go.
+ */
+export function shiftDiscard(cache: KvCache, info: ModelInfo, keep: number, length: number): number {
+  let discard = Math.floor((length - keep) / 2);
+  cache.layers.forEach((layer, i) => {
+    if (layer.ring) discard = Math.min(discard, length - keep - info.kvShapes[i].window);
+  });
+  return Math.max(0, discard);
+}
+
+/**
+ * The context shift (StreamingLLM, llama.cpp's context shift): drops the slot's positions keep ..
+ * keep + discard - 1 and moves the later ones down, their keys rotated back by `discard`
+ * positions with each layer's RoPE, so that generation goes on past the end of the context. The
+ * kept keys and values are those computed with the dropped tokens in view, as in llama.cpp.
+ * Returns the positions dropped (0: the backend or model cannot shift, or nothing can go).
+ */
+export function shiftSlot(be: Backend, slot: Slot, info: ModelInfo, keep = SHIFT_KEEP): number {
+  const rope = info.keyRope, length = slot.length;
+  if (!be.shiftKv || !rope || keep >= length) return 0;
+  const discard = shiftDiscard(slot.cache, info, keep, length);
+  if (discard < 1) return 0;
+  slot.cache.layers.forEach((layer, i) => be.shiftKv!(layer, rope[i], keep, discard, length));
+  slot.history.copyWithin(keep, keep + discard, length);
+  slot.length = length - discard;
+  slot.reach = slot.length;
+  return discard;
 }

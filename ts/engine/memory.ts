@@ -10,7 +10,7 @@
 // long.
 import { readFileSync } from "node:fs";
 import { totalmem } from "node:os";
-import type { KvType } from "../backend/backend.ts";
+import { kvBytes, type KvTypes } from "../backend/backend.ts";
 import { InferError } from "../errors.ts";
 import type { GgufFile } from "../gguf/reader.ts";
 import type { ModelShape } from "../model/model.ts";
@@ -21,7 +21,7 @@ export interface MemoryPlanOptions {
   readonly maxBatch: number;
   /** Sequences with a KV cache of their own (the server's parallel slots). */
   readonly slots: number;
-  readonly kvType: KvType;
+  readonly kvType: KvTypes;
   readonly threads: number;
 }
 
@@ -46,10 +46,9 @@ export function memoryPlan(file: GgufFile, shape: ModelShape, o: MemoryPlanOptio
   // up) for maxBatch rows, and one row of logits.
   const rowFloats = 2 + 3 * s.embedding + 2 * q + 2 * kv + 2 * s.feedForward + (s.extraRowFloats ?? 0);
   const activations = 4 * (o.maxBatch * rowFloats + s.vocab);
-  const elementBytes = o.kvType === "f16" ? 2 : 4;
   let kvCache = 0, kvPerPosition = 0;
   for (const k of s.kvShapes) {
-    const rowBytes = 2 * k.kvHeads * k.headDim * elementBytes; // keys and values
+    const rowBytes = kvBytes(o.kvType.k, k.kvHeads * k.headDim) + kvBytes(o.kvType.v, k.kvHeads * k.headDim);
     const ring = k.window > 0 ? ringCells(k.window, o.maxBatch) : 0;
     if (ring > 0 && ring < o.contextLength) kvCache += ring * rowBytes;
     else {

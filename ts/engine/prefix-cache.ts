@@ -12,7 +12,7 @@
 // of blocks allocated on demand up to `bytesMax` and then reused: when it is full the least
 // recently used block with no children is evicted (a parent is never dropped before its
 // children, which would strand them).
-import type { Backend, KvLayer, KvType } from "../backend/backend.ts";
+import { kvBytes, kvTypesOf, type Backend, type KvLayer, type KvType, type KvTypes } from "../backend/backend.ts";
 import { InferError } from "../errors.ts";
 import type { KvShape } from "../model/model.ts";
 import type { Slot } from "./kv-cache.ts";
@@ -55,20 +55,21 @@ export class PrefixCache {
   private readonly blocksMax: number;
   /** Every live block by key, least recently used first (a Map keeps insertion order). */
   private readonly byKey = new Map<string, Block>();
+  private readonly type: KvTypes;
   private allocated = 0;
   private nextId = 1;
   private restored = 0;
   private lookedUp = 0;
 
   constructor(private readonly be: Backend, private readonly shapes: readonly KvShape[],
-    private readonly type: KvType, o: PrefixCacheOptions = {}) {
+    types: KvType | KvTypes, o: PrefixCacheOptions = {}) {
+    const type = this.type = kvTypesOf(types);
     if (!be.copyKv) {
       throw new InferError("unsupported", `the ${be.name} backend cannot copy KV rows`);
     }
     this.blockTokens = o.blockTokens ?? 32;
-    const elementBytes = type === "f16" ? 2 : 4;
-    this.blockBytes = shapes.reduce((sum, s) => sum + 2 * s.kvHeads * s.headDim * elementBytes, 0) *
-      this.blockTokens;
+    this.blockBytes = shapes.reduce((sum, s) =>
+      sum + kvBytes(type.k, s.kvHeads * s.headDim) + kvBytes(type.v, s.kvHeads * s.headDim), 0) * this.blockTokens;
     this.blocksMax = Math.floor((o.bytesMax ?? 128 << 20) / this.blockBytes);
     if (!(this.blockTokens >= 1) || this.blocksMax < 1) {
       throw new InferError("invalid_argument", `a prefix cache of ${o.bytesMax} bytes holds no ` +

@@ -38,7 +38,9 @@ import type { SequenceRows } from "../model/model.ts";
 import { Pooler, type Pooling } from "../model/pooling.ts";
 import type { Engine } from "./engine.ts";
 import { Generation, type GenerateOptions, type GenerateResult } from "./generation.ts";
-import { createKvCache, createSlot, reusablePrefix, rewindSlot, type Slot } from "./kv-cache.ts";
+import {
+  createKvCache, createSlot, reusablePrefix, rewindSlot, shiftSlot, type Slot,
+} from "./kv-cache.ts";
 import type { DraftModel } from "./draft-model.ts";
 import { lookupDraft, PassCost, SequenceSpeculation } from "./speculation.ts";
 import {
@@ -124,6 +126,11 @@ class Sequence {
   accepted = 0;
   rejected = false;
   readonly spec: SequenceSpeculation | null;
+  /**
+   * The context shifted under it: its cache no longer holds what evaluating its history would
+   * give, so none of it goes to the prefix cache or to a later prompt.
+   */
+  shifted = false;
   /** Exactly one of generation (a generating sequence) and pooler (an embedding) is set. */
   constructor(readonly request: SequenceRequest | EmbeddingRequest, readonly slot: Slot,
     readonly generation: Generation | null, readonly pooler: Pooler | null) {
@@ -243,7 +250,10 @@ export class BatchScheduler {
     for (const s of this.running) if (s.interrupted()) s.ended = true;
     if (this.ahead && !this.staysOnDevice(this.ahead)) this.settle(this.ahead);
     this.admit();
-    this.retire(); // the interrupted, and new ones with nothing to generate
+    for (const s of this.running) {
+      if (s.pending !== null && s.length >= this.engine.contextLength) this.shiftContext(s);
+    }
+    this.retire(); // the interrupted, new ones with nothing to generate, full ones that cannot shift
     if (this.running.length === 0) return;
     this.draft();
     const lone = this.running[0];
@@ -252,7 +262,7 @@ export class BatchScheduler {
     this.steps++;
     if (this.prefix) {
       // Embeddings' texts would only push chats' prompts out of the cache.
-      for (const s of this.running) if (s.generation) this.prefix.save(s.chain, s.slot);
+      for (const s of this.running) if (s.generation && !s.shifted) this.prefix.save(s.chain, s.slot);
     }
     this.retire();
   }
@@ -466,8 +476,10 @@ export class BatchScheduler {
         this.admitEmbedding(request);
         continue;
       }
+      // A backend that cannot shift ends at the context, as without the shift.
+      const shifts = request.options.contextShift && this.engine.backend.shiftKv !== undefined;
       const generation = new Generation(this.engine.tokenizer, request.prompt,
-        this.engine.contextLength, request.options);
+        this.engine.contextLength, { ...request.options, contextShift: shifts });
       const reuse = request.options.reuseCache ?? true;
       const { slot, common } = this.pickSlot(request.prompt, reuse);
       this.free.splice(this.free.indexOf(slot), 1);
@@ -661,7 +673,25 @@ export class BatchScheduler {
     }
   }
 
+  /**
+   * A sequence whose next token has no position left: the context shift makes room where it
+   * was asked for (and the backend can), else the generation ends as "context".
+   */
+  private shiftContext(s: Sequence): void {
+    const o = (s.request as SequenceRequest).options;
+    const dropped = o.contextShift
+      ? shiftSlot(this.engine.backend, s.slot, this.engine.model.info, o.contextKeep) : 0;
+    if (dropped > 0) {
+      s.shifted = true;
+      return;
+    }
+    s.generation!.endAtContext();
+    s.pending = null;
+    s.ended = true;
+  }
+
   private release(s: Sequence): void {
+    if (s.shifted) rewindSlot(s.slot, 0);
     this.free.push(s.slot);
   }
 }

@@ -119,7 +119,7 @@ export class Gemma3 implements Model {
     this.info = {
       architecture: "gemma3", name: c.name, vocabSize: c.vocab, contextLength: c.contextLength,
       embedding: c.embedding,
-      kvShapes: c.kvShapes,
+      kvShapes: c.kvShapes, keyRope: this.blocks.map((l) => l.options.ropeK),
     };
     this.buf = decoderBuffers(be, maxBatch, c);
   }

@@ -1,6 +1,6 @@
 // What every architecture provides to the engine: its shape, and a forward pass over a batch of
 // rows from one or several sequences, each writing into (and attending over) its own KV cache.
-import type { KvLayer } from "../backend/backend.ts";
+import type { KvLayer, RopeOptions } from "../backend/backend.ts";
 
 export interface KvShape {
   readonly kvHeads: number;
@@ -37,6 +37,8 @@ export interface ModelInfo {
   readonly embedding: number;
   /** One entry per layer: the shape of its keys and values. */
   readonly kvShapes: readonly KvShape[];
+  /** One entry per layer: how its keys are rotated (for the context shift; absent: no shift). */
+  readonly keyRope?: readonly RopeOptions[];
 }
 
 export interface ForwardOptions {

@@ -227,7 +227,8 @@ export const structs = {
   AttentionShape: {
     size: 80,
     fields: {
-      kv_type: { type: "u32", offset: 0 },
+      k_type: { type: "u32", offset: 0 },
+      v_type: { type: "u32", offset: 4 },
       n_tok: { type: "u64", offset: 8 },
       n_head: { type: "u64", offset: 16 },
       n_kv_head: { type: "u64", offset: 24 },

@@ -27,6 +27,8 @@ export interface Job {
   readonly logprobs: number | null;
   /** Generate past end-of-generation tokens. */
   readonly ignoreEos?: boolean;
+  /** When the context is full, shift it (drop the older half) and go on, where the backend can. */
+  readonly contextShift?: boolean;
   /** Chat: functions the model may call (chat/tools.ts), and whether it must. */
   readonly tools?: readonly ToolFunction[];
   readonly toolChoice?: ToolChoice;

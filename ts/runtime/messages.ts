@@ -1,5 +1,6 @@
 // What the engine's thread (worker.ts) and the thread that owns it (engine-thread.ts) say to
 // each other. Everything here survives structured cloning.
+import type { KvType } from "../backend/backend.ts";
 import type { BackendKind } from "../backend/select.ts";
 import type { ToolCall } from "../chat/tools.ts";
 import type { StopReason } from "../engine/generation.ts";
@@ -12,6 +13,9 @@ export interface OpenSettings {
   readonly modelPath: string;
   readonly threads?: number;
   readonly contextLength?: number;
+  /** The KV cache's key and value types (default f16). */
+  readonly cacheTypeK?: KvType;
+  readonly cacheTypeV?: KvType;
   readonly backend?: BackendKind;
   /** The native library the main thread chose, for a worker in the single executable. */
   readonly library?: string;

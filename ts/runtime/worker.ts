@@ -285,7 +285,7 @@ function submit(id: number, job: Job): void {
     prompt,
     options: {
       maxTokens: job.maxTokens, sampling: job.sampling, stop: [...job.stop], constraint,
-      ignoreEos: job.ignoreEos,
+      ignoreEos: job.ignoreEos, contextShift: job.contextShift,
       speculation: job.speculation ?? speculation,
       stopTokens: job.kind === "chat" ? turnStops : undefined,
       shouldStop: () => closing || cancelled.has(id),

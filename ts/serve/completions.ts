@@ -16,6 +16,8 @@ export interface GenerationContext {
   readonly metrics: Metrics;
   readonly modelId: string;
   readonly info: EngineInfo;
+  /** --context-shift: requests with a max_tokens generate past the context. */
+  readonly contextShift?: boolean;
   /** Throws the 503 when the server is stopping or the engine cannot take work. */
   readonly checkAvailable: () => void;
 }
@@ -46,7 +48,7 @@ export async function answerGeneration(c: GenerationContext, req: Request,
   kind: "chat" | "completion", body: Record<string, unknown>): Promise<Response> {
   const { queue: scheduler, metrics, modelId } = c;
   const arrived = performance.now();
-  const parsed = parseRequest(kind, body, c.info);
+  const parsed = parseRequest(kind, body, { ...c.info, contextShift: c.contextShift });
   if (parsed.model !== modelId) {
     throw new ApiError(404, `the model ${quote(parsed.model)} does not exist; this server has ` +
       `${quote(modelId)}`, "model", "model_not_found");

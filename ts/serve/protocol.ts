@@ -346,6 +346,11 @@ function toolChoice(body: Body, list: readonly ToolFunction[] | undefined): Tool
 export interface Limits {
   readonly vocabSize: number;
   readonly contextLength: number;
+  /**
+   * The server's --context-shift: a request with a max_tokens may ask for more than the context
+   * and gets them, the context shifting; without one it ends at the context as before.
+   */
+  readonly contextShift?: boolean;
 }
 
 /** Validates a /v1/chat/completions or /v1/completions body. */
@@ -374,7 +379,8 @@ export function parseRequest(kind: "chat" | "completion", body: Body, limits: Li
     ? "max_completion_tokens" : "max_tokens";
   // OpenAI's defaults: 16 tokens for completions; for chat, as many as the context holds.
   // Asking for none is an error, as in OpenAI's API.
-  const maxTokens = integer(body, maxKey, kind === "chat" ? -1 : 16, 1, limits.contextLength);
+  const maxTokens = integer(body, maxKey, kind === "chat" ? -1 : 16, 1,
+    limits.contextShift ? 2 ** 31 - 1 : limits.contextLength);
   const seed = integer(body, "seed", -1, -(2 ** 53), 2 ** 53);
   // OpenAI's sampling by default (nothing cut but top_p's); top_k, min_p, typical_p and the
   // repeat penalty are llama.cpp's server's extensions, off unless asked for.
@@ -402,6 +408,7 @@ export function parseRequest(kind: "chat" | "completion", body: Body, limits: Li
   const job: Job = {
     kind, messages: msgs, prompt, maxTokens, sampling, stop: stops(body), format,
     logprobs: logprobsAsked(kind, body), speculation: speculation(body),
+    ...(limits.contextShift && maxTokens > 0 ? { contextShift: true } : {}),
     ...(functions === undefined ? {} : { tools: functions, toolChoice: choice }),
   };
   return { model: body.model, stream, includeUsage, n, job };

@@ -8,6 +8,7 @@
 // worker's heartbeat: /health answers 503 while one step has run past its deadline. stop() shuts
 // down gracefully: no new requests, the running ones get a deadline to finish and then end early
 // with a final chunk, the waiting ones get 503.
+import type { KvType } from "../backend/backend.ts";
 import { basename } from "node:path";
 import type { BackendKind } from "../backend/select.ts";
 import { InferError, quote } from "../errors.ts";
@@ -45,6 +46,11 @@ export interface ServeOptions {
   readonly speculation?: SpeculationOptions;
   /** A GGUF with the model's vocabulary drafting for speculation "draft". */
   readonly draftModel?: string;
+  /** Requests with a max_tokens generate past the context, shifting it (default off). */
+  readonly contextShift?: boolean;
+  /** The KV cache's key and value types (default f16). */
+  readonly cacheTypeK?: KvType;
+  readonly cacheTypeV?: KvType;
   /** Request bodies larger than this are refused (default 1 MiB). */
   readonly maxBodyBytes?: number;
   /** Bytes of all bodies being received at once (default: 16 MiB or 4 bodies, the larger). */
@@ -129,6 +135,7 @@ function decodePath(segment: string): string {
 export async function startServer(o: ServeOptions): Promise<InferServer> {
   const thread = await EngineThread.open({
     modelPath: o.modelPath, threads: o.threads, contextLength: o.contextLength, backend: o.backend,
+    cacheTypeK: o.cacheTypeK, cacheTypeV: o.cacheTypeV,
     parallel: o.parallel ?? 1, prefillChunk: o.prefillChunk, prefixCacheBytes: o.prefixCacheBytes,
     speculation: o.speculation, draftModel: o.draftModel, stall: o.stallForTests,
   });
@@ -168,7 +175,7 @@ export async function startServer(o: ServeOptions): Promise<InferServer> {
     return parseJson(bodyText(bytes));
   }
 
-  const generation: GenerationContext = { queue: scheduler, metrics, modelId, info,
+  const generation: GenerationContext = { queue: scheduler, metrics, modelId, info, contextShift: o.contextShift,
     checkAvailable() {
       if (stopping) throw new ApiError(503, "the server is stopping", null, "server_shutting_down");
       const down = unavailable();

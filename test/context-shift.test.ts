@@ -1,0 +1,216 @@
+// The context shift (StreamingLLM; llama.cpp's context shift): the CPU backend's shiftKv against
+// keys rotated straight to their new positions, on full layers and wrapped rings, f32 and q8_0,
+// normal and NeoX RoPE with several bases; then the engine generating past a small context of the
+// default model, its layer-0 keys and values after the shift equal to a fresh evaluation of the
+// kept tokens at their new positions (layer 0's keys depend on the token and position alone).
+import { describe, expect, test } from "bun:test";
+import { existsSync } from "node:fs";
+import type { KvLayer, KvType, RopeOptions } from "../ts/backend/backend.ts";
+import { CpuBackend } from "../ts/backend/cpu.ts";
+import { loadModel } from "../ts/api/model.ts";
+import { Engine } from "../ts/engine/engine.ts";
+import { shiftSlot } from "../ts/engine/kv-cache.ts";
+import { GgmlType } from "../ts/gguf/types.ts";
+import { defaultModelPath } from "../ts/models/cache.ts";
+import { defaultSampling } from "../ts/sample/sampler.ts";
+import { check, native } from "../ts/native/lib.ts";
+import { parseRequest } from "../ts/serve/protocol.ts";
+
+const typeIds: Record<string, number> = { f32: GgmlType.F32, f16: GgmlType.F16, q8_0: GgmlType.Q8_0 };
+
+/** Rows first .. first + rows - 1 of a CPU layer's keys (or values) as f32. */
+function cells(layer: KvLayer, type: KvType, which: "k" | "v", first: number, rows: number): Float32Array {
+  const l = layer as unknown as { kBytes: Uint8Array; vBytes: Uint8Array; kRowBytes: number; vRowBytes: number };
+  const bytes = which === "k" ? l.kBytes : l.vBytes, rowBytes = which === "k" ? l.kRowBytes : l.vRowBytes;
+  const n = rows * layer.kvHeads * layer.headDim, out = new Float32Array(n);
+  check(native().infer_dequantize(typeIds[type], bytes.subarray(first * rowBytes, (first + rows) * rowBytes), n, out),
+    "dequantize");
+  return out;
+}
+
+function random(n: number, seed: number): Float32Array {
+  let s = seed;
+  return Float32Array.from({ length: n }, () => {
+    s = (s * 1103515245 + 12345) % 2 ** 31;
+    return s / 2 ** 30 - 1;
+  });
+}
+
+describe("shiftKv on the CPU backend", () => {
+  const kvHeads = 2, headDim = 64, kvDim = kvHeads * headDim;
+  const ropes: RopeOptions[] = [
+    { heads: kvHeads, headDim, rotaryDims: headDim, base: 10_000, scale: 1, neox: false },
+    { heads: kvHeads, headDim, rotaryDims: headDim, base: 1_000_000, scale: 0.125, neox: true },
+  ];
+  const cases = [
+    { name: "a full layer", cellsCount: 48, ring: false, length: 48, keep: 4, discard: 22 },
+    { name: "a wrapped ring", cellsCount: 32, ring: true, length: 45, keep: 2, discard: 9 },
+  ];
+  for (const type of ["f32", "q8_0"] as const) {
+    for (const c of cases) {
+      for (const rope of ropes) {
+        test(`${c.name}, ${type}, ${rope.neox ? "NeoX" : "normal"} RoPE base ${rope.base}`, () => {
+          const be = new CpuBackend();
+          try {
+            const raw = random(c.length * kvDim, c.length + (rope.neox ? 7 : 0));
+            const values = random(c.length * kvDim, 99);
+            const k = be.activation("k", c.length, kvDim), v = be.activation("v", c.length, kvDim);
+            const pos = be.positions(c.length);
+            be.read(k, c.length).set(raw);
+            be.read(v, c.length).set(values);
+            be.setPositions(pos, 0, c.length);
+            be.rope(k, pos, c.length, rope);
+            const layer = be.kvLayer(c.cellsCount, kvHeads, headDim, type, c.ring);
+            // A ring takes the positions it can hold, as the engine writes them batch by batch.
+            for (let p = 0; p < c.length; p += 8) {
+              const rows = Math.min(8, c.length - p);
+              const kk = be.activation("kk", rows, kvDim), vv = be.activation("vv", rows, kvDim);
+              be.read(kk, rows).set(be.read(k, c.length).subarray(p * kvDim, (p + rows) * kvDim));
+              be.read(vv, rows).set(values.subarray(p * kvDim, (p + rows) * kvDim));
+              be.storeKv(layer, kk, vv, rows, p);
+            }
+            be.shiftKv(layer, rope, c.keep, c.discard, c.length);
+            // Kept positions p >= keep + discard now at p - discard, keys rotated to it.
+            const newLength = c.length - c.discard;
+            const firstHeld = c.ring ? Math.max(c.keep, c.length - c.cellsCount - c.discard) : c.keep;
+            for (let q = Math.max(firstHeld, c.keep); q < newLength; q++) {
+              const old = q + c.discard;
+              const want = be.activation("want", 1, kvDim), wantPos = be.positions(1);
+              be.read(want, 1).set(raw.subarray(old * kvDim, (old + 1) * kvDim));
+              be.setPositions(wantPos, q, 1);
+              be.rope(want, wantPos, 1, rope);
+              const cell = c.ring ? q % c.cellsCount : q;
+              const gotK = cells(layer, type, "k", cell, 1), gotV = cells(layer, type, "v", cell, 1);
+              const wantK = be.read(want, 1), wantV = values.subarray(old * kvDim, (old + 1) * kvDim);
+              // q8_0 re-quantizes the rotated keys: within a step of the block's scale.
+              const tol = type === "f32" ? 1e-4 : 2.5e-2;
+              for (let i = 0; i < kvDim; i++) {
+                expect(Math.abs(gotK[i] - wantK[i])).toBeLessThan(tol);
+                expect(Math.abs(gotV[i] - wantV[i])).toBeLessThan(type === "f32" ? 1e-7 : 1e-2);
+              }
+            }
+            if (!c.ring) { // the first `keep` positions stay as they were
+              const kept = cells(layer, type, "k", 0, c.keep), orig = be.read(k, c.length);
+              for (let i = 0; i < c.keep * kvDim; i++) {
+                expect(Math.abs(kept[i] - orig[i])).toBeLessThan(type === "f32" ? 0 + 1e-7 : 1e-2);
+              }
+            }
+          } finally {
+            be.dispose();
+          }
+        });
+      }
+    }
+  }
+});
+
+describe.skipIf(!existsSync(defaultModelPath()))("generating past the context of the default model", () => {
+  const open = () => Engine.open({ modelPath: defaultModelPath(), contextLength: 64, batch: 16, kvType: "f32" });
+  const prompt = "Alice was beginning to get very tired of sitting by her sister on the bank, and";
+
+  test("without the shift it ends at the context; with it, it goes on", () => {
+    const engine = open();
+    try {
+      const ended = engine.generate(prompt, { maxTokens: 200, sampling: { ...defaultSampling, temperature: 0 }, ignoreEos: true });
+      expect(ended.stopReason).toBe("context");
+      const shifted = engine.generate(prompt, { maxTokens: 200, sampling: { ...defaultSampling, temperature: 0 }, ignoreEos: true,
+        contextShift: true });
+      expect(shifted.stopReason).toBe("length");
+      expect(shifted.tokens.length).toBe(200);
+      // Before the first shift both generations are the same tokens.
+      expect(shifted.tokens.slice(0, ended.tokens.length - 1)).toEqual(ended.tokens.slice(0, -1));
+    } finally {
+      engine.close();
+    }
+  }, 120_000);
+
+  test("after a shift, layer 0 holds what evaluating the kept tokens at their new positions gives", () => {
+    const engine = open(), fresh = open();
+    try {
+      const text = `${prompt} of having nothing to do: once or twice she had peeped into the book her sister ` +
+        "was reading, but it had no pictures or conversations in it, and what is the use of a book, thought Alice " +
+        "without pictures or conversations? So she was considering in her own mind (as well as she could)";
+      const tokens = engine.tokenizer.encode(text, { addSpecial: true, parseSpecial: false }).slice(0, 64);
+      expect(tokens.length).toBe(64);
+      const slot = engine.slot;
+      for (let p = 0; p < 64; p += 16) engine.model.forward(tokens.slice(p, p + 16), 16, p, slot.cache.layers);
+      slot.history.set(tokens);
+      slot.length = slot.reach = 64;
+      expect(shiftSlot(engine.backend, slot, engine.model.info)).toBe(30); // keep 4, half of 60
+      expect(slot.length).toBe(34);
+      const history = Array.from(slot.history.subarray(0, 34));
+      expect(history).toEqual([...tokens.slice(0, 4), ...tokens.slice(34)]);
+      for (let p = 0; p < 34; p += 16) {
+        const n = Math.min(16, 34 - p);
+        fresh.model.forward(history.slice(p, p + n), n, p, fresh.slot.cache.layers);
+      }
+      const a = slot.cache.layers[0], b = fresh.slot.cache.layers[0];
+      for (const which of ["k", "v"] as const) {
+        const got = cells(a, "f32", which, 0, 34), want = cells(b, "f32", which, 0, 34);
+        let worst = 0;
+        for (let i = 0; i < got.length; i++) worst = Math.max(worst, Math.abs(got[i] - want[i]));
+        expect(worst).toBeLessThan(which === "k" ? 1e-3 : 1e-5);
+      }
+    } finally {
+      engine.close();
+      fresh.close();
+    }
+  }, 120_000);
+});
+
+describe.skipIf(!existsSync(defaultModelPath()))("a long chat through a small context", () => {
+  test("40 turns through a 512-token context each get an answer", async () => {
+    const model = await loadModel(defaultModelPath(), { contextLength: 512, parallel: 1 });
+    try {
+      const chat = model.chat({ system: "You are a helpful assistant." });
+      let forgot = 0;
+      for (let turn = 0; turn < 40; turn++) {
+        const reply = await chat.send(`Tell me fact number ${turn + 1} about rabbits, in one sentence.`, {
+          maxTokens: 32, temperature: 0, contextShift: true,
+        });
+        expect(reply.tokens.length).toBeGreaterThan(0);
+        if (reply.messages.length < 2 * (turn + 1) + 1) forgot++;
+      }
+      // The conversation outgrew the context: its oldest turns were forgotten, every turn answered.
+      expect(forgot).toBeGreaterThan(0);
+      expect(chat.messages[0]).toEqual({ role: "system", content: "You are a helpful assistant." });
+    } finally {
+      await model.close();
+    }
+  }, 600_000);
+
+  test("without contextShift the turn that does not fit fails as before", async () => {
+    const model = await loadModel(defaultModelPath(), { contextLength: 64, parallel: 1 });
+    try {
+      const chat = model.chat();
+      const long = "Tell me everything you know about rabbits and their long ears and their burrows. ".repeat(4);
+      let message = "";
+      try {
+        await chat.send(long, { maxTokens: 8, temperature: 0 });
+      } catch (err) {
+        message = (err as Error).message;
+      }
+      expect(message).toMatch(/does not fit the context of 64 tokens/);
+    } finally {
+      await model.close();
+    }
+  }, 120_000);
+});
+
+describe("the server's --context-shift", () => {
+  const limits = { vocabSize: 1000, contextLength: 64 };
+  const body = { model: "m", prompt: "hi", max_tokens: 500 };
+  test("without it, max_tokens past the context is a 400", () => {
+    expect(() => parseRequest("completion", body, limits)).toThrow(/max_tokens/);
+  });
+  test("with it, max_tokens past the context is taken and the job shifts", () => {
+    const parsed = parseRequest("completion", body, { ...limits, contextShift: true });
+    expect(parsed.job.maxTokens).toBe(500);
+    expect(parsed.job.contextShift).toBe(true);
+  });
+  test("with it, a chat without max_tokens still ends at the context", () => {
+    const parsed = parseRequest("chat", { model: "m", messages: [{ role: "user", content: "hi" }] },
+      { ...limits, contextShift: true });
+    expect(parsed.job.contextShift).toBeUndefined();
+  });
+});
