@@ -2,7 +2,7 @@
 // line of error for each kind of bad input (2 for a mistake in the command line, 1 for the
 // rest); generation itself runs on a tiny random Gemma 3.
 import { describe, expect, test } from "bun:test";
-import { existsSync, mkdirSync, mkdtempSync, readdirSync, symlinkSync, writeFileSync,
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, symlinkSync, writeFileSync,
   chmodSync } from "node:fs";
 import { availableParallelism, tmpdir } from "node:os";
 import { join } from "node:path";
@@ -81,6 +81,15 @@ describe("generation on a tiny random Gemma 3", () => {
     expect(a.stdout.length).toBeGreaterThan(1);
     expect(a.stderr).toMatch(/generated 12 tokens/);
   });
+
+  test("a reader that goes away (| head) ends it quietly with 141, as SIGPIPE would", () => {
+    const model = file("tiny-pipe.gguf", tinyGemma3Gguf());
+    const p = Bun.spawnSync(["bash", "-c", `"${process.execPath}" infer.ts "the cat" --model ` +
+      `"${model}" -n 4000 -c 4096 --temp 0 --ignore-eos 2>"${dir}/pipe.err" | head -c 3 >/dev/null; ` +
+      'echo "${PIPESTATUS[0]}"'], { cwd: root, stdout: "pipe", stderr: "pipe" });
+    expect(p.stdout.toString().trim()).toBe("141");
+    expect(readFileSync(join(dir, "pipe.err"), "utf8")).toBe("");
+  }, 60_000);
 });
 
 describe("a mistake in the command line is one line and exit 2", () => {

@@ -179,8 +179,18 @@ async function untilInterrupted(generate: (signal: AbortSignal) => Promise<Compl
   }
 }
 
+/**
+ * A reader that goes away (`infer ... | head`) ends the command quietly, as SIGPIPE ends a C
+ * program: 128 + SIGPIPE, with nothing on stderr.
+ */
+function exitOnClosedPipe(err: { code?: string }): void {
+  if (err.code === "EPIPE") process.exit(141);
+  throw err;
+}
+
 export async function main(argv: string[]): Promise<number> {
   const name = argv.length > 0 && Object.hasOwn(commands, argv[0]) ? argv[0] : null;
+  process.stdout.on("error", exitOnClosedPipe);
   try {
     if (argv.length === 0) {
       process.stderr.write(overview);
