@@ -554,7 +554,7 @@ describe.skipIf(noCuda)("CUDA ops equal the CPU backend's", () => {
         setDecodeAttention(0);
       }
       for (const [mode, err] of worst) report(`attention ${label} (decode kernels: ${mode})`, err, TOL_ATTENTION);
-    });
+    }, 60_000); // the CPU reference over 8,300 cells takes seconds
   }
 
   /** Sets the decode attention's kernels; false (and a note) where the device lacks that choice. */
