@@ -79,9 +79,33 @@ export interface AttentionHalf {
   readonly options: SelfAttentionOptions;
 }
 
-interface DecoderLayer extends AttentionHalf {
+/** A pre-norm block: its attention half and its FFN's norm (the FFN is the family's own). */
+export interface PreNormLayer extends AttentionHalf {
   readonly ffnNorm: Weight;
+}
+
+interface DecoderLayer extends PreNormLayer {
   readonly ffn: FfnWeights;
+}
+
+/**
+ * The blocks of a pre-norm decoder over the batch's n rows in b.x: x += attn(norm(x)), then
+ * x += ffn(norm(x)), where `ffn` writes block l's FFN of b.normed to b.branch (a gated FFN, or a
+ * mixture of experts).
+ */
+export function preNormBlocks<L extends PreNormLayer>(be: Backend, c: DecoderConfig,
+  b: DecoderBuffers, batch: Batch, n: number, blocks: readonly L[], ffn: (l: L) => void): void {
+  const x = b.x;
+  for (let i = 0; i < blocks.length; i++) {
+    const l = blocks[i];
+    be.rmsNorm(x, l.attentionNorm, n, c.normEps, b.normed);
+    selfAttention(be, b.normed, n, batch.segments, i, b.positions, l.attention, l.options,
+      b.attn, b.branch);
+    be.add(x, b.branch, n, x);
+    be.rmsNorm(x, l.ffnNorm, n, c.normEps, b.normed);
+    ffn(l);
+    be.add(x, b.branch, n, x);
+  }
 }
 
 export function loadAttentionHalf(t: WeightTable, c: DecoderConfig, i: number,
@@ -158,19 +182,11 @@ export class Llama implements Model {
   }
 
   forwardBatch(batch: Batch, sink: LogitsSink): void {
-    const be = this.be, c = this.config, b = this.buf, x = b.x;
+    const be = this.be, c = this.config, b = this.buf;
     const n = setBatchInputs(be, b, batch, this.maxBatch);
-    be.embed(this.tokenEmbedding, b.ids, n, x);
-    for (let i = 0; i < this.blocks.length; i++) {
-      const l = this.blocks[i];
-      be.rmsNorm(x, l.attentionNorm, n, c.normEps, b.normed);
-      selfAttention(be, b.normed, n, batch.segments, i, b.positions, l.attention, l.options,
-        b.attn, b.branch);
-      be.add(x, b.branch, n, x);
-      be.rmsNorm(x, l.ffnNorm, n, c.normEps, b.normed);
-      gatedFfn(be, b.normed, n, l.ffn, "silu", b.ffn, b.branch);
-      be.add(x, b.branch, n, x);
-    }
+    be.embed(this.tokenEmbedding, b.ids, n, b.x);
+    preNormBlocks(be, c, b, batch, n, this.blocks,
+      (l) => gatedFfn(be, b.normed, n, l.ffn, "silu", b.ffn, b.branch));
     decoderOutput(be, b, batch, n, this.outputNorm, c.normEps, this.head, sink);
   }
 }

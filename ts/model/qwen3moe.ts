@@ -10,10 +10,12 @@ import { InferError } from "../errors.ts";
 import type { GgufFile } from "../gguf/reader.ts";
 import { Hparams, LIMITS } from "./hparams.ts";
 import {
-  decoderBuffers, decoderOutput, forwardOne, LogitsHead, selfAttention, setBatchInputs, WeightTable,
+  decoderBuffers, decoderOutput, forwardOne, LogitsHead, setBatchInputs, WeightTable,
   type DecoderBuffers,
 } from "./layers.ts";
-import { decoderConfig, loadAttentionHalf, type AttentionHalf, type DecoderConfig } from "./llama.ts";
+import {
+  decoderConfig, loadAttentionHalf, preNormBlocks, type DecoderConfig, type PreNormLayer,
+} from "./llama.ts";
 import type { Batch, ForwardOptions, LogitsSink, Model, ModelInfo } from "./model.ts";
 import { MoeBuffers, moeFfn, moeRowFloats, moeWeights, type MoeShape, type MoeWeights } from "./moe.ts";
 
@@ -37,8 +39,7 @@ export function qwen3moeConfig(meta: Hparams, vocab: number): Qwen3MoeConfig {
 
 // ---- one block ------------------------------------------------------------------------------
 
-interface MoeLayer extends AttentionHalf {
-  readonly ffnNorm: Weight;
+interface MoeLayer extends PreNormLayer {
   readonly moe: MoeWeights;
 }
 
@@ -85,19 +86,11 @@ export class Qwen3Moe implements Model {
   }
 
   forwardBatch(batch: Batch, sink: LogitsSink): void {
-    const be = this.be, c = this.config, b = this.buf, x = b.x;
+    const be = this.be, c = this.config, b = this.buf;
     const n = setBatchInputs(be, b, batch, this.maxBatch);
-    be.embed(this.tokenEmbedding, b.ids, n, x);
-    for (let i = 0; i < this.blocks.length; i++) {
-      const l = this.blocks[i];
-      be.rmsNorm(x, l.attentionNorm, n, c.normEps, b.normed);
-      selfAttention(be, b.normed, n, batch.segments, i, b.positions, l.attention, l.options,
-        b.attn, b.branch);
-      be.add(x, b.branch, n, x);
-      be.rmsNorm(x, l.ffnNorm, n, c.normEps, b.normed);
-      moeFfn(be, b.normed, n, l.moe, c, this.moeBuf, b.branch);
-      be.add(x, b.branch, n, x);
-    }
+    be.embed(this.tokenEmbedding, b.ids, n, b.x);
+    preNormBlocks(be, c, b, batch, n, this.blocks,
+      (l) => moeFfn(be, b.normed, n, l.moe, c, this.moeBuf, b.branch));
     decoderOutput(be, b, batch, n, this.outputNorm, c.normEps, this.head, sink);
   }
 }
