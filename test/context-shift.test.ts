@@ -4,7 +4,9 @@
 // default model, its layer-0 keys and values after the shift equal to a fresh evaluation of the
 // kept tokens at their new positions (layer 0's keys depend on the token and position alone).
 import { describe, expect, test } from "bun:test";
-import { existsSync } from "node:fs";
+import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { dirname, join } from "node:path";
 import type { KvLayer, KvType, RopeOptions } from "../ts/backend/backend.ts";
 import { CpuBackend } from "../ts/backend/cpu.ts";
 import { loadModel } from "../ts/api/model.ts";
@@ -15,6 +17,7 @@ import { defaultModelPath } from "../ts/models/cache.ts";
 import { defaultSampling } from "../ts/sample/sampler.ts";
 import { check, native } from "../ts/native/lib.ts";
 import { parseRequest } from "../ts/serve/protocol.ts";
+import { qwen3moeKQuants, randomQuantGguf } from "./support/random-quant-gguf.ts";
 
 const typeIds: Record<string, number> = { f32: GgmlType.F32, f16: GgmlType.F16, q8_0: GgmlType.Q8_0 };
 
@@ -103,6 +106,21 @@ describe("shiftKv on the CPU backend", () => {
     }
   }
 });
+
+test("every architecture declares its keys' RoPE, so each can shift (a random Qwen3-MoE here)", () => {
+  const path = join(mkdtempSync(join(tmpdir(), "infer-shift-")), "moe.gguf");
+  writeFileSync(path, randomQuantGguf(qwen3moeKQuants));
+  const engine = Engine.open({ modelPath: path, contextLength: 32, batch: 16 });
+  try {
+    const greedy = { maxTokens: 80, sampling: { ...defaultSampling, temperature: 0 }, ignoreEos: true };
+    const r = engine.generate([1, 5, 9, 13], { ...greedy, contextShift: true });
+    expect(r.stopReason).toBe("length");
+    expect(r.tokens.length).toBe(80);
+  } finally {
+    engine.close();
+    rmSync(dirname(path), { recursive: true, force: true });
+  }
+}, 60_000);
 
 describe.skipIf(!existsSync(defaultModelPath()))("generating past the context of the default model", () => {
   const open = () => Engine.open({ modelPath: defaultModelPath(), contextLength: 64, batch: 16, kvType: "f32" });

@@ -75,6 +75,7 @@ export class Qwen3Moe implements Model {
     this.info = {
       architecture: c.architecture, name: c.name, vocabSize: c.vocab,
       contextLength: c.contextLength, embedding: c.embedding, kvShapes: c.kvShapes,
+      keyRope: this.blocks.map((l) => l.options.ropeK),
     };
     this.buf = decoderBuffers(be, maxBatch, c);
     this.moeBuf = new MoeBuffers(be, maxBatch, c);
