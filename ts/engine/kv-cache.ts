@@ -112,11 +112,11 @@ export function shiftDiscard(cache: KvCache, info: ModelInfo, keep: number, leng
  * keep + discard - 1 and moves the later ones down, their keys rotated back by `discard`
  * positions with each layer's RoPE, so that generation goes on past the end of the context. The
  * kept keys and values are those computed with the dropped tokens in view, as in llama.cpp.
- * Returns the positions dropped (0: the backend or model cannot shift, or nothing can go).
+ * Returns the positions dropped (0: the backend cannot shift, or nothing can go).
  */
 export function shiftSlot(be: Backend, slot: Slot, info: ModelInfo, keep = SHIFT_KEEP): number {
   const rope = info.keyRope, length = slot.length;
-  if (!be.shiftKv || !rope || keep >= length) return 0;
+  if (!be.shiftKv || keep >= length) return 0;
   const discard = shiftDiscard(slot.cache, info, keep, length);
   if (discard < 1) return 0;
   slot.cache.layers.forEach((layer, i) => be.shiftKv!(layer, rope[i], keep, discard, length));

@@ -37,8 +37,8 @@ export interface ModelInfo {
   readonly embedding: number;
   /** One entry per layer: the shape of its keys and values. */
   readonly kvShapes: readonly KvShape[];
-  /** One entry per layer: how its keys are rotated (for the context shift; absent: no shift). */
-  readonly keyRope?: readonly RopeOptions[];
+  /** One entry per layer: how its keys are rotated (the context shift re-rotates them). */
+  readonly keyRope: readonly RopeOptions[];
 }
 
 export interface ForwardOptions {
