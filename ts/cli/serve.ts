@@ -14,10 +14,10 @@ export const serveUsage = `usage: infer serve [options]
 
 An OpenAI-compatible HTTP server: POST /v1/chat/completions and /v1/completions (streaming by
 SSE or not; temperature, top_p, max_tokens, stop, seed, presence/frequency_penalty, logit_bias,
-logprobs (chat: top_logprobs), response_format json_object / json_schema, and llama.cpp's top_k,
-min_p, typical_p, repeat_penalty, repeat_last_n; OpenAI fields infer does not implement, such as
-tools, echo, best_of or suffix, are refused by name), POST /v1/embeddings (strings or token
-ids, float or base64), GET /v1/models, /health and /metrics.
+logprobs (chat: top_logprobs), response_format json_object / json_schema, tools and
+tool_choice (chat), and llama.cpp's top_k, min_p, typical_p, repeat_penalty, repeat_last_n;
+OpenAI fields infer does not implement, such as echo, best_of or suffix, are refused by name),
+POST /v1/embeddings (strings or token ids, float or base64), GET /v1/models, /health, /metrics.
 The model runs in a worker thread that decodes up to --parallel requests together (continuous
 batching: requests join and leave the batch between steps, prompts are evaluated in chunks
 between decode steps); others wait in a bounded queue (429 with Retry-After when it is full).
