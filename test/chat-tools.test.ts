@@ -41,7 +41,7 @@ function readByChar(format: ToolCallFormat, text: string) {
 describe("reading calls out of an answer", () => {
   const cases: [ToolCallFormat, string, string, { name: string; a: string }[]][] = [
     ["hermes", 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": ' +
-      '"Paris", "unit": "celsius"}}\n</tool_call>', "Let me check.\n",
+      '"Paris", "unit": "celsius"}}\n</tool_call>', "Let me check.",
     [{ name: "get_weather", a: '{"city":"Paris","unit":"celsius"}' }]],
     ["hermes", '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>\n<tool_call>\n' +
       '{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "celsius"}}\n</tool_call>',

@@ -16,6 +16,7 @@
 import { Environment, Interpreter, Template } from "@huggingface/jinja";
 import { InferError, quote } from "../errors.ts";
 import type { Tokenizer } from "../tokenizer/index.ts";
+import { ControlTextGuard } from "./control-text.ts";
 import { CHATML_TEMPLATE, GEMMA_TEMPLATE, LLAMA3_TEMPLATE } from "./fallback.ts";
 import type { ToolCall, ToolFunction } from "./tools.ts";
 
@@ -37,6 +38,8 @@ export interface RenderOptions {
   readonly now?: Date;
   /** The functions the model may call, for templates that describe them. */
   readonly tools?: readonly ToolFunction[];
+  /** Llama 3.1's built-in tools among them (its template's builtin_tools), if any. */
+  readonly builtinTools?: readonly string[];
 }
 
 /** A call's arguments as templates expect them: the object, or the text if it does not parse. */
@@ -154,6 +157,8 @@ export class ChatTemplate {
       add_generation_prompt: options.addGenerationPrompt ?? true,
       tools: templateTools(options.tools), documents: null,
     };
+    // (templates test whether builtin_tools is defined)
+    if (options.builtinTools?.length) globals.builtin_tools = [...options.builtinTools];
     if (this.specials.bos !== undefined) globals.bos_token = this.specials.bos;
     if (this.specials.eos !== undefined) globals.eos_token = this.specials.eos;
     for (const [k, v] of Object.entries(globals)) env.set(k, v);
@@ -171,10 +176,22 @@ export class ChatTemplate {
    */
   encode(tokenizer: Tokenizer, messages: readonly ChatMessage[],
     options: RenderOptions = {}): number[] {
-    const text = this.render(messages, options);
-    const spans = this.contentSpans(text, messages, options);
+    // Everything the conversation brings is guarded (control-text.ts); the contents are also
+    // found in the rendering, so that a template's own text alone makes control tokens.
+    const guard = new ControlTextGuard(tokenizer);
+    const safe = messages.map((m) => ({ ...m, content: guard.hide(m.content),
+      ...(m.toolCallId === undefined ? {} : { toolCallId: guard.hide(m.toolCallId) }),
+      ...(m.toolCalls === undefined ? {} : { toolCalls: m.toolCalls.map((c) =>
+        ({ id: guard.hide(c.id), name: guard.hide(c.name), arguments: guard.hide(c.arguments) })) }),
+    }));
+    const safeOptions = options.tools === undefined ? options
+      : { ...options, tools: guard.hideAll(options.tools) };
+    const hidden = this.render(safe, safeOptions);
+    const spans = this.contentSpans(hidden, safe, safeOptions);
+    const { text, marks } = guard.reveal(hidden);
     const fromTemplate = (start: number, end: number) =>
-      spans.every(([s, e]) => end <= s || start >= e);
+      spans.every(([s, e]) => end <= s || start >= e) &&
+      !marks.some((at) => at >= start && at < end);
     const tokens = tokenizer.encode(text, { addSpecial: false, parseSpecial: fromTemplate });
     const bos = tokenizer.bos;
     if (tokenizer.addBos && bos !== null && tokens[0] !== bos) tokens.unshift(bos);
@@ -241,7 +258,7 @@ function searchContents(text: string, messages: readonly ChatMessage[]): [number
 }
 
 /** A single control token spelled `text` in this vocabulary, or null. */
-function controlToken(tokenizer: Tokenizer, text: string): number | null {
+export function controlToken(tokenizer: Tokenizer, text: string): number | null {
   const ids = tokenizer.encode(text, { addSpecial: false, parseSpecial: true });
   if (ids.length !== 1 || tokenizer.decode(ids) !== "") return null;
   return ids[0];
