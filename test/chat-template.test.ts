@@ -28,6 +28,7 @@ interface WireMessage {
 interface Case {
   template: string; title: string; messages: WireMessage[]; add_generation_prompt: boolean;
   tools?: { function: ToolFunction }[];
+  builtin_tools?: string[];
   bos_token?: string; eos_token?: string; rendered?: string; error?: string;
 }
 
@@ -45,7 +46,8 @@ describe("rendering equals transformers' apply_chat_template", () => {
       const t = new ChatTemplate(source(c.template), "gguf", { bos: c.bos_token, eos: c.eos_token });
       const tools = c.tools?.map((x) => x.function);
       const render = () => t.render(c.messages.map(ours),
-        { addGenerationPrompt: c.add_generation_prompt, now, tools });
+        { addGenerationPrompt: c.add_generation_prompt, now, tools,
+          builtinTools: c.builtin_tools });
       if (c.error !== undefined) expect(render).toThrow(c.error);
       else expect(render()).toBe(c.rendered!);
     });

@@ -125,6 +125,39 @@ function range(budget: { left: number }, start: number, stop?: number, step = 1)
   return out;
 }
 
+type Value = { value: unknown; __bool__(): { value: boolean } };
+interface InterpreterInside {
+  applyFilter(operand: Value, filter: FilterNode, env: Environment): Value;
+  evaluate(node: unknown, env: Environment): Value;
+}
+type FilterNode = { type: string; callee?: { type: string; value: string }; args?: unknown[] };
+
+/**
+ * Jinja's select and reject filters (`list | reject('equalto', x)`, which Llama 3.1's template
+ * applies to builtin_tools), which @huggingface/jinja lacks: the interpreter's filter step,
+ * extended for them, the rest left to it. (The step is private to the library, so it is
+ * replaced on the instance; chat-template.test.ts renders Llama 3.1's template through it.)
+ */
+function withSelectFilters(interpreter: Interpreter): Interpreter {
+  const inside = interpreter as unknown as InterpreterInside;
+  const base = inside.applyFilter.bind(inside);
+  inside.applyFilter = (operand, filter, env) => {
+    const name = filter.type === "CallExpression" ? filter.callee?.value : undefined;
+    if ((name !== "select" && name !== "reject") || !Array.isArray(operand.value)) {
+      return base(operand, filter, env);
+    }
+    const [test, ...args] = (filter.args ?? []).map((a) => inside.evaluate(a, env));
+    const fn = env.tests.get(String(test?.value));
+    if (test !== undefined && !fn) throw new Error(`Unknown test: ${String(test.value)}`);
+    const keep = (operand.value as Value[]).filter((item) =>
+      (fn ? (fn as (...v: Value[]) => boolean)(item, ...args) : item.__bool__().value) ===
+        (name === "select"));
+    const Ctor = operand.constructor as new (v: Value[]) => Value;
+    return new Ctor(keep);
+  };
+  return interpreter;
+}
+
 // Private-use characters bracket each placeholder; no tokenizer sees them.
 const OPEN = "\uE000", CLOSE = "\uE001";
 const PLACEHOLDER = /\uE000(\d+)\uE001/g;
@@ -163,7 +196,7 @@ export class ChatTemplate {
     if (this.specials.eos !== undefined) globals.eos_token = this.specials.eos;
     for (const [k, v] of Object.entries(globals)) env.set(k, v);
     try {
-      return new Interpreter(env).run(this.template.parsed).value as string;
+      return withSelectFilters(new Interpreter(env)).run(this.template.parsed).value as string;
     } catch (err) {
       if (err instanceof InferError) throw err;
       throw new InferError("invalid_argument", `chat template: ${quote((err as Error).message)}`);
