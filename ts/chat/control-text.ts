@@ -13,8 +13,14 @@ import type { Tokenizer } from "../tokenizer/index.ts";
 const FIRST = 0xfdd0, COUNT = 32;
 const NONCHARACTER = /[\uFDD0-\uFDEF]/g;
 
+interface Trie {
+  readonly next: Map<string, Trie>;
+  end: boolean;
+}
+
 interface Guard {
-  readonly pattern: RegExp | null;
+  /** The control texts by character (a regular expression of thousands is slow). */
+  readonly trie: Trie;
   /** The character each noncharacter stands for. */
   readonly chars: string[];
   readonly of: Map<string, string>;
@@ -29,12 +35,18 @@ function guardFor(tokenizer: Tokenizer): Guard {
     t.charCodeAt(0) > 0xdfff); // (a first character of one UTF-16 unit can be swapped)
   const chars = [...new Set(texts.map((t) => t[0]))].slice(0, COUNT);
   const kept = texts.filter((t) => chars.includes(t[0]));
-  const escape = (t: string) => t.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
-  g = {
-    pattern: kept.length === 0 ? null
-      : new RegExp(kept.sort((a, b) => b.length - a.length).map(escape).join("|"), "g"),
-    chars, of: new Map(chars.map((c, i) => [c, String.fromCharCode(FIRST + i)])),
-  };
+  const trie: Trie = { next: new Map(), end: false };
+  for (const t of kept) {
+    let node = trie;
+    for (let k = 0; k < t.length; k++) { // (by UTF-16 unit, as hide() reads)
+      const c = t[k];
+      let child = node.next.get(c);
+      if (!child) node.next.set(c, child = { next: new Map(), end: false });
+      node = child;
+    }
+    node.end = true;
+  }
+  g = { trie, chars, of: new Map(chars.map((c, i) => [c, String.fromCharCode(FIRST + i)])) };
   guards.set(tokenizer, g);
   return g;
 }
@@ -49,8 +61,21 @@ export class ControlTextGuard {
   /** `text` with no control token's text left in it (noncharacters it had become U+FFFD). */
   hide(text: string): string {
     const clean = text.replace(NONCHARACTER, "\uFFFD");
-    const p = this.g.pattern;
-    return p === null ? clean : clean.replace(p, (t) => this.g.of.get(t[0])! + t.slice(1));
+    let out = "", from = 0;
+    for (let i = 0; i < clean.length; i++) {
+      let node = this.g.trie.next.get(clean[i]);
+      let end = -1; // the longest control text starting at i
+      for (let j = i + 1; node; j++) {
+        if (node.end) end = j;
+        if (j >= clean.length) break;
+        node = node.next.get(clean[j]);
+      }
+      if (end < 0) continue;
+      out += clean.slice(from, i) + this.g.of.get(clean[i])!;
+      from = i + 1;
+      i = end - 1;
+    }
+    return out + clean.slice(from);
   }
 
   /** hide() over every string of a JSON-like value. */
