@@ -114,7 +114,8 @@ async function streamed(client: OpenAI, body: object) {
 /** A streamed request's SSE events as the server sent them, read without a client library. */
 async function sseEvents(url: string, body: object): Promise<Record<string, unknown>[]> {
   const res = await fetch(`${url}/v1/chat/completions`, { method: "POST",
-    headers: { "content-type": "application/json" }, body: JSON.stringify({ ...body, stream: true }) });
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ ...body, stream: true }) });
   expect(res.headers.get("content-type")).toBe("text/event-stream");
   const events = (await res.text()).split("\n\n").filter((e) => e !== "");
   expect(events.at(-1)).toBe("data: [DONE]");
@@ -172,7 +173,8 @@ for (const [family, which] of [["Qwen3's template", () => qwen], ["no tools in t
       expect(s.content).toBe("");
     }, 120_000);
 
-    test("streaming, raw SSE: a naming delta, then argument fragments; no wrapper text", async () => {
+    test("streaming, raw SSE: a naming delta, then argument fragments; no wrapper text",
+      async () => {
       const server = servers[which() === qwen ? 0 : 1];
       const body = { model: "tiny", messages: ask, tools: TOOLS, temperature: 0, max_tokens: 300,
         tool_choice: { type: "function", function: { name: "get_weather" } } };

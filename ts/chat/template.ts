@@ -214,8 +214,8 @@ export class ChatTemplate {
     const guard = new ControlTextGuard(tokenizer);
     const safe = messages.map((m) => ({ ...m, content: guard.hide(m.content),
       ...(m.toolCallId === undefined ? {} : { toolCallId: guard.hide(m.toolCallId) }),
-      ...(m.toolCalls === undefined ? {} : { toolCalls: m.toolCalls.map((c) =>
-        ({ id: guard.hide(c.id), name: guard.hide(c.name), arguments: guard.hide(c.arguments) })) }),
+      ...(m.toolCalls === undefined ? {} : { toolCalls: m.toolCalls.map((c) => ({
+        id: guard.hide(c.id), name: guard.hide(c.name), arguments: guard.hide(c.arguments) })) }),
     }));
     const safeOptions = options.tools === undefined ? options
       : { ...options, tools: guard.hideAll(options.tools) };
