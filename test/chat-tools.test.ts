@@ -101,6 +101,8 @@ describe("reading calls out of an answer", () => {
       [{ name: "f", a: '{"city":"Par' }]],
     ["llama3", '{"name": "f", "param', '{"name": "f", "param', []],
     ["llama3", '{"city": "Paris"}', '{"city": "Paris"}', []],
+    ["llama3", '{"name": "f", "parameters": {}}; {"name": "g", "parameters": {"a": 1}}', "",
+      [{ name: "f", a: "{}" }, { name: "g", a: '{"a":1}' }]],
   ];
   for (const [format, text, content, calls] of cases) {
     test(`${format}: ${JSON.stringify(text).slice(0, 60)}`, () => {

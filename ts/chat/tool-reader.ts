@@ -148,6 +148,11 @@ export class ToolCallReader {
       }
       this.space += this.pending.slice(0, start);
       this.pending = this.pending.slice(start);
+      // (Llama writes several calls as {...}; {...})
+      if (this.pending[0] === ";" && this.calls.length > 0) {
+        this.pending = this.pending.slice(1);
+        return true;
+      }
       if (this.pending[0] === "{") {
         this.open("");
         return true;
