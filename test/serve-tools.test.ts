@@ -4,8 +4,9 @@
 // (infer's generic format). Random weights say nothing sensible, so the checks are the ones the
 // grammar guarantees: with tool_choice "required" or a named function, every call's arguments
 // parse and validate (ajv) against the function's schema; the streamed deltas assemble into the
-// call the non-streaming request gives (greedy); a tool result sent back gets an answer; bad
-// shapes get OpenAI-style 400s.
+// call the non-streaming request gives (greedy), the arguments in several fragments (read with
+// the client and as raw SSE: a naming delta first, no wrapper text anywhere); a tool result sent
+// back gets an answer; bad shapes get OpenAI-style 400s.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { copyFileSync, cpSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -90,7 +91,7 @@ async function streamed(client: OpenAI, body: object) {
   const stream = await client.chat.completions.create({ ...body, stream: true } as never) as
     unknown as AsyncIterable<OpenAI.ChatCompletionChunk>;
   const calls: Call[] = [];
-  let content = "", finish: string | null = null;
+  let content = "", finish: string | null = null, fragments = 0;
   for await (const chunk of stream) {
     const c = chunk.choices[0];
     if (!c) continue;
@@ -100,11 +101,28 @@ async function streamed(client: OpenAI, body: object) {
         expect(d.function?.arguments).toBe("");
         calls[d.index] = { id: d.id, type: d.type as "function",
           function: { name: d.function!.name!, arguments: "" } };
-      } else calls[d.index].function.arguments += d.function?.arguments ?? "";
+      } else {
+        calls[d.index].function.arguments += d.function?.arguments ?? "";
+        fragments++;
+      }
     }
     finish = c.finish_reason ?? finish;
   }
-  return { calls, content, finish };
+  return { calls, content, finish, fragments };
+}
+
+/** A streamed request's SSE events as the server sent them, read without a client library. */
+async function sseEvents(url: string, body: object): Promise<Record<string, unknown>[]> {
+  const res = await fetch(`${url}/v1/chat/completions`, { method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ ...body, stream: true }) });
+  expect(res.headers.get("content-type")).toBe("text/event-stream");
+  const events = (await res.text()).split("\n\n").filter((e) => e !== "");
+  expect(events.at(-1)).toBe("data: [DONE]");
+  return events.slice(0, -1).map((e) => {
+    expect(e.startsWith("data: ")).toBe(true);
+    return JSON.parse(e.slice(6));
+  });
 }
 
 for (const [family, which] of [["Qwen3's template", () => qwen], ["no tools in the template " +
@@ -150,6 +168,47 @@ for (const [family, which] of [["Qwen3's template", () => qwen], ["no tools in t
       checkCall(s.calls[0], ["get_weather", "get_time"]);
       const call = plain.choices[0].message.tool_calls![0] as Call;
       expect(s.calls[0].function).toEqual(call.function);
+      // the arguments come in fragments as they are generated, not in one piece at the end
+      expect(s.fragments).toBeGreaterThan(3);
+      expect(s.content).toBe("");
+    }, 120_000);
+
+    test("streaming, raw SSE: a naming delta, then argument fragments; no wrapper text",
+      async () => {
+      const server = servers[which() === qwen ? 0 : 1];
+      const body = { model: "tiny", messages: ask, tools: TOOLS, temperature: 0, max_tokens: 300,
+        tool_choice: { type: "function", function: { name: "get_weather" } } };
+      const plain = await (await fetch(`${server.url}/v1/chat/completions`, { method: "POST",
+        headers: { "content-type": "application/json" }, body: JSON.stringify(body) })).json() as
+        { choices: { message: { tool_calls: Call[] } }[] };
+      const want = plain.choices[0].message.tool_calls[0];
+      type Delta = { content?: string; tool_calls?: { index: number; id?: string; type?: string;
+        function: { name?: string; arguments: string } }[] };
+      const events = await sseEvents(server.url, body);
+      const deltas = events.map((e) => (e.choices as { delta: Delta }[])[0]?.delta ?? {});
+      const content = deltas.map((d) => d.content ?? "").join("");
+      expect(content).toBe("");
+      const parts = deltas.flatMap((d) => d.tool_calls ?? []);
+      const { id, ...head } = parts[0];
+      expect(head).toEqual({ index: 0, type: "function",
+        function: { name: "get_weather", arguments: "" } });
+      expect(id).toMatch(/^call_\w+$/);
+      const rest = parts.slice(1);
+      expect(rest.length).toBeGreaterThan(3);
+      for (const p of rest) {
+        expect(Object.keys(p).sort()).toEqual(["function", "index"]);
+        expect(p.index).toBe(0);
+        expect(Object.keys(p.function)).toEqual(["arguments"]);
+      }
+      const joined = rest.map((p) => p.function.arguments).join("");
+      expect(joined).toBe(want.function.arguments);
+      for (const wrapper of ["<tool_call>", "</tool_call>", '"name"', '"arguments"']) {
+        expect(joined).not.toContain(wrapper);
+      }
+      checkCall({ ...want, function: { name: "get_weather", arguments: joined } }, ["get_weather"]);
+      const finish = events.map((e) => (e.choices as { finish_reason: string | null }[])[0]
+        ?.finish_reason).filter((f) => f !== null && f !== undefined);
+      expect(finish).toEqual(["tool_calls"]);
     }, 120_000);
   });
 }

@@ -16,6 +16,7 @@
 import { Environment, Interpreter, Template } from "@huggingface/jinja";
 import { InferError, quote } from "../errors.ts";
 import type { Tokenizer } from "../tokenizer/index.ts";
+import { ControlTextGuard } from "./control-text.ts";
 import { CHATML_TEMPLATE, GEMMA_TEMPLATE, LLAMA3_TEMPLATE } from "./fallback.ts";
 import type { ToolCall, ToolFunction } from "./tools.ts";
 
@@ -37,6 +38,8 @@ export interface RenderOptions {
   readonly now?: Date;
   /** The functions the model may call, for templates that describe them. */
   readonly tools?: readonly ToolFunction[];
+  /** Llama 3.1's built-in tools among them (its template's builtin_tools), if any. */
+  readonly builtinTools?: readonly string[];
 }
 
 /** A call's arguments as templates expect them: the object, or the text if it does not parse. */
@@ -122,6 +125,39 @@ function range(budget: { left: number }, start: number, stop?: number, step = 1)
   return out;
 }
 
+type Value = { value: unknown; __bool__(): { value: boolean } };
+interface InterpreterInside {
+  applyFilter(operand: Value, filter: FilterNode, env: Environment): Value;
+  evaluate(node: unknown, env: Environment): Value;
+}
+type FilterNode = { type: string; callee?: { type: string; value: string }; args?: unknown[] };
+
+/**
+ * Jinja's select and reject filters (`list | reject('equalto', x)`, which Llama 3.1's template
+ * applies to builtin_tools), which @huggingface/jinja lacks: the interpreter's filter step,
+ * extended for them, the rest left to it. (The step is private to the library, so it is
+ * replaced on the instance; chat-template.test.ts renders Llama 3.1's template through it.)
+ */
+function withSelectFilters(interpreter: Interpreter): Interpreter {
+  const inside = interpreter as unknown as InterpreterInside;
+  const base = inside.applyFilter.bind(inside);
+  inside.applyFilter = (operand, filter, env) => {
+    const name = filter.type === "CallExpression" ? filter.callee?.value : undefined;
+    if ((name !== "select" && name !== "reject") || !Array.isArray(operand.value)) {
+      return base(operand, filter, env);
+    }
+    const [test, ...args] = (filter.args ?? []).map((a) => inside.evaluate(a, env));
+    const fn = env.tests.get(String(test?.value));
+    if (test !== undefined && !fn) throw new Error(`Unknown test: ${String(test.value)}`);
+    const keep = (operand.value as Value[]).filter((item) =>
+      (fn ? (fn as (...v: Value[]) => boolean)(item, ...args) : item.__bool__().value) ===
+        (name === "select"));
+    const Ctor = operand.constructor as new (v: Value[]) => Value;
+    return new Ctor(keep);
+  };
+  return interpreter;
+}
+
 // Private-use characters bracket each placeholder; no tokenizer sees them.
 const OPEN = "\uE000", CLOSE = "\uE001";
 const PLACEHOLDER = /\uE000(\d+)\uE001/g;
@@ -154,11 +190,13 @@ export class ChatTemplate {
       add_generation_prompt: options.addGenerationPrompt ?? true,
       tools: templateTools(options.tools), documents: null,
     };
+    // (templates test whether builtin_tools is defined)
+    if (options.builtinTools?.length) globals.builtin_tools = [...options.builtinTools];
     if (this.specials.bos !== undefined) globals.bos_token = this.specials.bos;
     if (this.specials.eos !== undefined) globals.eos_token = this.specials.eos;
     for (const [k, v] of Object.entries(globals)) env.set(k, v);
     try {
-      return new Interpreter(env).run(this.template.parsed).value as string;
+      return withSelectFilters(new Interpreter(env)).run(this.template.parsed).value as string;
     } catch (err) {
       if (err instanceof InferError) throw err;
       throw new InferError("invalid_argument", `chat template: ${quote((err as Error).message)}`);
@@ -171,10 +209,22 @@ export class ChatTemplate {
    */
   encode(tokenizer: Tokenizer, messages: readonly ChatMessage[],
     options: RenderOptions = {}): number[] {
-    const text = this.render(messages, options);
-    const spans = this.contentSpans(text, messages, options);
+    // Everything the conversation brings is guarded (control-text.ts); the contents are also
+    // found in the rendering, so that a template's own text alone makes control tokens.
+    const guard = new ControlTextGuard(tokenizer);
+    const safe = messages.map((m) => ({ ...m, content: guard.hide(m.content),
+      ...(m.toolCallId === undefined ? {} : { toolCallId: guard.hide(m.toolCallId) }),
+      ...(m.toolCalls === undefined ? {} : { toolCalls: m.toolCalls.map((c) => ({
+        id: guard.hide(c.id), name: guard.hide(c.name), arguments: guard.hide(c.arguments) })) }),
+    }));
+    const safeOptions = options.tools === undefined ? options
+      : { ...options, tools: guard.hideAll(options.tools) };
+    const hidden = this.render(safe, safeOptions);
+    const spans = this.contentSpans(hidden, safe, safeOptions);
+    const { text, marks } = guard.reveal(hidden);
     const fromTemplate = (start: number, end: number) =>
-      spans.every(([s, e]) => end <= s || start >= e);
+      spans.every(([s, e]) => end <= s || start >= e) &&
+      !marks.some((at) => at >= start && at < end);
     const tokens = tokenizer.encode(text, { addSpecial: false, parseSpecial: fromTemplate });
     const bos = tokenizer.bos;
     if (tokenizer.addBos && bos !== null && tokens[0] !== bos) tokens.unshift(bos);
@@ -241,7 +291,7 @@ function searchContents(text: string, messages: readonly ChatMessage[]): [number
 }
 
 /** A single control token spelled `text` in this vocabulary, or null. */
-function controlToken(tokenizer: Tokenizer, text: string): number | null {
+export function controlToken(tokenizer: Tokenizer, text: string): number | null {
   const ids = tokenizer.encode(text, { addSpecial: false, parseSpecial: true });
   if (ids.length !== 1 || tokenizer.decode(ids) !== "") return null;
   return ids[0];

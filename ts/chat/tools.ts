@@ -16,6 +16,8 @@ import { InferError, quote } from "../errors.ts";
 import { compileSchema, type JsonNode } from "../sample/json-schema.ts";
 import type { ChatMessage } from "./template.ts";
 
+export { ToolCallReader, type ParsedAnswer, type ToolCallDelta } from "./tool-reader.ts";
+
 export interface ToolFunction {
   readonly name: string;
   readonly description?: string;
@@ -165,131 +167,6 @@ export function genericMessages(messages: readonly ChatMessage[], prompt: string
   return out.map((m) => (m.toolCallId === "" ? { role: m.role, content: m.content } : m));
 }
 
-const randomId = () => "call_" + crypto.randomUUID().replaceAll("-", "").slice(0, 24);
-
-/** A call read from JSON, or null if `value` is not one. */
-function callOf(value: unknown, shape: CallShape): ToolCall | null {
-  if (typeof value !== "object" || value === null || Array.isArray(value)) return null;
-  const v = value as Record<string, unknown>;
-  const args = v[shape.argumentsKey] ?? v.arguments ?? v.parameters;
-  if (typeof v.name !== "string" || args === undefined) return null;
-  const text = typeof args === "string" ? args : JSON.stringify(args);
-  return { id: randomId(), name: v.name, arguments: text };
-}
-
-function parseJson(text: string): unknown {
-  try {
-    return JSON.parse(text);
-  } catch {
-    return undefined;
-  }
-}
-
-export interface ParsedAnswer {
-  readonly content: string;
-  readonly calls: readonly ToolCall[];
-}
-
-const OPEN = "<tool_call>", CLOSE = "</tool_call>";
-
-/** Longest end of `text` that could be the start of `marker`. */
-function partialMarker(text: string, marker: string): number {
-  for (let n = Math.min(marker.length - 1, text.length); n > 0; n--) {
-    if (marker.startsWith(text.slice(text.length - n))) return n;
-  }
-  return 0;
-}
-
-/**
- * Reads an answer as it is generated: text goes out as soon as it cannot be part of a call, and
- * each call once it is complete. feed() returns what may be shown now; end() the rest.
- */
-export class ToolCallReader {
-  private buffer = "";
-  /** llama3 / generic: the answer began as JSON, so it is held until the end. */
-  private json: boolean | null = null;
-  private readonly shape: CallShape;
-  readonly calls: ToolCall[] = [];
-  content = "";
-
-  constructor(private readonly format: ToolCallFormat) {
-    this.shape = SHAPES[format];
-  }
-
-  feed(text: string): ParsedAnswer {
-    this.buffer += text;
-    return this.format === "hermes" ? this.hermes(false) : this.whole(false);
-  }
-
-  end(): ParsedAnswer {
-    return this.format === "hermes" ? this.hermes(true) : this.whole(true);
-  }
-
-  private out(content: string, calls: ToolCall[]): ParsedAnswer {
-    this.content += content;
-    this.calls.push(...calls);
-    return { content, calls };
-  }
-
-  /** Hermes: text, then <tool_call> JSON </tool_call> blocks. */
-  private hermes(final: boolean): ParsedAnswer {
-    let content = "";
-    const calls: ToolCall[] = [];
-    for (;;) {
-      const open = this.buffer.indexOf(OPEN);
-      if (open < 0) {
-        const keep = final ? 0 : partialMarker(this.buffer, OPEN);
-        content += this.buffer.slice(0, this.buffer.length - keep);
-        this.buffer = this.buffer.slice(this.buffer.length - keep);
-        break;
-      }
-      const close = this.buffer.indexOf(CLOSE, open + OPEN.length);
-      if (close < 0 && !final) {
-        content += this.buffer.slice(0, open);
-        this.buffer = this.buffer.slice(open);
-        break;
-      }
-      const body = this.buffer.slice(open + OPEN.length, close < 0 ? undefined : close);
-      const call = callOf(parseJson(body.trim()), this.shape);
-      const end = close < 0 ? this.buffer.length : close + CLOSE.length;
-      if (call) {
-        content += this.buffer.slice(0, open);
-        calls.push(call);
-      } else content += this.buffer.slice(0, end); // not a call after all: it stays text
-      this.buffer = this.buffer.slice(end);
-    }
-    // Text between and around calls: the whitespace that separates them is not content.
-    if (calls.length > 0 || this.calls.length > 0) content = content.trim() === "" ? "" : content;
-    return this.out(content, calls);
-  }
-
-  /** llama3 / generic: an answer that is a JSON object is a call (or generic's response). */
-  private whole(final: boolean): ParsedAnswer {
-    if (this.json === null) {
-      const start = this.buffer.trimStart();
-      if (start === "") return this.out("", []);
-      this.json = start.startsWith("{");
-    }
-    if (!this.json) {
-      const text = this.buffer;
-      this.buffer = "";
-      return this.out(text, []);
-    }
-    if (!final) return this.out("", []);
-    const text = this.buffer;
-    this.buffer = "";
-    const value = parseJson(text.trim());
-    const call = callOf(value, this.shape);
-    if (call) return this.out("", [call]);
-    const response = (value as { response?: unknown } | undefined)?.response;
-    if (this.format === "generic" && typeof response === "string" &&
-      Object.keys(value as object).length === 1) {
-      return this.out(response, []);
-    }
-    return this.out(text, []);
-  }
-}
-
 /** What a chat job's tools mean for its prompt, its output and the reading of its answer. */
 export interface ToolPlan {
   readonly format: ToolCallFormat;
@@ -297,6 +174,8 @@ export interface ToolPlan {
   readonly messages: readonly ChatMessage[];
   /** The tools the template describes (its own format); none for the generic one. */
   readonly renderTools?: readonly ToolFunction[];
+  /** Llama 3.1: the built-in tools among them, called as <|python_tag|>name.call(...). */
+  readonly builtinTools?: readonly string[];
   /** The output's grammar, where it is constrained. */
   readonly grammar: { readonly node: JsonNode; readonly prefix: string;
     readonly suffix: string } | null;
@@ -325,5 +204,21 @@ export function planTools(templateSource: string, messages: readonly ChatMessage
   return format === "generic"
     ? { format, messages: history(genericToolPrompt(functions, choice === "auto")), grammar,
       parse: true }
-    : { format, messages, renderTools: tools, grammar, parse: true };
+    : { format, messages, renderTools: tools, grammar, parse: true,
+      ...(format === "llama3" && templateSource.includes("builtin_tools")
+        ? { builtinTools: builtinTools(tools) } : {}) };
+}
+
+/**
+ * Llama 3.1's built-in tools among `tools`, as llama.cpp names them to the template: brave_search,
+ * web_search and wolfram_alpha (called with a query), python or code_interpreter (code, which the
+ * template calls code_interpreter and the model writes after <|python_tag|> as it is).
+ */
+export function builtinTools(tools: readonly ToolFunction[]): string[] {
+  const out = new Set<string>();
+  for (const t of tools) {
+    if (["brave_search", "web_search", "wolfram_alpha"].includes(t.name)) out.add(t.name);
+    else if (t.name === "python" || t.name === "code_interpreter") out.add("code_interpreter");
+  }
+  return [...out];
 }

@@ -22,6 +22,11 @@ export interface GenerateOptions {
   readonly stop?: readonly string[];
   /** Tokens that end generation as end-of-generation does (a chat template's turn markers). */
   readonly stopTokens?: readonly number[];
+  /**
+   * Control tokens whose text is emitted (others have none), as llama.cpp's preserved tokens:
+   * Llama 3.1's <|python_tag|>, which opens a tool call.
+   */
+  readonly shownTokens?: readonly number[];
   readonly constraint?: TokenConstraint;
   /**
    * When the context is full, drop the older half of it past the first `contextKeep` positions
@@ -176,7 +181,8 @@ export class Generation {
     constraint?.accept(token);
     this.sampler.accept(token);
     this.tokens.push(token);
-    const piece = this.decoder.push(token);
+    let piece = this.decoder.push(token);
+    if (o.shownTokens?.includes(token)) piece += this.tokenizer.tokenText(token);
     if (probs) {
       const end = this.decoded + piece.length;
       this.pending.push({ entry: { ...probs, offset: this.decoded }, end });

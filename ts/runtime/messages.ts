@@ -2,7 +2,7 @@
 // each other. Everything here survives structured cloning.
 import type { KvType } from "../backend/backend.ts";
 import type { BackendKind } from "../backend/select.ts";
-import type { ToolCall } from "../chat/tools.ts";
+import type { ToolCall, ToolCallDelta } from "../chat/tools.ts";
 import type { StopReason } from "../engine/generation.ts";
 import type { SpeculationOptions, SpeculationStats } from "../engine/speculation.ts";
 import type { InferErrorCode } from "../errors.ts";
@@ -135,6 +135,8 @@ export type FromWorker =
     readonly logprobs?: readonly LogprobEntry[];
     /** Calls completed with this piece (with tools). */
     readonly toolCalls?: readonly ToolCall[];
+    /** Calls begun or extended with this piece (with tools): what a stream sends of them. */
+    readonly toolCallDeltas?: readonly ToolCallDelta[];
   }
   | ({ readonly type: "done"; readonly id: number } & JobDone)
   | ({ readonly type: "error"; readonly id: number } & JobFailure)

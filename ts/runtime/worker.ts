@@ -5,7 +5,8 @@
 // because the loop yields to this worker's event loop after each forward pass. Around every
 // piece of work (a step, a job's tokenization and constraint) the worker marks the shared
 // heartbeat cell, so that the owner's watchdog can tell a busy engine from a stuck one.
-import { chatTemplateFor, turnTokens, type ChatTemplate } from "../chat/template.ts";
+import { chatTemplateFor, controlToken, turnTokens, type ChatTemplate,
+} from "../chat/template.ts";
 import { planTools, ToolCallReader, type ToolPlan } from "../chat/tools.ts";
 import { isSet, setSetting, setting } from "../config/env.ts";
 import { Engine } from "../engine/engine.ts";
@@ -33,6 +34,8 @@ let scheduler: BatchScheduler | null = null;
 let template: ChatTemplate | null = null;
 let templateError: string | null = null;
 let turnStops: number[] = [];
+/** Llama 3.1's <|python_tag|>, shown in an answer read for tool calls. */
+let pythonTag: number | null = null;
 /** Speculation for jobs that name none. */
 let speculation: SpeculationOptions = { mode: "off" };
 let draftModel: DraftModel | null = null;
@@ -127,6 +130,8 @@ function open(settings: Extract<ToWorker, { type: "open" }>["settings"]): void {
     try {
       template = chatTemplateFor(engine.file.metadata, engine.tokenizer);
       turnStops = turnTokens(template, engine.tokenizer);
+      pythonTag = template.source.includes("<|python_tag|>")
+        ? controlToken(engine.tokenizer, "<|python_tag|>") : null;
     } catch (err) {
       templateError = (err as Error).message; // completions still work
     }
@@ -220,7 +225,8 @@ function submit(id: number, job: Job): void {
         }
         throw err;
       }
-      prompt = template.encode(e.tokenizer, tools.messages, { tools: tools.renderTools });
+      prompt = template.encode(e.tokenizer, tools.messages, { tools: tools.renderTools,
+        builtinTools: tools.builtinTools });
     } else if (typeof job.prompt === "string") {
       prompt = e.tokenizer.encode(job.prompt, { addSpecial: true, parseSpecial: true });
     } else {
@@ -288,21 +294,25 @@ function submit(id: number, job: Job): void {
       ignoreEos: job.ignoreEos, contextShift: job.contextShift,
       speculation: job.speculation ?? speculation,
       stopTokens: job.kind === "chat" ? turnStops : undefined,
+      shownTokens: reader && tools?.format === "llama3" && pythonTag !== null ? [pythonTag]
+        : undefined,
       shouldStop: () => closing || cancelled.has(id),
       logprobs: job.logprobs ?? undefined,
       onText: (text, logprobs) => {
         if (!reader) return post({ type: "text", id, text, logprobs: entries(logprobs) });
         const piece = reader.feed(text);
         post({ type: "text", id, text: piece.content, logprobs: entries(logprobs),
-          ...(piece.calls.length > 0 ? { toolCalls: piece.calls } : {}) });
+          ...(piece.calls.length > 0 ? { toolCalls: piece.calls } : {}),
+          ...(piece.deltas.length > 0 ? { toolCallDeltas: piece.deltas } : {}) });
       },
     },
     onDone: (r) => {
       end();
       const last = reader?.end();
-      if (last && (last.content !== "" || last.calls.length > 0)) {
+      if (last && (last.content !== "" || last.calls.length > 0 || last.deltas.length > 0)) {
         post({ type: "text", id, text: last.content,
-          ...(last.calls.length > 0 ? { toolCalls: last.calls } : {}) });
+          ...(last.calls.length > 0 ? { toolCalls: last.calls } : {}),
+          ...(last.deltas.length > 0 ? { toolCallDeltas: last.deltas } : {}) });
       }
       post({ type: "done", id, text: reader ? reader.content : r.text,
         toolCalls: reader ? reader.calls : [], tokens: r.tokens, promptTokens: r.promptTokens.length,

@@ -1,7 +1,7 @@
 // The two generating endpoints, /v1/chat/completions and /v1/completions: a validated body
 // becomes one job per choice in the request queue, and the answer goes back whole or as
 // server-sent events, in OpenAI's shapes.
-import type { ToolCall } from "../chat/tools.ts";
+import type { ToolCall, ToolCallDelta } from "../chat/tools.ts";
 import { quote } from "../errors.ts";
 import type { EngineInfo } from "../runtime/messages.ts";
 import type { Metrics } from "./metrics.ts";
@@ -163,18 +163,15 @@ function streamResponse(modelId: string, tickets: Ticket[], parsed: ParsedReques
     pending.set(index, tickets[index].next().then((e) => ({ index, e })));
   tickets.forEach((_, index) => read(index));
   const done: Done[] = [];
-  /** Per choice: calls sent so far (each call's index in its choice's tool_calls). */
+  /** Per choice: calls begun so far. */
   const calls = tickets.map(() => 0);
   // As OpenAI streams a call: a delta with its index, id, type, name and empty arguments, then
-  // the arguments (here in one piece: a call is sent once it is complete).
-  const callChunks = (index: number, list: readonly ToolCall[]) => list.flatMap((c) => {
-    const at = calls[index]++;
-    const delta = (call: object) => chunk([{ index, delta: { tool_calls: [call] }, logprobs: null,
-      finish_reason: null }]);
-    return [
-      delta({ index: at, id: c.id, type: "function", function: { name: c.name, arguments: "" } }),
-      delta({ index: at, function: { arguments: c.arguments } }),
-    ];
+  // the arguments in fragments as the model writes them.
+  const callChunks = (index: number, list: readonly ToolCallDelta[]) => list.map((d) => {
+    const call = d.id === undefined ? { index: d.index, function: { arguments: d.arguments } }
+      : { index: d.index, id: d.id, type: "function", function: { name: d.name, arguments: "" } };
+    if (d.id !== undefined) calls[index]++;
+    return chunk([{ index, delta: { tool_calls: [call] }, logprobs: null, finish_reason: null }]);
   });
   let opened = false;
   const body = new ReadableStream<Uint8Array>({
@@ -190,7 +187,7 @@ function streamResponse(modelId: string, tickets: Ticket[], parsed: ParsedReques
       pending.delete(index);
       // Text held back while it may begin a tool call comes as empty pieces, with nothing to
       // send; a pull that enqueues nothing is not called again, so it reads on.
-      while (e.type === "text" && e.text === "" && !e.toolCalls && !e.logprobs) {
+      while (e.type === "text" && e.text === "" && !e.toolCallDeltas && !e.logprobs) {
         h.onText();
         read(index);
         ({ index, e } = await Promise.race(pending.values()));
@@ -202,8 +199,8 @@ function streamResponse(modelId: string, tickets: Ticket[], parsed: ParsedReques
         if (e.text !== "" || lp !== null) {
           controller.enqueue(chunk([choice(index, e.text, null, false, lp)]));
         }
-        if (kind === "chat" && e.toolCalls) {
-          for (const c of callChunks(index, e.toolCalls)) controller.enqueue(c);
+        if (kind === "chat" && e.toolCallDeltas) {
+          for (const c of callChunks(index, e.toolCallDeltas)) controller.enqueue(c);
         }
         read(index);
       } else if (e.type === "done") {

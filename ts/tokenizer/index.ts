@@ -38,6 +38,8 @@ export interface Tokenizer {
   /** The bytes token `id` stands for in text (llama.cpp's token_to_piece; none for control tokens). */
   tokenBytes(id: number): Uint8Array;
   isEndOfGeneration(id: number): boolean;
+  /** The texts that become tokens only where control tokens are parsed (parseSpecial). */
+  controlTexts(): readonly string[];
   decoder(options?: DecodeOptions): StreamDecoder;
 }
 
@@ -128,6 +130,12 @@ class LlamaTokenizer implements Tokenizer {
 
   isEndOfGeneration(id: number): boolean {
     return this.vocab.eog.has(id);
+  }
+
+  controlTexts(): readonly string[] {
+    const v = this.vocab;
+    return v.specialTokens.filter((id) => (v.attrs[id] & (Attr.control | Attr.unknown)) !== 0)
+      .map((id) => v.tokens[id]).filter((t) => t !== "");
   }
 
   private check(id: number): void {
