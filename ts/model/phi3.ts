@@ -61,7 +61,9 @@ export function phi3Config(meta: Hparams, vocab: number): Phi3Config {
     ropeBase: meta.float(".rope.freq_base", { min: 1, fallback: 10_000 }),
     ropeScale: 1,
     ropeNeox: true,
-    attentionScale: 1 / Math.sqrt(headDim),
+    // 1.0f / sqrtf(head_dim) in f32 as llama.cpp's phi3 scales the queries (for 96-value heads
+    // one ulp from 1/sqrt(96) rounded once, which moves some queries' f16 rounding).
+    attentionScale: Math.fround(1 / Math.fround(Math.sqrt(headDim))),
     qkNorm: false,
     rotaryDims,
     ropeAttnFactor: meta.float(".rope.scaling.attn_factor", { min: 1e-3, max: 1e3, fallback: 1 }),
