@@ -10,7 +10,8 @@ import { join } from "node:path";
 import { Engine } from "../ts/engine/engine.ts";
 import { argmax } from "../ts/sample/sampler.ts";
 import { ARCH_GOLDEN_SPECS } from "./support/arch-golden.ts";
-import { randomQuantGguf } from "./support/random-quant-gguf.ts";
+import { gguf, type GgufTypedValue } from "../ts/gguf/writer.ts";
+import { phi3MiniQ4_0, randomQuantGguf } from "./support/random-quant-gguf.ts";
 
 interface Case {
   spec: string; ctx: number; prompt: number[]; top: [number, number][];
@@ -60,5 +61,21 @@ describe("phi3 and Mistral-shaped llama equal llama.cpp on random-weight GGUFs",
         });
       }
     }
+  }
+});
+
+describe("phi3 files that infer does not compute are refused in one line", () => {
+  const cases: [string, [string, GgufTypedValue][], RegExp][] = [
+    ["yarn", [["phi3.rope.scaling.type", gguf.str("yarn")]],
+      /RoPE scaling "yarn" \(phi3\.rope\.scaling\.type\) is not supported for phi3/],
+    ["linear factor", [["phi3.rope.scaling.factor", gguf.f32(4)]],
+      /'phi3\.rope\.scaling\.factor' is 4; phi3 scales RoPE through its long and short factors only/],
+  ];
+  for (const [name, metadata, pattern] of cases) {
+    test(name, () => {
+      const path = join(dir, `bad-${name.replace(" ", "-")}.gguf`);
+      writeFileSync(path, randomQuantGguf({ ...phi3MiniQ4_0, layers: 1, metadata }));
+      expect(() => Engine.open({ modelPath: path, contextLength: 64 })).toThrow(pattern);
+    });
   }
 });

@@ -38,6 +38,8 @@ export interface RandomQuantSpec {
     readonly output?: number;
   };
   readonly seed?: number;
+  /** Metadata added last (a key written twice is refused by the writer). */
+  readonly metadata?: readonly [string, GgufTypedValue][];
 }
 
 function rng(seed: number): () => number {
@@ -182,6 +184,7 @@ export function randomQuantGguf(spec: RandomQuantSpec): Uint8Array {
     metadata.push([`${arch}.rope.scaling.original_context_length`, gguf.u32(s.longRope.original)],
       [`${arch}.rope.scaling.attn_factor`, gguf.f32(s.longRope.attnFactor)]);
   }
+  if (s.metadata) metadata.push(...s.metadata);
   if (arch === "gemma3") metadata.push([`${arch}.attention.sliding_window`, gguf.u32(s.window ?? 16)]);
   if (s.moe) {
     metadata.push([`${arch}.expert_count`, gguf.u32(s.moe.experts)],

@@ -388,7 +388,7 @@ function phi3Plan(c: HfConfig): ArchitecturePlan {
   }
   const rotaryDims = Math.floor(s.headDim * (partial as number));
   if (rotaryDims < 2 || rotaryDims % 2 !== 0) unsupported("partial_rotary_factor",
-    `rotates ${rotaryDims} values of a head; RoPE rotates pairs`);
+    `rotates ${rotaryDims} of a head's ${s.headDim} values; RoPE rotates pairs`);
   const window = c.has("sliding_window") && c.raw("sliding_window") !== null
     ? c.int("sliding_window", { min: 0 }) : 0;
   const metadata: [string, GgufTypedValue][] = [
