@@ -61,6 +61,8 @@ comptime {
 
 /// infer_rope: x[n_tok][n_heads][head_dim]; mode 0 = normal (pairs 2i, 2i+1), 2 = NeoX (pairs
 /// i, i + n_rot/2); theta_i = pos · freq_scale · freq_base^(-2i/n_rot); dims from n_rot kept.
+/// attn_factor multiplies the cosines and sines (ggml's mscale: LongRoPE's attention factor), so
+/// the rotated dims come out scaled by it; 1 for a plain rotation.
 pub const RopeShape = extern struct {
     n_tok: u64,
     n_heads: u64,
@@ -69,6 +71,7 @@ pub const RopeShape = extern struct {
     freq_base: f32,
     freq_scale: f32,
     mode: u32,
+    attn_factor: f32,
 };
 comptime {
     std.debug.assert(@sizeOf(RopeShape) == 48);

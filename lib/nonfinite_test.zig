@@ -331,6 +331,7 @@ test "norms, RoPE, activations, softmax and sampling helpers on NaN and infiniti
                 .freq_base = 1e4,
                 .freq_scale = 1,
                 .mode = mode,
+                .attn_factor = 1,
             };
             try ok(abi.infer_rope(&r, &positions, null, &shape));
             var ff: [32]f32 = undefined;

@@ -15,6 +15,8 @@ import { Engine } from "../ts/engine/engine.ts";
 import { BatchScheduler } from "../ts/engine/scheduler.ts";
 import type { Pooling } from "../ts/model/pooling.ts";
 import { openGguf } from "../ts/gguf/reader.ts";
+import type { Backend } from "../ts/backend/backend.ts";
+import { planModel } from "../ts/model/registry.ts";
 import { defaultSampling } from "../ts/sample/sampler.ts";
 import { hfTinyFolder } from "./hf-tiny.ts";
 
@@ -32,7 +34,7 @@ interface ArchReference {
 const fixtures = join(import.meta.dir, "fixtures");
 const reference = JSON.parse(readFileSync(join(fixtures, "hf-reference.json"),
   "utf8")) as Record<string, ArchReference>;
-const archs = ["llama", "qwen2", "qwen3", "gemma3", "qwen3moe"] as const;
+const archs = ["llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "phi3", "mistral"] as const;
 const dir = mkdtempSync(join(tmpdir(), "infer-hf-"));
 const root = join(import.meta.dir, "..");
 
@@ -70,7 +72,8 @@ const GEMMA3_TOLERANCE: Partial<Record<QuantName, number>> = { F32: 1e-3, F16: 1
 const QUANTS = ["F32", "F16", "Q8_0", "Q4_K"] as const;
 
 function tolerance(arch: string, quant: QuantName): number {
-  if (arch === "qwen3moe" && quant === "F32") return 1e-5; // the bar for new families
+  // The bar for new families.
+  if ((arch === "qwen3moe" || arch === "phi3" || arch === "mistral") && quant === "F32") return 1e-5;
   if (arch === "qwen3" && quant === "F16") return 2e-3; // an F32 checkpoint rounded to f16
   return (arch === "gemma3" ? GEMMA3_TOLERANCE[quant] : undefined) ?? TOLERANCE[quant];
 }
@@ -241,6 +244,41 @@ describe("import details", () => {
     } finally {
       llama.close();
       qwen2.close();
+    }
+  });
+
+  test("Phi-3: fused tensors, partial RoPE and LongRoPE as llama.cpp's converter writes them", () => {
+    const f = openGguf(modelPath("phi3", "F32")), q = openGguf(modelPath("phi3", "Q8_0"));
+    try {
+      const m = (k: string) => f.metadata.get(k);
+      expect(m("general.architecture")).toBe("phi3");
+      expect(m("phi3.rope.dimension_count")).toBe(12);
+      expect(m("phi3.rope.scaling.original_context_length")).toBe(64);
+      expect(m("phi3.rope.scaling.attn_factor")).toBeCloseTo(Math.sqrt(1 + Math.log(4) / Math.log(64)), 6);
+      expect(m("phi3.attention.sliding_window")).toBe(0);
+      expect(f.tensors.get("blk.0.attn_qkv.weight")?.dims).toEqual([64, 128]);
+      expect(f.tensors.get("blk.0.ffn_up.weight")?.dims).toEqual([64, 192]);
+      expect(f.tensors.has("blk.0.ffn_gate.weight")).toBe(false);
+      expect(f.tensors.get("rope_factors_long.weight")?.dims).toEqual([6]);
+      expect([...new Float32Array(f.tensorBytes(f.tensors.get("rope_factors_short.weight")!).slice().buffer)]
+        .map((x) => Number(x.toFixed(4)))).toEqual([1, 1.02, 1.1, 1.3, 1.7, 2.5]);
+      expect(q.tensors.get("rope_factors_long.weight")?.type.name).toBe("F32");
+      expect(q.tensors.get("blk.1.attn_qkv.weight")?.type.name).toBe("Q8_0");
+    } finally {
+      f.close();
+      q.close();
+    }
+  });
+
+  test("Phi-3: a backend without RoPE's attention factor refuses LongRoPE in one line", () => {
+    const f = openGguf(modelPath("phi3", "F32"));
+    try {
+      const plan = planModel(f);
+      const gpuLike = { name: "cuda" } as Backend; // refused before any of its methods is called
+      expect(() => plan.build(gpuLike, 1, 64)).toThrow(
+        /^the cuda backend does not scale RoPE by LongRoPE's attention factor \(1\.15\d*, phi3\); use --backend cpu$/);
+    } finally {
+      f.close();
     }
   });
 
@@ -436,6 +474,15 @@ describe("bad Hugging Face folders fail with an error naming the problem", () =>
       /'norm_topk_prob' is false; qwen3moe runtimes renormalise/],
     ["qwen3moe-dense-layers", (f) => editConfig(f, (c) => { c.mlp_only_layers = [1]; }),
       /'mlp_only_layers' lists dense layers/],
+    ["phi3-long-factor", (f) => editConfig(f, (c) => {
+      (c.rope_parameters as Record<string, unknown>).long_factor = [1, 2, 3];
+    }), /rope parameter 'long_factor' is not a list of 6 positive numbers/],
+    ["phi3-rope-type", (f) => editConfig(f, (c) => {
+      (c.rope_parameters as Record<string, unknown>).rope_type = "dynamic";
+    }), /'rope_parameters\.rope_type' is "dynamic"; phi3 runtimes compute default RoPE and LongRoPE/],
+    ["phi3-partial-rotary", (f) => editConfig(f, (c) => {
+      (c.rope_parameters as Record<string, unknown>).partial_rotary_factor = 0.1;
+    }), /'partial_rotary_factor' rotates 1 of a head's 16 values; RoPE rotates pairs/],
     ["quantized", (f) => editConfig(f, (c) => {
       c.quantization_config = { quant_method: "gptq", bits: 4 };
     }), /'quantization_config' is set \("gptq"\): the checkpoint was quantized by another tool/],

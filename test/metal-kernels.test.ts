@@ -154,7 +154,7 @@ describe("norm, rope, activations against the CPU kernels", () => {
           const ff = new Float32Array(nRot / 2).map(() => 1 + rand() * 3);
           const want = x.slice();
           check(lib.infer_rope(want, positions, withFactors ? ff : null, packStruct("RopeShape", { n_tok: nTok,
-            n_heads: heads, head_dim: headDim, n_rot: nRot, freq_base: 10000, freq_scale: 1, mode: neox ? 2 : 0 })),
+            n_heads: heads, head_dim: headDim, n_rot: nRot, freq_base: 10000, freq_scale: 1, mode: neox ? 2 : 0, attn_factor: 1 })),
           "rope");
           const plan = planRope({ nTok, heads, headDim, rotaryDims: nRot, base: 10000, scale: 1, neox,
             freqFactors: withFactors });

@@ -147,9 +147,9 @@ const siluRef = (x: number) => x / (1 + Math.exp(-x));
 
 /** infer_rope with its shape (lib/abi.zig RopeShape) from positional values; ff: freq factors. */
 function rope(x: Float32Array, nTok: number, nHeads: number, headDim: number, nRot: number, positions: Int32Array,
-  base: number, scale: number, mode: number, ff: Float32Array | null = null): number {
+  base: number, scale: number, mode: number, ff: Float32Array | null = null, attnFactor = 1): number {
   return native().infer_rope(x, positions, ff, packStruct("RopeShape", { n_tok: nTok, n_heads: nHeads,
-    head_dim: headDim, n_rot: nRot, freq_base: base, freq_scale: scale, mode }));
+    head_dim: headDim, n_rot: nRot, freq_base: base, freq_scale: scale, mode, attn_factor: attnFactor }));
 }
 
 /** infer_attention with its shape (lib/abi.zig AttentionShape) from positional values. */
@@ -225,6 +225,22 @@ describe("rope", () => {
       "rope_ext");
     // The f32 iteration of theta (as in ggml) drifts ~1e-6 relative per step from the exact angle.
     expect(normalisedError(got, want)).toBeLessThan(1e-4);
+  });
+  test("attn_factor scales the rotated values only (LongRoPE; ggml's mscale)", () => {
+    const rand = rng(11);
+    const nTok = 3, nHeads = 2, headDim = 64, nRot = 48, factor = 1.19;
+    const positions = new Int32Array([0, 9, 300]);
+    const ff = new Float32Array(nRot / 2).map(() => 1 + rand() * 3);
+    const x = randomF32(nTok * nHeads * headDim, rand);
+    const plain = x.slice(), scaled = x.slice();
+    check(rope(plain, nTok, nHeads, headDim, nRot, positions, 10000, 1, 2, ff), "rope");
+    check(rope(scaled, nTok, nHeads, headDim, nRot, positions, 10000, 1, 2, ff, factor), "rope");
+    for (let i = 0; i < x.length; i++) {
+      const want = i % headDim < nRot ? plain[i] * factor : x[i];
+      expect(Math.abs(scaled[i] - want)).toBeLessThanOrEqual(4e-7 * Math.max(1, Math.abs(want)));
+    }
+    expectInferError(() => rope(x.slice(), nTok, nHeads, headDim, nRot, positions, 10000, 1, 2, ff, 0),
+      "attn_factor");
   });
   test("bad mode and odd n_rot are InferErrors", () => {
     const x = new Float32Array(8), pos = new Int32Array([1]);

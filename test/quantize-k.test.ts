@@ -8,7 +8,8 @@ import { cpSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { importHuggingFace, requantizeGguf } from "../ts/convert/import.ts";
-import type { QuantName } from "../ts/convert/quantize.ts";
+import { storageType, type QuantName } from "../ts/convert/quantize.ts";
+import { GgmlType } from "../ts/gguf/types.ts";
 import { Engine } from "../ts/engine/engine.ts";
 import { openGguf } from "../ts/gguf/reader.ts";
 import { check, native } from "../ts/native/lib.ts";
@@ -193,4 +194,14 @@ describe("K-quants end to end on 256-wide rows", () => {
       b.close();
     }
   });
+});
+
+test("Q4_K_M stores a fused attn_qkv (Phi-3) in Q5_K in every layer, as llama-quantize", () => {
+  const model = { layers: 32, is70b: false };
+  for (const layer of [0, 5, 31]) {
+    expect(storageType(`blk.${layer}.attn_qkv.weight`, [3072, 9216], "Q4_K_M", { model }))
+      .toBe(GgmlType.Q5_K);
+    expect(storageType(`blk.${layer}.attn_qkv.weight`, [3072, 9216], "Q4_K_S", { model }))
+      .toBe(GgmlType.Q4_K);
+  }
 });

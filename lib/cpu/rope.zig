@@ -5,7 +5,8 @@
 //! Dimensions >= n_rot are left unchanged.
 //! The angles follow ggml_rope_cache_init exactly: theta starts at (float)pos and is multiplied
 //! in f32 by theta_scale = powf(base, -2.0f/n_rot) once per pair, then divided by the frequency
-//! factor and multiplied by freq_scale (rope_yarn with ext_factor 0, mscale 1), with the C
+//! factor and multiplied by freq_scale (rope_yarn with ext_factor 0, mscale attn_factor: the
+//! cosines and sines are multiplied by it, 1 unless LongRoPE scales attention), with the C
 //! library's sinf/cosf; each rotation is contracted into an FMA the way the compiled ggml does
 //! (x0·c − x1·s → fma(x0, c, −x1·s)), so results equal llama.cpp's bit for bit.
 const std = @import("std");
@@ -24,6 +25,8 @@ pub const Params = struct {
     n_rot: usize,
     freq_base: f32,
     freq_scale: f32,
+    /// ggml's mscale: multiplies every cosine and sine (LongRoPE's attention factor; 1: none).
+    attn_factor: f32 = 1,
     mode: Mode,
     /// Per-pair divisors of theta (Llama 3 "rope_freqs"), n_rot/2 of them, or null.
     freq_factors: ?[]const f32 = null,
@@ -51,8 +54,8 @@ pub fn angles(params: Params, pos: i32, cos_out: []f32, sin_out: []f32) void {
     for (0..half) |i| {
         const ff: f32 = if (params.freq_factors) |f| f[i] else 1.0;
         const angle: f32 = params.freq_scale * (theta / ff);
-        cos_out[i] = cosf(angle);
-        sin_out[i] = sinf(angle);
+        cos_out[i] = cosf(angle) * params.attn_factor;
+        sin_out[i] = sinf(angle) * params.attn_factor;
         theta *= theta_scale;
     }
 }
@@ -183,6 +186,7 @@ test "rope fast paths equal the scalar reference bit for bit" {
                     .n_rot = n_rot,
                     .freq_base = 10000,
                     .freq_scale = 0.5,
+                    .attn_factor = if (mode == .neox) 1.19 else 1,
                     .mode = mode,
                     .freq_factors = if (head_dim % 4 == 0) factors else null,
                 };

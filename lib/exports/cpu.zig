@@ -317,6 +317,8 @@ export fn infer_rope(
     );
     if (!(s.freq_base > 0) or !std.math.isFinite(s.freq_base) or !std.math.isFinite(s.freq_scale))
         return opsInvalid("rope: bad freq_base {d} or freq_scale {d}", .{ s.freq_base, s.freq_scale });
+    if (!(s.attn_factor > 0) or !std.math.isFinite(s.attn_factor))
+        return opsInvalid("rope: bad attn_factor {d}", .{s.attn_factor});
     const per_tok = opsCount(s.n_heads, s.head_dim) orelse return opsInvalid("rope: overflow", .{});
     const n = opsCount(s.n_tok, per_tok) orelse return opsInvalid("rope: overflow", .{});
     rope.rope(x[0..n], positions[0..s.n_tok], .{
@@ -325,6 +327,7 @@ export fn infer_rope(
         .n_rot = s.n_rot,
         .freq_base = s.freq_base,
         .freq_scale = s.freq_scale,
+        .attn_factor = s.attn_factor,
         .mode = rope_mode,
         .freq_factors = if (freq_factors) |f| f[0 .. s.n_rot / 2] else null,
     });

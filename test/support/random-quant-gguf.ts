@@ -1,5 +1,5 @@
-// Small random-weight GGUFs in quantized types, for comparing backends end to end: a Gemma 3, Llama
-// or Qwen 3 graph whose tensors are Q4_0/Q5_0/Q8_0/F16/BF16 (random f32 quantized by the library's
+// Small random-weight GGUFs in quantized types, for comparing backends end to end: a Gemma 3, Llama,
+// Qwen 3, Qwen3-MoE or Phi-3 graph whose tensors are Q4_0/Q5_0/Q8_0/F16/BF16 (random f32 quantized by the library's
 // reference quantizer) or Q4_K/Q5_K/Q6_K (random valid blocks with moderate scales), with the toy
 // SentencePiece vocabulary of tiny-gguf.ts. Deterministic for a given spec.
 import { GgmlType, ggmlTypes } from "../../ts/gguf/types.ts";
@@ -8,7 +8,16 @@ import { check, native } from "../../ts/native/lib.ts";
 import { toyTokenizerMetadata, toyVocabulary } from "./tiny-gguf.ts";
 
 export interface RandomQuantSpec {
-  readonly arch: "gemma3" | "llama" | "qwen3" | "qwen3moe";
+  readonly arch: "gemma3" | "llama" | "qwen3" | "qwen3moe" | "phi3";
+  /** llama: write Llama 3's rope_freqs table (default true; Mistral has none). */
+  readonly ropeFreqs?: boolean;
+  /** phi3: values of each head that RoPE rotates (default headDim). */
+  readonly rotaryDims?: number;
+  /**
+   * phi3: LongRoPE's long and short factors (random, 1..8 and 1..2) for the given original
+   * context, and the attention factor on cos and sin; the file's context is 32× the original.
+   */
+  readonly longRope?: { readonly original: number; readonly attnFactor: number };
   /** qwen3moe: experts per layer, chosen per token, and one expert's FFN width. */
   readonly moe?: { readonly experts: number; readonly used: number; readonly feedForward: number };
   readonly layers: number;
@@ -29,6 +38,8 @@ export interface RandomQuantSpec {
     readonly output?: number;
   };
   readonly seed?: number;
+  /** Metadata added last (a key written twice is refused by the writer). */
+  readonly metadata?: readonly [string, GgufTypedValue][];
 }
 
 function rng(seed: number): () => number {
@@ -113,14 +124,23 @@ export function randomQuantGguf(spec: RandomQuantSpec): Uint8Array {
     data: randomTensorData(s.types.embed, e * vocab.tokens.length, ++seed, 1) });
   vector("output_norm.weight", e, 1, 0.1);
   if (s.types.output !== undefined) matrix("output.weight", s.types.output, [e, vocab.tokens.length]);
-  if (arch === "llama") vector("rope_freqs.weight", s.headDim / 2, 2, 1);
+  if (arch === "llama" && s.ropeFreqs !== false) vector("rope_freqs.weight", s.headDim / 2, 2, 1);
+  const rotaryDims = s.rotaryDims ?? s.headDim;
+  if (s.longRope) {
+    vector("rope_factors_long.weight", rotaryDims / 2, 4.5, 3.5);
+    vector("rope_factors_short.weight", rotaryDims / 2, 1.5, 0.5);
+  }
   for (let i = 0; i < s.layers; i++) {
     const p = `blk.${i}`;
     vector(`${p}.attn_norm.weight`, e, 1, 0.1);
-    matrix(`${p}.attn_q.weight`, s.types.attn, [e, qd]);
-    matrix(`${p}.attn_k.weight`, s.types.attn, [e, kvd]);
-    matrix(`${p}.attn_v.weight`, s.types.attn, [e, kvd]);
-    if (arch !== "llama") {
+    if (arch === "phi3") { // Q, K and V fused, as llama.cpp's converter writes Phi-3
+      matrix(`${p}.attn_qkv.weight`, s.types.attn, [e, qd + 2 * kvd]);
+    } else {
+      matrix(`${p}.attn_q.weight`, s.types.attn, [e, qd]);
+      matrix(`${p}.attn_k.weight`, s.types.attn, [e, kvd]);
+      matrix(`${p}.attn_v.weight`, s.types.attn, [e, kvd]);
+    }
+    if (arch !== "llama" && arch !== "phi3") {
       vector(`${p}.attn_q_norm.weight`, s.headDim, 1, 0.1);
       vector(`${p}.attn_k_norm.weight`, s.headDim, 1, 0.1);
     }
@@ -133,6 +153,9 @@ export function randomQuantGguf(spec: RandomQuantSpec): Uint8Array {
       experts(`${p}.ffn_gate_exps.weight`, s.types.ffn, [e, f, n]);
       experts(`${p}.ffn_up_exps.weight`, s.types.ffn, [e, f, n]);
       experts(`${p}.ffn_down_exps.weight`, s.types.ffnDown, [f, e, n]);
+    } else if (arch === "phi3") { // gate and up fused in ffn_up, gate rows first
+      matrix(`${p}.ffn_up.weight`, s.types.ffn, [e, 2 * ff]);
+      matrix(`${p}.ffn_down.weight`, s.types.ffnDown, [ff, e]);
     } else {
       matrix(`${p}.ffn_gate.weight`, s.types.ffn, [e, ff]);
       matrix(`${p}.ffn_up.weight`, s.types.ffn, [e, ff]);
@@ -142,8 +165,9 @@ export function randomQuantGguf(spec: RandomQuantSpec): Uint8Array {
   }
   const metadata: [string, GgufTypedValue][] = [
     ["general.architecture", gguf.str(arch)],
-    ["general.name", gguf.str(`random-${arch}`)],
-    [`${arch}.context_length`, gguf.u32(4096)],
+    // Not "phi3": llama.cpp's vocabulary then looks up Phi-3's chat tokens, which the toy lacks.
+    ["general.name", gguf.str(arch === "phi3" ? "random-phi" : `random-${arch}`)],
+    [`${arch}.context_length`, gguf.u32(s.longRope ? 32 * s.longRope.original : 4096)],
     [`${arch}.embedding_length`, gguf.u32(e)],
     [`${arch}.block_count`, gguf.u32(s.layers)],
     [`${arch}.feed_forward_length`, gguf.u32(ff)],
@@ -153,9 +177,14 @@ export function randomQuantGguf(spec: RandomQuantSpec): Uint8Array {
     [`${arch}.attention.value_length`, gguf.u32(s.headDim)],
     [`${arch}.attention.layer_norm_rms_epsilon`, gguf.f32(1e-6)],
     [`${arch}.rope.freq_base`, gguf.f32(arch === "llama" ? 500000 : 1e6)],
-    [`${arch}.rope.dimension_count`, gguf.u32(s.headDim)],
+    [`${arch}.rope.dimension_count`, gguf.u32(rotaryDims)],
     ...toyTokenizerMetadata(),
   ];
+  if (s.longRope) {
+    metadata.push([`${arch}.rope.scaling.original_context_length`, gguf.u32(s.longRope.original)],
+      [`${arch}.rope.scaling.attn_factor`, gguf.f32(s.longRope.attnFactor)]);
+  }
+  if (s.metadata) metadata.push(...s.metadata);
   if (arch === "gemma3") metadata.push([`${arch}.attention.sliding_window`, gguf.u32(s.window ?? 16)]);
   if (s.moe) {
     metadata.push([`${arch}.expert_count`, gguf.u32(s.moe.experts)],
@@ -214,4 +243,37 @@ export const qwen3moeKQuants: RandomQuantSpec = {
   types: { embed: GgmlType.Q8_0, attn: GgmlType.Q8_0, attnOut: GgmlType.Q4_K, ffn: GgmlType.Q4_K,
     ffnDown: GgmlType.Q6_K, output: GgmlType.Q8_0 },
   seed: 13,
+};
+
+/**
+ * Phi-4-mini's head shape (128 values, 96 rotated; 24 query heads to 8 key/value heads there,
+ * 4 to 1 here) and LongRoPE (original context 4096, 32× longer, attention factor
+ * sqrt(1 + ln 32 / ln 4096)), scaled down, in Q4_K_M's types (attn_qkv Q5_K).
+ */
+export const phi4MiniKQuants: RandomQuantSpec = {
+  arch: "phi3", layers: 3, embedding: 512, feedForward: 768, heads: 4, kvHeads: 1, headDim: 128,
+  rotaryDims: 96, longRope: { original: 4096, attnFactor: Math.fround(Math.sqrt(1 + Math.log(32) / Math.log(4096))) },
+  types: { embed: GgmlType.Q8_0, attn: GgmlType.Q5_K, attnOut: GgmlType.Q4_K, ffn: GgmlType.Q4_K,
+    ffnDown: GgmlType.Q6_K, output: GgmlType.Q6_K },
+  seed: 29,
+};
+
+/** Phi-3-mini's shape scaled down: 96-value heads rotated whole, no GQA, no LongRoPE; Q4_0. */
+export const phi3MiniQ4_0: RandomQuantSpec = {
+  arch: "phi3", layers: 3, embedding: 384, feedForward: 1024, heads: 4, kvHeads: 4, headDim: 96,
+  types: { embed: GgmlType.Q8_0, attn: GgmlType.Q4_0, attnOut: GgmlType.Q4_0, ffn: GgmlType.Q4_0,
+    ffnDown: GgmlType.Q4_0, output: GgmlType.Q8_0 },
+  seed: 19,
+};
+
+/**
+ * Mistral Nemo's shape (a `llama` GGUF: 128-value heads wider than embedding / heads, 32 query
+ * heads to 8 key/value heads there, 4 to 1 here, no RoPE frequency table), scaled down; Q4_0.
+ */
+export const mistralNemoQ4_0: RandomQuantSpec = {
+  arch: "llama", ropeFreqs: false, layers: 3, embedding: 320, feedForward: 896, heads: 4, kvHeads: 1,
+  headDim: 128,
+  types: { embed: GgmlType.Q8_0, attn: GgmlType.Q4_0, attnOut: GgmlType.Q4_0, ffn: GgmlType.Q4_0,
+    ffnDown: GgmlType.Q4_0, output: GgmlType.Q8_0 },
+  seed: 23,
 };

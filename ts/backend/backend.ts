@@ -71,6 +71,11 @@ export interface RopeOptions {
   readonly neox: boolean;
   /** Per-pair divisors of the angle (Llama 3's `rope_freqs`, rotaryDims/2 f32 values), if any. */
   readonly freqFactors?: Weight | null;
+  /**
+   * Multiplies the rotated dims (ggml's mscale on every cosine and sine: LongRoPE's attention
+   * factor); 1 or absent: a plain rotation. Only a backend with ropeAttnFactor takes another.
+   */
+  readonly attnFactor?: number;
 }
 
 export interface AttentionOptions {
@@ -89,6 +94,8 @@ export interface Backend {
    * rows of several sequences (the server's continuous batching); without it, one at a time.
    */
   readonly sequenceBatches?: boolean;
+  /** rope() takes an attnFactor other than 1 (RopeOptions.attnFactor); without it, refused. */
+  readonly ropeAttnFactor?: boolean;
   weight(file: GgufFile, tensor: GgufTensorInfo): Weight;
   activation(name: string, rows: number, cols: number): Activation;
   kvLayer(cells: number, kvHeads: number, headDim: number, type: KvType | KvTypes, ring: boolean): KvLayer;

@@ -53,6 +53,7 @@ function a(x: Activation): CpuActivation { return x as CpuActivation; }
 export class CpuBackend implements Backend {
   readonly name = "cpu";
   readonly sequenceBatches = true;
+  readonly ropeAttnFactor = true;
   readonly preferredBatch = 256;
   private readonly arena = new Arena();
   /** Repacked weights, packed back to back (one huge page's slack in all, not one per tensor). */
@@ -247,7 +248,7 @@ export class CpuBackend implements Backend {
       factors = f.address;
     }
     const shape = packed("RopeShape", { n_tok: rows, n_heads: o.heads, head_dim: o.headDim, n_rot: o.rotaryDims,
-      freq_base: o.base, freq_scale: o.scale, mode: o.neox ? 2 : 0 });
+      freq_base: o.base, freq_scale: o.scale, mode: o.neox ? 2 : 0, attn_factor: o.attnFactor ?? 1 });
     check(this.lib.infer_rope(a(x).address, a(positions).address, factors, shape), "rope");
   }
 
@@ -333,8 +334,9 @@ export class CpuBackend implements Backend {
     const positions = new Int32Array(rows).fill(-discard);
     let factors: Pointer | null = null;
     if (rope.freqFactors) factors = w(rope.freqFactors).address;
+    // A pure rotation: the keys were scaled by the attention factor when they were stored.
     const shape = packed("RopeShape", { n_tok: rows, n_heads: l.kvHeads, head_dim: l.headDim, n_rot: rope.rotaryDims,
-      freq_base: rope.base, freq_scale: rope.scale, mode: rope.neox ? 2 : 0 });
+      freq_base: rope.base, freq_scale: rope.scale, mode: rope.neox ? 2 : 0, attn_factor: 1 });
     check(this.lib.infer_rope(keys, positions, factors, shape), "rope (shift)");
     return keys;
   }

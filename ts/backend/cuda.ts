@@ -425,6 +425,10 @@ export class CudaBackend implements Backend {
   }
 
   rope(x: Activation, positions: Activation, rows: number, o: RopeOptions): void {
+    if ((o.attnFactor ?? 1) !== 1) {
+      throw new InferError("unsupported", `the CUDA backend's RoPE takes no attention factor ` +
+        `(${o.attnFactor}); use --backend cpu`);
+    }
     let factors = 0;
     if (o.freqFactors) {
       const f = w(o.freqFactors);

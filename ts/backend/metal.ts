@@ -237,6 +237,10 @@ export class MetalBackend implements Backend {
   }
 
   rope(x: Activation, positions: Activation, rows: number, o: RopeOptions): void {
+    if ((o.attnFactor ?? 1) !== 1) {
+      throw new InferError("unsupported", `the Metal backend's RoPE takes no attention factor ` +
+        `(${o.attnFactor}); use --backend cpu`);
+    }
     const f = o.freqFactors ? w(o.freqFactors) : null;
     if (f && (f.typeId !== GgmlType.F32 || f.dims[0] * 2 !== o.rotaryDims)) {
       throw new InferError("bad_model", `rope factors '${f.name}' must be ${o.rotaryDims / 2} f32 values`);

@@ -353,6 +353,113 @@ function checkGemma3Layers(c: HfConfig, layers: number,
     `is ${JSON.stringify(localType)}; local layers are not scaled`);
 }
 
+// ---- Phi-3 / Phi-4 (dense) ----------------------------------------------------------------------
+
+/**
+ * Phi3ForCausalLM, as convert_hf_to_gguf's Phi3MiniModel writes it: attn_qkv and ffn_up (gate
+ * then up) stay fused as the checkpoint holds them, NeoX RoPE over rope.dimension_count values of
+ * each head (partial_rotary_factor), and for LongRoPE the long and short factors as
+ * rope_factors_long / rope_factors_short with rope.scaling.attn_factor. The attention factor is
+ * transformers' (its attention_factor where the config sets one, else from factor or
+ * max / original positions); llama.cpp's converter computes the latter only, the same for every
+ * released Phi-3 config. The sliding window is written as llama.cpp does; its phi3 and infer's
+ * do not apply it.
+ */
+function phi3Plan(c: HfConfig): ArchitecturePlan {
+  const a = "phi3", s = c.decoderShape();
+  refusedSettings(c, {
+    arch: a, activation: { key: "hidden_act", name: "silu" }, refuseAttentionBias: true,
+    qwenSlidingWindow: false, runsSlidingWindow: true,
+  });
+  const unsupported = (key: string, why: string): never => {
+    throw new InferError("unsupported", `${c.path}: '${key}' ${why}`);
+  };
+  const e = s.embedding, q = s.heads * s.headDim, kv = s.kvHeads * s.headDim;
+  if (q !== e) unsupported("head_dim", `makes the queries ${q} wide, not the embedding of ${e}; ` +
+    "phi3 runtimes size attn_qkv by the embedding");
+  const rope = c.rope(10_000);
+  if (rope.type !== "default" && rope.type !== "longrope" && rope.type !== "su") {
+    unsupported("rope_parameters.rope_type", `is ${JSON.stringify(rope.type)}; phi3 runtimes ` +
+      "compute default RoPE and LongRoPE");
+  }
+  const partial = rope.raw.partial_rotary_factor ?? c.raw("partial_rotary_factor") ?? 1;
+  if (typeof partial !== "number" || !(partial > 0 && partial <= 1)) {
+    unsupported("partial_rotary_factor", `is ${JSON.stringify(partial)}, not in (0, 1]`);
+  }
+  const rotaryDims = Math.floor(s.headDim * (partial as number));
+  if (rotaryDims < 2 || rotaryDims % 2 !== 0) unsupported("partial_rotary_factor",
+    `rotates ${rotaryDims} of a head's ${s.headDim} values; RoPE rotates pairs`);
+  const window = c.has("sliding_window") && c.raw("sliding_window") !== null
+    ? c.int("sliding_window", { min: 0 }) : 0;
+  const metadata: [string, GgufTypedValue][] = [
+    [`${a}.context_length`, gguf.u32(s.contextLength)],
+    [`${a}.embedding_length`, gguf.u32(e)],
+    [`${a}.feed_forward_length`, gguf.u32(s.feedForward)],
+    [`${a}.block_count`, gguf.u32(s.layers)],
+    [`${a}.attention.head_count`, gguf.u32(s.heads)],
+    [`${a}.attention.head_count_kv`, gguf.u32(s.kvHeads)],
+    [`${a}.attention.layer_norm_rms_epsilon`, gguf.f32(s.normEps)],
+    [`${a}.rope.dimension_count`, gguf.u32(rotaryDims)],
+    [`${a}.rope.freq_base`, gguf.f32(rope.theta)],
+    [`${a}.attention.sliding_window`, gguf.u32(window)],
+  ];
+  const t: PlannedTensor[] = [];
+  const add = (name: string, dims: number[], source: string | null,
+    transform?: (d: Float32Array) => Float32Array) => t.push({ name, dims, source,
+      required: true, transform });
+  add("token_embd.weight", [e, s.vocab], "model.embed_tokens.weight");
+  add("output_norm.weight", [e], "model.norm.weight");
+  if (!s.tied) add("output.weight", [e, s.vocab], "lm_head.weight");
+  if (rope.type !== "default") {
+    const original = c.int("original_max_position_embeddings", { min: 1, max: LIMITS.context,
+      fallback: typeof rope.raw.original_max_position_embeddings === "number"
+        ? rope.raw.original_max_position_embeddings : s.contextLength });
+    metadata.push([`${a}.rope.scaling.original_context_length`, gguf.u32(original)],
+      [`${a}.rope.scaling.attn_factor`, gguf.f32(longRopeAttentionFactor(c, rope, s.contextLength,
+        original))]);
+    for (const which of ["long", "short"] as const) {
+      const factors = ropeFactorList(c, rope, `${which}_factor`, rotaryDims / 2);
+      add(`rope_factors_${which}.weight`, [rotaryDims / 2], null, () => factors);
+    }
+  }
+  for (let i = 0; i < s.layers; i++) {
+    const p = `blk.${i}`, h = `model.layers.${i}`;
+    add(`${p}.attn_norm.weight`, [e], `${h}.input_layernorm.weight`);
+    add(`${p}.attn_qkv.weight`, [e, q + 2 * kv], `${h}.self_attn.qkv_proj.weight`);
+    add(`${p}.attn_output.weight`, [q, e], `${h}.self_attn.o_proj.weight`);
+    add(`${p}.ffn_norm.weight`, [e], `${h}.post_attention_layernorm.weight`);
+    add(`${p}.ffn_up.weight`, [e, 2 * s.feedForward], `${h}.mlp.gate_up_proj.weight`);
+    add(`${p}.ffn_down.weight`, [s.feedForward, e], `${h}.mlp.down_proj.weight`);
+  }
+  return {
+    architecture: a, metadata, tensors: t,
+    ignored: (n) => n.endsWith(".rotary_emb.inv_freq") || (s.tied && n === "lm_head.weight"),
+  };
+}
+
+/** LongRoPE's scale on cos and sin, as transformers' _compute_longrope_parameters sets it. */
+function longRopeAttentionFactor(c: HfConfig, rope: RopeParameters, context: number,
+  original: number): number {
+  const given = rope.raw.attention_factor;
+  if (given !== undefined && given !== null) {
+    if (typeof given !== "number" || !(given > 0)) throw new InferError("bad_model",
+      `${c.path}: rope parameter 'attention_factor' is not a positive number`);
+    return given;
+  }
+  const factor = typeof rope.raw.factor === "number" ? rope.raw.factor : context / original;
+  return factor <= 1 ? 1 : Math.sqrt(1 + Math.log(factor) / Math.log(original));
+}
+
+function ropeFactorList(c: HfConfig, rope: RopeParameters, key: string, count: number):
+  Float32Array {
+  const v = rope.raw[key];
+  if (!Array.isArray(v) || v.length !== count || v.some((x) => typeof x !== "number" || !(x > 0))) {
+    throw new InferError("bad_model", `${c.path}: rope parameter '${key}' is not a list of ` +
+      `${count} positive numbers (half the rotated values of a head)`);
+  }
+  return Float32Array.from(v as number[]);
+}
+
 const architectures: readonly Architecture[] = [
   {
     gguf: "llama", hfClasses: ["LlamaForCausalLM", "LLaMAForCausalLM", "MistralForCausalLM"],
@@ -388,6 +495,7 @@ const architectures: readonly Architecture[] = [
     }),
   },
   { gguf: "gemma3", hfClasses: ["Gemma3ForCausalLM"], plan: gemma3Plan },
+  { gguf: "phi3", hfClasses: ["Phi3ForCausalLM"], plan: phi3Plan },
 ];
 
 export function supportedHfClasses(): string[] {

@@ -4,7 +4,8 @@
 //  - a quantized model's LM head (output.weight, or token_embd.weight when the head is tied to
 //    it) is kept at Q6_K (Q8_0 where its rows do not fill 256-value blocks), unless the model is
 //    Q8_0 or Q6_K already;
-//  - the mixes Q4_K_M and Q4_K_S give attn_v and ffn_down of some layers more bits;
+//  - the mixes Q4_K_M and Q4_K_S give attn_v and ffn_down of some layers more bits (Q4_K_M: a
+//    fused attn_qkv Q5_K in every layer);
 //  - a matrix whose rows do not fill whole blocks of its type falls back as llama.cpp's does.
 // Quantizing is libinfer's port of ggml's reference quantizers, one native call per tensor, so
 // the blocks are byte-identical to llama-quantize's (test/quantize-k.test.ts,
@@ -124,6 +125,8 @@ function mixRule(quant: QuantName, type: number, name: string, model?: ModelShap
     else if (quant === "Q4_K_S" && layer < 4) type = GgmlType.Q5_K;
     return model.is70b && type === GgmlType.Q4_K ? GgmlType.Q5_K : type;
   }
+  // A fused Q/K/V (Phi-3's attn_qkv) takes Q5_K in the whole of Q4_K_M, as llama-quantize.
+  if (name.includes("attn_qkv.weight")) return quant === "Q4_K_M" ? GgmlType.Q5_K : type;
   if (name.includes("ffn_down")) {
     if (quant === "Q4_K_M" && useMoreBits(layer, model.layers)) return GgmlType.Q6_K;
     if (quant === "Q4_K_S" && layer < Math.floor(model.layers / 8)) return GgmlType.Q5_K;

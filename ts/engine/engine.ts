@@ -103,7 +103,7 @@ export class Engine {
       const onProgress = options.onProgress;
       const total = file.tensors.size;
       const counted = onProgress ? countingWeights(backend, total, onProgress) : backend;
-      const model = planned.build(counted, maxBatch);
+      const model = planned.build(counted, maxBatch, contextLength);
       onProgress?.(total, total);
       const cache = createKvCache(backend, model.info, contextLength, kvType, model.maxBatch);
       return new Engine(file, backend, model, tokenizer, cache, performance.now() - t0, shape,

@@ -44,6 +44,29 @@ export class WeightTable {
     return this.get(name, dims);
   }
 
+  /**
+   * Rows first .. first + count - 1 of a 2-D tensor of shape `dims`, as a weight of its own: a
+   * fused tensor's part (Phi-3's attn_qkv, its gate and up in ffn_up). A row is whole blocks of
+   * any quant type, so the part is the file's bytes from the first row's on.
+   */
+  rows(name: string, dims: readonly [number, number] | readonly number[], first: number,
+    count: number): Weight {
+    const t = this.file.tensors.get(name);
+    if (!t) throw new InferError("bad_model", `model has no tensor '${name}'`);
+    if (t.dims.length !== 2 || t.dims.some((d, i) => d !== dims[i])) {
+      throw new InferError("bad_model", `tensor '${name}' has shape [${t.dims}], expected [${dims}]`);
+    }
+    if (!(first >= 0 && count > 0 && first + count <= t.dims[1])) {
+      throw new InferError("internal", `rows ${first}..${first + count} of '${name}'`);
+    }
+    const rowBytes = t.byteLength / t.dims[1];
+    return this.backend.weight(this.file, {
+      ...t, name: `${name}[${first}:${first + count}]`, dims: [t.dims[0], count],
+      elementCount: t.dims[0] * count, byteLength: rowBytes * count,
+      fileOffset: t.fileOffset + rowBytes * first,
+    });
+  }
+
   /** A 3-D tensor of experts' matrices ([n_in, n_out, experts]): one weight per expert. */
   experts(name: string, dims: readonly [number, number, number]): readonly Weight[] {
     const ops = this.backend.experts;

@@ -8,6 +8,7 @@ import { Gemma3, gemma3Config } from "./gemma3.ts";
 import { Hparams, LIMITS } from "./hparams.ts";
 import { Llama, llamaConfig } from "./llama.ts";
 import type { Model, ModelShape } from "./model.ts";
+import { Phi3, phi3Config } from "./phi3.ts";
 import { declaredPooling, type Pooling } from "./pooling.ts";
 import { qwen2Config } from "./qwen2.ts";
 import { qwen3Config } from "./qwen3.ts";
@@ -18,24 +19,30 @@ export interface ModelPlan {
   readonly shape: ModelShape;
   /** How the model pools its hidden states into an embedding (pooling.ts; null: a reranker). */
   readonly pooling: Pooling | null;
-  /** The graph, every tensor's shape and type checked; `maxBatch` tokens per forward pass. */
-  build(be: Backend, maxBatch: number): Model;
+  /**
+   * The graph, every tensor's shape and type checked; `maxBatch` tokens per forward pass;
+   * `contextLength`, each sequence's context where the family's RoPE depends on it (LongRoPE).
+   */
+  build(be: Backend, maxBatch: number, contextLength?: number): Model;
 }
 
 type Planner = (file: GgufFile, meta: Hparams, vocab: number) => Omit<ModelPlan, "pooling">;
 
 /** A family: its configuration from the metadata, and the graph that runs it. */
 function family<C extends ModelShape>(config: (meta: Hparams, vocab: number) => C,
-  Graph: new (config: C, file: GgufFile, be: Backend, maxBatch: number) => Model): Planner {
+  Graph: new (config: C, file: GgufFile, be: Backend, maxBatch: number, contextLength?: number)
+    => Model): Planner {
   return (file, meta, vocab) => {
     const c = config(meta, vocab);
-    return { shape: c, build: (be, maxBatch) => new Graph(c, file, be, maxBatch) };
+    return { shape: c,
+      build: (be, maxBatch, contextLength) => new Graph(c, file, be, maxBatch, contextLength) };
   };
 }
 
 const architectures: ReadonlyMap<string, Planner> = new Map<string, Planner>([
   ["gemma3", family(gemma3Config, Gemma3)],
   ["llama", family(llamaConfig, Llama)],
+  ["phi3", family(phi3Config, Phi3)],
   ["qwen2", family(qwen2Config, Llama)],
   ["qwen3", family(qwen3Config, Llama)],
   ["qwen3moe", family(qwen3moeConfig, Qwen3Moe)],

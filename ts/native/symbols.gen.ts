@@ -250,6 +250,7 @@ export const structs = {
       freq_base: { type: "f32", offset: 32 },
       freq_scale: { type: "f32", offset: 36 },
       mode: { type: "u32", offset: 40 },
+      attn_factor: { type: "f32", offset: 44 },
     },
   },
   MoeShape: {
