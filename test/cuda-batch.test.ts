@@ -124,7 +124,8 @@ describe.skipIf(noCuda)("several sequences in one CUDA batch", () => {
   }, 60_000);
 
   // A decode step of 2 to 64 rows runs its quantized matmuls on the tensor cores (lib/cuda/ops.zig
-  // batchMma: tiles of 8, 16 and 32 tokens), where one sequence alone runs matvecs: another
+  // batchMma: tiles of 8, 16 and 32 tokens; the K-quants past 32 rows the prompt's tile), where
+  // one sequence alone runs matvecs: another
   // summation order, so the logits agree within the quantized tolerance and the greedy tokens
   // are the same. 64 sequences of 2 to 121 prompt tokens (their attention over different
   // lengths in one launch), 6 steps, every row's token against the sequence decoded alone.
@@ -135,7 +136,8 @@ describe.skipIf(noCuda)("several sequences in one CUDA batch", () => {
     test(`64 sequences of mixed lengths decode together as each alone: ${label}`, () => {
       const path = join(dir, `${spec.arch}-${spec.seed}.gguf`);
       writeFileSync(path, randomQuantGguf(spec));
-      const gpu = Engine.open({ modelPath: path, contextLength: 160, batch: 64, backend: "cuda" });
+      // batch 128: a prompt goes through model.forward in one pass (the decode steps have 64 rows)
+      const gpu = Engine.open({ modelPath: path, contextLength: 160, batch: 128, backend: "cuda" });
       const vocab = gpu.model.info.vocabSize, n = 64, steps = 6;
       const prompts = Array.from({ length: n }, (_, s) =>
         Array.from({ length: 2 + ((s * 37) % 120) }, (_, i) => 6 + ((i * 31 + s * 17) % 240)));

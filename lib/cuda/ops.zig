@@ -166,7 +166,8 @@ pub fn matmul(a: abi.CudaMatmulArgs) i32 {
         if (gemmF16(k, w, out, in, x, tok, y)) |rc| return rc;
     }
     if (k.mmqn) |mmqn| {
-        if (batch_mma_min > 0 and n_tok >= batch_mma_min and n_tok <= batch_mma_max) return batchMma(mmqn, w, out, in, xq, xd, tok, y);
+        const max: i32 = if (k.activation == 1) batch_mma_max_k else batch_mma_max;
+        if (batch_mma_min > 0 and n_tok >= batch_mma_min and n_tok <= max) return batchMma(mmqn, w, out, in, xq, xd, tok, y);
     }
     if (k.mmq) |mmq| {
         if (n_tok >= mmq_min_tokens) {
@@ -200,9 +201,14 @@ pub fn matmul(a: abi.CudaMatmulArgs) i32 {
 /// mmqn): the weights as the MMA's 16-row side, tiles of 64 weight rows × 8, 16 or 32 tokens (the
 /// smallest that holds the batch; 64 tokens as two 32-token tiles), split over K (grid z) until
 /// the blocks fill one wave, as mmq's batches are. Below batch_mma_min, matvec_8 (one token:
-/// the matvecs). The cuda_batch_mma_min setting (lib/abi.zig Settings; 0: never).
+/// the matvecs). The cuda_batch_mma_min setting (lib/abi.zig Settings; 0: never). Measured on an
+/// H100 (bench/results/cuda.md), decode steps of the 8B shape against matvec_8 / mmq: Q4_0 GPU
+/// time 7.3 -> 4.0 ms at 8 rows, 13.9 -> 7.7 at 32, 15.8 -> 12.7 at 64; Q4_K 7.6 -> 4.9 at 8,
+/// 11.9 -> 11.0 at 32, but 13.2 -> 20.1 at 64 (its 32-token tile holds 199 registers, two blocks
+/// a multiprocessor, and reads the weights twice), so the K-quants (Q8_K activations) stop at 32.
 var batch_mma_min: u32 = (abi.Settings{}).cuda_batch_mma_min;
 const batch_mma_max: i32 = 64;
+const batch_mma_max_k: i32 = 32;
 
 pub fn setBatchMma(min_tokens: u32) i32 {
     batch_mma_min = min_tokens;
