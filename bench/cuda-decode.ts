@@ -14,6 +14,7 @@
 //       [--runs 3] [--gen 128] [--prefill 512] [--prefill-batch N (default: the prefill or the largest batch)]
 //       [--check 32] [--ctx 2048] [--variants 0]
 //       [--depth 4096 (needs --ctx past depth + gen)] [--batches 8,32]
+//       [--batch-mma 0,2: the batches under each INFER_CUDA_BATCH_MMA, interleaved; GPU µs of each step]
 //       [--sweep 24,144,1024,4096: GPU µs of a decode step at each context (needs --ctx past the last)]
 //       [--file a.gguf,b.gguf: these files instead of the random-weight shapes]
 import { statSync } from "node:fs";
@@ -75,7 +76,7 @@ function replayUs(engine: Engine, times: number): number {
  * prompts and two untimed steps): each step one forwardBatch of b rows, each row's next token
  * the argmax of its logits.
  */
-function batchedRate(engine: Engine, b: number, steps: number): number {
+function batchedRate(engine: Engine, b: number, steps: number): { rate: number; gpuUs: number } {
   const model = engine.model, vocab = model.info.vocabSize, warm = 2;
   const caches = Array.from({ length: b }, () =>
     createKvCache(engine.backend, model.info, 16 + warm + steps + 1, "f16", model.maxBatch));
@@ -97,7 +98,11 @@ function batchedRate(engine: Engine, b: number, steps: number): number {
     model.forwardBatch({ tokens, logitRows: b,
       segments: caches.map((c) => ({ rows: 1, position: 16 + s, cache: c.layers })) }, pick);
   }
-  return (b * steps) / ((performance.now() - t0) / 1000);
+  const rate = (b * steps) / ((performance.now() - t0) / 1000);
+  // The step's graph replayed back to back: its GPU time without the host's part (the logits'
+  // copy, the argmax of b rows, recording the step).
+  const gpuUs = replayUs(engine, 50);
+  return { rate, gpuUs };
 }
 
 const withGraphs = <T>(on: boolean, f: () => T): T => withSettings({ INFER_CUDA_GRAPHS: on ? "1" : "0" }, f);
@@ -110,6 +115,7 @@ const ctx = Number(arg("--ctx", "2048")), variants = arg("--variants", "0") === 
 const depth = Number(arg("--depth", "0"));
 const sweep = arg("--sweep", "").split(",").filter((c) => c !== "").map(Number);
 const batches = arg("--batches", "").split(",").filter((b) => b !== "").map(Number);
+const batchMma = arg("--batch-mma", String(setting("INFER_CUDA_BATCH_MMA"))).split(",").map(Number);
 // Rows a forward pass takes (Engine's batch): the whole prefill, or the largest --batches, by
 // default; 512 matches llama-bench's default micro-batch.
 const prefillBatch = Number(arg("--prefill-batch", String(Math.max(prefillLength, ...batches))));
@@ -177,7 +183,16 @@ for (const { label, quant, path } of targets) {
     generate(engine, Array.from({ length: c - 8 }, (_, i) => 97 + ((i * 13) % 26)), 8);
     return +replayUs(engine, 100).toFixed(1);
   });
-  const batchRates = batches.map((b) => batchedRate(engine, b, gen));
+  // Each --batch-mma setting (lib/cuda/ops.zig batchMma: 0 matvecs and the prompt tiles) in turn,
+  // interleaved over the batch sizes; the last setting stays.
+  const batchRuns = batches.map(() => batchMma.map(() => ({ rate: 0, gpuUs: 0 })));
+  for (const [bi, b] of batches.entries()) {
+    for (const [mi, m] of batchMma.entries()) {
+      (engine.backend as CudaBackend).setBatchMma(m);
+      batchRuns[bi][mi] = batchedRate(engine, b, gen);
+    }
+  }
+  const batchRates = batchRuns.map((r) => r.at(-1)!.rate);
   engine.close();
   let eagerRate = NaN, unfusedRate = NaN;
   if (variants) {
@@ -214,6 +229,8 @@ for (const { label, quant, path } of targets) {
     prefillTokS: +median(prefill).toFixed(0), effectiveGBs: +((bytes * rate) / 1e9).toFixed(0), loadMs: Math.round(loadMs),
     graphs: stats, check: agree, depth, depthTokS: +depthRate.toFixed(1),
     batched: Object.fromEntries(batches.map((b, i) => [b, +batchRates[i].toFixed(0)])),
+    batchedByMma: Object.fromEntries(batches.map((b, i) => [b, Object.fromEntries(batchMma.map((m, j) =>
+      [m, { tokS: +batchRuns[i][j].rate.toFixed(0), stepGpuUs: +batchRuns[i][j].gpuUs.toFixed(1) }]))])),
     stepUsByContext: Object.fromEntries(sweep.map((c, i) => [c, sweepUs[i]])),
   };
   rows.push(JSON.stringify(row));
@@ -225,7 +242,8 @@ for (const { label, quant, path } of targets) {
     `graphs off ${eagerRate.toFixed(0)}) | ${stats.stepOpsFused} launch calls a step | ` +
     `prefill ${prefillLength} ${row.prefillTokS} tok/s | weights ${row.effectiveGBs} GB/s | ${agree}` +
     (depth > 0 ? ` | decode at depth ${depth} ${row.depthTokS} tok/s` : "") +
-    batches.map((b, i) => ` | batch ${b} ${batchRates[i].toFixed(0)} tok/s`).join("") +
+    batches.map((b, i) => ` | batch ${b} ` + batchMma.map((m, j) =>
+      `${batchRuns[i][j].rate.toFixed(0)} tok/s (${batchRuns[i][j].gpuUs.toFixed(0)} us GPU, mma from ${m})`).join(", ")).join("") +
     (sweep.length ? ` | step us by context: ${sweep.map((c, i) => `${c}: ${sweepUs[i]}`).join(", ")}` : ""));
 }
 for (const r of rows) console.log(r);

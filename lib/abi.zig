@@ -23,6 +23,9 @@ pub const Settings = extern struct {
     cuda_cublas_min_tokens: u32 = 128,
     /// A libcublas to try before the usual names (INFER_CUBLAS).
     cublas_path: [path_bytes_max]u8 = @splat(0),
+    /// Decode batches of this many tokens (up to 64) and more take the small-tile tensor-core
+    /// matmul, 0 never: fewer take matvecs (lib/cuda/ops.zig batchMma; INFER_CUDA_BATCH_MMA).
+    cuda_batch_mma_min: u32 = 2,
 
     pub const path_bytes_max = 4096;
 
@@ -31,7 +34,7 @@ pub const Settings = extern struct {
     }
 };
 comptime {
-    std.debug.assert(@sizeOf(Settings) == 4104);
+    std.debug.assert(@sizeOf(Settings) == 4108);
 }
 
 // ---- the CPU's calls: the pointers stay arguments (TypeScript passes its arrays themselves),

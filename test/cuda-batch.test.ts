@@ -12,6 +12,8 @@ import { createKvCache, type KvCache } from "../ts/engine/kv-cache.ts";
 import { BatchScheduler } from "../ts/engine/scheduler.ts";
 import type { SequenceRows } from "../ts/model/model.ts";
 import { cudaStatus } from "../ts/native/cuda.ts";
+import { argmax } from "../ts/sample/sampler.ts";
+import { llamaQ4_0, qwen3KQuants, randomQuantGguf, type RandomQuantSpec } from "./support/random-quant-gguf.ts";
 import { tinyGemma3Gguf } from "./support/tiny-gguf.ts";
 
 const status = cudaStatus();
@@ -120,6 +122,60 @@ describe.skipIf(noCuda)("several sequences in one CUDA batch", () => {
     cpu.close();
     gpu.close();
   }, 60_000);
+
+  // A decode step of 2 to 64 rows runs its quantized matmuls on the tensor cores (lib/cuda/ops.zig
+  // batchMma: tiles of 8, 16 and 32 tokens; the K-quants past 32 rows the prompt's tile), where
+  // one sequence alone runs matvecs: another
+  // summation order, so the logits agree within the quantized tolerance and the greedy tokens
+  // are the same. 64 sequences of 2 to 121 prompt tokens (their attention over different
+  // lengths in one launch), 6 steps, every row's token against the sequence decoded alone.
+  const TOL_LOGITS_Q = 1e-3;
+  const quantSpecs: [string, RandomQuantSpec][] = [["Q4_0, Q6_K head", llamaQ4_0],
+    ["Q4_K, Q5_K, Q6_K", qwen3KQuants]];
+  for (const [label, spec] of quantSpecs) {
+    test(`64 sequences of mixed lengths decode together as each alone: ${label}`, () => {
+      const path = join(dir, `${spec.arch}-${spec.seed}.gguf`);
+      writeFileSync(path, randomQuantGguf(spec));
+      // batch 128: a prompt goes through model.forward in one pass (the decode steps have 64 rows)
+      const gpu = Engine.open({ modelPath: path, contextLength: 160, batch: 128, backend: "cuda" });
+      const vocab = gpu.model.info.vocabSize, n = 64, steps = 6;
+      const prompts = Array.from({ length: n }, (_, s) =>
+        Array.from({ length: 2 + ((s * 37) % 120) }, (_, i) => 6 + ((i * 31 + s * 17) % 240)));
+      const cache = () => createKvCache(gpu.backend, gpu.model.info, 160, "f16", gpu.model.maxBatch);
+      // Each sequence alone: its prompt, then one token a step.
+      const alone = prompts.map((p) => {
+        const c = cache();
+        const tokens = [argmax(gpu.model.forward(p, p.length, 0, c.layers))];
+        const firstStep = gpu.model.forward([tokens[0]], 1, p.length, c.layers).slice();
+        tokens.push(argmax(firstStep));
+        for (let step = 1; step < steps; step++) {
+          tokens.push(argmax(gpu.model.forward([tokens.at(-1)!], 1, p.length + step, c.layers)));
+        }
+        return { tokens, firstStep };
+      });
+      // All together: the same prompts, then steps of one row per sequence.
+      const caches = prompts.map(() => cache());
+      const together = prompts.map((p, i) => [argmax(gpu.model.forward(p, p.length, 0, caches[i].layers))]);
+      let firstError = 0;
+      for (let step = 0; step < steps; step++) {
+        gpu.model.forwardBatch({ tokens: together.map((t) => t.at(-1)!), logitRows: n,
+          segments: prompts.map((p, i) => ({ rows: 1, position: p.length + step, cache: caches[i].layers })) },
+        (first, rows, logits) => {
+          for (let r = 0; r < rows; r++) {
+            const row = logits.subarray(r * vocab, (r + 1) * vocab);
+            if (step === 0) firstError = Math.max(firstError, maxError(row, alone[first + r].firstStep));
+            together[first + r].push(argmax(row));
+          }
+        });
+      }
+      const same = together.filter((t, i) => t.join() === alone[i].tokens.join()).length;
+      console.log(`cuda batch of ${n} (${label}): first step's logits error ${firstError.toExponential(2)}, ` +
+        `${same}/${n} sequences' tokens equal alone`);
+      expect(firstError).toBeLessThan(TOL_LOGITS_Q);
+      expect(together).toEqual(alone.map((a) => a.tokens));
+      gpu.close();
+    }, 120_000);
+  }
 
   test("the batch scheduler serves requests to the end on CUDA, with the prefix cache", () => {
     const gpu = open("cuda");

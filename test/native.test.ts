@@ -25,6 +25,7 @@ test("the library's settings default to what the environment's absence means (ts
     cuda_pdl: settings.INFER_CUDA_PDL.default,
     cublas_path_len: 0,
     cuda_cublas_min_tokens: settings.INFER_CUDA_CUBLAS.default,
+    cuda_batch_mma_min: settings.INFER_CUDA_BATCH_MMA.default,
   });
 });
 

@@ -24,6 +24,7 @@ const abi = @import("../abi.zig");
 /// The settings of the ops (cuda.init passes lib/settings.zig's before the first launch).
 pub fn configure(settings: abi.Settings) void {
     cublas_min_tokens = settings.cuda_cublas_min_tokens;
+    batch_mma_min = settings.cuda_batch_mma_min;
 }
 
 /// dst[i] = row ids[i] of a table of n_table_rows rows of n_cols values (ids on the device,
@@ -164,6 +165,10 @@ pub fn matmul(a: abi.CudaMatmulArgs) i32 {
     if (x != 0 and cublas_min_tokens > 0 and n_tok >= cublas_min_tokens) {
         if (gemmF16(k, w, out, in, x, tok, y)) |rc| return rc;
     }
+    if (k.mmqn) |mmqn| {
+        const max: i32 = if (k.activation == 1) batch_mma_max_k else batch_mma_max;
+        if (batch_mma_min > 0 and n_tok >= batch_mma_min and n_tok <= max) return batchMma(mmqn, w, out, in, xq, xd, tok, y);
+    }
     if (k.mmq) |mmq| {
         if (n_tok >= mmq_min_tokens) {
             const large = n_tok >= mmq_large_tokens and k.mmq_prompt != null;
@@ -190,6 +195,43 @@ pub fn matmul(a: abi.CudaMatmulArgs) i32 {
     const rows_per_warp: u32 = if (n_tok == 1) matvec_rows_per_warp else 1;
     const row_blocks = ceilDiv(n_out, 4 * rows_per_warp / split);
     return launch(kernel, if (n_tok == 1) matvecGrid(kernel, row_blocks) else row_blocks, grid_y, 128, .{ w, out, in, xq, xd, tok, y, @as(i32, @intCast(split)), @as(i32, @intCast(rows_per_warp)) });
+}
+
+/// Decode batches of batch_mma_min to batch_mma_max tokens take mmqn_* (shaders/cuda/matmul.cuh
+/// mmqn): the weights as the MMA's 16-row side, tiles of 64 weight rows × 8, 16 or 32 tokens (the
+/// smallest that holds the batch; 64 tokens as two 32-token tiles), split over K (grid z) until
+/// the blocks fill one wave, as mmq's batches are. Below batch_mma_min, matvec_8 (one token:
+/// the matvecs). The cuda_batch_mma_min setting (lib/abi.zig Settings; 0: never). Measured on an
+/// H100 (bench/results/cuda.md), decode steps of the 8B shape against matvec_8 / mmq: Q4_0 GPU
+/// time 7.3 -> 4.0 ms at 8 rows, 13.9 -> 7.7 at 32, 15.8 -> 12.7 at 64; Q4_K 7.6 -> 4.9 at 8,
+/// 11.9 -> 11.0 at 32, but 13.2 -> 20.1 at 64 (its 32-token tile holds 199 registers, two blocks
+/// a multiprocessor, and reads the weights twice), so the K-quants (Q8_K activations) stop at 32.
+var batch_mma_min: u32 = (abi.Settings{}).cuda_batch_mma_min;
+const batch_mma_max: i32 = 64;
+const batch_mma_max_k: i32 = 32;
+
+pub fn setBatchMma(min_tokens: u32) i32 {
+    batch_mma_min = min_tokens;
+    return 0;
+}
+
+fn batchMma(mmqn: [3]Kernel, w: u64, out: i32, in: i32, xq: u64, xd: u64, tok: i32, y: u64) i32 {
+    const toks: u32 = if (tok <= 8) 8 else if (tok <= 16) 16 else 32;
+    const kernel = mmqn[if (toks == 8) 0 else if (toks == 16) 1 else 2];
+    const tiles_x = ceilDiv(@intCast(out), 64);
+    const tiles_y = ceilDiv(@intCast(tok), toks);
+    const splits = mmqSplits(kernel, 128, tiles_x * tiles_y, ceilDiv(@as(u64, @intCast(in)) / 32, 8));
+    if (splits > 1) {
+        const plane = @as(u64, @intCast(tok)) * @as(u64, @intCast(out));
+        var parts: u64 = 0;
+        if (cuda.scratch(.mmq_partials, 4 * plane * splits, &parts) == 0) {
+            const rc = cuda.launchGrid(kernel, tiles_x, tiles_y, splits, 128, 0, .{ w, out, in, xq, xd, tok, parts });
+            if (rc != 0) return rc;
+            const grid = @min(@as(u64, @intCast(ready().?.sm_count)) * 8, ceilDiv(plane, 256));
+            return launch(.sum_splits, grid, 1, 256, .{ parts, @as(i32, @intCast(splits)), @as(i64, @intCast(plane)), y });
+        }
+    }
+    return launch(kernel, tiles_x, tiles_y, 128, .{ w, out, in, xq, xd, tok, y });
 }
 
 /// Prompts of at least this many tokens (0: none) take a quantized matmul as a cuBLAS f16 GEMM

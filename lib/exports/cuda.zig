@@ -162,6 +162,12 @@ export fn infer_cuda_cublas_min_tokens() u32 {
     return cuda.ops.cublasMinTokens();
 }
 
+/// Decode batches of at least min_tokens tokens (to 64; 0: none) take the small-tile tensor-core
+/// matmul (lib/cuda/ops.zig batchMma); fewer take matvecs. Benches compare the two in one process.
+export fn infer_cuda_set_batch_mma(min_tokens: u32) i32 {
+    return cuda.ops.setBatchMma(min_tokens);
+}
+
 /// The decode attention's kernels (0 auto, 1 warps, 2 groups, 3 mma: lib/cuda/attention.zig
 /// DecodeAttention): the tests run each attention case under each.
 export fn infer_cuda_set_decode_attention(mode: u32) i32 {

@@ -455,6 +455,179 @@ MMQ(mmq_q6_k_64x128, Q6_K, 64, 128, 4)
 MMQ(mmq_q4_0r_64x128, Q4_0R, 64, 128, 4)
 MMQ(mmq_q8_0r_64x128, Q8_0R, 64, 128, 4)
 
+// ---- small batches on the tensor cores (batched decode) ------------------------------------------
+// mmq with the roles turned round for 2 to 64 tokens: the weights are the MMA's 16-row A side and
+// the tokens its 8-wide B side, so a tile of 8, 16 or 32 tokens (NTOK) wastes no MMA and no
+// activation staging on tokens that are not there, where mmq's 16-token A rows and 64-token tile
+// did 2 to 8 times the work of a decode step's batch. A block of 4 warps takes 64 weight rows
+// (16 a warp) × NTOK tokens; each staged step is loaded into registers while the step before it
+// is computed from shared memory, so a block keeps a step of weights in flight all along. Per
+// unit the sums are combined as mmq combines them (T::combine / icombine, unit after unit), so a
+// row's result does not depend on the tile.
+template <class T, int NTOK, int UNITS>
+__device__ __forceinline__ void mmqn(const uint8_t* __restrict__ w, int n_out, int n_in, const int8_t* __restrict__ xq,
+                                     const float* __restrict__ xd, int n_tok, float* __restrict__ y) {
+  constexpr int THREADS = 128, ROWS = 64, NT8 = NTOK / 8;
+  constexpr int STRIDE = UNITS * 8 + 4;  // as mmq: 8 rows' fragment loads over all 32 banks
+  constexpr bool SUPER = T::SUPER;
+  static_assert(!SUPER || UNITS == 8, "a stage of a K-quant is one whole superblock");
+  __shared__ int w_words[ROWS * STRIDE];
+  __shared__ typename pick<SUPER, int, typename T::P>::type w_params[ROWS * UNITS];
+  __shared__ float2 w_dm[SUPER ? ROWS : 1];
+  __shared__ int x_words[NTOK * STRIDE];
+  __shared__ float x_scales[NTOK * UNITS];
+  __shared__ int2 x_sums[NTOK * UNITS];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int group = lane >> 2, tig = lane & 3;
+  const int row0 = blockIdx.x * ROWS, tok0 = blockIdx.y * NTOK;
+  const int units = n_in >> 5;
+  const int steps_per_split = ((units + UNITS - 1) / UNITS + gridDim.z - 1) / gridDim.z;
+  const int u_begin = min(units, static_cast<int>(blockIdx.z) * steps_per_split * UNITS);
+  const int u_end = min(units, u_begin + steps_per_split * UNITS);
+  y += static_cast<size_t>(blockIdx.z) * n_tok * n_out;
+  const size_t row_bytes = static_cast<size_t>(n_in / T::BV) * T::BB;
+  constexpr int WP = ROWS * UNITS / THREADS;
+  constexpr int XPAIRS = NTOK * UNITS, XP = (XPAIRS + THREADS - 1) / THREADS;
+  static_assert(WP * THREADS == ROWS * UNITS, "staging pairs per thread");
+  typename T::W wts[WP];
+  int4 xa[XP], xb[XP];
+  float xds[XP];
+  // Loads one step (unconditional, clamped to the last row, token and unit as in mmq): the
+  // weights, then the activations.
+  auto load_w = [&](int u0) {
+    const int n_units = min(UNITS, u_end - u0);
+#pragma unroll
+    for (int k = 0; k < WP; k++) {
+      const int i = tid + k * THREADS, r = min(row0 + i / UNITS, n_out - 1), uu = min(i % UNITS, n_units - 1);
+      T::load(w + static_cast<size_t>(r) * row_bytes, u0 + uu, wts[k]);
+    }
+  };
+  auto load_x = [&](int u0) {
+    const int n_units = min(UNITS, u_end - u0);
+#pragma unroll
+    for (int k = 0; k < XP; k++) {
+      const int i = min(tid + k * THREADS, XPAIRS - 1);
+      const int t = min(tok0 + i / UNITS, n_tok - 1), uu = min(i % UNITS, n_units - 1);
+      const int4* p = reinterpret_cast<const int4*>(xq + static_cast<size_t>(t) * n_in + 32 * (u0 + uu));
+      xa[k] = p[0];
+      xb[k] = p[1];
+      xds[k] = xd[static_cast<size_t>(t) * units + u0 + uu];
+    }
+  };
+  float acc[NT8][4], accm[NT8][4];
+#pragma unroll
+  for (int n = 0; n < NT8; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) acc[n][e] = accm[n][e] = 0.0f;
+  // The first step's weights are requested before the wait for the kernel ahead (pdl_begin):
+  // no kernel writes them, so their latency overlaps that kernel's tail.
+  if (u_begin < u_end) load_w(u_begin);
+  pdl_begin();
+  if (u_begin < u_end) load_x(u_begin);
+  const int r_a = warp * 16 + group;  // this lane's rows: r_a and r_a + 8
+  for (int u0 = u_begin; u0 < u_end; u0 += UNITS) {
+    const int n_units = min(UNITS, u_end - u0);
+#pragma unroll
+    for (int k = 0; k < WP; k++) {
+      const int i = tid + k * THREADS, r = i / UNITS, uu = i % UNITS;
+#pragma unroll
+      for (int e = 0; e < 8; e++) w_words[r * STRIDE + uu * 8 + e] = T::mma_word(wts[k].v[e]);
+      if constexpr (SUPER) {
+        w_params[i] = T::ip(wts[k]);
+        if (uu == 0) w_dm[r] = make_float2(wts[k].d, wts[k].dmin);
+      } else {
+        w_params[i] = T::params(wts[k]);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < XP; k++) {
+      const int i = tid + k * THREADS;
+      if (XPAIRS % THREADS == 0 || i < XPAIRS) {
+        const int t = i / UNITS, uu = i % UNITS;
+        const int4 a = xa[k], b = xb[k];
+        int* dst = x_words + t * STRIDE + uu * 8;
+        dst[0] = a.x; dst[1] = a.y; dst[2] = a.z; dst[3] = a.w;
+        dst[4] = b.x; dst[5] = b.y; dst[6] = b.z; dst[7] = b.w;
+        x_scales[i] = xds[k];
+        const int lo = dp4a(0x01010101, a.w, dp4a(0x01010101, a.z, dp4a(0x01010101, a.y, dp4a(0x01010101, a.x, 0))));
+        const int hi = dp4a(0x01010101, b.w, dp4a(0x01010101, b.z, dp4a(0x01010101, b.y, dp4a(0x01010101, b.x, 0))));
+        x_sums[i] = make_int2(lo, hi);
+      }
+    }
+    __syncthreads();
+    if (u0 + UNITS < u_end) {  // the next step in flight while this one is computed
+      load_w(u0 + UNITS);
+      load_x(u0 + UNITS);
+    }
+    int isum[NT8][4], msum[NT8][4];
+#pragma unroll
+    for (int n = 0; n < NT8; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) isum[n][e] = msum[n][e] = 0;
+    for (int uu = 0; uu < n_units; uu++) {
+      const int* wa = w_words + r_a * STRIDE + uu * 8 + tig;
+      const int a_lo0 = wa[0], a_lo1 = wa[8 * STRIDE], a_hi0 = wa[4], a_hi1 = wa[8 * STRIDE + 4];
+      const auto p0 = w_params[r_a * UNITS + uu], p1 = w_params[(r_a + 8) * UNITS + uu];
+#pragma unroll
+      for (int n = 0; n < NT8; n++) {
+        const int* xw = x_words + (8 * n + group) * STRIDE + uu * 8 + tig;
+        int c_lo[4], c_hi[4];
+        mma_s8_16816(c_lo, a_lo0, a_lo1, xw[0]);
+        mma_s8_16816(c_hi, a_hi0, a_hi1, xw[4]);
+        // c[0], c[1]: row r_a, tokens 8n + 2 tig + 0/1; c[2], c[3]: row r_a + 8.
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int t = 8 * n + 2 * tig + (e & 1);
+          const int2 sx = x_sums[t * UNITS + uu];
+          if constexpr (SUPER) {
+            T::icombine(e < 2 ? p0 : p1, c_lo[e], c_hi[e], sx.x, sx.y, isum[n][e], msum[n][e]);
+          } else {
+            T::combine(e < 2 ? p0 : p1, c_lo[e], c_hi[e], sx.x, sx.y, x_scales[t * UNITS + uu], acc[n][e], accm[n][e]);
+          }
+        }
+      }
+    }
+    if constexpr (SUPER) {
+      const float2 dm[2] = {w_dm[r_a], w_dm[r_a + 8]};
+#pragma unroll
+      for (int n = 0; n < NT8; n++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const float dx = x_scales[(8 * n + 2 * tig + (e & 1)) * UNITS];
+          acc[n][e] = __fmaf_rn(static_cast<float>(isum[n][e]), dm[e >> 1].x * dx, acc[n][e]);
+          accm[n][e] = __fmaf_rn(static_cast<float>(msum[n][e]), dm[e >> 1].y * dx, accm[n][e]);
+        }
+      }
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int n = 0; n < NT8; n++) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int t = tok0 + 8 * n + 2 * tig + (e & 1), r = row0 + r_a + 8 * (e >> 1);
+      if (t < n_tok && r < n_out) y[static_cast<size_t>(t) * n_out + r] = acc[n][e] - accm[n][e];
+    }
+  }
+}
+
+#define MMQN(NAME, T, NTOK)                                                                                  \
+  extern "C" __global__ void __launch_bounds__(128) NAME(const uint8_t* w, int n_out, int n_in,              \
+                                                         const int8_t* xq, const float* xd, int n_tok,       \
+                                                         float* y) {                                         \
+    mmqn<T, NTOK, 8>(w, n_out, n_in, xq, xd, n_tok, y);                                                      \
+  }
+#define MMQN_ALL(NAME, T) MMQN(NAME##_n8, T, 8) MMQN(NAME##_n16, T, 16) MMQN(NAME##_n32, T, 32)
+MMQN_ALL(mmqn_q4_0, Q4_0)
+MMQN_ALL(mmqn_q5_0, Q5_0)
+MMQN_ALL(mmqn_q8_0, Q8_0)
+MMQN_ALL(mmqn_q4_k, Q4_K)
+MMQN_ALL(mmqn_q5_k, Q5_K)
+MMQN_ALL(mmqn_q6_k, Q6_K)
+MMQN_ALL(mmqn_q4_0r, Q4_0R)
+MMQN_ALL(mmqn_q8_0r, Q8_0R)
+MMQN_ALL(mmqn_q4_kr, Q4_KR)
+
 // Up to three matrices with the same type, input and one token (q/k/v, gate/up) in one launch:
 // row blocks [0, b0) go to matrix 0, the next b1 to matrix 1, the rest to matrix 2. Each row is
 // computed exactly as matvec_*_1 computes it (the same split for the same n_in).

@@ -36,9 +36,10 @@ type Lib = ReturnType<typeof native>;
 /**
  * Rows of a step that is still a decode step (the server's batch) rather than a prompt chunk:
  * steps of up to this many rows are recorded and replayed as graphs (a step of 8 sequences was
- * 3.3 ms launched op by op against 0.69 ms as a graph on an H200's 0.6B).
+ * 3.3 ms launched op by op against 0.69 ms as a graph on an H200's 0.6B). 64: the largest batch
+ * the small-tile tensor-core matmul takes (lib/cuda/ops.zig batchMma).
  */
-const GRAPH_ROWS = 32;
+const GRAPH_ROWS = 64;
 
 class CudaWeight implements Weight {
   /** typeId: the ggml type, or with gpuLayout the id of its GPU layout (shaders/cuda/packed.cuh). */
@@ -149,6 +150,17 @@ export class CudaBackend implements Backend {
   /** The prompt length from which quantized matmuls run as cuBLAS GEMMs where cuBLAS loads (0: never). */
   get cublasMinTokens(): number {
     return this.lib.infer_cuda_cublas_min_tokens();
+  }
+
+  /**
+   * Decode batches of at least `minTokens` rows (to 64; 0: none) take the small-tile tensor-core
+   * matmul (lib/cuda/ops.zig batchMma; INFER_CUDA_BATCH_MMA at init): benches compare the two
+   * paths in one process. The graphs captured with the other choice are dropped.
+   */
+  setBatchMma(minTokens: number): void {
+    check(this.lib.infer_cuda_set_batch_mma(minTokens), "batch MMA");
+    this.steps.destroy();
+    this.lastGraph = 0;
   }
 
   /** Profiling only: leaves the matching ops out of decode steps (StepGraphs.setSkip). */

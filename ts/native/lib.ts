@@ -130,6 +130,7 @@ function configure(lib: Library, path: string): void {
     huge_pages: setting("INFER_HUGE_PAGES"),
     cuda_pdl: setting("INFER_CUDA_PDL"),
     cuda_cublas_min_tokens: setting("INFER_CUDA_CUBLAS"),
+    cuda_batch_mma_min: setting("INFER_CUDA_BATCH_MMA"),
     cublas_path_len: cublas.length,
     cublas_path: cublas,
   });

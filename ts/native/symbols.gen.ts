@@ -69,6 +69,7 @@ export const symbols = {
   infer_cuda_attention: { args: [FFIType.ptr], returns: FFIType.i32 },
   infer_cuda_set_cublas: { args: [FFIType.u32], returns: FFIType.i32 },
   infer_cuda_cublas_min_tokens: { args: [], returns: FFIType.u32 },
+  infer_cuda_set_batch_mma: { args: [FFIType.u32], returns: FFIType.i32 },
   infer_cuda_set_decode_attention: { args: [FFIType.u32], returns: FFIType.i32 },
   infer_cuda_attention_rows_fit: { args: [FFIType.u64, FFIType.u64, FFIType.u64], returns: FFIType.bool },
   infer_cuda_kv_store_rows: { args: [FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.bool], returns: FFIType.i32 },
@@ -166,6 +167,7 @@ export const parameters = {
   infer_cuda_attention: ["args"],
   infer_cuda_set_cublas: ["min_tokens"],
   infer_cuda_cublas_min_tokens: [],
+  infer_cuda_set_batch_mma: ["min_tokens"],
   infer_cuda_set_decode_attention: ["mode"],
   infer_cuda_attention_rows_fit: ["n_head", "n_kv_head", "head_dim"],
   infer_cuda_kv_store_rows: ["k", "v", "kv_dim", "n_tok", "kv_table", "positions", "cells", "ring"],
@@ -215,13 +217,14 @@ export const structArgs = {
  */
 export const structs = {
   Settings: {
-    size: 4104,
+    size: 4108,
     fields: {
       huge_pages: { type: "bool", offset: 0, value: true },
       cuda_pdl: { type: "bool", offset: 1, value: true },
       cublas_path_len: { type: "u16", offset: 2, value: 0 },
       cuda_cublas_min_tokens: { type: "u32", offset: 4, value: 128 },
       cublas_path: { type: "u8", offset: 8, length: 4096 },
+      cuda_batch_mma_min: { type: "u32", offset: 4104, value: 2 },
     },
   },
   AttentionShape: {
