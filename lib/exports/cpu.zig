@@ -209,6 +209,14 @@ export fn infer_repacked_type(type_id: u32, n_out: u64) u32 {
     return @intFromEnum(t.id);
 }
 
+/// The layout whose matmul reads the same weight bytes as layout `type_id` but rounds as
+/// llama.cpp's batched (prompt) kernel for it does, or 0 where the two round alike: embeddings
+/// ask for it for the rows llama.cpp computes in groups of four (docs/embeddings.md).
+export fn infer_prompt_rounding_type(type_id: u32) u32 {
+    const t = quant_types.promptRoundingType(type_id) orelse return 0;
+    return @intFromEnum(t.id);
+}
+
 /// Writes the n_out x n_in weights at src (type_id, row-major) into dst (as many bytes) in the
 /// layout infer_repacked_type names.
 export fn infer_repack(type_id: u32, src: ?[*]const u8, n_out: u64, n_in: u64, dst: ?[*]u8) i32 {

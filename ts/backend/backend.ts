@@ -4,6 +4,12 @@
 // buffers are planned once per context and never reallocated per token.
 import type { GgufFile, GgufTensorInfo } from "../gguf/reader.ts";
 
+/** Rows first .. first + rows - 1 of a batch. */
+export interface RowRange {
+  readonly first: number;
+  readonly rows: number;
+}
+
 export interface Weight {
   readonly name: string;
   readonly typeName: string;
@@ -104,6 +110,12 @@ export interface Backend {
   rmsNormAdd(x: Activation, weight: Weight, rows: number, eps: number, residual: Activation): void;
   /** Per-head RMSNorm: x is viewed as rows*heads rows of headDim. */
   rmsNormHeads(x: Activation, weight: Weight, rows: number, heads: number, eps: number): void;
+  /**
+   * Batch rows (of the forward pass that begins) whose matmuls round as llama.cpp's batched
+   * kernels do where those differ from its single-token ones (Batch.batchedRounding); [] for
+   * none. Absent where the backend has no such variants (the rows then round as any other).
+   */
+  setBatchedRounding?(rows: readonly RowRange[]): void;
   /** out[r] = W · x[r] for the first `rows` rows of x, starting at row `firstRow`. */
   matmul(w: Weight, x: Activation, rows: number, out: Activation, firstRow?: number): void;
   rope(x: Activation, positions: Activation, rows: number, options: RopeOptions): void;

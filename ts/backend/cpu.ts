@@ -10,7 +10,7 @@ import { Arena } from "./arena.ts";
 import { repackForMatmul, type MatmulLayout } from "./cpu-repack.ts";
 import {
   kvBytes, kvTypesOf, type Activation, type AttentionOptions, type Backend, type ExpertOps,
-  type KvLayer, type KvType, type KvTypes, type RopeOptions, type Weight,
+  type KvLayer, type KvType, type KvTypes, type RopeOptions, type RowRange, type Weight,
 } from "./backend.ts";
 
 /** Types the CPU kernels compute with (lib/quant/types.zig). */
@@ -58,6 +58,9 @@ export class CpuBackend implements Backend {
   /** Repacked weights, packed back to back (one huge page's slack in all, not one per tensor). */
   private readonly weights = new Arena({ blockBytes: 64 << 20, hugePages: true });
   private readonly lib = native();
+  /** The rows of the current forward pass that take llama.cpp's batched rounding (ascending). */
+  private batchedRounding: readonly RowRange[] = [];
+  private readonly batchedTypes = new Map<number, number>();
 
   weight(file: GgufFile, t: GgufTensorInfo): Weight {
     if (!cpuWeightTypes.has(t.type.id)) {
@@ -229,12 +232,43 @@ export class CpuBackend implements Backend {
       a(x).address), "rms_norm (heads)");
   }
 
+  setBatchedRounding(rows: readonly RowRange[]): void {
+    this.batchedRounding = rows;
+  }
+
   matmul(weight: Weight, x: Activation, rows: number, out: Activation, firstRow = 0): void {
     const t = w(weight);
-    const xAddress = offsetAddress(a(x).address, firstRow * x.cols * 4);
     const layout = this.layoutOf(t);
-    check(this.lib.infer_matmul(layout?.address ?? t.address, layout?.typeId ?? t.typeId, t.dims[1], t.dims[0],
-      xAddress, rows, a(out).address), `matmul ${t.name}`);
+    const address = layout?.address ?? t.address, typeId = layout?.typeId ?? t.typeId;
+    const batchedType = this.batchedRounding.length > 0 ? this.batchedRoundingType(typeId) : 0;
+    // x's rows firstRow.. go to out's rows 0..; rows asked for llama.cpp's batched rounding take
+    // the variant layout (the same weight bytes), in runs.
+    let row = firstRow;
+    const end = firstRow + rows;
+    const run = (type: number, until: number) => {
+      if (until <= row) return;
+      check(this.lib.infer_matmul(address, type, t.dims[1], t.dims[0],
+        offsetAddress(a(x).address, row * x.cols * 4), until - row,
+        offsetAddress(a(out).address, (row - firstRow) * out.cols * 4)), `matmul ${t.name}`);
+      row = until;
+    };
+    if (batchedType !== 0) {
+      for (const r of this.batchedRounding) {
+        run(typeId, Math.min(end, r.first));
+        run(batchedType, Math.min(end, r.first + r.rows));
+      }
+    }
+    run(typeId, end);
+  }
+
+  /** The layout rounding as llama.cpp's batched kernel for weights of `typeId`, or 0: the same. */
+  private batchedRoundingType(typeId: number): number {
+    let t = this.batchedTypes.get(typeId);
+    if (t === undefined) {
+      t = this.lib.infer_prompt_rounding_type(typeId);
+      this.batchedTypes.set(typeId, t);
+    }
+    return t;
   }
 
   rope(x: Activation, positions: Activation, rows: number, o: RopeOptions): void {

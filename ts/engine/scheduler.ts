@@ -33,6 +33,7 @@
 // A sequence with speculation (speculation.ts) decodes its sampled token and the tokens drafted
 // after it as consecutive rows of the same step, all with logits; it keeps the drafted tokens
 // its sampler chooses itself and drops the cache back past the first it does not (sampleRow).
+import type { RowRange } from "../backend/backend.ts";
 import { InferError } from "../errors.ts";
 import type { SequenceRows } from "../model/model.ts";
 import { Pooler, type Pooling } from "../model/pooling.ts";
@@ -153,6 +154,17 @@ class Sequence {
     this.slot.length = n;
     if (n > this.slot.reach) this.slot.reach = n;
   }
+}
+
+/**
+ * How many of an embedding's `rows` rows at positions position.. (of a text of `length` tokens)
+ * llama-embedding computes with its batched kernels' four-row rounding: it evaluates the text in
+ * ubatches of 512 rows (a multiple of 4), each through kernels that take rows four at a time and
+ * the last length % 4 one at a time, so positions below length - length % 4. They lead the
+ * rows, as positions ascend.
+ */
+export function llamaBatchedRows(length: number, position: number, rows: number): number {
+  return Math.max(0, Math.min(position + rows, length - length % 4) - position);
 }
 
 /** An embedding's rows in this step's batch, whose hidden states go to its pooler. */
@@ -283,7 +295,8 @@ export class BatchScheduler {
     };
     try {
       this.engine.model.forwardBatch(
-        { tokens: this.tokens, segments: plan.segments, logitRows: plan.logits.length, hidden },
+        { tokens: this.tokens, segments: plan.segments, logitRows: plan.logits.length, hidden,
+          batchedRounding: plan.batchedRounding },
         (firstRow, rows, logits) => {
           for (let r = 0; r < rows; r++) {
             const row = plan.logits[firstRow - firstLogitRow + r];
@@ -559,7 +572,7 @@ export class BatchScheduler {
   /** This step's rows: prompt bodies first, then the rows that need logits. */
   private plan(): {
     segments: SequenceRows[]; logits: LogitRow[]; rows: number; finishing: number;
-    hidden: HiddenRows[];
+    hidden: HiddenRows[]; batchedRounding: RowRange[];
   } {
     const maxBatch = this.engine.model.maxBatch;
     const decoding = this.running.filter((s) => s.pending !== null);
@@ -610,8 +623,13 @@ export class BatchScheduler {
     };
     const logits: LogitRow[] = [];
     const hidden: HiddenRows[] = [];
+    const batchedRounding: RowRange[] = [];
     for (const { s, rows: n } of bodies) {
-      if (s.pooler) hidden.push({ s, first: rows, rows: n });
+      if (s.pooler) {
+        hidden.push({ s, first: rows, rows: n });
+        const grouped = llamaBatchedRows(s.prompt.length, s.length, n);
+        if (grouped > 0) batchedRounding.push({ first: rows, rows: grouped });
+      }
       add(s, n, (i) => s.prompt[s.length + i]);
     }
     for (const s of finishing) {
@@ -625,7 +643,7 @@ export class BatchScheduler {
     if (!this.engine.backend.sequenceBatches && segments.length > 1) {
       throw new InferError("internal", "a batch of several segments on a one-sequence backend");
     }
-    return { segments, logits, rows, finishing: finishing.length, hidden };
+    return { segments, logits, rows, finishing: finishing.length, hidden, batchedRounding };
   }
 
   /**
