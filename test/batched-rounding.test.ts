@@ -8,7 +8,7 @@
 import { afterAll, describe, expect, test } from "bun:test";
 import { existsSync } from "node:fs";
 import { Engine } from "../ts/engine/engine.ts";
-import { llamaBatchedRows } from "../ts/engine/scheduler.ts";
+import { llamaBatchRows } from "../ts/engine/scheduler.ts";
 import { GgmlType } from "../ts/gguf/types.ts";
 import { defaultModelPath } from "../ts/models/cache.ts";
 import { native } from "../ts/native/lib.ts";
@@ -68,9 +68,9 @@ describe.skipIf(!existsSync(defaultModelPath()))("the CPU backend's matmul with 
   function run(name: string, nIn: number, nOut: number, ranges: { first: number; rows: number }[]) {
     const x = be.activation("x", 9, nIn), out = be.activation("out", 9, nOut);
     be.read(x, 9).set(Float32Array.from({ length: 9 * nIn }, (_, i) => Math.cos(i * 0.11) * (i % 5)));
-    be.setBatchedRounding!(ranges);
+    be.setBatchedRounding!({ rows: ranges, fourRows: ranges });
     be.matmul(weight(name), x, 8, out, 1); // batch rows 1..8 into out's rows 0..7
-    be.setBatchedRounding!([]);
+    be.setBatchedRounding!(null);
     return be.read(out, 8).slice();
   }
 
@@ -91,12 +91,17 @@ describe.skipIf(!existsSync(defaultModelPath()))("the CPU backend's matmul with 
   });
 });
 
-test("an embedding's rows that llama-embedding computes four at a time lead its text", () => {
-  expect(llamaBatchedRows(11, 0, 11)).toBe(8); // rows 0-7 four at a time, 8-10 one at a time
-  expect(llamaBatchedRows(11, 0, 5)).toBe(5); // a first chunk of the text
-  expect(llamaBatchedRows(11, 5, 6)).toBe(3);
-  expect(llamaBatchedRows(11, 8, 3)).toBe(0);
-  expect(llamaBatchedRows(3, 0, 3)).toBe(0);
-  expect(llamaBatchedRows(403, 256, 147)).toBe(144);
-  expect(llamaBatchedRows(1024, 512, 512)).toBe(512);
+test("an embedding's rows that llama-embedding computes in batches, and four rows at a time", () => {
+  const all = (n: number) => [{ first: 0, rows: n }];
+  expect(llamaBatchRows(11, 0, 11)).toEqual({ rows: all(11), fourRows: 8 }); // 0-7 by four, 8-10 one by one
+  expect(llamaBatchRows(11, 0, 5)).toEqual({ rows: all(5), fourRows: 5 }); // a first chunk of the text
+  expect(llamaBatchRows(11, 5, 6)).toEqual({ rows: all(6), fourRows: 3 });
+  expect(llamaBatchRows(11, 8, 3)).toEqual({ rows: all(3), fourRows: 0 });
+  expect(llamaBatchRows(3, 0, 3)).toEqual({ rows: all(3), fourRows: 0 });
+  expect(llamaBatchRows(403, 256, 147)).toEqual({ rows: all(147), fourRows: 144 });
+  // A text of one token is one row: llama.cpp's single-token kernels.
+  expect(llamaBatchRows(1, 0, 1)).toEqual({ rows: [], fourRows: 0 });
+  // 513 tokens: a batch of 512, then one of a single row.
+  expect(llamaBatchRows(513, 500, 13)).toEqual({ rows: all(12), fourRows: 12 });
+  expect(llamaBatchRows(1024, 512, 512)).toEqual({ rows: all(512), fourRows: 512 });
 });

@@ -393,6 +393,7 @@ export fn infer_attention(
         "attention: a ring of {d} cells needs a window and at least window + n_tok - 1 = {d} cells",
         .{ ring, window + n_tok -| 1 },
     );
+    if (shape.order > 1) return opsInvalid("attention: order {d} is not 0 (single token) or 1 (batched)", .{shape.order});
     if (n_tok == 0) return 0;
     const k_cache = attention.Cache.fromBytes(k_type, k);
     const v_cache = attention.Cache.fromBytes(v_type, v);
@@ -406,6 +407,7 @@ export fn infer_attention(
         .window = window,
         .ring = ring,
         .scale = scale,
+        .batched_order = shape.order == 1,
     });
     if (!done) return status.fail(.out_of_memory, "attention: no memory for {d} scores", .{pos0 + n_tok});
     return 0;

@@ -33,7 +33,7 @@
 // A sequence with speculation (speculation.ts) decodes its sampled token and the tokens drafted
 // after it as consecutive rows of the same step, all with logits; it keeps the drafted tokens
 // its sampler chooses itself and drops the cache back past the first it does not (sampleRow).
-import type { RowRange } from "../backend/backend.ts";
+import type { BatchedRounding, RowRange } from "../backend/backend.ts";
 import { InferError } from "../errors.ts";
 import type { SequenceRows } from "../model/model.ts";
 import { Pooler, type Pooling } from "../model/pooling.ts";
@@ -156,15 +156,31 @@ class Sequence {
   }
 }
 
+/** Rows of a batch llama.cpp splits a sequence into (n_ubatch, its default). */
+const LLAMA_UBATCH = 512;
+
 /**
- * How many of an embedding's `rows` rows at positions position.. (of a text of `length` tokens)
- * llama-embedding computes with its batched kernels' four-row rounding: it evaluates the text in
- * ubatches of 512 rows (a multiple of 4), each through kernels that take rows four at a time and
- * the last length % 4 one at a time, so positions below length - length % 4. They lead the
- * rows, as positions ascend.
+ * Which of an embedding's `rows` rows at positions position.. (of a text of `length` tokens)
+ * llama-embedding computes through its batched kernels: it evaluates the text in batches of
+ * LLAMA_UBATCH rows, each through batched kernels when it has two rows or more (`rows`, relative
+ * to `position`), whose Q4_K kernel takes the rows four at a time and the last few one at a
+ * time: positions below length - length % 4, as LLAMA_UBATCH is a multiple of 4 (`fourRows`,
+ * the leading rows).
  */
-export function llamaBatchedRows(length: number, position: number, rows: number): number {
-  return Math.max(0, Math.min(position + rows, length - length % 4) - position);
+export function llamaBatchRows(length: number, position: number, rows: number):
+  { rows: RowRange[]; fourRows: number } {
+  const batched: RowRange[] = [];
+  for (let p = position; p < position + rows;) {
+    const batchEnd = Math.min(length, (Math.floor(p / LLAMA_UBATCH) + 1) * LLAMA_UBATCH);
+    const until = Math.min(position + rows, batchEnd);
+    if (batchEnd - Math.floor(p / LLAMA_UBATCH) * LLAMA_UBATCH >= 2) {
+      const last = batched.at(-1);
+      if (last && last.first + last.rows === p - position) batched[batched.length - 1] = { first: last.first, rows: last.rows + until - p };
+      else batched.push({ first: p - position, rows: until - p });
+    }
+    p = until;
+  }
+  return { rows: batched, fourRows: Math.max(0, Math.min(position + rows, length - length % 4) - position) };
 }
 
 /** An embedding's rows in this step's batch, whose hidden states go to its pooler. */
@@ -572,7 +588,7 @@ export class BatchScheduler {
   /** This step's rows: prompt bodies first, then the rows that need logits. */
   private plan(): {
     segments: SequenceRows[]; logits: LogitRow[]; rows: number; finishing: number;
-    hidden: HiddenRows[]; batchedRounding: RowRange[];
+    hidden: HiddenRows[]; batchedRounding: BatchedRounding;
   } {
     const maxBatch = this.engine.model.maxBatch;
     const decoding = this.running.filter((s) => s.pending !== null);
@@ -623,12 +639,13 @@ export class BatchScheduler {
     };
     const logits: LogitRow[] = [];
     const hidden: HiddenRows[] = [];
-    const batchedRounding: RowRange[] = [];
+    const batchedRounding = { rows: [] as RowRange[], fourRows: [] as RowRange[] };
     for (const { s, rows: n } of bodies) {
       if (s.pooler) {
         hidden.push({ s, first: rows, rows: n });
-        const grouped = llamaBatchedRows(s.prompt.length, s.length, n);
-        if (grouped > 0) batchedRounding.push({ first: rows, rows: grouped });
+        const llama = llamaBatchRows(s.prompt.length, s.length, n);
+        for (const r of llama.rows) batchedRounding.rows.push({ first: rows + r.first, rows: r.rows });
+        if (llama.fourRows > 0) batchedRounding.fourRows.push({ first: rows, rows: llama.fourRows });
       }
       add(s, n, (i) => s.prompt[s.length + i]);
     }

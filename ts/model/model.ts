@@ -1,6 +1,6 @@
 // What every architecture provides to the engine: its shape, and a forward pass over a batch of
 // rows from one or several sequences, each writing into (and attending over) its own KV cache.
-import type { KvLayer, RopeOptions, RowRange } from "../backend/backend.ts";
+import type { BatchedRounding, KvLayer, RopeOptions, RowRange } from "../backend/backend.ts";
 
 export interface KvShape {
   readonly kvHeads: number;
@@ -86,11 +86,11 @@ export interface Batch {
   readonly hidden?: HiddenRequest;
   /**
    * Rows computed with the rounding of llama.cpp's batched (prompt) kernels where it differs
-   * from a single token's: an embedding's rows that llama-embedding computes four at a time
-   * (docs/embeddings.md). Never rows that need logits: a token's row keeps the single-token
-   * arithmetic. A backend without the variant kernels (setBatchedRounding) ignores it.
+   * from a single token's: an embedding's (docs/embeddings.md). Never rows that need logits: a
+   * token's row keeps the single-token arithmetic. A backend without the variant kernels
+   * (setBatchedRounding) ignores it.
    */
-  readonly batchedRounding?: readonly RowRange[];
+  readonly batchedRounding?: BatchedRounding;
 }
 
 /** Receives `rows` hidden rows starting at batch row `firstRow` (a view valid during the call). */
