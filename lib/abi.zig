@@ -55,7 +55,7 @@ pub const AttentionShape = extern struct {
     ring: u64,
     scale: f32,
     /// 0: the single-token order of sums; 1: llama.cpp's batched order (F16 caches; attention.Shape).
-    order: u32,
+    order: u32 = 0,
 };
 comptime {
     std.debug.assert(@sizeOf(AttentionShape) == 80);

@@ -92,16 +92,15 @@ describe.skipIf(!existsSync(defaultModelPath()))("the CPU backend's matmul with 
 });
 
 test("an embedding's rows that llama-embedding computes in batches, and four rows at a time", () => {
-  const all = (n: number) => [{ first: 0, rows: n }];
-  expect(llamaBatchRows(11, 0, 11)).toEqual({ rows: all(11), fourRows: 8 }); // 0-7 by four, 8-10 one by one
-  expect(llamaBatchRows(11, 0, 5)).toEqual({ rows: all(5), fourRows: 5 }); // a first chunk of the text
-  expect(llamaBatchRows(11, 5, 6)).toEqual({ rows: all(6), fourRows: 3 });
-  expect(llamaBatchRows(11, 8, 3)).toEqual({ rows: all(3), fourRows: 0 });
-  expect(llamaBatchRows(3, 0, 3)).toEqual({ rows: all(3), fourRows: 0 });
-  expect(llamaBatchRows(403, 256, 147)).toEqual({ rows: all(147), fourRows: 144 });
+  expect(llamaBatchRows(11, 0, 11)).toEqual({ batched: 11, fourRows: 8 }); // 0-7 by four, 8-10 one by one
+  expect(llamaBatchRows(11, 0, 5)).toEqual({ batched: 5, fourRows: 5 }); // a first chunk of the text
+  expect(llamaBatchRows(11, 5, 6)).toEqual({ batched: 6, fourRows: 3 });
+  expect(llamaBatchRows(11, 8, 3)).toEqual({ batched: 3, fourRows: 0 });
+  expect(llamaBatchRows(3, 0, 3)).toEqual({ batched: 3, fourRows: 0 });
+  expect(llamaBatchRows(403, 256, 147)).toEqual({ batched: 147, fourRows: 144 });
   // A text of one token is one row: llama.cpp's single-token kernels.
-  expect(llamaBatchRows(1, 0, 1)).toEqual({ rows: [], fourRows: 0 });
-  // 513 tokens: a batch of 512, then one of a single row.
-  expect(llamaBatchRows(513, 500, 13)).toEqual({ rows: all(12), fourRows: 12 });
-  expect(llamaBatchRows(1024, 512, 512)).toEqual({ rows: all(512), fourRows: 512 });
+  expect(llamaBatchRows(1, 0, 1)).toEqual({ batched: 0, fourRows: 0 });
+  // 513 tokens: a batch of 512 rows, then one of a single row.
+  expect(llamaBatchRows(513, 500, 13)).toEqual({ batched: 12, fourRows: 12 });
+  expect(llamaBatchRows(1024, 512, 512)).toEqual({ batched: 512, fourRows: 512 });
 });

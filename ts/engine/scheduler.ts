@@ -160,27 +160,20 @@ class Sequence {
 const LLAMA_UBATCH = 512;
 
 /**
- * Which of an embedding's `rows` rows at positions position.. (of a text of `length` tokens)
- * llama-embedding computes through its batched kernels: it evaluates the text in batches of
- * LLAMA_UBATCH rows, each through batched kernels when it has two rows or more (`rows`, relative
- * to `position`), whose Q4_K kernel takes the rows four at a time and the last few one at a
- * time: positions below length - length % 4, as LLAMA_UBATCH is a multiple of 4 (`fourRows`,
- * the leading rows).
+ * How many of an embedding's `rows` rows at positions position.. (of a text of `length` tokens)
+ * llama-embedding computes through its batched kernels (both counts are leading rows, as
+ * positions ascend). It evaluates a text in batches of LLAMA_UBATCH rows, each through batched
+ * kernels unless it is a single row (`batched`: all but a last batch of one row), whose Q4_K
+ * kernel takes rows four at a time and a batch's last few one at a time (`fourRows`: positions
+ * below length - length % 4, as LLAMA_UBATCH is a multiple of 4).
  */
 export function llamaBatchRows(length: number, position: number, rows: number):
-  { rows: RowRange[]; fourRows: number } {
-  const batched: RowRange[] = [];
-  for (let p = position; p < position + rows;) {
-    const batchEnd = Math.min(length, (Math.floor(p / LLAMA_UBATCH) + 1) * LLAMA_UBATCH);
-    const until = Math.min(position + rows, batchEnd);
-    if (batchEnd - Math.floor(p / LLAMA_UBATCH) * LLAMA_UBATCH >= 2) {
-      const last = batched.at(-1);
-      if (last && last.first + last.rows === p - position) batched[batched.length - 1] = { first: last.first, rows: last.rows + until - p };
-      else batched.push({ first: p - position, rows: until - p });
-    }
-    p = until;
-  }
-  return { rows: batched, fourRows: Math.max(0, Math.min(position + rows, length - length % 4) - position) };
+  { batched: number; fourRows: number } {
+  const leading = (end: number) => Math.max(0, Math.min(position + rows, end) - position);
+  return {
+    batched: leading(length % LLAMA_UBATCH === 1 ? length - 1 : length),
+    fourRows: leading(length - length % 4),
+  };
 }
 
 /** An embedding's rows in this step's batch, whose hidden states go to its pooler. */
@@ -644,7 +637,7 @@ export class BatchScheduler {
       if (s.pooler) {
         hidden.push({ s, first: rows, rows: n });
         const llama = llamaBatchRows(s.prompt.length, s.length, n);
-        for (const r of llama.rows) batchedRounding.rows.push({ first: rows + r.first, rows: r.rows });
+        if (llama.batched > 0) batchedRounding.rows.push({ first: rows, rows: llama.batched });
         if (llama.fourRows > 0) batchedRounding.fourRows.push({ first: rows, rows: llama.fourRows });
       }
       add(s, n, (i) => s.prompt[s.length + i]);

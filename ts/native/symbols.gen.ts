@@ -240,7 +240,7 @@ export const structs = {
       window: { type: "u64", offset: 56 },
       ring: { type: "u64", offset: 64 },
       scale: { type: "f32", offset: 72 },
-      order: { type: "u32", offset: 76 },
+      order: { type: "u32", offset: 76, value: 0 },
     },
   },
   RopeShape: {
