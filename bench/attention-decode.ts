@@ -29,7 +29,7 @@ for (const keys of keysList) {
   for (let r = 0; r < rounds; r++) {
     if (keys < 512) for (let i = 0; i < flush.length; i += 64) flush[i]++;
     const shape = packStruct("AttentionShape", { k_type: 1, v_type: 1, n_tok: 1, n_head: nHead, n_kv_head: nKv, head_dim: d,
-      pos0: keys - 1, kv_stride: kvStride, window: 0, ring: 0, scale: 0.088 });
+      pos0: keys - 1, kv_stride: kvStride, window: 0, ring: 0, scale: 0.088, order: 0 });
     const t0 = performance.now();
     for (let l = 0; l < layers; l++) lib.infer_attention(q, ks[l], vs[l], out, shape);
     ms.push(performance.now() - t0);

@@ -57,6 +57,8 @@ pub const AttentionShape = extern struct {
     window: u64,
     ring: u64,
     scale: f32,
+    /// 0: the single-token order of sums; 1: llama.cpp's batched order (F16 caches; attention.Shape).
+    order: u32 = 0,
 };
 comptime {
     std.debug.assert(@sizeOf(AttentionShape) == 80);

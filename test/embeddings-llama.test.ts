@@ -4,13 +4,14 @@
 // llama-embedding on the same GGUF (mean pooling, L2-normalised; the fixture records the
 // commands) by cosine distance, against two runs of it:
 //   flash_attn_off   the configuration whose arithmetic infer follows (docs/correctness.md).
-//                    Texts of up to 3 tokens agree to 3e-13 (the 7 printed decimals); longer ones
-//                    by 2.7e-5 to 2.9e-4, as llama.cpp's batched prompt kernels, which
-//                    llama-embedding always uses, round otherwise than infer's single-token
-//                    arithmetic. The bar is 5e-4 (the issue asked for 1e-4: 5 of the 7 texts
-//                    meet it; bench/results/correctness.md has every figure).
+//                    Every text agrees to the 7 decimals llama-embedding prints (3e-13): infer
+//                    embeds with the rounding of llama.cpp's batched kernels, which
+//                    llama-embedding takes (docs/embeddings.md: Q4_K four rows at a time, f16
+//                    attention sums in tinyBLAS's order). The bar, 1e-9, is far below what one
+//                    differently rounded op anywhere gives (1e-5 to 3e-4) and far above the
+//                    printed decimals' (the issue asked for 1e-4).
 //   flash_attn_auto  llama.cpp's default, which turns flash attention on (f16 queries and
-//                    running sums): 5e-5 to 2.7e-3 from infer; the bar is 1e-2.
+//                    running sums): 5e-5 to 3e-3 from infer; the bar is 1e-2.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { existsSync } from "node:fs";
 import { join } from "node:path";
@@ -27,7 +28,7 @@ if (!existsSync(modelPath)) {
 }
 
 const COSINE_DISTANCE_MAX: Record<Variant, number> = {
-  flash_attn_off: 5e-4, flash_attn_auto: 1e-2,
+  flash_attn_off: 1e-9, flash_attn_auto: 1e-2,
 };
 
 function cosineDistance(a: ArrayLike<number>, b: ArrayLike<number>): number {
@@ -41,10 +42,11 @@ function cosineDistance(a: ArrayLike<number>, b: ArrayLike<number>): number {
 }
 
 let model: Model, vectors: Float32Array[];
+// Loading the model and embedding ~530 tokens takes seconds on a busy 2-core machine.
 beforeAll(async () => {
   model = await loadModel(modelPath, { threads: 2, contextLength: 2048, backend: "cpu" });
   vectors = await model.embed(cases.map((c) => c.text));
-});
+}, 120_000);
 afterAll(() => model?.close());
 
 describe("embeddings of the default model equal llama.cpp's llama-embedding", () => {

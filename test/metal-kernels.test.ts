@@ -234,7 +234,7 @@ describe("KV cache and attention against the CPU kernels", () => {
       const want = new Float32Array(q.length);
       check(lib.infer_attention(q, new Uint8Array(kRef.buffer), new Uint8Array(vRef.buffer), want,
         packStruct("AttentionShape", { k_type: 0, v_type: 0, n_tok: nTok, n_head: heads, n_kv_head: kvHeads, head_dim: headDim,
-          pos0, kv_stride: kvDim, window, ring: ringCells, scale })), "attention");
+          pos0, kv_stride: kvDim, window, ring: ringCells, scale, order: 0 })), "attention");
       const plan = planAttention({ nTok, heads, kvHeads, headDim, pos0, window, cells, ring: ringCells > 0, scale });
       const got = f32(run(plan, { q, k_cache: kBits, v_cache: vBits, out: new Float32Array(q.length).fill(NaN) }).out);
       const err = normalisedError(got, want);

@@ -157,7 +157,7 @@ function attention(q: Float32Array, k: Float32Array | Uint16Array, v: Float32Arr
   out: Float32Array, nTok: number, nHead: number, nKvHead: number, headDim: number, pos0: number, kvStride: number,
   window: number, ring: number, scale: number): number {
   return native().infer_attention(q, k, v, out, packStruct("AttentionShape", { k_type: kvType, v_type: kvType, n_tok: nTok,
-    n_head: nHead, n_kv_head: nKvHead, head_dim: headDim, pos0, kv_stride: kvStride, window, ring, scale }));
+    n_head: nHead, n_kv_head: nKvHead, head_dim: headDim, pos0, kv_stride: kvStride, window, ring, scale, order: 0 }));
 }
 
 describe("rms_norm", () => {

@@ -60,6 +60,10 @@ pub const Shape = struct {
     /// p lives in row p % ring (sliding-window layers keep only what their window can see).
     ring: usize = 0,
     scale: f32,
+    /// Sum an F16 cache's dot products in the order of llama.cpp's batched kernel (tinyBLAS: one
+    /// FMA chain of 16 lanes), which its prompts take, instead of its single-token kernel's
+    /// (ggml_vec_dot_f16: four); attention_f16.zig. Embeddings ask for it (docs/embeddings.md).
+    batched_order: bool = false,
 
     pub fn group(s: Shape) usize {
         return s.n_head / s.n_kv_head;

@@ -67,6 +67,16 @@ fn dotF16(k: [*]align(1) const f16, q: []const f32) f32 {
     return @floatCast(sum);
 }
 
+/// The same dot in the order of llama.cpp's batched f16 kernel (tinyBLAS<16, __m512, ...>, which
+/// its mul_mat takes for two query rows or more): one accumulator of 16 lanes, element i in lane
+/// i % 16, FMAs in ascending i, then _mm512_reduce_add_ps. n is a multiple of 16.
+fn dotF16Batched(k: [*]align(1) const f16, q: []const f32) f32 {
+    var acc: L16 = @splat(0);
+    var i: usize = 0;
+    while (i < q.len) : (i += 16) acc = @mulAdd(L16, loadF16(k + i), q[i..][0..16].*, acc);
+    return reduce16(acc);
+}
+
 /// Per-thread scratch, grown (never shrunk) on demand so the hot path does not allocate once a
 /// context's length has been seen: the scores of one query over the cells, and the 64 partial
 /// sums of every output dimension.
@@ -112,6 +122,7 @@ pub fn attendRows(
     row_begin: usize,
     row_end: usize,
 ) bool {
+    if (s.batched_order and s.head_dim % 16 == 0) return attendRowsBatchedOrder(q, k, v, out, s, row_begin, row_end);
     if (s.head_dim % step == 0) return attendRowsGrouped(q, k, v, out, s, row_begin, row_end);
     return attendRowsPerHead(q, k, v, out, s, row_begin, row_end);
 }
@@ -146,6 +157,70 @@ pub fn attendRowsPerHead(
         }
     }
     return true;
+}
+
+/// attendRowsPerHead with llama.cpp's batched order of sums (Shape.batched_order; head_dim a
+/// multiple of 16): scores by dotF16Batched, and the weighted sum of each output dimension as
+/// tinyBLAS sums it over the cells, cell c in lane c % 16 (masked cells add exact zeros there).
+/// The softmax between them is the same as a single token's (soft_max_ext is per row).
+fn attendRowsBatchedOrder(
+    q: [*]const f32,
+    k: [*]align(1) const f16,
+    v: [*]align(1) const f16,
+    out: [*]f32,
+    s: attention.Shape,
+    row_begin: usize,
+    row_end: usize,
+) bool {
+    const d = s.head_dim;
+    const group = s.group();
+    if (!grow(&scores_buf, s.cells() + 16) or !grow(&partial_buf, 16 * d)) return false;
+    var q16_buf: [attention.head_dim_max]f32 = undefined;
+    const q16 = q16_buf[0..d];
+    for (row_begin..row_end) |r| {
+        const t = s.rowToken(r);
+        const kv_head = s.rowKvHead(r);
+        const begin, const end = s.keyRange(s.pos0 + t);
+        const runs = runsInCellOrder(s, begin, end);
+        for (0..group) |g| {
+            const row = (t * s.n_head + kv_head * group + g) * d;
+            for (q16, q[row..][0..d]) |*dst, x| dst.* = @as(f16, @floatCast(x));
+            const scores = scores_buf;
+            const block_lo, const block_hi = blockSpan(runs.constSlice());
+            @memset(scores[block_lo..block_hi], -std.math.inf(f32));
+            var max: f32 = -std.math.inf(f32);
+            for (runs.constSlice()) |run| {
+                for (run.cell..run.cell + run.len) |c| {
+                    scores[c] = dotF16Batched(k + c * s.kv_stride + kv_head * d, q16) * s.scale;
+                    max = @max(max, scores[c]);
+                }
+            }
+            normalizeF16(scores, runs.constSlice(), block_lo, block_hi, max);
+            weightedSumBatched(v, s, kv_head, runs.constSlice(), out[row..][0..d]);
+        }
+    }
+    return true;
+}
+
+fn weightedSumBatched(v: [*]align(1) const f16, s: attention.Shape, kv_head: usize, runs: []const Run, out: []f32) void {
+    const d = out.len;
+    const partial = partial_buf[0 .. 16 * d];
+    @memset(partial, 0);
+    // Cells in ascending order (runsInCellOrder), as tinyBLAS walks them.
+    for (runs) |run| {
+        for (run.cell..run.cell + run.len) |c| {
+            const p_v: L16 = @splat(scores_buf[c]);
+            const slot = partial[(c % 16) * d ..][0..d];
+            const v_row = v + c * s.kv_stride + kv_head * d;
+            var i: usize = 0;
+            while (i < d) : (i += 16) slot[i..][0..16].* = @mulAdd(L16, loadF16(v_row + i), p_v, slot[i..][0..16].*);
+        }
+    }
+    for (out, 0..) |*o, i| {
+        var lanes: L16 = undefined;
+        inline for (0..16) |l| lanes[l] = partial[l * d + i];
+        o.* = reduce16(lanes);
+    }
 }
 
 /// Query heads that share a KV head, handled together (up to this many per pass).
@@ -628,4 +703,67 @@ test "grouped heads equal one head at a time, bit for bit (GQA, windows, a wrapp
         try std.testing.expect(attention.attention(q.ptr, .{ .f16 = k.ptr }, .{ .f16 = v.ptr }, got.ptr, s));
         try std.testing.expectEqualSlices(u32, std.mem.bytesAsSlice(u32, std.mem.sliceAsBytes(want)), std.mem.bytesAsSlice(u32, std.mem.sliceAsBytes(got)));
     }
+}
+
+test "batched order: tinyBLAS's sums (one 16-lane FMA chain), not ggml_vec_dot_f16's" {
+    const alloc = std.testing.allocator;
+    var rng = std.Random.DefaultPrng.init(45);
+    const r = rng.random();
+    const d = 256;
+    const s = attention.Shape{
+        .n_tok = 40, .n_head = 4, .n_kv_head = 1, .head_dim = d, .pos0 = 3, .kv_stride = d,
+        .window = 0, .scale = 1, .batched_order = true,
+    };
+    const q = try alloc.alloc(f32, s.n_tok * s.n_head * d);
+    defer alloc.free(q);
+    for (q) |*x| x.* = (r.float(f32) - 0.5) * 4;
+    const k = try alloc.alloc(f16, s.cacheLen());
+    defer alloc.free(k);
+    const v = try alloc.alloc(f16, s.cacheLen());
+    defer alloc.free(v);
+    for (k, v) |*a, *b| {
+        a.* = @floatCast((r.float(f32) - 0.5) * 3);
+        b.* = @floatCast((r.float(f32) - 0.5) * 3);
+    }
+    const got = try alloc.alloc(f32, q.len);
+    defer alloc.free(got);
+    try std.testing.expect(attention.attention(q.ptr, .{ .f16 = k.ptr }, .{ .f16 = v.ptr }, got.ptr, s));
+    // The reference, element by element: tinyBLAS's lane l sums elements l, l + 16, ... in order.
+    try std.testing.expect(grow(&scores_buf, s.cells() + 16));
+    var differs: usize = 0;
+    for (0..s.n_tok) |t| {
+        for (0..s.n_head) |h| {
+            const row = (t * s.n_head + h) * d;
+            var q16: [d]f32 = undefined;
+            for (&q16, q[row..][0..d]) |*dst, x| dst.* = @as(f16, @floatCast(x));
+            const begin, const end = s.keyRange(s.pos0 + t);
+            const runs = runsInCellOrder(s, begin, end);
+            const lo, const hi = blockSpan(runs.constSlice());
+            @memset(scores_buf[lo..hi], -std.math.inf(f32));
+            var max: f32 = -std.math.inf(f32);
+            for (begin..end) |c| {
+                var lanes: L16 = @splat(0);
+                for (0..d / 16) |blk| {
+                    for (0..16) |l| lanes[l] = @mulAdd(f32, @as(f32, k[c * d + 16 * blk + l]), q16[16 * blk + l], lanes[l]);
+                }
+                scores_buf[c] = reduce16(lanes);
+                max = @max(max, scores_buf[c]);
+            }
+            normalizeF16(scores_buf, runs.constSlice(), lo, hi, max);
+            for (0..d) |i| {
+                var lanes: L16 = @splat(0);
+                for (begin..end) |c| lanes[c % 16] = @mulAdd(f32, @as(f32, v[c * d + i]), scores_buf[c], lanes[c % 16]);
+                const want = reduce16(lanes);
+                try std.testing.expectEqual(@as(u32, @bitCast(want)), @as(u32, @bitCast(got[row + i])));
+            }
+        }
+    }
+    // The single-token order differs somewhere (else the option would be pointless).
+    const single = try alloc.alloc(f32, q.len);
+    defer alloc.free(single);
+    var s1 = s;
+    s1.batched_order = false;
+    try std.testing.expect(attention.attention(q.ptr, .{ .f16 = k.ptr }, .{ .f16 = v.ptr }, single.ptr, s1));
+    for (single, got) |a, b| differs += @intFromBool(a != b);
+    try std.testing.expect(differs > 0);
 }

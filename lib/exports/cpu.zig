@@ -209,6 +209,14 @@ export fn infer_repacked_type(type_id: u32, n_out: u64) u32 {
     return @intFromEnum(t.id);
 }
 
+/// The layout whose matmul reads the same weight bytes as layout `type_id` but rounds as
+/// llama.cpp's batched (prompt) kernel for it does, or 0 where the two round alike: embeddings
+/// ask for it for the rows llama.cpp computes in groups of four (docs/embeddings.md).
+export fn infer_prompt_rounding_type(type_id: u32) u32 {
+    const t = quant_types.promptRoundingType(type_id) orelse return 0;
+    return @intFromEnum(t.id);
+}
+
 /// Writes the n_out x n_in weights at src (type_id, row-major) into dst (as many bytes) in the
 /// layout infer_repacked_type names.
 export fn infer_repack(type_id: u32, src: ?[*]const u8, n_out: u64, n_in: u64, dst: ?[*]u8) i32 {
@@ -388,6 +396,7 @@ export fn infer_attention(
         "attention: a ring of {d} cells needs a window and at least window + n_tok - 1 = {d} cells",
         .{ ring, window + n_tok -| 1 },
     );
+    if (shape.order > 1) return opsInvalid("attention: order {d} is not 0 (single token) or 1 (batched)", .{shape.order});
     if (n_tok == 0) return 0;
     const k_cache = attention.Cache.fromBytes(k_type, k);
     const v_cache = attention.Cache.fromBytes(v_type, v);
@@ -401,6 +410,7 @@ export fn infer_attention(
         .window = window,
         .ring = ring,
         .scale = scale,
+        .batched_order = shape.order == 1,
     });
     if (!done) return status.fail(.out_of_memory, "attention: no memory for {d} scores", .{pos0 + n_tok});
     return 0;

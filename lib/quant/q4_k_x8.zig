@@ -6,6 +6,11 @@
 //! Here both chains of eight rows are one vector FMA each, and the integer sums come out with a
 //! row per lane: no horizontal reductions at all.
 //!
+//! `Rounding.sub_block_pairs` rounds as llama.cpp's x86 batched kernel for this layout does
+//! (ggml_gemm_q4_K_8x8_q8_K, which its prompts take four rows at a time): both chains take an
+//! FMA every 64 values (a pair of sub-blocks) instead of one a superblock. Only embeddings ask
+//! for it, to equal llama-embedding (docs/embeddings.md); a token's rows never do.
+//!
 //! A group (eight rows, one 256-value superblock column) is 1,152 bytes, the size of the eight
 //! Q4_K blocks it replaces, so a group of rows 8k..8k+7 starts where row 8k did:
 //!   d, dmin:  the eight rows' f16 scales;
@@ -99,9 +104,13 @@ inline fn subBlock(v: @Vector(64, u8), comptime j: usize) simd.V8i32 {
     return @intCast(bytes);
 }
 
-/// sum_j scale_j * dot_j for each row (lane), with the nibbles of chunk pair c already split.
-inline fn quantSums(comptime R: usize, g: *align(1) const Group, xs: [R]*align(1) const q8_k.Block, sc: *const [8]simd.V8i32) [R]simd.V8i32 {
-    var sums: [R]simd.V8i32 = @splat(@splat(0));
+/// How a row's float sums are rounded: one FMA a superblock (the single-token kernels'), or one
+/// a pair of sub-blocks (llama.cpp's batched kernel's).
+pub const Rounding = enum { superblock, sub_block_pairs };
+
+/// sum_j scale_j * dot_j for each row (lane) over sub-blocks 2c and 2c + 1 (chunk pair c).
+inline fn quantSumsPair(comptime R: usize, comptime c: usize, g: *align(1) const Group, xs: [R]*align(1) const q8_k.Block, sc: *const [8]simd.V8i32) [R]simd.V8i32 {
+    var sums: [R]simd.V8i32 = undefined;
     const low_mask: simd.V32u8 = @splat(15);
     // With VNNI the high nibbles are dotted where they sit, as 16 * nibble (vpdpbusd takes any
     // unsigned byte), and each sub-block's sum is shifted back once: exact, as it is 16 times an
@@ -112,7 +121,7 @@ inline fn quantSums(comptime R: usize, g: *align(1) const Group, xs: [R]*align(1
     // (measured: 44 -> 46 GB/s a core from L2; four chains was slower, the extra adds cost).
     // Batches already have 2R chains.
     const chains = if (R == 1) 2 else 1;
-    inline for (0..4) |c| {
+    {
         var lo: [chains][R]simd.V8i32 = @splat(@splat(@splat(0)));
         var hi: [chains][R]simd.V8i32 = @splat(@splat(@splat(0)));
         inline for (0..8) |gi| {
@@ -134,10 +143,30 @@ inline fn quantSums(comptime R: usize, g: *align(1) const Group, xs: [R]*align(1
                 hi_r += hi[k][r];
             }
             const high = if (simd.has_vnni) hi_r >> @splat(4) else hi_r;
-            sums[r] += lo_r * sc[2 * c] + high * sc[2 * c + 1];
+            sums[r] = lo_r * sc[2 * c] + high * sc[2 * c + 1];
         }
     }
     return sums;
+}
+
+/// sum_j scale_j * dot_j over the whole superblock, for each row (lane).
+inline fn quantSums(comptime R: usize, g: *align(1) const Group, xs: [R]*align(1) const q8_k.Block, sc: *const [8]simd.V8i32) [R]simd.V8i32 {
+    var sums: [R]simd.V8i32 = @splat(@splat(0));
+    inline for (0..4) |c| {
+        const pair = quantSumsPair(R, c, g, xs, sc);
+        inline for (0..R) |r| sums[r] += pair[r];
+    }
+    return sums;
+}
+
+/// min_j * (bsum_2j + bsum_2j+1) over sub-blocks 2c and 2c + 1, for each row (lane).
+inline fn minSumsPair(x: *align(1) const q8_k.Block, mins: *const [8]simd.V8i32, comptime c: usize) simd.V8i32 {
+    var sum: simd.V8i32 = @splat(0);
+    inline for (2 * c..2 * c + 2) |j| {
+        const pair: i32 = @as(i32, x.bsums[2 * j]) + x.bsums[2 * j + 1];
+        sum += mins[j] * @as(simd.V8i32, @splat(pair));
+    }
+    return sum;
 }
 
 /// minSums with AVX-512 VNNI: sum_j min_j * bsums[2j] + min_j * bsums[2j+1] (the same integer),
@@ -174,8 +203,9 @@ inline fn minSums(x: *align(1) const q8_k.Block, mins: *const [8]simd.V8i32) sim
 
 /// n_out rows (a multiple of 8, from a group boundary) with R activation rows; result (token r,
 /// row o) goes to out[r * out_stride + o].
-pub fn dotRowsMulti(
+pub fn dotRowsMultiRounded(
     comptime R: usize,
+    comptime rounding: Rounding,
     n_blocks: usize,
     w: [*]const u8,
     n_out: usize,
@@ -195,15 +225,28 @@ pub fn dotRowsMulti(
             const gs = groupScales(g);
             var sc: [8]simd.V8i32 = undefined;
             var mn: [8]simd.V8i32 = undefined;
+            const pairs = rounding == .sub_block_pairs;
             inline for (0..8) |j| {
                 sc[j] = subBlock(gs.scales, j);
-                if (comptime !simd.has_vnni) mn[j] = subBlock(gs.mins, j);
+                if (comptime pairs or !simd.has_vnni) mn[j] = subBlock(gs.mins, j);
             }
             var x_blocks: [R]*align(1) const q8_k.Block = undefined;
             inline for (0..R) |r| x_blocks[r] = &xs[r][b];
-            const sums = quantSums(R, g, x_blocks, &sc);
             const d_w: simd.V8f32 = @as(@Vector(rows, f16), g.d);
             const dmin_w: simd.V8f32 = @as(@Vector(rows, f16), g.dmin);
+            if (comptime pairs) {
+                inline for (0..4) |c| {
+                    const sums = quantSumsPair(R, c, g, x_blocks, &sc);
+                    inline for (0..R) |r| {
+                        const d_x: simd.V8f32 = @splat(x_blocks[r].d);
+                        acc[r] = @mulAdd(simd.V8f32, @floatFromInt(sums[r]), d_w * d_x, acc[r]);
+                        const min_sum = minSumsPair(x_blocks[r], &mn, c);
+                        acc_min[r] = @mulAdd(simd.V8f32, @floatFromInt(min_sum), dmin_w * d_x, acc_min[r]);
+                    }
+                }
+                continue;
+            }
+            const sums = quantSums(R, g, x_blocks, &sc);
             inline for (0..R) |r| {
                 const x = x_blocks[r];
                 const d_x: simd.V8f32 = @splat(x.d);
@@ -216,9 +259,27 @@ pub fn dotRowsMulti(
     }
 }
 
+pub fn dotRowsMulti(comptime R: usize, n_blocks: usize, w: [*]const u8, n_out: usize,
+    xs: [R][*]align(1) const q8_k.Block, out: [*]f32, out_stride: usize) void {
+    dotRowsMultiRounded(R, .superblock, n_blocks, w, n_out, xs, out, out_stride);
+}
+
 pub fn dotRows(n_blocks: usize, w: [*]const u8, n_out: usize, x: [*]align(1) const q8_k.Block, out: [*]f32) void {
     dotRowsMulti(1, n_blocks, w, n_out, .{x}, out, 0);
 }
+
+/// The same layout and bytes, rounded as llama.cpp's batched kernel (Rounding.sub_block_pairs):
+/// the type table lists it as a layout of its own (q4_k_x8_pairs).
+pub const sub_block_pairs = struct {
+    pub const rows = 8;
+    pub fn dotRows(n_blocks: usize, w: [*]const u8, n_out: usize, x: [*]align(1) const q8_k.Block, out: [*]f32) void {
+        dotRowsMultiRounded(1, .sub_block_pairs, n_blocks, w, n_out, .{x}, out, 0);
+    }
+    pub fn dotRowsMulti(comptime R: usize, n_blocks: usize, w: [*]const u8, n_out: usize,
+        xs: [R][*]align(1) const q8_k.Block, out: [*]f32, out_stride: usize) void {
+        dotRowsMultiRounded(R, .sub_block_pairs, n_blocks, w, n_out, xs, out, out_stride);
+    }
+};
 
 const test_util = @import("test_util.zig");
 
@@ -265,4 +326,82 @@ test "q4_k_x8: every row equals q4_k.dotGgmlScalar bit for bit, single and batch
             }
         }
     }
+}
+
+/// llama.cpp's ggml_gemm_q4_K_8x8_q8_K for one row, written plainly: per superblock, per pair of
+/// sub-blocks, acc += f32(sum of scale * dot) * (d_w * d_x) and accm += f32(sum of min * bsums)
+/// * (dmin_w * d_x), each an FMA; then acc - accm.
+fn dotGemmScalar(w: []align(1) const q4_k.Block, x: []align(1) const q8_k.Block) f32 {
+    var acc: f32 = 0;
+    var acc_min: f32 = 0;
+    for (w, x) |wb, xb| {
+        const sm = q4_k.unpackScales(&wb.scales);
+        const d_x = xb.d;
+        const d_w: f32 = wb.d;
+        const dmin_w: f32 = wb.dmin;
+        for (0..4) |c| {
+            var sum: i32 = 0;
+            var min_sum: i32 = 0;
+            for (0..2) |h| {
+                const j = 2 * c + h;
+                var dot: i32 = 0;
+                for (0..32) |i| {
+                    const byte = wb.qs[32 * c + i];
+                    const q: i32 = if (h == 0) byte & 15 else byte >> 4;
+                    dot += q * @as(i32, xb.qs[32 * j + i]);
+                }
+                sum += @as(i32, sm.scales[j]) * dot;
+                min_sum += @as(i32, sm.mins[j]) * (@as(i32, xb.bsums[2 * j]) + xb.bsums[2 * j + 1]);
+            }
+            acc = @mulAdd(f32, @floatFromInt(sum), d_w * d_x, acc);
+            acc_min = @mulAdd(f32, @floatFromInt(min_sum), dmin_w * d_x, acc_min);
+        }
+    }
+    return acc - acc_min;
+}
+
+test "q4_k_x8 sub_block_pairs: every row equals llama.cpp's batched rounding, single and batched" {
+    const alloc = std.testing.allocator;
+    var rng = test_util.TestRng.init(4812);
+    const n_blocks = 4;
+    const n_out = 16;
+    const n = n_blocks * 256;
+    const wf = try alloc.alloc(f32, n);
+    defer alloc.free(wf);
+    const w = try alloc.alloc(q4_k.Block, n_out * n_blocks);
+    defer alloc.free(w);
+    for (0..n_out) |o| {
+        rng.floats(wf, 1);
+        q4_k.quantizeRef(wf, w[o * n_blocks ..][0..n_blocks]);
+    }
+    for (w) |*blk| rng.bytes(&blk.scales);
+    const packed_w = try alloc.alloc(u8, n_out * n_blocks * @sizeOf(q4_k.Block));
+    defer alloc.free(packed_w);
+    repack(@ptrCast(w.ptr), n_out, n_blocks, packed_w.ptr);
+    const R = 4;
+    var xs: [R][]q8_k.Block = undefined;
+    var x_ptrs: [R][*]align(1) const q8_k.Block = undefined;
+    for (0..R) |r| {
+        xs[r] = try alloc.alloc(q8_k.Block, n_blocks);
+        rng.floats(wf, 3);
+        q8_k.quantize(wf, xs[r]);
+        x_ptrs[r] = xs[r].ptr;
+    }
+    defer for (xs) |x| alloc.free(x);
+    var single: [n_out]f32 = undefined;
+    sub_block_pairs.dotRows(n_blocks, packed_w.ptr, n_out, xs[0].ptr, &single);
+    var multi: [R * n_out]f32 = undefined;
+    sub_block_pairs.dotRowsMulti(R, n_blocks, packed_w.ptr, n_out, x_ptrs, &multi, n_out);
+    var differs: usize = 0;
+    for (0..n_out) |row| {
+        const wr = w[row * n_blocks ..][0..n_blocks];
+        try std.testing.expectEqual(@as(u32, @bitCast(dotGemmScalar(wr, xs[0]))), @as(u32, @bitCast(single[row])));
+        for (0..R) |r| {
+            const want: u32 = @bitCast(dotGemmScalar(wr, xs[r]));
+            try std.testing.expectEqual(want, @as(u32, @bitCast(multi[r * n_out + row])));
+            if (want != @as(u32, @bitCast(q4_k.dotGgmlScalar(wr, xs[r])))) differs += 1;
+        }
+    }
+    // The two roundings do differ (else the layout would be pointless).
+    try std.testing.expect(differs > 0);
 }

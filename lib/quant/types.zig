@@ -33,6 +33,8 @@ pub const TypeId = enum(u32) {
     q4_0_x8 = 1002,
     q8_0_x8 = 1008,
     q4_k_x8 = 1012,
+    /// q4_k_x8's bytes, rounded as llama.cpp's batched kernel: see `promptRoundingType`.
+    q4_k_x8_pairs = 1112,
     _,
 };
 
@@ -330,13 +332,27 @@ fn repackedEntry(comptime id: TypeId, comptime name: []const u8, comptime Packed
 const q4_0_x8_traits = repackedEntry(.q4_0_x8, "Q4_0x8", q4_0_x8, q4_0, q8_0);
 const q8_0_x8_traits = repackedEntry(.q8_0_x8, "Q8_0x8", q8_0_x8, q8_0, q8_0);
 const q4_k_x8_traits = repackedEntry(.q4_k_x8, "Q4_Kx8", q4_k_x8, q4_k, q8_k);
+const q4_k_x8_pairs_traits = repackedEntry(.q4_k_x8_pairs, "Q4_Kx8 (llama.cpp's batched rounding)",
+    q4_k_x8.sub_block_pairs, q4_k, q8_k);
 
 /// Traits for matmul: a GGUF type or a repacked layout.
 pub fn getForMatmul(type_id: u32) ?*const Traits {
     if (type_id == @intFromEnum(TypeId.q4_0_x8)) return &q4_0_x8_traits;
     if (type_id == @intFromEnum(TypeId.q8_0_x8)) return &q8_0_x8_traits;
     if (type_id == @intFromEnum(TypeId.q4_k_x8)) return &q4_k_x8_traits;
+    if (type_id == @intFromEnum(TypeId.q4_k_x8_pairs)) return &q4_k_x8_pairs_traits;
     return get(type_id);
+}
+
+/// The layout that reads the same bytes as layout `type_id` but rounds as llama.cpp's batched
+/// x86 kernel for it, which llama.cpp's prompts take four rows at a time while its single tokens
+/// take the kernel whose sums the layout keeps; null otherwise (llama.cpp's batched Q5_0, Q8_0
+/// and Q6_K kernels, the default model's other matrices, sum as its single-token ones; other
+/// formats' are not compared). Embeddings ask for it so as to equal llama-embedding
+/// (docs/embeddings.md).
+pub fn promptRoundingType(type_id: u32) ?*const Traits {
+    if (type_id == @intFromEnum(TypeId.q4_k_x8)) return &q4_k_x8_pairs_traits;
+    return null;
 }
 
 /// The layout a weight of `type_id` with n_out rows is repacked into for faster matmuls, or

@@ -4,6 +4,24 @@
 // buffers are planned once per context and never reallocated per token.
 import type { GgufFile, GgufTensorInfo } from "../gguf/reader.ts";
 
+/** Rows first .. first + rows - 1 of a batch. */
+export interface RowRange {
+  readonly first: number;
+  readonly rows: number;
+}
+
+/**
+ * Rows of a batch that llama.cpp would compute through its batched (prompt) kernels, which round
+ * otherwise than its single-token ones: an embedding's, so that it equals llama-embedding's
+ * (docs/embeddings.md). Ranges ascend and do not overlap.
+ */
+export interface BatchedRounding {
+  /** Rows of a llama.cpp batch of two rows or more: attention sums in its batched order. */
+  readonly rows: readonly RowRange[];
+  /** Of those, the rows its batched Q4_K kernel takes four at a time. */
+  readonly fourRows: readonly RowRange[];
+}
+
 export interface Weight {
   readonly name: string;
   readonly typeName: string;
@@ -111,6 +129,12 @@ export interface Backend {
   rmsNormAdd(x: Activation, weight: Weight, rows: number, eps: number, residual: Activation): void;
   /** Per-head RMSNorm: x is viewed as rows*heads rows of headDim. */
   rmsNormHeads(x: Activation, weight: Weight, rows: number, heads: number, eps: number): void;
+  /**
+   * Rows of the forward pass that begins which round as llama.cpp's batched kernels do where
+   * those differ from its single-token ones (Batch.batchedRounding); null for none. Absent where
+   * the backend has no such variants (the rows then round as any other).
+   */
+  setBatchedRounding?(rounding: BatchedRounding | null): void;
   /** out[r] = W · x[r] for the first `rows` rows of x, starting at row `firstRow`. */
   matmul(w: Weight, x: Activation, rows: number, out: Activation, firstRow?: number): void;
   rope(x: Activation, positions: Activation, rows: number, options: RopeOptions): void;

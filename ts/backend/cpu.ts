@@ -10,7 +10,8 @@ import { Arena } from "./arena.ts";
 import { repackForMatmul, type MatmulLayout } from "./cpu-repack.ts";
 import {
   kvBytes, kvTypesOf, type Activation, type AttentionOptions, type Backend, type ExpertOps,
-  type KvLayer, type KvType, type KvTypes, type RopeOptions, type Weight,
+  type BatchedRounding, type KvLayer, type KvType, type KvTypes, type RopeOptions, type RowRange,
+  type Weight,
 } from "./backend.ts";
 
 /** Types the CPU kernels compute with (lib/quant/types.zig). */
@@ -47,6 +48,23 @@ class CpuKvLayer implements KvLayer {
     readonly vBytes: Uint8Array) {}
 }
 
+/**
+ * Rows first .. first + count - 1 in runs, each wholly inside or outside `ranges` (ascending):
+ * fn(first row of the run, its rows, inside).
+ */
+function forRuns(first: number, count: number, ranges: readonly RowRange[],
+  fn: (row: number, count: number, inside: boolean) => void): void {
+  let row = first;
+  const end = first + count;
+  for (const r of ranges) {
+    const lo = Math.max(row, Math.min(end, r.first)), hi = Math.max(lo, Math.min(end, r.first + r.rows));
+    if (lo > row) fn(row, lo - row, false);
+    if (hi > lo) fn(lo, hi - lo, true);
+    row = hi;
+  }
+  if (end > row) fn(row, end - row, false);
+}
+
 function w(x: Weight): CpuWeight { return x as CpuWeight; }
 function a(x: Activation): CpuActivation { return x as CpuActivation; }
 
@@ -59,6 +77,9 @@ export class CpuBackend implements Backend {
   /** Repacked weights, packed back to back (one huge page's slack in all, not one per tensor). */
   private readonly weights = new Arena({ blockBytes: 64 << 20, hugePages: true });
   private readonly lib = native();
+  /** The rows of the current forward pass that take llama.cpp's batched rounding. */
+  private batchedRounding: BatchedRounding | null = null;
+  private readonly batchedTypes = new Map<number, number>();
 
   weight(file: GgufFile, t: GgufTensorInfo): Weight {
     if (!cpuWeightTypes.has(t.type.id)) {
@@ -230,12 +251,33 @@ export class CpuBackend implements Backend {
       a(x).address), "rms_norm (heads)");
   }
 
+  setBatchedRounding(rounding: BatchedRounding | null): void {
+    this.batchedRounding = rounding;
+  }
+
   matmul(weight: Weight, x: Activation, rows: number, out: Activation, firstRow = 0): void {
     const t = w(weight);
-    const xAddress = offsetAddress(a(x).address, firstRow * x.cols * 4);
     const layout = this.layoutOf(t);
-    check(this.lib.infer_matmul(layout?.address ?? t.address, layout?.typeId ?? t.typeId, t.dims[1], t.dims[0],
-      xAddress, rows, a(out).address), `matmul ${t.name}`);
+    const address = layout?.address ?? t.address, typeId = layout?.typeId ?? t.typeId;
+    const fourRows = this.batchedRounding?.fourRows ?? [];
+    const batchedType = fourRows.length > 0 ? this.batchedRoundingType(typeId) : 0;
+    // x's rows firstRow.. go to out's rows 0..; rows that llama.cpp's batched kernel takes four
+    // at a time read the same weight bytes through the layout that rounds as it does.
+    forRuns(firstRow, rows, batchedType !== 0 ? fourRows : [], (row, count, batched) => {
+      check(this.lib.infer_matmul(address, batched ? batchedType : typeId, t.dims[1], t.dims[0],
+        offsetAddress(a(x).address, row * x.cols * 4), count,
+        offsetAddress(a(out).address, (row - firstRow) * out.cols * 4)), `matmul ${t.name}`);
+    });
+  }
+
+  /** The layout rounding as llama.cpp's batched kernel for weights of `typeId`, or 0: the same. */
+  private batchedRoundingType(typeId: number): number {
+    let t = this.batchedTypes.get(typeId);
+    if (t === undefined) {
+      t = this.lib.infer_prompt_rounding_type(typeId);
+      this.batchedTypes.set(typeId, t);
+    }
+    return t;
   }
 
   rope(x: Activation, positions: Activation, rows: number, o: RopeOptions): void {
@@ -279,10 +321,15 @@ export class CpuBackend implements Backend {
     const l = layer as CpuKvLayer;
     const qAddress = offsetAddress(a(q).address, firstRow * q.cols * 4);
     const outAddress = offsetAddress(a(out).address, firstRow * out.cols * 4);
-    const shape = packed("AttentionShape", { k_type: l.kTypeId, v_type: l.vTypeId, n_tok: rows, n_head: o.heads, n_kv_head: o.kvHeads,
-      head_dim: o.headDim, pos0: position, kv_stride: l.kvHeads * l.headDim, window: o.window,
-      ring: l.ring ? l.cells : 0, scale: o.scale });
-    check(this.lib.infer_attention(qAddress, l.k, l.v, outAddress, shape), "attention");
+    // Rows that llama.cpp computes in a batch of several sum in its batched order (F16 caches).
+    forRuns(firstRow, rows, this.batchedRounding?.rows ?? [], (row, count, batched) => {
+      const shape = packed("AttentionShape", { k_type: l.kTypeId, v_type: l.vTypeId, n_tok: count,
+        n_head: o.heads, n_kv_head: o.kvHeads, head_dim: o.headDim, pos0: position + row - firstRow,
+        kv_stride: l.kvHeads * l.headDim, window: o.window, ring: l.ring ? l.cells : 0, scale: o.scale,
+        order: batched ? 1 : 0 });
+      check(this.lib.infer_attention(offsetAddress(qAddress, (row - firstRow) * q.cols * 4), l.k, l.v,
+        offsetAddress(outAddress, (row - firstRow) * out.cols * 4), shape), "attention");
+    });
   }
 
   copyKv(src: KvLayer, srcCell: number, dst: KvLayer, dstCell: number, cells: number): void {

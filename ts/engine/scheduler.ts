@@ -33,6 +33,7 @@
 // A sequence with speculation (speculation.ts) decodes its sampled token and the tokens drafted
 // after it as consecutive rows of the same step, all with logits; it keeps the drafted tokens
 // its sampler chooses itself and drops the cache back past the first it does not (sampleRow).
+import type { BatchedRounding, RowRange } from "../backend/backend.ts";
 import { InferError } from "../errors.ts";
 import type { SequenceRows } from "../model/model.ts";
 import { Pooler, type Pooling } from "../model/pooling.ts";
@@ -153,6 +154,26 @@ class Sequence {
     this.slot.length = n;
     if (n > this.slot.reach) this.slot.reach = n;
   }
+}
+
+/** Rows of a batch llama.cpp splits a sequence into (n_ubatch, its default). */
+const LLAMA_UBATCH = 512;
+
+/**
+ * How many of an embedding's `rows` rows at positions position.. (of a text of `length` tokens)
+ * llama-embedding computes through its batched kernels (both counts are leading rows, as
+ * positions ascend). It evaluates a text in batches of LLAMA_UBATCH rows, each through batched
+ * kernels unless it is a single row (`batched`: all but a last batch of one row), whose Q4_K
+ * kernel takes rows four at a time and a batch's last few one at a time (`fourRows`: positions
+ * below length - length % 4, as LLAMA_UBATCH is a multiple of 4).
+ */
+export function llamaBatchRows(length: number, position: number, rows: number):
+  { batched: number; fourRows: number } {
+  const leading = (end: number) => Math.max(0, Math.min(position + rows, end) - position);
+  return {
+    batched: leading(length % LLAMA_UBATCH === 1 ? length - 1 : length),
+    fourRows: leading(length - length % 4),
+  };
 }
 
 /** An embedding's rows in this step's batch, whose hidden states go to its pooler. */
@@ -283,7 +304,8 @@ export class BatchScheduler {
     };
     try {
       this.engine.model.forwardBatch(
-        { tokens: this.tokens, segments: plan.segments, logitRows: plan.logits.length, hidden },
+        { tokens: this.tokens, segments: plan.segments, logitRows: plan.logits.length, hidden,
+          batchedRounding: plan.batchedRounding },
         (firstRow, rows, logits) => {
           for (let r = 0; r < rows; r++) {
             const row = plan.logits[firstRow - firstLogitRow + r];
@@ -559,7 +581,7 @@ export class BatchScheduler {
   /** This step's rows: prompt bodies first, then the rows that need logits. */
   private plan(): {
     segments: SequenceRows[]; logits: LogitRow[]; rows: number; finishing: number;
-    hidden: HiddenRows[];
+    hidden: HiddenRows[]; batchedRounding: BatchedRounding;
   } {
     const maxBatch = this.engine.model.maxBatch;
     const decoding = this.running.filter((s) => s.pending !== null);
@@ -610,8 +632,14 @@ export class BatchScheduler {
     };
     const logits: LogitRow[] = [];
     const hidden: HiddenRows[] = [];
+    const batchedRounding = { rows: [] as RowRange[], fourRows: [] as RowRange[] };
     for (const { s, rows: n } of bodies) {
-      if (s.pooler) hidden.push({ s, first: rows, rows: n });
+      if (s.pooler) {
+        hidden.push({ s, first: rows, rows: n });
+        const llama = llamaBatchRows(s.prompt.length, s.length, n);
+        if (llama.batched > 0) batchedRounding.rows.push({ first: rows, rows: llama.batched });
+        if (llama.fourRows > 0) batchedRounding.fourRows.push({ first: rows, rows: llama.fourRows });
+      }
       add(s, n, (i) => s.prompt[s.length + i]);
     }
     for (const s of finishing) {
@@ -625,7 +653,7 @@ export class BatchScheduler {
     if (!this.engine.backend.sequenceBatches && segments.length > 1) {
       throw new InferError("internal", "a batch of several segments on a one-sequence backend");
     }
-    return { segments, logits, rows, finishing: finishing.length, hidden };
+    return { segments, logits, rows, finishing: finishing.length, hidden, batchedRounding };
   }
 
   /**

@@ -313,6 +313,7 @@ export function setBatchInputs(be: Backend, b: DecoderBuffers, batch: Batch, max
   if (rows > maxBatch) {
     throw new InferError("invalid_argument", `${rows} rows exceed the batch of ${maxBatch}`);
   }
+  be.setBatchedRounding?.(batch.batchedRounding ?? null);
   rows = 0;
   for (const s of batch.segments) {
     be.setPositions(b.positions, s.position, s.rows, rows);

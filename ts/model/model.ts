@@ -1,6 +1,6 @@
 // What every architecture provides to the engine: its shape, and a forward pass over a batch of
 // rows from one or several sequences, each writing into (and attending over) its own KV cache.
-import type { KvLayer, RopeOptions } from "../backend/backend.ts";
+import type { BatchedRounding, KvLayer, RopeOptions, RowRange } from "../backend/backend.ts";
 
 export interface KvShape {
   readonly kvHeads: number;
@@ -84,13 +84,20 @@ export interface Batch {
    * wanted, for embeddings: each range's rows are handed to the sink before any logits.
    */
   readonly hidden?: HiddenRequest;
+  /**
+   * Rows computed with the rounding of llama.cpp's batched (prompt) kernels where it differs
+   * from a single token's: an embedding's (docs/embeddings.md). Never rows that need logits: a
+   * token's row keeps the single-token arithmetic. A backend without the variant kernels
+   * (setBatchedRounding) ignores it.
+   */
+  readonly batchedRounding?: BatchedRounding;
 }
 
 /** Receives `rows` hidden rows starting at batch row `firstRow` (a view valid during the call). */
 export type HiddenSink = (firstRow: number, rows: number, values: Float32Array) => void;
 
 export interface HiddenRequest {
-  readonly ranges: readonly { readonly first: number; readonly rows: number }[];
+  readonly ranges: readonly RowRange[];
   readonly sink: HiddenSink;
 }
 

@@ -16,6 +16,7 @@ export const symbols = {
   infer_matmul: { args: [FFIType.ptr, FFIType.u32, FFIType.u64, FFIType.u64, FFIType.ptr, FFIType.u64, FFIType.ptr], returns: FFIType.i32 },
   infer_moe_ffn: { args: [FFIType.ptr, FFIType.ptr, FFIType.ptr, FFIType.ptr, FFIType.ptr, FFIType.ptr, FFIType.ptr, FFIType.ptr], returns: FFIType.i32 },
   infer_repacked_type: { args: [FFIType.u32, FFIType.u64], returns: FFIType.u32 },
+  infer_prompt_rounding_type: { args: [FFIType.u32], returns: FFIType.u32 },
   infer_repack: { args: [FFIType.u32, FFIType.ptr, FFIType.u64, FFIType.u64, FFIType.ptr], returns: FFIType.i32 },
   infer_quantize_row: { args: [FFIType.u32, FFIType.ptr, FFIType.u64, FFIType.ptr], returns: FFIType.i32 },
   infer_threads_set: { args: [FFIType.u32], returns: FFIType.i32 },
@@ -114,6 +115,7 @@ export const parameters = {
   infer_matmul: ["w", "w_type", "n_out", "n_in", "x", "n_tok", "y"],
   infer_moe_ffn: ["gate", "up", "down", "ids", "weights", "x", "out", "shape"],
   infer_repacked_type: ["type_id", "n_out"],
+  infer_prompt_rounding_type: ["type_id"],
   infer_repack: ["type_id", "src", "n_out", "n_in", "dst"],
   infer_quantize_row: ["type_id", "src", "n", "dst"],
   infer_threads_set: ["n"],
@@ -241,6 +243,7 @@ export const structs = {
       window: { type: "u64", offset: 56 },
       ring: { type: "u64", offset: 64 },
       scale: { type: "f32", offset: 72 },
+      order: { type: "u32", offset: 76, value: 0 },
     },
   },
   RopeShape: {
