@@ -3,8 +3,9 @@
 // draft model), several at once, give exactly the tokens each gives alone without them (the
 // reference engine, one token a pass), greedy and seeded sampling with stop strings, penalties
 // and a JSON grammar; drafts are rejected and the cache rolled back many times, across ring
-// wraps. A chi-square test over 3,000 seeds checks the token drawn after a verified draft against
-// the target's distribution. A fixed pass cost makes the drafting deterministic (it would
+// wraps. Chi-square tests check the speculative-sampling rule for a drafter that samples: on two
+// fixed distributions (where a broken rule fails the same statistic), and on the tiny model with
+// a sampling draft model over 3,000 seeds, against the target's distribution. A fixed pass cost makes the drafting deterministic (it would
 // otherwise follow the timings). On the default model: the llama.cpp golden fixture's tokens with
 // speculation on, and a long grounded prompt's answer equal to the one without, with drafts
 // accepted. On CUDA (skipped without a GPU): greedy with drafts equals greedy without.
@@ -22,7 +23,7 @@ import {
 import { defaultModelPath } from "../ts/models/cache.ts";
 import { cudaStatus } from "../ts/native/cuda.ts";
 import { JsonGrammar } from "../ts/sample/json-grammar.ts";
-import { defaultSampling, Sampler } from "../ts/sample/sampler.ts";
+import { defaultSampling, Sampler, seededRandom } from "../ts/sample/sampler.ts";
 import { compileSchema } from "../ts/sample/json-schema.ts";
 import { referenceGenerate } from "./support/reference-generate.ts";
 import { tinyGemma3Gguf } from "./support/tiny-gguf.ts";
@@ -163,8 +164,8 @@ describe("speculation on the tiny model: each sequence's tokens as without it", 
   }, 120_000);
 });
 
-describe("a draft model drafts greedily for every slot", () => {
-  test("the same tokens as alone, greedy and seeded, with the draft's caches kept per slot", () => {
+describe("a draft model for every slot", () => {
+  test("greedy: the same tokens as alone; sampled: its drawn drafts all kept (q = p); caches kept per slot", () => {
     const engine = tiny.open();
     const drafter = new DraftModel(tiny.open(), engine); // self-drafting: its drafts all hold
     const scheduler = new BatchScheduler(engine, { slots: 3, prefillChunk: 16, prefixCache: null,
@@ -179,10 +180,15 @@ describe("a draft model drafts greedily for every slot", () => {
       onDone: (r) => (results[i] = r), onError: (e) => { throw e; } }));
     while (scheduler.busy) scheduler.step();
     for (let i = 0; i < jobs.length; i++) {
-      expect(results[i].tokens).toEqual(alone(jobs[i]).tokens);
       const s = results[i].speculation!;
-      if (i % 2 === 0) expect(s.accepted).toBe(s.drafted); // greedy drafts of the same model
-      else expect(s.accepted).toBeGreaterThan(0);
+      // Self-drafting: the drafter's rows equal the target's bit for bit, so greedy drafts are
+      // the argmax, and drawn drafts have q = p, which the rule keeps with probability 1.
+      // The one exception: a sampled end-of-turn token ends the sequence in mid-draft.
+      if (results[i].stopReason === "eos") expect(s.drafted - s.accepted).toBeLessThan(6);
+      else expect(s.accepted).toBe(s.drafted);
+      expect(s.drafted).toBeGreaterThan(0);
+      // Sampled: drawn with the drafter's generator too, so other tokens than alone.
+      if (i % 2 === 0) expect(results[i].tokens).toEqual(alone(jobs[i]).tokens);
     }
     expect(() => scheduler.submit({ prompt: [2, 7], options: { maxTokens: 2, sampling: greedy,
       speculation: { mode: "draft" } }, onDone: () => {}, onError: () => {} })).not.toThrow();
@@ -198,52 +204,112 @@ describe("a draft model drafts greedily for every slot", () => {
 });
 
 describe("speculative sampling keeps the model's distribution", () => {
-  test("chi-square: the token after a verified draft, over 3000 seeds, follows the target's probabilities", () => {
-    // Self-drafting: the draft is the argmax, which sampling at temperature 1 often rejects, so
-    // both the accepted and the resampled branch are taken.
+  // df = 5 (six candidates): the chi-square statistic's 0.999 quantile
+  const CHI2_DF5_999 = 20.52;
+  const options = { ...defaultSampling, temperature: 0.9, topK: 6, topP: 1, minP: 0 };
+  const targetLogits = Float32Array.from([2.1, 1.7, 1.6, 0.4, 1.1, -0.3, 0.9, 0.2, -1, 0.5, 1.5, -2]);
+  const draftLogits = Float32Array.from([1.2, 2.2, 0.3, 1.4, 1.0, 0.8, -0.5, 0.1, 0.7, -1, 1.3, 0]);
+
+  function chiSquare(counts: Map<number, number>, want: { ids: number[]; probs: number[] }): number {
+    const n = total(counts);
+    let chi2 = 0;
+    want.ids.forEach((id, i) => {
+      const expected = n * want.probs[i];
+      chi2 += (((counts.get(id) ?? 0) - expected) ** 2) / expected;
+    });
+    // a token outside the target's candidates: expected 0, so no statistic holds it
+    for (const id of counts.keys()) if (!want.ids.includes(id)) chi2 = Infinity;
+    return chi2;
+  }
+
+  test("the rule on two distributions: 20,000 draws follow p; a broken rule fails the same test", () => {
+    const target = new Sampler({ ...options, seed: 1 }), drafter = new Sampler({ ...options, seed: 2 });
+    const p = target.distribution(targetLogits);
+    const pOf = (id: number) => p.probs[p.ids.indexOf(id)] ?? 0;
+    const right = new Map<number, number>(), acceptAll = new Map<number, number>();
+    const residualIgnored = new Map<number, number>();
+    const inc = (m: Map<number, number>, id: number) => m.set(id, (m.get(id) ?? 0) + 1);
+    let kept = 0;
+    const rand = seededRandom(3);
+    for (let i = 0; i < 20_000; i++) {
+      const { token: d, q } = drafter.sampleWithDistribution(draftLogits);
+      const t = target.speculate(targetLogits, undefined, d, q);
+      if (t === d) kept++;
+      inc(right, t);
+      inc(acceptAll, d); // broken: every draft kept
+      // broken: kept with min(1, p/q) as it should be, but a rejection draws from p itself
+      const qd = q.probs[Array.from(q.ids).indexOf(d)];
+      inc(residualIgnored, rand() * qd < pOf(d) ? d : target.sample(targetLogits));
+    }
+    expect(p.ids.length).toBe(6);
+    expect(chiSquare(right, p)).toBeLessThan(CHI2_DF5_999);
+    expect(chiSquare(acceptAll, p)).toBeGreaterThan(10 * CHI2_DF5_999);
+    expect(chiSquare(residualIgnored, p)).toBeGreaterThan(CHI2_DF5_999);
+    // the two distributions overlap: both branches of the rule are taken often
+    expect(kept).toBeGreaterThan(5_000);
+    expect(kept).toBeLessThan(15_000);
+  });
+
+  test("one-hot q (a deterministic drafter): the rule keeps the token with probability p", () => {
+    const target = new Sampler({ ...options, seed: 4 });
+    const p = target.distribution(targetLogits);
+    const q = { ids: Int32Array.of(p.ids[1]), probs: Float64Array.of(1) };
+    const counts = new Map<number, number>();
+    for (let i = 0; i < 20_000; i++) {
+      const t = target.speculate(targetLogits, undefined, p.ids[1], q);
+      counts.set(t, (counts.get(t) ?? 0) + 1);
+    }
+    expect(chiSquare(counts, p)).toBeLessThan(CHI2_DF5_999);
+  });
+
+  test("chi-square on the tiny model: a sampling draft model, 3000 seeds, the second token follows the target's probabilities", () => {
+    // The draft: the same random weights with another branch gain, so q is near p but not p,
+    // and drafts are both kept and rejected. Its tokens are drawn (not greedy), and judged by
+    // the speculative-sampling rule.
     const engine = tiny.open();
-    const drafter = new DraftModel(tiny.open(), engine);
+    const dir = mkdtempSync(join(tmpdir(), "infer-spec-draft-"));
+    const draftPath = join(dir, "draft.gguf");
+    writeFileSync(draftPath, tinyGemma3Gguf({ shape: { layers: 3, embedding: 64, feedForward: 128,
+      heads: 4, kvHeads: 2, headDim: 32 }, branchGain: 10 }));
+    const drafter = new DraftModel(Engine.open({ modelPath: draftPath, contextLength: 1024,
+      batch: 16, threads: 2, backend: "cpu" }), engine);
     const scheduler = new BatchScheduler(engine, { slots: 4, prefixCache: null, passCost: cheapRows,
       draftModel: drafter });
     const sampling = { temperature: 1, topK: 6, topP: 1, minP: 0, typicalP: 1, repeatPenalty: 1,
       logitBias: greedy.logitBias };
     const prompt = toyPrompt(24, 17);
     const seen = new Map<number, Map<number, number>>();
-    let drafted = 0, accepted = 0;
-    for (let seed = 0; seed < 3000; seed++) {
-      scheduler.submit({ prompt, options: { maxTokens: 3, sampling: { ...sampling, seed },
-        speculation: { mode: "draft", draftMax: 1 } }, onError: (e) => { throw e; },
-      onDone: (r) => {
-        const [t1, t2] = r.tokens;
-        const m = seen.get(t1) ?? new Map<number, number>();
-        m.set(t2, (m.get(t2) ?? 0) + 1);
-        seen.set(t1, m);
-        drafted += r.speculation!.drafted;
-        accepted += r.speculation!.accepted;
-      } });
-      while (scheduler.busy) scheduler.step();
+    let drafted = 0, kept = 0;
+    try {
+      for (let seed = 0; seed < 3000; seed++) {
+        scheduler.submit({ prompt, options: { maxTokens: 3, sampling: { ...sampling, seed },
+          speculation: { mode: "draft", draftMax: 1 } }, onError: (e) => { throw e; },
+        onDone: (r) => {
+          const [t1, t2] = r.tokens;
+          const m = seen.get(t1) ?? new Map<number, number>();
+          m.set(t2, (m.get(t2) ?? 0) + 1);
+          seen.set(t1, m);
+          drafted += r.speculation!.drafted;
+          kept += r.speculation!.accepted;
+        } });
+        while (scheduler.busy) scheduler.step();
+      }
+    } finally {
+      drafter.close();
+      engine.close();
+      rmSync(dir, { recursive: true, force: true });
     }
-    drafter.close();
-    engine.close();
     expect(drafted).toBe(3000); // one draft verified per run: the second token's
-    expect(accepted).toBeGreaterThan(300);
-    expect(accepted).toBeLessThan(2700);
+    expect(kept).toBeGreaterThan(300);
+    expect(kept).toBeLessThan(2700);
     // The second token after the most frequent first one, against the target's own distribution.
     const [t1, counts] = [...seen.entries()].sort((a, b) => total(b[1]) - total(a[1]))[0];
-    const n = total(counts);
-    expect(n).toBeGreaterThan(500);
+    expect(total(counts)).toBeGreaterThan(500);
     tiny.reference.reset();
     const logits = tiny.reference.evaluate([...prompt, t1]);
     const target = new Sampler({ ...defaultSampling, ...sampling, seed: 0 }).distribution(logits);
-    let chi2 = 0;
-    target.ids.forEach((id, i) => {
-      const expected = n * target.probs[i];
-      chi2 += (((counts.get(id) ?? 0) - expected) ** 2) / expected;
-    });
-    expect([...counts.keys()].every((id) => target.ids.includes(id))).toBe(true);
-    // df = 5 (six candidates): 20.52 is the 0.999 quantile
     expect(target.ids.length).toBe(6);
-    expect(chi2).toBeLessThan(20.52);
+    expect(chiSquare(counts, target)).toBeLessThan(CHI2_DF5_999);
   }, 120_000);
 });
 

@@ -33,6 +33,9 @@
 // A sequence with speculation (speculation.ts) decodes its sampled token and the tokens drafted
 // after it as consecutive rows of the same step, all with logits; it keeps the drafted tokens
 // its sampler chooses itself and drops the cache back past the first it does not (sampleRow).
+// A sampled sequence's draft-model tokens are drawn, not greedy; their rows are judged by the
+// speculative-sampling rule (Generation.next with the draft's distribution), whose kept tokens
+// are likewise those equal to the drafted ones.
 import { InferError } from "../errors.ts";
 import type { SequenceRows } from "../model/model.ts";
 import { Pooler, type Pooling } from "../model/pooling.ts";
@@ -43,6 +46,7 @@ import {
 } from "./kv-cache.ts";
 import type { DraftModel } from "./draft-model.ts";
 import { lookupDraft, PassCost, SequenceSpeculation } from "./speculation.ts";
+import { Sampler, type TokenDistribution } from "../sample/sampler.ts";
 import {
   PrefixCache, type PrefixCacheOptions, type PrefixCacheStats, type PrefixChain,
 } from "./prefix-cache.ts";
@@ -127,6 +131,13 @@ class Sequence {
   rejected = false;
   readonly spec: SequenceSpeculation | null;
   /**
+   * A sampled sequence's draft-model sampler (its options, a generator of its own), and the
+   * distribution each drafted token of this step was drawn from; null: drafts are greedy or
+   * prompt lookup's, which the accept-if-sampled rule verifies.
+   */
+  readonly draftSampler: Sampler | null = null;
+  draftProbs: TokenDistribution[] = [];
+  /**
    * The context shifted under it: its cache no longer holds what evaluating its history would
    * give, so none of it goes to the prefix cache or to a later prompt.
    */
@@ -136,6 +147,12 @@ class Sequence {
     readonly generation: Generation | null, readonly pooler: Pooler | null) {
     const o = generation ? (request as SequenceRequest).options.speculation : undefined;
     this.spec = o && o.mode !== "off" ? new SequenceSpeculation(o) : null;
+    const sampling = generation ? (request as SequenceRequest).options.sampling : null;
+    if (o?.mode === "draft" && sampling && sampling.temperature > 0) {
+      // Seeded requests stay reproducible: the drafter's own generator, from the same seed.
+      const seed = sampling.seed >= 0 ? (sampling.seed ^ 0x5bd1e995) >>> 0 : -1;
+      this.draftSampler = new Sampler({ ...sampling, seed });
+    }
   }
 
   interrupted(): boolean {
@@ -316,7 +333,9 @@ export class BatchScheduler {
     if (s.pending === null) generation.promptDone(s.prompt.length - s.restored);
     let token: number | null;
     try {
-      token = generation.next(logits, position + 1);
+      const sampledDraft = i < s.draftProbs.length
+        ? { token: s.draft[i], q: s.draftProbs[i] } : undefined;
+      token = generation.next(logits, position + 1, sampledDraft);
     } catch (err) { // this sequence's own failure: the others go on
       s.error = err as Error;
       token = null;
@@ -337,6 +356,7 @@ export class BatchScheduler {
     for (const s of this.running) {
       if (s.draft.length > 0) s.spec?.verified(s.draft.length, s.accepted);
       s.draft = [];
+      s.draftProbs = [];
       s.accepted = 0;
       s.rejected = false;
     }
@@ -352,6 +372,7 @@ export class BatchScheduler {
     let spare = maxBatch - this.running.filter((s) => s.pending !== null).length;
     for (const s of this.running) {
       s.draft = [];
+      s.draftProbs = [];
       if (!s.spec || s.pending === null || s.ended || spare <= 0) continue;
       const g = s.generation!; // only generating sequences have speculation
       const room = Math.min(spare, context - s.length - 1, g.tokensLeft - 1);
@@ -362,7 +383,7 @@ export class BatchScheduler {
       if (k <= 0) continue;
       const history = s.slot.history;
       history[s.length] = s.pending;
-      s.draft = drafter ? drafter.draft(s.slot, history, s.length + 1, k)
+      s.draft = drafter ? drafter.draft(s.slot, history, s.length + 1, k, s.draftSampler, s.draftProbs)
         : lookupDraft(history, s.length + 1, k);
       spare -= s.draft.length;
     }
