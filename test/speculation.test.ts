@@ -8,22 +8,28 @@
 // a sampling draft model over 3,000 seeds, against the target's distribution. A fixed pass cost makes the drafting deterministic (it would
 // otherwise follow the timings). On the default model: the llama.cpp golden fixture's tokens with
 // speculation on, and a long grounded prompt's answer equal to the one without, with drafts
-// accepted. On CUDA (skipped without a GPU): greedy with drafts equals greedy without.
+// accepted. On CUDA (skipped without a GPU): greedy with drafts equals greedy without, the
+// verification passes taking their argmaxes on the device (emulated on the CPU here too).
 import { describe, expect, test } from "bun:test";
-import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdtempSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { speculationLoad } from "../ts/cli/options.ts";
+import { withSettings } from "../ts/config/env.ts";
 import { DraftModel } from "../ts/engine/draft-model.ts";
+import { ensureSelfDraft, resolveDraftModel, selfDraftPath } from "../ts/engine/self-draft.ts";
+import { openGguf } from "../ts/gguf/reader.ts";
+import { GgmlType } from "../ts/gguf/types.ts";
 import { Engine } from "../ts/engine/engine.ts";
 import type { GenerateOptions, GenerateResult } from "../ts/engine/generation.ts";
 import { BatchScheduler, type SchedulerOptions } from "../ts/engine/scheduler.ts";
 import {
-  checkSpeculation, lookupDraft, PassCost, SequenceSpeculation,
+  checkSpeculation, lookupDraft, PassCost, SELF_DRAFT, SequenceSpeculation,
 } from "../ts/engine/speculation.ts";
 import { defaultModelPath } from "../ts/models/cache.ts";
 import { cudaStatus } from "../ts/native/cuda.ts";
 import { JsonGrammar } from "../ts/sample/json-grammar.ts";
-import { defaultSampling, Sampler, seededRandom } from "../ts/sample/sampler.ts";
+import { argmax, defaultSampling, Sampler, seededRandom } from "../ts/sample/sampler.ts";
 import { compileSchema } from "../ts/sample/json-schema.ts";
 import { referenceGenerate } from "./support/reference-generate.ts";
 import { tinyGemma3Gguf } from "./support/tiny-gguf.ts";
@@ -31,6 +37,7 @@ import { tinySchedulerModel, toyPrompt } from "./support/tiny-scheduler.ts";
 
 const EOS = 1;
 const greedy = { temperature: 0, topK: 0, topP: 1, minP: 0, seed: 0, logitBias: new Map([[EOS, -Infinity]]) };
+const plainGreedy = { temperature: 0, topK: 0, topP: 1, minP: 0, seed: 0 };
 const ngram = { mode: "ngram" as const };
 const cheapRows = (rows: number) => 1 + 0.05 * (rows - 1);
 const tiny = tinySchedulerModel();
@@ -313,6 +320,126 @@ describe("speculative sampling keeps the model's distribution", () => {
   }, 120_000);
 });
 
+describe("greedy verification with the argmax on the device (emulated on the CPU)", () => {
+  // The CPU backend given the DeviceGreedy calls CUDA has, each done on the host: the scheduler
+  // and the LM head take the path CUDA takes (a lone greedy sequence a step ahead; verification
+  // passes handing back ids, never logits), so its plumbing is checked without a GPU.
+  function emulateDevice(engine: Engine): { rowCalls: number[]; logitReads: () => number } {
+    const be = engine.backend, queued: number[] = [], rowCalls: number[] = [];
+    let kept = 0, reads = 0;
+    const read = be.read.bind(be);
+    be.read = (x, rows) => {
+      if (x.cols === engine.model.info.vocabSize) reads += rows;
+      return read(x, rows);
+    };
+    const argmaxOf = (x: Parameters<typeof be.read>[0], rows: number) => {
+      const v = read(x, rows), n = x.cols;
+      return Int32Array.from({ length: rows }, (_, r) => argmax(v.subarray(r * n, (r + 1) * n)));
+    };
+    Object.defineProperty(be, "deviceGreedy", { value: {
+      argmaxToken: (logits: Parameters<typeof be.read>[0]) => {
+        kept = argmaxOf(logits, 1)[0];
+        queued.push(kept);
+      },
+      keepTokens: (dst: Parameters<typeof be.read>[0], count: number) => be.setTokens(dst, [kept], count),
+      takeToken: () => queued.shift()!,
+      dropTokens: () => { queued.length = 0; },
+      argmaxRows: (logits: Parameters<typeof be.read>[0], rows: number) => {
+        rowCalls.push(rows);
+        return argmaxOf(logits, rows);
+      },
+    } });
+    return { rowCalls, logitReads: () => reads };
+  }
+
+  test("one sequence and three at once: the tokens plain decoding gives; verification reads ids only", () => {
+    for (const slots of [1, 3]) {
+      const engine = tiny.open();
+      const device = emulateDevice(engine);
+      const scheduler = new BatchScheduler(engine, { slots, prefillChunk: 16, prefixCache: null,
+        passCost: cheapRows });
+      // Plain greedy (no bias: a biased sequence is sampled on the host), EOS ignored instead.
+      const jobs: Job[] = [0, 1, 2].map((i) => ({ prompt: toyPrompt(30 + 50 * i, 400 + i),
+        options: { maxTokens: 120, sampling: plainGreedy, ignoreEos: true,
+          speculation: { mode: "ngram", draftMax: 8 } } }));
+      const results: GenerateResult[] = [];
+      jobs.forEach((j, i) => scheduler.submit({ prompt: j.prompt,
+        options: { maxTokens: 8, sampling: greedy, ...j.options },
+        onDone: (r) => (results[i] = r), onError: (e) => { throw e; } }));
+      let readsBefore = 0, verifyReads = 0;
+      while (scheduler.busy) {
+        readsBefore = device.logitReads();
+        const calls = device.rowCalls.length;
+        scheduler.step();
+        // a step that took argmaxes of rows read no logits
+        if (device.rowCalls.length > calls) verifyReads += device.logitReads() - readsBefore;
+      }
+      engine.close();
+      for (let i = 0; i < jobs.length; i++) {
+        expect([slots, i, results[i].tokens]).toEqual([slots, i, alone(jobs[i]).tokens]);
+      }
+      expect(accepted(results)).toBeGreaterThan(20);
+      expect(device.rowCalls.some((rows) => rows > 1)).toBe(true);
+      expect(verifyReads).toBe(0);
+    }
+  }, 120_000);
+});
+
+describe("self-speculation: the model's own Q4_0 copy drafts", () => {
+  test("made once with every matrix Q4_0 (the LM head too), cached by the file, and it drafts", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "infer-spec-self-"));
+    try {
+      const model = join(dir, "tiny.gguf");
+      writeFileSync(model, tinyGemma3Gguf({ shape: { layers: 3, embedding: 64, feedForward: 128,
+        heads: 4, kvHeads: 2, headDim: 32 }, branchGain: 16 }));
+      const path = await withSettings({ INFER_CACHE: join(dir, "cache") },
+        () => resolveDraftModel(SELF_DRAFT, model, true));
+      expect(path.startsWith(join(dir, "cache", "drafts"))).toBe(true);
+      const mtime = statSync(path).mtimeMs;
+      expect(withSettings({ INFER_CACHE: join(dir, "cache") }, () => ensureSelfDraft(model))).toBe(path);
+      expect(statSync(path).mtimeMs).toBe(mtime); // not made again
+      const file = openGguf(path);
+      const matrices = [...file.tensors.values()].filter((t) => t.dims.length === 2);
+      expect(matrices.length).toBeGreaterThan(0);
+      expect(matrices.every((t) => t.type.id === GgmlType.Q4_0)).toBe(true); // token_embd (the head) too
+      file.close();
+      // A changed model file is another copy.
+      writeFileSync(model, tinyGemma3Gguf({ shape: { layers: 3, embedding: 64, feedForward: 128,
+        heads: 4, kvHeads: 2, headDim: 32 }, branchGain: 12 }));
+      expect(withSettings({ INFER_CACHE: join(dir, "cache") }, () => selfDraftPath(model))).not.toBe(path);
+      // It drafts for the F32 model, greedy: the tokens are the model's own.
+      const engine = Engine.open({ modelPath: model, contextLength: 512, batch: 16, threads: 2, backend: "cpu" });
+      const drafter = new DraftModel(Engine.open({ modelPath: ensureSelfDraftIn(dir, model),
+        contextLength: 512, batch: 16, threads: 2, backend: "cpu" }), engine);
+      const scheduler = new BatchScheduler(engine, { slots: 1, prefixCache: null, passCost: cheapRows,
+        draftModel: drafter });
+      const prompt = toyPrompt(40, 3);
+      let got: GenerateResult | null = null;
+      scheduler.submit({ prompt, options: { maxTokens: 60, sampling: greedy,
+        speculation: { mode: "draft", draftMax: 4 } }, onDone: (r) => (got = r), onError: (e) => { throw e; } });
+      while (scheduler.busy) scheduler.step();
+      const want = engine.generate(prompt, { maxTokens: 60, sampling: greedy, reuseCache: false });
+      drafter.close();
+      engine.close();
+      expect(got!.tokens).toEqual(want.tokens);
+      expect(got!.speculation!.accepted).toBeGreaterThan(got!.speculation!.drafted / 4);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  }, 120_000);
+
+  test("--spec self is --spec draft --draft-model self; with another draft model it is refused", () => {
+    expect(speculationLoad({ spec: "self" })).toEqual({ speculation: "draft", draftModel: SELF_DRAFT });
+    expect(speculationLoad({ spec: "self", "draft-max": "4" }))
+      .toEqual({ speculation: "draft", draftMax: 4, draftModel: SELF_DRAFT });
+    expect(() => speculationLoad({ spec: "self", "draft-model": "x.gguf" })).toThrow(/drop --draft-model/);
+  });
+});
+
+function ensureSelfDraftIn(dir: string, model: string): string {
+  return withSettings({ INFER_CACHE: join(dir, "cache") }, () => ensureSelfDraft(model));
+}
+
 function total(m: Map<number, number>): number {
   let n = 0;
   for (const v of m.values()) n += v;
@@ -373,10 +500,19 @@ describe.skipIf(!cudaStatus().available)("speculation on CUDA", () => {
       const path = join(dir, "tiny.gguf");
       writeFileSync(path, tinyGemma3Gguf({ branchGain: 16, shape: { layers: 3, embedding: 128,
         feedForward: 256, heads: 4, kvHeads: 2, headDim: 32 } }));
+      let verifiedOnDevice = 0; // verification passes (several rows) whose argmaxes the device took
       const run = (mode: "off" | "ngram", slots: number) => {
         const engine = Engine.open({ modelPath: path, contextLength: 1024, batch: 16, backend: "cuda" });
+        const device = engine.backend.deviceGreedy!, argmaxRows = device.argmaxRows!;
+        Object.assign(device, { argmaxRows: (logits: never, rows: number) => {
+          if (rows > 1) verifiedOnDevice++;
+          return argmaxRows(logits, rows);
+        } });
+        // Plain greedy (a biased sequence is sampled on the host), so verification passes take
+        // their argmaxes on the device; EOS ignored instead of banned.
         const jobs: Job[] = [0, 1, 2].map((i) => ({ prompt: toyPrompt(30 + 50 * i, 400 + i),
-          options: { maxTokens: 200, speculation: { mode, draftMax: 8 } } }));
+          options: { maxTokens: 200, sampling: plainGreedy, ignoreEos: true,
+            speculation: { mode, draftMax: 8 } } }));
         const results: GenerateResult[] = [];
         const scheduler = new BatchScheduler(engine, { slots, prefixCache: null, passCost: cheapRows });
         jobs.forEach((j, i) => scheduler.submit({ prompt: j.prompt,
@@ -387,9 +523,14 @@ describe.skipIf(!cudaStatus().available)("speculation on CUDA", () => {
         return results;
       };
       for (const slots of [1, 3]) {
-        const off = run("off", slots), on = run("ngram", slots);
+        const off = run("off", slots);
+        expect(verifiedOnDevice).toBe(0);
+        const on = run("ngram", slots);
         for (let i = 0; i < off.length; i++) expect([slots, i, on[i].tokens]).toEqual([slots, i, off[i].tokens]);
         expect(accepted(on)).toBeGreaterThan(0);
+        // the verification passes' argmaxes were taken on the device (ids back, not logits)
+        expect(verifiedOnDevice).toBeGreaterThan(0);
+        verifiedOnDevice = 0;
       }
     } finally {
       rmSync(dir, { recursive: true, force: true });

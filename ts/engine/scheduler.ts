@@ -22,7 +22,9 @@
 // burst of requests with one system prompt evaluates it once.
 //
 // A lone sequence decoding greedily on a backend that takes the argmax on the device (CUDA)
-// runs a step ahead of the host (deviceStep), until another sequence joins it or it ends.
+// runs a step ahead of the host (deviceStep), until another sequence joins it or it ends. A
+// verification pass whose logit rows are all greedy takes their argmaxes there too, and reads
+// back only the ids.
 //
 // An embedding is a sequence too: its prompt rows are evaluated in the same batches as everyone
 // else's (prompt rows never need logits), the last hidden state of each row is pooled as it
@@ -188,6 +190,8 @@ export class BatchScheduler {
   private readonly prefillChunk: number;
   private readonly tokens: Int32Array;
   private readonly deviceGreedy: boolean;
+  /** Greedy verification passes take their rows' argmaxes on the device (hostStep). */
+  private readonly deviceArgmax: boolean;
   /** The lone greedy sequence whose next token a queued device step computes (deviceStep). */
   private ahead: Sequence | null = null;
   private steps = 0;
@@ -221,6 +225,7 @@ export class BatchScheduler {
     this.free.push(...this.slots);
     this.deviceGreedy = (o.deviceGreedy ?? true) &&
       be.deviceGreedy !== undefined;
+    this.deviceArgmax = this.deviceGreedy && be.deviceGreedy?.argmaxRows !== undefined;
     this.prefix = o.prefixCache === null || !be.copyKv ? null
       : new PrefixCache(be, model.info.kvShapes, engine.cache.type, o.prefixCache);
   }
@@ -298,9 +303,19 @@ export class BatchScheduler {
         if (s.pooler!.complete) s.ended = true;
       },
     };
+    // A verification pass whose rows are all greedy, on a backend that takes argmaxes on the
+    // device: only the rows' token ids come back, not K+1 rows of logits.
+    const argmaxSink = this.deviceArgmax && plan.logits.some((row) => row.i > 0) &&
+      plan.logits.every((row) => row.s.generation!.greedy)
+      ? (firstRow: number, rows: number, ids: Int32Array) => {
+        for (let r = 0; r < rows; r++) {
+          const row = plan.logits[firstRow - firstLogitRow + r];
+          this.sampleRow(row.s, row.i, row.position, null, ids[r]);
+        }
+      } : undefined;
     try {
       this.engine.model.forwardBatch(
-        { tokens: this.tokens, segments: plan.segments, logitRows: plan.logits.length, hidden },
+        { tokens: this.tokens, segments: plan.segments, logitRows: plan.logits.length, hidden, argmaxSink },
         (firstRow, rows, logits) => {
           for (let r = 0; r < rows; r++) {
             const row = plan.logits[firstRow - firstLogitRow + r];
@@ -325,9 +340,11 @@ export class BatchScheduler {
    * `position`): the token after its prompt, after its pending token (i = 0), or after drafted
    * token i - 1, which was accepted if this row is reached. A token that differs from the
    * drafted one at i is the sequence's next pending token; the rows after it were evaluated for
-   * drafted tokens that are not the sequence's, and the cache drops back past them.
+   * drafted tokens that are not the sequence's, and the cache drops back past them. Without
+   * logits, `argmax` is the row's greedy token, taken on the device.
    */
-  private sampleRow(s: Sequence, i: number, position: number, logits: Float32Array): void {
+  private sampleRow(s: Sequence, i: number, position: number, logits: Float32Array | null,
+    argmax = -1): void {
     if (s.ended || s.rejected) return;
     const generation = s.generation!; // rows with logits are generating sequences'
     if (s.pending === null) generation.promptDone(s.prompt.length - s.restored);
@@ -335,7 +352,9 @@ export class BatchScheduler {
     try {
       const sampledDraft = i < s.draftProbs.length
         ? { token: s.draft[i], q: s.draftProbs[i] } : undefined;
-      token = generation.next(logits, position + 1, sampledDraft);
+      // logits null: the device took the row's argmax (a greedy sequence; see hostStep)
+      token = logits ? generation.next(logits, position + 1, sampledDraft)
+        : generation.accept(argmax, position + 1);
     } catch (err) { // this sequence's own failure: the others go on
       s.error = err as Error;
       token = null;
