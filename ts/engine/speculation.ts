@@ -37,6 +37,9 @@ export interface SpeculationOptions {
 
 export const defaultDraftMax = 16;
 
+/** The draft model (--draft-model, --spec self) that is the model's own Q4_0 copy (self-draft.ts). */
+export const SELF_DRAFT = "self";
+
 /**
  * Speculation when a request names none: prompt lookup on the CPU, where it was measured never
  * to cost more than the timing noise (bench/results/speculative.md); off on the GPU backends
