@@ -358,9 +358,11 @@ describe("greedy verification with the argmax on the device (emulated on the CPU
       const device = emulateDevice(engine);
       const scheduler = new BatchScheduler(engine, { slots, prefillChunk: 16, prefixCache: null,
         passCost: cheapRows });
-      // Plain greedy (no bias: a biased sequence is sampled on the host), EOS ignored instead.
-      const jobs: Job[] = [0, 1, 2].map((i) => ({ prompt: toyPrompt(30 + 50 * i, 400 + i),
-        options: { maxTokens: 120, sampling: plainGreedy, ignoreEos: true,
+      // Plain greedy (no bias: a biased sequence is sampled on the host), EOS ignored instead;
+      // a fourth, sampled, sequence makes the steps it shares take the host's logits path.
+      const jobs: Job[] = [0, 1, 2, 3].map((i) => ({ prompt: toyPrompt(30 + 50 * i, 400 + i),
+        options: { maxTokens: i === 3 ? 40 : 120, ignoreEos: true,
+          sampling: i === 3 ? { ...plainGreedy, temperature: 0.8, seed: 9 } : plainGreedy,
           speculation: { mode: "ngram", draftMax: 8 } } }));
       const results: GenerateResult[] = [];
       jobs.forEach((j, i) => scheduler.submit({ prompt: j.prompt,
