@@ -7,7 +7,9 @@
 // without drafts (--spec-draft-n-max 0) and with them (the same draft max).
 //   bun bench/speculative.ts [--threads 2] [--runs 3] [--tokens 192] [--draft-max 16]
 //     [--model PATH] [--backend cpu|cuda] [--tasks all|grounded|open|repeated]
-//     [--draft-model PATH]   (adds a column: that model drafting, e.g. a Q4_0 copy of a Q8_0 model)
+//     [--draft-model PATH|self]   (adds a column: that model drafting, e.g. a Q4_0 copy of a Q8_0
+//                                  model; self: the model's own all-Q4_0 copy, cached)
+//     [--force-draft]   (the draft model drafts at every step: its acceptance where it would not pay)
 //     [--peer ~/.cache/infer-peers/llama.cpp/build-lookup/bin/llama-lookup]
 // On random-weight models (bench/random-model.ts) only the repeated-text task means anything:
 // random weights repeat what they saw, and drafts hold there as on real text.
@@ -18,6 +20,7 @@ import { join } from "node:path";
 import type { BackendKind } from "../ts/backend/select.ts";
 import { Engine } from "../ts/engine/engine.ts";
 import { DraftModel } from "../ts/engine/draft-model.ts";
+import { resolveDraftModel } from "../ts/engine/self-draft.ts";
 import type { GenerateResult } from "../ts/engine/generation.ts";
 import { BatchScheduler } from "../ts/engine/scheduler.ts";
 import type { SpeculationMode } from "../ts/engine/speculation.ts";
@@ -63,32 +66,46 @@ const tasks = which === "repeated" ? [repeated] : which === "open" ? open
   : which === "grounded" ? [...grounded, repeated] : [...grounded, repeated, ...open];
 
 const engine = Engine.open({ modelPath, threads, backend, contextLength: 2048 });
-const drafter = draftPath ? new DraftModel(Engine.open({ modelPath: draftPath, threads, backend,
+// --draft-model self: the model's own Q4_0 copy (every matrix, the LM head too), made and cached
+const drafter = draftPath ? new DraftModel(Engine.open({
+  modelPath: await resolveDraftModel(draftPath, modelPath), threads, backend,
   contextLength: 2048 }), engine) : null;
 // The engine's path (Engine.generate's one-slot scheduler), with the draft model when there is one.
 const scheduler = new BatchScheduler(engine, { slots: 1, prefixCache: null, draftModel: drafter });
+// --force-draft: the draft model's runs with a pass cost that makes every draft look worth it,
+// so its acceptance and tokens per pass are measured where the timed choice would not draft.
+const forceDraft = process.argv.includes("--force-draft");
+const draftScheduler = forceDraft
+  ? new BatchScheduler(engine, { slots: 1, prefixCache: null, draftModel: drafter,
+    passCost: (rows) => 1 + 0.05 * (rows - 1) })
+  : scheduler;
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[xs.length >> 1];
 const generate = (prompt: string, mode: SpeculationMode): GenerateResult => {
   let result: GenerateResult | null = null;
-  scheduler.submit({ prompt: engine.tokenizer.encode(prompt, { addSpecial: true, parseSpecial: true }),
+  const request = { prompt: engine.tokenizer.encode(prompt, { addSpecial: true, parseSpecial: true }),
     options: { maxTokens, ignoreEos: true, reuseCache: false,
       sampling: { temperature: 0, topK: 0, topP: 1, minP: 0, seed: 0 },
       speculation: { mode, draftMax } },
-    onDone: (r) => (result = r), onError: (e) => { throw e; } });
-  while (scheduler.busy) scheduler.step();
+    onDone: (r: GenerateResult) => (result = r), onError: (e: Error) => { throw e; } };
+  const runner = mode === "draft" ? draftScheduler : scheduler;
+  runner.submit(request);
+  while (runner.busy) runner.step();
   return result!;
 };
+/** Generated tokens per forward pass: a pass yields its kept drafts and one token more. */
+const perPass = (r: GenerateResult) => r.tokens.length / (r.tokens.length - r.speculation!.accepted);
 const rate = (r: GenerateResult) => (r.tokens.length - 1) / (r.generateMs / 1000);
 
 generate("Warming up the weights and the pass-cost estimate.", "ngram");
 if (drafter) generate("Warming up the draft model.", "draft");
-const draftCols = drafter ? " draft tok/s | × off | draft accepted |" : "";
+const draftCols = drafter ? " draft tok/s | × off | draft accepted | draft tokens / pass |" : "";
 const lines = [
   `model ${modelPath}; backend ${engine.backend.name}; threads ${threads}; ${maxTokens} tokens ` +
-  `greedy (end-of-generation ignored); draft max ${draftMax}; median of ${runs} runs`, "",
+  `greedy (end-of-generation ignored); draft max ${draftMax}; median of ${runs} runs` +
+  (drafter ? `; draft model ${draftPath}${forceDraft ? " (forced to draft)" : ""}` : ""), "",
   "| task | prompt tokens | off tok/s | ngram tok/s | × off | accepted | tokens / pass | same tokens |" +
     draftCols + (peer ? " llama.cpp off tok/s | llama-lookup tok/s | × |" : ""),
-  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | :---: |" + (drafter ? " ---: | ---: | ---: |" : "") +
+  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | :---: |" + (drafter ? " ---: | ---: | ---: | ---: |" : "") +
     (peer ? " ---: | ---: | ---: |" : ""),
 ];
 const ratios = { grounded: [] as number[], open: [] as number[], draft: [] as number[] };
@@ -111,7 +128,7 @@ for (const task of tasks) {
     last = b;
     promptTokens = a.promptTokens.length;
   }
-  const s = last!.speculation!, n = last!.tokens.length;
+  const s = last!.speculation!;
   const ratio = median(on) / median(off);
   (task.grounded ? ratios.grounded : ratios.open).push(ratio);
   const peerOff = peer ? lookupPeer(task.prompt, 0) : null;
@@ -123,10 +140,10 @@ for (const task of tasks) {
     const draftRatio = median(drafted) / median(off);
     if (task.grounded) ratios.draft.push(draftRatio);
     draftCells = ` ${median(drafted).toFixed(1)} | ${draftRatio.toFixed(2)}× | ` +
-      `${accepted(lastDraft.speculation!)} |`;
+      `${accepted(lastDraft.speculation!)} | ${perPass(lastDraft).toFixed(2)} |`;
   }
   lines.push(`| ${task.name} | ${promptTokens} | ${median(off).toFixed(1)} | ${median(on).toFixed(1)} | ` +
-    `${ratio.toFixed(2)}× | ${accepted(s)} | ${(n / (n - s.accepted)).toFixed(2)} | ` +
+    `${ratio.toFixed(2)}× | ${accepted(s)} | ${perPass(last!).toFixed(2)} | ` +
     `${same ? "yes" : "NO"} |${draftCells}${peerCells}`);
 }
 const geo = (xs: number[]) => Math.exp(xs.reduce((a, x) => a + Math.log(x), 0) / xs.length);

@@ -130,7 +130,7 @@ describe("a mistake in the command line is one line and exit 2", () => {
     [["models", "rm"], /^infer models: give the model to remove: infer models rm NAME/],
     [["pull"], /^infer pull: give the model to pull: org\/repo\[:QUANT\]/],
     [["pull", "./x.gguf"], /^infer pull: "\.\/x\.gguf" is not a Hub model: give org\/repo, /],
-    [["hi", "--spec", "lookahead"], /^infer: --spec must be one of ngram, draft, off, got "lookahead"/],
+    [["hi", "--spec", "lookahead"], /^infer: --spec must be one of ngram, draft, self, off, got "lookahead"/],
     [["hi", "--spec", "draft"], /^infer: --spec draft needs --draft-model PATH/],
     [["chat", "--draft-max", "0"], /--draft-max must be an integer from 1 to 64, got "0"/],
     [["serve", "--draft-max", "65"], /--draft-max must be an integer from 1 to 64, got "65"/],

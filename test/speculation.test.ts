@@ -3,26 +3,33 @@
 // draft model), several at once, give exactly the tokens each gives alone without them (the
 // reference engine, one token a pass), greedy and seeded sampling with stop strings, penalties
 // and a JSON grammar; drafts are rejected and the cache rolled back many times, across ring
-// wraps. A chi-square test over 3,000 seeds checks the token drawn after a verified draft against
-// the target's distribution. A fixed pass cost makes the drafting deterministic (it would
+// wraps. Chi-square tests check the speculative-sampling rule for a drafter that samples: on two
+// fixed distributions (where a broken rule fails the same statistic), and on the tiny model with
+// a sampling draft model over 3,000 seeds, against the target's distribution. A fixed pass cost makes the drafting deterministic (it would
 // otherwise follow the timings). On the default model: the llama.cpp golden fixture's tokens with
 // speculation on, and a long grounded prompt's answer equal to the one without, with drafts
-// accepted. On CUDA (skipped without a GPU): greedy with drafts equals greedy without.
+// accepted. On CUDA (skipped without a GPU): greedy with drafts equals greedy without, the
+// verification passes taking their argmaxes on the device (emulated on the CPU here too).
 import { describe, expect, test } from "bun:test";
-import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdtempSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { speculationLoad } from "../ts/cli/options.ts";
+import { withSettings } from "../ts/config/env.ts";
 import { DraftModel } from "../ts/engine/draft-model.ts";
+import { ensureSelfDraft, resolveDraftModel, selfDraftPath } from "../ts/engine/self-draft.ts";
+import { openGguf } from "../ts/gguf/reader.ts";
+import { GgmlType } from "../ts/gguf/types.ts";
 import { Engine } from "../ts/engine/engine.ts";
 import type { GenerateOptions, GenerateResult } from "../ts/engine/generation.ts";
 import { BatchScheduler, type SchedulerOptions } from "../ts/engine/scheduler.ts";
 import {
-  checkSpeculation, lookupDraft, PassCost, SequenceSpeculation,
+  checkSpeculation, lookupDraft, PassCost, SELF_DRAFT, SequenceSpeculation,
 } from "../ts/engine/speculation.ts";
 import { defaultModelPath } from "../ts/models/cache.ts";
 import { cudaStatus } from "../ts/native/cuda.ts";
 import { JsonGrammar } from "../ts/sample/json-grammar.ts";
-import { defaultSampling, Sampler } from "../ts/sample/sampler.ts";
+import { argmax, defaultSampling, Sampler, seededRandom } from "../ts/sample/sampler.ts";
 import { compileSchema } from "../ts/sample/json-schema.ts";
 import { referenceGenerate } from "./support/reference-generate.ts";
 import { tinyGemma3Gguf } from "./support/tiny-gguf.ts";
@@ -30,6 +37,7 @@ import { tinySchedulerModel, toyPrompt } from "./support/tiny-scheduler.ts";
 
 const EOS = 1;
 const greedy = { temperature: 0, topK: 0, topP: 1, minP: 0, seed: 0, logitBias: new Map([[EOS, -Infinity]]) };
+const plainGreedy = { temperature: 0, topK: 0, topP: 1, minP: 0, seed: 0 };
 const ngram = { mode: "ngram" as const };
 const cheapRows = (rows: number) => 1 + 0.05 * (rows - 1);
 const tiny = tinySchedulerModel();
@@ -163,8 +171,8 @@ describe("speculation on the tiny model: each sequence's tokens as without it", 
   }, 120_000);
 });
 
-describe("a draft model drafts greedily for every slot", () => {
-  test("the same tokens as alone, greedy and seeded, with the draft's caches kept per slot", () => {
+describe("a draft model for every slot", () => {
+  test("greedy: the same tokens as alone; sampled: its drawn drafts all kept (q = p); caches kept per slot", () => {
     const engine = tiny.open();
     const drafter = new DraftModel(tiny.open(), engine); // self-drafting: its drafts all hold
     const scheduler = new BatchScheduler(engine, { slots: 3, prefillChunk: 16, prefixCache: null,
@@ -179,10 +187,15 @@ describe("a draft model drafts greedily for every slot", () => {
       onDone: (r) => (results[i] = r), onError: (e) => { throw e; } }));
     while (scheduler.busy) scheduler.step();
     for (let i = 0; i < jobs.length; i++) {
-      expect(results[i].tokens).toEqual(alone(jobs[i]).tokens);
       const s = results[i].speculation!;
-      if (i % 2 === 0) expect(s.accepted).toBe(s.drafted); // greedy drafts of the same model
-      else expect(s.accepted).toBeGreaterThan(0);
+      // Self-drafting: the drafter's rows equal the target's bit for bit, so greedy drafts are
+      // the argmax, and drawn drafts have q = p, which the rule keeps with probability 1.
+      // The one exception: a sampled end-of-turn token ends the sequence in mid-draft.
+      if (results[i].stopReason === "eos") expect(s.drafted - s.accepted).toBeLessThan(6);
+      else expect(s.accepted).toBe(s.drafted);
+      expect(s.drafted).toBeGreaterThan(0);
+      // Sampled: drawn with the drafter's generator too, so other tokens than alone.
+      if (i % 2 === 0) expect(results[i].tokens).toEqual(alone(jobs[i]).tokens);
     }
     expect(() => scheduler.submit({ prompt: [2, 7], options: { maxTokens: 2, sampling: greedy,
       speculation: { mode: "draft" } }, onDone: () => {}, onError: () => {} })).not.toThrow();
@@ -198,54 +211,236 @@ describe("a draft model drafts greedily for every slot", () => {
 });
 
 describe("speculative sampling keeps the model's distribution", () => {
-  test("chi-square: the token after a verified draft, over 3000 seeds, follows the target's probabilities", () => {
-    // Self-drafting: the draft is the argmax, which sampling at temperature 1 often rejects, so
-    // both the accepted and the resampled branch are taken.
+  // df = 5 (six candidates): the chi-square statistic's 0.999 quantile
+  const CHI2_DF5_999 = 20.52;
+  const options = { ...defaultSampling, temperature: 0.9, topK: 6, topP: 1, minP: 0 };
+  const targetLogits = Float32Array.from([2.1, 1.7, 1.6, 0.4, 1.1, -0.3, 0.9, 0.2, -1, 0.5, 1.5, -2]);
+  const draftLogits = Float32Array.from([1.2, 2.2, 0.3, 1.4, 1.0, 0.8, -0.5, 0.1, 0.7, -1, 1.3, 0]);
+
+  function chiSquare(counts: Map<number, number>, want: { ids: number[]; probs: number[] }): number {
+    const n = total(counts);
+    let chi2 = 0;
+    want.ids.forEach((id, i) => {
+      const expected = n * want.probs[i];
+      chi2 += (((counts.get(id) ?? 0) - expected) ** 2) / expected;
+    });
+    // a token outside the target's candidates: expected 0, so no statistic holds it
+    for (const id of counts.keys()) if (!want.ids.includes(id)) chi2 = Infinity;
+    return chi2;
+  }
+
+  test("the rule on two distributions: 20,000 draws follow p; a broken rule fails the same test", () => {
+    const target = new Sampler({ ...options, seed: 1 }), drafter = new Sampler({ ...options, seed: 2 });
+    const p = target.distribution(targetLogits);
+    const pOf = (id: number) => p.probs[p.ids.indexOf(id)] ?? 0;
+    const right = new Map<number, number>(), acceptAll = new Map<number, number>();
+    const residualIgnored = new Map<number, number>();
+    const inc = (m: Map<number, number>, id: number) => m.set(id, (m.get(id) ?? 0) + 1);
+    let kept = 0;
+    const rand = seededRandom(3);
+    for (let i = 0; i < 20_000; i++) {
+      const { token: d, q } = drafter.sampleWithDistribution(draftLogits);
+      const t = target.speculate(targetLogits, undefined, d, q);
+      if (t === d) kept++;
+      inc(right, t);
+      inc(acceptAll, d); // broken: every draft kept
+      // broken: kept with min(1, p/q) as it should be, but a rejection draws from p itself
+      const qd = q.probs[Array.from(q.ids).indexOf(d)];
+      inc(residualIgnored, rand() * qd < pOf(d) ? d : target.sample(targetLogits));
+    }
+    expect(p.ids.length).toBe(6);
+    expect(chiSquare(right, p)).toBeLessThan(CHI2_DF5_999);
+    expect(chiSquare(acceptAll, p)).toBeGreaterThan(10 * CHI2_DF5_999);
+    expect(chiSquare(residualIgnored, p)).toBeGreaterThan(CHI2_DF5_999);
+    // the two distributions overlap: both branches of the rule are taken often
+    expect(kept).toBeGreaterThan(5_000);
+    expect(kept).toBeLessThan(15_000);
+  });
+
+  test("one-hot q (a deterministic drafter): the rule keeps the token with probability p", () => {
+    const target = new Sampler({ ...options, seed: 4 });
+    const p = target.distribution(targetLogits);
+    const q = { ids: Int32Array.of(p.ids[1]), probs: Float64Array.of(1) };
+    const counts = new Map<number, number>();
+    for (let i = 0; i < 20_000; i++) {
+      const t = target.speculate(targetLogits, undefined, p.ids[1], q);
+      counts.set(t, (counts.get(t) ?? 0) + 1);
+    }
+    expect(chiSquare(counts, p)).toBeLessThan(CHI2_DF5_999);
+  });
+
+  test("chi-square on the tiny model: a sampling draft model, 3000 seeds, the second token follows the target's probabilities", () => {
+    // The draft: the same random weights with another branch gain, so q is near p but not p,
+    // and drafts are both kept and rejected. Its tokens are drawn (not greedy), and judged by
+    // the speculative-sampling rule.
     const engine = tiny.open();
-    const drafter = new DraftModel(tiny.open(), engine);
+    const dir = mkdtempSync(join(tmpdir(), "infer-spec-draft-"));
+    const draftPath = join(dir, "draft.gguf");
+    writeFileSync(draftPath, tinyGemma3Gguf({ shape: { layers: 3, embedding: 64, feedForward: 128,
+      heads: 4, kvHeads: 2, headDim: 32 }, branchGain: 10 }));
+    const drafter = new DraftModel(Engine.open({ modelPath: draftPath, contextLength: 1024,
+      batch: 16, threads: 2, backend: "cpu" }), engine);
     const scheduler = new BatchScheduler(engine, { slots: 4, prefixCache: null, passCost: cheapRows,
       draftModel: drafter });
     const sampling = { temperature: 1, topK: 6, topP: 1, minP: 0, typicalP: 1, repeatPenalty: 1,
       logitBias: greedy.logitBias };
     const prompt = toyPrompt(24, 17);
     const seen = new Map<number, Map<number, number>>();
-    let drafted = 0, accepted = 0;
-    for (let seed = 0; seed < 3000; seed++) {
-      scheduler.submit({ prompt, options: { maxTokens: 3, sampling: { ...sampling, seed },
-        speculation: { mode: "draft", draftMax: 1 } }, onError: (e) => { throw e; },
-      onDone: (r) => {
-        const [t1, t2] = r.tokens;
-        const m = seen.get(t1) ?? new Map<number, number>();
-        m.set(t2, (m.get(t2) ?? 0) + 1);
-        seen.set(t1, m);
-        drafted += r.speculation!.drafted;
-        accepted += r.speculation!.accepted;
-      } });
-      while (scheduler.busy) scheduler.step();
+    let drafted = 0, kept = 0;
+    try {
+      for (let seed = 0; seed < 3000; seed++) {
+        scheduler.submit({ prompt, options: { maxTokens: 3, sampling: { ...sampling, seed },
+          speculation: { mode: "draft", draftMax: 1 } }, onError: (e) => { throw e; },
+        onDone: (r) => {
+          const [t1, t2] = r.tokens;
+          const m = seen.get(t1) ?? new Map<number, number>();
+          m.set(t2, (m.get(t2) ?? 0) + 1);
+          seen.set(t1, m);
+          drafted += r.speculation!.drafted;
+          kept += r.speculation!.accepted;
+        } });
+        while (scheduler.busy) scheduler.step();
+      }
+    } finally {
+      drafter.close();
+      engine.close();
+      rmSync(dir, { recursive: true, force: true });
     }
-    drafter.close();
-    engine.close();
     expect(drafted).toBe(3000); // one draft verified per run: the second token's
-    expect(accepted).toBeGreaterThan(300);
-    expect(accepted).toBeLessThan(2700);
+    expect(kept).toBeGreaterThan(300);
+    expect(kept).toBeLessThan(2700);
     // The second token after the most frequent first one, against the target's own distribution.
     const [t1, counts] = [...seen.entries()].sort((a, b) => total(b[1]) - total(a[1]))[0];
-    const n = total(counts);
-    expect(n).toBeGreaterThan(500);
+    expect(total(counts)).toBeGreaterThan(500);
     tiny.reference.reset();
     const logits = tiny.reference.evaluate([...prompt, t1]);
     const target = new Sampler({ ...defaultSampling, ...sampling, seed: 0 }).distribution(logits);
-    let chi2 = 0;
-    target.ids.forEach((id, i) => {
-      const expected = n * target.probs[i];
-      chi2 += (((counts.get(id) ?? 0) - expected) ** 2) / expected;
-    });
-    expect([...counts.keys()].every((id) => target.ids.includes(id))).toBe(true);
-    // df = 5 (six candidates): 20.52 is the 0.999 quantile
     expect(target.ids.length).toBe(6);
-    expect(chi2).toBeLessThan(20.52);
+    expect(chiSquare(counts, target)).toBeLessThan(CHI2_DF5_999);
   }, 120_000);
 });
+
+describe("greedy verification with the argmax on the device (emulated on the CPU)", () => {
+  // The CPU backend given the DeviceGreedy calls CUDA has, each done on the host: the scheduler
+  // and the LM head take the path CUDA takes (a lone greedy sequence a step ahead; verification
+  // passes handing back ids, never logits), so its plumbing is checked without a GPU.
+  function emulateDevice(engine: Engine): { rowCalls: number[]; logitReads: () => number } {
+    const be = engine.backend, queued: number[] = [], rowCalls: number[] = [];
+    let kept = 0, reads = 0;
+    const read = be.read.bind(be);
+    be.read = (x, rows) => {
+      if (x.cols === engine.model.info.vocabSize) reads += rows;
+      return read(x, rows);
+    };
+    const argmaxOf = (x: Parameters<typeof be.read>[0], rows: number) => {
+      const v = read(x, rows), n = x.cols;
+      return Int32Array.from({ length: rows }, (_, r) => argmax(v.subarray(r * n, (r + 1) * n)));
+    };
+    Object.defineProperty(be, "deviceGreedy", { value: {
+      argmaxToken: (logits: Parameters<typeof be.read>[0]) => {
+        kept = argmaxOf(logits, 1)[0];
+        queued.push(kept);
+      },
+      keepTokens: (dst: Parameters<typeof be.read>[0], count: number) => be.setTokens(dst, [kept], count),
+      takeToken: () => queued.shift()!,
+      dropTokens: () => { queued.length = 0; },
+      argmaxRows: (logits: Parameters<typeof be.read>[0], rows: number) => {
+        rowCalls.push(rows);
+        return argmaxOf(logits, rows);
+      },
+    } });
+    return { rowCalls, logitReads: () => reads };
+  }
+
+  test("one sequence and three at once: the tokens plain decoding gives; verification reads ids only", () => {
+    for (const slots of [1, 3]) {
+      const engine = tiny.open();
+      const device = emulateDevice(engine);
+      const scheduler = new BatchScheduler(engine, { slots, prefillChunk: 16, prefixCache: null,
+        passCost: cheapRows });
+      // Plain greedy (no bias: a biased sequence is sampled on the host), EOS ignored instead;
+      // a fourth, sampled, sequence makes the steps it shares take the host's logits path.
+      const jobs: Job[] = [0, 1, 2, 3].map((i) => ({ prompt: toyPrompt(30 + 50 * i, 400 + i),
+        options: { maxTokens: i === 3 ? 40 : 120, ignoreEos: true,
+          sampling: i === 3 ? { ...plainGreedy, temperature: 0.8, seed: 9 } : plainGreedy,
+          speculation: { mode: "ngram", draftMax: 8 } } }));
+      const results: GenerateResult[] = [];
+      jobs.forEach((j, i) => scheduler.submit({ prompt: j.prompt,
+        options: { maxTokens: 8, sampling: greedy, ...j.options },
+        onDone: (r) => (results[i] = r), onError: (e) => { throw e; } }));
+      let readsBefore = 0, verifyReads = 0;
+      while (scheduler.busy) {
+        readsBefore = device.logitReads();
+        const calls = device.rowCalls.length;
+        scheduler.step();
+        // a step that took argmaxes of rows read no logits
+        if (device.rowCalls.length > calls) verifyReads += device.logitReads() - readsBefore;
+      }
+      engine.close();
+      for (let i = 0; i < jobs.length; i++) {
+        expect([slots, i, results[i].tokens]).toEqual([slots, i, alone(jobs[i]).tokens]);
+      }
+      expect(accepted(results)).toBeGreaterThan(20);
+      expect(device.rowCalls.some((rows) => rows > 1)).toBe(true);
+      expect(verifyReads).toBe(0);
+    }
+  }, 120_000);
+});
+
+describe("self-speculation: the model's own Q4_0 copy drafts", () => {
+  test("made once with every matrix Q4_0 (the LM head too), cached by the file, and it drafts", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "infer-spec-self-"));
+    try {
+      const model = join(dir, "tiny.gguf");
+      writeFileSync(model, tinyGemma3Gguf({ shape: { layers: 3, embedding: 64, feedForward: 128,
+        heads: 4, kvHeads: 2, headDim: 32 }, branchGain: 16 }));
+      const path = await withSettings({ INFER_CACHE: join(dir, "cache") },
+        () => resolveDraftModel(SELF_DRAFT, model, true));
+      expect(path.startsWith(join(dir, "cache", "drafts"))).toBe(true);
+      const mtime = statSync(path).mtimeMs;
+      expect(withSettings({ INFER_CACHE: join(dir, "cache") }, () => ensureSelfDraft(model))).toBe(path);
+      expect(statSync(path).mtimeMs).toBe(mtime); // not made again
+      const file = openGguf(path);
+      const matrices = [...file.tensors.values()].filter((t) => t.dims.length === 2);
+      expect(matrices.length).toBeGreaterThan(0);
+      expect(matrices.every((t) => t.type.id === GgmlType.Q4_0)).toBe(true); // token_embd (the head) too
+      file.close();
+      // A changed model file is another copy.
+      writeFileSync(model, tinyGemma3Gguf({ shape: { layers: 3, embedding: 64, feedForward: 128,
+        heads: 4, kvHeads: 2, headDim: 32 }, branchGain: 12 }));
+      expect(withSettings({ INFER_CACHE: join(dir, "cache") }, () => selfDraftPath(model))).not.toBe(path);
+      // It drafts for the F32 model, greedy: the tokens are the model's own.
+      const engine = Engine.open({ modelPath: model, contextLength: 512, batch: 16, threads: 2, backend: "cpu" });
+      const drafter = new DraftModel(Engine.open({ modelPath: ensureSelfDraftIn(dir, model),
+        contextLength: 512, batch: 16, threads: 2, backend: "cpu" }), engine);
+      const scheduler = new BatchScheduler(engine, { slots: 1, prefixCache: null, passCost: cheapRows,
+        draftModel: drafter });
+      const prompt = toyPrompt(40, 3);
+      let got: GenerateResult | null = null;
+      scheduler.submit({ prompt, options: { maxTokens: 60, sampling: greedy,
+        speculation: { mode: "draft", draftMax: 4 } }, onDone: (r) => (got = r), onError: (e) => { throw e; } });
+      while (scheduler.busy) scheduler.step();
+      const want = engine.generate(prompt, { maxTokens: 60, sampling: greedy, reuseCache: false });
+      drafter.close();
+      engine.close();
+      expect(got!.tokens).toEqual(want.tokens);
+      expect(got!.speculation!.accepted).toBeGreaterThan(got!.speculation!.drafted / 4);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  }, 120_000);
+
+  test("--spec self is --spec draft --draft-model self; with another draft model it is refused", () => {
+    expect(speculationLoad({ spec: "self" })).toEqual({ speculation: "draft", draftModel: SELF_DRAFT });
+    expect(speculationLoad({ spec: "self", "draft-max": "4" }))
+      .toEqual({ speculation: "draft", draftMax: 4, draftModel: SELF_DRAFT });
+    expect(() => speculationLoad({ spec: "self", "draft-model": "x.gguf" })).toThrow(/drop --draft-model/);
+  });
+});
+
+function ensureSelfDraftIn(dir: string, model: string): string {
+  return withSettings({ INFER_CACHE: join(dir, "cache") }, () => ensureSelfDraft(model));
+}
 
 function total(m: Map<number, number>): number {
   let n = 0;
@@ -307,10 +502,19 @@ describe.skipIf(!cudaStatus().available)("speculation on CUDA", () => {
       const path = join(dir, "tiny.gguf");
       writeFileSync(path, tinyGemma3Gguf({ branchGain: 16, shape: { layers: 3, embedding: 128,
         feedForward: 256, heads: 4, kvHeads: 2, headDim: 32 } }));
+      let verifiedOnDevice = 0; // verification passes (several rows) whose argmaxes the device took
       const run = (mode: "off" | "ngram", slots: number) => {
         const engine = Engine.open({ modelPath: path, contextLength: 1024, batch: 16, backend: "cuda" });
+        const device = engine.backend.deviceGreedy!, argmaxRows = device.argmaxRows!;
+        Object.assign(device, { argmaxRows: (logits: never, rows: number) => {
+          if (rows > 1) verifiedOnDevice++;
+          return argmaxRows(logits, rows);
+        } });
+        // Plain greedy (a biased sequence is sampled on the host), so verification passes take
+        // their argmaxes on the device; EOS ignored instead of banned.
         const jobs: Job[] = [0, 1, 2].map((i) => ({ prompt: toyPrompt(30 + 50 * i, 400 + i),
-          options: { maxTokens: 200, speculation: { mode, draftMax: 8 } } }));
+          options: { maxTokens: 200, sampling: plainGreedy, ignoreEos: true,
+            speculation: { mode, draftMax: 8 } } }));
         const results: GenerateResult[] = [];
         const scheduler = new BatchScheduler(engine, { slots, prefixCache: null, passCost: cheapRows });
         jobs.forEach((j, i) => scheduler.submit({ prompt: j.prompt,
@@ -321,9 +525,14 @@ describe.skipIf(!cudaStatus().available)("speculation on CUDA", () => {
         return results;
       };
       for (const slots of [1, 3]) {
-        const off = run("off", slots), on = run("ngram", slots);
+        const off = run("off", slots);
+        expect(verifiedOnDevice).toBe(0);
+        const on = run("ngram", slots);
         for (let i = 0; i < off.length; i++) expect([slots, i, on[i].tokens]).toEqual([slots, i, off[i].tokens]);
         expect(accepted(on)).toBeGreaterThan(0);
+        // the verification passes' argmaxes were taken on the device (ids back, not logits)
+        expect(verifiedOnDevice).toBeGreaterThan(0);
+        verifiedOnDevice = 0;
       }
     } finally {
       rmSync(dir, { recursive: true, force: true });

@@ -8,6 +8,7 @@ import { InferError } from "../errors.ts";
 import { openGguf, type GgufFile } from "../gguf/reader.ts";
 import { DEFAULT_MODEL } from "../models/cache.ts";
 import { ensureModel } from "../models/fetch.ts";
+import { resolveDraftModel } from "../engine/self-draft.ts";
 import type { SpeculationMode } from "../engine/speculation.ts";
 import { EngineThread } from "../runtime/engine-thread.ts";
 import type { EngineInfo } from "../runtime/messages.ts";
@@ -44,7 +45,8 @@ export interface LoadOptions {
   readonly draftMax?: number;
   /**
    * A GGUF (path or cached name) with the model's vocabulary that drafts for speculation
-   * "draft" (then the default): a smaller model of the family, or a Q4_0 copy of this one.
+   * "draft" (then the default): a smaller model of the family, or a Q4_0 copy of this one;
+   * "self": this model's own Q4_0 copy, made once and cached (ts/engine/self-draft.ts).
    */
   readonly draftModel?: string;
   /** Called as the weights are prepared: done of total tensors. */
@@ -92,7 +94,8 @@ export async function loadModel(nameOrPath: string = DEFAULT_MODEL.name,
     cacheTypeK: options.cacheTypeK, cacheTypeV: options.cacheTypeV,
     parallel: options.parallel ?? 4, prefixCacheBytes: options.prefixCacheBytes,
     speculation: speculationOf(options),
-    draftModel: options.draftModel === undefined ? undefined : await ensureModel(options.draftModel),
+    draftModel: options.draftModel === undefined ? undefined
+      : await resolveDraftModel(options.draftModel, path, onProgress !== undefined),
   }, options.onProgress);
   return new Model(thread, path);
 }

@@ -208,6 +208,13 @@ export interface DeviceGreedy {
   takeToken(): number;
   /** Forgets the queued tokens (steps queued past the end of a generation); waits for them. */
   dropTokens(): void;
+  /**
+   * The argmax of each of the first `rows` rows of `logits` (the first maximum, as the host's),
+   * taken on the device: only the ids come back, not the rows (a greedy batch, such as a
+   * speculative verification pass of K+1 rows). Ends the step and waits for it; the view is
+   * valid until the next call.
+   */
+  argmaxRows?(logits: Activation, rows: number): Int32Array;
 }
 
 /**

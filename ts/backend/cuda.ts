@@ -95,6 +95,7 @@ export class CudaBackend implements Backend {
     keepTokens: (dst, count) => this.keepTokens(dst, count),
     takeToken: () => this.takeToken(),
     dropTokens: () => this.dropTokens(),
+    argmaxRows: (logits, rows) => this.argmaxRows(logits, rows),
   };
   private readonly lib: Lib;
   private readonly graphsEnabled: boolean;
@@ -123,6 +124,10 @@ export class CudaBackend implements Backend {
   private tokenSlots: Int32Array | null = null;
   private tokenSlotsAddress = 0;
   private readonly tokenQueue: number[] = [];
+  /** argmaxRows' ids on the device, and their host copy. */
+  private rowIds = 0;
+  private rowIdsCapacity = 0;
+  private rowIdsHost = new Int32Array(0);
   private tokenCount = 0;
   private positionsAct: CudaActivation | null = null;
   private hostPositions = new Int32Array(256);
@@ -576,16 +581,44 @@ export class CudaBackend implements Backend {
     a(x).version++;
   }
 
+  private ensureArgmaxScratch(): void {
+    if (this.argmaxScratch !== 0) return;
+    this.argmaxScratch = this.alloc(16, "argmax scratch");
+    check(this.lib.infer_cuda_fill32(this.argmaxScratch, 0, 4), "zero argmax scratch");
+    const { address, buffer } = cudaHostAlloc(TOKEN_SLOTS * 4, "greedy token slots");
+    this.hostAllocations.push(address);
+    this.tokenSlots = new Int32Array(buffer);
+    this.tokenSlotsAddress = address;
+  }
+
+  /**
+   * One argmax launch per row (each reads its row once, as a one-row step's does; the launches
+   * share the scratch, which each leaves zero), into a small id buffer, then one copy of the ids.
+   */
+  private argmaxRows(logits: Activation, rows: number): Int32Array {
+    if (!(rows >= 1 && rows <= logits.rows)) {
+      throw new InferError("internal", `argmax of ${rows} rows of ${logits.rows}`);
+    }
+    this.ensureArgmaxScratch();
+    if (this.rowIdsCapacity < rows) {
+      this.release(this.rowIds);
+      this.rowIdsCapacity = Math.max(rows, 64);
+      this.rowIds = this.alloc(this.rowIdsCapacity * 4, "argmax row ids");
+      this.rowIdsHost = new Int32Array(this.rowIdsCapacity);
+    }
+    const x = a(logits).address, rowBytes = logits.cols * 4;
+    for (let r = 0; r < rows; r++) {
+      this.op("infer_cuda_argmax", { x: x + r * rowBytes, n: logits.cols, scratch: this.argmaxScratch,
+        out: this.rowIds + r * 4 }, "argmax of a row");
+    }
+    if (this.steps.recording) this.lastGraph = this.steps.finish() || this.lastGraph;
+    check(this.lib.infer_cuda_download(this.rowIdsHost, this.rowIds, rows * 4), "read argmax ids");
+    return this.rowIdsHost.subarray(0, rows);
+  }
+
   private argmaxToken(logits: Activation, ids: Activation): void {
     if (this.tokenQueue.length >= TOKEN_SLOTS) throw new InferError("internal", "too many greedy tokens queued");
-    if (this.argmaxScratch === 0) {
-      this.argmaxScratch = this.alloc(16, "argmax scratch");
-      check(this.lib.infer_cuda_fill32(this.argmaxScratch, 0, 4), "zero argmax scratch");
-      const { address, buffer } = cudaHostAlloc(TOKEN_SLOTS * 4, "greedy token slots");
-      this.hostAllocations.push(address);
-      this.tokenSlots = new Int32Array(buffer);
-      this.tokenSlotsAddress = address;
-    }
+    this.ensureArgmaxScratch();
     this.op("infer_cuda_argmax", { x: a(logits).address, n: logits.cols, scratch: this.argmaxScratch,
       out: a(ids).address }, "argmax");
     a(ids).version++;

@@ -9,7 +9,7 @@ import { setting } from "../config/env.ts";
 import { InferError, quote } from "../errors.ts";
 import { defaultSampling, type SamplerOptions } from "../sample/sampler.ts";
 import {
-  defaultDraftMax, speculationModes, type SpeculationMode, type SpeculationOptions,
+  defaultDraftMax, SELF_DRAFT, speculationModes, type SpeculationMode, type SpeculationOptions,
 } from "../engine/speculation.ts";
 import { UsageError } from "./args.ts";
 import type { GenerateOptions } from "../api/options.ts";
@@ -84,10 +84,12 @@ export const speculationHelp = `  --spec MODE            speculative decoding, t
                          tokens by finding the last ones earlier in the prompt or the text
                          (faster where the text repeats its input); draft: a draft model's;
                          off (default: draft with --draft-model, else ngram on the CPU, off
-                         on a GPU). Drafted tokens are kept where the model chooses them too
+                         on a GPU); self: --draft-model self. Drafted tokens are kept where
+                         the model chooses them too
   --draft-max K          drafted tokens a step at most, 1..64 (default ${defaultDraftMax})
   --draft-model PATH     a GGUF with the model's vocabulary to draft with: a smaller model of
-                         its family, or a Q4_0 copy of it ('infer quantize')
+                         its family, or a Q4_0 copy of it ('infer quantize'); self: the
+                         model's own Q4_0 copy, made once and cached
 `;
 
 /** --spec and --draft-max; undefined: the engine's default. */
@@ -95,7 +97,8 @@ export function speculationFrom(v: { spec?: string; "draft-max"?: string }):
   SpeculationOptions | undefined {
   const spec = v.spec;
   if (spec !== undefined && !(speculationModes as readonly string[]).includes(spec)) {
-    throw new UsageError(`--spec must be one of ${speculationModes.join(", ")}, got ${quote(spec, 40)}`);
+    const modes = [...speculationModes.filter((m) => m !== "off"), SELF_DRAFT, "off"];
+    throw new UsageError(`--spec must be one of ${modes.join(", ")}, got ${quote(spec, 40)}`);
   }
   const draftMax = v["draft-max"] === undefined ? undefined
     : intOption(v["draft-max"], "--draft-max", defaultDraftMax, 1, 64);
@@ -106,6 +109,13 @@ export function speculationFrom(v: { spec?: string; "draft-max"?: string }):
 /** --spec, --draft-max and --draft-model as the library's load options. */
 export function speculationLoad(v: { spec?: string; "draft-max"?: string; "draft-model"?: string }):
   { speculation?: SpeculationMode; draftMax?: number; draftModel?: string } {
+  // --spec self: the model's own Q4_0 copy drafts (self-draft.ts)
+  if (v.spec === SELF_DRAFT) {
+    if (v["draft-model"] !== undefined && v["draft-model"] !== SELF_DRAFT) {
+      throw new UsageError("--spec self drafts with the model's own Q4_0 copy: drop --draft-model");
+    }
+    return speculationLoad({ ...v, spec: "draft", "draft-model": SELF_DRAFT });
+  }
   const o = speculationFrom(v);
   const model = v["draft-model"];
   if (o?.mode === "draft" && model === undefined) {

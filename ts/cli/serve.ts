@@ -2,6 +2,7 @@
 import { setting } from "../config/env.ts";
 import { InferError, quote } from "../errors.ts";
 import { ensureModel } from "../models/fetch.ts";
+import { resolveDraftModel } from "../engine/self-draft.ts";
 import { listenError } from "../serve/http.ts";
 import { startServer } from "../serve/server.ts";
 import { parseCommand } from "./args.ts";
@@ -91,7 +92,8 @@ export async function serveCommand(argv: string[]): Promise<number> {
   const threads = threadsOption(values.threads), backend = backendOption(values.backend);
   const modelPath = await ensureModel(values.model);
   const spec = speculationLoad(values);
-  const draftModel = spec.draftModel === undefined ? undefined : await ensureModel(spec.draftModel);
+  const draftModel = spec.draftModel === undefined ? undefined
+    : await resolveDraftModel(spec.draftModel, modelPath);
   checkCanListen(host, port);
   const server = await startServer({
     modelPath, host, port,

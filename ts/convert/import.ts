@@ -148,6 +148,8 @@ export interface RequantizeOptions {
    * it such a model is refused, since its rounding would be rounded again.
    */
   readonly allowRequantize?: boolean;
+  /** Every matrix in `quant`, the LM head too (StorageOptions.pure). */
+  readonly pure?: boolean;
   /** Told what is re-quantized when allowRequantize lets it happen. */
   readonly warn?: (message: string) => void;
   readonly progress?: Progress;
@@ -172,7 +174,7 @@ export function requantizeGguf(o: RequantizeOptions): WriteSummary {
       // Vectors, and tensors already in the target type, are copied as they are.
       const lmHead = t.name === "output.weight" || (tied && t.name === "token_embd.weight");
       const wanted = t.dims.length < 2 ? t.type.id : storageType(t.name, t.dims, o.quant, {
-        lmHead, model });
+        lmHead, model, pure: o.pure });
       return {
         name: t.name, type: wanted, dims: [...t.dims],
         produce: () => {

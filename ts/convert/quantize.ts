@@ -139,6 +139,11 @@ export interface StorageOptions {
   readonly lmHead?: boolean;
   /** Needed by the Q4_K_M / Q4_K_S layer rules. */
   readonly model?: ModelShape;
+  /**
+   * Every matrix in the chosen type, the LM head too (no Q6_K head, no mix rules; rows that do
+   * not fill blocks still fall back): the cheapest pass, for a self-speculation draft.
+   */
+  readonly pure?: boolean;
 }
 
 /** The type a tensor is stored in (see the top of this file). */
@@ -147,7 +152,9 @@ export function storageType(name: string, dims: readonly number[], quant: QuantN
   // A router stays f32, as llama-quantize keeps it: its few logits choose the experts.
   if (dims.length < 2 || name.endsWith("ffn_gate_inp.weight")) return GgmlType.F32;
   let type: number | undefined = QUANT_IDS[quant];
-  if (o.lmHead && HEAD_TO_Q6_K.has(type)) {
+  if (o.pure) {
+    // the chosen type everywhere
+  } else if (o.lmHead && HEAD_TO_Q6_K.has(type)) {
     type = dims[0] % 256 === 0 ? GgmlType.Q6_K : GgmlType.Q8_0;
   } else if (!o.lmHead) {
     type = mixRule(quant, type, name, o.model);

@@ -1,11 +1,14 @@
 // A draft model for speculative decoding: a smaller GGUF with the target's vocabulary (or the
 // same weights in a cheaper quantization: a Q4_0 copy drafting for a Q8_0 target), with a KV
-// cache per scheduler slot. It drafts greedily (its argmax, K one-row passes), so q is one-hot and
-// the scheduler's accept-if-sampled rule keeps the target's distribution exactly (speculation.ts).
+// cache per scheduler slot. For a greedy sequence it drafts its argmax (K one-row passes), so q
+// is one-hot and the scheduler's accept-if-sampled rule is exact (speculation.ts). For a sampled
+// sequence it draws each token through a sampler of the sequence's options (temperature,
+// truncation, bias, the same penalty window; not the grammar, whose state is the target's) and
+// hands back each draw's distribution q, for the speculative-sampling rule (Sampler.speculate).
 // Each slot's cache keeps what it evaluated; the next draft evaluates only what the target's
 // sequence added since (the accepted tokens), dropping back past drafted tokens that were not.
 import { InferError } from "../errors.ts";
-import { argmax } from "../sample/sampler.ts";
+import { argmax, type Sampler, type TokenDistribution } from "../sample/sampler.ts";
 import type { Engine } from "./engine.ts";
 import { createKvCache, createSlot, reusablePrefix, rewindSlot, type Slot } from "./kv-cache.ts";
 
@@ -30,7 +33,8 @@ export class DraftModel {
    * Up to `max` tokens the draft model predicts after text[0..length), for the sequence whose
    * target slot is `key` (each gets a cache of its own, kept between its drafts).
    */
-  draft(key: object, text: Int32Array, length: number, max: number): number[] {
+  draft(key: object, text: Int32Array, length: number, max: number,
+    sampler: Sampler | null = null, probs: TokenDistribution[] | null = null): number[] {
     if (max <= 0) return [];
     const e = this.engine, context = e.contextLength;
     if (length + max > context) max = context - length;
@@ -45,8 +49,15 @@ export class DraftModel {
     rewindSlot(slot, common);
     let logits = this.evaluate(slot, text.subarray(common, length));
     const out: number[] = [];
+    sampler?.resetWindow(text.subarray(0, length));
     for (;;) {
-      const token = argmax(logits);
+      let token: number;
+      if (sampler) {
+        const drawn = sampler.sampleWithDistribution(logits);
+        token = drawn.token;
+        probs!.push(drawn.q);
+        sampler.accept(token);
+      } else token = argmax(logits);
       out.push(token);
       if (out.length >= max) break;
       logits = this.evaluate(slot, [token]);

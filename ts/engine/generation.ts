@@ -5,6 +5,7 @@
 import { InferError } from "../errors.ts";
 import {
   firstNonFinite, logprobs, NoTokenLeftError, Sampler, type Logprobs, type SamplerOptions,
+  type TokenDistribution,
 } from "../sample/sampler.ts";
 import type { TokenConstraint } from "../sample/constraint.ts";
 import { StopMatcher } from "../sample/stop.ts";
@@ -52,6 +53,12 @@ export interface GenerateOptions {
   readonly onText?: (text: string, logprobs?: readonly TokenLogprob[]) => void;
   /** Speculative decoding (the same tokens, fewer forward passes where drafts hold); default off. */
   readonly speculation?: SpeculationOptions;
+}
+
+/** A token a sampling drafter drew, and the distribution it drew it from. */
+export interface SampledDraft {
+  readonly token: number;
+  readonly q: TokenDistribution;
 }
 
 /** A generated token's log-probabilities, and where its text begins in the generated text. */
@@ -136,9 +143,11 @@ export class Generation {
   /**
    * Samples and emits one token from the logits after the last evaluated token, the cache
    * holding `length` positions; returns the token to evaluate next, or null once generation
-   * has ended.
+   * has ended. With `drafted` (a token a sampling drafter drew from its distribution q), the
+   * token comes from the speculative-sampling rule (Sampler.speculate): drafted.token when it is
+   * kept, else a draw from the residual; distributed as sampling without a draft gives.
    */
-  next(logits: Float32Array, length: number): number | null {
+  next(logits: Float32Array, length: number, drafted?: SampledDraft): number | null {
     if (this.finished || this.interrupted()) return null;
     refuseNonFinite(logits, length - 1);
     const constraint = this.o.constraint;
@@ -146,8 +155,9 @@ export class Generation {
       this.o.contextShift ? Infinity : this.contextLength - length);
     let token: number;
     try {
-      token = this.sampler.sample(logits,
-        constraint ? (x) => constraint.mask(x, budget) : undefined);
+      const mask = constraint ? (x: Float32Array) => constraint.mask(x, budget) : undefined;
+      token = drafted ? this.sampler.speculate(logits, mask, drafted.token, drafted.q)
+        : this.sampler.sample(logits, mask);
     } catch (err) {
       // A caller that checked that the constraint's shortest output fits the budget does not
       // get here (the JSON grammar's promise, given single-byte tokens); a vocabulary without

@@ -22,7 +22,9 @@
 // burst of requests with one system prompt evaluates it once.
 //
 // A lone sequence decoding greedily on a backend that takes the argmax on the device (CUDA)
-// runs a step ahead of the host (deviceStep), until another sequence joins it or it ends.
+// runs a step ahead of the host (deviceStep), until another sequence joins it or it ends. A
+// verification pass whose logit rows are all greedy takes their argmaxes there too, and reads
+// back only the ids.
 //
 // An embedding is a sequence too: its prompt rows are evaluated in the same batches as everyone
 // else's (prompt rows never need logits), the last hidden state of each row is pooled as it
@@ -33,6 +35,9 @@
 // A sequence with speculation (speculation.ts) decodes its sampled token and the tokens drafted
 // after it as consecutive rows of the same step, all with logits; it keeps the drafted tokens
 // its sampler chooses itself and drops the cache back past the first it does not (sampleRow).
+// A sampled sequence's draft-model tokens are drawn, not greedy; their rows are judged by the
+// speculative-sampling rule (Generation.next with the draft's distribution), whose kept tokens
+// are likewise those equal to the drafted ones.
 import type { BatchedRounding, RowRange } from "../backend/backend.ts";
 import { InferError } from "../errors.ts";
 import type { SequenceRows } from "../model/model.ts";
@@ -44,6 +49,7 @@ import {
 } from "./kv-cache.ts";
 import type { DraftModel } from "./draft-model.ts";
 import { lookupDraft, PassCost, SequenceSpeculation } from "./speculation.ts";
+import { Sampler, type TokenDistribution } from "../sample/sampler.ts";
 import {
   PrefixCache, type PrefixCacheOptions, type PrefixCacheStats, type PrefixChain,
 } from "./prefix-cache.ts";
@@ -128,6 +134,13 @@ class Sequence {
   rejected = false;
   readonly spec: SequenceSpeculation | null;
   /**
+   * A sampled sequence's draft-model sampler (its options, a generator of its own), and the
+   * distribution each drafted token of this step was drawn from; null: drafts are greedy or
+   * prompt lookup's, which the accept-if-sampled rule verifies.
+   */
+  readonly draftSampler: Sampler | null = null;
+  draftProbs: TokenDistribution[] = [];
+  /**
    * The context shifted under it: its cache no longer holds what evaluating its history would
    * give, so none of it goes to the prefix cache or to a later prompt.
    */
@@ -137,6 +150,12 @@ class Sequence {
     readonly generation: Generation | null, readonly pooler: Pooler | null) {
     const o = generation ? (request as SequenceRequest).options.speculation : undefined;
     this.spec = o && o.mode !== "off" ? new SequenceSpeculation(o) : null;
+    const sampling = generation ? (request as SequenceRequest).options.sampling : null;
+    if (o?.mode === "draft" && sampling && sampling.temperature > 0) {
+      // Seeded requests stay reproducible: the drafter's own generator, from the same seed.
+      const seed = sampling.seed >= 0 ? (sampling.seed ^ 0x5bd1e995) >>> 0 : -1;
+      this.draftSampler = new Sampler({ ...sampling, seed });
+    }
   }
 
   interrupted(): boolean {
@@ -192,6 +211,8 @@ export class BatchScheduler {
   private readonly prefillChunk: number;
   private readonly tokens: Int32Array;
   private readonly deviceGreedy: boolean;
+  /** Greedy verification passes take their rows' argmaxes on the device (hostStep). */
+  private readonly deviceArgmax: boolean;
   /** The lone greedy sequence whose next token a queued device step computes (deviceStep). */
   private ahead: Sequence | null = null;
   private steps = 0;
@@ -225,6 +246,7 @@ export class BatchScheduler {
     this.free.push(...this.slots);
     this.deviceGreedy = (o.deviceGreedy ?? true) &&
       be.deviceGreedy !== undefined;
+    this.deviceArgmax = this.deviceGreedy && be.deviceGreedy?.argmaxRows !== undefined;
     this.prefix = o.prefixCache === null || !be.copyKv ? null
       : new PrefixCache(be, model.info.kvShapes, engine.cache.type, o.prefixCache);
   }
@@ -302,10 +324,21 @@ export class BatchScheduler {
         if (s.pooler!.complete) s.ended = true;
       },
     };
+    // A step whose logit rows are all greedy (several sequences decoding, or a verification
+    // pass), on a backend that takes argmaxes on the device: only the rows' token ids come back,
+    // not a row of logits each (at 64 rows of a 152k vocabulary, 39 MB a step).
+    const argmaxSink = this.deviceArgmax && plan.logits.length > 0 &&
+      plan.logits.every((row) => row.s.generation!.greedy)
+      ? (firstRow: number, rows: number, ids: Int32Array) => {
+        for (let r = 0; r < rows; r++) {
+          const row = plan.logits[firstRow - firstLogitRow + r];
+          this.sampleRow(row.s, row.i, row.position, null, ids[r]);
+        }
+      } : undefined;
     try {
       this.engine.model.forwardBatch(
         { tokens: this.tokens, segments: plan.segments, logitRows: plan.logits.length, hidden,
-          batchedRounding: plan.batchedRounding },
+          batchedRounding: plan.batchedRounding, argmaxSink },
         (firstRow, rows, logits) => {
           for (let r = 0; r < rows; r++) {
             const row = plan.logits[firstRow - firstLogitRow + r];
@@ -330,15 +363,21 @@ export class BatchScheduler {
    * `position`): the token after its prompt, after its pending token (i = 0), or after drafted
    * token i - 1, which was accepted if this row is reached. A token that differs from the
    * drafted one at i is the sequence's next pending token; the rows after it were evaluated for
-   * drafted tokens that are not the sequence's, and the cache drops back past them.
+   * drafted tokens that are not the sequence's, and the cache drops back past them. Without
+   * logits, `argmax` is the row's greedy token, taken on the device.
    */
-  private sampleRow(s: Sequence, i: number, position: number, logits: Float32Array): void {
+  private sampleRow(s: Sequence, i: number, position: number, logits: Float32Array | null,
+    argmax = -1): void {
     if (s.ended || s.rejected) return;
     const generation = s.generation!; // rows with logits are generating sequences'
     if (s.pending === null) generation.promptDone(s.prompt.length - s.restored);
     let token: number | null;
     try {
-      token = generation.next(logits, position + 1);
+      const sampledDraft = i < s.draftProbs.length
+        ? { token: s.draft[i], q: s.draftProbs[i] } : undefined;
+      // logits null: the device took the row's argmax (a greedy sequence; see hostStep)
+      token = logits ? generation.next(logits, position + 1, sampledDraft)
+        : generation.accept(argmax, position + 1);
     } catch (err) { // this sequence's own failure: the others go on
       s.error = err as Error;
       token = null;
@@ -359,6 +398,7 @@ export class BatchScheduler {
     for (const s of this.running) {
       if (s.draft.length > 0) s.spec?.verified(s.draft.length, s.accepted);
       s.draft = [];
+      s.draftProbs = [];
       s.accepted = 0;
       s.rejected = false;
     }
@@ -374,6 +414,7 @@ export class BatchScheduler {
     let spare = maxBatch - this.running.filter((s) => s.pending !== null).length;
     for (const s of this.running) {
       s.draft = [];
+      s.draftProbs = [];
       if (!s.spec || s.pending === null || s.ended || spare <= 0) continue;
       const g = s.generation!; // only generating sequences have speculation
       const room = Math.min(spare, context - s.length - 1, g.tokensLeft - 1);
@@ -384,7 +425,7 @@ export class BatchScheduler {
       if (k <= 0) continue;
       const history = s.slot.history;
       history[s.length] = s.pending;
-      s.draft = drafter ? drafter.draft(s.slot, history, s.length + 1, k)
+      s.draft = drafter ? drafter.draft(s.slot, history, s.length + 1, k, s.draftSampler, s.draftProbs)
         : lookupDraft(history, s.length + 1, k);
       spare -= s.draft.length;
     }

@@ -11,6 +11,8 @@
 // rejection leaves the draw from p restricted to the other tokens, renormalised, which is the
 // residual max(0, p − q) normalised. Because each row takes exactly one draw from the sampler's
 // generator, a seeded sampled generation gives the same tokens with speculation as without.
+// A draft model drafting for a sampled sequence draws its tokens instead, and those rows are
+// judged by the general rule (Sampler.speculate, with the distribution each draft was drawn from).
 //
 // How many tokens to draft is chosen each step from two estimates: the sequence's acceptance
 // rate α (per drafted token, decayed), and what a pass of n rows costs relative to one row
@@ -34,6 +36,9 @@ export interface SpeculationOptions {
 }
 
 export const defaultDraftMax = 16;
+
+/** The draft model (--draft-model, --spec self) that is the model's own Q4_0 copy (self-draft.ts). */
+export const SELF_DRAFT = "self";
 
 /**
  * Speculation when a request names none: prompt lookup on the CPU, where it was measured never

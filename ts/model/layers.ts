@@ -3,7 +3,7 @@
 import type { Activation, AttentionOptions, Backend, KvLayer, RopeOptions, Weight } from "../backend/backend.ts";
 import { InferError } from "../errors.ts";
 import type { GgufFile } from "../gguf/reader.ts";
-import type { Batch, ForwardOptions, LogitsSink, Model, SequenceRows } from "./model.ts";
+import type { Batch, ForwardOptions, IdsSink, LogitsSink, Model, SequenceRows } from "./model.ts";
 
 /** Looks up tensors by GGUF name, checking each one's shape against what the graph expects. */
 export class WeightTable {
@@ -246,8 +246,17 @@ export class LogitsHead {
    * `greedyIds` (Batch.greedy), the one row's argmax goes to those ids on the device instead.
    */
   rows(x: Activation, first: number, count: number, sink: LogitsSink,
-    greedyIds: Activation | null = null): void {
+    greedyIds: Activation | null = null, argmaxSink: IdsSink | null = null): void {
     if (count === 0) return;
+    const argmaxRows = this.be.deviceGreedy?.argmaxRows;
+    if (argmaxSink && !argmaxRows) {
+      throw new InferError("invalid_argument", `the ${this.be.name} backend takes no argmax of rows`);
+    }
+    // Batch.argmaxSink: the rows' argmaxes instead of their logits
+    const hand = (row: number, rows: number, logits: Activation) => {
+      if (argmaxSink) argmaxSink(row, rows, argmaxRows!(logits, rows));
+      else sink(row, rows, this.be.read(logits, rows));
+    };
     if (greedyIds) {
       const be = this.be;
       if (count !== 1 || !be.deviceGreedy) {
@@ -262,7 +271,7 @@ export class LogitsHead {
     if (count === 1) {
       this.be.matmul(this.output, x, 1, this.last, first);
       if (this.bias) this.be.addBias(this.last, this.bias, 1);
-      sink(first, 1, this.be.read(this.last, 1));
+      hand(first, 1, this.last);
       return;
     }
     const chunkRows = Math.max(1, Math.min(this.maxBatch, Math.floor(LOGIT_CHUNK_VALUES / this.vocab)));
@@ -271,7 +280,7 @@ export class LogitsHead {
       const rows = Math.min(chunkRows, first + count - row);
       this.be.matmul(this.output, x, rows, this.chunk, row);
       if (this.bias) this.be.addBias(this.chunk, this.bias, rows);
-      sink(row, rows, this.be.read(this.chunk, rows));
+      hand(row, rows, this.chunk);
     }
   }
 }
@@ -297,7 +306,7 @@ export function decoderOutput(be: Backend, b: DecoderBuffers, batch: Batch, rows
     }
   }
   head.rows(b.normed, rows - batch.logitRows, batch.logitRows, sink,
-    batch.greedy ? b.ids : null);
+    batch.greedy ? b.ids : null, batch.argmaxSink ?? null);
 }
 
 /** Checks a batch against the model's plan and uploads its token ids and per-row positions. */

@@ -80,6 +80,12 @@ export interface Batch {
    */
   readonly greedy?: { readonly tokenOnDevice: boolean };
   /**
+   * Every logit row is decoded greedily (a backend with deviceGreedy.argmaxRows): each row's
+   * argmax is taken on the device and handed to this sink instead of the row's logits, which
+   * stay on the device (a speculative verification pass: K+1 ids, not K+1 rows of logits).
+   */
+  readonly argmaxSink?: IdsSink;
+  /**
    * Rows whose last hidden state (after the final norm, where the LM head would read it) is
    * wanted, for embeddings: each range's rows are handed to the sink before any logits.
    */
@@ -100,6 +106,9 @@ export interface HiddenRequest {
   readonly ranges: readonly RowRange[];
   readonly sink: HiddenSink;
 }
+
+/** Receives the argmax of `rows` rows starting at batch row `firstRow` (a view valid during the call). */
+export type IdsSink = (firstRow: number, rows: number, ids: Int32Array) => void;
 
 /** Receives `rows` rows of logits starting at batch row `firstRow` (a view valid during the call). */
 export type LogitsSink = (firstRow: number, rows: number, logits: Float32Array) => void;

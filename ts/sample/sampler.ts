@@ -134,6 +134,12 @@ export function logprobs(logits: Float32Array, token: number, top: number): Logp
   return { token, logprob: logits[token] - logZ, top: list };
 }
 
+/** Candidate tokens and their probabilities (summing to 1). */
+export interface TokenDistribution {
+  readonly ids: Int32Array;
+  readonly probs: Float64Array;
+}
+
 /** Top-k below this count is kept by insertion (in the library); at or above, sorted whole. */
 const INSERTION_MAX = 256;
 
@@ -161,6 +167,7 @@ export class Sampler {
   private byLogit: (a: number, b: number) => number = () => 0;
   private byScore: (a: number, b: number) => number = () => 0;
   private values: Float32Array = new Float32Array(0);
+  private dense = new Float64Array(0); // speculate()'s q by token id, zero between calls
   private readonly kept = new Float32Array(INSERTION_MAX); // top-k's values, unread
 
   constructor(options: SamplerOptions) {
@@ -249,6 +256,99 @@ export class Sampler {
     const max = x[argmax(x)];
     if (!(max > -Infinity)) throw new NoTokenLeftError();
     return max;
+  }
+
+  /**
+   * A draw from the distribution the next draw would be made from (after bias, penalties, the
+   * mask, truncation and temperature), with that distribution: a sampling drafter's token and its
+   * q for speculate(). The same draw as sample()'s, over the candidates in another order.
+   */
+  sampleWithDistribution(logits: Float32Array, mask?: LogitMask): { token: number; q: TokenDistribution } {
+    const q = this.candidates(logits, mask);
+    let r = this.random();
+    for (let i = 0; i < q.ids.length; i++) {
+      r -= q.probs[i];
+      if (r < 0) return { token: q.ids[i], q };
+    }
+    return { token: q.ids[q.ids.length - 1], q };
+  }
+
+  /**
+   * The speculative-sampling rule (Leviathan et al. 2023; Chen et al. 2023) for a token
+   * `drafted` that a drafter drew from `q`: with p the distribution sample() draws from here, it
+   * is kept with probability min(1, p(drafted)/q(drafted)), and otherwise the token is drawn from
+   * max(0, p − q), normalised. The token returned is distributed as p whatever q is (a drafter
+   * that agrees with p more is kept more often); a deterministic drafter (q one-hot) makes it
+   * "keep the drafted token with probability p(drafted), else draw from p without it". A
+   * rejection never returns `drafted` (its residual is 0).
+   */
+  speculate(logits: Float32Array, mask: LogitMask | undefined, drafted: number,
+    q: TokenDistribution): number {
+    const p = this.candidates(logits, mask);
+    if (this.dense.length < logits.length) this.dense = new Float64Array(logits.length);
+    const dense = this.dense;
+    for (let i = 0; i < q.ids.length; i++) dense[q.ids[i]] = q.probs[i];
+    try {
+      const qd = dense[drafted];
+      let pd = 0;
+      for (let i = 0; i < p.ids.length; i++) if (p.ids[i] === drafted) pd = p.probs[i];
+      if (qd > 0 && this.random() * qd < pd) return drafted;
+      let total = 0;
+      for (let i = 0; i < p.ids.length; i++) total += Math.max(0, p.probs[i] - dense[p.ids[i]]);
+      if (!(total > 0)) return this.drawFrom(p); // p ≤ q everywhere: only where p equals q, by rounding
+      let r = this.random() * total;
+      let last = -1;
+      for (let i = 0; i < p.ids.length; i++) {
+        const w = Math.max(0, p.probs[i] - dense[p.ids[i]]);
+        if (w <= 0) continue;
+        last = p.ids[i];
+        r -= w;
+        if (r < 0) return last;
+      }
+      return last;
+    } finally {
+      for (let i = 0; i < q.ids.length; i++) dense[q.ids[i]] = 0;
+    }
+  }
+
+  private drawFrom(d: TokenDistribution): number {
+    let r = this.random();
+    for (let i = 0; i < d.ids.length; i++) {
+      r -= d.probs[i];
+      if (r < 0) return d.ids[i];
+    }
+    return d.ids[d.ids.length - 1];
+  }
+
+  /**
+   * Empties the penalty window and fills it with `tokens` (a drafter's sampler following the
+   * sequence it drafts for: the penalties see what the target's see).
+   */
+  resetWindow(tokens: ArrayLike<number>): void {
+    if (!this.penalised) return;
+    for (let i = this.windowStart; i < this.window.length; i++) this.counts[this.window[i]]--;
+    this.window.length = 0;
+    this.windowStart = 0;
+    const n = this.options.repeatLastN;
+    for (let i = n > 0 ? Math.max(0, tokens.length - n) : 0; i < tokens.length; i++) this.accept(tokens[i]);
+  }
+
+  /** The candidates after every transform and their probabilities, in no particular order. */
+  private candidates(logits: Float32Array, mask?: LogitMask): TokenDistribution {
+    const o = this.options;
+    const x = this.prepare(logits, mask);
+    if (o.temperature <= 0) {
+      const best = argmax(x);
+      if (x[best] === -Infinity) throw new NoTokenLeftError();
+      return { ids: Int32Array.of(best), probs: Float64Array.of(1) };
+    }
+    const n = this.cut(x);
+    const ids = this.ids.slice(0, n), probs = new Float64Array(n);
+    let max = -Infinity, total = 0;
+    for (let i = 0; i < n; i++) if (x[ids[i]] > max) max = x[ids[i]];
+    for (let i = 0; i < n; i++) total += (probs[i] = Math.exp((x[ids[i]] - max) / o.temperature));
+    for (let i = 0; i < n; i++) probs[i] /= total;
+    return { ids, probs };
   }
 
   /**
