@@ -47,6 +47,14 @@ export interface SharedRows {
   readonly rows: number;
 }
 
+/**
+ * Shared ranges live at once in this process, at most: each is up to two mappings (keys, values)
+ * where consecutive blocks do not merge, and Linux allows 65,530 mappings per process by default.
+ * Past it rows are copied.
+ */
+const SHARED_RANGES_MAX = 12_000;
+let sharedRanges = 0;
+
 /** Whether this system can share rows (a memory file, private mappings over it). */
 export const kvSharing = process.platform === "linux";
 
@@ -81,6 +89,8 @@ export class CpuKvBlockStore implements KvBlockStore {
   /** Per shape: where its keys' and values' block arrays begin in the file, one block's bytes. */
   private readonly plan: { k: number; v: number; kBlock: number; vBlock: number }[] = [];
   private shared = 0;
+  /** Shared ranges of this store live now (of sharedRanges). */
+  private ranges = 0;
   private closed = false;
 
   /** Null where the system cannot share (not Linux) or the file cannot be made. */
@@ -143,6 +153,7 @@ export class CpuKvBlockStore implements KvBlockStore {
     const kFrom = b.file.kOffset + blockCell * b.kRowBytes, vFrom = b.file.vOffset + blockCell * b.vRowBytes;
     if ([kBytes, vBytes, k, v, kFrom, vFrom].some((x) => x % page !== 0)) return false;
     this.forget(d.held.get(k));
+    if (sharedRanges >= SHARED_RANGES_MAX) return false;
     const lib = native();
     if (lib.infer_kv_share_map(k, kBytes, b.file.fd, kFrom) !== 0 ||
       lib.infer_kv_share_map(v, vBytes, b.file.fd, vFrom) !== 0) {
@@ -157,6 +168,8 @@ export class CpuKvBlockStore implements KvBlockStore {
     d.held.set(k, rows);
     b.file.holders.set(k, rows);
     this.shared += cells;
+    this.ranges++;
+    sharedRanges++;
     return true;
   }
 
@@ -179,11 +192,15 @@ export class CpuKvBlockStore implements KvBlockStore {
     rows.layer.held!.delete(rows.k);
     rows.block.file!.holders.delete(rows.k);
     this.shared -= rows.rows;
+    this.ranges--;
+    sharedRanges--;
   }
 
   close(): void {
     if (this.closed) return;
     this.closed = true;
+    sharedRanges -= this.ranges; // the backend frees the holders' pages with the store
+    this.ranges = 0;
     native().infer_kv_share_close(this.fd, this.address as number, this.bytes);
   }
 }
