@@ -11,7 +11,7 @@
 // --score-from, where nothing shifts, for the figure the shifted one is held against.
 import { readFileSync } from "node:fs";
 import { Engine } from "../engine/engine.ts";
-import { rewindSlot, shiftSlot, SHIFT_KEEP } from "../engine/kv-cache.ts";
+import { rewindSlot, shiftDiscard, shiftSlot, SHIFT_KEEP } from "../engine/kv-cache.ts";
 import { refuseNonFinite } from "../engine/generation.ts";
 import { InferError, quote } from "../errors.ts";
 import { resolveModel } from "../models/cache.ts";
@@ -97,7 +97,13 @@ export function perplexity(engine: Engine, text: string, o: {
 
 /** Perplexity of the text as one stream through a shifting context (the file's header). */
 export function streamingPerplexity(engine: Engine, text: string, o: {
-  contextLength: number; scoreFrom: number; keep?: number }): PerplexityResult & { shifts: number } {
+  contextLength: number; scoreFrom: number; keep?: number;
+  /**
+   * Instead of turning the kept keys, evaluate the kept tokens again at their new positions (the
+   * same tokens kept, as the shift keeps them; slow): what the shift approximates, so that the
+   * difference between the two is the shift's own cost, apart from the context it drops.
+   */
+  recompute?: boolean }): PerplexityResult & { shifts: number } {
   const tokenizer = engine.tokenizer, model = engine.model, slot = engine.slot;
   const tokens = Int32Array.from(tokenizer.encode(text, { addSpecial: true, parseSpecial: false }));
   if (tokens.length < o.scoreFrom + 2) {
@@ -109,11 +115,23 @@ export function streamingPerplexity(engine: Engine, text: string, o: {
   rewindSlot(slot, 0);
   for (let next = 0; next < tokens.length - 1;) {
     if (slot.length === o.contextLength) {
-      if (shiftSlot(engine.backend, slot, model.info, o.keep ?? SHIFT_KEEP) === 0) {
+      if (o.recompute) {
+        const keep = o.keep ?? SHIFT_KEEP, discard = shiftDiscard(slot.cache, model.info, keep, slot.length);
+        if (discard < 1) throw new InferError("unsupported", `no position of a context of ${o.contextLength} can go`);
+        const kept = Int32Array.from([...slot.history.subarray(0, keep),
+          ...slot.history.subarray(keep + discard, slot.length)]);
+        rewindSlot(slot, 0);
+        for (let p = 0; p < kept.length; p += model.maxBatch) {
+          const n = Math.min(model.maxBatch, kept.length - p);
+          model.forward(kept.subarray(p, p + n), n, p, layers);
+        }
+        slot.history.set(kept);
+        slot.length = slot.reach = kept.length;
+        shifts++;
+      } else if (shiftSlot(engine.backend, slot, model.info, o.keep ?? SHIFT_KEEP) === 0) {
         throw new InferError("unsupported", `the ${engine.backend.name} backend cannot shift this ` +
           `model's context of ${o.contextLength} keeping ${o.keep ?? SHIFT_KEEP} positions`);
-      }
-      shifts++;
+      } else shifts++;
     }
     const n = Math.min(model.maxBatch, tokens.length - 1 - next, o.contextLength - slot.length);
     const position = slot.length;
