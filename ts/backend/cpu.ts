@@ -1,6 +1,8 @@
 // The CPU backend: each op is one native call over whole rows (lib/cpu/*.zig through
 // ts/native/lib.ts). Weights stay in the mmap'd GGUF and are passed by address; activations and
-// the KV cache live in an arena planned when the context is created.
+// the KV cache's rings live in an arena planned when the context is created; full-attention cache
+// layers get pages of their own on Linux, so that the prefix cache's blocks can be mapped over
+// their rows (cpu-kv-share.ts).
 import { InferError } from "../errors.ts";
 import type { GgufFile, GgufTensorInfo } from "../gguf/reader.ts";
 import { GgmlType } from "../gguf/types.ts";
