@@ -17,8 +17,10 @@ import type { GenerateResult } from "../ts/engine/generation.ts";
 import type { Slot } from "../ts/engine/kv-cache.ts";
 import { BatchScheduler, type SchedulerStats } from "../ts/engine/scheduler.ts";
 import { defaultModelPath } from "../ts/models/cache.ts";
+import { native } from "../ts/native/lib.ts";
 
-const linux = process.platform === "linux";
+// The figures below assume 4 KiB pages (x86-64 Linux; some arm64 kernels use 16 or 64 KiB).
+const linux = process.platform === "linux" && Number(native().infer_kv_pages_size()) === 4096;
 
 /**
  * Bytes of the pages within address .. address + length that are present and private to this
