@@ -80,6 +80,32 @@ export interface KvLayer {
   readonly headDim: number;
 }
 
+export interface KvLayerShape {
+  readonly kvHeads: number;
+  readonly headDim: number;
+}
+
+/**
+ * Blocks of keys and values that sequences share by reference, copy-on-write (the CPU backend on
+ * Linux: ts/backend/cpu-kv-share.ts). A sequence holding a block's rows reads the block's memory;
+ * its first write to them gives it its own copy of what it writes.
+ */
+export interface KvBlockStore {
+  /** Block `index`'s layers (one per shape, `cells` rows each, never rings); index < blocks. */
+  block(index: number): readonly KvLayer[];
+  /**
+   * Makes rows dstCell .. dstCell + cells - 1 of `dst` those of the block layer from blockCell on,
+   * by reference (or, where the system refuses the mapping, by a copy). False, having changed
+   * nothing, where it cannot (a ring, rows not on page boundaries, a layer not the backend's own
+   * pages): the caller copies them (copyKv) if it needs them.
+   */
+  share(block: KvLayer, blockCell: number, dst: KvLayer, dstCell: number, cells: number): boolean;
+  /** Gives every layer holding rows of these block layers its own copy, before they are rewritten. */
+  detach(block: readonly KvLayer[]): void;
+  /** Rows held by reference now, summed over the layers holding them. */
+  readonly sharedRows: number;
+}
+
 export interface RopeOptions {
   readonly heads: number;
   readonly headDim: number;
@@ -161,6 +187,11 @@ export interface Backend {
    * prefix cache; without it, prefixes are not shared across sequences).
    */
   copyKv?(src: KvLayer, srcCell: number, dst: KvLayer, dstCell: number, cells: number): void;
+  /**
+   * Storage for the prefix cache's blocks whose rows sequences can hold by reference (KvBlockStore);
+   * null or absent where the backend cannot (the blocks are then kvLayers, their rows copied).
+   */
+  kvBlockStore?(shapes: readonly KvLayerShape[], types: KvTypes, cells: number, blocks: number): KvBlockStore | null;
   /**
    * The context shift (ts/engine/kv-cache.ts shiftSlot): a layer holding positions 0 ..
    * length - 1 drops positions keep .. keep + discard - 1; the later ones move down by `discard`

@@ -1,16 +1,22 @@
 // The CPU backend: each op is one native call over whole rows (lib/cpu/*.zig through
 // ts/native/lib.ts). Weights stay in the mmap'd GGUF and are passed by address; activations and
-// the KV cache live in an arena planned when the context is created.
+// the KV cache's rings live in an arena planned when the context is created; full-attention cache
+// layers get pages of their own on Linux, so that the prefix cache's blocks can be mapped over
+// their rows (cpu-kv-share.ts).
 import { InferError } from "../errors.ts";
 import type { GgufFile, GgufTensorInfo } from "../gguf/reader.ts";
 import { GgmlType } from "../gguf/types.ts";
 import { packed } from "../native/abi.ts";
 import { check, native, offsetAddress, type Pointer } from "../native/lib.ts";
 import { Arena } from "./arena.ts";
+import {
+  CpuKvBlockStore, kvPages, kvSharing, type CpuKvRows, type KvFileRows, type SharedRows,
+} from "./cpu-kv-share.ts";
 import { repackForMatmul, type MatmulLayout } from "./cpu-repack.ts";
 import {
   kvBytes, kvTypesOf, type Activation, type AttentionOptions, type Backend, type ExpertOps,
-  type BatchedRounding, type KvLayer, type KvType, type KvTypes, type RopeOptions, type RowRange,
+  type BatchedRounding, type KvBlockStore, type KvLayer, type KvLayerShape, type KvType, type KvTypes,
+  type RopeOptions, type RowRange,
   type Weight,
 } from "./backend.ts";
 
@@ -39,7 +45,11 @@ const kvTypeIds: Record<KvType, number> = {
   f32: GgmlType.F32, f16: GgmlType.F16, q8_0: GgmlType.Q8_0, q4_0: GgmlType.Q4_0,
 };
 
-class CpuKvLayer implements KvLayer {
+class CpuKvLayer implements CpuKvRows {
+  /** A layer in pages of its own, whose rows blocks of a CpuKvBlockStore can be mapped over. */
+  held?: Map<number, SharedRows>;
+  /** A block of a CpuKvBlockStore. */
+  file?: KvFileRows;
   constructor(readonly cells: number, readonly ring: boolean, readonly kvHeads: number,
     readonly headDim: number, readonly kTypeId: number, readonly vTypeId: number,
     /** Bytes of one cell (position) of keys, of values. */
@@ -80,6 +90,9 @@ export class CpuBackend implements Backend {
   /** The rows of the current forward pass that take llama.cpp's batched rounding. */
   private batchedRounding: BatchedRounding | null = null;
   private readonly batchedTypes = new Map<number, number>();
+  /** Full-attention cache layers in pages of their own (cpu-kv-share.ts), and the block stores. */
+  private readonly kvRegions: { bytes: Uint8Array; free(): void }[] = [];
+  private readonly kvStores: CpuKvBlockStore[] = [];
 
   weight(file: GgufFile, t: GgufTensorInfo): Weight {
     if (!cpuWeightTypes.has(t.type.id)) {
@@ -185,6 +198,8 @@ export class CpuBackend implements Backend {
   dispose(): void {
     this.weights.free();
     this.arena.free();
+    for (const store of this.kvStores.splice(0)) store.close();
+    for (const region of this.kvRegions.splice(0)) region.free();
   }
 
   activation(name: string, rows: number, cols: number): Activation {
@@ -206,13 +221,36 @@ export class CpuBackend implements Backend {
       }
     }
     const kRowBytes = kvBytes(type.k, kvHeads * headDim), vRowBytes = kvBytes(type.v, kvHeads * headDim);
-    const k = this.arena.alloc(cells * kRowBytes), v = this.arena.alloc(cells * vRowBytes);
-    return new CpuKvLayer(cells, ring, kvHeads, headDim, kvTypeIds[type.k], kvTypeIds[type.v],
+    if (ring || !kvSharing) {
+      const k = this.arena.alloc(cells * kRowBytes), v = this.arena.alloc(cells * vRowBytes);
+      return new CpuKvLayer(cells, ring, kvHeads, headDim, kvTypeIds[type.k], kvTypeIds[type.v],
+        kRowBytes, vRowBytes, k.address, v.address, k.bytes, v.bytes);
+    }
+    // A full layer gets pages of its own, so the prefix cache's blocks can be mapped over its rows.
+    const k = kvPages(cells * kRowBytes);
+    this.kvRegions.push(k);
+    const v = kvPages(cells * vRowBytes);
+    this.kvRegions.push(v);
+    const layer = new CpuKvLayer(cells, ring, kvHeads, headDim, kvTypeIds[type.k], kvTypeIds[type.v],
       kRowBytes, vRowBytes, k.address, v.address, k.bytes, v.bytes);
+    layer.held = new Map();
+    return layer;
+  }
+
+  kvBlockStore(shapes: readonly KvLayerShape[], types: KvTypes, cells: number, blocks: number): KvBlockStore | null {
+    const store = CpuKvBlockStore.open(shapes, types, cells, blocks, (n, shape, k, v, kBytes, vBytes, file) => {
+      const layer = new CpuKvLayer(n, false, shape.kvHeads, shape.headDim, kvTypeIds[types.k],
+        kvTypeIds[types.v], kvBytes(types.k, shape.kvHeads * shape.headDim),
+        kvBytes(types.v, shape.kvHeads * shape.headDim), k, v, kBytes, vBytes);
+      layer.file = file;
+      return layer;
+    });
+    if (store) this.kvStores.push(store);
+    return store;
   }
 
   get bytesReserved(): number {
-    return this.arena.bytesReserved;
+    return this.arena.bytesReserved + this.kvRegions.reduce((sum, r) => sum + r.bytes.length, 0);
   }
 
   setTokens(dst: Activation, ids: ArrayLike<number>, count: number): void {

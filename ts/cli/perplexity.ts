@@ -3,8 +3,15 @@
 // cut into non-overlapping chunks of n_ctx tokens (the first token of each replaced by BOS), and
 // only the second half of each chunk is scored, each token under the logits of the position
 // before it, so every scored token has at least n_ctx/2 tokens of context.
+//
+// With --context-shift the text is instead read as one stream through a context of n_ctx tokens
+// that shifts when full (ts/engine/kv-cache.ts shiftSlot: the first --keep positions kept, half of
+// the rest dropped, the kept keys' RoPE turned back), as a chat or `-n -1` goes on past its context.
+// llama-perplexity has no such mode. Run again with -c at least the text's length and the same
+// --score-from, where nothing shifts, for the figure the shifted one is held against.
 import { readFileSync } from "node:fs";
 import { Engine } from "../engine/engine.ts";
+import { rewindSlot, shiftDiscard, shiftSlot, SHIFT_KEEP } from "../engine/kv-cache.ts";
 import { refuseNonFinite } from "../engine/generation.ts";
 import { InferError, quote } from "../errors.ts";
 import { resolveModel } from "../models/cache.ts";
@@ -23,6 +30,10 @@ options:
   --backend B        cpu, cuda, metal or auto: a GPU when available (default: auto)
   -ctk, --cache-type-k T  KV cache keys: f16, q8_0 or q4_0 (default f16)
   -ctv, --cache-type-v T  KV cache values, as -ctk
+  --context-shift    read the text as one stream through the context, shifting it when full
+                     (keep the first --keep positions, drop half the rest); no chunks
+  --keep N           positions the shift keeps at the start (default ${SHIFT_KEEP})
+  --score-from N     with --context-shift: score the tokens from N on (default: half of -c)
   -h, --help         this text
 `;
 
@@ -84,6 +95,70 @@ export function perplexity(engine: Engine, text: string, o: {
   return { perplexity: ppl, error, chunks, scoredTokens: count, textTokens: tokens.length };
 }
 
+/** Perplexity of the text as one stream through a shifting context (the file's header). */
+export function streamingPerplexity(engine: Engine, text: string, o: {
+  contextLength: number; scoreFrom: number; keep?: number;
+  /**
+   * Instead of turning the kept keys, evaluate the kept tokens again at their new positions (the
+   * same tokens kept, as the shift keeps them; slow): what the shift approximates, so that the
+   * difference between the two is the shift's own cost, apart from the context it drops.
+   */
+  recompute?: boolean }): PerplexityResult & { shifts: number } {
+  const tokenizer = engine.tokenizer, model = engine.model, slot = engine.slot;
+  const tokens = Int32Array.from(tokenizer.encode(text, { addSpecial: true, parseSpecial: false }));
+  if (tokens.length < o.scoreFrom + 2) {
+    throw new InferError("invalid_argument", `the text has ${tokens.length} tokens; scoring from ` +
+      `token ${o.scoreFrom} needs at least ${o.scoreFrom + 2}`);
+  }
+  const vocab = model.info.vocabSize, layers = engine.cache.layers;
+  let nll = 0, nll2 = 0, count = 0, shifts = 0;
+  rewindSlot(slot, 0);
+  for (let next = 0; next < tokens.length - 1;) {
+    if (slot.length === o.contextLength) {
+      if (o.recompute) {
+        const keep = o.keep ?? SHIFT_KEEP, discard = shiftDiscard(slot.cache, model.info, keep, slot.length);
+        if (discard < 1) throw new InferError("unsupported", `no position of a context of ${o.contextLength} can go`);
+        const kept = Int32Array.from([...slot.history.subarray(0, keep),
+          ...slot.history.subarray(keep + discard, slot.length)]);
+        rewindSlot(slot, 0);
+        for (let p = 0; p < kept.length; p += model.maxBatch) {
+          const n = Math.min(model.maxBatch, kept.length - p);
+          model.forward(kept.subarray(p, p + n), n, p, layers);
+        }
+        slot.history.set(kept);
+        slot.length = slot.reach = kept.length;
+        shifts++;
+      } else if (shiftSlot(engine.backend, slot, model.info, o.keep ?? SHIFT_KEEP) === 0) {
+        throw new InferError("unsupported", `the ${engine.backend.name} backend cannot shift this ` +
+          `model's context of ${o.contextLength} keeping ${o.keep ?? SHIFT_KEEP} positions`);
+      } else shifts++;
+    }
+    const n = Math.min(model.maxBatch, tokens.length - 1 - next, o.contextLength - slot.length);
+    const position = slot.length;
+    model.forward(tokens.subarray(next, next + n), n, position, layers, {
+      onLogits: (firstRow, rows, logits) => {
+        for (let r = 0; r < rows; r++) {
+          const target = next + firstRow + r + 1; // the token this row's logits predict
+          if (target < o.scoreFrom) continue;
+          refuseNonFinite(logits.subarray(r * vocab, (r + 1) * vocab), position + firstRow + r);
+          const v = -logSoftmax(logits, r * vocab, vocab, tokens[target]);
+          nll += v;
+          nll2 += v * v;
+          count++;
+        }
+      },
+    });
+    slot.history.set(tokens.subarray(next, next + n), position);
+    slot.length += n;
+    slot.reach = Math.max(slot.reach, slot.length);
+    next += n;
+  }
+  const mean = nll / count, ppl = Math.exp(mean);
+  const variance = nll2 / count - mean * mean;
+  const error = variance > 0 ? Math.sqrt(variance / (count - 1)) * ppl : 0;
+  return { perplexity: ppl, error, chunks: 1, scoredTokens: count, textTokens: tokens.length, shifts };
+}
+
 export function perplexityCommand(argv: string[]): number {
   const { values, positionals } = parseCommand(argv, {
     options: {
@@ -93,6 +168,9 @@ export function perplexityCommand(argv: string[]): number {
       backend: { type: "string" },
       "cache-type-k": { type: "string" },
       "cache-type-v": { type: "string" },
+      "context-shift": { type: "boolean" },
+      keep: { type: "string" },
+      "score-from": { type: "string" },
       help: { type: "boolean", short: "h" },
     },
     positionals: { expected: "<model.gguf> <text-file>", min: 2, max: 2 },
@@ -104,6 +182,15 @@ export function perplexityCommand(argv: string[]): number {
   const threads = threadsOption(values.threads), backend = backendOption(values.backend);
   const cacheTypeK = cacheTypeOption(values["cache-type-k"], "--cache-type-k");
   const cacheTypeV = cacheTypeOption(values["cache-type-v"], "--cache-type-v");
+  const shift = values["context-shift"] === true;
+  const keep = intOption(values.keep, "--keep", SHIFT_KEEP, 0);
+  const scoreFrom = intOption(values["score-from"], "--score-from", Math.floor(contextLength / 2), 1);
+  if (!shift && (values.keep !== undefined || values["score-from"] !== undefined)) {
+    throw new InferError("invalid_argument", "--keep and --score-from go with --context-shift");
+  }
+  if (shift && keep >= contextLength - 1) {
+    throw new InferError("invalid_argument", `--keep ${keep} leaves nothing of a context of ${contextLength} to drop`);
+  }
   const modelPath = resolveModel(positionals[0]);
   let text: string;
   try {
@@ -118,6 +205,13 @@ export function perplexityCommand(argv: string[]): number {
   });
   try {
     const t0 = performance.now();
+    if (shift) {
+      const r = streamingPerplexity(engine, text, { contextLength, scoreFrom, keep });
+      process.stderr.write(`one stream of ${r.textTokens} tokens through ${contextLength}, ${r.shifts} ` +
+        `shifts, ${r.scoredTokens} scored, ${((performance.now() - t0) / 1000).toFixed(1)} s\n`);
+      process.stdout.write(`Final estimate: PPL = ${r.perplexity.toFixed(4)} +/- ${r.error.toFixed(5)}\n`);
+      return 0;
+    }
     const r = perplexity(engine, text, {
       contextLength, chunks,
       onChunk: (c, ppl) => process.stderr.write(`[${c}]${ppl.toFixed(4)},`),

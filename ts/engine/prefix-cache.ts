@@ -12,7 +12,18 @@
 // of blocks allocated on demand up to `bytesMax` and then reused: when it is full the least
 // recently used block with no children is evicted (a parent is never dropped before its
 // children, which would strand them).
-import { kvBytes, kvTypesOf, type Backend, type KvLayer, type KvType, type KvTypes } from "../backend/backend.ts";
+//
+// Where the backend has a block store (KvBlockStore: the CPU on Linux, cpu-kv-share.ts), a
+// sequence holds the blocks of its full-attention layers by reference instead of a copy: restoring
+// a block maps it over the slot's rows, and a block a sequence saves is mapped back over the rows
+// it was read from, so n sequences with one 1,000-token prompt hold those rows once. A write to a
+// held row (a slot reused for another prompt) gives the writer its own copy of that page; before
+// a block's storage is reused the store gives every holder its own copy. Rings (sliding-window
+// layers, overwritten as the window moves) and rows not on page boundaries are copied as before;
+// so are the GPU backends' caches, which have no store.
+import {
+  kvBytes, kvTypesOf, type Backend, type KvBlockStore, type KvLayer, type KvType, type KvTypes,
+} from "../backend/backend.ts";
 import { InferError } from "../errors.ts";
 import type { KvShape } from "../model/model.ts";
 import type { Slot } from "./kv-cache.ts";
@@ -22,6 +33,8 @@ export interface PrefixCacheOptions {
   readonly blockTokens?: number;
   /** Memory for blocks at most (default 128 MiB). */
   readonly bytesMax?: number;
+  /** Hand sequences the blocks by reference where the backend can (default true); false: copies. */
+  readonly share?: boolean;
 }
 
 interface Block {
@@ -47,6 +60,8 @@ export interface PrefixCacheStats {
   /** Prompt positions copied from the cache, and looked up, since the start. */
   readonly restoredTokens: number;
   readonly lookedUpTokens: number;
+  /** Rows of blocks sequences hold by reference now (summed over layers); 0 where all are copies. */
+  readonly sharedRows: number;
 }
 
 export class PrefixCache {
@@ -56,6 +71,7 @@ export class PrefixCache {
   /** Every live block by key, least recently used first (a Map keeps insertion order). */
   private readonly byKey = new Map<string, Block>();
   private readonly type: KvTypes;
+  private readonly store: KvBlockStore | null;
   private allocated = 0;
   private nextId = 1;
   private restored = 0;
@@ -75,12 +91,14 @@ export class PrefixCache {
       throw new InferError("invalid_argument", `a prefix cache of ${o.bytesMax} bytes holds no ` +
         `block of ${this.blockTokens} positions (${this.blockBytes} bytes)`);
     }
+    this.store = (o.share ?? true) && be.kvBlockStore
+      ? be.kvBlockStore(shapes, type, this.blockTokens, this.blocksMax) : null;
   }
 
   stats(): PrefixCacheStats {
     return { blocks: this.byKey.size, bytes: this.allocated * this.blockBytes,
       bytesMax: this.blocksMax * this.blockBytes, restoredTokens: this.restored,
-      lookedUpTokens: this.lookedUp };
+      lookedUpTokens: this.lookedUp, sharedRows: this.store?.sharedRows ?? 0 };
   }
 
   private key(parent: Block | null, tokens: ArrayLike<number>, block: number): string {
@@ -119,6 +137,7 @@ export class PrefixCache {
       const from = dst.ring ? Math.max(0, positions - dst.cells) : held;
       for (let j = Math.floor(from / this.blockTokens); j < found.length; j++) {
         const start = Math.max(from, j * this.blockTokens);
+        if (start === j * this.blockTokens && this.hand(found[j].layers[i], dst, start)) continue;
         this.transfer(dst, found[j].layers[i], j * this.blockTokens, start,
           (j + 1) * this.blockTokens - start, true);
       }
@@ -151,9 +170,17 @@ export class PrefixCache {
         if (chain.last) chain.last.children++;
         this.byKey.set(key, block);
       }
+      // The slot now holds the block by reference instead of its own copy of the same rows.
+      for (let i = 0; i < layers.length; i++) this.hand(block.layers[i], layers[i], start);
       chain.last = block;
       chain.blocks++;
     }
+  }
+
+  /** Shares a whole block's rows into a slot's full layer at `position`; false: copy them. */
+  private hand(block: KvLayer, slot: KvLayer, position: number): boolean {
+    return !slot.ring && this.store !== null &&
+      this.store.share(block, 0, slot, position, this.blockTokens);
   }
 
   private touch(block: Block): void {
@@ -164,6 +191,7 @@ export class PrefixCache {
   /** Storage for a new block: a new allocation, or an evicted leaf other than `parent`. */
   private storage(parent: Block | null): readonly KvLayer[] | null {
     if (this.allocated < this.blocksMax) {
+      if (this.store) return this.store.block(this.allocated++);
       this.allocated++;
       return this.shapes.map((s) =>
         this.be.kvLayer(this.blockTokens, s.kvHeads, s.headDim, this.type, false));
@@ -173,6 +201,7 @@ export class PrefixCache {
       this.byKey.delete(block.key);
       block.evicted = true;
       if (block.parent) block.parent.children--;
+      this.store?.detach(block.layers);
       return block.layers;
     }
     return null;
