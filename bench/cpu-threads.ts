@@ -7,8 +7,9 @@
 // engine's decode as a share of the bandwidth limit (bandwidth ÷ the weight bytes a token reads).
 //   bun bench/cpu-threads.ts --plan "qwen3-0.6b/Q4_0/1,2,4,8,16;llama-3.2-1b/Q4_0,Q4_K/8,16"
 //       [--prefill 512] [--short 16] [--gen 32] [--deep 0] [--deep-gen 16] [--runs 1]
-//       [--llama-bench PATH] [--baseline-lib PATH] [--json FILE] [--md FILE]
-// --baseline-lib runs infer a second time on another libinfer build (INFER_LIB), as "before".
+//       [--llama-bench PATH] [--baseline-lib PATH] [--baseline-models M] [--json FILE] [--md FILE]
+// --baseline-lib runs infer a second time on another libinfer build (INFER_LIB), as "before"
+// (--baseline-models a,b: on those models only).
 // Models are written when missing; the 8B shape is llama-3.1-8b.
 import { writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -85,6 +86,7 @@ function main(): void {
   const runs = Number(arg("--runs", "1"));
   const llamaBench = arg("--llama-bench", "") || findPeers().llamaBench;
   const baselineLib = arg("--baseline-lib", "");
+  const baselineModels = arg("--baseline-models", "").split(",").filter(Boolean);
   const modes: Mode[] = sizes.deep > 0 ? ["prefill", "decode", "decode-deep"] : ["prefill", "decode"];
   const dir = join(tmpdir(), `infer-cpu-threads-${process.pid}`);
   const bandwidth = new Map<number, number>();
@@ -105,7 +107,7 @@ function main(): void {
         deep: sizes.deep, deepGen: sizes.deepGen };
       const results: Row["results"] = {};
       const engines: [Engine, (m: Mode) => RunResult][] = [["infer", (m) => runInfer(w, m, 300_000)]];
-      if (baselineLib) {
+      if (baselineLib && (baselineModels.length === 0 || baselineModels.includes(cell.model))) {
         engines.push(["before", (m) => withSettings({ INFER_LIB: baselineLib }, () => runInfer(w, m, 300_000))]);
       }
       if (llamaBench) engines.push(["llama.cpp", (m) => runLlamaBench({ dir: "", llamaBench, llamaCompletion: null,
@@ -127,12 +129,15 @@ function main(): void {
         }
       }
       rows.push({ ...cell, bandwidthGBs: bw.bestGBs, weightBytes: facts.weightBytes, results });
+      save(rows, modes, sizes, baselineLib !== ""); // after every row: a run cut short keeps its rows
     }
   }
-  const md = table(rows, modes, baselineLib !== "");
-  console.log(md);
+  console.log(table(rows, modes, baselineLib !== ""));
+}
+
+function save(rows: Row[], modes: Mode[], sizes: object, withBefore: boolean): void {
   const mdFile = arg("--md", ""), jsonFile = arg("--json", "");
-  if (mdFile) writeFileSync(mdFile, md + "\n");
+  if (mdFile) writeFileSync(mdFile, table(rows, modes, withBefore) + "\n");
   if (jsonFile) writeFileSync(jsonFile, JSON.stringify({ sizes, rows }, null, 1));
 }
 
