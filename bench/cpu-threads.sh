@@ -16,7 +16,8 @@ mkdir -p zig-out/lib && cp $D/lib/* zig-out/lib/
 grep -E "Model name|^CPU\(s\)|Thread|Core|Socket|NUMA node|L3" $OUT/lscpu.txt || true
 LB=/tmp/l/llama.cpp/b/bin/llama-bench
 # A llama-bench carried from an earlier call (built -march=native there) runs only on a like CPU.
-if [ -x "$D/llama-bench" ] && $D/llama-bench --help > /dev/null 2>&1; then LB=$PWD/$D/llama-bench; else
+if [ -x "$D/llama-bench" ] && { $D/llama-bench --help > /dev/null 2>&1 || [ ! -f $D/llama-src.tar.xz ]; }; then
+  LB=$PWD/$D/llama-bench; else
   mkdir -p /tmp/l && tar xJf $D/llama-src.tar.xz -C /tmp/l
   (cd /tmp/l/llama.cpp && cmake -B b -DGGML_NATIVE=ON -DGGML_CUDA=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF \
      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release > /tmp/cmake.log 2>&1 &&

@@ -6,7 +6,7 @@
 // decode of `--deep-gen` tokens after N. One markdown table, infer ÷ llama.cpp per cell, and each
 // engine's decode as a share of the bandwidth limit (bandwidth ÷ the weight bytes a token reads).
 //   bun bench/cpu-threads.ts --plan "qwen3-0.6b/Q4_0/1,2,4,8,16;llama-3.2-1b/Q4_0,Q4_K/8,16"
-//       [--prefill 512] [--short 16] [--gen 32] [--deep 0] [--deep-gen 16] [--runs 1]
+//       [--prefill 512] [--short 16] [--gen 32] [--deep 0] [--deep-gen 16] [--runs 1] [--modes decode,...]
 //       [--llama-bench PATH] [--baseline-lib PATH] [--baseline-models M] [--json FILE] [--md FILE]
 // --baseline-lib runs infer a second time on another libinfer build (INFER_LIB), as "before"
 // (--baseline-models a,b: on those models only).
@@ -87,7 +87,8 @@ function main(): void {
   const llamaBench = arg("--llama-bench", "") || findPeers().llamaBench;
   const baselineLib = arg("--baseline-lib", "");
   const baselineModels = arg("--baseline-models", "").split(",").filter(Boolean);
-  const modes: Mode[] = sizes.deep > 0 ? ["prefill", "decode", "decode-deep"] : ["prefill", "decode"];
+  const modes = (arg("--modes", sizes.deep > 0 ? "prefill,decode,decode-deep" : "prefill,decode").split(",") as Mode[])
+    .filter((m) => ["prefill", "decode", "decode-deep"].includes(m));
   const dir = join(tmpdir(), `infer-cpu-threads-${process.pid}`);
   const bandwidth = new Map<number, number>();
   const rows: Row[] = [];
