@@ -17,6 +17,11 @@ const tile_bytes_multi_token = 128 * 1024;
 /// Tasks per thread for a single token: enough to balance uneven cores, few enough that the
 /// atomic task counter is negligible.
 const tasks_per_thread = 4;
+/// From this many threads a single token's matvec takes one task per thread: every claim is an
+/// atomic on the one cache line all threads share, and at 16 threads of a server's mesh the ~80
+/// claims of 4 tasks per thread cost ~10 µs of a 16-36 µs matvec (bench/results/cpu.md), more
+/// than uneven cores lose. llama.cpp's matvec takes one chunk per thread too.
+const one_task_per_thread_from = 8;
 
 /// Quantized activations, owned by the library: grown when a call needs more, never freed per
 /// call. Guarded by `scratch_mutex` (one matmul at a time uses it).
@@ -153,7 +158,8 @@ pub fn matmul(
 
     const w_row_bytes = w_traits.rowBytes(n_in);
     const n_threads = threads.threadCount();
-    const n_tasks_balanced = n_threads * tasks_per_thread;
+    const per_thread: usize = if (n_tok == 1 and n_threads >= one_task_per_thread_from) 1 else tasks_per_thread;
+    const n_tasks_balanced = n_threads * per_thread;
     const balanced_rows = std.math.divCeil(usize, n_out, n_tasks_balanced) catch unreachable;
     const rows_ungrouped = if (n_tok == 1)
         balanced_rows
