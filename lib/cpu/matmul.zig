@@ -18,9 +18,10 @@ const tile_bytes_multi_token = 128 * 1024;
 /// atomic task counter is negligible.
 const tasks_per_thread = 4;
 /// From this many threads a single token's matvec takes one task per thread: every claim is an
-/// atomic on the one cache line all threads share, and at 16 threads of a server's mesh the ~80
-/// claims of 4 tasks per thread cost ~10 µs of a 16-36 µs matvec (bench/results/cpu.md), more
-/// than uneven cores lose. llama.cpp's matvec takes one chunk per thread too.
+/// atomic on the one cache line all threads share, and at 16 threads of a server's mesh the small
+/// matvecs took ~10 µs more than their bytes need with 4 tasks per thread (~80 claims an op;
+/// bench/results/cpu.md), more than uneven cores lose. llama.cpp's matvec takes one chunk per
+/// thread too.
 const one_task_per_thread_from = 8;
 
 /// Quantized activations, owned by the library: grown when a call needs more, never freed per
