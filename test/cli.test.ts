@@ -261,13 +261,13 @@ describe("quantize and perplexity", () => {
   });
 });
 
-test("-t above the core count is capped, with a note", () => {
+test("-t above the CPU count is capped, with a note", () => {
   const cores = availableParallelism();
   const r = cli("the cat", "-m", file("threads.gguf", tinyGemma3Gguf()), "-n", "2",
     "-t", String(cores + 1));
   expect(r.code).toBe(0);
   expect(r.stderr.split("\n")[0]).toBe(`infer: note: --threads ${cores + 1} is more than the ` +
-    `${cores} cores here; using ${cores}`);
+    `${cores} CPUs here; using ${cores}`);
 });
 
 // Ctrl-C needs a generation that outlasts the signal: the default model, writing until told

@@ -17,6 +17,12 @@ const tile_bytes_multi_token = 128 * 1024;
 /// Tasks per thread for a single token: enough to balance uneven cores, few enough that the
 /// atomic task counter is negligible.
 const tasks_per_thread = 4;
+/// From this many threads a single token's matvec takes one task per thread: every claim is an
+/// atomic on the one cache line all threads share, and at 16 threads of a server's mesh the small
+/// matvecs took ~10 µs more than their bytes need with 4 tasks per thread (~80 claims an op;
+/// bench/results/cpu.md), more than uneven cores lose. llama.cpp's matvec takes one chunk per
+/// thread too.
+const one_task_per_thread_from = 8;
 
 /// Quantized activations, owned by the library: grown when a call needs more, never freed per
 /// call. Guarded by `scratch_mutex` (one matmul at a time uses it).
@@ -153,7 +159,8 @@ pub fn matmul(
 
     const w_row_bytes = w_traits.rowBytes(n_in);
     const n_threads = threads.threadCount();
-    const n_tasks_balanced = n_threads * tasks_per_thread;
+    const per_thread: usize = if (n_tok == 1 and n_threads >= one_task_per_thread_from) 1 else tasks_per_thread;
+    const n_tasks_balanced = n_threads * per_thread;
     const balanced_rows = std.math.divCeil(usize, n_out, n_tasks_balanced) catch unreachable;
     const rows_ungrouped = if (n_tok == 1)
         balanced_rows
@@ -181,6 +188,44 @@ pub fn matmul(
     threads.run(std.math.divCeil(usize, n_out, rows_per_task) catch unreachable, &job, runTask);
 }
 
+const RepackJob = struct {
+    type_id: u32,
+    src: [*]const u8,
+    dst: [*]u8,
+    n_out: usize,
+    n_in: usize,
+    row_bytes: usize,
+    rows_per_task: usize,
+};
+
+fn runRepackTask(job: *const RepackJob, task: usize) void {
+    const first = task * job.rows_per_task;
+    const rows = @min(job.rows_per_task, job.n_out - first);
+    const at = first * job.row_bytes;
+    types.repack(job.type_id, job.src + at, rows, job.n_in, job.dst + at);
+}
+
+/// types.repack across the thread pool: each group of eight rows is independent and lands at its
+/// rows' own offset, so tasks of whole groups write disjoint bytes with the same result. Spread
+/// over the threads, the copy's pages are first touched by the pool (on a machine of several
+/// memory nodes, near the threads that read them) and a large model repacks in a fraction of
+/// the time.
+pub fn repackParallel(type_id: u32, src: [*]const u8, n_out: usize, n_in: usize, dst: [*]u8) void {
+    const traits = types.get(type_id).?;
+    const n_tasks_balanced = threads.threadCount() * tasks_per_thread;
+    const rows_per_task = std.mem.alignForward(usize, std.math.divCeil(usize, n_out, n_tasks_balanced) catch unreachable, 8);
+    const job = RepackJob{
+        .type_id = type_id,
+        .src = src,
+        .dst = dst,
+        .n_out = n_out,
+        .n_in = n_in,
+        .row_bytes = traits.rowBytes(n_in),
+        .rows_per_task = rows_per_task,
+    };
+    threads.run(std.math.divCeil(usize, n_out, rows_per_task) catch unreachable, &job, runRepackTask);
+}
+
 const simd = @import("../quant/simd.zig");
 
 test "matmul over repacked Q4_0, Q8_0 and Q4_K equals matmul over the rows as stored, bit for bit" {
@@ -203,6 +248,17 @@ test "matmul over repacked Q4_0, Q8_0 and Q4_K equals matmul over the rows as st
                 const w_packed = try alloc.alloc(u8, w.len);
                 defer alloc.free(w_packed);
                 types.repack(@intFromEnum(type_id), w.ptr, n_out, n_in, w_packed.ptr);
+                if (n_tok == 1) {
+                    // The pool's repack writes the same bytes as the serial one.
+                    const w_parallel = try alloc.alloc(u8, w.len);
+                    defer alloc.free(w_parallel);
+                    for ([_]usize{ 1, 3 }) |n_threads| {
+                        try threads.setThreadCount(n_threads);
+                        @memset(w_parallel, 0xa5);
+                        repackParallel(@intFromEnum(type_id), w.ptr, n_out, n_in, w_parallel.ptr);
+                        try std.testing.expectEqualSlices(u8, w_packed, w_parallel);
+                    }
+                }
                 const x = try alloc.alloc(f32, n_tok * n_in);
                 defer alloc.free(x);
                 rng.floats(x, 2);

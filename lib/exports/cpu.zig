@@ -229,7 +229,7 @@ export fn infer_repack(type_id: u32, src: ?[*]const u8, n_out: u64, n_in: u64, d
     if (!quantBlocksOk(t, n_in, "repack: n_in")) return quantInvalid();
     _ = std.math.mul(u64, n_in / t.block_values * t.block_bytes, n_out) catch
         return status.fail(.invalid_argument, "repack: weight size overflows", .{});
-    quant_types.repack(type_id, s, @intCast(n_out), @intCast(n_in), d);
+    cpu_matmul.repackParallel(type_id, s, @intCast(n_out), @intCast(n_in), d);
     return 0;
 }
 
@@ -287,7 +287,19 @@ export fn infer_rms_norm(
     const n = opsCount(n_rows, n_cols) orelse
         return opsInvalid("rms_norm: {d} x {d} overflows", .{ n_rows, n_cols });
     const w: ?[]const f32 = if (weight) |p| p[0..n_cols] else null;
-    norm.rmsNorm(x[0..n], w, n_cols, eps, out[0..n]);
+    const Rows = struct {
+        x: [*]const f32,
+        w: ?[]const f32,
+        n_cols: usize,
+        eps: f32,
+        out: [*]f32,
+        fn range(r: *const @This(), begin: usize, end: usize) void {
+            norm.rmsNorm(r.x[begin * r.n_cols .. end * r.n_cols], r.w, r.n_cols, r.eps, r.out[begin * r.n_cols .. end * r.n_cols]);
+        }
+    };
+    _ = n;
+    const rows: Rows = .{ .x = x, .w = w, .n_cols = @intCast(n_cols), .eps = eps, .out = out };
+    cpu_threads.runRanges(@intCast(n_rows), 1, rowsPerTask(n_cols), &rows, Rows.range);
     return 0;
 }
 
@@ -303,7 +315,19 @@ export fn infer_rms_norm_add(
     if (n_cols == 0) return opsInvalid("rms_norm_add: n_cols must be > 0", .{});
     const n = opsCount(n_rows, n_cols) orelse
         return opsInvalid("rms_norm_add: {d} x {d} overflows", .{ n_rows, n_cols });
-    norm.rmsNormAdd(x[0..n], weight[0..n_cols], n_cols, eps, residual[0..n]);
+    const Rows = struct {
+        x: [*]const f32,
+        w: []const f32,
+        n_cols: usize,
+        eps: f32,
+        residual: [*]f32,
+        fn range(r: *const @This(), begin: usize, end: usize) void {
+            norm.rmsNormAdd(r.x[begin * r.n_cols .. end * r.n_cols], r.w, r.n_cols, r.eps, r.residual[begin * r.n_cols .. end * r.n_cols]);
+        }
+    };
+    _ = n;
+    const rows: Rows = .{ .x = x, .w = weight[0..n_cols], .n_cols = @intCast(n_cols), .eps = eps, .residual = residual };
+    cpu_threads.runRanges(@intCast(n_rows), 1, rowsPerTask(n_cols), &rows, Rows.range);
     return 0;
 }
 
@@ -329,7 +353,17 @@ export fn infer_rope(
         return opsInvalid("rope: bad attn_factor {d}", .{s.attn_factor});
     const per_tok = opsCount(s.n_heads, s.head_dim) orelse return opsInvalid("rope: overflow", .{});
     const n = opsCount(s.n_tok, per_tok) orelse return opsInvalid("rope: overflow", .{});
-    rope.rope(x[0..n], positions[0..s.n_tok], .{
+    _ = n;
+    const Tokens = struct {
+        x: [*]f32,
+        positions: [*]const i32,
+        per_tok: usize,
+        params: rope.Params,
+        fn range(r: *const @This(), begin: usize, end: usize) void {
+            rope.rope(r.x[begin * r.per_tok .. end * r.per_tok], r.positions[begin..end], r.params);
+        }
+    };
+    const tokens: Tokens = .{ .x = x, .positions = positions, .per_tok = @intCast(per_tok), .params = .{
         .n_heads = s.n_heads,
         .head_dim = s.head_dim,
         .n_rot = s.n_rot,
@@ -338,7 +372,8 @@ export fn infer_rope(
         .attn_factor = s.attn_factor,
         .mode = rope_mode,
         .freq_factors = if (freq_factors) |f| f[0 .. s.n_rot / 2] else null,
-    });
+    } };
+    cpu_threads.runRanges(s.n_tok, 1, rowsPerTask(per_tok), &tokens, Tokens.range);
     return 0;
 }
 
@@ -431,14 +466,38 @@ export fn infer_kv_store(src: [*]const f32, dst: [*]u8, dst_type: u32, n: u64) i
 
 /// out = gelu_tanh(gate) · up; out may alias gate or up.
 export fn infer_gelu_mul(gate: [*]const f32, up: [*]const f32, n: u64, out: [*]f32) i32 {
-    act.gated(.gelu_tanh, gate[0..n], up[0..n], out[0..n]);
+    gatedParallel(.gelu_tanh, gate, up, @intCast(n), out);
     return 0;
 }
 
 /// out = silu(gate) · up; out may alias gate or up.
 export fn infer_silu_mul(gate: [*]const f32, up: [*]const f32, n: u64, out: [*]f32) i32 {
-    act.gated(.silu, gate[0..n], up[0..n], out[0..n]);
+    gatedParallel(.silu, gate, up, @intCast(n), out);
     return 0;
+}
+
+/// Values per task of the row-wise and element-wise ops across the pool: below this an op runs
+/// on the calling thread (a decode step's rows cost less than a pool op). A prompt's rows are
+/// split by whole rows (tokens) and elements by whole vectors, so every value is computed as on
+/// one thread.
+const values_per_task = 16 * 1024;
+
+fn rowsPerTask(n_cols: u64) usize {
+    return @intCast(@max(1, values_per_task / @max(n_cols, 1)));
+}
+
+fn gatedParallel(kind: act.Gate, gate: [*]const f32, up: [*]const f32, n: usize, out: [*]f32) void {
+    const Elements = struct {
+        kind: act.Gate,
+        gate: [*]const f32,
+        up: [*]const f32,
+        out: [*]f32,
+        fn range(r: *const @This(), begin: usize, end: usize) void {
+            act.gated(r.kind, r.gate[begin..end], r.up[begin..end], r.out[begin..end]);
+        }
+    };
+    const elements: Elements = .{ .kind = kind, .gate = gate, .up = up, .out = out };
+    cpu_threads.runRanges(n, 64, values_per_task, &elements, Elements.range);
 }
 
 /// Row-wise softmax in place.
@@ -452,7 +511,16 @@ export fn infer_softmax(x: [*]f32, n_rows: u64, n_cols: u64) i32 {
 
 /// out = a + b; out may alias a or b.
 export fn infer_add(a: [*]const f32, b: [*]const f32, n: u64, out: [*]f32) i32 {
-    act.add(a[0..n], b[0..n], out[0..n]);
+    const Elements = struct {
+        a: [*]const f32,
+        b: [*]const f32,
+        out: [*]f32,
+        fn range(r: *const @This(), begin: usize, end: usize) void {
+            act.add(r.a[begin..end], r.b[begin..end], r.out[begin..end]);
+        }
+    };
+    const elements: Elements = .{ .a = a, .b = b, .out = out };
+    cpu_threads.runRanges(@intCast(n), 64, values_per_task, &elements, Elements.range);
     return 0;
 }
 

@@ -21,7 +21,7 @@ import { CompletionStream } from "./stream.ts";
 export interface LoadOptions {
   /** cpu, cuda, metal, or auto: Metal on Apple silicon, else CUDA when available, else the CPU (default). */
   readonly backend?: BackendKind;
-  /** CPU threads (default: all cores). */
+  /** CPU threads (default: physical cores). */
   readonly threads?: number;
   /** Positions each sequence's KV cache holds (default: min(4096, the model's)). */
   readonly contextLength?: number;

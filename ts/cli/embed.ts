@@ -28,7 +28,7 @@ options:
   --no-normalize         print the pooled vectors as they are
   -c, --ctx-size N       context length in tokens, the longest input
                          (default: min(4096, the model's))
-  -t, --threads N        CPU threads (default: all cores)
+  -t, --threads N        CPU threads (default: physical cores)
   --backend B            cpu, cuda, metal, or auto (default: auto)
   -q, --quiet            no progress bar while the model loads
   -h, --help             this text

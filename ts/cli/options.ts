@@ -8,6 +8,7 @@ import { backendKinds, parseBackendKind, type BackendKind } from "../backend/sel
 import { setting } from "../config/env.ts";
 import { InferError, quote } from "../errors.ts";
 import { defaultSampling, type SamplerOptions } from "../sample/sampler.ts";
+import { defaultThreads } from "../native/cpu-cores.ts";
 import {
   defaultDraftMax, SELF_DRAFT, speculationModes, type SpeculationMode, type SpeculationOptions,
 } from "../engine/speculation.ts";
@@ -52,7 +53,7 @@ export function generationHelp(defaultTokens: string): string {
   -c, --ctx-size N       context length in tokens (default: min(4096, the model's))
   -ctk, --cache-type-k T KV cache keys: f16, q8_0 or q4_0 (default f16; CPU backend)
   -ctv, --cache-type-v T KV cache values, as -ctk (q4_0 keys cost the most quality)
-  -t, --threads N        CPU threads (default: all cores; more than the cores are capped)
+  -t, --threads N        CPU threads (default: physical cores; capped to the CPUs)
   --backend B            cpu, cuda, metal, or auto: Metal on Apple silicon, else CUDA when
                          available, else the CPU (default: auto)
 
@@ -159,16 +160,17 @@ export function floatOption(value: string | undefined, name: string, fallback: n
 }
 
 /**
- * --threads: more threads than cores only slow decoding down (64 threads on 2 cores decode at
- * 5% of the speed), so a larger count is capped to the cores, with a note.
+ * --threads: the default is one per physical core (ts/native/cpu-cores.ts). More threads than
+ * logical CPUs only slow decoding down (64 threads on 2 cores decode at 5% of the speed), so a
+ * larger count is capped to the logical CPUs, with a note.
  */
 export function threadsOption(value: string | undefined): number {
-  const cores = availableParallelism();
-  const n = intOption(value, "--threads", cores, 1);
-  if (n <= cores) return n;
-  process.stderr.write(`infer: note: --threads ${n} is more than the ${cores} cores here; ` +
-    `using ${cores}\n`);
-  return cores;
+  const cpus = availableParallelism();
+  const n = intOption(value, "--threads", defaultThreads(), 1);
+  if (n <= cpus) return n;
+  process.stderr.write(`infer: note: --threads ${n} is more than the ${cpus} CPUs here; ` +
+    `using ${cpus}\n`);
+  return cpus;
 }
 
 export function backendOption(value: string | undefined): BackendKind {

@@ -26,7 +26,7 @@ Scores the text as llama-perplexity does (chunks of n_ctx tokens, second half of
 options:
   -c, --ctx-size N   tokens per chunk (default 512)
   --chunks N         score at most N chunks (default: all)
-  -t, --threads N    CPU threads (default: all cores; more than the cores are capped)
+  -t, --threads N    CPU threads (default: physical cores; capped to the CPUs)
   --backend B        cpu, cuda, metal or auto: a GPU when available (default: auto)
   -ctk, --cache-type-k T  KV cache keys: f16, q8_0 or q4_0 (default f16)
   -ctv, --cache-type-v T  KV cache values, as -ctk

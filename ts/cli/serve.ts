@@ -51,7 +51,7 @@ another origin are refused (403) unless --cors allows that origin.
   --prefix-cache MIB     memory for the prefix cache (default 128; 0: off)
 ${speculationHelp.trimEnd()}
                          (for requests without infer's own fields "spec" and "draft_max")
-  -t, --threads N        CPU threads (default: all cores)
+  -t, --threads N        CPU threads (default: physical cores)
   --backend B            cpu, cuda, metal or auto: a GPU when available (default: auto)
   --api-key KEY          require 'Authorization: Bearer KEY' on /v1/* (also: INFER_API_KEY)
   --queue N              requests that may wait for a slot (default 16)

@@ -7,7 +7,6 @@
 // (the next turn of a chat) reuses that prefix and evaluates only the rest; the arithmetic is the
 // same either way, because a prompt evaluated in one batch equals the same prompt fed in pieces.
 import { existsSync } from "node:fs";
-import { availableParallelism } from "node:os";
 import { kvTypes, type Backend, type KvType } from "../backend/backend.ts";
 import { chooseBackend, type BackendKind } from "../backend/select.ts";
 import { InferError } from "../errors.ts";
@@ -15,6 +14,7 @@ import { openGguf, type GgufFile } from "../gguf/reader.ts";
 import type { Model, ModelShape } from "../model/model.ts";
 import type { Pooling } from "../model/pooling.ts";
 import { planModel } from "../model/registry.ts";
+import { defaultThreads } from "../native/cpu-cores.ts";
 import { tokenizerFromMetadata, type Tokenizer } from "../tokenizer/index.ts";
 import type { GenerateOptions, GenerateResult } from "./generation.ts";
 import {
@@ -75,7 +75,7 @@ export class Engine {
       const chosen = chooseBackend(options.backend ?? "cpu");
       backend = chosen.backend;
       backendWhy = chosen.why;
-      if (options.threads !== undefined) backend.setThreads(options.threads);
+      backend.setThreads(options.threads ?? defaultThreads());
       // Everything is validated, and the memory it takes checked, before anything is allocated.
       const planned = planModel(file), shape = planned.shape;
       const tokenizer = tokenizerFromMetadata(file.metadata);
@@ -98,7 +98,7 @@ export class Engine {
         }
       }
       const plan = { contextLength, maxBatch, kvType, slots: 1,
-        threads: options.threads ?? availableParallelism() };
+        threads: options.threads ?? defaultThreads() };
       checkMemory(backend, file, shape, plan);
       const onProgress = options.onProgress;
       const total = file.tensors.size;
