@@ -57,14 +57,14 @@ describe("cache types that cannot be", () => {
   test("an unknown type is an invalid_argument InferError naming the types", () => {
     let err: unknown;
     try {
-      Engine.open({ modelPath: defaultModelPath(), cacheTypeK: "tq3" as KvType });
+      Engine.open({ modelPath: defaultModelPath(), cacheTypeK: "q5_1" as KvType });
     } catch (e) {
       err = e;
     }
     expect(err).toBeInstanceOf(InferError);
     expect((err as InferError).code).toBe(existsSync(defaultModelPath()) ? "invalid_argument" : "io");
     if (existsSync(defaultModelPath())) {
-      expect((err as Error).message).toBe("KV cache type 'tq3' is not one of f16, f32, q8_0, q4_0");
+      expect((err as Error).message).toBe("KV cache type 'q5_1' is not one of f16, f32, q8_0, q4_0, tq3, tq4");
     }
   });
 });

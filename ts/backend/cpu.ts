@@ -36,6 +36,8 @@ class CpuActivation implements Activation {
 /** The ggml type id lib/cpu/attention.zig reads a cache of this type as. */
 const kvTypeIds: Record<KvType, number> = {
   f32: GgmlType.F32, f16: GgmlType.F16, q8_0: GgmlType.Q8_0, q4_0: GgmlType.Q4_0,
+  // infer's own ids, past ggml's (lib/cpu/kv_turbo.zig)
+  tq3: 103, tq4: 104,
 };
 
 class CpuKvLayer implements KvLayer {
@@ -178,12 +180,20 @@ export class CpuBackend implements Backend {
   kvLayer(cells: number, kvHeads: number, headDim: number, types: KvType | KvTypes, ring: boolean): KvLayer {
     const type = kvTypesOf(types);
     for (const t of [type.k, type.v]) {
-      if (!(t in kvTypeIds)) throw new InferError("invalid_argument", `KV cache type '${t}' is not f16, f32, q8_0 or q4_0`);
+      if (!(t in kvTypeIds)) {
+        throw new InferError("invalid_argument", `KV cache type '${t}' is not f16, f32, q8_0, q4_0, tq3 or tq4`);
+      }
       if ((t === "q8_0" || t === "q4_0") && headDim % 32 !== 0) {
         throw new InferError("unsupported", `a ${t} KV cache needs head_dim a multiple of 32; this model's is ${headDim}`);
       }
+      // The rotation is a Walsh-Hadamard transform over the head vector.
+      const powerOfTwo = headDim >= 8 && headDim <= 1024 && (headDim & (headDim - 1)) === 0;
+      if ((t === "tq3" || t === "tq4") && !powerOfTwo) {
+        throw new InferError("unsupported",
+          `a ${t} KV cache needs head_dim a power of two from 8 to 1024; this model's is ${headDim}`);
+      }
     }
-    const kRowBytes = kvBytes(type.k, kvHeads * headDim), vRowBytes = kvBytes(type.v, kvHeads * headDim);
+    const kRowBytes = kvBytes(type.k, kvHeads * headDim, headDim), vRowBytes = kvBytes(type.v, kvHeads * headDim, headDim);
     const k = this.arena.alloc(cells * kRowBytes), v = this.arena.alloc(cells * vRowBytes);
     return new CpuKvLayer(cells, ring, kvHeads, headDim, kvTypeIds[type.k], kvTypeIds[type.v],
       kRowBytes, vRowBytes, k.address, v.address, k.bytes, v.bytes);
@@ -267,10 +277,10 @@ export class CpuBackend implements Backend {
 
   private storeRows(l: CpuKvLayer, k: Activation, v: Activation, row: number, cell: number, rows: number): void {
     const n = rows * l.kvHeads * l.headDim, src = row * k.cols * 4;
-    check(this.lib.infer_kv_store(offsetAddress(a(k).address, src), offsetAddress(l.k, cell * l.kRowBytes), l.kTypeId, n),
-      "kv_store k");
-    check(this.lib.infer_kv_store(offsetAddress(a(v).address, src), offsetAddress(l.v, cell * l.vRowBytes), l.vTypeId, n),
-      "kv_store v");
+    check(this.lib.infer_kv_store(offsetAddress(a(k).address, src), offsetAddress(l.k, cell * l.kRowBytes), l.kTypeId, n,
+      l.headDim), "kv_store k");
+    check(this.lib.infer_kv_store(offsetAddress(a(v).address, src), offsetAddress(l.v, cell * l.vRowBytes), l.vTypeId, n,
+      l.headDim), "kv_store v");
   }
 
   attention(q: Activation, layer: KvLayer, rows: number, position: number, o: AttentionOptions,
@@ -306,7 +316,8 @@ export class CpuBackend implements Backend {
       const from = keep + discard, rows = length - from;
       if (rows <= 0) return;
       const keys = this.rotatedKeys(l, from, rows, rope, discard);
-      check(this.lib.infer_kv_store(keys, offsetAddress(l.k, keep * l.kRowBytes), l.kTypeId, rows * kvDim), "kv_store k");
+      check(this.lib.infer_kv_store(keys, offsetAddress(l.k, keep * l.kRowBytes), l.kTypeId, rows * kvDim, l.headDim),
+        "kv_store k");
       l.vBytes.copyWithin(keep * l.vRowBytes, from * l.vRowBytes, length * l.vRowBytes);
       return;
     }
@@ -315,10 +326,10 @@ export class CpuBackend implements Backend {
     const cells = l.cells, turn = discard % cells;
     const keys = this.rotatedKeys(l, 0, cells, rope, discard);
     const tail = (cells - turn) * kvDim;
-    check(this.lib.infer_kv_store(keys.subarray(turn * kvDim), l.k, l.kTypeId, tail), "kv_store k");
+    check(this.lib.infer_kv_store(keys.subarray(turn * kvDim), l.k, l.kTypeId, tail, l.headDim), "kv_store k");
     if (turn > 0) {
       check(this.lib.infer_kv_store(keys.subarray(0, turn * kvDim), offsetAddress(l.k, (cells - turn) * l.kRowBytes),
-        l.kTypeId, turn * kvDim), "kv_store k");
+        l.kTypeId, turn * kvDim, l.headDim), "kv_store k");
     }
     const values = l.vBytes.slice(0, cells * l.vRowBytes);
     l.vBytes.set(values.subarray(turn * l.vRowBytes), 0);
@@ -329,7 +340,7 @@ export class CpuBackend implements Backend {
   private rotatedKeys(l: CpuKvLayer, first: number, rows: number, rope: RopeOptions, discard: number): Float32Array {
     const kvDim = l.kvHeads * l.headDim, keys = new Float32Array(rows * kvDim);
     const src = l.kBytes.subarray(first * l.kRowBytes, (first + rows) * l.kRowBytes);
-    check(this.lib.infer_dequantize(l.kTypeId, src, rows * kvDim, keys), "dequantize keys");
+    check(this.lib.infer_kv_load(src, l.kTypeId, rows * kvDim, l.headDim, keys), "kv_load keys");
     const positions = new Int32Array(rows).fill(-discard);
     let factors: Pointer | null = null;
     if (rope.freqFactors) factors = w(rope.freqFactors).address;

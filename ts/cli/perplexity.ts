@@ -21,7 +21,7 @@ options:
   --chunks N         score at most N chunks (default: all)
   -t, --threads N    CPU threads (default: all cores; more than the cores are capped)
   --backend B        cpu, cuda, metal or auto: a GPU when available (default: auto)
-  -ctk, --cache-type-k T  KV cache keys: f16, q8_0 or q4_0 (default f16)
+  -ctk, --cache-type-k T  KV cache keys: f16, q8_0, q4_0, tq4 or tq3 (default f16)
   -ctv, --cache-type-v T  KV cache values, as -ctk
   -h, --help         this text
 `;
