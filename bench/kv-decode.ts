@@ -31,8 +31,8 @@ for (const keys of keysList) {
     for (let l = 0; l < layers; l++) {
       k.push(new Uint8Array(bytes));
       v.push(new Uint8Array(bytes));
-      lib.infer_kv_store(src, k[l], typeIds[t], src.length, d);
-      lib.infer_kv_store(src, v[l], typeIds[t], src.length, d);
+      lib.infer_kv_store(src, k[l], typeIds[t], src.length, d, null, 0);
+      lib.infer_kv_store(src, v[l], typeIds[t], src.length, d, null, 0);
     }
     caches.set(t, { k, v });
   }

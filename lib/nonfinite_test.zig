@@ -50,7 +50,7 @@ const abi = struct {
         n_ids: u64,
         dst: ?[*]f32,
     ) i32;
-    extern fn infer_kv_store(src: [*]const f32, dst: [*]u8, dst_type: u32, n: u64, head_dim: u64) i32;
+    extern fn infer_kv_store(src: [*]const f32, dst: [*]u8, dst_type: u32, n: u64, head_dim: u64, anchor: ?[*]const f32, anchor_len: u64) i32;
     extern fn infer_matmul(
         w: ?[*]const u8,
         w_type: u32,
@@ -282,8 +282,8 @@ test "attention: NaN in a query or in the cache reaches the heads that read it" 
                     defer alloc.free(k);
                     const v = try alloc.alignedAlloc(u8, 4, bytes);
                     defer alloc.free(v);
-                    try ok(abi.infer_kv_store(kf.ptr, k.ptr, kv_type, kf.len, c.d));
-                    try ok(abi.infer_kv_store(vf.ptr, v.ptr, kv_type, vf.len, c.d));
+                    try ok(abi.infer_kv_store(kf.ptr, k.ptr, kv_type, kf.len, c.d, null, 0));
+                    try ok(abi.infer_kv_store(vf.ptr, v.ptr, kv_type, vf.len, c.d, null, 0));
                     const shape: shapes.AttentionShape = .{
                         .k_type = kv_type,
                         .v_type = kv_type,

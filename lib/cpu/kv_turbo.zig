@@ -185,12 +185,21 @@ pub fn unrotateScalar(x: []f32) void {
 /// Codes one head vector x (x.len = d, supported) into dst (vectorBytes(bits, d) bytes).
 /// A non-finite value makes the scale NaN, so attention over it is NaN as over an f16 cache.
 pub fn encode(comptime bits: u32, x: []const f32, dst: [*]u8) void {
+    encodeOffset(bits, x, null, dst);
+}
+
+/// Codes x - anchor (anchor null: x): a K cache codes its keys less a vector common to them all
+/// (attention.zig's anchors), which moves every score of a query alike and so no softmax.
+pub fn encodeOffset(comptime bits: u32, x: []const f32, anchor: ?[]const f32, dst: [*]u8) void {
     const d = x.len;
     const mags = comptime magnitudes(bits);
     const bounds = comptime thresholds(bits);
     var y_buf: [dim_max]f32 = undefined;
     const y = y_buf[0..d];
     @memcpy(y, x);
+    if (anchor) |a| for (y, a) |*v, c| {
+        v.* -= c;
+    };
     rotate(y);
     var sum_sq: f32 = 0;
     for (y) |v| sum_sq += v * v;

@@ -411,20 +411,33 @@ export fn infer_attention(
 /// Writes n f32 values into a K/V cache as dst_type (0 = F32, 1 = F16 rounded to nearest even,
 /// 2 = Q4_0, 8 = Q8_0 as llama.cpp quantizes a cache row, n a multiple of 32 for those; 103 =
 /// TQ3, 104 = TQ4, infer's rotated codes, one per head vector of head_dim values, n a multiple
-/// of head_dim). head_dim matters only to TQ3/TQ4.
-export fn infer_kv_store(src: [*]const f32, dst: [*]u8, dst_type: u32, n: u64, head_dim: u64) i32 {
+/// of head_dim). head_dim matters only to TQ3/TQ4, which may code each row of anchor_len values
+/// less `anchor` (null: none; see cpu/attention.zig store).
+export fn infer_kv_store(src: [*]const f32, dst: [*]u8, dst_type: u32, n: u64, head_dim: u64, anchor: ?[*]const f32, anchor_len: u64) i32 {
     const cache_type = kvTypeOf("kv_store: dst_type", dst_type) orelse return quantInvalid();
     if (!kvCountOk("kv_store", cache_type, n, head_dim)) return quantInvalid();
-    attention.store(src[0..n], dst, cache_type, head_dim);
+    const a = anchorOf("kv_store", cache_type, anchor, anchor_len, n, head_dim) catch return quantInvalid();
+    attention.storeAnchored(src[0..n], dst, cache_type, head_dim, a);
     return 0;
 }
 
+fn anchorOf(what: []const u8, t: attention.KvType, anchor: ?[*]const f32, len: u64, n: u64, head_dim: u64) error{Invalid}!?[]const f32 {
+    const a = anchor orelse return null;
+    if (!t.turbo() or len == 0 or len % head_dim != 0 or n % len != 0) {
+        _ = opsInvalid("{s}: an anchor is for tq3/tq4 and needs {d} values a multiple of head_dim {d} dividing {d}", .{ what, len, head_dim, n });
+        return error.Invalid;
+    }
+    return a[0..len];
+}
+
 /// Reads n values of a K/V cache of src_type (as infer_kv_store writes them) back as f32: the
-/// rotated codes decoded and rotated back. For the context shift, which re-rotates kept keys.
-export fn infer_kv_load(src: [*]const u8, src_type: u32, n: u64, head_dim: u64, dst: [*]f32) i32 {
+/// rotated codes decoded and rotated back, their anchor added back. For the context shift, which
+/// re-rotates kept keys, and for copies between caches whose anchors differ.
+export fn infer_kv_load(src: [*]const u8, src_type: u32, n: u64, head_dim: u64, anchor: ?[*]const f32, anchor_len: u64, dst: [*]f32) i32 {
     const cache_type = kvTypeOf("kv_load: src_type", src_type) orelse return quantInvalid();
     if (!kvCountOk("kv_load", cache_type, n, head_dim)) return quantInvalid();
-    attention.load(src, cache_type, dst[0..n], head_dim);
+    const a = anchorOf("kv_load", cache_type, anchor, anchor_len, n, head_dim) catch return quantInvalid();
+    attention.load(src, cache_type, dst[0..n], head_dim, a);
     return 0;
 }
 

@@ -47,6 +47,21 @@ class CpuKvLayer implements KvLayer {
     readonly kRowBytes: number, readonly vRowBytes: number,
     readonly k: Pointer, readonly v: Pointer, readonly kBytes: Uint8Array,
     readonly vBytes: Uint8Array) {}
+
+  /**
+   * What a tq3/tq4 K layer codes its keys less (lib/cpu/attention.zig store): the mean of the
+   * first 16 or more keys it stores, then fixed for its life (every score of a query moves by the
+   * same amount, so attention is unchanged, but the codes no longer spend their precision on the
+   * large vector Gemma 3's keys share). undefined: nothing stored yet; null: stored without one.
+   */
+  kAnchor: Float32Array | null | undefined = undefined;
+}
+
+/** Keys a first store needs to set a tq3/tq4 K layer's anchor (fewer: no anchor). */
+const ANCHOR_ROWS_MIN = 16;
+
+function isTurbo(typeId: number): boolean {
+  return typeId === kvTypeIds.tq3 || typeId === kvTypeIds.tq4;
 }
 
 function w(x: Weight): CpuWeight { return x as CpuWeight; }
@@ -277,10 +292,29 @@ export class CpuBackend implements Backend {
 
   private storeRows(l: CpuKvLayer, k: Activation, v: Activation, row: number, cell: number, rows: number): void {
     const n = rows * l.kvHeads * l.headDim, src = row * k.cols * 4;
+    const anchor = this.keyAnchor(l, k, row, rows);
     check(this.lib.infer_kv_store(offsetAddress(a(k).address, src), offsetAddress(l.k, cell * l.kRowBytes), l.kTypeId, n,
-      l.headDim), "kv_store k");
+      l.headDim, anchor, anchor?.length ?? 0), "kv_store k");
     check(this.lib.infer_kv_store(offsetAddress(a(v).address, src), offsetAddress(l.v, cell * l.vRowBytes), l.vTypeId, n,
-      l.headDim), "kv_store v");
+      l.headDim, null, 0), "kv_store v");
+  }
+
+  /** The layer's key anchor, decided by its first store (see CpuKvLayer.kAnchor). */
+  private keyAnchor(l: CpuKvLayer, k: Activation, row: number, rows: number): Float32Array | null {
+    if (!isTurbo(l.kTypeId)) return null;
+    if (l.kAnchor === undefined) {
+      if (rows < ANCHOR_ROWS_MIN) {
+        l.kAnchor = null;
+      } else {
+        const kvDim = l.kvHeads * l.headDim, f = a(k).f32, sum = new Float64Array(kvDim);
+        for (let r = 0; r < rows; r++) {
+          const base = (row + r) * k.cols;
+          for (let i = 0; i < kvDim; i++) sum[i] += f[base + i];
+        }
+        l.kAnchor = Float32Array.from(sum, (x) => x / rows);
+      }
+    }
+    return l.kAnchor;
   }
 
   attention(q: Activation, layer: KvLayer, rows: number, position: number, o: AttentionOptions,
@@ -305,7 +339,17 @@ export class CpuBackend implements Backend {
         `overrun ${s.cells} / ${d.cells}`);
     }
     const kb = s.kRowBytes, vb = s.vRowBytes;
-    d.kBytes.set(s.kBytes.subarray(srcCell * kb, (srcCell + cells) * kb), dstCell * kb);
+    if (d.kAnchor === undefined) d.kAnchor = s.kAnchor;
+    if (s.kAnchor === d.kAnchor || !isTurbo(s.kTypeId)) {
+      d.kBytes.set(s.kBytes.subarray(srcCell * kb, (srcCell + cells) * kb), dstCell * kb);
+    } else {
+      // Keys coded less another anchor: decoded with the source's, coded again with this one's.
+      const n = cells * s.kvHeads * s.headDim, keys = new Float32Array(n);
+      check(this.lib.infer_kv_load(s.kBytes.subarray(srcCell * kb, (srcCell + cells) * kb), s.kTypeId, n, s.headDim,
+        s.kAnchor ?? null, s.kAnchor?.length ?? 0, keys), "kv_load k");
+      check(this.lib.infer_kv_store(keys, offsetAddress(d.k, dstCell * kb), d.kTypeId, n, d.headDim,
+        d.kAnchor ?? null, d.kAnchor?.length ?? 0), "kv_store k");
+    }
     d.vBytes.set(s.vBytes.subarray(srcCell * vb, (srcCell + cells) * vb), dstCell * vb);
   }
 
@@ -316,8 +360,8 @@ export class CpuBackend implements Backend {
       const from = keep + discard, rows = length - from;
       if (rows <= 0) return;
       const keys = this.rotatedKeys(l, from, rows, rope, discard);
-      check(this.lib.infer_kv_store(keys, offsetAddress(l.k, keep * l.kRowBytes), l.kTypeId, rows * kvDim, l.headDim),
-        "kv_store k");
+      check(this.lib.infer_kv_store(keys, offsetAddress(l.k, keep * l.kRowBytes), l.kTypeId, rows * kvDim, l.headDim,
+        l.kAnchor ?? null, l.kAnchor?.length ?? 0), "kv_store k");
       l.vBytes.copyWithin(keep * l.vRowBytes, from * l.vRowBytes, length * l.vRowBytes);
       return;
     }
@@ -326,10 +370,12 @@ export class CpuBackend implements Backend {
     const cells = l.cells, turn = discard % cells;
     const keys = this.rotatedKeys(l, 0, cells, rope, discard);
     const tail = (cells - turn) * kvDim;
-    check(this.lib.infer_kv_store(keys.subarray(turn * kvDim), l.k, l.kTypeId, tail, l.headDim), "kv_store k");
+    const anchor = l.kAnchor ?? null, anchorLength = anchor?.length ?? 0;
+    check(this.lib.infer_kv_store(keys.subarray(turn * kvDim), l.k, l.kTypeId, tail, l.headDim, anchor, anchorLength),
+      "kv_store k");
     if (turn > 0) {
       check(this.lib.infer_kv_store(keys.subarray(0, turn * kvDim), offsetAddress(l.k, (cells - turn) * l.kRowBytes),
-        l.kTypeId, turn * kvDim, l.headDim), "kv_store k");
+        l.kTypeId, turn * kvDim, l.headDim, anchor, anchorLength), "kv_store k");
     }
     const values = l.vBytes.slice(0, cells * l.vRowBytes);
     l.vBytes.set(values.subarray(turn * l.vRowBytes), 0);
@@ -340,7 +386,8 @@ export class CpuBackend implements Backend {
   private rotatedKeys(l: CpuKvLayer, first: number, rows: number, rope: RopeOptions, discard: number): Float32Array {
     const kvDim = l.kvHeads * l.headDim, keys = new Float32Array(rows * kvDim);
     const src = l.kBytes.subarray(first * l.kRowBytes, (first + rows) * l.kRowBytes);
-    check(this.lib.infer_kv_load(src, l.kTypeId, rows * kvDim, l.headDim, keys), "kv_load keys");
+    check(this.lib.infer_kv_load(src, l.kTypeId, rows * kvDim, l.headDim, l.kAnchor ?? null, l.kAnchor?.length ?? 0, keys),
+      "kv_load keys");
     const positions = new Int32Array(rows).fill(-discard);
     let factors: Pointer | null = null;
     if (rope.freqFactors) factors = w(rope.freqFactors).address;
