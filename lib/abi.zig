@@ -43,8 +43,9 @@ comptime {
 /// infer_attention: causal (optionally sliding-window) grouped-query attention of n_tok queries
 /// at positions pos0.. over a K/V cache [pos][n_kv_head][head_dim] (rows kv_stride values apart),
 /// the keys of ggml type k_type and the values of v_type (0 = F32, 1 = F16, 2 = Q4_0, 8 = Q8_0;
-/// a quantized cache needs head_dim and kv_stride multiples of 32); window 0: every earlier key;
-/// ring > 0: position p in cell p % ring.
+/// a quantized cache needs head_dim and kv_stride multiples of 32), or infer's rotated codes
+/// (103 = TQ3, 104 = TQ4; head_dim a power of two in 8..1024, kv_stride a multiple of it);
+/// window 0: every earlier key; ring > 0: position p in cell p % ring.
 pub const AttentionShape = extern struct {
     k_type: u32,
     v_type: u32,

@@ -50,7 +50,7 @@ const abi = struct {
         n_ids: u64,
         dst: ?[*]f32,
     ) i32;
-    extern fn infer_kv_store(src: [*]const f32, dst: [*]u8, dst_type: u32, n: u64) i32;
+    extern fn infer_kv_store(src: [*]const f32, dst: [*]u8, dst_type: u32, n: u64, head_dim: u64, anchor: ?[*]const f32, anchor_len: u64) i32;
     extern fn infer_matmul(
         w: ?[*]const u8,
         w_type: u32,
@@ -247,7 +247,9 @@ test "attention: NaN in a query or in the cache reaches the heads that read it" 
     const n_head = 4;
     const n_kv_head = 2;
     for (cases) |c| {
-        for ([_]u32{ 0, 1 }) |kv_type| {
+        // F32, F16 and the rotated codes TQ3/TQ4 (head dims a power of two).
+        for ([_]u32{ 0, 1, 103, 104 }) |kv_type| {
+            if (kv_type >= 103 and !std.math.isPowerOfTwo(c.d)) continue;
             for ([_]f32{ nan, inf, -inf }) |bad| {
                 for (0..3) |where| { // 0: a query value, 1: a key, 2: a value
                     const kv_row = n_kv_head * c.d;
@@ -271,13 +273,17 @@ test "attention: NaN in a query or in the cache reaches the heads that read it" 
                         1 => kf[cell * kv_row + 2] = bad,
                         else => vf[cell * kv_row + 3] = bad,
                     }
-                    const elem: usize = if (kv_type == 0) 4 else 2;
-                    const k = try alloc.alignedAlloc(u8, 4, kf.len * elem);
+                    const bytes: usize = switch (kv_type) {
+                        0 => kf.len * 4,
+                        1 => kf.len * 2,
+                        else => kf.len / c.d * (2 + c.d * (kv_type - 100) / 8),
+                    };
+                    const k = try alloc.alignedAlloc(u8, 4, bytes);
                     defer alloc.free(k);
-                    const v = try alloc.alignedAlloc(u8, 4, vf.len * elem);
+                    const v = try alloc.alignedAlloc(u8, 4, bytes);
                     defer alloc.free(v);
-                    try ok(abi.infer_kv_store(kf.ptr, k.ptr, kv_type, kf.len));
-                    try ok(abi.infer_kv_store(vf.ptr, v.ptr, kv_type, vf.len));
+                    try ok(abi.infer_kv_store(kf.ptr, k.ptr, kv_type, kf.len, c.d, null, 0));
+                    try ok(abi.infer_kv_store(vf.ptr, v.ptr, kv_type, vf.len, c.d, null, 0));
                     const shape: shapes.AttentionShape = .{
                         .k_type = kv_type,
                         .v_type = kv_type,

@@ -147,10 +147,10 @@ describe("a mistake in the command line is one line and exit 2", () => {
     [["perplexity", "m.gguf"], /^infer perplexity: expected <model\.gguf> <text-file>, got 1/],
     [["perplexity", "m.gguf", "t.txt", "-c", "2"], /--ctx-size must be an integer >= 3/],
     [["perplexity", "m.gguf", "t.txt", "--chunks", "0"], /--chunks must be an integer >= 1/],
-    [["perplexity", "m.gguf", "t.txt", "-ctk", "tq3"],
-      /^infer perplexity: --cache-type-k must be one of f16, f32, q8_0, q4_0, got "tq3"/],
-    [["hi", "--cache-type-v", "q5_1"], /^infer: --cache-type-v must be one of f16, f32, q8_0, q4_0, got "q5_1"/],
-    [["serve", "-ctv=bf16"], /^infer serve: --cache-type-v must be one of f16, f32, q8_0, q4_0, got "bf16"/],
+    [["perplexity", "m.gguf", "t.txt", "-ctk", "tq2"],
+      /^infer perplexity: --cache-type-k must be one of f16, f32, q8_0, q4_0, tq3, tq4, got "tq2"/],
+    [["hi", "--cache-type-v", "q5_1"], /^infer: --cache-type-v must be one of f16, f32, q8_0, q4_0, tq3, tq4, got "q5_1"/],
+    [["serve", "-ctv=bf16"], /^infer serve: --cache-type-v must be one of f16, f32, q8_0, q4_0, tq3, tq4, got "bf16"/],
     [["help", "nope"], /^infer help: no command "nope" \(commands: run, chat, models, /],
   ];
   for (const [args, pattern] of cases) {

@@ -201,8 +201,8 @@ describe("KV cache and attention against the CPU kernels", () => {
       for (let t = 0; t < nTok; t++) {
         const cell = (pos0 + t) % cells;
         const at = (cache: Uint16Array) => new Uint8Array(cache.buffer, cell * kvDim * 2);
-        check(lib.infer_kv_store(k.subarray(t * kvDim), at(kWant), 1, kvDim), "kv_store");
-        check(lib.infer_kv_store(v.subarray(t * kvDim), at(vWant), 1, kvDim), "kv_store");
+        check(lib.infer_kv_store(k.subarray(t * kvDim), at(kWant), 1, kvDim, 1, null, 0), "kv_store");
+        check(lib.infer_kv_store(v.subarray(t * kvDim), at(vWant), 1, kvDim, 1, null, 0), "kv_store");
       }
       const out = run(planKvStore(kvDim, nTok, pos0, cells, ringCells > 0),
         { k, v, k_cache: new Uint16Array(cells * kvDim), v_cache: new Uint16Array(cells * kvDim) });
@@ -223,8 +223,8 @@ describe("KV cache and attention against the CPU kernels", () => {
       const cells = ringCells || pos0 + nTok;
       const kF32 = randomF32(cells * kvDim, rand, 2), vF32 = randomF32(cells * kvDim, rand, 2);
       const kBits = new Uint16Array(kF32.length), vBits = new Uint16Array(vF32.length);
-      check(lib.infer_kv_store(kF32, new Uint8Array(kBits.buffer), 1, kF32.length), "kv");
-      check(lib.infer_kv_store(vF32, new Uint8Array(vBits.buffer), 1, vF32.length), "kv");
+      check(lib.infer_kv_store(kF32, new Uint8Array(kBits.buffer), 1, kF32.length, headDim, null, 0), "kv");
+      check(lib.infer_kv_store(vF32, new Uint8Array(vBits.buffer), 1, vF32.length, headDim, null, 0), "kv");
       // The reference reads the same f16 values as f32 (the CPU's F32 path: no f16 rounding of q).
       const kRef = new Float32Array(kF32.length), vRef = new Float32Array(vF32.length);
       check(lib.infer_dequantize(GgmlType.F16, new Uint8Array(kBits.buffer), kBits.length, kRef), "f16");

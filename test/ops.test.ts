@@ -273,8 +273,8 @@ describe("attention", () => {
         if (kvType === 1) {
           kCache = new Uint16Array(cacheLen);
           vCache = new Uint16Array(cacheLen);
-          check(lib.infer_kv_store(kF32, kCache, 1, cacheLen), "kv_store");
-          check(lib.infer_kv_store(vF32, vCache, 1, cacheLen), "kv_store");
+          check(lib.infer_kv_store(kF32, kCache, 1, cacheLen, s.headDim, null, 0), "kv_store");
+          check(lib.infer_kv_store(vF32, vCache, 1, cacheLen, s.headDim, null, 0), "kv_store");
           kRef = new Float16Array(kCache.buffer); // the reference sees the f16-rounded cache
           vRef = new Float16Array(vCache.buffer);
         }
@@ -289,11 +289,11 @@ describe("attention", () => {
   test("kv_store F16 rounds to nearest even, F32 copies", () => {
     const src = new Float32Array([1, 1 + 1 / 2048, -0.1, 65504, 3.14159, 1e-7, -7]);
     const f16 = new Uint16Array(src.length);
-    check(lib.infer_kv_store(src, f16, 1, src.length), "kv_store");
+    check(lib.infer_kv_store(src, f16, 1, src.length, 1, null, 0), "kv_store");
     const rounded = Array.from(src, (x) => Math.f16round(x));
     expect(Array.from(new Float16Array(f16.buffer))).toEqual(rounded);
     const f32 = new Float32Array(src.length);
-    check(lib.infer_kv_store(src, f32, 0, src.length), "kv_store");
+    check(lib.infer_kv_store(src, f32, 0, src.length, 1, null, 0), "kv_store");
     expect(f32).toEqual(src);
   });
   test("invalid shapes are InferErrors with clear messages", () => {
@@ -310,8 +310,56 @@ describe("attention", () => {
       "head_dim 0");
     expectInferError(() => attention(q, kv, kv, 0, out, 4, 4, 1, 8, 10, 8, 8, 9, 1),
       "ring of 9 cells");
-    expectInferError(() => lib.infer_kv_store(q, kv, 7, 4), "dst_type 7");
-    expectInferError(() => lib.infer_kv_store(q, kv, 8, 40), "40 values are not whole blocks of 32");
+    expectInferError(() => lib.infer_kv_store(q, kv, 7, 4, 4, null, 0), "dst_type 7");
+    expectInferError(() => lib.infer_kv_store(q, kv, 8, 40, 40, null, 0), "40 values are not whole blocks of 32");
+    expectInferError(() => lib.infer_kv_store(q, kv, 104, 48, 24, null, 0), "head_dim 24 a power of two in 8..1024");
+    expectInferError(() => lib.infer_kv_store(q, kv, 103, 48, 32, null, 0), "48 values a multiple of it");
+    expectInferError(() => lib.infer_kv_load(kv, 103, 48, 12, null, 0, out), "head_dim 12 a power of two");
+    expectInferError(() => attention(q, kv, kv, 104, out, 1, 4, 1, 24, 0, 24, 0, 0, 1),
+      "a tq3/tq4 cache needs head_dim 24 a power of two in 8..1024 and kv_stride 24 a multiple of it");
+    expectInferError(() => attention(q, kv, kv, 103, out, 1, 4, 1, 16, 0, 40, 0, 0, 1), "kv_stride 40 a multiple of it");
+  });
+  test("kv_load gives back what kv_store wrote: exactly for f32, within the code's error for tq3/tq4", () => {
+    const rand = rng(5);
+    const headDim = 64, src = randomF32(3 * headDim, rand, 2), back = new Float32Array(src.length);
+    const raw = new Uint8Array(src.length * 4);
+    check(lib.infer_kv_store(src, raw, 0, src.length, headDim, null, 0), "kv_store");
+    check(lib.infer_kv_load(raw, 0, src.length, headDim, null, 0, back), "kv_load");
+    expect(Array.from(back)).toEqual(Array.from(src));
+    // 3 head vectors of 64: an f16 scale and 24 (tq3) or 32 (tq4) bytes of codes each. The
+    // relative RMS error is about the square root of Lloyd-Max's distortion (0.0345, 0.0095).
+    for (const [id, bytes, err] of [[103, 3 * 26, 0.22], [104, 3 * 34, 0.12]] as const) {
+      const codes = new Uint8Array(bytes);
+      check(lib.infer_kv_store(src, codes, id, src.length, headDim, null, 0), "kv_store");
+      check(lib.infer_kv_load(codes, id, src.length, headDim, null, 0, back), "kv_load");
+      let e = 0, n = 0;
+      for (let i = 0; i < src.length; i++) {
+        e += (back[i] - src[i]) ** 2;
+        n += src[i] ** 2;
+      }
+      expect(Math.sqrt(e / n)).toBeLessThan(err);
+      expect(Math.sqrt(e / n)).toBeGreaterThan(err / 3);
+    }
+  });
+  test("tq4 keys coded less an anchor: loaded back with it, far closer when the keys share a large vector", () => {
+    const rand = rng(9);
+    const headDim = 64, rows = 8, kvDim = 2 * headDim;
+    const common = randomF32(kvDim, rand, 20), src = randomF32(rows * kvDim, rand, 1);
+    for (let i = 0; i < src.length; i++) src[i] += common[i % kvDim];
+    const codes = new Uint8Array(rows * 2 * 34), back = new Float32Array(src.length);
+    const rms = (anchor: Float32Array | null) => {
+      check(lib.infer_kv_store(src, codes, 104, src.length, headDim, anchor, anchor?.length ?? 0), "kv_store");
+      check(lib.infer_kv_load(codes, 104, src.length, headDim, anchor, anchor?.length ?? 0, back), "kv_load");
+      let e = 0;
+      for (let i = 0; i < src.length; i++) e += (back[i] - src[i]) ** 2;
+      return Math.sqrt(e / src.length);
+    };
+    const plain = rms(null), anchored = rms(common);
+    expect(anchored).toBeLessThan(0.12); // the spread left is 1/sqrt(3): tq4's error of that
+    expect(anchored * 5).toBeLessThan(plain);
+    expectInferError(() => lib.infer_kv_store(src, codes, 104, src.length, headDim, common, 48),
+      "an anchor is for tq3/tq4 and needs 48 values a multiple of head_dim 64");
+    expectInferError(() => lib.infer_kv_store(src, codes, 1, src.length, headDim, common, kvDim), "an anchor is for tq3/tq4");
   });
 });
 

@@ -2,7 +2,8 @@
 //! (Ainslie et al. 2023) and an optional sliding window (Gemma 2/3 local layers).
 //!   q:   [n_tok][n_head][head_dim] f32, the queries at absolute positions pos0 + t
 //!   k,v: [pos][n_kv_head][head_dim], rows kv_stride elements apart, each F32, F16, Q4_0 or Q8_0
-//!        (ggml type ids 0, 1, 2, 8; the quantized forms in kv_quant.zig)
+//!        (ggml type ids 0, 1, 2, 8; the quantized forms in kv_quant.zig), or infer's rotated
+//!        codes TQ3/TQ4 (ids 103, 104; one coded vector per head, kv_turbo.zig)
 //!   out: [n_tok][n_head][head_dim] = softmax_j(scale · q·k_j) · v_j over the visible keys j:
 //!        j <= p (causal) and, when window > 0, p - j < window.
 //! Softmax is the online form (Milakov & Gimelshein 2018): a running max m, running sum l and an
@@ -16,6 +17,7 @@ const std = @import("std");
 const attention_f16 = @import("attention_f16.zig");
 const threads = @import("threads.zig");
 const kv_quant = @import("kv_quant.zig");
+const kv_turbo = @import("kv_turbo.zig");
 
 const lanes = 8;
 const V = @Vector(lanes, f32);
@@ -25,18 +27,28 @@ pub const KvType = enum(u32) {
     f16 = 1,
     q4_0 = 2,
     q8_0 = 8,
+    tq3 = 103,
+    tq4 = 104,
 
+    /// ggml's block quantizations (32 values to a block).
     pub fn quantized(t: KvType) bool {
         return t == .q4_0 or t == .q8_0;
     }
 
-    /// Bytes of n values (n a whole number of blocks for the quantized types).
-    pub fn bytes(t: KvType, n: usize) usize {
+    /// infer's rotated codes (one coded vector per head of head_dim values).
+    pub fn turbo(t: KvType) bool {
+        return t == .tq3 or t == .tq4;
+    }
+
+    /// Bytes of n values (n a whole number of blocks, or of head vectors of head_dim values).
+    pub fn bytes(t: KvType, n: usize, head_dim: usize) usize {
         return switch (t) {
             .f32 => 4 * n,
             .f16 => 2 * n,
             .q4_0 => n / kv_quant.block_values * @sizeOf(kv_quant.Q4Block),
             .q8_0 => n / kv_quant.block_values * @sizeOf(kv_quant.Q8Block),
+            .tq3 => n / head_dim * kv_turbo.vectorBytes(3, head_dim),
+            .tq4 => n / head_dim * kv_turbo.vectorBytes(4, head_dim),
         };
     }
 };
@@ -105,6 +117,8 @@ pub const Cache = union(KvType) {
     f16: [*]align(1) const f16,
     q4_0: [*]align(1) const kv_quant.Q4Block,
     q8_0: [*]align(1) const kv_quant.Q8Block,
+    tq3: [*]const u8,
+    tq4: [*]const u8,
 
     pub fn fromBytes(kv_type: KvType, bytes: [*]const u8) Cache {
         return switch (kv_type) {
@@ -112,16 +126,56 @@ pub const Cache = union(KvType) {
             .f16 => .{ .f16 = @ptrCast(bytes) },
             .q4_0 => .{ .q4_0 = @ptrCast(bytes) },
             .q8_0 => .{ .q8_0 = @ptrCast(bytes) },
+            .tq3 => .{ .tq3 = bytes },
+            .tq4 => .{ .tq4 = bytes },
         };
     }
 
+    /// Value i (not for the rotated codes: they are read a whole vector at a time).
     fn at(c: Cache, i: usize) f32 {
         return switch (c) {
             .f32 => |p| p[i],
             .f16 => |p| p[i],
             .q4_0 => |p| kv_quant.atQ4(p, i),
             .q8_0 => |p| kv_quant.atQ8(p, i),
+            .tq3, .tq4 => unreachable,
         };
+    }
+
+    fn turbo(c: Cache) bool {
+        return c == .tq3 or c == .tq4;
+    }
+
+    /// The coded head vector at element offset `start` (a multiple of buf.len, the head dim),
+    /// its levels times its scale in the rotated domain: what a rotated query dots with.
+    fn rotatedRow(c: Cache, start: usize, buf: []f32) []const f32 {
+        const d = buf.len;
+        switch (c) {
+            .tq3 => |p| kv_turbo.decodeRotated(3, p + start / d * kv_turbo.vectorBytes(3, d), buf),
+            .tq4 => |p| kv_turbo.decodeRotated(4, p + start / d * kv_turbo.vectorBytes(4, d), buf),
+            else => unreachable,
+        }
+        return buf;
+    }
+
+    /// The head vector at element offset `start` as stored, in the original domain, by the
+    /// scalar references (the rotated codes decoded and rotated back): for the reference.
+    fn vectorReference(c: Cache, start: usize, buf: []f32) []const f32 {
+        const d = buf.len;
+        switch (c) {
+            .tq3 => |p| {
+                kv_turbo.decodeRotatedScalar(3, p + start / d * kv_turbo.vectorBytes(3, d), buf);
+                kv_turbo.unrotateScalar(buf);
+            },
+            .tq4 => |p| {
+                kv_turbo.decodeRotatedScalar(4, p + start / d * kv_turbo.vectorBytes(4, d), buf);
+                kv_turbo.unrotateScalar(buf);
+            },
+            else => for (buf, 0..) |*x, i| {
+                x.* = c.at(start + i);
+            },
+        }
+        return buf;
     }
 
     fn quantized(c: Cache) bool {
@@ -153,6 +207,7 @@ pub const Cache = union(KvType) {
             },
             .q4_0 => |p| return kv_quant.rowQ4(p, start, buf),
             .q8_0 => |p| return kv_quant.rowQ8(p, start, buf),
+            .tq3, .tq4 => unreachable,
         }
     }
 };
@@ -165,6 +220,17 @@ fn growQueryBlocks(n: usize) bool {
     const grown = std.heap.page_allocator.alloc(kv_quant.Q8Block, @max(n, 2 * query_blocks.len)) catch return false;
     if (query_blocks.len > 0) std.heap.page_allocator.free(query_blocks);
     query_blocks = grown;
+    return true;
+}
+
+/// Per-thread rotated copies of one work row's query heads (a rotated-code K cache).
+threadlocal var rotated_queries: []f32 = &.{};
+
+fn growRotatedQueries(n: usize) bool {
+    if (rotated_queries.len >= n) return true;
+    const grown = std.heap.page_allocator.alloc(f32, @max(n, 2 * rotated_queries.len)) catch return false;
+    if (rotated_queries.len > 0) std.heap.page_allocator.free(rotated_queries);
+    rotated_queries = grown;
     return true;
 }
 
@@ -195,6 +261,9 @@ fn scaleAdd(y: []f32, c: f32, w: f32, x: []const f32) void {
 /// when the F16 path (its scores) or a quantized K cache (its query blocks) cannot get memory.
 /// A quantized K cache dots each key's blocks with the query quantized to Q8_0, as llama.cpp's
 /// flash attention does; a quantized V row is expanded to f32 for the weighted sum.
+/// A rotated-code K cache is read in the rotated domain: each query head is rotated once and
+/// dotted with each key's levels; a rotated-code V cache is summed in the rotated domain (its
+/// levels times weight and scale) and each output head rotated back once at the end.
 pub fn attendRows(
     q: [*]const f32,
     k: Cache,
@@ -215,6 +284,9 @@ pub fn attendRows(
     const k_quant = k.quantized();
     const q_blocks = d / kv_quant.block_values;
     if (k_quant and !growQueryBlocks(group * q_blocks)) return false;
+    const k_turbo = k.turbo();
+    const v_turbo = v.turbo();
+    if (k_turbo and !growRotatedQueries(group * d)) return false;
     for (row_begin..row_end) |r| {
         const t = s.rowToken(r);
         const kv_head = s.rowKvHead(r);
@@ -223,16 +295,26 @@ pub fn attendRows(
         if (k_quant) for (0..group) |g| {
             kv_quant.quantizeQuery(q[row_base + g * d ..][0..d], query_blocks[g * q_blocks ..][0..q_blocks]);
         };
+        if (k_turbo) for (0..group) |g| {
+            const q_rot = rotated_queries[g * d ..][0..d];
+            @memcpy(q_rot, q[row_base + g * d ..][0..d]);
+            kv_turbo.rotate(q_rot);
+        };
         @memset(out[row_base..][0 .. group * d], 0);
         @memset(run_max[0..group], -std.math.inf(f32));
         @memset(run_sum[0..group], 0);
         const begin, const end = s.keyRange(s.pos0 + t);
         for (begin..end) |j| {
             const kv_start = s.cell(j) * s.kv_stride + kv_head * d;
-            const k_row = if (k_quant) k_buf[0..0] else k.row(kv_start, k_buf[0..d]);
-            const v_row = v.row(kv_start, v_buf[0..d]);
+            const k_row = if (k_quant)
+                k_buf[0..0]
+            else if (k_turbo)
+                k.rotatedRow(kv_start, k_buf[0..d])
+            else
+                k.row(kv_start, k_buf[0..d]);
+            const v_row = if (v_turbo) v.rotatedRow(kv_start, v_buf[0..d]) else v.row(kv_start, v_buf[0..d]);
             for (0..group) |g| {
-                const q_row = q[row_base + g * d ..][0..d];
+                const q_row = if (k_turbo) rotated_queries[g * d ..][0..d] else q[row_base + g * d ..][0..d];
                 const o_row = out[row_base + g * d ..][0..d];
                 const score = s.scale * if (k_quant)
                     k.dotQuery(kv_start, query_blocks[g * q_blocks ..][0..q_blocks])
@@ -256,6 +338,7 @@ pub fn attendRows(
                 o_row[i..][0..lanes].* = @as(V, o_row[i..][0..lanes].*) * inv;
             }
             while (i < d) : (i += 1) o_row[i] *= inv[0];
+            if (v_turbo) kv_turbo.unrotate(o_row);
         }
     }
     return true;
@@ -323,9 +406,11 @@ pub fn attentionReference(
             const o_row = out[(t * s.n_head + h) * d ..][0..d];
             const begin, const end = s.keyRange(s.pos0 + t);
             var max: f32 = -std.math.inf(f32);
+            var k_row: [head_dim_max]f32 = undefined;
             for (begin..end) |j| {
                 var sum: f32 = 0;
-                for (0..d) |i| sum += q_row[i] * k.at(s.cell(j) * s.kv_stride + kv_head * d + i);
+                _ = k.vectorReference(s.cell(j) * s.kv_stride + kv_head * d, k_row[0..d]);
+                for (0..d) |i| sum += q_row[i] * k_row[i];
                 scores[j] = s.scale * sum;
                 max = @max(max, scores[j]);
             }
@@ -338,17 +423,57 @@ pub fn attentionReference(
             for (begin..end) |j| {
                 const p: f32 = scores[j] / @as(f32, @floatCast(total));
                 const weight: f32 = if (round) @as(f16, @floatCast(p)) else p;
-                const v_start = s.cell(j) * s.kv_stride + kv_head * d;
-                for (0..d) |i| o_row[i] += weight * v.at(v_start + i);
+                var v_row: [head_dim_max]f32 = undefined;
+                _ = v.vectorReference(s.cell(j) * s.kv_stride + kv_head * d, v_row[0..d]);
+                for (0..d) |i| o_row[i] += weight * v_row[i];
             }
         }
     }
 }
 
+/// Reads dst.len values of a cache back as f32 (dst.len whole blocks or head vectors): the
+/// rotated codes decoded and rotated back to the original domain, the anchor they were stored
+/// less (a row of values, repeated; tq3/tq4 only) added back.
+pub fn load(src: [*]const u8, src_type: KvType, dst: []f32, head_dim: usize, anchor: ?[]const f32) void {
+    switch (src_type) {
+        inline .tq3, .tq4 => |t| {
+            const bits = if (t == .tq3) 3 else 4;
+            const vb = kv_turbo.vectorBytes(bits, head_dim);
+            for (0..dst.len / head_dim) |i| {
+                const out = dst[i * head_dim ..][0..head_dim];
+                kv_turbo.decode(bits, src + i * vb, out);
+                if (anchor) |a| for (out, a[i * head_dim % a.len ..][0..head_dim]) |*x, c| {
+                    x.* += c;
+                };
+            }
+        },
+        .f32 => @memcpy(dst, @as([*]align(1) const f32, @ptrCast(src))[0..dst.len]),
+        .f16, .q4_0, .q8_0 => {
+            const out = Cache.fromBytes(src_type, src).row(0, dst);
+            std.debug.assert(out.ptr == dst.ptr);
+        },
+    }
+}
+
 /// Writes n f32 values into a cache as F32, F16 (round to nearest even, as ggml's F16C path),
-/// Q8_0 or Q4_0 (n a whole number of blocks).
-pub fn store(src: []const f32, dst: [*]u8, dst_type: KvType) void {
+/// Q8_0 or Q4_0 (n a whole number of blocks), TQ3 or TQ4 (n a whole number of head vectors).
+/// TQ3/TQ4 may code each row less an anchor (a row of values, a whole number of head vectors):
+/// a K cache whose keys share a large vector (Gemma 3's do) codes what differs between them, and
+/// every score of a query moves by the same q·anchor, which the softmax does not see.
+pub fn store(src: []const f32, dst: [*]u8, dst_type: KvType, head_dim: usize) void {
+    storeAnchored(src, dst, dst_type, head_dim, null);
+}
+
+pub fn storeAnchored(src: []const f32, dst: [*]u8, dst_type: KvType, head_dim: usize, anchor: ?[]const f32) void {
     switch (dst_type) {
+        inline .tq3, .tq4 => |t| {
+            const bits = if (t == .tq3) 3 else 4;
+            const vb = kv_turbo.vectorBytes(bits, head_dim);
+            for (0..src.len / head_dim) |i| {
+                const part = if (anchor) |a| a[i * head_dim % a.len ..][0..head_dim] else null;
+                kv_turbo.encodeOffset(bits, src[i * head_dim ..][0..head_dim], part, dst + i * vb);
+            }
+        },
         .q8_0 => kv_quant.storeQ8(src, dst),
         .q4_0 => kv_quant.storeQ4(src, dst),
         .f32 => @memcpy(@as([*]align(1) f32, @ptrCast(dst))[0..src.len], src),
@@ -381,12 +506,12 @@ fn runMixedCase(k_type: KvType, v_type: KvType, s: Shape, seed: u64) !void {
     const kv_f32 = try gpa.alloc(f32, 2 * cache_len);
     defer gpa.free(kv_f32);
     for (kv_f32) |*x| x.* = rand.float(f32) * 2 - 1;
-    const k_bytes = try gpa.alignedAlloc(u8, 4, k_type.bytes(cache_len));
+    const k_bytes = try gpa.alignedAlloc(u8, 4, k_type.bytes(cache_len, s.head_dim));
     defer gpa.free(k_bytes);
-    const v_bytes = try gpa.alignedAlloc(u8, 4, v_type.bytes(cache_len));
+    const v_bytes = try gpa.alignedAlloc(u8, 4, v_type.bytes(cache_len, s.head_dim));
     defer gpa.free(v_bytes);
-    store(kv_f32[0..cache_len], k_bytes.ptr, k_type);
-    store(kv_f32[cache_len..], v_bytes.ptr, v_type);
+    store(kv_f32[0..cache_len], k_bytes.ptr, k_type, s.head_dim);
+    store(kv_f32[cache_len..], v_bytes.ptr, v_type, s.head_dim);
     const k = Cache.fromBytes(k_type, k_bytes.ptr);
     const v = Cache.fromBytes(v_type, v_bytes.ptr);
     const want = try gpa.alloc(f32, q.len);
@@ -399,8 +524,79 @@ fn runMixedCase(k_type: KvType, v_type: KvType, s: Shape, seed: u64) !void {
     try std.testing.expect(attention(q.ptr, k, v, got.ptr, s));
     // F16: a probability whose f32 value sits on an f16 rounding boundary may round one ulp
     // (2^-11 relative) apart in the two summation orders.
-    const tolerance: f32 = if (k_type == .f16 and v_type == .f16) 1e-3 else 1e-5;
+    // The rotated codes: the fast path sums in the rotated domain, the reference in the original
+    // one (the same products, rounded in another order).
+    const tolerance: f32 = if (k_type == .f16 and v_type == .f16) 1e-3 else if (k_type.turbo() or v_type.turbo()) 1e-4 else 1e-5;
     for (want, got) |w, g| try std.testing.expectApproxEqAbs(w, g, tolerance);
+}
+
+test "attention over rotated-code caches, alone and mixed, matches the two-pass reference" {
+    const types = [_]KvType{ .f32, .f16, .q8_0, .tq3, .tq4 };
+    for ([_]usize{ 8, 64, 256 }, 0..) |d, i| {
+        for (types) |k_type| for (types) |v_type| {
+            if (!k_type.turbo() and !v_type.turbo()) continue;
+            if ((k_type.quantized() or v_type.quantized()) and d % 32 != 0) continue;
+            // GQA 4:1 prefill; decode over padded rows (whole vectors apart); a window; GQA 3:1.
+            try runMixedCase(k_type, v_type, .{ .n_tok = 5, .n_head = 4, .n_kv_head = 1, .head_dim = d, .pos0 = 0, .kv_stride = d, .window = 0, .scale = 0.125 }, i);
+            try runMixedCase(k_type, v_type, .{ .n_tok = 1, .n_head = 8, .n_kv_head = 2, .head_dim = d, .pos0 = 37, .kv_stride = 3 * d, .window = 0, .scale = 0.3 }, i + 10);
+            try runMixedCase(k_type, v_type, .{ .n_tok = 9, .n_head = 2, .n_kv_head = 2, .head_dim = d, .pos0 = 4, .kv_stride = 2 * d, .window = 3, .scale = 1 }, i + 20);
+            try runMixedCase(k_type, v_type, .{ .n_tok = 3, .n_head = 9, .n_kv_head = 3, .head_dim = d, .pos0 = 11, .kv_stride = 3 * d, .window = 0, .scale = 0.2 }, i + 30);
+        };
+    }
+}
+
+/// RMS of got - want over RMS of want: attention through a cache type against an f32 cache.
+fn attentionError(kv_type: KvType, s: Shape, seed: u64, outliers: bool) !f64 {
+    const gpa = std.testing.allocator;
+    var prng = std.Random.DefaultPrng.init(seed);
+    const rand = prng.random();
+    const n = s.cacheLen();
+    const q = try gpa.alloc(f32, s.n_tok * s.n_head * s.head_dim);
+    defer gpa.free(q);
+    for (q) |*x| x.* = rand.floatNorm(f32);
+    const kv = try gpa.alignedAlloc(f32, 4, 2 * n);
+    defer gpa.free(kv);
+    for (kv) |*x| x.* = rand.floatNorm(f32);
+    // Keys and values as models make them: a few channels of every head far larger than the rest.
+    if (outliers) for (0..2 * n / s.head_dim) |r| {
+        for ([_]usize{ 3, 17, 40 }) |c| kv[r * s.head_dim + c % s.head_dim] *= 12;
+    };
+    const kb = try gpa.alloc(u8, kv_type.bytes(n, s.head_dim));
+    defer gpa.free(kb);
+    const vb = try gpa.alloc(u8, kv_type.bytes(n, s.head_dim));
+    defer gpa.free(vb);
+    store(kv[0..n], kb.ptr, kv_type, s.head_dim);
+    store(kv[n..], vb.ptr, kv_type, s.head_dim);
+    const want = try gpa.alloc(f32, q.len);
+    defer gpa.free(want);
+    const got = try gpa.alloc(f32, q.len);
+    defer gpa.free(got);
+    try std.testing.expect(attention(q.ptr, .{ .f32 = kv.ptr }, .{ .f32 = kv[n..].ptr }, want.ptr, s));
+    try std.testing.expect(attention(q.ptr, Cache.fromBytes(kv_type, kb.ptr), Cache.fromBytes(kv_type, vb.ptr), got.ptr, s));
+    var err: f64 = 0;
+    var norm: f64 = 0;
+    for (want, got) |w, g| {
+        err += (w - g) * (w - g);
+        norm += w * w;
+    }
+    return @sqrt(err / norm);
+}
+
+test "rotated codes: attention's error against f32 falls with the bits; with outlier channels tq4 beats q4_0" {
+    // Scores peaked enough (scale 0.25 at d 128) that the keys' errors matter.
+    const s = Shape{ .n_tok = 2, .n_head = 4, .n_kv_head = 2, .head_dim = 128, .pos0 = 200, .kv_stride = 256, .window = 0, .scale = 0.25 };
+    // Gaussian data: q4_0 (4.5 bits a value, a scale per 32) and tq4 (4.1 bits) are alike.
+    const e8 = try attentionError(.q8_0, s, 1, false);
+    const e4 = try attentionError(.q4_0, s, 1, false);
+    const t4 = try attentionError(.tq4, s, 1, false);
+    const t3 = try attentionError(.tq3, s, 1, false);
+    try std.testing.expect(e8 < t4 and t4 < 1.25 * e4 and t4 < t3);
+    // Outlier channels: a q4_0 block's scale follows its outlier and the rest lose their bits;
+    // the rotation spreads the outliers over every coordinate first.
+    const o4 = try attentionError(.q4_0, s, 2, true);
+    const ot4 = try attentionError(.tq4, s, 2, true);
+    const ot3 = try attentionError(.tq3, s, 2, true);
+    try std.testing.expect(ot4 < o4 and ot4 < ot3);
 }
 
 test "attention over quantized and mixed caches matches the two-pass reference" {
@@ -428,12 +624,12 @@ test "a Q8_0 cache's attention stays close to the f32 cache's" {
     const kv = try gpa.alignedAlloc(f32, 4, 2 * n);
     defer gpa.free(kv);
     for (kv) |*x| x.* = rand.float(f32) * 2 - 1;
-    const k8 = try gpa.alloc(u8, KvType.q8_0.bytes(n));
+    const k8 = try gpa.alloc(u8, KvType.q8_0.bytes(n, 64));
     defer gpa.free(k8);
-    const v8 = try gpa.alloc(u8, KvType.q8_0.bytes(n));
+    const v8 = try gpa.alloc(u8, KvType.q8_0.bytes(n, 64));
     defer gpa.free(v8);
-    store(kv[0..n], k8.ptr, .q8_0);
-    store(kv[n..], v8.ptr, .q8_0);
+    store(kv[0..n], k8.ptr, .q8_0, 64);
+    store(kv[n..], v8.ptr, .q8_0, 64);
     const want = try gpa.alloc(f32, q.len);
     defer gpa.free(want);
     const got = try gpa.alloc(f32, q.len);
@@ -506,7 +702,7 @@ test "a single visible key returns its value" {
 test "store to f16 rounds to nearest even" {
     const src = [_]f32{ 1.0, 1.0 + 1.0 / 2048.0, 65504, -0.1 };
     var dst: [4]f16 = undefined;
-    store(&src, @ptrCast(&dst), .f16);
+    store(&src, @ptrCast(&dst), .f16, 1);
     try std.testing.expectEqual(@as(f16, 1.0), dst[0]); // the tie rounds to the even mantissa
     try std.testing.expectEqual(@as(f16, 65504), dst[2]);
     try std.testing.expectEqual(@as(f16, @floatCast(@as(f32, -0.1))), dst[3]);
@@ -534,21 +730,21 @@ test "a ring cache gives what a linear cache gives" {
         @memcpy(ring[c * d ..][0..d], lin[p * d ..][0..d]);
         @memcpy(ring[(ringed.ring + c) * d ..][0..d], lin[(positions + p) * d ..][0..d]);
     }
-    for ([_]KvType{ .f32, .f16, .q8_0, .q4_0 }) |kv_type| {
-        const lin_bytes = try gpa.alignedAlloc(u8, 4, kv_type.bytes(lin.len));
+    for ([_]KvType{ .f32, .f16, .q8_0, .q4_0, .tq3, .tq4 }) |kv_type| {
+        const lin_bytes = try gpa.alignedAlloc(u8, 4, kv_type.bytes(lin.len, d));
         defer gpa.free(lin_bytes);
-        const ring_bytes = try gpa.alignedAlloc(u8, 4, kv_type.bytes(ring.len));
+        const ring_bytes = try gpa.alignedAlloc(u8, 4, kv_type.bytes(ring.len, d));
         defer gpa.free(ring_bytes);
-        store(lin, lin_bytes.ptr, kv_type);
-        store(ring, ring_bytes.ptr, kv_type);
+        store(lin, lin_bytes.ptr, kv_type, d);
+        store(ring, ring_bytes.ptr, kv_type, d);
         const want = try gpa.alloc(f32, q.len);
         defer gpa.free(want);
         const got = try gpa.alloc(f32, q.len);
         defer gpa.free(got);
         const lk = Cache.fromBytes(kv_type, lin_bytes.ptr);
-        const lv = Cache.fromBytes(kv_type, lin_bytes.ptr + kv_type.bytes(positions * d));
+        const lv = Cache.fromBytes(kv_type, lin_bytes.ptr + kv_type.bytes(positions * d, d));
         const rk = Cache.fromBytes(kv_type, ring_bytes.ptr);
-        const rv = Cache.fromBytes(kv_type, ring_bytes.ptr + kv_type.bytes(ringed.ring * d));
+        const rv = Cache.fromBytes(kv_type, ring_bytes.ptr + kv_type.bytes(ringed.ring * d, d));
         try std.testing.expect(attention(q.ptr, lk, lv, want.ptr, linear));
         try std.testing.expect(attention(q.ptr, rk, rv, got.ptr, ringed));
         // F16 sums the same terms in cell order, which differs from position order once wrapped;
@@ -556,4 +752,40 @@ test "a ring cache gives what a linear cache gives" {
         const tolerance: f32 = if (kv_type == .f16) 1e-3 else 1e-6;
         for (want, got) |w, g| try std.testing.expectApproxEqAbs(w, g, tolerance);
     }
+}
+
+test "a tq K cache coded less an anchor: attention as without it, far closer when keys share a vector" {
+    const gpa = std.testing.allocator;
+    var prng = std.Random.DefaultPrng.init(21);
+    const rand = prng.random();
+    const s = Shape{ .n_tok = 2, .n_head = 4, .n_kv_head = 2, .head_dim = 64, .pos0 = 90, .kv_stride = 128, .window = 0, .scale = 0.125 };
+    const n = s.cacheLen();
+    const q = try gpa.alloc(f32, s.n_tok * s.n_head * s.head_dim);
+    defer gpa.free(q);
+    for (q) |*x| x.* = rand.floatNorm(f32);
+    var common: [128]f32 = undefined;
+    for (&common) |*x| x.* = rand.floatNorm(f32) * 6;
+    const kv = try gpa.alloc(f32, 2 * n);
+    defer gpa.free(kv);
+    for (kv, 0..) |*x, i| x.* = rand.floatNorm(f32) + if (i < n) common[i % 128] else 0;
+    const want = try gpa.alloc(f32, q.len);
+    defer gpa.free(want);
+    const got = try gpa.alloc(f32, q.len);
+    defer gpa.free(got);
+    try std.testing.expect(attention(q.ptr, .{ .f32 = kv.ptr }, .{ .f32 = kv[n..].ptr }, want.ptr, s));
+    const kb = try gpa.alloc(u8, KvType.tq4.bytes(n, 64));
+    defer gpa.free(kb);
+    var errs: [2]f64 = undefined;
+    for ([_]?[]const f32{ null, &common }, 0..) |anchor, a| {
+        storeAnchored(kv[0..n], kb.ptr, .tq4, 64, anchor);
+        try std.testing.expect(attention(q.ptr, Cache.fromBytes(.tq4, kb.ptr), .{ .f32 = kv[n..].ptr }, got.ptr, s));
+        var e: f64 = 0;
+        var norm: f64 = 0;
+        for (want, got) |w, g| {
+            e += (w - g) * (w - g);
+            norm += w * w;
+        }
+        errs[a] = @sqrt(e / norm);
+    }
+    try std.testing.expect(errs[1] * 3 < errs[0]);
 }

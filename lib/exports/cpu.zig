@@ -12,6 +12,7 @@ const cpu_moe = @import("../cpu/moe.zig");
 const norm = @import("../cpu/norm.zig");
 const rope = @import("../cpu/rope.zig");
 const attention = @import("../cpu/attention.zig");
+const kv_turbo = @import("../cpu/kv_turbo.zig");
 const act = @import("../cpu/act.zig");
 const select = @import("../cpu/select.zig");
 
@@ -396,11 +397,11 @@ export fn infer_attention(
     const ring = shape.ring;
     const scale = shape.scale;
     const k_type = std.meta.intToEnum(attention.KvType, shape.k_type) catch return opsInvalid(
-        "attention: k_type {d} is not 0 (F32), 1 (F16), 2 (Q4_0) or 8 (Q8_0)",
+        "attention: k_type {d} is not 0 (F32), 1 (F16), 2 (Q4_0), 8 (Q8_0), 103 (TQ3) or 104 (TQ4)",
         .{shape.k_type},
     );
     const v_type = std.meta.intToEnum(attention.KvType, shape.v_type) catch return opsInvalid(
-        "attention: v_type {d} is not 0 (F32), 1 (F16), 2 (Q4_0) or 8 (Q8_0)",
+        "attention: v_type {d} is not 0 (F32), 1 (F16), 2 (Q4_0), 8 (Q8_0), 103 (TQ3) or 104 (TQ4)",
         .{shape.v_type},
     );
     if (n_kv_head == 0 or n_head == 0 or n_head % n_kv_head != 0) return opsInvalid(
@@ -425,6 +426,10 @@ export fn infer_attention(
     if ((k_type.quantized() or v_type.quantized()) and (head_dim % 32 != 0 or kv_stride % 32 != 0)) return opsInvalid(
         "attention: a quantized cache needs head_dim {d} and kv_stride {d} to be multiples of 32",
         .{ head_dim, kv_stride },
+    );
+    if ((k_type.turbo() or v_type.turbo()) and (!kv_turbo.dimSupported(head_dim) or kv_stride % head_dim != 0)) return opsInvalid(
+        "attention: a tq3/tq4 cache needs head_dim {d} a power of two in {d}..{d} and kv_stride {d} a multiple of it",
+        .{ head_dim, kv_turbo.dim_min, kv_turbo.dim_max, kv_stride },
     );
     // A ring holds position p in cell p % ring; it must keep every key the batch's queries see.
     if (ring != 0 and (window == 0 or ring < window + n_tok - 1)) return opsInvalid(
@@ -452,16 +457,55 @@ export fn infer_attention(
 }
 
 /// Writes n f32 values into a K/V cache as dst_type (0 = F32, 1 = F16 rounded to nearest even,
-/// 2 = Q4_0, 8 = Q8_0 as llama.cpp quantizes a cache row; n a multiple of 32 for those).
-export fn infer_kv_store(src: [*]const f32, dst: [*]u8, dst_type: u32, n: u64) i32 {
-    const cache_type = std.meta.intToEnum(attention.KvType, dst_type) catch return opsInvalid(
-        "kv_store: dst_type {d} is not 0 (F32), 1 (F16), 2 (Q4_0) or 8 (Q8_0)",
-        .{dst_type},
-    );
-    if (cache_type.quantized() and n % 32 != 0)
-        return opsInvalid("kv_store: {d} values are not whole blocks of 32", .{n});
-    attention.store(src[0..n], dst, cache_type);
+/// 2 = Q4_0, 8 = Q8_0 as llama.cpp quantizes a cache row, n a multiple of 32 for those; 103 =
+/// TQ3, 104 = TQ4, infer's rotated codes, one per head vector of head_dim values, n a multiple
+/// of head_dim). head_dim matters only to TQ3/TQ4, which may code each row of anchor_len values
+/// less `anchor` (null: none; see cpu/attention.zig store).
+export fn infer_kv_store(src: [*]const f32, dst: [*]u8, dst_type: u32, n: u64, head_dim: u64, anchor: ?[*]const f32, anchor_len: u64) i32 {
+    const cache_type = kvTypeOf("kv_store: dst_type", dst_type) orelse return quantInvalid();
+    if (!kvCountOk("kv_store", cache_type, n, head_dim)) return quantInvalid();
+    const a = anchorOf("kv_store", cache_type, anchor, anchor_len, n, head_dim) catch return quantInvalid();
+    attention.storeAnchored(src[0..n], dst, cache_type, head_dim, a);
     return 0;
+}
+
+fn anchorOf(what: []const u8, t: attention.KvType, anchor: ?[*]const f32, len: u64, n: u64, head_dim: u64) error{Invalid}!?[]const f32 {
+    const a = anchor orelse return null;
+    if (!t.turbo() or len == 0 or len % head_dim != 0 or n % len != 0) {
+        _ = opsInvalid("{s}: an anchor is for tq3/tq4 and needs {d} values a multiple of head_dim {d} dividing {d}", .{ what, len, head_dim, n });
+        return error.Invalid;
+    }
+    return a[0..len];
+}
+
+/// Reads n values of a K/V cache of src_type (as infer_kv_store writes them) back as f32: the
+/// rotated codes decoded and rotated back, their anchor added back. For the context shift, which
+/// re-rotates kept keys, and for copies between caches whose anchors differ.
+export fn infer_kv_load(src: [*]const u8, src_type: u32, n: u64, head_dim: u64, anchor: ?[*]const f32, anchor_len: u64, dst: [*]f32) i32 {
+    const cache_type = kvTypeOf("kv_load: src_type", src_type) orelse return quantInvalid();
+    if (!kvCountOk("kv_load", cache_type, n, head_dim)) return quantInvalid();
+    const a = anchorOf("kv_load", cache_type, anchor, anchor_len, n, head_dim) catch return quantInvalid();
+    attention.load(src, cache_type, dst[0..n], head_dim, a);
+    return 0;
+}
+
+fn kvTypeOf(what: []const u8, id: u32) ?attention.KvType {
+    return std.meta.intToEnum(attention.KvType, id) catch {
+        _ = opsInvalid("{s} {d} is not 0 (F32), 1 (F16), 2 (Q4_0), 8 (Q8_0), 103 (TQ3) or 104 (TQ4)", .{ what, id });
+        return null;
+    };
+}
+
+fn kvCountOk(what: []const u8, t: attention.KvType, n: u64, head_dim: u64) bool {
+    if (t.quantized() and n % 32 != 0) {
+        _ = opsInvalid("{s}: {d} values are not whole blocks of 32", .{ what, n });
+        return false;
+    }
+    if (t.turbo() and (!kv_turbo.dimSupported(head_dim) or n % head_dim != 0)) {
+        _ = opsInvalid("{s}: tq3/tq4 need head_dim {d} a power of two in {d}..{d} and {d} values a multiple of it", .{ what, head_dim, kv_turbo.dim_min, kv_turbo.dim_max, n });
+        return false;
+    }
+    return true;
 }
 
 /// out = gelu_tanh(gate) · up; out may alias gate or up.

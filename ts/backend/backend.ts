@@ -36,11 +36,13 @@ export interface Activation {
 }
 
 /**
- * How a KV cache stores a key or value: f16 (the default), f32 (tests), or llama.cpp's block
- * quantizations q8_0 and q4_0 (32 values share an f16 scale; head_dim a multiple of 32).
+ * How a KV cache stores a key or value: f16 (the default), f32 (tests), llama.cpp's block
+ * quantizations q8_0 and q4_0 (32 values share an f16 scale; head_dim a multiple of 32), or
+ * infer's rotated codes tq3 and tq4 (each head vector rotated, then 3 or 4 bits a value and one
+ * f16 scale; head_dim a power of two). See docs/generation.md.
  */
-export type KvType = "f16" | "f32" | "q8_0" | "q4_0";
-export const kvTypes: readonly KvType[] = ["f16", "f32", "q8_0", "q4_0"];
+export type KvType = "f16" | "f32" | "q8_0" | "q4_0" | "tq3" | "tq4";
+export const kvTypes: readonly KvType[] = ["f16", "f32", "q8_0", "q4_0", "tq3", "tq4"];
 
 /** The types of a cache's keys and its values (they may differ: keys are the sensitive half). */
 export interface KvTypes {
@@ -53,13 +55,18 @@ export function kvTypesOf(t: KvType | KvTypes): KvTypes {
   return typeof t === "string" ? { k: t, v: t } : t;
 }
 
-/** Bytes of `values` values (a whole number of 32-value blocks for the quantized types). */
-export function kvBytes(type: KvType, values: number): number {
+/**
+ * Bytes of `values` values of heads of `headDim` (a whole number of 32-value blocks for q8_0 and
+ * q4_0, of head vectors for tq3 and tq4: their f16 scale is per vector).
+ */
+export function kvBytes(type: KvType, values: number, headDim: number): number {
   switch (type) {
     case "f32": return 4 * values;
     case "f16": return 2 * values;
     case "q8_0": return (values / 32) * 34;
     case "q4_0": return (values / 32) * 18;
+    case "tq3": return (values / headDim) * (2 + (headDim * 3) / 8);
+    case "tq4": return (values / headDim) * (2 + headDim / 2);
   }
 }
 

@@ -101,8 +101,8 @@ export class CpuKvBlockStore implements KvBlockStore {
     let offset = 0;
     const pages = (n: number) => Math.ceil(n / page) * page;
     for (const s of shapes) {
-      const kBlock = cells * kvBytes(types.k, s.kvHeads * s.headDim);
-      const vBlock = cells * kvBytes(types.v, s.kvHeads * s.headDim);
+      const kBlock = cells * kvBytes(types.k, s.kvHeads * s.headDim, s.headDim);
+      const vBlock = cells * kvBytes(types.v, s.kvHeads * s.headDim, s.headDim);
       const k = offset;
       offset += pages(kBlock * blocks);
       plan.push({ k, v: offset, kBlock, vBlock });

@@ -43,6 +43,8 @@ class CpuActivation implements Activation {
 /** The ggml type id lib/cpu/attention.zig reads a cache of this type as. */
 const kvTypeIds: Record<KvType, number> = {
   f32: GgmlType.F32, f16: GgmlType.F16, q8_0: GgmlType.Q8_0, q4_0: GgmlType.Q4_0,
+  // infer's own ids, past ggml's (lib/cpu/kv_turbo.zig)
+  tq3: 103, tq4: 104,
 };
 
 class CpuKvLayer implements CpuKvRows {
@@ -56,6 +58,21 @@ class CpuKvLayer implements CpuKvRows {
     readonly kRowBytes: number, readonly vRowBytes: number,
     readonly k: Pointer, readonly v: Pointer, readonly kBytes: Uint8Array,
     readonly vBytes: Uint8Array) {}
+
+  /**
+   * What a tq3/tq4 K layer codes its keys less (lib/cpu/attention.zig store): the mean of the
+   * first 16 or more keys it stores, then fixed for its life (every score of a query moves by the
+   * same amount, so attention is unchanged, but the codes no longer spend their precision on the
+   * large vector Gemma 3's keys share). undefined: nothing stored yet; null: stored without one.
+   */
+  kAnchor: Float32Array | null | undefined = undefined;
+}
+
+/** Keys a first store needs to set a tq3/tq4 K layer's anchor (fewer: no anchor). */
+const ANCHOR_ROWS_MIN = 16;
+
+function isTurbo(typeId: number): boolean {
+  return typeId === kvTypeIds.tq3 || typeId === kvTypeIds.tq4;
 }
 
 /**
@@ -215,12 +232,21 @@ export class CpuBackend implements Backend {
   kvLayer(cells: number, kvHeads: number, headDim: number, types: KvType | KvTypes, ring: boolean): KvLayer {
     const type = kvTypesOf(types);
     for (const t of [type.k, type.v]) {
-      if (!(t in kvTypeIds)) throw new InferError("invalid_argument", `KV cache type '${t}' is not f16, f32, q8_0 or q4_0`);
+      if (!(t in kvTypeIds)) {
+        throw new InferError("invalid_argument", `KV cache type '${t}' is not f16, f32, q8_0, q4_0, tq3 or tq4`);
+      }
       if ((t === "q8_0" || t === "q4_0") && headDim % 32 !== 0) {
         throw new InferError("unsupported", `a ${t} KV cache needs head_dim a multiple of 32; this model's is ${headDim}`);
       }
+      // The rotation is a Walsh-Hadamard transform over the head vector.
+      const powerOfTwo = headDim >= 8 && headDim <= 1024 && (headDim & (headDim - 1)) === 0;
+      if ((t === "tq3" || t === "tq4") && !powerOfTwo) {
+        throw new InferError("unsupported",
+          `a ${t} KV cache needs head_dim a power of two from 8 to 1024; this model's is ${headDim}`);
+      }
     }
-    const kRowBytes = kvBytes(type.k, kvHeads * headDim), vRowBytes = kvBytes(type.v, kvHeads * headDim);
+    const kRowBytes = kvBytes(type.k, kvHeads * headDim, headDim);
+    const vRowBytes = kvBytes(type.v, kvHeads * headDim, headDim);
     if (ring || !kvSharing) {
       const k = this.arena.alloc(cells * kRowBytes), v = this.arena.alloc(cells * vRowBytes);
       return new CpuKvLayer(cells, ring, kvHeads, headDim, kvTypeIds[type.k], kvTypeIds[type.v],
@@ -238,10 +264,13 @@ export class CpuBackend implements Backend {
   }
 
   kvBlockStore(shapes: readonly KvLayerShape[], types: KvTypes, cells: number, blocks: number): KvBlockStore | null {
+    // A tq key layer stores keys less an anchor of its own (lib/cpu/kv_turbo.zig): a block
+    // mapped into another layer would be read against the wrong anchor, so those are copied.
+    if (types.k === "tq3" || types.k === "tq4") return null;
     const store = CpuKvBlockStore.open(shapes, types, cells, blocks, (n, shape, k, v, kBytes, vBytes, file) => {
       const layer = new CpuKvLayer(n, false, shape.kvHeads, shape.headDim, kvTypeIds[types.k],
-        kvTypeIds[types.v], kvBytes(types.k, shape.kvHeads * shape.headDim),
-        kvBytes(types.v, shape.kvHeads * shape.headDim), k, v, kBytes, vBytes);
+        kvTypeIds[types.v], kvBytes(types.k, shape.kvHeads * shape.headDim, shape.headDim),
+        kvBytes(types.v, shape.kvHeads * shape.headDim, shape.headDim), k, v, kBytes, vBytes);
       layer.file = file;
       return layer;
     });
@@ -348,10 +377,29 @@ export class CpuBackend implements Backend {
 
   private storeRows(l: CpuKvLayer, k: Activation, v: Activation, row: number, cell: number, rows: number): void {
     const n = rows * l.kvHeads * l.headDim, src = row * k.cols * 4;
-    check(this.lib.infer_kv_store(offsetAddress(a(k).address, src), offsetAddress(l.k, cell * l.kRowBytes), l.kTypeId, n),
-      "kv_store k");
-    check(this.lib.infer_kv_store(offsetAddress(a(v).address, src), offsetAddress(l.v, cell * l.vRowBytes), l.vTypeId, n),
-      "kv_store v");
+    const anchor = this.keyAnchor(l, k, row, rows);
+    check(this.lib.infer_kv_store(offsetAddress(a(k).address, src), offsetAddress(l.k, cell * l.kRowBytes), l.kTypeId, n,
+      l.headDim, anchor, anchor?.length ?? 0), "kv_store k");
+    check(this.lib.infer_kv_store(offsetAddress(a(v).address, src), offsetAddress(l.v, cell * l.vRowBytes), l.vTypeId, n,
+      l.headDim, null, 0), "kv_store v");
+  }
+
+  /** The layer's key anchor, decided by its first store (see CpuKvLayer.kAnchor). */
+  private keyAnchor(l: CpuKvLayer, k: Activation, row: number, rows: number): Float32Array | null {
+    if (!isTurbo(l.kTypeId)) return null;
+    if (l.kAnchor === undefined) {
+      if (rows < ANCHOR_ROWS_MIN) {
+        l.kAnchor = null;
+      } else {
+        const kvDim = l.kvHeads * l.headDim, f = a(k).f32, sum = new Float64Array(kvDim);
+        for (let r = 0; r < rows; r++) {
+          const base = (row + r) * k.cols;
+          for (let i = 0; i < kvDim; i++) sum[i] += f[base + i];
+        }
+        l.kAnchor = Float32Array.from(sum, (x) => x / rows);
+      }
+    }
+    return l.kAnchor;
   }
 
   attention(q: Activation, layer: KvLayer, rows: number, position: number, o: AttentionOptions,
@@ -381,7 +429,17 @@ export class CpuBackend implements Backend {
         `overrun ${s.cells} / ${d.cells}`);
     }
     const kb = s.kRowBytes, vb = s.vRowBytes;
-    d.kBytes.set(s.kBytes.subarray(srcCell * kb, (srcCell + cells) * kb), dstCell * kb);
+    if (d.kAnchor === undefined) d.kAnchor = s.kAnchor;
+    if (s.kAnchor === d.kAnchor || !isTurbo(s.kTypeId)) {
+      d.kBytes.set(s.kBytes.subarray(srcCell * kb, (srcCell + cells) * kb), dstCell * kb);
+    } else {
+      // Keys coded less another anchor: decoded with the source's, coded again with this one's.
+      const n = cells * s.kvHeads * s.headDim, keys = new Float32Array(n);
+      check(this.lib.infer_kv_load(s.kBytes.subarray(srcCell * kb, (srcCell + cells) * kb), s.kTypeId, n, s.headDim,
+        s.kAnchor ?? null, s.kAnchor?.length ?? 0, keys), "kv_load k");
+      check(this.lib.infer_kv_store(keys, offsetAddress(d.k, dstCell * kb), d.kTypeId, n, d.headDim,
+        d.kAnchor ?? null, d.kAnchor?.length ?? 0), "kv_store k");
+    }
     d.vBytes.set(s.vBytes.subarray(srcCell * vb, (srcCell + cells) * vb), dstCell * vb);
   }
 
@@ -392,7 +450,8 @@ export class CpuBackend implements Backend {
       const from = keep + discard, rows = length - from;
       if (rows <= 0) return;
       const keys = this.rotatedKeys(l, from, rows, rope, discard);
-      check(this.lib.infer_kv_store(keys, offsetAddress(l.k, keep * l.kRowBytes), l.kTypeId, rows * kvDim), "kv_store k");
+      check(this.lib.infer_kv_store(keys, offsetAddress(l.k, keep * l.kRowBytes), l.kTypeId, rows * kvDim, l.headDim,
+        l.kAnchor ?? null, l.kAnchor?.length ?? 0), "kv_store k");
       l.vBytes.copyWithin(keep * l.vRowBytes, from * l.vRowBytes, length * l.vRowBytes);
       return;
     }
@@ -401,10 +460,12 @@ export class CpuBackend implements Backend {
     const cells = l.cells, turn = discard % cells;
     const keys = this.rotatedKeys(l, 0, cells, rope, discard);
     const tail = (cells - turn) * kvDim;
-    check(this.lib.infer_kv_store(keys.subarray(turn * kvDim), l.k, l.kTypeId, tail), "kv_store k");
+    const anchor = l.kAnchor ?? null, anchorLength = anchor?.length ?? 0;
+    check(this.lib.infer_kv_store(keys.subarray(turn * kvDim), l.k, l.kTypeId, tail, l.headDim, anchor, anchorLength),
+      "kv_store k");
     if (turn > 0) {
       check(this.lib.infer_kv_store(keys.subarray(0, turn * kvDim), offsetAddress(l.k, (cells - turn) * l.kRowBytes),
-        l.kTypeId, turn * kvDim), "kv_store k");
+        l.kTypeId, turn * kvDim, l.headDim, anchor, anchorLength), "kv_store k");
     }
     const values = l.vBytes.slice(0, cells * l.vRowBytes);
     l.vBytes.set(values.subarray(turn * l.vRowBytes), 0);
@@ -415,7 +476,8 @@ export class CpuBackend implements Backend {
   private rotatedKeys(l: CpuKvLayer, first: number, rows: number, rope: RopeOptions, discard: number): Float32Array {
     const kvDim = l.kvHeads * l.headDim, keys = new Float32Array(rows * kvDim);
     const src = l.kBytes.subarray(first * l.kRowBytes, (first + rows) * l.kRowBytes);
-    check(this.lib.infer_dequantize(l.kTypeId, src, rows * kvDim, keys), "dequantize keys");
+    check(this.lib.infer_kv_load(src, l.kTypeId, rows * kvDim, l.headDim, l.kAnchor ?? null, l.kAnchor?.length ?? 0, keys),
+      "kv_load keys");
     const positions = new Int32Array(rows).fill(-discard);
     let factors: Pointer | null = null;
     if (rope.freqFactors) factors = w(rope.freqFactors).address;

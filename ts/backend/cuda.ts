@@ -248,7 +248,7 @@ export class CudaBackend implements Backend {
     const type = kvTypesOf(types);
     if (type.k !== "f16" || type.v !== "f16") {
       throw new InferError("unsupported", `the CUDA backend keeps the KV cache in f16, not ${kvTypesName(type)} ` +
-        "(--cache-type-k/--cache-type-v q8_0 and q4_0 run on the CPU backend)");
+        "(--cache-type-k/--cache-type-v q8_0, q4_0, tq3 and tq4 run on the CPU backend)");
     }
     if (headDim > HEAD_DIM_MAX) {
       throw new InferError("unsupported", `head_dim ${headDim} is over the CUDA backend's ${HEAD_DIM_MAX}`);

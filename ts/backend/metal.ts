@@ -181,7 +181,7 @@ export class MetalBackend implements Backend {
     const type = kvTypesOf(types);
     if (type.k !== "f16" || type.v !== "f16") {
       throw new InferError("unsupported", `the Metal backend keeps the KV cache in f16, not ${kvTypesName(type)} ` +
-        "(--cache-type-k/--cache-type-v q8_0 and q4_0 run on the CPU backend)");
+        "(--cache-type-k/--cache-type-v q8_0, q4_0, tq3 and tq4 run on the CPU backend)");
     }
     const bytes = cells * kvHeads * headDim * 2;
     return new MetalKvLayer(cells, ring, kvHeads, headDim, this.alloc(bytes, "KV cache"), this.alloc(bytes, "KV cache"));

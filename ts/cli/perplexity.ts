@@ -28,7 +28,7 @@ options:
   --chunks N         score at most N chunks (default: all)
   -t, --threads N    CPU threads (default: physical cores; capped to the CPUs)
   --backend B        cpu, cuda, metal or auto: a GPU when available (default: auto)
-  -ctk, --cache-type-k T  KV cache keys: f16, q8_0 or q4_0 (default f16)
+  -ctk, --cache-type-k T  KV cache keys: f16, q8_0, q4_0, tq4 or tq3 (default f16)
   -ctv, --cache-type-v T  KV cache values, as -ctk
   --context-shift    read the text as one stream through the context, shifting it when full
                      (keep the first --keep positions, drop half the rest); no chunks

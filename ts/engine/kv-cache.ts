@@ -1,5 +1,5 @@
 // A sequence's KV cache: one layer of keys and values per transformer block, allocated once, F16 by
-// default as llama.cpp stores it (or q8_0/q4_0 blocks, keys and values each their own type). Full-attention layers hold every position up to the context
+// default as llama.cpp stores it (or q8_0/q4_0 blocks or tq3/tq4 rotated codes, keys and values each their own type). Full-attention layers hold every position up to the context
 // length. Sliding-window layers hold a ring of roundUp(window + batch, 256) cells: enough for the
 // window plus the batch being written, and the same ring llama.cpp's SWA cache uses when it
 // evaluates one token per ubatch (768 cells for a 512 window), so that attention sums its terms in

@@ -48,7 +48,7 @@ export function memoryPlan(file: GgufFile, shape: ModelShape, o: MemoryPlanOptio
   const activations = 4 * (o.maxBatch * rowFloats + s.vocab);
   let kvCache = 0, kvPerPosition = 0;
   for (const k of s.kvShapes) {
-    const rowBytes = kvBytes(o.kvType.k, k.kvHeads * k.headDim) + kvBytes(o.kvType.v, k.kvHeads * k.headDim);
+    const rowBytes = kvBytes(o.kvType.k, k.kvHeads * k.headDim, k.headDim) + kvBytes(o.kvType.v, k.kvHeads * k.headDim, k.headDim);
     const ring = k.window > 0 ? ringCells(k.window, o.maxBatch) : 0;
     if (ring > 0 && ring < o.contextLength) kvCache += ring * rowBytes;
     else {

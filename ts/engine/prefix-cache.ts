@@ -85,7 +85,7 @@ export class PrefixCache {
     }
     this.blockTokens = o.blockTokens ?? 32;
     this.blockBytes = shapes.reduce((sum, s) =>
-      sum + kvBytes(type.k, s.kvHeads * s.headDim) + kvBytes(type.v, s.kvHeads * s.headDim), 0) * this.blockTokens;
+      sum + kvBytes(type.k, s.kvHeads * s.headDim, s.headDim) + kvBytes(type.v, s.kvHeads * s.headDim, s.headDim), 0) * this.blockTokens;
     this.blocksMax = Math.floor((o.bytesMax ?? 128 << 20) / this.blockBytes);
     if (!(this.blockTokens >= 1) || this.blocksMax < 1) {
       throw new InferError("invalid_argument", `a prefix cache of ${o.bytesMax} bytes holds no ` +
