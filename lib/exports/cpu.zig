@@ -226,7 +226,7 @@ export fn infer_repack(type_id: u32, src: ?[*]const u8, n_out: u64, n_in: u64, d
 }
 
 /// Quantizes n f32 values into `type_id` with ggml's reference quantizer (what llama.cpp's
-/// quantize tool writes): F32, F16, BF16, Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, Q8_K.
+/// quantize tool writes): F32, F16, BF16, Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, Q8_K, MXFP4.
 export fn infer_quantize_row(type_id: u32, src: ?[*]const f32, n: u64, dst: ?[*]u8) i32 {
     const t = quantTraitsOrFail(type_id) orelse return @intFromEnum(status.Status.unsupported);
     const quantize = t.quantize_ref orelse

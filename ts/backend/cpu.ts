@@ -16,7 +16,7 @@ import {
 /** Types the CPU kernels compute with (lib/quant/types.zig). */
 export const cpuWeightTypes = new Set<number>([
   GgmlType.F32, GgmlType.F16, GgmlType.BF16, GgmlType.Q4_0, GgmlType.Q5_0, GgmlType.Q8_0,
-  GgmlType.Q4_K, GgmlType.Q5_K, GgmlType.Q6_K,
+  GgmlType.Q4_K, GgmlType.Q5_K, GgmlType.Q6_K, GgmlType.MXFP4,
 ]);
 
 class CpuWeight implements Weight {
