@@ -30,11 +30,20 @@ const kvalues_offset: @Vector(16, u8) = blk: {
     break :blk t;
 };
 
-/// ggml_e8m0_to_fp32_half: 2^(e - 128) as an f32, exactly (e = 0 and 1 are subnormals).
+/// ggml_e8m0_to_fp32_half: 2^(e - 128) as an f32, exactly (e = 0 and 1 are subnormals). Read
+/// from a table in the kernels (one load, as ggml's CPU backend does), not rebuilt from bits.
 pub fn scaleHalf(e: u8) f32 {
-    const bits: u32 = if (e < 2) @as(u32, 0x00200000) << @intCast(e) else @as(u32, e - 1) << 23;
-    return @bitCast(bits);
+    return scale_half_table[e];
 }
+
+const scale_half_table: [256]f32 = blk: {
+    var t: [256]f32 = undefined;
+    for (0..256) |e| {
+        const bits: u32 = if (e < 2) @as(u32, 0x00200000) << @intCast(e) else @as(u32, e - 1) << 23;
+        t[e] = @bitCast(bits);
+    }
+    break :blk t;
+};
 
 /// The 32 codes of a block as kvalues + offset, in value order.
 inline fn unpackOffset(b: *align(1) const Block) simd.V32u8 {
