@@ -332,7 +332,7 @@ export fn infer_rope(
 }
 
 /// Causal (optionally sliding-window) grouped-query attention of queries q over the K/V cache
-/// k, v as lib/abi.zig AttentionShape says. out: [n_tok][n_head][head_dim]. See cpu/attention.zig.
+/// k, v as lib/abi.zig AttentionShape says (with per-head sinks when shape.sinks is set). out: [n_tok][n_head][head_dim]. See cpu/attention.zig.
 export fn infer_attention(
     q: [*]const f32,
     k: [*]const u8,
@@ -385,6 +385,7 @@ export fn infer_attention(
         "attention: a ring of {d} cells needs a window and at least window + n_tok - 1 = {d} cells",
         .{ ring, window + n_tok -| 1 },
     );
+    if (shape.sinks % 4 != 0) return opsInvalid("attention: the sinks must be 4-byte aligned f32", .{});
     if (n_tok == 0) return 0;
     const k_cache = attention.Cache.fromBytes(k_type, k);
     const v_cache = attention.Cache.fromBytes(v_type, v);
@@ -398,6 +399,7 @@ export fn infer_attention(
         .window = window,
         .ring = ring,
         .scale = scale,
+        .sinks = if (shape.sinks == 0) null else @ptrFromInt(shape.sinks),
     });
     if (!done) return status.fail(.out_of_memory, "attention: no memory for {d} scores", .{pos0 + n_tok});
     return 0;

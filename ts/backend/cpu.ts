@@ -48,6 +48,14 @@ class CpuKvLayer implements KvLayer {
 }
 
 function w(x: Weight): CpuWeight { return x as CpuWeight; }
+
+/** The address of an attention-sinks tensor: F32, one logit per query head. */
+function sinksAddress(t: CpuWeight, heads: number): number {
+  if (t.typeId !== GgmlType.F32 || t.byteLength !== heads * 4) {
+    throw new InferError("bad_model", `attention sinks '${t.name}' must be ${heads} F32 values, not ${t.typeName} ${t.dims.join("x")}`);
+  }
+  return Number(t.address);
+}
 function a(x: Activation): CpuActivation { return x as CpuActivation; }
 
 export class CpuBackend implements Backend {
@@ -280,7 +288,7 @@ export class CpuBackend implements Backend {
     const outAddress = offsetAddress(a(out).address, firstRow * out.cols * 4);
     const shape = packed("AttentionShape", { k_type: l.kTypeId, v_type: l.vTypeId, n_tok: rows, n_head: o.heads, n_kv_head: o.kvHeads,
       head_dim: o.headDim, pos0: position, kv_stride: l.kvHeads * l.headDim, window: o.window,
-      ring: l.ring ? l.cells : 0, scale: o.scale });
+      ring: l.ring ? l.cells : 0, scale: o.scale, sinks: o.sinks ? sinksAddress(w(o.sinks), o.heads) : 0 });
     check(this.lib.infer_attention(qAddress, l.k, l.v, outAddress, shape), "attention");
   }
 

@@ -225,7 +225,7 @@ export const structs = {
     },
   },
   AttentionShape: {
-    size: 80,
+    size: 88,
     fields: {
       k_type: { type: "u32", offset: 0 },
       v_type: { type: "u32", offset: 4 },
@@ -238,6 +238,7 @@ export const structs = {
       window: { type: "u64", offset: 56 },
       ring: { type: "u64", offset: 64 },
       scale: { type: "f32", offset: 72 },
+      sinks: { type: "u64", offset: 80, value: 0 },
     },
   },
   RopeShape: {
