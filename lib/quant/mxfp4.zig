@@ -182,9 +182,10 @@ pub fn dotMulti(
 /// Activation blocks whose per-call terms dotRows keeps on the stack (n_in <= 32768).
 const rows_terms_max = 1024;
 
-/// Single-token matvec over n_out rows, w_row_bytes apart, two adjacent rows at a time (their
-/// FMA chains side by side), in dotGgmlScalar's arithmetic. What depends on the activations only
-/// is computed once a call, not once a row: each block's 12 * sum(x) and its scale as f32.
+/// Single-token matvec over n_out rows, w_row_bytes apart, eight adjacent rows at a time
+/// (rowsEight), the rest two and one (rowsChains), in dotGgmlScalar's arithmetic. What depends on
+/// the activations only is computed once a call, not once a row: each block's 12 * sum(x) and
+/// its scale as f32.
 pub fn dotRows(n_blocks: usize, w: [*]const u8, w_row_bytes: usize, n_out: usize, x: [*]align(1) const q8_0.Block, out: [*]f32) void {
     if (n_blocks > rows_terms_max) {
         for (0..n_out) |o| {
@@ -201,12 +202,73 @@ pub fn dotRows(n_blocks: usize, w: [*]const u8, w_row_bytes: usize, n_out: usize
         dx[b] = x[b].d;
     }
     var o: usize = 0;
+    const next_in_l1 = simd.nextRowsInL1(8, w_row_bytes);
+    while (o + 8 <= n_out) : (o += 8) {
+        const w8 = w + o * w_row_bytes;
+        out[o..][0..8].* = if (next_in_l1)
+            rowsEight(true, n_blocks, w8, w_row_bytes, x, &terms, &dx)
+        else
+            rowsEight(false, n_blocks, w8, w_row_bytes, x, &terms, &dx);
+    }
     while (o + 2 <= n_out) : (o += 2) {
         const two = rowsChains(2, n_blocks, w + o * w_row_bytes, w_row_bytes, x, &terms, &dx);
         out[o] = two[0];
         out[o + 1] = two[1];
     }
     if (o < n_out) out[o] = rowsChains(1, n_blocks, w + o * w_row_bytes, w_row_bytes, x, &terms, &dx)[0];
+}
+
+/// Eight adjacent rows as q4_0.rowsEight takes them: each block's 16 code bytes of rows r and
+/// r + 4 make one 32-byte vector, and two rounds of dword interleaving give chunk c = bytes
+/// 4c..4c+3 of every row, a row per lane; the codes then go through the table, and one dot per
+/// chunk and nibble half (with the activation word broadcast) gives all eight rows' block sums,
+/// which one vector FMA chain takes: dotGgmlScalar's arithmetic in each lane.
+inline fn rowsEight(
+    comptime next_in_l1: bool,
+    n_blocks: usize,
+    w: [*]const u8,
+    w_row_bytes: usize,
+    x: [*]align(1) const q8_0.Block,
+    terms: *const [rows_terms_max]i32,
+    dx: *const [rows_terms_max]f32,
+) [8]f32 {
+    var rows: [8][*]align(1) const Block = undefined;
+    inline for (0..8) |r| rows[r] = @ptrCast(w + r * w_row_bytes);
+    var acc: simd.V8f32 = @splat(0);
+    const low_mask: simd.V32u8 = @splat(15);
+    for (0..n_blocks) |b| {
+        var scales: simd.V8f32 = undefined;
+        inline for (0..8) |r| scales[r] = scaleHalf(rows[r][b].e);
+        simd.prefetchNextRows(8, @sizeOf(Block), next_in_l1, w, w_row_bytes, b);
+        var pairs: [4]@Vector(8, u32) = undefined;
+        inline for (0..4) |k| {
+            const a: @Vector(4, u32) = @bitCast(rows[k][b].qs);
+            const c: @Vector(4, u32) = @bitCast(rows[k + 4][b].qs);
+            pairs[k] = @shuffle(u32, a, c, [8]i32{ 0, 1, 2, 3, -1, -2, -3, -4 });
+        }
+        const lo_mask = [8]i32{ 0, -1, 1, -2, 4, -5, 5, -6 };
+        const hi_mask = [8]i32{ 2, -3, 3, -4, 6, -7, 7, -8 };
+        const t0 = @shuffle(u32, pairs[0], pairs[1], lo_mask);
+        const t1 = @shuffle(u32, pairs[0], pairs[1], hi_mask);
+        const t2 = @shuffle(u32, pairs[2], pairs[3], lo_mask);
+        const t3 = @shuffle(u32, pairs[2], pairs[3], hi_mask);
+        const even = [8]i32{ 0, 1, -1, -2, 4, 5, -5, -6 };
+        const odd = [8]i32{ 2, 3, -3, -4, 6, 7, -7, -8 };
+        const chunks = [4]simd.V32u8{
+            @bitCast(@shuffle(u32, t0, t2, even)), @bitCast(@shuffle(u32, t0, t2, odd)),
+            @bitCast(@shuffle(u32, t1, t3, even)), @bitCast(@shuffle(u32, t1, t3, odd)),
+        };
+        const words: [*]align(1) const i32 = @ptrCast(&x[b].qs);
+        var lo: simd.V8i32 = @splat(0);
+        var hi: simd.V8i32 = @splat(0);
+        inline for (0..4) |c| {
+            lo = simd.dotAccU7I8Word(lo, simd.lookup16(kvalues_offset, chunks[c] & low_mask), words, c);
+            hi = simd.dotAccU7I8Word(hi, simd.lookup16(kvalues_offset, (chunks[c] >> @splat(4)) & low_mask), words, 4 + c);
+        }
+        const sums = lo + hi - @as(simd.V8i32, @splat(terms[b]));
+        acc = @mulAdd(simd.V8f32, @floatFromInt(sums), scales * @as(simd.V8f32, @splat(dx[b])), acc);
+    }
+    return acc;
 }
 
 inline fn rowsChains(
@@ -288,7 +350,7 @@ test "mxfp4 dotRows equals dotGgmlScalar bit for bit, odd block and row counts, 
     try test_util.checkDotRows(@This(), q8_0, 392, fixBlock);
     var rng = test_util.TestRng.init(393);
     for ([_]usize{ 1, 7, 8, 13, 90 }) |n_blocks| {
-        const n_out = 13;
+        const n_out = 19; // eight rows together twice, then two, then one
         const stride = n_blocks + 1;
         var w: [n_out * 91]Block = undefined;
         var x: [90]q8_0.Block = undefined;
