@@ -16,7 +16,7 @@ import { native } from "../ts/native/lib.ts";
 import { measureBandwidth } from "./bandwidth.ts";
 
 const typeIds: Record<string, number> = {
-  F16: 1, BF16: 30, Q4_0: 2, Q5_0: 6, Q8_0: 8, Q4_K: 12, Q5_K: 13, Q6_K: 14,
+  F16: 1, BF16: 30, Q4_0: 2, Q5_0: 6, Q8_0: 8, Q4_K: 12, Q5_K: 13, Q6_K: 14, MXFP4: 39,
 };
 
 function arg(name: string, fallback: string): string {

@@ -60,9 +60,12 @@ pub const AttentionShape = extern struct {
     scale: f32,
     /// 0: the single-token order of sums; 1: llama.cpp's batched order (F16 caches; attention.Shape).
     order: u32 = 0,
+    /// Address of n_head f32 logits, one per query head, added to each head's softmax
+    /// denominator (gpt-oss's attention sinks); 0 = none.
+    sinks: u64 = 0,
 };
 comptime {
-    std.debug.assert(@sizeOf(AttentionShape) == 80);
+    std.debug.assert(@sizeOf(AttentionShape) == 88);
 }
 
 /// infer_rope: x[n_tok][n_heads][head_dim]; mode 0 = normal (pairs 2i, 2i+1), 2 = NeoX (pairs

@@ -2,6 +2,7 @@
 // data with odd sizes, scored by max normalised error (max |got - want| / max |want|) under a
 // named per-op tolerance.
 import { describe, expect, test } from "bun:test";
+import { ptr } from "bun:ffi";
 import { InferError } from "../ts/errors.ts";
 import { packStruct } from "../ts/native/abi.ts";
 import { check, native } from "../ts/native/lib.ts";
@@ -102,7 +103,8 @@ type Values = ArrayLike<number>;
 
 /** With `f16Rounding` (an F16 cache) the query and the probabilities are rounded to f16 first,
  * as llama.cpp's non-flash attention does and as infer mirrors. */
-function attentionRef(q: Float32Array, k: Values, v: Values, s: AttnShape, f16Rounding = false): number[] {
+function attentionRef(q: Float32Array, k: Values, v: Values, s: AttnShape, f16Rounding = false,
+  sinks: Float32Array | null = null): number[] {
   const r = f16Rounding ? Math.f16round : (x: number) => x;
   const out = new Array<number>(s.nTok * s.nHead * s.headDim).fill(0);
   const group = s.nHead / s.nKvHead;
@@ -120,9 +122,10 @@ function attentionRef(q: Float32Array, k: Values, v: Values, s: AttnShape, f16Ro
         keys.push(j);
         scores.push(s.scale * dot);
       }
-      const max = Math.max(...scores);
+      // A sink is one more logit in the softmax, with no value.
+      const max = Math.max(...scores, sinks ? sinks[h] : -Infinity);
       const e = scores.map((x) => Math.exp(x - max));
-      const sum = e.reduce((a, b) => a + b, 0);
+      const sum = e.reduce((a, b) => a + b, sinks ? Math.exp(sinks[h] - max) : 0);
       keys.forEach((j, n) => {
         for (let d = 0; d < s.headDim; d++) {
           out[qOff + d] += r(e[n] / sum) * v[j * s.kvStride + kvh * s.headDim + d];
@@ -155,9 +158,10 @@ function rope(x: Float32Array, nTok: number, nHeads: number, headDim: number, nR
 /** infer_attention with its shape (lib/abi.zig AttentionShape) from positional values. */
 function attention(q: Float32Array, k: Float32Array | Uint16Array, v: Float32Array | Uint16Array, kvType: number,
   out: Float32Array, nTok: number, nHead: number, nKvHead: number, headDim: number, pos0: number, kvStride: number,
-  window: number, ring: number, scale: number): number {
+  window: number, ring: number, scale: number, sinks: Float32Array | null = null): number {
   return native().infer_attention(q, k, v, out, packStruct("AttentionShape", { k_type: kvType, v_type: kvType, n_tok: nTok,
-    n_head: nHead, n_kv_head: nKvHead, head_dim: headDim, pos0, kv_stride: kvStride, window, ring, scale, order: 0 }));
+    n_head: nHead, n_kv_head: nKvHead, head_dim: headDim, pos0, kv_stride: kvStride, window, ring, scale, order: 0,
+    sinks: sinks ? Number(ptr(sinks)) : 0 }));
 }
 
 describe("rms_norm", () => {
@@ -261,9 +265,9 @@ describe("attention", () => {
     ["sliding window on a decode step", shape(1, 4, 1, 256, 40, 256, 8, 0.0625)],
     ["MHA head_dim 1", shape(3, 3, 3, 1, 2, 3, 0, 1)],
   ];
-  for (const [name, s] of shapes) {
+  for (const [name, s] of shapes) for (const withSinks of [false, true]) {
     for (const kvType of [0, 1]) {
-      test(`${name}, ${kvType === 0 ? "F32" : "F16"} cache`, () => {
+      test(`${name}, ${kvType === 0 ? "F32" : "F16"} cache${withSinks ? ", attention sinks" : ""}`, () => {
         const rand = rng(s.headDim * 31 + s.nTok + kvType);
         const q = randomF32(s.nTok * s.nHead * s.headDim, rand);
         const cacheLen = (s.pos0 + s.nTok) * s.kvStride;
@@ -278,10 +282,12 @@ describe("attention", () => {
           kRef = new Float16Array(kCache.buffer); // the reference sees the f16-rounded cache
           vRef = new Float16Array(vCache.buffer);
         }
+        // Sinks (gpt-oss): per head, some above every score (most weight to the sink), some below.
+        const sinks = withSinks ? new Float32Array(s.nHead).map((_, h) => (h % 2 ? 3 : -1) + rand()) : null;
         const out = new Float32Array(q.length);
         check(attention(q, kCache, vCache, kvType, out, s.nTok, s.nHead, s.nKvHead,
-          s.headDim, s.pos0, s.kvStride, s.window, 0, s.scale), "attention");
-        expect(normalisedError(out, attentionRef(q, kRef, vRef, s, kvType === 1))).toBeLessThan(
+          s.headDim, s.pos0, s.kvStride, s.window, 0, s.scale, sinks), "attention");
+        expect(normalisedError(out, attentionRef(q, kRef, vRef, s, kvType === 1, sinks))).toBeLessThan(
           kvType === 1 ? TOL_ATTENTION_F16 : TOL_ATTENTION);
       });
     }
@@ -310,6 +316,10 @@ describe("attention", () => {
       "head_dim 0");
     expectInferError(() => attention(q, kv, kv, 0, out, 4, 4, 1, 8, 10, 8, 8, 9, 1),
       "ring of 9 cells");
+    const bytes = new Uint8Array(64);
+    expectInferError(() => lib.infer_attention(q, kv, kv, out, packStruct("AttentionShape", { k_type: 0, v_type: 0,
+      n_tok: 1, n_head: 4, n_kv_head: 1, head_dim: 8, pos0: 0, kv_stride: 8, window: 0, ring: 0, scale: 1,
+      sinks: Number(ptr(bytes)) + 2 })), "sinks must be 4-byte aligned");
     expectInferError(() => lib.infer_kv_store(q, kv, 7, 4, 4, null, 0), "dst_type 7");
     expectInferError(() => lib.infer_kv_store(q, kv, 8, 40, 40, null, 0), "40 values are not whole blocks of 32");
     expectInferError(() => lib.infer_kv_store(q, kv, 104, 48, 24, null, 0), "head_dim 24 a power of two in 8..1024");

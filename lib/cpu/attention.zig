@@ -5,7 +5,8 @@
 //!        (ggml type ids 0, 1, 2, 8; the quantized forms in kv_quant.zig), or infer's rotated
 //!        codes TQ3/TQ4 (ids 103, 104; one coded vector per head, kv_turbo.zig)
 //!   out: [n_tok][n_head][head_dim] = softmax_j(scale · q·k_j) · v_j over the visible keys j:
-//!        j <= p (causal) and, when window > 0, p - j < window.
+//!        j <= p (causal) and, when window > 0, p - j < window. With attention sinks (gpt-oss),
+//!        head h's softmax has one more logit, sinks[h], in its denominator and no value.
 //! Softmax is the online form (Milakov & Gimelshein 2018): a running max m, running sum l and an
 //! unnormalised accumulator that lives in the output row, so no scratch is needed; all query heads
 //! of one KV head are processed together so each K/V row is converted once.
@@ -76,6 +77,9 @@ pub const Shape = struct {
     /// FMA chain of 16 lanes), which its prompts take, instead of its single-token kernel's
     /// (ggml_vec_dot_f16: four); attention_f16.zig. Embeddings ask for it (docs/embeddings.md).
     batched_order: bool = false,
+    /// One learned logit per query head added to the softmax's denominator (gpt-oss's attention
+    /// sinks), or null.
+    sinks: ?[*]const f32 = null,
 
     pub fn group(s: Shape) usize {
         return s.n_head / s.n_kv_head;
@@ -104,6 +108,10 @@ pub const Shape = struct {
     /// Rows the cache holds.
     pub fn cells(s: Shape) usize {
         return if (s.ring == 0) s.pos0 + s.n_tok else s.ring;
+    }
+    /// Query head h's sink logit, if the heads have sinks.
+    pub fn sink(s: Shape, h: usize) ?f32 {
+        return if (s.sinks) |sinks| sinks[h] else null;
     }
     /// Elements the K (or V) cache must hold.
     pub fn cacheLen(s: Shape) usize {
@@ -332,7 +340,16 @@ pub fn attendRows(
         }
         for (0..group) |g| {
             const o_row = out[row_base + g * d ..][0..d];
-            const inv: V = @splat(1 / run_sum[g]);
+            // A sink joins the softmax as llama.cpp's flash attention adds it, after the keys.
+            var keep: f32 = 1;
+            if (s.sinks) |sinks| {
+                const sink = sinks[first_head + g];
+                if (sink > run_max[g]) {
+                    keep = @exp(run_max[g] - sink);
+                    run_sum[g] = run_sum[g] * keep + 1;
+                } else run_sum[g] += @exp(sink - run_max[g]);
+            }
+            const inv: V = @splat(keep / run_sum[g]);
             var i: usize = 0;
             while (i + lanes <= d) : (i += lanes) {
                 o_row[i..][0..lanes].* = @as(V, o_row[i..][0..lanes].*) * inv;
@@ -414,11 +431,14 @@ pub fn attentionReference(
                 scores[j] = s.scale * sum;
                 max = @max(max, scores[j]);
             }
+            const sink: ?f32 = if (s.sinks) |sinks| sinks[h] else null;
+            if (sink) |sk| max = @max(max, sk);
             var total: f64 = 0;
             for (begin..end) |j| {
                 scores[j] = @exp(scores[j] - max);
                 total += scores[j];
             }
+            if (sink) |sk| total += @exp(sk - max);
             @memset(o_row, 0);
             for (begin..end) |j| {
                 const p: f32 = scores[j] / @as(f32, @floatCast(total));
@@ -609,6 +629,31 @@ test "attention over quantized and mixed caches matches the two-pass reference" 
             try runMixedCase(k_type, v_type, .{ .n_tok = 1, .n_head = 8, .n_kv_head = 2, .head_dim = d, .pos0 = 37, .kv_stride = 2 * d + 32, .window = 0, .scale = 0.3 }, i + 10);
             try runMixedCase(k_type, v_type, .{ .n_tok = 9, .n_head = 2, .n_kv_head = 2, .head_dim = d, .pos0 = 4, .kv_stride = 2 * d, .window = 3, .scale = 1 }, i + 20);
         };
+    }
+}
+
+test "attention sinks: every cache type and path matches the reference; a sink only scales" {
+    var sinks: [8]f32 = .{ 2.5, -1, 0, 7, -30, 1.25, 4, -0.5 };
+    for ([_]KvType{ .f32, .f16, .q8_0 }, 0..) |kv_type, i| {
+        for ([_]usize{ 64, 96 }) |d| {
+            try runCase(kv_type, .{ .n_tok = 5, .n_head = 4, .n_kv_head = 1, .head_dim = d, .pos0 = 0, .kv_stride = d, .window = 0, .scale = 0.125, .sinks = &sinks }, i);
+            try runCase(kv_type, .{ .n_tok = 1, .n_head = 8, .n_kv_head = 2, .head_dim = d, .pos0 = 37, .kv_stride = 2 * d, .window = 0, .scale = 0.3, .sinks = &sinks }, i + 10);
+            try runCase(kv_type, .{ .n_tok = 9, .n_head = 2, .n_kv_head = 2, .head_dim = d, .pos0 = 4, .kv_stride = 2 * d, .window = 3, .scale = 1, .sinks = &sinks }, i + 20);
+            try runCase(kv_type, .{ .n_tok = 6, .n_head = 2, .n_kv_head = 1, .head_dim = d, .pos0 = 0, .kv_stride = d, .window = 0, .scale = 0.125, .sinks = &sinks }, i + 30);
+        }
+    }
+    // One visible key: its probability is 1 / (1 + exp(sink - score)), so the output is the value
+    // times that; a sink of -inf changes nothing.
+    const d = 4;
+    const q = [_]f32{ 1, 0, 0, 0 };
+    const k = [_]f32{ 2, 0, 0, 0 };
+    const v = [_]f32{ 1, -2, 3, 0.5 };
+    for ([_]f32{ 1, -std.math.inf(f32), 5 }) |sink| {
+        var out: [d]f32 = undefined;
+        const sk = [_]f32{sink};
+        try std.testing.expect(attention(&q, .{ .f32 = &k }, .{ .f32 = &v }, &out, .{ .n_tok = 1, .n_head = 1, .n_kv_head = 1, .head_dim = d, .pos0 = 0, .kv_stride = d, .window = 0, .scale = 1, .sinks = &sk }));
+        const p = 1 / (1 + @exp(sink - 2));
+        for (out, v) |o, x| try std.testing.expectApproxEqRel(p * x, o, 1e-6);
     }
 }
 

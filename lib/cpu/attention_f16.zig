@@ -152,7 +152,7 @@ pub fn attendRowsPerHead(
         for (0..group) |g| {
             const row = (t * s.n_head + kv_head * group + g) * d;
             for (q16, q[row..][0..d]) |*dst, x| dst.* = @as(f16, @floatCast(x));
-            softmaxF16(k, q16, s, kv_head, runs.constSlice());
+            softmaxF16(k, q16, s, kv_head, kv_head * group + g, runs.constSlice());
             weightedSum(v, s, kv_head, runs.constSlice(), out[row..][0..d]);
         }
     }
@@ -195,7 +195,7 @@ fn attendRowsBatchedOrder(
                     max = @max(max, scores[c]);
                 }
             }
-            normalizeF16(scores, runs.constSlice(), block_lo, block_hi, max);
+            normalizeF16(scores, runs.constSlice(), block_lo, block_hi, max, s.sink(kv_head * group + g));
             weightedSumBatched(v, s, kv_head, runs.constSlice(), out[row..][0..d]);
         }
     }
@@ -328,7 +328,7 @@ fn attendHeadRows(
         while (g < group) : (g += heads_per_pass) {
             const first_row = (t * s.n_head + kv_head * group + g) * d;
             switch (@min(heads_per_pass, group - g)) {
-                inline 1...heads_per_pass => |G| attendPass(G, q + first_row, k, v, out + first_row, s, kv_col, runs.constSlice(), score_len),
+                inline 1...heads_per_pass => |G| attendPass(G, q + first_row, k, v, out + first_row, s, kv_col, kv_head * group + g, runs.constSlice(), score_len),
                 else => unreachable,
             }
         }
@@ -403,7 +403,7 @@ fn attendPassTokens(
     inline for (0..R) |row| {
         const runs = [1]Run{.{ .pos = 0, .cell = cell0, .len = ends[row] - cell0 }};
         const hi = ends[row] + (16 - ends[row] % 16) % 16;
-        normalizeF16(scores[row], &runs, block_lo, hi, max[row]);
+        normalizeF16(scores[row], &runs, block_lo, hi, max[row], s.sink(kv_head * G + row % G));
     }
     if (d % 128 == 0 and R <= 2) weighted.weightedSumRows(R, 128, v, s, kv_col, cell0, ends, &scores, outs) else weighted.weightedSumRows(R, step, v, s, kv_col, cell0, ends, &scores, outs);
 }
@@ -416,6 +416,7 @@ fn attendPass(
     out: [*]f32,
     s: attention.Shape,
     kv_head: usize,
+    head0: usize,
     runs: []const Run,
     score_len: usize,
 ) void {
@@ -452,7 +453,7 @@ fn attendPass(
             c += n;
         }
     }
-    inline for (0..G) |g| normalizeF16(scores[g], runs, block_lo, block_hi, max[g]);
+    inline for (0..G) |g| normalizeF16(scores[g], runs, block_lo, block_hi, max[g], s.sink(head0 + g));
 
     // Weighted sum, 128 (or 64) dimensions at a time, each slot c % 64 summing its cells in the
     // per-head path's order. A prompt's queries find their head's V in L2 and take it slot by
@@ -566,6 +567,7 @@ fn softmaxF16(
     q16: []const f32,
     s: attention.Shape,
     kv_head: usize,
+    head: usize,
     runs: []const Run,
 ) void {
     const d = q16.len;
@@ -580,7 +582,7 @@ fn softmaxF16(
             max = @max(max, scores[c]);
         }
     }
-    normalizeF16(scores, runs, block_lo, block_hi, max);
+    normalizeF16(scores, runs, block_lo, block_hi, max, s.sink(head));
 }
 
 /// The 16-cell softmax blocks (aligned to cell 0) that the runs' cells touch: [lo, hi).
@@ -597,8 +599,11 @@ fn blockSpan(runs: []const Run) struct { usize, usize } {
 /// soft_max_ext's second half: ggml_v_expf(score - max) over whole 16-cell blocks (masked cells
 /// hold -inf and give 0), summed block by block in f64, then each visible cell's probability
 /// p * (float)(1/sum), rounded to f16 as the next mul_mat reads it.
-fn normalizeF16(scores: []f32, runs: []const Run, block_lo: usize, block_hi: usize, max: f32) void {
-    var sum: f64 = 0;
+/// A head's sink (attention.Shape.sinks) joins as ggml's soft_max adds it: in the max, and
+/// expf(sink - max) added to the f64 sum.
+fn normalizeF16(scores: []f32, runs: []const Run, block_lo: usize, block_hi: usize, max_keys: f32, sink: ?f32) void {
+    const max = if (sink) |sk| @max(max_keys, sk) else max_keys;
+    var sum: f64 = if (sink) |sk| @exp(sk - max) else 0;
     var c = block_lo;
     while (c < block_hi) : (c += 16) {
         const vals = expV(@as(L16, scores[c..][0..16].*) - @as(L16, @splat(max)));
@@ -639,7 +644,7 @@ fn weightedSum(
     reducePartials(partial, d, out);
 }
 
-test "grouped heads equal one head at a time, bit for bit (GQA, windows, a wrapping ring)" {
+test "grouped heads equal one head at a time, bit for bit (GQA, windows, a wrapping ring, sinks)" {
     const alloc = std.testing.allocator;
     var rng = std.Random.DefaultPrng.init(11);
     const r = rng.random();
@@ -673,11 +678,17 @@ test "grouped heads equal one head at a time, bit for bit (GQA, windows, a wrapp
         .{ .d = 256, .n_head = 4, .n_kv_head = 1, .n_tok = 1, .pos0 = 150, .window = 100, .ring = 128 },
         .{ .d = 256, .n_head = 1, .n_kv_head = 1, .n_tok = 1, .pos0 = 40, .window = 0, .ring = 0 },
     };
-    for (cases) |c| {
+    // Every case also with attention sinks (a head's logit in the denominator), some above the
+    // keys' scores and some far below.
+    var sinks: [32]f32 = undefined;
+    for (&sinks, 0..) |*x, i| x.* = if (i % 3 == 0) 6 else (r.float(f32) - 0.5) * 8;
+    for (0..2 * cases.len) |case_index| {
+        const c = cases[case_index % cases.len];
         const kv_stride = c.n_kv_head * c.d;
         const s = attention.Shape{
             .n_tok = c.n_tok, .n_head = c.n_head, .n_kv_head = c.n_kv_head, .head_dim = c.d,
             .pos0 = c.pos0, .kv_stride = kv_stride, .window = c.window, .ring = c.ring, .scale = 0.09,
+            .sinks = if (case_index >= cases.len) &sinks else null,
         };
         const q = try alloc.alloc(f32, c.n_tok * c.n_head * c.d);
         defer alloc.free(q);

@@ -537,6 +537,9 @@ test "the one-token MoE FFN equals the per-expert matmuls, bit for bit" {
         .{ .gate = .q6_k, .down = .q4_k, .n_embd = 512, .n_ff = 256, .n_expert = 3, .k = 1 },
         .{ .gate = .f16, .down = .f32, .n_embd = 40, .n_ff = 24, .n_expert = 3, .k = 2 },
         .{ .gate = .f32, .down = .bf16, .n_embd = 33, .n_ff = 50, .n_expert = 4, .k = 3 },
+        // gpt-oss's expert format.
+        .{ .gate = .mxfp4, .down = .mxfp4, .n_embd = 96, .n_ff = 160, .n_expert = 5, .k = 4 },
+        .{ .gate = .mxfp4, .down = .q8_0, .n_embd = 64, .n_ff = 224, .n_expert = 3, .k = 2 },
     };
     for ([_]usize{ 1, 2, 3 }) |n_threads| {
         try threads.setThreadCount(n_threads);
@@ -585,6 +588,7 @@ test "several tokens' MoE FFN equals the per-expert path with rows grouped by ex
         .{ .gate = .q5_0, .down = .q8_0, .n_embd = 64, .n_ff = 96, .n_expert = 16, .k = 8, .n_tok = 3 },
         .{ .gate = .q8_0, .down = .f32, .n_embd = 64, .n_ff = 112, .n_expert = 3, .k = 2, .n_tok = 11 },
         .{ .gate = .f16, .down = .bf16, .n_embd = 40, .n_ff = 32, .n_expert = 4, .k = 3, .n_tok = 6 },
+        .{ .gate = .mxfp4, .down = .mxfp4, .n_embd = 96, .n_ff = 160, .n_expert = 6, .k = 4, .n_tok = 9 },
     };
     for ([_]usize{ 1, 2, 3 }) |n_threads| {
         try threads.setThreadCount(n_threads);

@@ -235,7 +235,7 @@ export fn infer_repack(type_id: u32, src: ?[*]const u8, n_out: u64, n_in: u64, d
 }
 
 /// Quantizes n f32 values into `type_id` with ggml's reference quantizer (what llama.cpp's
-/// quantize tool writes): F32, F16, BF16, Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, Q8_K.
+/// quantize tool writes): F32, F16, BF16, Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, Q8_K, MXFP4.
 export fn infer_quantize_row(type_id: u32, src: ?[*]const f32, n: u64, dst: ?[*]u8) i32 {
     const t = quantTraitsOrFail(type_id) orelse return @intFromEnum(status.Status.unsupported);
     const quantize = t.quantize_ref orelse
@@ -379,7 +379,7 @@ export fn infer_rope(
 }
 
 /// Causal (optionally sliding-window) grouped-query attention of queries q over the K/V cache
-/// k, v as lib/abi.zig AttentionShape says. out: [n_tok][n_head][head_dim]. See cpu/attention.zig.
+/// k, v as lib/abi.zig AttentionShape says (with per-head sinks when shape.sinks is set). out: [n_tok][n_head][head_dim]. See cpu/attention.zig.
 export fn infer_attention(
     q: [*]const f32,
     k: [*]const u8,
@@ -437,6 +437,7 @@ export fn infer_attention(
         .{ ring, window + n_tok -| 1 },
     );
     if (shape.order > 1) return opsInvalid("attention: order {d} is not 0 (single token) or 1 (batched)", .{shape.order});
+    if (shape.sinks % 4 != 0) return opsInvalid("attention: the sinks must be 4-byte aligned f32", .{});
     if (n_tok == 0) return 0;
     const k_cache = attention.Cache.fromBytes(k_type, k);
     const v_cache = attention.Cache.fromBytes(v_type, v);
@@ -451,6 +452,7 @@ export fn infer_attention(
         .ring = ring,
         .scale = scale,
         .batched_order = shape.order == 1,
+        .sinks = if (shape.sinks == 0) null else @ptrFromInt(shape.sinks),
     });
     if (!done) return status.fail(.out_of_memory, "attention: no memory for {d} scores", .{pos0 + n_tok});
     return 0;

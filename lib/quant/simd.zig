@@ -310,6 +310,37 @@ pub inline fn load32i(p: [*]const i8) V32i8 {
     return p[0..32].*;
 }
 
+/// table[idx[i]] in each of the 32 lanes (every idx below 16): a table-lookup decode (MXFP4's
+/// codes). One vpshufb with AVX2 (which looks up within each 128-bit half, so the table sits in
+/// both halves), two tbl on aarch64, else lane by lane.
+pub inline fn lookup16(table: @Vector(16, u8), idx: V32u8) V32u8 {
+    if (comptime has_avx2) {
+        return asm ("vpshufb %[i], %[t], %[out]"
+            : [out] "=x" (-> V32u8),
+            : [t] "x" (concat16(table, table)),
+              [i] "x" (idx),
+        );
+    }
+    if (comptime is_arm) {
+        const lo = asm ("tbl %[out].16b, {%[t].16b}, %[i].16b"
+            : [out] "=w" (-> @Vector(16, u8)),
+            : [t] "w" (table),
+              [i] "w" (half(u8, idx, 0)),
+        );
+        const hi = asm ("tbl %[out].16b, {%[t].16b}, %[i].16b"
+            : [out] "=w" (-> @Vector(16, u8)),
+            : [t] "w" (table),
+              [i] "w" (half(u8, idx, 16)),
+        );
+        return concat16(lo, hi);
+    }
+    const t: [16]u8 = table;
+    const ids: [32]u8 = idx;
+    var out: [32]u8 = undefined;
+    for (&out, ids) |*o, i| o.* = t[i];
+    return out;
+}
+
 /// Concatenates two 16-lane vectors into one 32-lane vector.
 pub inline fn concat16(lo: @Vector(16, u8), hi: @Vector(16, u8)) V32u8 {
     return @shuffle(u8, lo, hi, concat_mask);

@@ -13,6 +13,7 @@ pub const q4_k = @import("q4_k.zig");
 pub const q5_k = @import("q5_k.zig");
 pub const q6_k = @import("q6_k.zig");
 pub const q8_k = @import("q8_k.zig");
+pub const mxfp4 = @import("mxfp4.zig");
 pub const q4_0_x8 = @import("q4_0_x8.zig");
 pub const q8_0_x8 = @import("q8_0_x8.zig");
 pub const q4_k_x8 = @import("q4_k_x8.zig");
@@ -29,6 +30,7 @@ pub const TypeId = enum(u32) {
     q6_k = 14,
     q8_k = 15,
     bf16 = 30,
+    mxfp4 = 39,
     /// Internal layouts made at load time (never in a GGUF file): see `repackedType`.
     q4_0_x8 = 1002,
     q8_0_x8 = 1008,
@@ -270,6 +272,7 @@ const table = [_]Traits{
     entry(.q5_k, "Q5_K", q5_k, q8_k),
     entry(.q6_k, "Q6_K", q6_k, q8_k),
     entry(.q8_k, "Q8_K", q8_k, null),
+    entry(.mxfp4, "MXFP4", mxfp4, q8_0),
 };
 
 /// The traits of a supported GGUF type, or null (see typeName for the message).

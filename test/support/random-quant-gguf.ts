@@ -1,6 +1,7 @@
 // Small random-weight GGUFs in quantized types, for comparing backends end to end: a Gemma 3, Llama,
-// Qwen 3, Qwen3-MoE or Phi-3 graph whose tensors are Q4_0/Q5_0/Q8_0/F16/BF16 (random f32 quantized by the library's
-// reference quantizer) or Q4_K/Q5_K/Q6_K (random valid blocks with moderate scales), with the toy
+// Qwen 3, Qwen3-MoE or Phi-3 graph whose tensors are Q4_0/Q5_0/Q8_0/F16/BF16/MXFP4 (random f32
+// quantized by the library's reference quantizer) or Q4_K/Q5_K/Q6_K (random valid blocks with
+// moderate scales), with the toy
 // SentencePiece vocabulary of tiny-gguf.ts. Deterministic for a given spec.
 import { GgmlType, ggmlTypes } from "../../ts/gguf/types.ts";
 import { gguf, writeGguf, type GgufTensorToWrite, type GgufTypedValue } from "../../ts/gguf/writer.ts";
@@ -234,6 +235,16 @@ export const qwen3moeQ4_0: RandomQuantSpec = {
   types: { embed: GgmlType.Q8_0, attn: GgmlType.Q4_0, attnOut: GgmlType.Q4_0, ffn: GgmlType.Q4_0,
     ffnDown: GgmlType.Q4_0, output: GgmlType.Q6_K },
   seed: 11,
+};
+
+/** MXFP4 experts (gpt-oss's format, and llama-quantize's MXFP4_MOE: the rest Q8_0), 32 experts,
+ * 4 chosen; expert rows a multiple of 8, so llama.cpp runs them repacked as on gpt-oss. */
+export const qwen3moeMxfp4: RandomQuantSpec = {
+  arch: "qwen3moe", layers: 2, embedding: 256, feedForward: 512, heads: 4, kvHeads: 2, headDim: 64,
+  moe: { experts: 32, used: 4, feedForward: 160 },
+  types: { embed: GgmlType.Q8_0, attn: GgmlType.Q8_0, attnOut: GgmlType.Q8_0, ffn: GgmlType.MXFP4,
+    ffnDown: GgmlType.MXFP4, output: GgmlType.Q8_0 },
+  seed: 17,
 };
 
 /** K-quants experts (Q4_K gate/up, Q6_K down) over 256-wide rows, 16 experts, 4 chosen. */

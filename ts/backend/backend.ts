@@ -136,6 +136,8 @@ export interface AttentionOptions {
   /** 0: full causal attention; otherwise a key at p0 is hidden from a query at p1 when p1 - p0 >= window. */
   readonly window: number;
   readonly scale: number;
+  /** One F32 logit per query head added to the softmax's denominator (gpt-oss's attention sinks). */
+  readonly sinks?: Weight;
 }
 
 export interface Backend {

@@ -23,7 +23,7 @@ import {
 /** Types the CPU kernels compute with (lib/quant/types.zig). */
 export const cpuWeightTypes = new Set<number>([
   GgmlType.F32, GgmlType.F16, GgmlType.BF16, GgmlType.Q4_0, GgmlType.Q5_0, GgmlType.Q8_0,
-  GgmlType.Q4_K, GgmlType.Q5_K, GgmlType.Q6_K,
+  GgmlType.Q4_K, GgmlType.Q5_K, GgmlType.Q6_K, GgmlType.MXFP4,
 ]);
 
 class CpuWeight implements Weight {
@@ -93,6 +93,14 @@ function forRuns(first: number, count: number, ranges: readonly RowRange[],
 }
 
 function w(x: Weight): CpuWeight { return x as CpuWeight; }
+
+/** The address of an attention-sinks tensor: F32, one logit per query head. */
+function sinksAddress(t: CpuWeight, heads: number): number {
+  if (t.typeId !== GgmlType.F32 || t.byteLength !== heads * 4) {
+    throw new InferError("bad_model", `attention sinks '${t.name}' must be ${heads} F32 values, not ${t.typeName} ${t.dims.join("x")}`);
+  }
+  return Number(t.address);
+}
 function a(x: Activation): CpuActivation { return x as CpuActivation; }
 
 export class CpuBackend implements Backend {
@@ -408,11 +416,12 @@ export class CpuBackend implements Backend {
     const qAddress = offsetAddress(a(q).address, firstRow * q.cols * 4);
     const outAddress = offsetAddress(a(out).address, firstRow * out.cols * 4);
     // Rows that llama.cpp computes in a batch of several sum in its batched order (F16 caches).
+    const sinks = o.sinks ? sinksAddress(w(o.sinks), o.heads) : 0;
     forRuns(firstRow, rows, this.batchedRounding?.rows ?? [], (row, count, batched) => {
       const shape = packed("AttentionShape", { k_type: l.kTypeId, v_type: l.vTypeId, n_tok: count,
         n_head: o.heads, n_kv_head: o.kvHeads, head_dim: o.headDim, pos0: position + row - firstRow,
         kv_stride: l.kvHeads * l.headDim, window: o.window, ring: l.ring ? l.cells : 0, scale: o.scale,
-        order: batched ? 1 : 0 });
+        order: batched ? 1 : 0, sinks });
       check(this.lib.infer_attention(offsetAddress(qAddress, (row - firstRow) * q.cols * 4), l.k, l.v,
         offsetAddress(outAddress, (row - firstRow) * out.cols * 4), shape), "attention");
     });

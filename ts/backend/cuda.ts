@@ -491,6 +491,7 @@ export class CudaBackend implements Backend {
   attention(q: Activation, layer: KvLayer, rows: number, position: number, o: AttentionOptions,
     out: Activation, firstRow = 0): void {
     const l = layer as CudaKvLayer;
+    if (o.sinks) throw new InferError("unsupported", `attention sinks are not implemented on the ${this.name} backend`);
     if (l.ring && (o.window === 0 || l.cells < o.window + rows - 1)) {
       throw new InferError("invalid_argument", `attention: a ring of ${l.cells} cells needs a window and at least ` +
         `window + rows - 1 = ${o.window + rows - 1} cells`);

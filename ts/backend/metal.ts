@@ -263,6 +263,7 @@ export class MetalBackend implements Backend {
   attention(q: Activation, layer: KvLayer, rows: number, position: number, o: AttentionOptions, out: Activation,
     firstRow = 0): void {
     const l = layer as MetalKvLayer;
+    if (o.sinks) throw new InferError("unsupported", `attention sinks are not implemented on the ${this.name} backend`);
     if (l.ring && (o.window === 0 || l.cells < o.window + rows - 1)) {
       throw new InferError("invalid_argument", `a ring of ${l.cells} cells cannot serve window ${o.window} with ${rows} rows`);
     }

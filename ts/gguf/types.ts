@@ -25,6 +25,7 @@ export const ggmlTypes: ReadonlyMap<number, GgmlTypeInfo> = new Map(
 
 export const GgmlType = {
   F32: 0, F16: 1, Q4_0: 2, Q5_0: 6, Q8_0: 8, Q4_K: 12, Q5_K: 13, Q6_K: 14, Q8_K: 15, BF16: 30, Q4_1: 3,
+  MXFP4: 39,
 } as const;
 
 export function typeName(id: number): string {

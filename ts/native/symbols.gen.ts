@@ -246,7 +246,7 @@ export const structs = {
     },
   },
   AttentionShape: {
-    size: 80,
+    size: 88,
     fields: {
       k_type: { type: "u32", offset: 0 },
       v_type: { type: "u32", offset: 4 },
@@ -260,6 +260,7 @@ export const structs = {
       ring: { type: "u64", offset: 64 },
       scale: { type: "f32", offset: 72 },
       order: { type: "u32", offset: 76, value: 0 },
+      sinks: { type: "u64", offset: 80, value: 0 },
     },
   },
   RopeShape: {
