@@ -8,7 +8,7 @@
 // EmulatedMetalDevice implements the MetalDevice the Metal backend runs on.
 import { dlopen, FFIType, toArrayBuffer, type Pointer } from "bun:ffi";
 import { existsSync, mkdirSync, readFileSync, renameSync, writeFileSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { availableParallelism, tmpdir } from "node:os";
 import { join } from "node:path";
 import { InferError } from "../../ts/errors.ts";
 import { orderBindings, type MetalBinding, type MetalBuffer, type MetalDevice } from "../../ts/backend/metal-device.ts";
@@ -49,7 +49,8 @@ int infer_emu_dispatch(int index, const uint* dims, void* const* buffers, uint t
     return metal::emu::dispatch(infer_emu_kernels[index].launch, dims, dims + 3, buffers,
                                 threadgroup_bytes, seed);
 }
-const char* infer_emu_error() { return metal::emu::sched().error; }
+const char* infer_emu_error() { return metal::emu::error_text(); }
+void infer_emu_set_workers(uint n) { metal::emu::worker_count() = n; }
 void* infer_emu_alloc(uint64_t bytes) { return calloc(1, bytes ? bytes : 1); }
 void infer_emu_free(void* p) { free(p); }
 }
@@ -70,6 +71,7 @@ const symbols = {
   infer_emu_kernel_index: { args: [FFIType.cstring], returns: FFIType.i32 },
   infer_emu_dispatch: { args: [FFIType.i32, FFIType.ptr, FFIType.ptr, FFIType.u32, FFIType.u64], returns: FFIType.i32 },
   infer_emu_error: { args: [], returns: FFIType.cstring },
+  infer_emu_set_workers: { args: [FFIType.u32], returns: FFIType.void },
   infer_emu_alloc: { args: [FFIType.u64], returns: FFIType.ptr },
   infer_emu_free: { args: [FFIType.ptr], returns: FFIType.void },
 } as const;
@@ -106,7 +108,7 @@ export function buildEmulator(extraSource = ""): { lib: EmulatorLib; path: strin
 }
 
 /** -Werror: the kernels must compile as clean C++ as they must compile as clean Metal. */
-const FLAGS = ["-x", "c++", "-std=c++17", "-O2", "-shared", "-fPIC", "-fno-exceptions", "-fno-rtti", "-fno-threadsafe-statics",
+const FLAGS = ["-x", "c++", "-std=c++17", "-O2", "-shared", "-fPIC", "-pthread", "-fno-exceptions", "-fno-rtti", "-fno-threadsafe-statics",
   "-DINFER_METAL_EMULATION", "-Wall", "-Wextra", "-Werror", "-Wno-unknown-attributes",
   "-Wno-unused-parameter"];
 
@@ -128,11 +130,17 @@ export class EmulatedMetalDevice implements MetalDevice {
   private argsArena: EmulatedBuffer;
   private argsUsed = 0;
   private seed: number;
+  private readonly workers: number;
   dispatches = 0;
 
-  /** maxBufferLength: as a Mac reports it (default: no limit that matters here). */
-  constructor(options: { seed?: number; extraSource?: string; maxBufferLength?: number } = {}) {
+  /**
+   * maxBufferLength: as a Mac reports it (default: no limit that matters here). workers: OS
+   * threads the threadgroups of a dispatch are spread over (default: the machine's cores);
+   * results do not depend on it.
+   */
+  constructor(options: { seed?: number; extraSource?: string; maxBufferLength?: number; workers?: number } = {}) {
     this.lib = buildEmulator(options.extraSource).lib;
+    this.workers = options.workers ?? availableParallelism();
     this.maxBufferLength = options.maxBufferLength ?? 2 ** 40;
     this.seed = options.seed ?? 1;
     this.argsArena = this.newBuffer(1 << 20, "arguments") as EmulatedBuffer;
@@ -181,6 +189,7 @@ export class EmulatedMetalDevice implements MetalDevice {
   flush(): void {
     const queue = this.queue;
     this.queue = [];
+    this.lib.infer_emu_set_workers(this.workers);
     for (const d of queue) {
       this.dispatches++;
       const rc = this.lib.infer_emu_dispatch(d.kernel, d.dims, d.addresses, d.tgBytes, this.seed++);
