@@ -16,7 +16,7 @@
 // starts ~10 million fibers (the LM head alone is 262,144 rows of one simdgroup each). glibc's
 // swapcontext makes a sigprocmask system call on every switch, which was most of the time, so
 // fibers switch here with a few instructions of assembly that save only the callee-saved
-// registers (x86-64 and AArch64; ucontext elsewhere). Threadgroups are independent in Metal (no
+// registers (x86-64 and AArch64 ELF; ucontext elsewhere). Threadgroups are independent in Metal (no
 // order between them is promised), so they are spread over OS threads, each with its own fibers
 // and threadgroup memory; each group's interleavings come from a seed of (dispatch seed, group
 // index), so a result does not depend on which OS thread ran the group or how many there were.
@@ -27,7 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#if !defined(__x86_64__) && !defined(__aarch64__) && !defined(INFER_EMU_UCONTEXT)
+#if !(defined(__ELF__) && (defined(__x86_64__) || defined(__aarch64__))) && !defined(INFER_EMU_UCONTEXT)
 #define INFER_EMU_UCONTEXT 1
 #endif
 #ifdef INFER_EMU_UCONTEXT
