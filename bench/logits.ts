@@ -50,7 +50,9 @@ export function klDivergence(pLogits: ArrayLike<number>, qLogits: ArrayLike<numb
     const lse = max + Math.log(sum);
     return Float64Array.from({ length: x.length }, (_, i) => x[i] - lse);
   };
-  if (pLogits.length !== qLogits.length) throw new Error(`lengths differ: ${pLogits.length} and ${qLogits.length}`);
+  if (pLogits.length !== qLogits.length) {
+    throw new Error(`lengths differ: ${pLogits.length} and ${qLogits.length}`);
+  }
   const lp = logSoftmax(pLogits), lq = logSoftmax(qLogits);
   let kl = 0;
   for (let i = 0; i < lp.length; i++) kl += Math.exp(lp[i]) * (lp[i] - lq[i]);

@@ -1,5 +1,5 @@
 // Method: the default model (Gemma 3 270M, Q4_K_M: Q4_K, Q5_0, Q6_K and Q8_0 weights) through the
-// Metal backend on the emulated device against the CPU backend: a prompt of 7 tokens (its body
+// Metal backend on the emulated device against the CPU backend: a prompt of 6 tokens (its body
 // through the tiled prompt matmul, its last row's logits through the decode matvec), then two
 // single-token steps fed the CPU's greedy token, both backends on one model graph each. At every
 // position the top token must be the same and the KL divergence of the Metal logits from the CPU's,
@@ -35,17 +35,26 @@ const CONTEXT = 32;
 
 /** Why the emulator cannot run here, or null. */
 function emulatorUnavailable(): string | null {
-  if (process.platform !== "linux") return `the Metal emulator runs on Linux (this is ${process.platform})`;
-  const zig = Bun.spawnSync(["python3", "-m", "ziglang", "version"], { stdout: "pipe", stderr: "pipe" });
-  if (zig.exitCode !== 0) return "the Metal emulator's compiler (python3 -m ziglang) is not installed";
+  if (process.platform !== "linux") {
+    return `the Metal emulator runs on Linux (this is ${process.platform})`;
+  }
+  const zig = Bun.spawnSync(["python3", "-m", "ziglang", "version"],
+    { stdout: "pipe", stderr: "pipe" });
+  if (zig.exitCode !== 0) {
+    return "the Metal emulator's compiler (python3 -m ziglang) is not installed";
+  }
   return null;
 }
 
 const modelPath = defaultModelPath();
-const why = !existsSync(modelPath) ? `the default model is not installed (${modelPath})` : emulatorUnavailable();
+const why = !existsSync(modelPath)
+  ? `the default model is not installed (${modelPath})`
+  : emulatorUnavailable();
 if (why) console.log(`  skipped: ${why}`);
 
-describe.skipIf(why !== null)("the default model on the emulated Metal device equals the CPU backend", () => {
+const title = "the default model on the emulated Metal device equals the CPU backend";
+
+describe.skipIf(why !== null)(title, () => {
   let file: GgufFile;
   let device: EmulatedMetalDevice;
   const backends: Backend[] = [];
@@ -64,7 +73,8 @@ describe.skipIf(why !== null)("the default model on the emulated Metal device eq
       backends.push(be);
       const model = planModel(file).build(be, 8, CONTEXT);
       const cache = createKvCache(be, model.info, CONTEXT, "f16", model.maxBatch);
-      return (tokens: number[], position: number) => model.forward(tokens, tokens.length, position, cache.layers).slice();
+      return (tokens: number[], position: number) =>
+        model.forward(tokens, tokens.length, position, cache.layers).slice();
     };
     const cpu = open(new CpuBackend()), metal = open(new MetalBackend(device));
     const tokens = tokenizerFromMetadata(file.metadata).encode(PROMPT, { addSpecial: true });
@@ -81,7 +91,8 @@ describe.skipIf(why !== null)("the default model on the emulated Metal device eq
       position += step.length;
       step = [top];
     }
-    console.log(`  KL(CPU ‖ Metal) per position: ${kls.map((k) => k.toExponential(2)).join(", ")}`);
+    const shown = kls.map((k) => k.toExponential(2)).join(", ");
+    console.log(`  KL(CPU ‖ Metal) per position: ${shown}`);
     expect(device.dispatches).toBeGreaterThan(0);
   }, 180_000);
 });

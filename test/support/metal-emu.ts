@@ -108,7 +108,8 @@ export function buildEmulator(extraSource = ""): { lib: EmulatorLib; path: strin
 }
 
 /** -Werror: the kernels must compile as clean C++ as they must compile as clean Metal. */
-const FLAGS = ["-x", "c++", "-std=c++17", "-O2", "-shared", "-fPIC", "-pthread", "-fno-exceptions", "-fno-rtti", "-fno-threadsafe-statics",
+const FLAGS = ["-x", "c++", "-std=c++17", "-O2", "-shared", "-fPIC", "-pthread", "-fno-exceptions",
+  "-fno-rtti", "-fno-threadsafe-statics",
   "-DINFER_METAL_EMULATION", "-Wall", "-Wextra", "-Werror", "-Wno-unknown-attributes",
   "-Wno-unused-parameter"];
 
@@ -138,7 +139,9 @@ export class EmulatedMetalDevice implements MetalDevice {
    * threads the threadgroups of a dispatch are spread over (default: the machine's cores);
    * results do not depend on it.
    */
-  constructor(options: { seed?: number; extraSource?: string; maxBufferLength?: number; workers?: number } = {}) {
+  constructor(options: {
+    seed?: number; extraSource?: string; maxBufferLength?: number; workers?: number;
+  } = {}) {
     this.lib = buildEmulator(options.extraSource).lib;
     this.workers = options.workers ?? availableParallelism();
     this.maxBufferLength = options.maxBufferLength ?? 2 ** 40;

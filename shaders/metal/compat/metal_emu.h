@@ -27,7 +27,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#if !(defined(__ELF__) && (defined(__x86_64__) || defined(__aarch64__))) && !defined(INFER_EMU_UCONTEXT)
+#if !(defined(__ELF__) && (defined(__x86_64__) || defined(__aarch64__))) && \
+    !defined(INFER_EMU_UCONTEXT)
 #define INFER_EMU_UCONTEXT 1
 #endif
 #ifdef INFER_EMU_UCONTEXT
@@ -375,7 +376,8 @@ inline bool run_group(Scheduler& s, uint group_index) {
         if (done == n) return true;
         if (at_barrier > 0 && at_barrier + done == n) {
             if (done > 0) {
-                fail("threadgroup_barrier reached by some threads after others returned", group_index);
+                fail("threadgroup_barrier reached by some threads after others returned",
+                     group_index);
                 return false;
             }
             for (uint i = 0; i < n; i++) s.fibers[i].st = state::runnable;
@@ -433,7 +435,9 @@ inline void run_groups(Scheduler& s, Work& w) {
         s.rng = mix(w.seed * 0x100000001B3ull + g) | 1;
         const uint3 gpos(g % grid[0], (g / grid[0]) % grid[1], g / (grid[0] * grid[1]));
         // Threadgroup memory starts as NaN: a read before any write shows in the result.
-        if (w.threadgroup_memory_bytes) memset(s.threadgroup_memory, 0xff, w.threadgroup_memory_bytes);
+        if (w.threadgroup_memory_bytes) {
+            memset(s.threadgroup_memory, 0xff, w.threadgroup_memory_bytes);
+        }
         for (uint i = 0; i < n; i++) {
             Ids& ids = s.fibers[i].ids;
             const uint3 t(i % tg[0], (i / tg[0]) % tg[1], i / (tg[0] * tg[1]));
