@@ -44,9 +44,17 @@ export const argStructs: Readonly<Record<string, readonly (readonly [string, Fie
 /** Constants of args.h the plan depends on (checked by the test). */
 export const MATMUL_ACC_MAX = 8;
 export const ATTENTION_HEAD_DIM_MAX = 512;
+/**
+ * matvec_rows.metal's kernels: rows per simdgroup (MATVEC_ROWS_* of args.h) and simdgroups per
+ * threadgroup, by weight type suffix. Types not here take matvec.metal's one row per simdgroup.
+ */
+export const matvecRows: Readonly<Record<string, { readonly rows: number; readonly simdgroups: number }>> = {
+  q4_0: { rows: 4, simdgroups: 2 }, q5_0: { rows: 4, simdgroups: 2 },
+  q8_0: { rows: 2, simdgroups: 4 }, q4_k: { rows: 2, simdgroups: 2 }, q6_k: { rows: 2, simdgroups: 2 },
+};
 
 const SIMD_WIDTH = 32;
-/** Decode matvec: rows per threadgroup (one simdgroup each). */
+/** Decode matvec (matvec.metal): rows per threadgroup, one simdgroup each. */
 const MATVEC_SIMDGROUPS = 4;
 /** Prefill tiles: 32 rows × 16 tokens over 128 threads, 4 outputs each. */
 const MATMUL_TILE_OUT = 32;
@@ -113,9 +121,10 @@ export function planMatmul(typeId: number, nIn: number, nOut: number, nTok: numb
   const rowBytes = checkedRowBytes(info, nIn);
   const buffers = { w: 0, x: 1, y: 2 };
   if (nTok <= MATVEC_TOKENS_MAX) {
+    const { rows, simdgroups } = matvecRows[suffix] ?? { rows: 1, simdgroups: MATVEC_SIMDGROUPS };
     return {
-      kernel: `matvec_${suffix}`, grid: [ceilDiv(nOut, MATVEC_SIMDGROUPS), nTok, 1],
-      threads: [MATVEC_SIMDGROUPS * SIMD_WIDTH, 1, 1], threadgroupBytes: 0, buffers,
+      kernel: `matvec_${suffix}`, grid: [ceilDiv(nOut, rows * simdgroups), nTok, 1],
+      threads: [simdgroups * SIMD_WIDTH, 1, 1], threadgroupBytes: 0, buffers,
       args: { struct: "MatvecArgs", index: 3,
         bytes: packArgs("MatvecArgs", { n_in: nIn, n_out: nOut, n_tok: nTok, row_bytes: rowBytes }) },
     };
