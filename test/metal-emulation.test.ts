@@ -76,7 +76,7 @@ beforeAll(() => {
 function dispatch(kernel: string, threads: number, buffers: Record<string, number>, argsIndex: number,
   values: { n: number; n_cols: number }, threadgroupBytes = 0): KernelDispatch {
   return {
-    kernel, grid: [1, 1, 1], threads: [threads, 1, 1], threadgroupBytes, buffers,
+    kernel, grid: [1, 1, 1], threads: [threads, 1, 1], threadgroupBytes, buffers, writes: ["out"],
     args: { struct: "EltwiseArgs", index: argsIndex, bytes: packArgs("EltwiseArgs", { ...values, scale: 1 }) },
   };
 }

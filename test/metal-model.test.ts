@@ -76,7 +76,8 @@ describe.skipIf(why !== null)(title, () => {
       return (tokens: number[], position: number) =>
         model.forward(tokens, tokens.length, position, cache.layers).slice();
     };
-    const cpu = open(new CpuBackend()), metal = open(new MetalBackend(device));
+    const metalBackend = new MetalBackend(device);
+    const cpu = open(new CpuBackend()), metal = open(metalBackend);
     const tokens = tokenizerFromMetadata(file.metadata).encode(PROMPT, { addSpecial: true });
     expect(tokens.length).toBeGreaterThan(4); // the prompt's body takes the tiled matmul
     let step = tokens, position = 0;
@@ -93,6 +94,8 @@ describe.skipIf(why !== null)(title, () => {
     }
     const shown = kls.map((k) => k.toExponential(2)).join(", ");
     console.log(`  KL(CPU ‖ Metal) per position: ${shown}`);
-    expect(device.dispatches).toBeGreaterThan(0);
+    const { barriers, dispatches } = metalBackend.barriers;
+    console.log(`  ${dispatches} dispatches, ${barriers} barriers between them`);
+    expect(device.dispatches).toBe(dispatches);
   }, 180_000);
 });

@@ -30,6 +30,8 @@ function checkAgainstSignature(d: KernelDispatch): void {
   const buffers = k!.params.filter((p) => p.buffer !== null && p.pointer);
   expect(Object.fromEntries(buffers.map((p) => [p.name, p.buffer]))).toEqual({ ...d.buffers });
   for (const p of buffers) expect(p.space).toBe("device");
+  // The barrier planner trusts `writes`: it must name exactly the buffers the kernel may write.
+  expect([...d.writes].sort()).toEqual(buffers.filter((p) => !p.isConst).map((p) => p.name).sort());
   const constants = k!.params.filter((p) => p.buffer !== null && p.reference);
   expect(constants.length).toBe(1);
   expect(constants[0].space).toBe("constant");

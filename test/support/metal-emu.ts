@@ -117,11 +117,18 @@ class EmulatedBuffer implements MetalBuffer {
   constructor(readonly address: number, readonly bytes: number, readonly view: Uint8Array, readonly owned: boolean) {}
 }
 
-interface Encoded { kernel: number; name: string; dims: Uint32Array; addresses: BigUint64Array; tgBytes: number }
+interface Encoded {
+  kernel: number; name: string; dims: Uint32Array; addresses: BigUint64Array; tgBytes: number;
+  /** The concurrent section (between barriers) the dispatch belongs to. */
+  section: number;
+}
 
 /**
  * A MetalDevice that runs the kernels under the emulator: dispatches queue up as in a command
- * buffer and run, in order, at flush(), each under its own scheduling seed.
+ * buffer and run at flush(), each under its own scheduling seed. As in lib/metal's concurrent
+ * encoder, only barriers order them: the dispatches of one section (between two barriers) run in
+ * a seeded random order, so a dispatch that depends on another of its section (a missing
+ * barrier) sees stale memory under some seed.
  */
 export class EmulatedMetalDevice implements MetalDevice {
   readonly name = "Metal emulation (CPU)";
@@ -132,6 +139,8 @@ export class EmulatedMetalDevice implements MetalDevice {
   private argsUsed = 0;
   private seed: number;
   private readonly workers: number;
+  private readonly honourBarriers: boolean;
+  private section = 0;
   dispatches = 0;
 
   /**
@@ -141,7 +150,10 @@ export class EmulatedMetalDevice implements MetalDevice {
    */
   constructor(options: {
     seed?: number; extraSource?: string; maxBufferLength?: number; workers?: number;
+    /** false: barriers are ignored, the whole command buffer one section (for tests of this). */
+    barriers?: boolean;
   } = {}) {
+    this.honourBarriers = options.barriers ?? true;
     this.lib = buildEmulator(options.extraSource).lib;
     this.workers = options.workers ?? availableParallelism();
     this.maxBufferLength = options.maxBufferLength ?? 2 ** 40;
@@ -186,12 +198,36 @@ export class EmulatedMetalDevice implements MetalDevice {
     addresses[dispatch.args.index] = BigInt(this.argsArena.address + this.argsUsed);
     this.argsUsed += (args.length + 15) & ~15;
     this.queue.push({ kernel, name: dispatch.kernel, dims: new Uint32Array([...dispatch.grid, ...dispatch.threads]),
-      addresses, tgBytes: dispatch.threadgroupBytes });
+      addresses, tgBytes: dispatch.threadgroupBytes, section: this.section });
+  }
+
+  barrier(): void {
+    if (this.honourBarriers) this.section++;
+  }
+
+  /** The queue in run order: section by section, each section's dispatches shuffled (seeded). */
+  private runOrder(queue: Encoded[]): Encoded[] {
+    let s = this.seed * 2654435761 >>> 0 || 1;
+    const next = () => (s = (Math.imul(s, 1664525) + 1013904223) >>> 0);
+    const out: Encoded[] = [];
+    for (let i = 0; i < queue.length;) {
+      let j = i;
+      while (j < queue.length && queue[j].section === queue[i].section) j++;
+      const part = queue.slice(i, j);
+      for (let k = part.length - 1; k > 0; k--) {
+        const r = next() % (k + 1);
+        [part[k], part[r]] = [part[r], part[k]];
+      }
+      out.push(...part);
+      i = j;
+    }
+    return out;
   }
 
   flush(): void {
-    const queue = this.queue;
+    const queue = this.runOrder(this.queue);
     this.queue = [];
+    this.section++;
     this.lib.infer_emu_set_workers(this.workers);
     for (const d of queue) {
       this.dispatches++;
