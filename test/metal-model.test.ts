@@ -3,7 +3,7 @@
 // through the tiled prompt matmul, its last row's logits through the decode matvec), then two
 // single-token steps fed the CPU's greedy token, both backends on one model graph each. At every
 // position the top token must be the same and the KL divergence of the Metal logits from the CPU's,
-// over the whole vocabulary, under KL_MAX. The run costs ~8 s of CPU (the emulator starts ~10
+// over the whole vocabulary, under KL_MAX. The run costs ~8 s of CPU (the emulator starts ~4
 // million fibers a step); skipped, saying why, where the default model is not installed or the
 // emulator cannot be built (not Linux, or no `python3 -m ziglang`).
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
