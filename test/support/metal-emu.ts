@@ -108,7 +108,7 @@ export function buildEmulator(extraSource = ""): { lib: EmulatorLib; path: strin
 }
 
 /** -Werror: the kernels must compile as clean C++ as they must compile as clean Metal. */
-const FLAGS = ["-x", "c++", "-std=c++17", "-O2", "-shared", "-fPIC", "-pthread", "-fno-exceptions",
+export const FLAGS = ["-x", "c++", "-std=c++17", "-O2", "-shared", "-fPIC", "-pthread", "-fno-exceptions",
   "-fno-rtti", "-fno-threadsafe-statics",
   "-DINFER_METAL_EMULATION", "-Wall", "-Wextra", "-Werror", "-Wno-unknown-attributes",
   "-Wno-unused-parameter"];
