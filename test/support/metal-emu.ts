@@ -145,7 +145,7 @@ export class EmulatedMetalDevice implements MetalDevice {
 
   /**
    * maxBufferLength: as a Mac reports it (default: no limit that matters here). workers: OS
-   * threads the threadgroups of a dispatch are spread over (default: the machine's cores);
+   * threads the threadgroups of a dispatch are spread over (default: the cores, at most 8);
    * results do not depend on it.
    */
   constructor(options: {
@@ -155,7 +155,7 @@ export class EmulatedMetalDevice implements MetalDevice {
   } = {}) {
     this.honourBarriers = options.barriers ?? true;
     this.lib = buildEmulator(options.extraSource).lib;
-    this.workers = options.workers ?? availableParallelism();
+    this.workers = options.workers ?? Math.min(8, availableParallelism());
     this.maxBufferLength = options.maxBufferLength ?? 2 ** 40;
     this.seed = options.seed ?? 1;
     this.argsArena = this.newBuffer(1 << 20, "arguments") as EmulatedBuffer;
