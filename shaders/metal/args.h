@@ -18,6 +18,7 @@ typedef struct {
 #define MATVEC_ROWS_Q5_0 4
 #define MATVEC_ROWS_Q8_0 2
 #define MATVEC_ROWS_Q4_K 2
+#define MATVEC_ROWS_Q5_K 2
 #define MATVEC_ROWS_Q6_K 2
 
 // The batched form: each threadgroup computes a tile of tile_out rows × tile_tok tokens, each

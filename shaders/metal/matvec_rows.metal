@@ -1,4 +1,4 @@
-// Decode matvecs for the weight types of a Q4_K_M model (Q4_0, Q5_0, Q8_0, Q4_K, Q6_K), shaped as
+// Decode matvecs for the quantized types (Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K), shaped as
 // llama.cpp's Metal kernels are shaped (its design, not its code): decode is bound by reading the
 // weights once, so a simdgroup computes R rows at a time (ROWS_* in args.h), each lane loads its
 // slice of the activation into registers once per block with float4 loads and reuses it for the
@@ -161,6 +161,36 @@ struct RowsQ4_K {
     }
 };
 
+// Q5_K: Q4_K's lanes, each value's fifth bit in qh[16h + i]: bit 2p for the low nibbles, 2p + 1
+// for the high ones.
+struct RowsQ5_K {
+    static void load_x(device const float* xb, uint s, thread float4* xv, thread float* sums) {
+        RowsQ4_K::load_x(xb, s, xv, sums);
+    }
+    static float row_dot(device const uchar* row, uint ib, uint s, thread const float4* xv,
+                         thread const float* sums) {
+        device const block_q5_k* b = (device const block_q5_k*)row + ib;
+        const uint p = s / 2, h = s % 2;
+        device const uint8_t* q = b->qs + 32 * p + 16 * h;
+        device const uint8_t* qh = b->qh + 16 * h;
+        float sc0, m0, sc1, m1;
+        scale_min_k4(b->scales, 2 * p, sc0, m0);
+        scale_min_k4(b->scales, 2 * p + 1, sc1, m1);
+        float lo = 0.0f, hi = 0.0f;
+        for (uint i = 0; i < 4; i++) {
+            float4 vl, vh;
+            for (uint c = 0; c < 4; c++) {
+                const uint l = 4 * i + c;
+                vl[c] = float(uint(q[l] & 15) | ((uint(qh[l]) >> (2 * p)) & 1) << 4);
+                vh[c] = float(uint(q[l] >> 4) | ((uint(qh[l]) >> (2 * p + 1)) & 1) << 4);
+            }
+            lo += dot(vl, xv[i]);
+            hi += dot(vh, xv[4 + i]);
+        }
+        return float(b->d) * (sc0 * lo + sc1 * hi) - float(b->dmin) * (m0 * sums[0] + m1 * sums[1]);
+    }
+};
+
 // Q6_K: lane s of a superblock's eight takes half f = s / 4 and values l0 .. l0 + 8
 // (l0 = 8 (s % 4)) of each of that half's four 32-value groups k: value 128f + 32k + l, its low
 // four bits in ql[64f + 32 (k % 2) + l] (low nibble for k < 2), its top two in bits 2k of
@@ -260,6 +290,15 @@ kernel void matvec_q4_k(device const uchar* w [[buffer(0)]], device const float*
                         uint n_sg [[simdgroups_per_threadgroup]],
                         uint lane [[thread_index_in_simdgroup]]) {
     matvec_rows_k<RowsQ4_K, MATVEC_ROWS_Q4_K>(w, x, y, args, tg, sg, n_sg, lane);
+}
+
+kernel void matvec_q5_k(device const uchar* w [[buffer(0)]], device const float* x [[buffer(1)]],
+                        device float* y [[buffer(2)]], constant MatvecArgs& args [[buffer(3)]],
+                        uint3 tg [[threadgroup_position_in_grid]],
+                        uint sg [[simdgroup_index_in_threadgroup]],
+                        uint n_sg [[simdgroups_per_threadgroup]],
+                        uint lane [[thread_index_in_simdgroup]]) {
+    matvec_rows_k<RowsQ5_K, MATVEC_ROWS_Q5_K>(w, x, y, args, tg, sg, n_sg, lane);
 }
 
 kernel void matvec_q6_k(device const uchar* w [[buffer(0)]], device const float* x [[buffer(1)]],

@@ -52,7 +52,8 @@ export const ATTENTION_HEAD_DIM_MAX = 512;
  */
 export const matvecRows: Readonly<Record<string, { readonly rows: number; readonly simdgroups: number }>> = {
   q4_0: { rows: 4, simdgroups: 2 }, q5_0: { rows: 4, simdgroups: 2 },
-  q8_0: { rows: 2, simdgroups: 4 }, q4_k: { rows: 2, simdgroups: 2 }, q6_k: { rows: 2, simdgroups: 2 },
+  q8_0: { rows: 2, simdgroups: 4 }, q4_k: { rows: 2, simdgroups: 2 }, q5_k: { rows: 2, simdgroups: 2 },
+  q6_k: { rows: 2, simdgroups: 2 },
 };
 
 const SIMD_WIDTH = 32;
