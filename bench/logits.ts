@@ -1,5 +1,5 @@
 // Small helpers the CUDA benchmarks (cuda-decode.ts, cuda-vs-cpu.ts) and test/cuda.test.ts share:
-// a command-line value, and comparisons of two backends' logits.
+// a command-line value, and comparisons of two backends' logits (also test/metal-model.test.ts).
 
 /** The value after `name` on the command line, or `fallback`. */
 export function arg(name: string, fallback: string): string {
@@ -38,4 +38,23 @@ export function normalisedError(got: ArrayLike<number>, want: ArrayLike<number>)
     maxRef = Math.max(maxRef, Math.abs(want[i]));
   }
   return maxDiff / Math.max(maxRef, 1e-30);
+}
+
+/** KL(p ‖ q) of the softmaxes of two logit vectors, in nats (computed in float64). */
+export function klDivergence(pLogits: ArrayLike<number>, qLogits: ArrayLike<number>): number {
+  const logSoftmax = (x: ArrayLike<number>) => {
+    let max = -Infinity;
+    for (let i = 0; i < x.length; i++) max = Math.max(max, x[i]);
+    let sum = 0;
+    for (let i = 0; i < x.length; i++) sum += Math.exp(x[i] - max);
+    const lse = max + Math.log(sum);
+    return Float64Array.from({ length: x.length }, (_, i) => x[i] - lse);
+  };
+  if (pLogits.length !== qLogits.length) {
+    throw new Error(`lengths differ: ${pLogits.length} and ${qLogits.length}`);
+  }
+  const lp = logSoftmax(pLogits), lq = logSoftmax(qLogits);
+  let kl = 0;
+  for (let i = 0; i < lp.length; i++) kl += Math.exp(lp[i]) * (lp[i] - lq[i]);
+  return Math.max(0, kl);
 }

@@ -13,6 +13,10 @@ import { join } from "node:path";
 import type { Backend } from "../ts/backend/backend.ts";
 import { CpuBackend } from "../ts/backend/cpu.ts";
 import { MetalBackend } from "../ts/backend/metal.ts";
+import type { MetalBuffer } from "../ts/backend/metal-device.ts";
+import { BarrierPlanner } from "../ts/backend/metal-hazards.ts";
+import { planMatmul, planRope } from "../ts/backend/metal-plan.ts";
+import { GgmlType } from "../ts/gguf/types.ts";
 import { chooseBackend, createBackend, isAppleSilicon, type BackendOpeners } from "../ts/backend/select.ts";
 import { InferError } from "../ts/errors.ts";
 import { openGguf, type GgufFile } from "../ts/gguf/reader.ts";
@@ -113,6 +117,68 @@ describe("the Metal backend on the emulated device equals the CPU backend", () =
       }
     }, 60_000);
   }
+});
+
+describe("the concurrent encoder's barriers (metal-hazards.ts)", () => {
+  // The emulated device runs each section's dispatches in a seeded random order: with the
+  // planner's barriers the block equals the CPU under every seed; with barriers ignored it does
+  // not under some seed, so a barrier the planner failed to ask for would show.
+  const spec = gemmaMixed;
+  const run = (barriers: boolean, seed: number) => {
+    const path = join(dir, `barriers-${spec.arch}-${spec.seed}.gguf`);
+    writeFileSync(path, randomQuantGguf({ ...spec, layers: 1 }));
+    const file = openGguf(path);
+    files.push(file);
+    const cpu = new CpuBackend();
+    const device = new EmulatedMetalDevice({ seed, barriers });
+    const metal = new MetalBackend(device);
+    try {
+      const runCpu = attentionBlock(cpu, file, spec), runMetal = attentionBlock(metal, file, spec);
+      let position = 0, worst = 0;
+      for (const tokens of [[2, 17, 270, 5, 41], [7]]) {
+        const want = runCpu(tokens, position), got = runMetal(tokens, position);
+        want.forEach((w, i) => { worst = Math.max(worst, normalisedError(got[i], w)); });
+        position += tokens.length;
+      }
+      return { worst, barriers: metal.barriers.barriers, dispatches: metal.barriers.dispatches };
+    } finally {
+      metal.dispose();
+      device.dispose();
+    }
+  };
+
+  test("with the planned barriers every seed equals the CPU, in fewer sections than dispatches", () => {
+    for (let seed = 1; seed <= 6; seed++) {
+      const r = run(true, seed);
+      expect(r.worst).toBeLessThanOrEqual(TOL_BLOCK_Q);
+      expect(r.barriers).toBeGreaterThan(0);
+      expect(r.barriers).toBeLessThan(r.dispatches);
+    }
+  }, 60_000);
+
+  test("with barriers ignored some seed gets a wrong block", () => {
+    let wrong = 0;
+    for (let seed = 1; seed <= 6; seed++) if (!(run(false, seed).worst <= TOL_BLOCK_Q)) wrong++;
+    expect(wrong).toBeGreaterThan(0);
+  }, 60_000);
+
+  test("independent dispatches share a section; a reader of a write waits", () => {
+    const planner = new BarrierPlanner();
+    const buf = (bytes: number): MetalBuffer => ({ bytes, view: new Uint8Array(0) });
+    const h = buf(64), wq = buf(64), wk = buf(64), q = buf(64), k = buf(64), pos = buf(64);
+    const at = (buffer: MetalBuffer) => ({ buffer, offset: 0 });
+    const mm = planMatmul(GgmlType.Q8_0, 32, 2, 1);
+    const rope = planRope({ nTok: 1, heads: 1, headDim: 2, rotaryDims: 2, base: 1e4, scale: 1, neox: false,
+      freqFactors: false });
+    expect(planner.needsBarrier(mm, { w: at(wq), x: at(h), y: at(q) })).toBe(false);
+    expect(planner.needsBarrier(mm, { w: at(wk), x: at(h), y: at(k) })).toBe(false); // reads h too
+    expect(planner.needsBarrier(rope, { x: at(q), positions: at(pos), freq_factors: at(pos) })).toBe(true);
+    // k was written before that barrier: the K RoPE joins the Q RoPE's section
+    expect(planner.needsBarrier(rope, { x: at(k), positions: at(pos), freq_factors: at(pos) })).toBe(false);
+    expect(planner.needsBarrier(mm, { w: at(wq), x: at(k), y: at(h) })).toBe(true); // k written just now
+    planner.reset();
+    expect(planner.needsBarrier(mm, { w: at(wq), x: at(h), y: at(q) })).toBe(false);
+  });
 });
 
 test("a split model: each part wrapped as its own buffer, the same results as the whole file", () => {

@@ -3,11 +3,17 @@
 // memory) must give a wrong answer under some of 16 scheduling seeds, while the same kernels with
 // their barriers give the right one under all 16; a barrier not reached by every thread and
 // lanes meeting at different simdgroup operations must be reported as errors; simd_sum and
-// shuffles must follow Metal's semantics.
+// shuffles must follow Metal's semantics. The fiber switch and the OS threads must not change a
+// result: the same bits on 1 and 4 threads, and the AArch64 switch (a Mac-like host's) right
+// under qemu-user where it is installed.
 import { beforeAll, describe, expect, test } from "bun:test";
 import { packArgs, type KernelDispatch } from "../ts/backend/metal-plan.ts";
 import type { MetalBuffer } from "../ts/backend/metal-device.ts";
-import { EmulatedMetalDevice } from "./support/metal-emu.ts";
+import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { metalShaderDir } from "../ts/backend/metal-shaders.ts";
+import { EmulatedMetalDevice, emulatorSource, FLAGS } from "./support/metal-emu.ts";
 
 const testKernels = `
 #include <metal_stdlib>
@@ -76,7 +82,7 @@ beforeAll(() => {
 function dispatch(kernel: string, threads: number, buffers: Record<string, number>, argsIndex: number,
   values: { n: number; n_cols: number }, threadgroupBytes = 0): KernelDispatch {
   return {
-    kernel, grid: [1, 1, 1], threads: [threads, 1, 1], threadgroupBytes, buffers,
+    kernel, grid: [1, 1, 1], threads: [threads, 1, 1], threadgroupBytes, buffers, writes: ["out"],
     args: { struct: "EltwiseArgs", index: argsIndex, bytes: packArgs("EltwiseArgs", { ...values, scale: 1 }) },
   };
 }
@@ -143,4 +149,95 @@ describe("the emulation catches what Metal leaves undefined", () => {
       }
     }
   });
+});
+
+describe("the fiber switch and the OS threads", () => {
+  // rms_norm over 40 rows: 40 threadgroups of 256 fibers meeting at simd_sums and barriers.
+  const rows = 40, cols = 640;
+  const x = new Float32Array(rows * cols).map((_, i) => Math.sin(i * 0.37));
+  const weight = new Float32Array(cols).map((_, i) => 1 + 0.001 * i);
+  const norm = (): KernelDispatch => ({
+    kernel: "rms_norm", grid: [rows, 1, 1], threads: [256, 1, 1], threadgroupBytes: 32,
+    buffers: { x: 0, weight: 1, out: 2 }, writes: ["out"],
+    args: { struct: "RmsNormArgs", index: 3,
+      bytes: packArgs("RmsNormArgs", { n_cols: cols, eps: 1e-6, has_weight: 1 }) },
+  });
+
+  test("a dispatch gives the same bits on 1 and 4 OS threads", () => {
+    const outputs = [1, 4].map((workers) => {
+      const d = new EmulatedMetalDevice({ seed: 3, workers });
+      const b = { x: d.newBuffer(x.byteLength, "x"), weight: d.newBuffer(weight.byteLength, "w"),
+        out: d.newBuffer(x.byteLength, "out") };
+      try {
+        b.x.view.set(new Uint8Array(x.buffer));
+        b.weight.view.set(new Uint8Array(weight.buffer));
+        d.encode(norm(), { x: { buffer: b.x, offset: 0 }, weight: { buffer: b.weight, offset: 0 },
+          out: { buffer: b.out, offset: 0 } });
+        d.flush();
+        return new Float32Array(b.out.view.slice().buffer);
+      } finally {
+        for (const buffer of Object.values(b)) d.release(buffer);
+        d.dispose();
+      }
+    });
+    expect(Bun.deepEquals(outputs[0], outputs[1])).toBe(true);
+    expect(outputs[0].every(Number.isFinite)).toBe(true);
+  });
+
+  // The AArch64 switch (a Mac-like host's) cannot run natively here: built static for
+  // aarch64-linux and run under qemu-user where it is installed.
+  const qemu = ["/usr/bin/qemu-aarch64-static", "/usr/bin/qemu-aarch64"].find((p) => existsSync(p));
+  if (!qemu) {
+    console.log("  skipped: the AArch64 fiber switch needs qemu-user (apt-get install qemu-user-static)");
+  }
+  test.skipIf(!qemu)("the AArch64 fiber switch runs rms_norm right under qemu, on 1, 2 and 4 threads", () => {
+    const dir = mkdtempSync(join(tmpdir(), "infer-metal-emu-a64-"));
+    try {
+      const main = `
+#include <stdio.h>
+#include <math.h>
+int main() {
+    static float x[${rows * cols}], w[${cols}], out[${rows * cols}];
+    for (unsigned i = 0; i < ${rows * cols}; i++) x[i] = sinf(i * 0.37f);
+    for (unsigned i = 0; i < ${cols}; i++) w[i] = 1.0f + 0.001f * i;
+    struct { unsigned n_cols; float eps; unsigned has_weight; } args = {${cols}, 1e-6f, 1};
+    void* bufs[4] = {x, w, out, &args};
+    unsigned dims[6] = {${rows}, 1, 1, 256, 1, 1};
+    int bad = 0;
+    for (unsigned workers = 1; workers <= 4; workers *= 2) {
+        infer_emu_set_workers(workers);
+        if (infer_emu_dispatch(infer_emu_kernel_index("rms_norm"), dims, bufs, 32, 7)) {
+            printf("%s\\n", infer_emu_error());
+            return 2;
+        }
+        for (unsigned r = 0; r < ${rows}; r++) {
+            double ss = 0;
+            for (unsigned c = 0; c < ${cols}; c++) {
+                ss += double(x[r * ${cols} + c]) * x[r * ${cols} + c];
+            }
+            const double scale = 1.0 / sqrt(ss / ${cols} + 1e-6);
+            for (unsigned c = 0; c < ${cols}; c++) {
+                if (fabs(out[r * ${cols} + c] - x[r * ${cols} + c] * scale * w[c]) > 1e-4) bad++;
+            }
+        }
+    }
+    printf("%d wrong\\n", bad);
+    return bad != 0;
+}
+`;
+      const cpp = join(dir, "emu.cpp"), exe = join(dir, "emu");
+      writeFileSync(cpp, emulatorSource() + main);
+      const flags = FLAGS.filter((f) => f !== "-shared" && f !== "-fPIC");
+      const cc = Bun.spawnSync(["python3", "-m", "ziglang", "cc", "-target", "aarch64-linux-musl", "-static",
+        ...flags, "-I", join(metalShaderDir(), "compat"), "-I", metalShaderDir(), cpp, "-o", exe],
+      { stdout: "pipe", stderr: "pipe" });
+      expect(cc.stderr.toString()).toBe("");
+      expect(cc.exitCode).toBe(0);
+      const run = Bun.spawnSync([qemu!, exe], { stdout: "pipe", stderr: "pipe" });
+      expect(run.stdout.toString().trim()).toBe("0 wrong");
+      expect(run.exitCode).toBe(0);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  }, 120_000);
 });

@@ -63,8 +63,9 @@ const weightTypes = ["F32", "F16", "BF16", "Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q5_K
 function inputSizes(name: string): number[] {
   const block = [...ggmlTypes.values()].find((t) => t.name === name)!.blockValues;
   if (block === 1) return [1, 33, 100];
-  if (block === 32) return [32, 96, 160];
-  return [256, 768];
+  // Past 16 blocks (32-value) or 4 superblocks (K) a lane of matvec_rows.metal takes a second pass.
+  if (block === 32) return [32, 96, 160, 640];
+  return [256, 768, 1280];
 }
 
 function quantized(typeName: string, nOut: number, nIn: number, rand: () => number) {

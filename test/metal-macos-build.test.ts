@@ -51,7 +51,7 @@ test("every Metal entry point that messages Objective-C pushes and pops its own 
   const source = readFileSync(join(root, "lib", "metal", "metal.zig"), "utf8");
   const fns = [...source.matchAll(/^pub fn (\w+)\([\s\S]*?^}$/gm)];
   expect(fns.map((m) => m[1])).toEqual(["init", "deviceName", "deviceLimits", "bufferNew", "bufferWrap", "bufferFree",
-    "encode", "flush"]);
+    "encode", "barrier", "flush"]);
   for (const [body, name] of fns) {
     const pushes = body.match(/const pool = (?:s\.)?rt\.objc_autoreleasePoolPush\(\);\n\s*defer (?:s\.)?rt\.objc_autoreleasePoolPop\(pool\);/g);
     expect(pushes?.length ?? 0, name).toBe(1);

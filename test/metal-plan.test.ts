@@ -7,7 +7,7 @@
 import { describe, expect, test } from "bun:test";
 import { ggmlTypes } from "../ts/gguf/types.ts";
 import {
-  argStructs, ATTENTION_HEAD_DIM_MAX, MATMUL_ACC_MAX, metalWeightTypes, planAdd, planAddRowBias,
+  argStructs, ATTENTION_HEAD_DIM_MAX, MATMUL_ACC_MAX, matvecRows, metalWeightTypes, planAdd, planAddRowBias,
   planAttention, planGatedAct, planGetRows, planKvStore, planMatmul, planRmsNorm, planRmsNormAdd,
   planRope, planScale, type KernelDispatch,
 } from "../ts/backend/metal-plan.ts";
@@ -30,6 +30,8 @@ function checkAgainstSignature(d: KernelDispatch): void {
   const buffers = k!.params.filter((p) => p.buffer !== null && p.pointer);
   expect(Object.fromEntries(buffers.map((p) => [p.name, p.buffer]))).toEqual({ ...d.buffers });
   for (const p of buffers) expect(p.space).toBe("device");
+  // The barrier planner trusts `writes`: it must name exactly the buffers the kernel may write.
+  expect([...d.writes].sort()).toEqual(buffers.filter((p) => !p.isConst).map((p) => p.name).sort());
   const constants = k!.params.filter((p) => p.buffer !== null && p.reference);
   expect(constants.length).toBe(1);
   expect(constants[0].space).toBe("constant");
@@ -81,6 +83,9 @@ describe("the Metal dispatch plan matches the kernels' declarations", () => {
     const defines = metalArgDefines();
     expect(defines.get("MATMUL_ACC_MAX")).toBe(MATMUL_ACC_MAX);
     expect(defines.get("ATTENTION_HEAD_DIM_MAX")).toBe(ATTENTION_HEAD_DIM_MAX);
+    for (const [suffix, { rows }] of Object.entries(matvecRows)) {
+      expect(defines.get(`MATVEC_ROWS_${suffix.toUpperCase()}`)).toBe(rows);
+    }
   });
 
   test("every plan binds each buffer at the index its kernel declares", () => {
@@ -97,7 +102,9 @@ describe("the Metal dispatch plan matches the kernels' declarations", () => {
         expect(d.grid[1] * a.tile_tok).toBeGreaterThanOrEqual(a.n_tok);
       }
       if (d.kernel.startsWith("matvec_")) {
-        expect(d.grid[0] * (threads / 32)).toBeGreaterThanOrEqual(a.n_out);
+        const rows = matvecRows[d.kernel.slice("matvec_".length)]?.rows ?? 1;
+        expect(d.grid[0] * (threads / 32) * rows).toBeGreaterThanOrEqual(a.n_out);
+        expect(d.grid[0] * (threads / 32) * rows).toBeLessThan(a.n_out + rows * (threads / 32));
         expect(d.grid[1]).toBe(a.n_tok);
       }
       if (d.kernel.startsWith("rms_norm")) expect(d.threadgroupBytes).toBeGreaterThanOrEqual((threads / 32) * 4);

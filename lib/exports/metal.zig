@@ -39,6 +39,11 @@ export fn infer_metal_encode(pipeline: u32, dims: *const [6]u32, threadgroup_byt
     return metal.encode(pipeline, dims, threadgroup_bytes, bindings, n_bindings, args, args_len, args_index);
 }
 
+/// A buffer barrier in the step's concurrent encoder: what follows sees what came before.
+export fn infer_metal_barrier() i32 {
+    return metal.barrier();
+}
+
 /// Commits the step's command buffer and waits for it.
 export fn infer_metal_flush() i32 {
     return metal.flush();

@@ -3,7 +3,10 @@
 //! one command queue, pipelines compiled once from the kernels' source text at init, shared
 //! buffers (new ones, or ones wrapping mmap'd weights without a copy), and one command buffer with
 //! one compute encoder that collects every dispatch until flush commits it and waits, i.e. one per
-//! decode step. What to dispatch (kernel, grid, threadgroup, bindings, arguments) is decided by
+//! decode step. The encoder is concurrent (MTLDispatchTypeConcurrent): dispatches between two
+//! barriers may overlap on the GPU, and ts/backend/metal-hazards.ts asks for a buffer barrier
+//! (barrier()) before every dispatch that reads or overwrites what an earlier one of the same
+//! section writes or reads. What to dispatch (kernel, grid, threadgroup, bindings, arguments) is decided by
 //! ts/backend/metal-plan.ts; this file only checks the numbers and forwards them. Objective-C is
 //! reached through lib/metal/objc.zig (runtime loading, no metal-cpp: see there).
 const std = @import("std");
@@ -19,6 +22,8 @@ const Size = extern struct { width: usize, height: usize, depth: usize };
 const threadgroup_memory_granule = 16;
 const bindings_max = 31;
 const command_buffer_completed = 4;
+const dispatch_type_concurrent: usize = 1; // MTLDispatchTypeConcurrent
+const barrier_scope_buffers: usize = 1; // MTLBarrierScopeBuffers
 
 const State = struct {
     rt: objc.Runtime,
@@ -204,7 +209,7 @@ pub fn encode(
         // call's pool.
         const command_buffer = rt.send(Id, s.queue, rt.sel("commandBuffer"), .{});
         if (command_buffer == null) return status.fail(.internal, "Metal: cannot make a command buffer", .{});
-        const encoder = rt.send(Id, command_buffer, rt.sel("computeCommandEncoder"), .{});
+        const encoder = rt.send(Id, command_buffer, rt.sel("computeCommandEncoderWithDispatchType:"), .{dispatch_type_concurrent});
         if (encoder == null) return status.fail(.internal, "Metal: cannot make a compute encoder", .{});
         s.command_buffer = rt.retain(command_buffer);
         s.encoder = rt.retain(encoder);
@@ -225,6 +230,18 @@ pub fn encode(
     const grid: Size = .{ .width = dims[0], .height = dims[1], .depth = dims[2] };
     const group: Size = .{ .width = dims[3], .height = dims[4], .depth = dims[5] };
     rt.send(void, enc, rt.sel("dispatchThreadgroups:threadsPerThreadgroup:"), .{ grid, group });
+    return 0;
+}
+
+/// Orders the dispatches encoded so far before the ones that follow (a memory barrier over
+/// buffers); nothing to order when no encoder is open.
+pub fn barrier() i32 {
+    const s = ready() orelse return @intFromEnum(status.Status.internal);
+    if (s.encoder == null) return 0;
+    const rt = &s.rt;
+    const pool = rt.objc_autoreleasePoolPush();
+    defer rt.objc_autoreleasePoolPop(pool);
+    rt.send(void, s.encoder, rt.sel("memoryBarrierWithScope:"), .{barrier_scope_buffers});
     return 0;
 }
 

@@ -50,6 +50,10 @@ pub fn encode(
     return unavailable();
 }
 
+pub fn barrier() i32 {
+    return unavailable();
+}
+
 pub fn flush() i32 {
     return unavailable();
 }

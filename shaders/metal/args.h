@@ -13,6 +13,14 @@ typedef struct {
     uint32_t row_bytes;
 } MatvecArgs;
 
+// Rows each simdgroup of matvec_rows.metal computes, per weight type (the plan sizes grids by it).
+#define MATVEC_ROWS_Q4_0 4
+#define MATVEC_ROWS_Q5_0 4
+#define MATVEC_ROWS_Q8_0 2
+#define MATVEC_ROWS_Q4_K 2
+#define MATVEC_ROWS_Q5_K 2
+#define MATVEC_ROWS_Q6_K 2
+
 // The batched form: each threadgroup computes a tile of tile_out rows × tile_tok tokens, each
 // thread at most MATMUL_ACC_MAX of its outputs.
 #define MATMUL_ACC_MAX 8

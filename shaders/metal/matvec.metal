@@ -1,6 +1,7 @@
 // Matrix-vector products for decode (a few tokens): y[t][o] = W[o] · x[t], dequantizing W on the
-// fly. One simdgroup per output row: lane l takes chunks l, l + 32, ... of the row (quant.h),
-// multiplies them with x in registers, and simd_sum adds the 32 partial sums. A threadgroup holds
+// fly, for the types matvec_rows.metal leaves (F32, F16, BF16). One simdgroup per output
+// row: lane l takes chunks l, l + 32, ... of the row (quant.h), multiplies them with x in
+// registers, and simd_sum adds the 32 partial sums. A threadgroup holds
 // any number of simdgroups (rows tg.x·n_sg .. + n_sg); grid.y is the token.
 #include <metal_stdlib>
 #include "args.h"
@@ -53,58 +54,4 @@ kernel void matvec_bf16(device const uchar* w [[buffer(0)]], device const float*
                         uint n_sg [[simdgroups_per_threadgroup]],
                         uint lane [[thread_index_in_simdgroup]]) {
     matvec<WeightBF16>(w, x, y, args, tg, sg, n_sg, lane);
-}
-
-kernel void matvec_q4_0(device const uchar* w [[buffer(0)]], device const float* x [[buffer(1)]],
-                        device float* y [[buffer(2)]], constant MatvecArgs& args [[buffer(3)]],
-                        uint3 tg [[threadgroup_position_in_grid]],
-                        uint sg [[simdgroup_index_in_threadgroup]],
-                        uint n_sg [[simdgroups_per_threadgroup]],
-                        uint lane [[thread_index_in_simdgroup]]) {
-    matvec<WeightQ4_0>(w, x, y, args, tg, sg, n_sg, lane);
-}
-
-kernel void matvec_q5_0(device const uchar* w [[buffer(0)]], device const float* x [[buffer(1)]],
-                        device float* y [[buffer(2)]], constant MatvecArgs& args [[buffer(3)]],
-                        uint3 tg [[threadgroup_position_in_grid]],
-                        uint sg [[simdgroup_index_in_threadgroup]],
-                        uint n_sg [[simdgroups_per_threadgroup]],
-                        uint lane [[thread_index_in_simdgroup]]) {
-    matvec<WeightQ5_0>(w, x, y, args, tg, sg, n_sg, lane);
-}
-
-kernel void matvec_q8_0(device const uchar* w [[buffer(0)]], device const float* x [[buffer(1)]],
-                        device float* y [[buffer(2)]], constant MatvecArgs& args [[buffer(3)]],
-                        uint3 tg [[threadgroup_position_in_grid]],
-                        uint sg [[simdgroup_index_in_threadgroup]],
-                        uint n_sg [[simdgroups_per_threadgroup]],
-                        uint lane [[thread_index_in_simdgroup]]) {
-    matvec<WeightQ8_0>(w, x, y, args, tg, sg, n_sg, lane);
-}
-
-kernel void matvec_q4_k(device const uchar* w [[buffer(0)]], device const float* x [[buffer(1)]],
-                        device float* y [[buffer(2)]], constant MatvecArgs& args [[buffer(3)]],
-                        uint3 tg [[threadgroup_position_in_grid]],
-                        uint sg [[simdgroup_index_in_threadgroup]],
-                        uint n_sg [[simdgroups_per_threadgroup]],
-                        uint lane [[thread_index_in_simdgroup]]) {
-    matvec<WeightQ4_K>(w, x, y, args, tg, sg, n_sg, lane);
-}
-
-kernel void matvec_q5_k(device const uchar* w [[buffer(0)]], device const float* x [[buffer(1)]],
-                        device float* y [[buffer(2)]], constant MatvecArgs& args [[buffer(3)]],
-                        uint3 tg [[threadgroup_position_in_grid]],
-                        uint sg [[simdgroup_index_in_threadgroup]],
-                        uint n_sg [[simdgroups_per_threadgroup]],
-                        uint lane [[thread_index_in_simdgroup]]) {
-    matvec<WeightQ5_K>(w, x, y, args, tg, sg, n_sg, lane);
-}
-
-kernel void matvec_q6_k(device const uchar* w [[buffer(0)]], device const float* x [[buffer(1)]],
-                        device float* y [[buffer(2)]], constant MatvecArgs& args [[buffer(3)]],
-                        uint3 tg [[threadgroup_position_in_grid]],
-                        uint sg [[simdgroup_index_in_threadgroup]],
-                        uint n_sg [[simdgroups_per_threadgroup]],
-                        uint lane [[thread_index_in_simdgroup]]) {
-    matvec<WeightQ6_K>(w, x, y, args, tg, sg, n_sg, lane);
 }

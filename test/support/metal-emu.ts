@@ -8,7 +8,7 @@
 // EmulatedMetalDevice implements the MetalDevice the Metal backend runs on.
 import { dlopen, FFIType, toArrayBuffer, type Pointer } from "bun:ffi";
 import { existsSync, mkdirSync, readFileSync, renameSync, writeFileSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { availableParallelism, tmpdir } from "node:os";
 import { join } from "node:path";
 import { InferError } from "../../ts/errors.ts";
 import { orderBindings, type MetalBinding, type MetalBuffer, type MetalDevice } from "../../ts/backend/metal-device.ts";
@@ -49,7 +49,8 @@ int infer_emu_dispatch(int index, const uint* dims, void* const* buffers, uint t
     return metal::emu::dispatch(infer_emu_kernels[index].launch, dims, dims + 3, buffers,
                                 threadgroup_bytes, seed);
 }
-const char* infer_emu_error() { return metal::emu::sched().error; }
+const char* infer_emu_error() { return metal::emu::error_text(); }
+void infer_emu_set_workers(uint n) { metal::emu::worker_count() = n; }
 void* infer_emu_alloc(uint64_t bytes) { return calloc(1, bytes ? bytes : 1); }
 void infer_emu_free(void* p) { free(p); }
 }
@@ -70,6 +71,7 @@ const symbols = {
   infer_emu_kernel_index: { args: [FFIType.cstring], returns: FFIType.i32 },
   infer_emu_dispatch: { args: [FFIType.i32, FFIType.ptr, FFIType.ptr, FFIType.u32, FFIType.u64], returns: FFIType.i32 },
   infer_emu_error: { args: [], returns: FFIType.cstring },
+  infer_emu_set_workers: { args: [FFIType.u32], returns: FFIType.void },
   infer_emu_alloc: { args: [FFIType.u64], returns: FFIType.ptr },
   infer_emu_free: { args: [FFIType.ptr], returns: FFIType.void },
 } as const;
@@ -106,7 +108,8 @@ export function buildEmulator(extraSource = ""): { lib: EmulatorLib; path: strin
 }
 
 /** -Werror: the kernels must compile as clean C++ as they must compile as clean Metal. */
-const FLAGS = ["-x", "c++", "-std=c++17", "-O2", "-shared", "-fPIC", "-fno-exceptions", "-fno-rtti", "-fno-threadsafe-statics",
+export const FLAGS = ["-x", "c++", "-std=c++17", "-O2", "-shared", "-fPIC", "-pthread", "-fno-exceptions",
+  "-fno-rtti", "-fno-threadsafe-statics",
   "-DINFER_METAL_EMULATION", "-Wall", "-Wextra", "-Werror", "-Wno-unknown-attributes",
   "-Wno-unused-parameter"];
 
@@ -114,11 +117,18 @@ class EmulatedBuffer implements MetalBuffer {
   constructor(readonly address: number, readonly bytes: number, readonly view: Uint8Array, readonly owned: boolean) {}
 }
 
-interface Encoded { kernel: number; name: string; dims: Uint32Array; addresses: BigUint64Array; tgBytes: number }
+interface Encoded {
+  kernel: number; name: string; dims: Uint32Array; addresses: BigUint64Array; tgBytes: number;
+  /** The concurrent section (between barriers) the dispatch belongs to. */
+  section: number;
+}
 
 /**
  * A MetalDevice that runs the kernels under the emulator: dispatches queue up as in a command
- * buffer and run, in order, at flush(), each under its own scheduling seed.
+ * buffer and run at flush(), each under its own scheduling seed. As in lib/metal's concurrent
+ * encoder, only barriers order them: the dispatches of one section (between two barriers) run in
+ * a seeded random order, so a dispatch that depends on another of its section (a missing
+ * barrier) sees stale memory under some seed.
  */
 export class EmulatedMetalDevice implements MetalDevice {
   readonly name = "Metal emulation (CPU)";
@@ -128,11 +138,24 @@ export class EmulatedMetalDevice implements MetalDevice {
   private argsArena: EmulatedBuffer;
   private argsUsed = 0;
   private seed: number;
+  private readonly workers: number;
+  private readonly honourBarriers: boolean;
+  private section = 0;
   dispatches = 0;
 
-  /** maxBufferLength: as a Mac reports it (default: no limit that matters here). */
-  constructor(options: { seed?: number; extraSource?: string; maxBufferLength?: number } = {}) {
+  /**
+   * maxBufferLength: as a Mac reports it (default: no limit that matters here). workers: OS
+   * threads the threadgroups of a dispatch are spread over (default: the cores, at most 8);
+   * results do not depend on it.
+   */
+  constructor(options: {
+    seed?: number; extraSource?: string; maxBufferLength?: number; workers?: number;
+    /** false: barriers are ignored, the whole command buffer one section (for tests of this). */
+    barriers?: boolean;
+  } = {}) {
+    this.honourBarriers = options.barriers ?? true;
     this.lib = buildEmulator(options.extraSource).lib;
+    this.workers = options.workers ?? Math.min(8, availableParallelism());
     this.maxBufferLength = options.maxBufferLength ?? 2 ** 40;
     this.seed = options.seed ?? 1;
     this.argsArena = this.newBuffer(1 << 20, "arguments") as EmulatedBuffer;
@@ -175,12 +198,37 @@ export class EmulatedMetalDevice implements MetalDevice {
     addresses[dispatch.args.index] = BigInt(this.argsArena.address + this.argsUsed);
     this.argsUsed += (args.length + 15) & ~15;
     this.queue.push({ kernel, name: dispatch.kernel, dims: new Uint32Array([...dispatch.grid, ...dispatch.threads]),
-      addresses, tgBytes: dispatch.threadgroupBytes });
+      addresses, tgBytes: dispatch.threadgroupBytes, section: this.section });
+  }
+
+  barrier(): void {
+    if (this.honourBarriers) this.section++;
+  }
+
+  /** The queue in run order: section by section, each section's dispatches shuffled (seeded). */
+  private runOrder(queue: Encoded[]): Encoded[] {
+    let s = this.seed * 2654435761 >>> 0 || 1;
+    const next = () => (s = (Math.imul(s, 1664525) + 1013904223) >>> 0);
+    const out: Encoded[] = [];
+    for (let i = 0; i < queue.length;) {
+      let j = i;
+      while (j < queue.length && queue[j].section === queue[i].section) j++;
+      const part = queue.slice(i, j);
+      for (let k = part.length - 1; k > 0; k--) {
+        const r = next() % (k + 1);
+        [part[k], part[r]] = [part[r], part[k]];
+      }
+      out.push(...part);
+      i = j;
+    }
+    return out;
   }
 
   flush(): void {
-    const queue = this.queue;
+    const queue = this.runOrder(this.queue);
     this.queue = [];
+    this.section++;
+    this.lib.infer_emu_set_workers(this.workers);
     for (const d of queue) {
       this.dispatches++;
       const rc = this.lib.infer_emu_dispatch(d.kernel, d.dims, d.addresses, d.tgBytes, this.seed++);

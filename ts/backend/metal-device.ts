@@ -26,6 +26,11 @@ export interface MetalDevice {
   wrap(address: number, bytes: number, what: string): MetalBuffer;
   /** Encodes one dispatch into the current command buffer (begun on first use). */
   encode(dispatch: KernelDispatch, bindings: Readonly<Record<string, MetalBinding>>): void;
+  /**
+   * The dispatches encoded so far finish (their writes visible) before any encoded after; those
+   * between two barriers may run in any order or at once (metal-hazards.ts places them).
+   */
+  barrier(): void;
   /** Commits the command buffer, if any, and waits for it. */
   flush(): void;
   /** Dispatches encoded since the last flush. */

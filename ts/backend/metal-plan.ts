@@ -20,6 +20,8 @@ export interface KernelDispatch {
   readonly threadgroupBytes: number;
   /** [[buffer(index)]] of each buffer parameter, by parameter name. */
   readonly buffers: Readonly<Record<string, number>>;
+  /** The buffers the kernel writes (its non-const device parameters); it reads the others. */
+  readonly writes: readonly string[];
   /** The constant arguments: struct name (args.h), buffer index, and bytes. */
   readonly args: { readonly struct: string; readonly index: number; readonly bytes: Uint8Array };
 }
@@ -44,9 +46,18 @@ export const argStructs: Readonly<Record<string, readonly (readonly [string, Fie
 /** Constants of args.h the plan depends on (checked by the test). */
 export const MATMUL_ACC_MAX = 8;
 export const ATTENTION_HEAD_DIM_MAX = 512;
+/**
+ * matvec_rows.metal's kernels: rows per simdgroup (MATVEC_ROWS_* of args.h) and simdgroups per
+ * threadgroup, by weight type suffix. Types not here take matvec.metal's one row per simdgroup.
+ */
+export const matvecRows: Readonly<Record<string, { readonly rows: number; readonly simdgroups: number }>> = {
+  q4_0: { rows: 4, simdgroups: 2 }, q5_0: { rows: 4, simdgroups: 2 },
+  q8_0: { rows: 2, simdgroups: 4 }, q4_k: { rows: 2, simdgroups: 2 }, q5_k: { rows: 2, simdgroups: 2 },
+  q6_k: { rows: 2, simdgroups: 2 },
+};
 
 const SIMD_WIDTH = 32;
-/** Decode matvec: rows per threadgroup (one simdgroup each). */
+/** Decode matvec (matvec.metal): rows per threadgroup, one simdgroup each. */
 const MATVEC_SIMDGROUPS = 4;
 /** Prefill tiles: 32 rows × 16 tokens over 128 threads, 4 outputs each. */
 const MATMUL_TILE_OUT = 32;
@@ -113,9 +124,10 @@ export function planMatmul(typeId: number, nIn: number, nOut: number, nTok: numb
   const rowBytes = checkedRowBytes(info, nIn);
   const buffers = { w: 0, x: 1, y: 2 };
   if (nTok <= MATVEC_TOKENS_MAX) {
+    const { rows, simdgroups } = matvecRows[suffix] ?? { rows: 1, simdgroups: MATVEC_SIMDGROUPS };
     return {
-      kernel: `matvec_${suffix}`, grid: [ceilDiv(nOut, MATVEC_SIMDGROUPS), nTok, 1],
-      threads: [MATVEC_SIMDGROUPS * SIMD_WIDTH, 1, 1], threadgroupBytes: 0, buffers,
+      kernel: `matvec_${suffix}`, grid: [ceilDiv(nOut, rows * simdgroups), nTok, 1],
+      threads: [simdgroups * SIMD_WIDTH, 1, 1], threadgroupBytes: 0, buffers, writes: ["y"],
       args: { struct: "MatvecArgs", index: 3,
         bytes: packArgs("MatvecArgs", { n_in: nIn, n_out: nOut, n_tok: nTok, row_bytes: rowBytes }) },
     };
@@ -123,6 +135,7 @@ export function planMatmul(typeId: number, nIn: number, nOut: number, nTok: numb
   return {
     kernel: `matmul_${suffix}`, grid: [ceilDiv(nOut, MATMUL_TILE_OUT), ceilDiv(nTok, MATMUL_TILE_TOK), 1],
     threads: [MATMUL_THREADS, 1, 1], threadgroupBytes: (MATMUL_TILE_OUT + MATMUL_TILE_TOK) * 32 * 4, buffers,
+    writes: ["y"],
     args: { struct: "MatmulArgs", index: 3, bytes: packArgs("MatmulArgs", {
       n_in: nIn, n_out: nOut, n_tok: nTok, row_bytes: rowBytes,
       tile_out: MATMUL_TILE_OUT, tile_tok: MATMUL_TILE_TOK,
@@ -138,7 +151,7 @@ export function planGetRows(typeId: number, nCols: number, nRows: number, nIds: 
   const threads = Math.min(64, chunks);
   return {
     kernel: `get_rows_${suffix}`, grid: [ceilDiv(chunks, threads), nIds, 1], threads: [threads, 1, 1],
-    threadgroupBytes: 0, buffers: { table: 0, ids: 1, dst: 2 },
+    threadgroupBytes: 0, buffers: { table: 0, ids: 1, dst: 2 }, writes: ["dst"],
     args: { struct: "GetRowsArgs", index: 3,
       bytes: packArgs("GetRowsArgs", { n_cols: nCols, row_bytes: rowBytes, n_ids: nIds, n_rows: nRows }) },
   };
@@ -149,7 +162,7 @@ function planNorm(kernel: string, out: string, nRows: number, nCols: number, eps
   const threads = Math.min(NORM_THREADS, ceilDiv(nCols, SIMD_WIDTH) * SIMD_WIDTH);
   return {
     kernel, grid: [nRows, 1, 1], threads: [threads, 1, 1], threadgroupBytes: (threads / SIMD_WIDTH) * 4,
-    buffers: { x: 0, weight: 1, [out]: 2 },
+    buffers: { x: 0, weight: 1, [out]: 2 }, writes: [out],
     args: { struct: "RmsNormArgs", index: 3,
       bytes: packArgs("RmsNormArgs", { n_cols: nCols, eps, has_weight: hasWeight ? 1 : 0 }) },
   };
@@ -179,7 +192,7 @@ export function planRope(o: RopePlanOptions): KernelDispatch {
   const threads = Math.min(64, pairs);
   return {
     kernel: "rope", grid: [ceilDiv(pairs, threads), o.heads, o.nTok], threads: [threads, 1, 1],
-    threadgroupBytes: 0, buffers: { x: 0, positions: 1, freq_factors: 2 },
+    threadgroupBytes: 0, buffers: { x: 0, positions: 1, freq_factors: 2 }, writes: ["x"],
     args: { struct: "RopeArgs", index: 3, bytes: packArgs("RopeArgs", {
       n_tok: o.nTok, n_heads: o.heads, head_dim: o.headDim, n_rot: o.rotaryDims, freq_base: o.base,
       freq_scale: o.scale, mode: o.neox ? 2 : 0, has_freq_factors: o.freqFactors ? 1 : 0,
@@ -187,33 +200,33 @@ export function planRope(o: RopePlanOptions): KernelDispatch {
   };
 }
 
-function planEltwise(kernel: string, buffers: Record<string, number>, argsIndex: number, n: number,
-  nCols = 1, scale = 1): KernelDispatch {
+function planEltwise(kernel: string, buffers: Record<string, number>, writes: string[], argsIndex: number,
+  n: number, nCols = 1, scale = 1): KernelDispatch {
   return {
     kernel, grid: [Math.max(1, ceilDiv(n, ELTWISE_THREADS)), 1, 1], threads: [ELTWISE_THREADS, 1, 1],
-    threadgroupBytes: 0, buffers,
+    threadgroupBytes: 0, buffers, writes,
     args: { struct: "EltwiseArgs", index: argsIndex, bytes: packArgs("EltwiseArgs", { n, n_cols: nCols, scale }) },
   };
 }
 
 /** out = act(gate) · up. Buffers gate, up, out. */
 export function planGatedAct(kind: "gelu" | "silu", n: number): KernelDispatch {
-  return planEltwise(kind === "gelu" ? "gelu_mul" : "silu_mul", { gate: 0, up: 1, out: 2 }, 3, n);
+  return planEltwise(kind === "gelu" ? "gelu_mul" : "silu_mul", { gate: 0, up: 1, out: 2 }, ["out"], 3, n);
 }
 
 /** out = a + b. Buffers a, b, out. */
 export function planAdd(n: number): KernelDispatch {
-  return planEltwise("add", { a: 0, b: 1, out: 2 }, 3, n);
+  return planEltwise("add", { a: 0, b: 1, out: 2 }, ["out"], 3, n);
 }
 
 /** x *= factor. Buffer x. */
 export function planScale(n: number, factor: number): KernelDispatch {
-  return planEltwise("scale", { x: 0 }, 1, n, 1, factor);
+  return planEltwise("scale", { x: 0 }, ["x"], 1, n, 1, factor);
 }
 
 /** x[r] += bias over rows of nCols. Buffers x, bias. */
 export function planAddRowBias(nRows: number, nCols: number): KernelDispatch {
-  return planEltwise("add_row_bias", { x: 0, bias: 1 }, 2, nRows * nCols, nCols);
+  return planEltwise("add_row_bias", { x: 0, bias: 1 }, ["x"], 2, nRows * nCols, nCols);
 }
 
 /** k and v rows into the f16 caches. Buffers k, v, k_cache, v_cache. */
@@ -221,7 +234,7 @@ export function planKvStore(kvDim: number, nTok: number, pos0: number, cells: nu
   const threads = Math.min(256, ceilDiv(kvDim, SIMD_WIDTH) * SIMD_WIDTH);
   return {
     kernel: "kv_store", grid: [ceilDiv(kvDim, threads), nTok, 1], threads: [threads, 1, 1], threadgroupBytes: 0,
-    buffers: { k: 0, v: 1, k_cache: 2, v_cache: 3 },
+    buffers: { k: 0, v: 1, k_cache: 2, v_cache: 3 }, writes: ["k_cache", "v_cache"],
     args: { struct: "KvStoreArgs", index: 4,
       bytes: packArgs("KvStoreArgs", { kv_dim: kvDim, n_tok: nTok, pos0, cells, ring: ring ? 1 : 0 }) },
   };
@@ -244,7 +257,7 @@ export function planAttention(o: AttentionPlanOptions): KernelDispatch {
   return {
     kernel: "attention", grid: [o.heads, o.nTok, 1], threads: [ATTENTION_SIMDGROUPS * SIMD_WIDTH, 1, 1],
     threadgroupBytes: ATTENTION_SIMDGROUPS * (o.headDim + 2) * 4,
-    buffers: { q: 0, k_cache: 1, v_cache: 2, out: 3 },
+    buffers: { q: 0, k_cache: 1, v_cache: 2, out: 3 }, writes: ["out"],
     args: { struct: "AttentionArgs", index: 4, bytes: packArgs("AttentionArgs", {
       n_tok: o.nTok, n_head: o.heads, n_kv_head: o.kvHeads, head_dim: o.headDim, pos0: o.pos0,
       window: o.window, cells: o.cells, ring: o.ring ? 1 : 0, scale: o.scale,

@@ -20,6 +20,7 @@ import getRowsMetal from "../../shaders/metal/get_rows.metal" with { type: "text
 import kvMetal from "../../shaders/metal/kv.metal" with { type: "text" };
 import matmulMetal from "../../shaders/metal/matmul.metal" with { type: "text" };
 import matvecMetal from "../../shaders/metal/matvec.metal" with { type: "text" };
+import matvecRowsMetal from "../../shaders/metal/matvec_rows.metal" with { type: "text" };
 import normMetal from "../../shaders/metal/norm.metal" with { type: "text" };
 import quantHeader from "../../shaders/metal/quant.h" with { type: "text" };
 import ropeMetal from "../../shaders/metal/rope.metal" with { type: "text" };
@@ -33,6 +34,7 @@ const embeddedShaders: Readonly<Record<string, string>> = {
   "kv.metal": kvMetal,
   "matmul.metal": matmulMetal,
   "matvec.metal": matvecMetal,
+  "matvec_rows.metal": matvecRowsMetal,
   "norm.metal": normMetal,
   "quant.h": quantHeader,
   "rope.metal": ropeMetal,

@@ -10,7 +10,7 @@ import { InferError } from "../errors.ts";
 import type { GgufFile, GgufTensorInfo } from "../gguf/reader.ts";
 import { GgmlType } from "../gguf/types.ts";
 import {
-  metalBufferFree, metalBufferNew, metalBufferWrap, metalDeviceLimits, metalDeviceName, metalEncode, metalFlush,
+  metalBarrier, metalBufferFree, metalBufferNew, metalBufferWrap, metalDeviceLimits, metalDeviceName, metalEncode, metalFlush,
   metalInit, type MetalDeviceLimits,
 } from "../native/metal.ts";
 import {
@@ -18,6 +18,7 @@ import {
   type Weight,
 } from "./backend.ts";
 import { orderBindings, type MetalBinding, type MetalBuffer, type MetalDevice } from "./metal-device.ts";
+import { BarrierPlanner } from "./metal-hazards.ts";
 import {
   metalWeightTypes, planAdd, planAddRowBias, planAttention, planGatedAct, planGetRows, planKvStore,
   planMatmul, planRmsNorm, planRmsNormAdd, planRope, planScale, type KernelDispatch,
@@ -76,6 +77,10 @@ export class NativeMetalDevice implements MetalDevice {
     this.pending++;
   }
 
+  barrier(): void {
+    if (this.pending > 0) metalBarrier();
+  }
+
   flush(): void {
     if (this.pending === 0) return;
     this.pending = 0;
@@ -125,6 +130,8 @@ export class MetalBackend implements Backend {
   private readonly buffers: MetalBuffer[] = [];
   private hostIds = new Int32Array(0);
   private disposed = false;
+  /** Barriers of the step's concurrent encoder. */
+  readonly barriers = new BarrierPlanner();
 
   constructor(private readonly device: MetalDevice) {}
 
@@ -141,7 +148,14 @@ export class MetalBackend implements Backend {
   }
 
   private run(d: KernelDispatch, bindings: Record<string, MetalBinding>): void {
+    if (this.barriers.needsBarrier(d, bindings)) this.device.barrier();
     this.device.encode(d, bindings);
+  }
+
+  /** Ends the step: its command buffer runs, and the next dispatch opens a new one. */
+  private flush(): void {
+    this.device.flush();
+    this.barriers.reset();
   }
 
   weight(file: GgufFile, t: GgufTensorInfo): Weight {
@@ -190,7 +204,7 @@ export class MetalBackend implements Backend {
   // The CPU writes these buffers: work still queued may read them, so it runs first.
   setTokens(dst: Activation, ids: ArrayLike<number>, count: number): void {
     if (count > dst.rows) throw new InferError("invalid_argument", `${count} tokens do not fit ${dst.rows} rows`);
-    this.device.flush();
+    this.flush();
     const view = new Int32Array(a(dst).f32.buffer, a(dst).f32.byteOffset, count);
     if (this.hostIds.length < count) this.hostIds = new Int32Array(count);
     for (let i = 0; i < count; i++) view[i] = this.hostIds[i] = ids[i];
@@ -198,7 +212,7 @@ export class MetalBackend implements Backend {
 
   setPositions(dst: Activation, start: number, count: number, firstRow = 0): void {
     if (firstRow + count > dst.rows) throw new InferError("invalid_argument", `${count} positions do not fit ${dst.rows} rows`);
-    this.device.flush();
+    this.flush();
     const view = new Int32Array(a(dst).f32.buffer, a(dst).f32.byteOffset + firstRow * 4, count);
     for (let i = 0; i < count; i++) view[i] = start + i;
   }
@@ -290,7 +304,7 @@ export class MetalBackend implements Backend {
 
   /** Runs the step's command buffer, then views the rows (shared memory: no copy). */
   read(x: Activation, rows: number): Float32Array {
-    this.device.flush();
+    this.flush();
     return a(x).f32.subarray(0, rows * x.cols);
   }
 
@@ -300,7 +314,7 @@ export class MetalBackend implements Backend {
 
   dispose(): void {
     if (this.disposed) return;
-    this.device.flush();
+    this.flush();
     for (const b of this.buffers) this.device.release(b);
     this.buffers.length = 0;
     this.files.clear();

@@ -77,6 +77,11 @@ export function metalEncode(pipeline: number, dims: Uint32Array, threadgroupByte
     args.length, argsIndex), what);
 }
 
+/** A buffer barrier between the dispatches encoded so far and the ones that follow. */
+export function metalBarrier(): void {
+  check(native().infer_metal_barrier(), "Metal barrier");
+}
+
 export function metalFlush(): void {
   check(native().infer_metal_flush(), "Metal command buffer");
 }

@@ -104,6 +104,7 @@ export const symbols = {
   infer_metal_buffer_wrap: { args: [FFIType.u64, FFIType.u64, FFIType.ptr], returns: FFIType.i32 },
   infer_metal_buffer_free: { args: [FFIType.u64], returns: FFIType.void },
   infer_metal_encode: { args: [FFIType.u32, FFIType.ptr, FFIType.u32, FFIType.ptr, FFIType.u32, FFIType.ptr, FFIType.u32, FFIType.u32], returns: FFIType.i32 },
+  infer_metal_barrier: { args: [], returns: FFIType.i32 },
   infer_metal_flush: { args: [], returns: FFIType.i32 },
 } as const;
 
@@ -211,6 +212,7 @@ export const parameters = {
   infer_metal_buffer_wrap: ["address", "bytes", "out_handle"],
   infer_metal_buffer_free: ["handle"],
   infer_metal_encode: ["pipeline", "dims", "threadgroup_bytes", "bindings", "n_bindings", "args", "args_len", "args_index"],
+  infer_metal_barrier: [],
   infer_metal_flush: [],
 } as const;
 

@@ -1,22 +1,39 @@
 // The CPU emulation of Metal's compute execution model, for running shaders/metal/*.metal on
 // Linux against the CPU kernels (test/support/metal-emu.ts builds and drives it).
 //
-// Each thread of a threadgroup is a fiber (ucontext) on one OS thread. A fiber runs until it
-// reaches a collective operation (threadgroup_barrier, a simdgroup reduction or shuffle) or
-// returns; the scheduler then resumes the runnable fibers in a fresh random order (seeded per
-// dispatch), so between two synchronisation points the threads of a group run in a different
-// interleaving on every seed. A kernel that reads threadgroup memory another thread wrote without
-// a barrier in between, or that depends on which thread runs first, gets the stale value (or the
-// NaN the memory is poisoned with) on some seed and fails its test. Threadgroups run one at a time
-// in a random order. The scheduler also refuses what Metal leaves undefined and a GPU might
-// forgive: a barrier not reached by every thread of the group (some returned or wait elsewhere),
-// lanes of one simdgroup meeting at different collectives, a shuffle from an inactive lane.
+// Each thread of a threadgroup is a fiber on one OS thread. A fiber runs until it reaches a
+// collective operation (threadgroup_barrier, a simdgroup reduction or shuffle) or returns; the
+// scheduler then resumes the runnable fibers in a fresh random order (seeded per threadgroup), so
+// between two synchronisation points the threads of a group run in a different interleaving on
+// every seed. A kernel that reads threadgroup memory another thread wrote without a barrier in
+// between, or that depends on which thread runs first, gets the stale value (or the NaN the
+// memory is poisoned with) on some seed and fails its test. The scheduler also refuses what Metal
+// leaves undefined and a GPU might forgive: a barrier not reached by every thread of the group
+// (some returned or wait elsewhere), lanes of one simdgroup meeting at different collectives, a
+// shuffle from an inactive lane.
+//
+// Speed, which decides whether a real model fits in a test: a decode step of the default model
+// starts ~10 million fibers (the LM head alone is 262,144 rows of one simdgroup each). glibc's
+// swapcontext makes a sigprocmask system call on every switch, which was most of the time, so
+// fibers switch here with a few instructions of assembly that save only the callee-saved
+// registers (x86-64 and AArch64 ELF; ucontext elsewhere). Threadgroups are independent in Metal (no
+// order between them is promised), so they are spread over OS threads, each with its own fibers
+// and threadgroup memory; each group's interleavings come from a seed of (dispatch seed, group
+// index), so a result does not depend on which OS thread ran the group or how many there were.
 #ifndef INFER_METAL_EMU_H
 #define INFER_METAL_EMU_H
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+
+#if !(defined(__ELF__) && (defined(__x86_64__) || defined(__aarch64__))) && \
+    !defined(INFER_EMU_UCONTEXT)
+#define INFER_EMU_UCONTEXT 1
+#endif
+#ifdef INFER_EMU_UCONTEXT
 #include <ucontext.h>
+#endif
 
 namespace metal {
 namespace emu {
@@ -24,6 +41,7 @@ namespace emu {
 const uint simd_width = 32;
 const uint threads_max = 1024;
 const size_t stack_bytes = 64 << 10;
+const uint workers_max = 64;
 
 // Every [[attribute]] value a kernel may ask for, per thread.
 struct Ids {
@@ -48,8 +66,16 @@ struct KernelEntry {
 
 enum class state { runnable, waiting, done };
 
+// The saved stack pointer of a suspended fiber (or of the scheduler while a fiber runs).
+#ifdef INFER_EMU_UCONTEXT
+typedef ucontext_t Context;
+#else
+typedef void* Context;
+extern "C" void infer_emu_switch(void** save, void* resume);
+#endif
+
 struct Fiber {
-    ucontext_t context;
+    Context context;
     Ids ids;
     state st;
     op kind;
@@ -61,14 +87,14 @@ struct Fiber {
 struct Scheduler {
     Fiber* fibers = nullptr;
     char* stacks = nullptr;
+    void* threadgroup_memory = nullptr;
+    size_t threadgroup_capacity = 0;
     uint n = 0;
-    ucontext_t home;
+    Context home;
     Fiber* current = nullptr;
     Launcher launch = nullptr;
     void* const* buffers = nullptr;
-    void* threadgroup_memory = nullptr;
     uint64_t rng = 1;
-    char error[512] = {0};
 
     uint64_t next() {
         rng ^= rng << 13;
@@ -78,37 +104,194 @@ struct Scheduler {
     }
 };
 
-inline Scheduler& sched() {
-    static Scheduler s;
+// One scheduler per OS thread that runs threadgroups (index 0: the calling thread).
+inline Scheduler* schedulers() {
+    static Scheduler s[workers_max];
     return s;
 }
 
+inline Scheduler*& current_scheduler() {
+    static thread_local Scheduler* s = nullptr;
+    return s;
+}
+
+inline Scheduler& sched() { return *current_scheduler(); }
+
+// The first error of a dispatch, whichever thread found it.
+struct ErrorState {
+    pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    volatile int set = 0;
+    char text[512] = {0};
+};
+
+inline ErrorState& errors() {
+    static ErrorState e;
+    return e;
+}
+
+inline const char* error_text() { return errors().text; }
+
 inline void fail(const char* message, uint group_index) {
+    ErrorState& e = errors();
+    pthread_mutex_lock(&e.lock);
+    if (!e.set) {
+        snprintf(e.text, sizeof e.text, "threadgroup %u: %s", group_index, message);
+        __atomic_store_n(&e.set, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&e.lock);
+}
+
+inline bool failed() { return __atomic_load_n(&errors().set, __ATOMIC_ACQUIRE) != 0; }
+
+inline void to_home(Fiber* f) {
     Scheduler& s = sched();
-    if (s.error[0] == 0) snprintf(s.error, sizeof s.error, "threadgroup %u: %s", group_index, message);
+#ifdef INFER_EMU_UCONTEXT
+    swapcontext(&f->context, &s.home);
+#else
+    infer_emu_switch(&f->context, s.home);
+#endif
+}
+
+inline void to_fiber(Fiber* f) {
+    Scheduler& s = sched();
+    s.current = f;
+#ifdef INFER_EMU_UCONTEXT
+    swapcontext(&s.home, &f->context);
+#else
+    infer_emu_switch(&s.home, f->context);
+#endif
 }
 
 inline float collective(op kind, float value, uint arg) {
-    Scheduler& s = sched();
-    Fiber* f = s.current;
+    Fiber* f = sched().current;
     f->kind = kind;
     f->value = value;
     f->arg = arg;
     f->st = state::waiting;
-    swapcontext(&f->context, &s.home);
+    to_home(f);
     return f->result;
 }
 
-inline void fiber_main() {
+// Where every fiber starts; it never returns (its last switch goes home for good).
+extern "C" inline void infer_emu_fiber_main() {
     Scheduler& s = sched();
     Fiber* f = s.current;
     s.launch(s.buffers, s.threadgroup_memory, f->ids);
     f->st = state::done;
-    // returning resumes uc_link (the scheduler)
+    to_home(f);
+    __builtin_trap();
+}
+
+#ifndef INFER_EMU_UCONTEXT
+// infer_emu_switch(save, resume): pushes the callee-saved registers (and the floating-point
+// control words) on the current stack, stores the stack pointer in *save, loads `resume` and
+// pops the same frame from there. A new fiber's stack is laid out as such a frame whose return
+// address is infer_emu_fiber_main.
+#if defined(__x86_64__)
+__asm__(
+    ".text\n"
+    ".p2align 4\n"
+    ".globl infer_emu_switch\n"
+    ".type infer_emu_switch,@function\n"
+    "infer_emu_switch:\n"
+    "    pushq %rbp\n"
+    "    pushq %rbx\n"
+    "    pushq %r12\n"
+    "    pushq %r13\n"
+    "    pushq %r14\n"
+    "    pushq %r15\n"
+    "    subq $8, %rsp\n"
+    "    stmxcsr (%rsp)\n"
+    "    fnstcw 4(%rsp)\n"
+    "    movq %rsp, (%rdi)\n"
+    "    movq %rsi, %rsp\n"
+    "    ldmxcsr (%rsp)\n"
+    "    fldcw 4(%rsp)\n"
+    "    addq $8, %rsp\n"
+    "    popq %r15\n"
+    "    popq %r14\n"
+    "    popq %r13\n"
+    "    popq %r12\n"
+    "    popq %rbx\n"
+    "    popq %rbp\n"
+    "    ret\n"
+    ".size infer_emu_switch, .-infer_emu_switch\n");
+const uint frame_words = 9;  // control words, 6 registers, return address, then a fake caller's
+
+inline void* initial_frame(char* stack_top) {
+    // infer_emu_fiber_main is entered as if called: rsp + 8 aligned to 16, sp[8] its unused
+    // return address.
+    uint64_t* sp = (uint64_t*)(stack_top - frame_words * 8);
+    uint32_t mxcsr;
+    uint16_t fpucw;
+    __asm__ volatile("stmxcsr %0" : "=m"(mxcsr));
+    __asm__ volatile("fnstcw %0" : "=m"(fpucw));
+    sp[0] = uint64_t(mxcsr) | (uint64_t(fpucw) << 32);
+    for (uint i = 1; i <= 6; i++) sp[i] = 0;
+    sp[7] = (uint64_t)(void*)&infer_emu_fiber_main;
+    sp[8] = 0;
+    return sp;
+}
+#elif defined(__aarch64__)
+__asm__(
+    ".text\n"
+    ".p2align 4\n"
+    ".globl infer_emu_switch\n"
+    ".type infer_emu_switch,%function\n"
+    "infer_emu_switch:\n"
+    "    sub sp, sp, #160\n"
+    "    stp x19, x20, [sp, #0]\n"
+    "    stp x21, x22, [sp, #16]\n"
+    "    stp x23, x24, [sp, #32]\n"
+    "    stp x25, x26, [sp, #48]\n"
+    "    stp x27, x28, [sp, #64]\n"
+    "    stp x29, x30, [sp, #80]\n"
+    "    stp d8, d9, [sp, #96]\n"
+    "    stp d10, d11, [sp, #112]\n"
+    "    stp d12, d13, [sp, #128]\n"
+    "    stp d14, d15, [sp, #144]\n"
+    "    mov x2, sp\n"
+    "    str x2, [x0]\n"
+    "    mov sp, x1\n"
+    "    ldp x19, x20, [sp, #0]\n"
+    "    ldp x21, x22, [sp, #16]\n"
+    "    ldp x23, x24, [sp, #32]\n"
+    "    ldp x25, x26, [sp, #48]\n"
+    "    ldp x27, x28, [sp, #64]\n"
+    "    ldp x29, x30, [sp, #80]\n"
+    "    ldp d8, d9, [sp, #96]\n"
+    "    ldp d10, d11, [sp, #112]\n"
+    "    ldp d12, d13, [sp, #128]\n"
+    "    ldp d14, d15, [sp, #144]\n"
+    "    add sp, sp, #160\n"
+    "    ret\n"
+    ".size infer_emu_switch, .-infer_emu_switch\n");
+
+inline void* initial_frame(char* stack_top) {
+    uint64_t* sp = (uint64_t*)(stack_top - 160);
+    for (uint i = 0; i < 20; i++) sp[i] = 0;
+    sp[11] = (uint64_t)(void*)&infer_emu_fiber_main;  // x30, the link register
+    return sp;
+}
+#endif
+#endif
+
+inline void start_fiber(Scheduler& s, uint i) {
+    Fiber& f = s.fibers[i];
+    char* stack = s.stacks + size_t(i) * stack_bytes;
+#ifdef INFER_EMU_UCONTEXT
+    getcontext(&f.context);
+    f.context.uc_stack.ss_sp = stack;
+    f.context.uc_stack.ss_size = stack_bytes;
+    f.context.uc_link = &s.home;
+    makecontext(&f.context, (void (*)())infer_emu_fiber_main, 0);
+#else
+    f.context = initial_frame(stack + stack_bytes);
+#endif
+    f.st = state::runnable;
 }
 
 inline bool is_simd(op k) { return k != op::barrier; }
-
 // Completes the collective the lanes [first, first + count) of one simdgroup wait at, if every
 // lane still running waits there. Returns whether it released any lane.
 inline bool resolve_simdgroup(Fiber* lanes, uint count, uint group_index) {
@@ -161,19 +344,10 @@ inline bool resolve_simdgroup(Fiber* lanes, uint count, uint group_index) {
     return true;
 }
 
-// One threadgroup, to completion. Returns false (with sched().error set) on a violation.
-inline bool run_group(uint group_index) {
-    Scheduler& s = sched();
+// One threadgroup, to completion. Returns false (with the error set) on a violation.
+inline bool run_group(Scheduler& s, uint group_index) {
     const uint n = s.n;
-    for (uint i = 0; i < n; i++) {
-        Fiber& f = s.fibers[i];
-        getcontext(&f.context);
-        f.context.uc_stack.ss_sp = s.stacks + i * stack_bytes;
-        f.context.uc_stack.ss_size = stack_bytes;
-        f.context.uc_link = &s.home;
-        makecontext(&f.context, fiber_main, 0);
-        f.st = state::runnable;
-    }
+    for (uint i = 0; i < n; i++) start_fiber(s, i);
     uint order[threads_max];
     for (;;) {
         uint runnable = 0;
@@ -186,16 +360,13 @@ inline bool run_group(uint group_index) {
             order[i - 1] = order[j];
             order[j] = t;
         }
-        for (uint i = 0; i < runnable; i++) {
-            s.current = &s.fibers[order[i]];
-            swapcontext(&s.home, &s.current->context);
-        }
+        for (uint i = 0; i < runnable; i++) to_fiber(&s.fibers[order[i]]);
         bool progress = false;
         for (uint first = 0; first < n; first += simd_width) {
             const uint count = n - first < simd_width ? n - first : simd_width;
             progress |= resolve_simdgroup(&s.fibers[first], count, group_index);
         }
-        if (s.error[0]) return false;
+        if (failed()) return false;
         uint done = 0, at_barrier = 0;
         for (uint i = 0; i < n; i++) {
             const Fiber& f = s.fibers[i];
@@ -205,7 +376,8 @@ inline bool run_group(uint group_index) {
         if (done == n) return true;
         if (at_barrier > 0 && at_barrier + done == n) {
             if (done > 0) {
-                fail("threadgroup_barrier reached by some threads after others returned", group_index);
+                fail("threadgroup_barrier reached by some threads after others returned",
+                     group_index);
                 return false;
             }
             for (uint i = 0; i < n; i++) s.fibers[i].st = state::runnable;
@@ -219,41 +391,53 @@ inline bool run_group(uint group_index) {
     }
 }
 
-// Runs grid[0]·grid[1]·grid[2] threadgroups of tg[0]·tg[1]·tg[2] threads.
-inline int dispatch(Launcher launch, const uint* grid, const uint* tg, void* const* buffers,
-                    uint threadgroup_memory_bytes, uint64_t seed) {
-    Scheduler& s = sched();
-    s.error[0] = 0;
-    const uint n = tg[0] * tg[1] * tg[2];
-    if (n == 0 || n > threads_max) {
-        snprintf(s.error, sizeof s.error, "threadgroup size %u not in 1..%u", n, threads_max);
-        return 1;
-    }
+// A dispatch as the OS threads share it: each takes the next group of the shuffled order.
+struct Work {
+    Launcher launch;
+    const uint* grid;
+    const uint* tg;
+    void* const* buffers;
+    uint threadgroup_memory_bytes;
+    uint64_t seed;
+    const uint* group_order;
+    uint n_groups;
+    uint next_group;
+};
+
+inline uint64_t mix(uint64_t x) {  // splitmix64's finaliser
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+inline void run_groups(Scheduler& s, Work& w) {
+    current_scheduler() = &s;
+    const uint n = w.tg[0] * w.tg[1] * w.tg[2];
     if (!s.fibers) {
         s.fibers = (Fiber*)calloc(threads_max, sizeof(Fiber));
         s.stacks = (char*)malloc(threads_max * stack_bytes);
     }
-    s.n = n;
-    s.launch = launch;
-    s.buffers = buffers;
-    s.rng = seed * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull;
-    void* tg_memory = threadgroup_memory_bytes ? malloc(threadgroup_memory_bytes) : nullptr;
-    s.threadgroup_memory = tg_memory;
-    const uint n_groups = grid[0] * grid[1] * grid[2];
-    uint* group_order = (uint*)malloc(sizeof(uint) * (n_groups ? n_groups : 1));
-    for (uint g = 0; g < n_groups; g++) group_order[g] = g;
-    for (uint i = n_groups; i > 1; i--) {
-        const uint j = uint(s.next() % i);
-        const uint t = group_order[i - 1];
-        group_order[i - 1] = group_order[j];
-        group_order[j] = t;
+    if (s.threadgroup_capacity < w.threadgroup_memory_bytes) {
+        free(s.threadgroup_memory);
+        s.threadgroup_memory = malloc(w.threadgroup_memory_bytes);
+        s.threadgroup_capacity = w.threadgroup_memory_bytes;
     }
-    int rc = 0;
-    for (uint k = 0; k < n_groups && rc == 0; k++) {
-        const uint g = group_order[k];
+    s.n = n;
+    s.launch = w.launch;
+    s.buffers = w.buffers;
+    const uint* grid = w.grid;
+    const uint* tg = w.tg;
+    while (!failed()) {
+        const uint k = __atomic_fetch_add(&w.next_group, 1u, __ATOMIC_RELAXED);
+        if (k >= w.n_groups) break;
+        const uint g = w.group_order[k];
+        s.rng = mix(w.seed * 0x100000001B3ull + g) | 1;
         const uint3 gpos(g % grid[0], (g / grid[0]) % grid[1], g / (grid[0] * grid[1]));
         // Threadgroup memory starts as NaN: a read before any write shows in the result.
-        if (tg_memory) memset(tg_memory, 0xff, threadgroup_memory_bytes);
+        if (w.threadgroup_memory_bytes) {
+            memset(s.threadgroup_memory, 0xff, w.threadgroup_memory_bytes);
+        }
         for (uint i = 0; i < n; i++) {
             Ids& ids = s.fibers[i].ids;
             const uint3 t(i % tg[0], (i / tg[0]) % tg[1], i / (tg[0] * tg[1]));
@@ -269,11 +453,77 @@ inline int dispatch(Launcher launch, const uint* grid, const uint* tg, void* con
             ids.simdgroups_per_threadgroup = (n + simd_width - 1) / simd_width;
             ids.threads_per_simdgroup = simd_width;
         }
-        if (!run_group(g)) rc = 1;
+        if (!run_group(s, g)) break;
     }
+}
+
+struct WorkerStart {
+    Scheduler* s;
+    Work* w;
+};
+
+inline void* worker_main(void* arg) {
+    WorkerStart* start = (WorkerStart*)arg;
+    run_groups(*start->s, *start->w);
+    return nullptr;
+}
+
+// OS threads a dispatch may use (1: everything on the calling thread).
+inline uint& worker_count() {
+    static uint n = 1;
+    return n;
+}
+
+// Below this many groups per thread, starting threads costs more than it gains.
+const uint groups_per_worker_min = 16;
+
+// Runs grid[0]·grid[1]·grid[2] threadgroups of tg[0]·tg[1]·tg[2] threads.
+inline int dispatch(Launcher launch, const uint* grid, const uint* tg, void* const* buffers,
+                    uint threadgroup_memory_bytes, uint64_t seed) {
+    ErrorState& e = errors();
+    e.text[0] = 0;
+    e.set = 0;
+    const uint n = tg[0] * tg[1] * tg[2];
+    if (n == 0 || n > threads_max) {
+        snprintf(e.text, sizeof e.text, "threadgroup size %u not in 1..%u", n, threads_max);
+        e.set = 1;
+        return 1;
+    }
+    const uint n_groups = grid[0] * grid[1] * grid[2];
+    uint* group_order = (uint*)malloc(sizeof(uint) * (n_groups ? n_groups : 1));
+    for (uint g = 0; g < n_groups; g++) group_order[g] = g;
+    uint64_t rng = mix(seed) | 1;
+    for (uint i = n_groups; i > 1; i--) {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        const uint j = uint(rng % i);
+        const uint t = group_order[i - 1];
+        group_order[i - 1] = group_order[j];
+        group_order[j] = t;
+    }
+    Work w = {launch, grid, tg, buffers, threadgroup_memory_bytes, seed, group_order, n_groups, 0};
+    uint workers = n_groups / groups_per_worker_min;
+    if (workers > worker_count()) workers = worker_count();
+    if (workers > workers_max) workers = workers_max;
+    if (workers < 1) workers = 1;
+    pthread_t threads[workers_max];
+    WorkerStart starts[workers_max];
+    uint started = 1;
+    for (uint i = 1; i < workers; i++) {
+        starts[i] = {&schedulers()[i], &w};
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setstacksize(&attr, 1 << 20);
+        const bool ok = pthread_create(&threads[i], &attr, worker_main, &starts[i]) == 0;
+        pthread_attr_destroy(&attr);
+        if (!ok) break;
+        started++;
+    }
+    run_groups(schedulers()[0], w);
+    for (uint i = 1; i < started; i++) pthread_join(threads[i], nullptr);
     free(group_order);
-    free(tg_memory);
-    return rc;
+    return failed() ? 1 : 0;
 }
 
 // An attribute value as the parameter's declared type: a scalar takes .x, as Metal allows.
