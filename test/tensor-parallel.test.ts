@@ -6,9 +6,11 @@ import { afterAll, describe, expect, test } from "bun:test";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { loadModel } from "../ts/api/index.ts";
 import type { Backend, KvLayer } from "../ts/backend/backend.ts";
 import { CpuBackend } from "../ts/backend/cpu.ts";
 import { openGguf, type GgufFile } from "../ts/gguf/reader.ts";
+import { ncclVersion } from "../ts/native/cuda.ts";
 import { GgmlType } from "../ts/gguf/types.ts";
 import type { DecoderConfig } from "../ts/model/llama.ts";
 import type { Model } from "../ts/model/model.ts";
@@ -192,4 +194,57 @@ describe("the sharding plan", () => {
     expect(() => rankTensors(cut.tensors, cc, rankShapes(cc, 4)[1])).toThrow(
       /'blk\.0\.attn_output\.weight' \(Q4_K, 256-value blocks\) would be cut at column 128 of 512/);
   });
+});
+
+describe("--gpus", () => {
+  const path = join(dir, "gpus-llama.gguf");
+  writeFileSync(path, randomQuantGguf(llamaTp));
+  const cli = (...args: string[]) => {
+    const p = Bun.spawnSync([process.execPath, "infer.ts", "the cat", "-m", path, "-n", "4", "--temp", "0",
+      "-t", "2", ...args], { cwd: join(import.meta.dir, ".."), stdout: "pipe", stderr: "pipe", timeout: 60_000 });
+    return { code: p.exitCode, out: p.stdout.toString(), err: p.stderr.toString().trim() };
+  };
+
+  test("1 runs the model as without it (one rank: the whole model)", () => {
+    const plain = cli("--backend", "cpu"), one = cli("--backend", "cpu", "--gpus", "1");
+    expect(one.code).toBe(0);
+    expect(one.out).toBe(plain.out);
+  });
+
+  test("bad counts and unsplittable or unwired runs are refused in one line", () => {
+    const usage = cli("--gpus", "0");
+    expect(usage.code).not.toBe(0);
+    expect(usage.err).toMatch(/^infer: --gpus must be an integer from 1 to 64, got "0"/);
+    const uneven = cli("--backend", "cuda", "--gpus", "3");
+    expect(uneven.code).not.toBe(0);
+    expect(uneven.err.split("\n")).toHaveLength(1);
+    expect(uneven.err).toMatch(/3 GPUs: the model's 4 KV heads .* do not split evenly 3 ways/);
+    const cpuRanks = cli("--backend", "cpu", "--gpus", "2");
+    expect(cpuRanks.err).toMatch(/--gpus 2 runs on the CUDA backend, not cpu/);
+    const two = cli("--backend", "cuda", "--gpus", "2");
+    expect(two.code).not.toBe(0);
+    expect(two.err.split("\n")).toHaveLength(1);
+    expect(two.err).toMatch(/--gpus 2: running one model over several GPUs is not implemented yet/);
+  });
+
+  test("the library option is checked the same way", async () => {
+    const err = await loadModel(path, { backend: "cuda", gpus: 4 }).then(() => null, (e: unknown) => e);
+    expect(err).toMatchObject({ name: "InferError", code: "unsupported" });
+    expect(String((err as Error).message)).toMatch(/--gpus 4: running one model over several GPUs is not implemented yet/);
+  });
+});
+
+test("NCCL loads at run time, or is reported missing in one line", () => {
+  let version = 0, error: unknown = null;
+  try {
+    version = ncclVersion();
+  } catch (err) {
+    error = err;
+  }
+  if (error) {
+    expect(error).toMatchObject({ code: "unsupported" });
+    expect(String((error as Error).message)).toMatch(/^nccl: NCCL not available: cannot load libnccl\.so\.2 [^\n]*$/);
+  } else {
+    expect(version).toBeGreaterThanOrEqual(20000); // NCCL 2.x
+  }
 });

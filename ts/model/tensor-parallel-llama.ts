@@ -6,17 +6,16 @@
 // residual stream, the norms and the embedding are the same on every rank. The logits are
 // gathered, each rank's vocabulary rows in turn. The collectives are an interface: NCCL on GPUs,
 // host sums (HostCollective) for the CPU ranks that prove the arithmetic.
-import type { Activation, Backend, KvLayer, KvType, KvTypes } from "../backend/backend.ts";
+import type { Activation, Backend, KvLayer, KvType, KvTypes, Weight } from "../backend/backend.ts";
 import { InferError } from "../errors.ts";
+import type { GgufFile } from "../gguf/reader.ts";
 import {
-  decoderBuffers, ffnWeights, gatedFfn, selfAttention, setBatchInputs, WeightTable,
+  decoderBuffers, ffnWeights, forwardOne, gatedFfn, selfAttention, setBatchInputs, WeightTable,
   type DecoderBuffers, type FfnWeights,
 } from "./layers.ts";
 import { loadAttentionHalf, type AttentionHalf, type DecoderConfig } from "./llama.ts";
 import type { Batch, ForwardOptions, LogitsSink, Model, ModelInfo } from "./model.ts";
 import type { RankShape } from "./tensor-parallel.ts";
-import type { GgufFile } from "../gguf/reader.ts";
-import { forwardOne } from "./layers.ts";
 
 /** The two collectives a tensor-parallel step needs, over one activation per rank. */
 export interface Collective {
@@ -48,7 +47,7 @@ export class ShardedKvLayer implements KvLayer {
 }
 
 interface RankLayer extends AttentionHalf {
-  readonly ffnNorm: AttentionHalf["attentionNorm"];
+  readonly ffnNorm: Weight;
   readonly ffn: FfnWeights;
 }
 
@@ -56,9 +55,10 @@ interface RankState {
   readonly be: Backend;
   readonly shape: RankShape;
   readonly blocks: readonly RankLayer[];
-  readonly embedding: AttentionHalf["attentionNorm"];
-  readonly outputNorm: AttentionHalf["attentionNorm"];
-  readonly head: AttentionHalf["attentionNorm"];
+  readonly embedding: Weight;
+  readonly outputNorm: Weight;
+  /** This rank's vocabulary rows of the LM head. */
+  readonly head: Weight;
   readonly buf: DecoderBuffers;
   logits: Activation | null;
 }
