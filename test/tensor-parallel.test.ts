@@ -139,6 +139,33 @@ describe("tensor-parallel forward on CPU ranks equals the whole model", () => {
   }
 });
 
+test("a batch of two sequences on 2 ranks gives each its logits alone on the whole model", () => {
+  const file = open("batch-llama", randomQuantGguf(llamaTp)), plan = planModel(file);
+  const config = plan.shape as DecoderConfig, be = cpu(), wholeModel = plan.build(be, MAX_BATCH);
+  const prompts = [PROMPT, [2, 270, 263, 40, 9]];
+  const alone = prompts.map((p) => wholeModel.forward(p, p.length, 0,
+    config.kvShapes.map((s) => be.kvLayer(CELLS, s.kvHeads, s.headDim, "f32", false))).slice());
+  const ranks = rankShapes(config, 2).map((shape) => ({ shape, be: cpu(),
+    file: open(`batch-llama-rank${shape.rank}`, rankGguf(file, config, shape)) }));
+  const model = new TensorParallelLlama(config, ranks, new HostCollective(ranks.map((r) => r.be)), MAX_BATCH);
+  const caches = prompts.map(() => model.cache(CELLS, "f32"));
+  // Each sequence's last row needs logits: the body of the first, then both last rows.
+  const body = prompts[0].slice(0, -1), tokens = [...body, ...prompts[1].slice(0, -1),
+    prompts[0].at(-1)!, prompts[1].at(-1)!];
+  const got: Float32Array[] = [];
+  model.forwardBatch({ tokens, logitRows: 2, segments: [
+    { rows: body.length, position: 0, cache: caches[0] },
+    { rows: prompts[1].length - 1, position: 0, cache: caches[1] },
+    { rows: 1, position: body.length, cache: caches[0] },
+    { rows: 1, position: prompts[1].length - 1, cache: caches[1] },
+  ] }, (_first, rows, logits) => {
+    for (let r = 0; r < rows; r++) got.push(logits.slice(r * config.vocab, (r + 1) * config.vocab));
+  });
+  expect(got).toHaveLength(2);
+  const { worst, scale } = relativeDifference(got, alone);
+  expect(worst / scale).toBeLessThan(RELATIVE_LOGIT_BOUND);
+});
+
 describe("the sharding plan", () => {
   const file = open("plan-llama", randomQuantGguf(llamaTp));
   const config = planModel(file).shape;
