@@ -7,7 +7,8 @@ import { listenError } from "../serve/http.ts";
 import { startServer } from "../serve/server.ts";
 import { parseCommand } from "./args.ts";
 import {
-  backendOption, cacheTypeOption, floatOption, gpusOption, intOption, speculationHelp, speculationLoad,
+  backendOption, cacheTypeOption, floatOption, gpusOption, intOption, speculationHelp,
+  speculationLoad,
   threadsOption,
 } from "./options.ts";
 
@@ -74,7 +75,8 @@ export async function serveCommand(argv: string[]): Promise<number> {
     options: {
       model: { type: "string", short: "m" }, host: { type: "string" }, port: { type: "string" },
       ctx: { type: "string", short: "c" }, "ctx-size": { type: "string" },
-      threads: { type: "string", short: "t" }, backend: { type: "string" }, gpus: { type: "string" },
+      threads: { type: "string", short: "t" }, backend: { type: "string" },
+      gpus: { type: "string" },
       "api-key": { type: "string" }, queue: { type: "string" }, "max-body": { type: "string" },
       "model-id": { type: "string" }, help: { type: "boolean", short: "h" },
       parallel: { type: "string" }, "prefill-chunk": { type: "string" },
