@@ -17,6 +17,7 @@
 //       [--batch-mma 0,2: the batches under each INFER_CUDA_BATCH_MMA, interleaved; GPU µs of each step]
 //       [--sweep 24,144,1024,4096: GPU µs of a decode step at each context (needs --ctx past the last)]
 //       [--file a.gguf,b.gguf: these files instead of the random-weight shapes]
+//       [--gpus N: split each model over N GPUs (tensor parallelism; bench/tensor-parallel.sh)]
 import { statSync } from "node:fs";
 import { basename } from "node:path";
 import { CudaBackend } from "../ts/backend/cuda.ts";
@@ -113,6 +114,8 @@ const runs = Number(arg("--runs", "3")), gen = Number(arg("--gen", "128"));
 const prefillLength = Number(arg("--prefill", "512")), check = Number(arg("--check", "0"));
 const ctx = Number(arg("--ctx", "2048")), variants = arg("--variants", "0") === "1";
 const depth = Number(arg("--depth", "0"));
+// GPUs the model is split over (tensor parallelism, ts/engine/gpus.ts); absent: not asked.
+const gpus = arg("--gpus", "") === "" ? undefined : Number(arg("--gpus", ""));
 const sweep = arg("--sweep", "").split(",").filter((c) => c !== "").map(Number);
 const batches = arg("--batches", "").split(",").filter((b) => b !== "").map(Number);
 const batchMma = arg("--batch-mma", String(setting("INFER_CUDA_BATCH_MMA"))).split(",").map(Number);
@@ -141,7 +144,8 @@ for (const key of files.length ? [] : models) {
 }
 for (const { label, quant, path } of targets) {
   const bytes = statSync(path).size;
-  const open = () => Engine.open({ modelPath: path, backend: "cuda", contextLength: ctx, batch: prefillBatch });
+  const open = () => Engine.open({ modelPath: path, backend: "cuda", contextLength: ctx, batch: prefillBatch,
+    gpus });
   const t0 = performance.now();
   const engine = withGraphs(true, open);
   const loadMs = performance.now() - t0;

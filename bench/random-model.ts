@@ -74,6 +74,10 @@ export const largeShapes: readonly RandomShape[] = [
     ...randomShapes[1], key: "llama-3.1-8b", label: "Llama-3.1-8B-shape", layers: 32, embedding: 4096,
     feedForward: 14336, heads: 32, kvHeads: 8, headDim: 128,
   },
+  { // tensor parallelism's bench (bench/tensor-parallel.sh): Q8_0 (~75 GB) outgrows one H100
+    ...randomShapes[1], key: "llama-3.1-70b", label: "Llama-3.1-70B-shape", layers: 80, embedding: 8192,
+    feedForward: 28672, heads: 64, kvHeads: 8, headDim: 128,
+  },
 ];
 
 /** A shape by key, default or large. */

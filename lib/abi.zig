@@ -312,3 +312,18 @@ pub const CudaAttentionArgs = extern struct {
 comptime {
     std.debug.assert(@sizeOf(CudaAttentionArgs) == 160);
 }
+
+/// infer_nccl_all_reduce and infer_nccl_all_gather: one rank's collective on its communicator
+/// (infer_nccl_comms_init) and stream; `count` elements of `kind` (0 = f32, 1 = f16) from send
+/// (all-gather: each rank's count, into recv of ranks × count). send may equal recv.
+pub const NcclCollectiveArgs = extern struct {
+    comm: u64,
+    stream: u64,
+    send: u64,
+    recv: u64,
+    count: u64,
+    kind: u32 = 0,
+};
+comptime {
+    std.debug.assert(@sizeOf(NcclCollectiveArgs) == 48);
+}

@@ -5,6 +5,7 @@
 //! then fails cleanly.
 const abi = @import("../abi.zig");
 const cuda = @import("../cuda/cuda.zig");
+const nccl = @import("../cuda/nccl.zig");
 
 /// Loads libcuda, takes device `device` and loads the kernels (a fatbin) at path.
 export fn infer_cuda_init(path_ptr: [*]const u8, path_len: usize, device: i32) i32 {
@@ -258,4 +259,51 @@ export fn infer_cuda_argmax(x: u64, n: u64, scratch: u64, out: u64) i32 {
 test {
     _ = cuda;
     _ = cuda.ops;
+}
+// ---- NCCL (lib/cuda/nccl.zig): several GPUs of one host ----------------------------------------
+
+/// Loads libnccl.so.2 (once); `unsupported` with one line where it is missing.
+export fn infer_nccl_load() i32 {
+    return nccl.load();
+}
+
+/// NCCL's version code (major*10000 + minor*100 + patch).
+export fn infer_nccl_version(out: *i32) i32 {
+    return nccl.version(out);
+}
+
+/// One communicator per device 0 .. devices - 1, all in this process, into comms_out.
+export fn infer_nccl_comms_init(devices: u32, comms_out: [*]u64) i32 {
+    return nccl.initAll(comms_out[0..devices]);
+}
+
+/// A unique id (128 bytes) for infer_nccl_comm_init_rank, made by rank 0 of a process per GPU.
+export fn infer_nccl_unique_id(out: *[128]u8) i32 {
+    return nccl.uniqueId(out);
+}
+
+/// This process's communicator: rank `rank` of `ranks` under unique id `id`.
+export fn infer_nccl_comm_init_rank(id: *const [128]u8, ranks: u32, rank: u32, comm_out: *u64) i32 {
+    return nccl.initRank(id, ranks, rank, comm_out);
+}
+
+export fn infer_nccl_comm_destroy(comm: u64) i32 {
+    return nccl.destroy(comm);
+}
+
+/// Collectives of several ranks issued from one thread go between a group's start and end.
+export fn infer_nccl_group_start() i32 {
+    return nccl.groupStart();
+}
+
+export fn infer_nccl_group_end() i32 {
+    return nccl.groupEnd();
+}
+
+export fn infer_nccl_all_reduce(args: *const abi.NcclCollectiveArgs) i32 {
+    return nccl.allReduceSum(args.comm, args.stream, args.send, args.recv, args.count, args.kind);
+}
+
+export fn infer_nccl_all_gather(args: *const abi.NcclCollectiveArgs) i32 {
+    return nccl.allGather(args.comm, args.stream, args.send, args.recv, args.count, args.kind);
 }

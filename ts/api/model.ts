@@ -23,6 +23,11 @@ export interface LoadOptions {
   readonly backend?: BackendKind;
   /** CPU threads (default: physical cores). */
   readonly threads?: number;
+  /**
+   * GPUs of this host to split the model over (tensor parallelism; default 1). Checked against
+   * the model's heads and quant blocks; more than 1 is refused for now (docs/cuda.md, "Several GPUs").
+   */
+  readonly gpus?: number;
   /** Positions each sequence's KV cache holds (default: min(4096, the model's)). */
   readonly contextLength?: number;
   /**
@@ -91,7 +96,8 @@ export async function loadModel(nameOrPath: string = DEFAULT_MODEL.name,
   const path = await ensureModel(nameOrPath,
     onProgress ? { onProgress, onNote: () => {} } : {});
   const thread = await EngineThread.open({
-    modelPath: path, backend, threads: options.threads, contextLength: options.contextLength,
+    modelPath: path, backend, gpus: options.gpus, threads: options.threads,
+    contextLength: options.contextLength,
     cacheTypeK: options.cacheTypeK, cacheTypeV: options.cacheTypeV,
     parallel: options.parallel ?? 4, prefixCacheBytes: options.prefixCacheBytes,
     speculation: speculationOf(options),

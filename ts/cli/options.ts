@@ -38,6 +38,7 @@ export const generationOptions = {
   "cache-type-k": { type: "string" },
   "cache-type-v": { type: "string" },
   backend: { type: "string" },
+  gpus: { type: "string" },
   quiet: { type: "boolean", short: "q" },
   verbose: { type: "boolean", short: "v" },
   help: { type: "boolean", short: "h" },
@@ -56,6 +57,7 @@ export function generationHelp(defaultTokens: string): string {
   -t, --threads N        CPU threads (default: physical cores; capped to the CPUs)
   --backend B            cpu, cuda, metal, or auto: Metal on Apple silicon, else CUDA when
                          available, else the CPU (default: auto)
+  --gpus N               GPUs to split the model over (default 1; more not yet: docs/cuda.md)
 
 generation (defaults are llama.cpp's):
   -n N                   tokens to generate; -1: no limit, the context shifting when full
@@ -232,9 +234,16 @@ export function checkLogitBias(sampling: SamplerOptions, vocabSize: number): voi
   }
 }
 
+/** --gpus N: GPUs to split the model over (ts/engine/gpus.ts); absent: not asked. */
+export function gpusOption(value: string | undefined): number | undefined {
+  return value === undefined ? undefined : intOption(value, "--gpus", 1, 1, 64);
+}
+
 export function engineSettings(v: Values): {
-  threads: number; contextLength?: number; backend: BackendKind; cacheTypeK?: KvType; cacheTypeV?: KvType } {
+  threads: number; contextLength?: number; backend: BackendKind; gpus?: number; cacheTypeK?: KvType;
+  cacheTypeV?: KvType } {
   return {
+    gpus: gpusOption(v.gpus),
     threads: threadsOption(v.threads),
     contextLength: v["ctx-size"] === undefined ? undefined
       : intOption(v["ctx-size"], "--ctx-size", 0, 1),

@@ -7,7 +7,8 @@ import { listenError } from "../serve/http.ts";
 import { startServer } from "../serve/server.ts";
 import { parseCommand } from "./args.ts";
 import {
-  backendOption, cacheTypeOption, floatOption, intOption, speculationHelp, speculationLoad,
+  backendOption, cacheTypeOption, floatOption, gpusOption, intOption, speculationHelp,
+  speculationLoad,
   threadsOption,
 } from "./options.ts";
 
@@ -53,6 +54,7 @@ ${speculationHelp.trimEnd()}
                          (for requests without infer's own fields "spec" and "draft_max")
   -t, --threads N        CPU threads (default: physical cores)
   --backend B            cpu, cuda, metal or auto: a GPU when available (default: auto)
+  --gpus N               GPUs to split the model over (default 1; more not yet: docs/cuda.md)
   --api-key KEY          require 'Authorization: Bearer KEY' on /v1/* (also: INFER_API_KEY)
   --queue N              requests that may wait for a slot (default 16)
   --max-body BYTES       largest request body (default 1048576)
@@ -74,6 +76,7 @@ export async function serveCommand(argv: string[]): Promise<number> {
       model: { type: "string", short: "m" }, host: { type: "string" }, port: { type: "string" },
       ctx: { type: "string", short: "c" }, "ctx-size": { type: "string" },
       threads: { type: "string", short: "t" }, backend: { type: "string" },
+      gpus: { type: "string" },
       "api-key": { type: "string" }, queue: { type: "string" }, "max-body": { type: "string" },
       "model-id": { type: "string" }, help: { type: "boolean", short: "h" },
       parallel: { type: "string" }, "prefill-chunk": { type: "string" },
@@ -98,7 +101,7 @@ export async function serveCommand(argv: string[]): Promise<number> {
   const server = await startServer({
     modelPath, host, port,
     contextLength: ctx === undefined ? undefined : intOption(ctx, "--ctx", 0, 1),
-    threads, backend,
+    threads, backend, gpus: gpusOption(values.gpus),
     cacheTypeK: cacheTypeOption(values["cache-type-k"], "--cache-type-k"),
     cacheTypeV: cacheTypeOption(values["cache-type-v"], "--cache-type-v"),
     contextShift: values["context-shift"] ?? false,

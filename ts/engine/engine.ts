@@ -17,6 +17,7 @@ import { planModel } from "../model/registry.ts";
 import { defaultThreads } from "../native/cpu-cores.ts";
 import { tokenizerFromMetadata, type Tokenizer } from "../tokenizer/index.ts";
 import type { GenerateOptions, GenerateResult } from "./generation.ts";
+import { checkGpus } from "./gpus.ts";
 import {
   createKvCache, createSlot, reusablePrefix, rewindSlot, type KvCache, type Slot,
 } from "./kv-cache.ts";
@@ -44,6 +45,8 @@ export interface EngineOptions {
   readonly cacheTypeV?: KvType;
   /** cpu, cuda, metal or auto (a GPU when available); default cpu. */
   readonly backend?: BackendKind;
+  /** GPUs the model is split over (tensor parallelism, gpus.ts); default 1. */
+  readonly gpus?: number;
   /** Called as the model's tensors are prepared (done of total). */
   readonly onProgress?: (done: number, total: number) => void;
 }
@@ -72,6 +75,7 @@ export class Engine {
     const file = openGguf(options.modelPath);
     let backend: Backend | null = null, backendWhy = "";
     try {
+      if (options.gpus !== undefined) checkGpus(options.gpus, options.backend ?? "cpu", planModel(file).shape, file);
       const chosen = chooseBackend(options.backend ?? "cpu");
       backend = chosen.backend;
       backendWhy = chosen.why;

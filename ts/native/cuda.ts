@@ -93,3 +93,16 @@ export function cudaCaptureEnd(): number {
   check(native().infer_cuda_capture_end(out), "CUDA graph capture");
   return Number(out[0]);
 }
+
+/**
+ * Loads NCCL (libnccl.so.2, at run time, for several GPUs: lib/cuda/nccl.zig) and returns its
+ * version code (major*10000 + minor*100 + patch); throws InferError "NCCL not available: …"
+ * (code unsupported) where it is missing.
+ */
+export function ncclVersion(): number {
+  const lib = native();
+  check(lib.infer_nccl_load(), "nccl");
+  const out = new Int32Array(1);
+  check(lib.infer_nccl_version(out), "nccl version");
+  return out[0];
+}

@@ -17,6 +17,8 @@ export interface OpenSettings {
   readonly cacheTypeK?: KvType;
   readonly cacheTypeV?: KvType;
   readonly backend?: BackendKind;
+  /** GPUs the model is split over (default 1; EngineOptions.gpus). */
+  readonly gpus?: number;
   /** The native library the main thread chose, for a worker in the single executable. */
   readonly library?: string;
   /** Sequences decoded together (default 1). */

@@ -32,6 +32,8 @@ export interface ServeOptions {
   readonly contextLength?: number;
   readonly threads?: number;
   readonly backend?: BackendKind;
+  /** GPUs the model is split over (EngineOptions.gpus). */
+  readonly gpus?: number;
   /** Requests must carry `Authorization: Bearer KEY` (/health and /metrics excepted). */
   readonly apiKey?: string | null;
   /** Requests decoded together, each in its own KV-cache slot (default 1). */
@@ -135,6 +137,7 @@ function decodePath(segment: string): string {
 export async function startServer(o: ServeOptions): Promise<InferServer> {
   const thread = await EngineThread.open({
     modelPath: o.modelPath, threads: o.threads, contextLength: o.contextLength, backend: o.backend,
+    gpus: o.gpus,
     cacheTypeK: o.cacheTypeK, cacheTypeV: o.cacheTypeV,
     parallel: o.parallel ?? 1, prefillChunk: o.prefillChunk, prefixCacheBytes: o.prefixCacheBytes,
     speculation: o.speculation, draftModel: o.draftModel, stall: o.stallForTests,
