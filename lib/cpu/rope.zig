@@ -286,6 +286,31 @@ test "YaRN angles follow the f64 formula (gpt-oss: factor 32, original context 4
     }
 }
 
+test "YaRN rotations compose: rope(p) then rope(-d) with mscale divided out equals rope(p - d)" {
+    // The context shift (ts/backend/cpu.ts rotatedKeys) re-rotates stored keys this way.
+    const base = Params{
+        .n_heads = 2,
+        .head_dim = 64,
+        .n_rot = 64,
+        .freq_base = 150000,
+        .freq_scale = 1.0 / 32.0,
+        .mode = .neox,
+        .ext_factor = 1,
+        .corr_dims = yarnCorrDims(64, 4096, 150000, 32, 1),
+    };
+    var shift = base;
+    shift.attn_factor = 1 / (1 + 0.1 * logf(32));
+    var prng = std.Random.DefaultPrng.init(9);
+    const rand = prng.random();
+    var a: [128]f32 = undefined;
+    for (&a) |*v| v.* = rand.float(f32) * 2 - 1;
+    var b = a;
+    rope(&a, &[_]i32{300}, base);
+    rope(&a, &[_]i32{-120}, shift);
+    rope(&b, &[_]i32{180}, base);
+    for (a, b) |x, y| try std.testing.expectApproxEqAbs(y, x, 2e-4);
+}
+
 test "position 0 and dims beyond n_rot are unchanged" {
     var x = [_]f32{ 1, 2, 3, 4, 5, 6 };
     const params = Params{
