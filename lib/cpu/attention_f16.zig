@@ -760,7 +760,7 @@ test "batched order: tinyBLAS's sums (one 16-lane FMA chain), not ggml_vec_dot_f
                 scores_buf[c] = reduce16(lanes);
                 max = @max(max, scores_buf[c]);
             }
-            normalizeF16(scores_buf, runs.constSlice(), lo, hi, max);
+            normalizeF16(scores_buf, runs.constSlice(), lo, hi, max, null);
             for (0..d) |i| {
                 var lanes: L16 = @splat(0);
                 for (begin..end) |c| lanes[c % 16] = @mulAdd(f32, @as(f32, v[c * d + i]), scores_buf[c], lanes[c % 16]);
