@@ -71,7 +71,9 @@ comptime {
 /// infer_rope: x[n_tok][n_heads][head_dim]; mode 0 = normal (pairs 2i, 2i+1), 2 = NeoX (pairs
 /// i, i + n_rot/2); theta_i = pos · freq_scale · freq_base^(-2i/n_rot); dims from n_rot kept.
 /// attn_factor multiplies the cosines and sines (ggml's mscale: LongRoPE's attention factor), so
-/// the rotated dims come out scaled by it; 1 for a plain rotation.
+/// the rotated dims come out scaled by it; 1 for a plain rotation. ext_factor != 0 turns on YaRN
+/// as ggml's rope_yarn (gpt-oss): the correction dims from n_ctx_orig, beta_fast and beta_slow,
+/// the angles blended by ext_factor, and the mscale times 1 + 0.1·ln(1/freq_scale).
 pub const RopeShape = extern struct {
     n_tok: u64,
     n_heads: u64,
@@ -81,9 +83,13 @@ pub const RopeShape = extern struct {
     freq_scale: f32,
     mode: u32,
     attn_factor: f32,
+    ext_factor: f32 = 0,
+    beta_fast: f32 = 32,
+    beta_slow: f32 = 1,
+    n_ctx_orig: u32 = 0,
 };
 comptime {
-    std.debug.assert(@sizeOf(RopeShape) == 48);
+    std.debug.assert(@sizeOf(RopeShape) == 64);
 }
 
 /// infer_moe_ffn: n_tok tokens' mixture-of-experts FFN over the n_used experts each chose. The

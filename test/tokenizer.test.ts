@@ -7,6 +7,7 @@ import { join } from "node:path";
 import { InferError } from "../ts/errors.ts";
 import { openGguf } from "../ts/gguf/reader.ts";
 import { tokenizerFromMetadata, type Tokenizer } from "../ts/tokenizer/index.ts";
+import { preSplit, preTokenizer } from "../ts/tokenizer/pretokenize.ts";
 import { cleanSpaces } from "../ts/tokenizer/stream.ts";
 
 interface Case {
@@ -162,6 +163,29 @@ for (const pre of ["llama-bpe", "qwen2"]) {
     });
   });
 }
+
+describe("the o200k pre-tokenizer (gpt-4o: gpt-oss)", () => {
+  // Expected pieces: Hugging Face tokenizers' Split on gpt-oss's tokenizer.json regex (recorded
+  // by hand with tokenizers 0.22). llama.cpp has no scanner for it and runs its lookahead form
+  // over category-collapsed text (src/unicode.cpp), as infer does: there a non-ASCII capital is
+  // any letter, so " ÉCOLE" splits after "É" where the real \p{Lu} keeps it whole (read from
+  // llama.cpp's code; not run against it).
+  const cases: [string, string[]][] = [
+    ["Hello WORLDs don't HelloWorld 12345 x\n\n y ...//\n", ["Hello", " WORLDs", " don't", " Hello",
+      "World", " ", "123", "45", " x", "\n\n", " y", " ...//\n"]],
+    ["I'M here, THEY'RE there; camelCaseWord ABCdef", ["I'M", " here", ",", " THEY'RE", " there",
+      ";", " camel", "Case", "Word", " ABCdef"]],
+    ["  tabs\tand   spaces  \r\n end", [" ", " tabs", "\tand", "  ", " spaces", "  \r\n", " end"]],
+    ["\u4e16\u754c 2024-12-07 $100", ["\u4e16\u754c", " ", "202", "4", "-", "12", "-", "07", " $", "100"]],
+    ["caf\u00e9 na\u00efve \u00fcber", ["caf\u00e9", " na\u00efve", " \u00fcber"]],
+  ];
+  for (const [text, pieces] of cases) {
+    test(JSON.stringify(text), () => expect(preSplit(preTokenizer("gpt-4o"), text)).toEqual(pieces));
+  }
+  test("a non-ASCII capital splits as in llama.cpp's collapsed regex", () => {
+    expect(preSplit(preTokenizer("gpt-4o"), " \u00c9COLE")).toEqual([" \u00c9", "COLE"]);
+  });
+});
 
 describe("clean-up of spaces (llama-bpe detokenization) while streaming", () => {
   test("cutting the stream anywhere gives the whole-text result", () => {

@@ -66,16 +66,37 @@ fn silu(x: f32) f32 {
     return x / (1 + @exp(-x));
 }
 
-pub const Gate = enum { gelu_tanh, silu };
+pub const Gate = enum { gelu_tanh, silu, swiglu_oai };
+
+extern "c" fn expf(x: f32) f32;
+
+/// gpt-oss's SwiGLU constants (llama.cpp's LLM_FFN_SWIGLU_OAI_MOE, transformers' GptOssExperts).
+pub const oai_alpha: f32 = 1.702;
+pub const oai_limit: f32 = 7.0;
+
+/// ggml_compute_forward_swiglu_oai_f32, one value: the gate clamped above, the up clamped both
+/// ways and shifted by one, libm's expf as ggml calls it.
+pub fn swigluOai(g: f32, u: f32) f32 {
+    const x = @min(g, oai_limit);
+    const y = std.math.clamp(u, -oai_limit, oai_limit);
+    const glu = x / (1 + expf(oai_alpha * (-x)));
+    return glu * (y + 1);
+}
+
+pub fn swigluOaiReference(g: f32, u: f32) f32 {
+    const x: f64 = @min(g, oai_limit);
+    const y: f64 = std.math.clamp(u, -oai_limit, oai_limit);
+    return @floatCast(x / (1 + @exp(-@as(f64, oai_alpha) * x)) * (y + 1));
+}
 
 /// out = act(gate) · up; `out` may alias `gate` or `up`.
 pub fn gatedReference(kind: Gate, gate: []const f32, up: []const f32, out: []f32) void {
     for (gate, up, out) |g, u, *o| {
-        const a = switch (kind) {
-            .gelu_tanh => geluReference(g),
-            .silu => siluReference(g),
+        o.* = switch (kind) {
+            .gelu_tanh => geluReference(g) * u,
+            .silu => siluReference(g) * u,
+            .swiglu_oai => swigluOaiReference(g, u),
         };
-        o.* = a * u;
     }
 }
 
@@ -96,13 +117,14 @@ pub fn gated(kind: Gate, gate: []const f32, up: []const f32, out: []f32) void {
             const u: L16 = up[i..][0..16].*;
             out[i..][0..16].* = siluV(g) * u;
         },
+        .swiglu_oai => {}, // one value at a time below, as ggml computes it
     }
     while (i < gate.len) : (i += 1) {
-        const a = switch (kind) {
-            .gelu_tanh => gelu(gate[i]),
-            .silu => silu(gate[i]),
+        out[i] = switch (kind) {
+            .gelu_tanh => gelu(gate[i]) * up[i],
+            .silu => silu(gate[i]) * up[i],
+            .swiglu_oai => swigluOai(gate[i], up[i]),
         };
-        out[i] = a * up[i];
     }
 }
 
@@ -194,7 +216,7 @@ test "gated activations match the f64 reference" {
         for (gate) |*x| x.* = rand.float(f32) * 24 - 12;
         for (up) |*x| x.* = rand.float(f32) * 2 - 1;
         if (n > 1) gate[0] = -100; // exp overflows to inf: the result must be -0, not NaN
-        for ([_]Gate{ .gelu_tanh, .silu }) |kind| {
+        for ([_]Gate{ .gelu_tanh, .silu, .swiglu_oai }) |kind| {
             gatedReference(kind, gate, up, want);
             gated(kind, gate, up, got);
             try expectClose(want, got, 2e-6);
@@ -203,6 +225,16 @@ test "gated activations match the f64 reference" {
             try expectClose(want, got, 2e-6);
         }
     }
+}
+
+test "swiglu_oai clamps the gate above and the up both ways" {
+    // g = 9 → 7 · σ(11.914); u = -9 → -7 + 1 = -6; u = 9 → 8.
+    const want_hi: f32 = 7.0 / (1.0 + @exp(-1.702 * 7.0));
+    try std.testing.expectApproxEqRel(want_hi * -6, swigluOai(9, -9), 1e-6);
+    try std.testing.expectApproxEqRel(want_hi * 8, swigluOai(100, 9), 1e-6);
+    // A very negative gate is not clamped below: its GLU goes to -0 and the product stays finite.
+    try std.testing.expect(swigluOai(-1000, 3) == 0);
+    try std.testing.expectApproxEqRel(swigluOaiReference(0.5, 0.25), swigluOai(0.5, 0.25), 1e-6);
 }
 
 test "softmax, add and scale match the scalar loops" {

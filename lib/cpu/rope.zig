@@ -7,7 +7,9 @@
 //! in f32 by theta_scale = powf(base, -2.0f/n_rot) once per pair, then divided by the frequency
 //! factor and multiplied by freq_scale (rope_yarn with ext_factor 0, mscale attn_factor: the
 //! cosines and sines are multiplied by it, 1 unless LongRoPE scales attention), with the C
-//! library's sinf/cosf; each rotation is contracted into an FMA the way the compiled ggml does
+//! library's sinf/cosf; with YaRN (ext_factor != 0, gpt-oss) each angle is blended between the
+//! interpolated and the extrapolated one by ggml's ramp over the correction dims and mscale gains
+//! 1 + 0.1·ln(1/freq_scale), as rope_yarn computes them; each rotation is contracted into an FMA the way the compiled ggml does
 //! (x0·c − x1·s → fma(x0, c, −x1·s)), so results equal llama.cpp's bit for bit.
 const std = @import("std");
 
@@ -30,6 +32,9 @@ pub const Params = struct {
     mode: Mode,
     /// Per-pair divisors of theta (Llama 3 "rope_freqs"), n_rot/2 of them, or null.
     freq_factors: ?[]const f32 = null,
+    /// YaRN's extrapolation mix (ggml's ext_factor; 0: none) and its correction dims (yarnCorrDims).
+    ext_factor: f32 = 0,
+    corr_dims: [2]f32 = .{ 0, 0 },
 };
 
 // The C library's powf/sinf/cosf, as ggml calls them: their results differ from correctly
@@ -38,6 +43,29 @@ pub const Params = struct {
 extern "c" fn powf(x: f32, y: f32) f32;
 extern "c" fn sinf(x: f32) f32;
 extern "c" fn cosf(x: f32) f32;
+extern "c" fn logf(x: f32) f32;
+
+/// ggml_rope_yarn_corr_dim: the pair index whose wavelength turns `n_rot_turns` times over the
+/// original context (n_dims · ln(n_ctx_orig / (turns · 2π)) / (2 · ln base)), in f32.
+fn yarnCorrDim(n_dims: usize, n_ctx_orig: u32, turns: f32, base: f32) f32 {
+    const dims: f32 = @floatFromInt(n_dims);
+    const ctx: f32 = @floatFromInt(n_ctx_orig);
+    return dims * logf(ctx / (turns * 2 * @as(f32, std.math.pi))) / (2 * logf(base));
+}
+
+/// ggml_rope_yarn_corr_dims: the pairs between which YaRN ramps from extrapolation (fast
+/// rotations, beta_fast turns) to interpolation (slow ones, beta_slow turns).
+pub fn yarnCorrDims(n_rot: usize, n_ctx_orig: u32, freq_base: f32, beta_fast: f32, beta_slow: f32) [2]f32 {
+    const start = @floor(yarnCorrDim(n_rot, n_ctx_orig, beta_fast, freq_base));
+    const end = @ceil(yarnCorrDim(n_rot, n_ctx_orig, beta_slow, freq_base));
+    return .{ @max(0, start), @min(@as(f32, @floatFromInt(n_rot - 1)), end) };
+}
+
+/// rope_yarn_ramp: 1 for pairs below low (extrapolated), 0 above high (interpolated).
+fn yarnRamp(low: f32, high: f32, i: usize) f32 {
+    const y = (@as(f32, @floatFromInt(i)) - low) / @max(0.001, high - low);
+    return 1 - @min(1, @max(0, y));
+}
 
 /// powf(base, -2/n_rot), in f32 as ggml_rope_cache_init computes it.
 fn thetaScale(freq_base: f32, n_rot: usize) f32 {
@@ -51,11 +79,18 @@ pub fn angles(params: Params, pos: i32, cos_out: []f32, sin_out: []f32) void {
     std.debug.assert(cos_out.len >= half and sin_out.len >= half);
     const theta_scale = thetaScale(params.freq_base, params.n_rot);
     var theta: f32 = @floatFromInt(pos);
+    var mscale = params.attn_factor;
+    if (params.ext_factor != 0) mscale *= 1.0 + 0.1 * logf(1.0 / params.freq_scale);
     for (0..half) |i| {
         const ff: f32 = if (params.freq_factors) |f| f[i] else 1.0;
-        const angle: f32 = params.freq_scale * (theta / ff);
-        cos_out[i] = cosf(angle) * params.attn_factor;
-        sin_out[i] = sinf(angle) * params.attn_factor;
+        const extrapolated = theta / ff;
+        var angle: f32 = params.freq_scale * extrapolated;
+        if (params.ext_factor != 0) {
+            const mix = yarnRamp(params.corr_dims[0], params.corr_dims[1], i) * params.ext_factor;
+            angle = angle * (1 - mix) + extrapolated * mix;
+        }
+        cos_out[i] = cosf(angle) * mscale;
+        sin_out[i] = sinf(angle) * mscale;
         theta *= theta_scale;
     }
 }
@@ -222,6 +257,58 @@ test "angles follow theta = pos * base^(-2i/n_rot)" {
         try std.testing.expectApproxEqAbs(@as(f32, @floatCast(@cos(theta))), cos[i], 2e-6);
         try std.testing.expectApproxEqAbs(@as(f32, @floatCast(@sin(theta))), sin[i], 2e-6);
     }
+}
+
+test "YaRN angles follow the f64 formula (gpt-oss: factor 32, original context 4096)" {
+    var cos: [32]f32 = undefined;
+    var sin: [32]f32 = undefined;
+    const corr = yarnCorrDims(64, 4096, 150000, 32, 1);
+    try std.testing.expectEqual([2]f32{ 8, 18 }, corr);
+    const params = Params{
+        .n_heads = 1,
+        .head_dim = 64,
+        .n_rot = 64,
+        .freq_base = 150000,
+        .freq_scale = 1.0 / 32.0,
+        .mode = .neox,
+        .ext_factor = 1,
+        .corr_dims = corr,
+    };
+    angles(params, 37, &cos, &sin);
+    const mscale = 1 + 0.1 * @log(32.0);
+    for (0..32) |i| {
+        const fi: f64 = @floatFromInt(i);
+        const extrapolated = 37 * std.math.pow(f64, 150000, -2.0 * fi / 64);
+        const ramp = 1 - @min(1, @max(0, (fi - 8) / 10));
+        const theta = extrapolated / 32 * (1 - ramp) + extrapolated * ramp;
+        try std.testing.expectApproxEqAbs(@as(f32, @floatCast(@cos(theta) * mscale)), cos[i], 1e-4);
+        try std.testing.expectApproxEqAbs(@as(f32, @floatCast(@sin(theta) * mscale)), sin[i], 1e-4);
+    }
+}
+
+test "YaRN rotations compose: rope(p) then rope(-d) with mscale divided out equals rope(p - d)" {
+    // The context shift (ts/backend/cpu.ts rotatedKeys) re-rotates stored keys this way.
+    const base = Params{
+        .n_heads = 2,
+        .head_dim = 64,
+        .n_rot = 64,
+        .freq_base = 150000,
+        .freq_scale = 1.0 / 32.0,
+        .mode = .neox,
+        .ext_factor = 1,
+        .corr_dims = yarnCorrDims(64, 4096, 150000, 32, 1),
+    };
+    var shift = base;
+    shift.attn_factor = 1 / (1 + 0.1 * logf(32));
+    var prng = std.Random.DefaultPrng.init(9);
+    const rand = prng.random();
+    var a: [128]f32 = undefined;
+    for (&a) |*v| v.* = rand.float(f32) * 2 - 1;
+    var b = a;
+    rope(&a, &[_]i32{300}, base);
+    rope(&a, &[_]i32{-120}, shift);
+    rope(&b, &[_]i32{180}, base);
+    for (a, b) |x, y| try std.testing.expectApproxEqAbs(y, x, 2e-4);
 }
 
 test "position 0 and dims beyond n_rot are unchanged" {

@@ -352,6 +352,10 @@ export fn infer_rope(
         return opsInvalid("rope: bad freq_base {d} or freq_scale {d}", .{ s.freq_base, s.freq_scale });
     if (!(s.attn_factor > 0) or !std.math.isFinite(s.attn_factor))
         return opsInvalid("rope: bad attn_factor {d}", .{s.attn_factor});
+    const yarn = s.ext_factor != 0;
+    if (!std.math.isFinite(s.ext_factor) or (yarn and !(s.freq_scale > 0 and s.n_ctx_orig > 0 and
+        s.beta_fast > 0 and s.beta_slow > 0 and std.math.isFinite(s.beta_fast) and std.math.isFinite(s.beta_slow))))
+        return opsInvalid("rope: bad YaRN ext_factor {d}, freq_scale {d}, n_ctx_orig {d}, beta_fast {d}, beta_slow {d}", .{ s.ext_factor, s.freq_scale, s.n_ctx_orig, s.beta_fast, s.beta_slow });
     const per_tok = opsCount(s.n_heads, s.head_dim) orelse return opsInvalid("rope: overflow", .{});
     const n = opsCount(s.n_tok, per_tok) orelse return opsInvalid("rope: overflow", .{});
     _ = n;
@@ -373,6 +377,8 @@ export fn infer_rope(
         .attn_factor = s.attn_factor,
         .mode = rope_mode,
         .freq_factors = if (freq_factors) |f| f[0 .. s.n_rot / 2] else null,
+        .ext_factor = s.ext_factor,
+        .corr_dims = if (yarn) rope.yarnCorrDims(s.n_rot, s.n_ctx_orig, s.freq_base, s.beta_fast, s.beta_slow) else .{ 0, 0 },
     } };
     cpu_threads.runRanges(s.n_tok, 1, rowsPerTask(per_tok), &tokens, Tokens.range);
     return 0;
@@ -519,6 +525,13 @@ export fn infer_gelu_mul(gate: [*]const f32, up: [*]const f32, n: u64, out: [*]f
 /// out = silu(gate) · up; out may alias gate or up.
 export fn infer_silu_mul(gate: [*]const f32, up: [*]const f32, n: u64, out: [*]f32) i32 {
     gatedParallel(.silu, gate, up, @intCast(n), out);
+    return 0;
+}
+
+/// gpt-oss's clamped SwiGLU (ggml's swiglu_oai, alpha 1.702, limit 7):
+/// out = min(g, 7) · σ(1.702 · min(g, 7)) · (clamp(u, -7, 7) + 1); out may alias gate or up.
+export fn infer_swiglu_oai_mul(gate: [*]const f32, up: [*]const f32, n: u64, out: [*]f32) i32 {
+    gatedParallel(.swiglu_oai, gate, up, @intCast(n), out);
     return 0;
 }
 

@@ -1,5 +1,5 @@
 // Small random-weight GGUFs in quantized types, for comparing backends end to end: a Gemma 3, Llama,
-// Qwen 3, Qwen3-MoE or Phi-3 graph whose tensors are Q4_0/Q5_0/Q8_0/F16/BF16/MXFP4 (random f32
+// Qwen 3, Qwen3-MoE, gpt-oss or Phi-3 graph whose tensors are Q4_0/Q5_0/Q8_0/F16/BF16/MXFP4 (random f32
 // quantized by the library's reference quantizer) or Q4_K/Q5_K/Q6_K (random valid blocks with
 // moderate scales), with the toy
 // SentencePiece vocabulary of tiny-gguf.ts. Deterministic for a given spec.
@@ -9,7 +9,7 @@ import { check, native } from "../../ts/native/lib.ts";
 import { toyTokenizerMetadata, toyVocabulary } from "./tiny-gguf.ts";
 
 export interface RandomQuantSpec {
-  readonly arch: "gemma3" | "llama" | "qwen3" | "qwen3moe" | "phi3";
+  readonly arch: "gemma3" | "llama" | "qwen3" | "qwen3moe" | "phi3" | "gpt-oss";
   /** llama: write Llama 3's rope_freqs table (default true; Mistral has none). */
   readonly ropeFreqs?: boolean;
   /** phi3: values of each head that RoPE rotates (default headDim). */
@@ -19,7 +19,7 @@ export interface RandomQuantSpec {
    * context, and the attention factor on cos and sin; the file's context is 32× the original.
    */
   readonly longRope?: { readonly original: number; readonly attnFactor: number };
-  /** qwen3moe: experts per layer, chosen per token, and one expert's FFN width. */
+  /** qwen3moe, gpt-oss: experts per layer, chosen per token, and one expert's FFN width. */
   readonly moe?: { readonly experts: number; readonly used: number; readonly feedForward: number };
   readonly layers: number;
   readonly embedding: number;
@@ -27,7 +27,7 @@ export interface RandomQuantSpec {
   readonly heads: number;
   readonly kvHeads: number;
   readonly headDim: number;
-  /** Gemma 3's sliding window (local layers). */
+  /** Gemma 3's and gpt-oss's sliding window (local layers). */
   readonly window?: number;
   readonly types: {
     readonly embed: number;
@@ -121,6 +121,7 @@ export function randomQuantGguf(spec: RandomQuantSpec): Uint8Array {
     for (let i = 0; i < n; i++) v[i] = centre + spread * uniform(next);
     tensors.push({ name, type: GgmlType.F32, dims: [n], data: new Uint8Array(v.buffer) });
   };
+  const oss = arch === "gpt-oss";
   tensors.push({ name: "token_embd.weight", type: s.types.embed, dims: [e, vocab.tokens.length],
     data: randomTensorData(s.types.embed, e * vocab.tokens.length, ++seed, 1) });
   vector("output_norm.weight", e, 1, 0.1);
@@ -141,19 +142,33 @@ export function randomQuantGguf(spec: RandomQuantSpec): Uint8Array {
       matrix(`${p}.attn_k.weight`, s.types.attn, [e, kvd]);
       matrix(`${p}.attn_v.weight`, s.types.attn, [e, kvd]);
     }
-    if (arch !== "llama" && arch !== "phi3") {
+    if (oss) { // q/k/v/o biases and a sink logit per query head
+      vector(`${p}.attn_q.bias`, qd, 0, 0.1);
+      vector(`${p}.attn_k.bias`, kvd, 0, 0.1);
+      vector(`${p}.attn_v.bias`, kvd, 0, 0.1);
+      vector(`${p}.attn_output.bias`, e, 0, 0.1);
+      vector(`${p}.attn_sinks.weight`, s.heads, 0, 2);
+    } else if (arch !== "llama" && arch !== "phi3") {
       vector(`${p}.attn_q_norm.weight`, s.headDim, 1, 0.1);
       vector(`${p}.attn_k_norm.weight`, s.headDim, 1, 0.1);
     }
     matrix(`${p}.attn_output.weight`, s.types.attnOut, [qd, e]);
     if (arch === "gemma3") vector(`${p}.post_attention_norm.weight`, e, 1, 0.1);
-    vector(`${p}.ffn_norm.weight`, e, 1, 0.1);
+    // gpt-oss: norms near 5, so that the clamped SwiGLU's gate and up pass its clamp at 7
+    if (oss) vector(`${p}.post_attention_norm.weight`, e, 5, 1);
+    else vector(`${p}.ffn_norm.weight`, e, 1, 0.1);
     if (s.moe) {
       const n = s.moe.experts, f = s.moe.feedForward;
       matrix(`${p}.ffn_gate_inp.weight`, GgmlType.F32, [e, n]);
       experts(`${p}.ffn_gate_exps.weight`, s.types.ffn, [e, f, n]);
       experts(`${p}.ffn_up_exps.weight`, s.types.ffn, [e, f, n]);
       experts(`${p}.ffn_down_exps.weight`, s.types.ffnDown, [f, e, n]);
+      if (oss) {
+        vector(`${p}.ffn_gate_inp.bias`, n, 0, 0.5);
+        matrix(`${p}.ffn_gate_exps.bias`, GgmlType.F32, [f, n]);
+        matrix(`${p}.ffn_up_exps.bias`, GgmlType.F32, [f, n]);
+        matrix(`${p}.ffn_down_exps.bias`, GgmlType.F32, [e, n]);
+      }
     } else if (arch === "phi3") { // gate and up fused in ffn_up, gate rows first
       matrix(`${p}.ffn_up.weight`, s.types.ffn, [e, 2 * ff]);
       matrix(`${p}.ffn_down.weight`, s.types.ffnDown, [ff, e]);
@@ -168,7 +183,7 @@ export function randomQuantGguf(spec: RandomQuantSpec): Uint8Array {
     ["general.architecture", gguf.str(arch)],
     // Not "phi3": llama.cpp's vocabulary then looks up Phi-3's chat tokens, which the toy lacks.
     ["general.name", gguf.str(arch === "phi3" ? "random-phi" : `random-${arch}`)],
-    [`${arch}.context_length`, gguf.u32(s.longRope ? 32 * s.longRope.original : 4096)],
+    [`${arch}.context_length`, gguf.u32(s.longRope ? 32 * s.longRope.original : oss ? 32 * 4096 : 4096)],
     [`${arch}.embedding_length`, gguf.u32(e)],
     [`${arch}.block_count`, gguf.u32(s.layers)],
     [`${arch}.feed_forward_length`, gguf.u32(ff)],
@@ -177,7 +192,7 @@ export function randomQuantGguf(spec: RandomQuantSpec): Uint8Array {
     [`${arch}.attention.key_length`, gguf.u32(s.headDim)],
     [`${arch}.attention.value_length`, gguf.u32(s.headDim)],
     [`${arch}.attention.layer_norm_rms_epsilon`, gguf.f32(1e-6)],
-    [`${arch}.rope.freq_base`, gguf.f32(arch === "llama" ? 500000 : 1e6)],
+    [`${arch}.rope.freq_base`, gguf.f32(arch === "llama" ? 500000 : oss ? 150000 : 1e6)],
     [`${arch}.rope.dimension_count`, gguf.u32(rotaryDims)],
     ...toyTokenizerMetadata(),
   ];
@@ -185,8 +200,15 @@ export function randomQuantGguf(spec: RandomQuantSpec): Uint8Array {
     metadata.push([`${arch}.rope.scaling.original_context_length`, gguf.u32(s.longRope.original)],
       [`${arch}.rope.scaling.attn_factor`, gguf.f32(s.longRope.attnFactor)]);
   }
+  if (oss) { // YaRN as gpt-oss: factor 32 over an original context of 4096
+    metadata.push([`${arch}.rope.scaling.type`, gguf.str("yarn")],
+      [`${arch}.rope.scaling.factor`, gguf.f32(32)],
+      [`${arch}.rope.scaling.original_context_length`, gguf.u32(4096)]);
+  }
   if (s.metadata) metadata.push(...s.metadata);
-  if (arch === "gemma3") metadata.push([`${arch}.attention.sliding_window`, gguf.u32(s.window ?? 16)]);
+  if (arch === "gemma3" || oss) {
+    metadata.push([`${arch}.attention.sliding_window`, gguf.u32(s.window ?? 16)]);
+  }
   if (s.moe) {
     metadata.push([`${arch}.expert_count`, gguf.u32(s.moe.experts)],
       [`${arch}.expert_used_count`, gguf.u32(s.moe.used)],
@@ -287,4 +309,17 @@ export const mistralNemoQ4_0: RandomQuantSpec = {
   types: { embed: GgmlType.Q8_0, attn: GgmlType.Q4_0, attnOut: GgmlType.Q4_0, ffn: GgmlType.Q4_0,
     ffnDown: GgmlType.Q4_0, output: GgmlType.Q8_0 },
   seed: 23,
+};
+
+/**
+ * gpt-oss-20b's shape scaled down (64-value heads, 32 experts of which 4 are chosen, sliding
+ * window on the even layers, YaRN, sinks, biases everywhere) in the released GGUFs' types:
+ * MXFP4 experts, the rest Q8_0.
+ */
+export const gptossMxfp4: RandomQuantSpec = {
+  arch: "gpt-oss", layers: 4, embedding: 256, feedForward: 160, heads: 4, kvHeads: 2, headDim: 64,
+  window: 8, moe: { experts: 32, used: 4, feedForward: 160 },
+  types: { embed: GgmlType.Q8_0, attn: GgmlType.Q8_0, attnOut: GgmlType.Q8_0, ffn: GgmlType.MXFP4,
+    ffnDown: GgmlType.MXFP4, output: GgmlType.Q8_0 },
+  seed: 31,
 };

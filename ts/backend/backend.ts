@@ -127,6 +127,23 @@ export interface RopeOptions {
    * factor); 1 or absent: a plain rotation. Only a backend with ropeAttnFactor takes another.
    */
   readonly attnFactor?: number;
+  /** YaRN (gpt-oss), as ggml's rope_yarn computes it; absent: none. Only the CPU backend takes it. */
+  readonly yarn?: YarnOptions;
+}
+
+/**
+ * YaRN (Peng et al. 2023): pairs that turn more than betaFast times over the original context
+ * keep their angle, those under betaSlow are divided by the scaling factor (1 / scale), a linear
+ * ramp between (ggml_rope_yarn_corr_dims, rounded outward); cos and sin are multiplied by
+ * attnFactor · (1 + 0.1 · ln(1 / scale)).
+ */
+export interface YarnOptions {
+  /** ggml's ext_factor: 1 for YaRN, the ramp's weight. */
+  readonly extFactor: number;
+  readonly betaFast: number;
+  readonly betaSlow: number;
+  /** rope.scaling.original_context_length. */
+  readonly originalContext: number;
 }
 
 export interface AttentionOptions {
@@ -210,6 +227,11 @@ export interface Backend {
   shiftKv?(layer: KvLayer, rope: RopeOptions, keep: number, discard: number, length: number): void;
   geluMul(gate: Activation, up: Activation, rows: number, out: Activation): void;
   siluMul(gate: Activation, up: Activation, rows: number, out: Activation): void;
+  /**
+   * gpt-oss's clamped SwiGLU: min(g, 7) · σ(1.702 · min(g, 7)) · (clamp(u, ±7) + 1) (ggml's
+   * swiglu_oai); absent on backends that do not run gpt-oss.
+   */
+  swigluOaiMul?(gate: Activation, up: Activation, rows: number, out: Activation): void;
   add(a: Activation, b: Activation, rows: number, out: Activation): void;
   /** x[r] += bias for the first `rows` rows; bias is an f32 vector of x.cols values. */
   addBias(x: Activation, bias: Weight, rows: number): void;

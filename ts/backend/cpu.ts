@@ -16,7 +16,7 @@ import { repackForMatmul, type MatmulLayout } from "./cpu-repack.ts";
 import {
   kvBytes, kvTypesOf, type Activation, type AttentionOptions, type Backend, type ExpertOps,
   type BatchedRounding, type KvBlockStore, type KvLayer, type KvLayerShape, type KvType, type KvTypes,
-  type RopeOptions, type RowRange,
+  type RopeOptions, type RowRange, type YarnOptions,
   type Weight,
 } from "./backend.ts";
 
@@ -93,6 +93,13 @@ function forRuns(first: number, count: number, ranges: readonly RowRange[],
 }
 
 function w(x: Weight): CpuWeight { return x as CpuWeight; }
+
+/** RopeShape's YaRN fields (ext_factor 0: none). */
+function yarnFields(y: YarnOptions | undefined): { ext_factor: number; beta_fast: number;
+  beta_slow: number; n_ctx_orig: number } {
+  return y ? { ext_factor: y.extFactor, beta_fast: y.betaFast, beta_slow: y.betaSlow,
+    n_ctx_orig: y.originalContext } : { ext_factor: 0, beta_fast: 32, beta_slow: 1, n_ctx_orig: 0 };
+}
 
 /** The address of an attention-sinks tensor: F32, one logit per query head. */
 function sinksAddress(t: CpuWeight, heads: number): number {
@@ -365,7 +372,8 @@ export class CpuBackend implements Backend {
       factors = f.address;
     }
     const shape = packed("RopeShape", { n_tok: rows, n_heads: o.heads, head_dim: o.headDim, n_rot: o.rotaryDims,
-      freq_base: o.base, freq_scale: o.scale, mode: o.neox ? 2 : 0, attn_factor: o.attnFactor ?? 1 });
+      freq_base: o.base, freq_scale: o.scale, mode: o.neox ? 2 : 0, attn_factor: o.attnFactor ?? 1,
+      ...yarnFields(o.yarn) });
     check(this.lib.infer_rope(a(x).address, a(positions).address, factors, shape), "rope");
   }
 
@@ -490,9 +498,12 @@ export class CpuBackend implements Backend {
     const positions = new Int32Array(rows).fill(-discard);
     let factors: Pointer | null = null;
     if (rope.freqFactors) factors = w(rope.freqFactors).address;
-    // A pure rotation: the keys were scaled by the attention factor when they were stored.
+    // A pure rotation: the keys were scaled by the attention factor when they were stored (with
+    // YaRN, the kernel's own 1 + 0.1·ln(1/scale) divided out again, to within an ulp).
+    const attnFactor = rope.yarn ? Math.fround(1 / Math.fround(1 + 0.1 * Math.log(1 / rope.scale))) : 1;
     const shape = packed("RopeShape", { n_tok: rows, n_heads: l.kvHeads, head_dim: l.headDim, n_rot: rope.rotaryDims,
-      freq_base: rope.base, freq_scale: rope.scale, mode: rope.neox ? 2 : 0, attn_factor: 1 });
+      freq_base: rope.base, freq_scale: rope.scale, mode: rope.neox ? 2 : 0, attn_factor: attnFactor,
+      ...yarnFields(rope.yarn) });
     check(this.lib.infer_rope(keys, positions, factors, shape), "rope (shift)");
     return keys;
   }
@@ -503,6 +514,11 @@ export class CpuBackend implements Backend {
 
   siluMul(gate: Activation, up: Activation, rows: number, out: Activation): void {
     check(this.lib.infer_silu_mul(a(gate).address, a(up).address, rows * gate.cols, a(out).address), "silu_mul");
+  }
+
+  swigluOaiMul(gate: Activation, up: Activation, rows: number, out: Activation): void {
+    check(this.lib.infer_swiglu_oai_mul(a(gate).address, a(up).address, rows * gate.cols, a(out).address),
+      "swiglu_oai_mul");
   }
 
   add(x: Activation, y: Activation, rows: number, out: Activation): void {

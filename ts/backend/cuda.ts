@@ -442,6 +442,7 @@ export class CudaBackend implements Backend {
   }
 
   rope(x: Activation, positions: Activation, rows: number, o: RopeOptions): void {
+    if (o.yarn) throw new InferError("unsupported", `the CUDA backend's RoPE has no YaRN; use --backend cpu`);
     if ((o.attnFactor ?? 1) !== 1) {
       throw new InferError("unsupported", `the CUDA backend's RoPE takes no attention factor ` +
         `(${o.attnFactor}); use --backend cpu`);

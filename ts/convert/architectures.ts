@@ -8,6 +8,7 @@ import { gguf, type GgufTypedValue } from "../gguf/writer.ts";
 import { LIMITS } from "../model/hparams.ts";
 import { checkRope, refusedSettings, type ConfigRules } from "./config-checks.ts";
 import type { HfConfig, RopeParameters } from "./hf-config.ts";
+import { gptossPlan } from "./gptoss.ts";
 import type { TokenizerOptions } from "./tokenizer.ts";
 
 export interface PlannedTensor {
@@ -23,6 +24,11 @@ export interface PlannedTensor {
    */
   readonly stacked?: readonly string[];
   readonly required: boolean;
+  /**
+   * The source's PyTorch shape where it is not dims reversed (a fused tensor one of whose parts
+   * this is, or one stored transposed: gpt-oss's experts); `transform` makes dims of it.
+   */
+  readonly sourceShape?: readonly number[];
   /** Rewrites the f32 data in place or returns new data (permutations, generated tables). */
   readonly transform?: (data: Float32Array) => Float32Array;
 }
@@ -496,6 +502,7 @@ const architectures: readonly Architecture[] = [
   },
   { gguf: "gemma3", hfClasses: ["Gemma3ForCausalLM"], plan: gemma3Plan },
   { gguf: "phi3", hfClasses: ["Phi3ForCausalLM"], plan: phi3Plan },
+  { gguf: "gpt-oss", hfClasses: ["GptOssForCausalLM"], plan: gptossPlan },
 ];
 
 export function supportedHfClasses(): string[] {

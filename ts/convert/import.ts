@@ -84,8 +84,7 @@ export function importHuggingFace(o: ImportOptions): WriteSummary {
   in shape. */
 function checkAgainstPlan(checkpoint: SafetensorsCheckpoint, tensors: readonly PlannedTensor[],
   ignored: (name: string) => boolean, architecture: string): PlannedTensor[] {
-  const bySource = new Map(tensors.flatMap((t) => t.stacked ? t.stacked.map((s) => [s, t] as const)
-    : t.source !== null ? [[t.source, t] as const] : []));
+  const bySource = new Set(tensors.flatMap((t) => t.stacked ?? (t.source !== null ? [t.source] : [])));
   for (const name of checkpoint.tensors.keys()) {
     if (!bySource.has(name) && !ignored(name)) {
       throw new InferError("bad_model", `tensor '${name}' is not part of a ${architecture} model ` +
@@ -95,26 +94,28 @@ function checkAgainstPlan(checkpoint: SafetensorsCheckpoint, tensors: readonly P
   const out: PlannedTensor[] = [];
   for (const t of tensors) {
     if (t.stacked) {
-      for (const s of t.stacked) checkSource(checkpoint, s, t.name, t.dims.slice(0, -1), true);
+      for (const s of t.stacked) {
+        checkSource(checkpoint, s, t.name, t.dims.slice(0, -1).reverse(), true);
+      }
       out.push(t);
       continue;
     }
     if (t.source === null) { out.push(t); continue; }
-    if (checkSource(checkpoint, t.source, t.name, t.dims, t.required)) out.push(t);
+    const shape = t.sourceShape ?? [...t.dims].reverse();
+    if (checkSource(checkpoint, t.source, t.name, shape, t.required)) out.push(t);
   }
   return out;
 }
 
-/** Whether the checkpoint has `source` (refused if required), in the shape `dims` implies. */
+/** Whether the checkpoint has `source` (refused if required), in PyTorch's `expected` shape. */
 function checkSource(checkpoint: SafetensorsCheckpoint, source: string, name: string,
-  dims: readonly number[], required: boolean): boolean {
+  expected: readonly number[], required: boolean): boolean {
   const found = checkpoint.tensors.get(source);
   if (!found) {
     if (required) throw new InferError("bad_model",
       `tensor '${source}' (for ${name}) is missing from the checkpoint`);
     return false;
   }
-  const expected = [...dims].reverse(); // PyTorch order: the row length is last
   if (found.shape.length !== expected.length || found.shape.some((d, i) => d !== expected[i])) {
     throw new InferError("bad_model", `tensor '${source}' has shape [${found.shape}], ` +
       `config.json implies [${expected}]`);

@@ -150,7 +150,10 @@ export interface StorageOptions {
 export function storageType(name: string, dims: readonly number[], quant: QuantName,
   o: StorageOptions = {}): number {
   // A router stays f32, as llama-quantize keeps it: its few logits choose the experts.
-  if (dims.length < 2 || name.endsWith("ffn_gate_inp.weight")) return GgmlType.F32;
+  // Biases (gpt-oss's per-expert tables are 2-D) stay f32 too: llama-quantize quantizes only "weight"s.
+  if (dims.length < 2 || !name.endsWith(".weight") || name.endsWith("ffn_gate_inp.weight")) {
+    return GgmlType.F32;
+  }
   let type: number | undefined = QUANT_IDS[quant];
   if (o.pure) {
     // the chosen type everywhere

@@ -36,7 +36,8 @@ export class WeightTable {
     return this.file.tensors.has(name) ? this.vector(name, dims, "vector") : null;
   }
 
-  private vector(name: string, dims: readonly number[], what: string): Weight {
+  /** A required F32 vector (a bias, attention sinks). */
+  vector(name: string, dims: readonly number[], what = "vector"): Weight {
     const t = this.file.tensors.get(name);
     if (t && t.type.name !== "F32") {
       throw new InferError("unsupported", `${what} tensor '${name}' is ${t.type.name}; only F32 is supported`);
@@ -80,6 +81,26 @@ export class WeightTable {
       throw new InferError("bad_model", `tensor '${name}' has shape [${t.dims}], expected [${dims}]`);
     }
     return ops.split(this.file, t);
+  }
+
+  /**
+   * A 2-D F32 table of one vector per expert ([n, experts]: gpt-oss's expert biases): one
+   * weight per expert, a view of its row.
+   */
+  expertVectors(name: string, dims: readonly [number, number]): readonly Weight[] {
+    const t = this.file.tensors.get(name);
+    if (!t) throw new InferError("bad_model", `model has no tensor '${name}'`);
+    if (t.type.name !== "F32") {
+      throw new InferError("unsupported", `bias tensor '${name}' is ${t.type.name}; only F32 is supported`);
+    }
+    if (t.dims.length !== 2 || t.dims.some((d, i) => d !== dims[i])) {
+      throw new InferError("bad_model", `tensor '${name}' has shape [${t.dims}], expected [${dims}]`);
+    }
+    const n = dims[0];
+    return Array.from({ length: dims[1] }, (_, e) => this.backend.weight(this.file, {
+      ...t, name: `${name}[${e}]`, dims: [n], elementCount: n, byteLength: 4 * n,
+      fileOffset: t.fileOffset + 4 * n * e,
+    }));
   }
 
   has(name: string): boolean {

@@ -32,6 +32,8 @@ export interface DecoderConfig extends ModelShape {
 export interface DecoderTraits {
   readonly ropeNeox: boolean;
   readonly qkNorm: boolean;
+  /** The family computes YaRN (gpt-oss): rope.scaling.type "yarn" is taken, not refused. */
+  readonly yarn?: boolean;
 }
 
 /** The hyperparameters every llama-like decoder shares, validated as llama.cpp loads them. */
@@ -40,7 +42,7 @@ export function decoderConfig(meta: Hparams, vocab: number, traits: DecoderTrait
   // llama.cpp requires RoPE over whole heads for these architectures.
   meta.int(".rope.dimension_count", { min: headDim, max: headDim, fallback: headDim });
   const scalingType = meta.string(".rope.scaling.type", "linear");
-  if (scalingType !== "linear" && scalingType !== "none") {
+  if (scalingType !== "linear" && scalingType !== "none" && !(traits.yarn && scalingType === "yarn")) {
     throw new InferError("unsupported", `RoPE scaling ${quote(scalingType)} ` +
       `(${meta.architecture}.rope.scaling.type) is not supported yet`);
   }
@@ -59,7 +61,8 @@ export function decoderConfig(meta: Hparams, vocab: number, traits: DecoderTrait
     kvShapes: Array.from({ length: layers }, () => ({ kvHeads, headDim, window: 0 })),
     normEps: meta.float(".attention.layer_norm_rms_epsilon", { min: 0, max: 1 }),
     ropeBase: meta.float(".rope.freq_base", { min: 1, fallback: 10_000 }),
-    ropeScale: scalingType === "linear" && factor !== 0 ? 1 / factor : 1,
+    // llama.cpp's freq_scale, 1 / factor for linear scaling and YaRN alike
+    ropeScale: scalingType !== "none" && factor !== 0 ? 1 / factor : 1,
     ropeNeox: traits.ropeNeox,
     attentionScale: attentionScale === 0 ? 1 / Math.sqrt(headDim) : attentionScale,
     qkNorm: traits.qkNorm,

@@ -18,6 +18,14 @@ export interface MoeShape {
   readonly expertFeedForward: number;
   /** Divide the chosen experts' probabilities by their sum (Qwen3-MoE's norm_topk_prob). */
   readonly normalizeTopK: boolean;
+  /**
+   * "softmax" (Qwen3-MoE): a softmax over every expert's logit, then the top k of the
+   * probabilities; "topk-softmax" (gpt-oss, llama.cpp's SOFTMAX_WEIGHT): the top k of the raw
+   * logits, their weights a softmax over those k alone. Absent: "softmax".
+   */
+  readonly gating?: "softmax" | "topk-softmax";
+  /** The experts' gated activation: SwiGLU, or gpt-oss's clamped one (Backend.swigluOaiMul). */
+  readonly activation?: "silu" | "swiglu-oai";
 }
 
 export interface MoeWeights {
@@ -26,6 +34,26 @@ export interface MoeWeights {
   readonly gate: readonly Weight[];
   readonly up: readonly Weight[];
   readonly down: readonly Weight[];
+  /** gpt-oss's biases: the router's (one per expert) and each expert's gate, up and down. */
+  readonly biases?: ExpertBiases;
+}
+
+export interface ExpertBiases {
+  readonly router: Weight;
+  readonly gate: readonly Weight[];
+  readonly up: readonly Weight[];
+  readonly down: readonly Weight[];
+}
+
+/** The biases as llama.cpp names them: ffn_gate_inp.bias, ffn_{gate,up,down}_exps.bias. */
+export function expertBiases(t: WeightTable, prefix: string, s: MoeShape): ExpertBiases {
+  const e = s.embedding, f = s.expertFeedForward, n = s.experts;
+  return {
+    router: t.vector(`${prefix}.ffn_gate_inp.bias`, [n]),
+    gate: t.expertVectors(`${prefix}.ffn_gate_exps.bias`, [f, n]),
+    up: t.expertVectors(`${prefix}.ffn_up_exps.bias`, [f, n]),
+    down: t.expertVectors(`${prefix}.ffn_down_exps.bias`, [e, n]),
+  };
 }
 
 /** llama.cpp's GGUF names: blk.N.ffn_gate_inp, and the experts stacked in ffn_{gate,up,down}_exps. */
@@ -91,6 +119,10 @@ export function moeRowFloats(s: MoeShape): number {
  */
 export function route(logits: Float32Array, s: MoeShape, probs: Float32Array,
   chosen: Int32Array, weights: Float32Array, at: number): void {
+  if (s.gating === "topk-softmax") {
+    routeTopKSoftmax(logits, s, chosen, weights, at);
+    return;
+  }
   const n = s.experts, k = s.expertsUsed;
   let max = -Infinity;
   for (let i = 0; i < n; i++) max = Math.max(max, logits[i]);
@@ -101,23 +133,46 @@ export function route(logits: Float32Array, s: MoeShape, probs: Float32Array,
   }
   const inverse = Math.fround(1 / sum);
   for (let i = 0; i < n; i++) probs[i] = probs[i] * inverse;
-  // Top k by selection, best first; ties go to the lower index.
-  for (let j = 0; j < k; j++) {
-    let best = -1;
-    for (let i = 0; i < n; i++) {
-      if (best >= 0 && !(probs[i] > probs[best])) continue;
-      let taken = false;
-      for (let q = 0; q < j; q++) if (chosen[at + q] === i) { taken = true; break; }
-      if (!taken) best = i;
-    }
-    chosen[at + j] = best;
-    weights[at + j] = probs[best];
-  }
+  topK(probs, n, k, chosen, weights, at);
   if (!s.normalizeTopK) return;
   let total = 0;
   for (let j = 0; j < k; j++) total += weights[at + j];
   const divisor = Math.max(Math.fround(total), 6.103515625e-5);
   for (let j = 0; j < k; j++) weights[at + j] = weights[at + j] / divisor;
+}
+
+/** The k largest of `values`, best first (ties to the lower index), into chosen/weights. */
+function topK(values: Float32Array, n: number, k: number, chosen: Int32Array,
+  weights: Float32Array, at: number): void {
+  for (let j = 0; j < k; j++) {
+    let best = -1;
+    for (let i = 0; i < n; i++) {
+      if (best >= 0 && !(values[i] > values[best])) continue;
+      let taken = false;
+      for (let q = 0; q < j; q++) if (chosen[at + q] === i) { taken = true; break; }
+      if (!taken) best = i;
+    }
+    chosen[at + j] = best;
+    weights[at + j] = values[best];
+  }
+}
+
+/**
+ * gpt-oss: the k largest raw logits, then a softmax over those k, in f32 as ggml_soft_max
+ * computes it (exp of the difference from the largest, a float64 sum, one scale by its inverse).
+ */
+function routeTopKSoftmax(logits: Float32Array, s: MoeShape, chosen: Int32Array,
+  weights: Float32Array, at: number): void {
+  const k = s.expertsUsed;
+  topK(logits, s.experts, k, chosen, weights, at);
+  const max = weights[at];
+  let sum = 0;
+  for (let j = 0; j < k; j++) {
+    weights[at + j] = Math.exp(weights[at + j] - max);
+    sum += weights[at + j];
+  }
+  const inverse = Math.fround(1 / sum);
+  for (let j = 0; j < k; j++) weights[at + j] = weights[at + j] * inverse;
 }
 
 /**
@@ -132,11 +187,18 @@ export function moeFfn(be: Backend, x: Activation, rows: number, w: MoeWeights, 
   if (!ops) throw new InferError("unsupported", `the ${be.name} backend has no expert ops`);
   const k = s.expertsUsed;
   be.matmul(w.router, x, rows, b.logits);
+  const bias = w.biases;
+  if (bias) be.addBias(b.logits, bias.router, rows);
   const logits = be.read(b.logits, rows);
   for (let r = 0; r < rows; r++) {
     route(logits.subarray(r * s.experts, (r + 1) * s.experts), s, b.probs, b.chosen, b.weights, r * k);
   }
-  if (b.oneCall && ops.ffn && ops.ffnSupports?.(rows, s.expertFeedForward)) {
+  const oai = s.activation === "swiglu-oai";
+  if (oai && !be.swigluOaiMul) {
+    throw new InferError("unsupported", `the ${be.name} backend has no clamped SwiGLU (gpt-oss)`);
+  }
+  // The one-call kernel computes SwiGLU without biases.
+  if (!oai && !bias && b.oneCall && ops.ffn && ops.ffnSupports?.(rows, s.expertFeedForward)) {
     ops.ffn(w.gate, w.up, w.down, x, rows, b.chosen, b.weights, k, out);
     return;
   }
@@ -161,8 +223,14 @@ export function moeFfn(be: Backend, x: Activation, rows: number, w: MoeWeights, 
       be.matmul(w.gate[e], b.x, m, b.gate);
       be.matmul(w.up[e], b.x, m, b.up);
     }
-    be.siluMul(b.gate, b.up, m, b.gate);
+    if (bias) {
+      be.addBias(b.gate, bias.gate[e], m);
+      be.addBias(b.up, bias.up[e], m);
+    }
+    if (oai) be.swigluOaiMul!(b.gate, b.up, m, b.gate);
+    else be.siluMul(b.gate, b.up, m, b.gate);
     be.matmul(w.down[e], b.gate, m, b.down);
+    if (bias) be.addBias(b.down, bias.down[e], m);
     ops.scatterScaled(b.down, b.slotIds, b.slotWeights, m, b.slots);
   }
   ops.sumGroups(b.slots, k, rows, out);

@@ -5,6 +5,7 @@ import type { Backend } from "../backend/backend.ts";
 import { InferError, quote } from "../errors.ts";
 import type { GgufFile } from "../gguf/reader.ts";
 import { Gemma3, gemma3Config } from "./gemma3.ts";
+import { GptOss, gptossConfig } from "./gptoss.ts";
 import { Hparams, LIMITS } from "./hparams.ts";
 import { Llama, llamaConfig } from "./llama.ts";
 import type { Model, ModelShape } from "./model.ts";
@@ -41,6 +42,7 @@ function family<C extends ModelShape>(config: (meta: Hparams, vocab: number) => 
 
 const architectures: ReadonlyMap<string, Planner> = new Map<string, Planner>([
   ["gemma3", family(gemma3Config, Gemma3)],
+  ["gpt-oss", family(gptossConfig, GptOss)],
   ["llama", family(llamaConfig, Llama)],
   ["phi3", family(phi3Config, Phi3)],
   ["qwen2", family(qwen2Config, Llama)],

@@ -36,6 +36,7 @@ export const symbols = {
   infer_kv_load: { args: [FFIType.ptr, FFIType.u32, FFIType.u64, FFIType.u64, FFIType.ptr, FFIType.u64, FFIType.ptr], returns: FFIType.i32 },
   infer_gelu_mul: { args: [FFIType.ptr, FFIType.ptr, FFIType.u64, FFIType.ptr], returns: FFIType.i32 },
   infer_silu_mul: { args: [FFIType.ptr, FFIType.ptr, FFIType.u64, FFIType.ptr], returns: FFIType.i32 },
+  infer_swiglu_oai_mul: { args: [FFIType.ptr, FFIType.ptr, FFIType.u64, FFIType.ptr], returns: FFIType.i32 },
   infer_softmax: { args: [FFIType.ptr, FFIType.u64, FFIType.u64], returns: FFIType.i32 },
   infer_add: { args: [FFIType.ptr, FFIType.ptr, FFIType.u64, FFIType.ptr], returns: FFIType.i32 },
   infer_scale: { args: [FFIType.ptr, FFIType.u64, FFIType.f32], returns: FFIType.i32 },
@@ -154,6 +155,7 @@ export const parameters = {
   infer_kv_load: ["src", "src_type", "n", "head_dim", "anchor", "anchor_len", "dst"],
   infer_gelu_mul: ["gate", "up", "n", "out"],
   infer_silu_mul: ["gate", "up", "n", "out"],
+  infer_swiglu_oai_mul: ["gate", "up", "n", "out"],
   infer_softmax: ["x", "n_rows", "n_cols"],
   infer_add: ["a", "b", "n", "out"],
   infer_scale: ["x", "n", "s"],
@@ -288,7 +290,7 @@ export const structs = {
     },
   },
   RopeShape: {
-    size: 48,
+    size: 64,
     fields: {
       n_tok: { type: "u64", offset: 0 },
       n_heads: { type: "u64", offset: 8 },
@@ -298,6 +300,10 @@ export const structs = {
       freq_scale: { type: "f32", offset: 36 },
       mode: { type: "u32", offset: 40 },
       attn_factor: { type: "f32", offset: 44 },
+      ext_factor: { type: "f32", offset: 48, value: 0 },
+      beta_fast: { type: "f32", offset: 52, value: 32 },
+      beta_slow: { type: "f32", offset: 56, value: 1 },
+      n_ctx_orig: { type: "u32", offset: 60, value: 0 },
     },
   },
   MoeShape: {

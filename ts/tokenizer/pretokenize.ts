@@ -16,6 +16,12 @@ const QWEN2 = CONTRACTIONS + "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}" +
   "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 const QWEN35 = CONTRACTIONS + "|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}" +
   "| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+// o200k (gpt-4o, gpt-oss) as llama.cpp rewrites it for std::regex: an upper-case run then a
+// lower-case one (or the reverse), "letters but not a-z" by lookahead, contractions any case.
+const CONTRACTIONS_ANY = "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?";
+const GPT4O = "[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))*((?=[\\p{L}])([^A-Z]))+" +
+  CONTRACTIONS_ANY + "|[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))+((?=[\\p{L}])([^A-Z]))*" +
+  CONTRACTIONS_ANY + "|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 const DEFAULT = ["[\\p{P}\\$\\+<=>\\^~\\|]+", GPT2, "\\p{N}+", "[0-9][0-9][0-9]"];
 
 export interface PreTokenizer {
@@ -47,6 +53,7 @@ define(["qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "hunyuan", "solar-open"
   flags([QWEN2], false));
 define(["megrez", "stablelm2"], flags([QWEN2], true));
 define(["qwen35"], flags([QWEN35], false));
+define(["gpt-4o", "llama4", "kanana2", "talkie"], flags([GPT4O], false));
 define(["starcoder", "refact", "codeshell", "exaone", "minerva-7b", "mellum2"],
   flags(["\\p{N}", GPT2], true));
 define(["command-r", "smollm"], flags(["\\p{N}", GPT2], false));
