@@ -1,8 +1,10 @@
-// Phi-3 / Phi-4 and Mistral against llama.cpp: random-weight GGUFs with the families' shapes
+// Phi-3 / Phi-4, Mistral and Mistral 3 against llama.cpp: random-weight GGUFs with the families' shapes
 // (test/support/arch-golden.ts), rebuilt here exactly as test/fixtures/gen-arch-llama-golden.ts
 // wrote them for dump-logits.c (libllama). The greedy tokens must be llama.cpp's, and the top
 // logits at the last prompt position close to its; Phi-4-mini's shape runs at a context within
-// LongRoPE's original one (short factors) and past it (long factors), as llama.cpp picks them.
+// LongRoPE's original one (short factors) and past it (long factors), as llama.cpp picks them;
+// Ministral 3's prompts and greedy tokens run past its original context, where the query
+// temperature applies.
 import { afterAll, describe, expect, test } from "bun:test";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -11,7 +13,7 @@ import { Engine } from "../ts/engine/engine.ts";
 import { argmax } from "../ts/sample/sampler.ts";
 import { ARCH_GOLDEN_SPECS } from "./support/arch-golden.ts";
 import { gguf, type GgufTypedValue } from "../ts/gguf/writer.ts";
-import { phi3MiniQ4_0, randomQuantGguf } from "./support/random-quant-gguf.ts";
+import { ministral3Q4_0, phi3MiniQ4_0, randomQuantGguf } from "./support/random-quant-gguf.ts";
 
 interface Case {
   spec: string; ctx: number; prompt: number[]; top: [number, number][];
@@ -33,7 +35,7 @@ const TOP_LOGITS_TOLERANCE = 1e-3;
  */
 const KNOWN_TOLERANCE: Record<string, number> = { "phi4MiniKQuants@8192": 6e-3 };
 
-describe("phi3 and Mistral-shaped llama equal llama.cpp on random-weight GGUFs", () => {
+describe("phi3, Mistral-shaped llama and mistral3 equal llama.cpp on random-weight GGUFs", () => {
   for (const [name, spec] of Object.entries(ARCH_GOLDEN_SPECS)) {
     const path = join(dir, `${name}.gguf`);
     writeFileSync(path, randomQuantGguf(spec));
@@ -75,6 +77,22 @@ describe("phi3 files that infer does not compute are refused in one line", () =>
     test(name, () => {
       const path = join(dir, `bad-${name.replace(" ", "-")}.gguf`);
       writeFileSync(path, randomQuantGguf({ ...phi3MiniQ4_0, layers: 1, metadata }));
+      expect(() => Engine.open({ modelPath: path, contextLength: 64 })).toThrow(pattern);
+    });
+  }
+});
+
+describe("mistral3 files that infer does not compute are refused in one line", () => {
+  const cases: [string, [string, GgufTypedValue][], RegExp][] = [
+    ["experts", [["mistral3.expert_count", gguf.u32(8)]],
+      /mistral3 with experts \(expert_count\) is not supported/],
+    ["YaRN factor of 1", [["mistral3.rope.scaling.factor", gguf.f32(1)]],
+      /'mistral3\.rope\.scaling\.factor' must be above 1 for YaRN/],
+  ];
+  for (const [name, metadata, pattern] of cases) {
+    test(name, () => {
+      const path = join(dir, `bad-mistral3-${name}.gguf`);
+      writeFileSync(path, randomQuantGguf({ ...ministral3Q4_0, layers: 1, metadata }));
       expect(() => Engine.open({ modelPath: path, contextLength: 64 })).toThrow(pattern);
     });
   }

@@ -1,5 +1,5 @@
 // Small random-weight GGUFs in quantized types, for comparing backends end to end: a Gemma 3, Llama,
-// Qwen 3, Qwen3-MoE, gpt-oss or Phi-3 graph whose tensors are Q4_0/Q5_0/Q8_0/F16/BF16/MXFP4 (random f32
+// Qwen 3, Qwen3-MoE, gpt-oss, Phi-3 or Mistral 3 graph whose tensors are Q4_0/Q5_0/Q8_0/F16/BF16/MXFP4 (random f32
 // quantized by the library's reference quantizer) or Q4_K/Q5_K/Q6_K (random valid blocks with
 // moderate scales), with the toy
 // SentencePiece vocabulary of tiny-gguf.ts. Deterministic for a given spec.
@@ -9,7 +9,7 @@ import { check, native } from "../../ts/native/lib.ts";
 import { toyTokenizerMetadata, toyVocabulary } from "./tiny-gguf.ts";
 
 export interface RandomQuantSpec {
-  readonly arch: "gemma3" | "llama" | "qwen3" | "qwen3moe" | "phi3" | "gpt-oss";
+  readonly arch: "gemma3" | "llama" | "qwen3" | "qwen3moe" | "phi3" | "gpt-oss" | "mistral3";
   /** llama: write Llama 3's rope_freqs table (default true; Mistral has none). */
   readonly ropeFreqs?: boolean;
   /** phi3: values of each head that RoPE rotates (default headDim). */
@@ -121,7 +121,7 @@ export function randomQuantGguf(spec: RandomQuantSpec): Uint8Array {
     for (let i = 0; i < n; i++) v[i] = centre + spread * uniform(next);
     tensors.push({ name, type: GgmlType.F32, dims: [n], data: new Uint8Array(v.buffer) });
   };
-  const oss = arch === "gpt-oss";
+  const oss = arch === "gpt-oss", ministral = arch === "mistral3";
   tensors.push({ name: "token_embd.weight", type: s.types.embed, dims: [e, vocab.tokens.length],
     data: randomTensorData(s.types.embed, e * vocab.tokens.length, ++seed, 1) });
   vector("output_norm.weight", e, 1, 0.1);
@@ -148,7 +148,7 @@ export function randomQuantGguf(spec: RandomQuantSpec): Uint8Array {
       vector(`${p}.attn_v.bias`, kvd, 0, 0.1);
       vector(`${p}.attn_output.bias`, e, 0, 0.1);
       vector(`${p}.attn_sinks.weight`, s.heads, 0, 2);
-    } else if (arch !== "llama" && arch !== "phi3") {
+    } else if (arch !== "llama" && arch !== "phi3" && arch !== "mistral3") {
       vector(`${p}.attn_q_norm.weight`, s.headDim, 1, 0.1);
       vector(`${p}.attn_k_norm.weight`, s.headDim, 1, 0.1);
     }
@@ -192,7 +192,7 @@ export function randomQuantGguf(spec: RandomQuantSpec): Uint8Array {
     [`${arch}.attention.key_length`, gguf.u32(s.headDim)],
     [`${arch}.attention.value_length`, gguf.u32(s.headDim)],
     [`${arch}.attention.layer_norm_rms_epsilon`, gguf.f32(1e-6)],
-    [`${arch}.rope.freq_base`, gguf.f32(arch === "llama" ? 500000 : oss ? 150000 : 1e6)],
+    [`${arch}.rope.freq_base`, gguf.f32(arch === "llama" ? 500000 : oss ? 150000 : ministral ? 1e9 : 1e6)],
     [`${arch}.rope.dimension_count`, gguf.u32(rotaryDims)],
     ...toyTokenizerMetadata(),
   ];
@@ -204,6 +204,21 @@ export function randomQuantGguf(spec: RandomQuantSpec): Uint8Array {
     metadata.push([`${arch}.rope.scaling.type`, gguf.str("yarn")],
       [`${arch}.rope.scaling.factor`, gguf.f32(32)],
       [`${arch}.rope.scaling.original_context_length`, gguf.u32(4096)]);
+  }
+  if (ministral) {
+    // Ministral 3's YaRN (factor 16, betas 32 and 1, mscale_all_dim 1) and Llama 4's query
+    // temperature over an original context of 8, so that a short prompt passes it, with β 0.5
+    // (the released 0.1 moves these random models' tokens too little to test it).
+    // Keys the spec's own metadata sets are left to it.
+    const own = new Set(s.metadata?.map(([k]) => k));
+    const yarn: [string, GgufTypedValue][] = [[`${arch}.rope.scaling.type`, gguf.str("yarn")],
+      [`${arch}.rope.scaling.factor`, gguf.f32(16)],
+      [`${arch}.rope.scaling.original_context_length`, gguf.u32(8)],
+      [`${arch}.rope.scaling.yarn_beta_fast`, gguf.f32(32)],
+      [`${arch}.rope.scaling.yarn_beta_slow`, gguf.f32(1)],
+      [`${arch}.rope.scaling.yarn_log_multiplier`, gguf.f32(1)],
+      [`${arch}.attention.temperature_scale`, gguf.f32(0.5)]];
+    metadata.push(...yarn.filter(([k]) => !own.has(k)));
   }
   if (s.metadata) metadata.push(...s.metadata);
   if (arch === "gemma3" || oss) {
@@ -309,6 +324,18 @@ export const mistralNemoQ4_0: RandomQuantSpec = {
   types: { embed: GgmlType.Q8_0, attn: GgmlType.Q4_0, attnOut: GgmlType.Q4_0, ffn: GgmlType.Q4_0,
     ffnDown: GgmlType.Q4_0, output: GgmlType.Q8_0 },
   seed: 23,
+};
+
+/**
+ * Ministral 3's shape (a `mistral3` GGUF: 128-value heads, 32 query heads to 8 key/value heads,
+ * 4 to 1 here, query width above the embedding, YaRN and the query temperature, see
+ * randomQuantGguf), scaled down; Q4_0 with a Q8_0 head.
+ */
+export const ministral3Q4_0: RandomQuantSpec = {
+  arch: "mistral3", layers: 3, embedding: 384, feedForward: 1152, heads: 4, kvHeads: 1, headDim: 128,
+  types: { embed: GgmlType.Q8_0, attn: GgmlType.Q4_0, attnOut: GgmlType.Q4_0, ffn: GgmlType.Q4_0,
+    ffnDown: GgmlType.Q4_0, output: GgmlType.Q8_0 },
+  seed: 37,
 };
 
 /**

@@ -173,6 +173,40 @@ export interface SelfAttentionOptions {
    * scores, and llama.cpp's greedy tokens follow that rounding.
    */
   readonly scaleQueries?: boolean;
+  /** Llama 4's attention temperature on the queries after RoPE (Mistral 3); absent: none. */
+  readonly queryTemperature?: QueryTemperature;
+}
+
+/**
+ * The query at position p is multiplied by 1 + scale · ln(⌊p / floor⌋ + 1): 1 within the first
+ * `floor` positions. (transformers' get_llama_4_attn_scale; llama.cpp's llm_graph_input_attn_temp.)
+ */
+export interface QueryTemperature {
+  readonly scale: number;
+  readonly floor: number;
+}
+
+/**
+ * Each row's factor as llama.cpp computes it (the quotient in f32, the logarithm in f64, the
+ * factor rounded to f32), applied in place with the expert ops' row scaling; rows all within
+ * `floor` are left as they are, which multiplying by 1 would not change.
+ */
+function temperQueries(be: Backend, q: Activation, segments: readonly SequenceRows[],
+  t: QueryTemperature): void {
+  if (segments.every((s) => s.position + s.rows <= t.floor)) return;
+  let rows = 0;
+  for (const s of segments) rows += s.rows;
+  const slots = new Int32Array(rows), factors = new Float32Array(rows), f = Math.fround;
+  const beta = f(t.scale), floor = f(t.floor);
+  let r = 0;
+  for (const s of segments) {
+    for (let i = 0; i < s.rows; i++, r++) {
+      slots[r] = r;
+      factors[r] = Math.log(Math.floor(f(f(s.position + i) / floor)) + 1) * beta + 1;
+    }
+  }
+  if (!be.experts) throw new InferError("unsupported", `the ${be.name} backend has no query temperature`);
+  be.experts.scatterScaled(q, slots, factors, rows, q);
 }
 
 /**
@@ -194,6 +228,7 @@ export function selfAttention(be: Backend, x: Activation, rows: number,
   if (w.kNorm) be.rmsNormHeads(b.k, w.kNorm, rows, o.attention.kvHeads, o.normEps);
   be.rope(b.q, positions, rows, o.ropeQ);
   be.rope(b.k, positions, rows, o.ropeK);
+  if (o.queryTemperature) temperQueries(be, b.q, segments, o.queryTemperature);
   const attention = o.scaleQueries ? { ...o.attention, scale: 1 } : o.attention;
   if (o.scaleQueries) be.scale(b.q, rows, o.attention.scale);
   const oneRowEach = segments.length > 1 && be.attendRows !== undefined && segments.every((s) => s.rows === 1);

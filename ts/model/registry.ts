@@ -8,6 +8,7 @@ import { Gemma3, gemma3Config } from "./gemma3.ts";
 import { GptOss, gptossConfig } from "./gptoss.ts";
 import { Hparams, LIMITS } from "./hparams.ts";
 import { Llama, llamaConfig } from "./llama.ts";
+import { Mistral3, mistral3Config } from "./mistral3.ts";
 import type { Model, ModelShape } from "./model.ts";
 import { Phi3, phi3Config } from "./phi3.ts";
 import { declaredPooling, type Pooling } from "./pooling.ts";
@@ -44,6 +45,7 @@ const architectures: ReadonlyMap<string, Planner> = new Map<string, Planner>([
   ["gemma3", family(gemma3Config, Gemma3)],
   ["gpt-oss", family(gptossConfig, GptOss)],
   ["llama", family(llamaConfig, Llama)],
+  ["mistral3", family(mistral3Config, Mistral3)],
   ["phi3", family(phi3Config, Phi3)],
   ["qwen2", family(qwen2Config, Llama)],
   ["qwen3", family(qwen3Config, Llama)],
