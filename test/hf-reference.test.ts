@@ -34,7 +34,8 @@ interface ArchReference {
 const fixtures = join(import.meta.dir, "fixtures");
 const reference = JSON.parse(readFileSync(join(fixtures, "hf-reference.json"),
   "utf8")) as Record<string, ArchReference>;
-const archs = ["llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "phi3", "mistral", "gptoss"] as const;
+const archs = ["llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "phi3", "mistral", "gptoss",
+  "ministral3"] as const;
 const dir = mkdtempSync(join(tmpdir(), "infer-hf-"));
 const root = join(import.meta.dir, "..");
 
@@ -78,7 +79,8 @@ const QUANTS = ["F32", "F16", "Q8_0", "Q4_K"] as const;
 
 function tolerance(arch: string, quant: QuantName): number {
   // The bar for new families.
-  if ((arch === "qwen3moe" || arch === "phi3" || arch === "mistral" || arch === "gptoss") &&
+  if ((arch === "qwen3moe" || arch === "phi3" || arch === "mistral" || arch === "gptoss" ||
+    arch === "ministral3") &&
     quant === "F32") return 1e-5;
   if (arch === "qwen3" && quant === "F16") return 2e-3; // an F32 checkpoint rounded to f16
   return (arch === "gemma3" ? GEMMA3_TOLERANCE[quant] : undefined) ?? TOLERANCE[quant];
@@ -531,6 +533,15 @@ describe("bad Hugging Face folders fail with an error naming the problem", () =>
     }), /'rope_parameters\.attention_factor' is set; gpt-oss runtimes compute YaRN's attention factor/],
     ["gptoss-experts-shape", (f) => editConfig(f, (c) => { c.intermediate_size = 16; }),
       /'model\.layers\.0\.mlp\.experts\.gate_up_proj' has shape \[8,64,64\], config\.json implies \[8,64,32\]/],
+    ["ministral3-mscale", (f) => editConfig(f, (c) => {
+      (c.rope_parameters as Record<string, unknown>).mscale = 0.5;
+    }), /'rope_parameters\.mscale' is 0\.5 beside mscale_all_dim; mistral3 runtimes compute YaRN's attention factor with mscale 1/],
+    ["ministral3-truncate", (f) => editConfig(f, (c) => {
+      (c.rope_parameters as Record<string, unknown>).truncate = false;
+    }), /'rope_parameters\.truncate' is false; mistral3 runtimes round YaRN's correction range as ggml does/],
+    ["ministral3-temperature-without-yarn", (f) => editConfig(f, (c) => {
+      c.rope_parameters = { rope_type: "default", rope_theta: 1e6, llama_4_scaling_beta: 0.1 };
+    }), /'rope_parameters\.llama_4_scaling_beta' without YaRN/],
     ["quantized", (f) => editConfig(f, (c) => {
       c.quantization_config = { quant_method: "gptq", bits: 4 };
     }), /'quantization_config' is set \("gptq"\): the checkpoint was quantized by another tool/],

@@ -17,7 +17,8 @@ import { cpSync, existsSync, mkdirSync, readdirSync, readFileSync, renameSync, r
 import { join } from "node:path";
 import { cacheDir } from "../ts/models/cache.ts";
 
-export const HF_TINY_ARCHS = ["llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "phi3", "mistral", "gptoss"] as const;
+export const HF_TINY_ARCHS = ["llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "phi3", "mistral", "gptoss",
+  "ministral3"] as const;
 export type HfTinyArch = (typeof HF_TINY_ARCHS)[number];
 
 const FIXTURES = join(import.meta.dir, "fixtures", "hf-tiny");

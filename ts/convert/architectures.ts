@@ -65,6 +65,8 @@ interface DecoderOptions {
   readonly refuseAttentionBias: boolean;
   /** Qwen3-MoE: every layer's FFN a mixture of experts (moeShape). */
   readonly moe?: boolean;
+  /** Mistral 3: YaRN is taken (yarnMetadata), not refused. */
+  readonly yarn?: boolean;
 }
 
 /** A Qwen3-MoE config's experts; the GGUF runtimes route every layer, renormalising the top k. */
@@ -99,7 +101,7 @@ function decoderPlan(c: HfConfig, o: DecoderOptions): ArchitecturePlan {
   const s = c.decoderShape();
   const tied = c.bool("tie_word_embeddings", o.tiedDefault);
   const rope = c.rope(10_000);
-  checkRope(c, rope, o.arch, DECODER_ROPE);
+  checkRope(c, rope, o.arch, o.yarn ? [...DECODER_ROPE, "yarn"] : DECODER_ROPE);
   const a = o.arch, e = s.embedding, q = s.heads * s.headDim, kv = s.kvHeads * s.headDim;
   const metadata: [string, GgufTypedValue][] = [
     [`${a}.block_count`, gguf.u32(s.layers)],
@@ -123,7 +125,7 @@ function decoderPlan(c: HfConfig, o: DecoderOptions): ArchitecturePlan {
       [`${a}.expert_used_count`, gguf.u32(moe.used)],
       [`${a}.expert_feed_forward_length`, gguf.u32(moe.feedForward)]);
   }
-  metadata.push(...ropeScalingMetadata(a, rope));
+  metadata.push(...(rope.type === "yarn" ? yarnMetadata(c, a, rope) : ropeScalingMetadata(a, rope)));
 
   const t: PlannedTensor[] = [];
   const add = (name: string, dims: number[], source: string | null, required = true,
@@ -239,6 +241,76 @@ function ropeScalingMetadata(a: string, rope: RopeParameters): [string, GgufType
   if (rope.type !== "linear") return []; // checkRope let through only what needs no keys
   return [[`${a}.rope.scaling.type`, gguf.str("linear")],
     [`${a}.rope.scaling.factor`, gguf.f32(rope.raw.factor as number)]];
+}
+
+/**
+ * YaRN's keys as convert_hf_to_gguf writes them for Ministral 3 (mscale_all_dim as
+ * yarn_log_multiplier). llama.cpp's attention factor is get_mscale(factor, 1) / get_mscale(factor,
+ * log multiplier), transformers' get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim)
+ * where both are set and get_mscale(factor) otherwise: the same where mscale is 1 or
+ * mscale_all_dim unset, so other settings are refused, as are those with no GGUF key.
+ */
+function yarnMetadata(c: HfConfig, a: string, rope: RopeParameters): [string, GgufTypedValue][] {
+  const r = rope.raw;
+  const unsupported = (key: string, why: string): never => {
+    throw new InferError("unsupported", `${c.path}: 'rope_parameters.${key}' ${why}`);
+  };
+  for (const key of ["attention_factor", "extrapolation_factor"]) {
+    if (r[key] !== undefined && r[key] !== null) unsupported(key, `is set; ${a} runtimes ` +
+      "compute YaRN's attention factor from factor, mscale and mscale_all_dim");
+  }
+  // transformers ramps between unrounded correction dims where truncate is false; ggml rounds.
+  if (r.truncate === false) unsupported("truncate", `is false; ${a} runtimes round YaRN's ` +
+    "correction range as ggml does");
+  const factor = r.factor, original = r.original_max_position_embeddings;
+  if (typeof factor !== "number" || !(factor > 1)) unsupported("factor",
+    "must be a number above 1 for YaRN");
+  if (typeof original !== "number" || !(original >= 1)) unsupported(
+    "original_max_position_embeddings", "must be a positive number for YaRN");
+  const metadata: [string, GgufTypedValue][] = [[`${a}.rope.scaling.type`, gguf.str("yarn")],
+    [`${a}.rope.scaling.factor`, gguf.f32(factor as number)],
+    [`${a}.rope.scaling.original_context_length`, gguf.u32(original as number)]];
+  for (const [key, name] of [["beta_fast", "yarn_beta_fast"], ["beta_slow", "yarn_beta_slow"]]) {
+    const v = r[key];
+    if (v === undefined || v === null) continue;
+    if (typeof v !== "number" || !(v > 0)) unsupported(key, "is not a positive number");
+    metadata.push([`${a}.rope.scaling.${name}`, gguf.f32(v as number)]);
+  }
+  const all = r.mscale_all_dim;
+  if (all !== undefined && all !== null && all !== 0) {
+    if (typeof all !== "number" || !(all > 0)) unsupported("mscale_all_dim", "is not a positive number");
+    if (r.mscale !== 1) unsupported("mscale", `is ${JSON.stringify(r.mscale ?? null)} beside ` +
+      `mscale_all_dim; ${a} runtimes compute YaRN's attention factor with mscale 1`);
+    metadata.push([`${a}.rope.scaling.yarn_log_multiplier`, gguf.f32(all as number)]);
+  }
+  return metadata;
+}
+
+// ---- Mistral 3 / Ministral 3 (text) -----------------------------------------------------------
+
+/**
+ * Ministral3ForCausalLM (model_type ministral3), as convert_hf_to_gguf's Ministral3Model writes
+ * it: Llama's tensors (Q/K rows permuted for normal RoPE), YaRN (yarnMetadata) and
+ * llama_4_scaling_beta as attention.temperature_scale, the queries' temperature past
+ * original_max_position_embeddings.
+ */
+function mistral3Plan(c: HfConfig): ArchitecturePlan {
+  const a = "mistral3";
+  const plan = decoderPlan(c, {
+    arch: a, permuteQk: true, qkNorm: false, qkvBias: "none", tiedDefault: false,
+    writeRopeDims: true, writeVocabSize: true, qwenSlidingWindow: false,
+    refuseAttentionBias: true, yarn: true,
+  });
+  const rope = c.rope(1_000_000);
+  const beta = rope.raw.llama_4_scaling_beta;
+  if (beta === undefined || beta === null || beta === 0) return plan;
+  if (typeof beta !== "number" || !(beta > 0)) throw new InferError("bad_model",
+    `${c.path}: 'rope_parameters.llama_4_scaling_beta' is not a positive number`);
+  // The temperature's floor is original_max_position_embeddings, which the GGUF carries as
+  // YaRN's original context only.
+  if (rope.type !== "yarn") throw new InferError("unsupported", `${c.path}: ` +
+    `'rope_parameters.llama_4_scaling_beta' without YaRN; ${a} runtimes take its floor from YaRN's original context`);
+  return { ...plan, metadata: [...plan.metadata, [`${a}.attention.temperature_scale`, gguf.f32(beta)]] };
 }
 
 // ---- Gemma 3 (text) -------------------------------------------------------------------------
@@ -502,6 +574,7 @@ const architectures: readonly Architecture[] = [
   },
   { gguf: "gemma3", hfClasses: ["Gemma3ForCausalLM"], plan: gemma3Plan },
   { gguf: "phi3", hfClasses: ["Phi3ForCausalLM"], plan: phi3Plan },
+  { gguf: "mistral3", hfClasses: ["Ministral3ForCausalLM"], plan: mistral3Plan },
   { gguf: "gpt-oss", hfClasses: ["GptOssForCausalLM"], plan: gptossPlan },
 ];
 
