@@ -10,6 +10,7 @@ import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Engine } from "../ts/engine/engine.ts";
+import { createKvCache } from "../ts/engine/kv-cache.ts";
 import { argmax } from "../ts/sample/sampler.ts";
 import { ARCH_GOLDEN_SPECS } from "./support/arch-golden.ts";
 import { gguf, type GgufTypedValue } from "../ts/gguf/writer.ts";
@@ -96,4 +97,39 @@ describe("mistral3 files that infer does not compute are refused in one line", (
       expect(() => Engine.open({ modelPath: path, contextLength: 64 })).toThrow(pattern);
     });
   }
+});
+
+describe("mistral3's query temperature follows each sequence's own positions in a shared batch", () => {
+  // Three sequences at different positions, two of them past the original context of 8 where
+  // the temperature applies, decoded in one batch (the server's step, one row each), must give
+  // each sequence the logits it gets alone, bit for bit.
+  test("one decode step for three sequences equals three steps alone", () => {
+    const path = join(dir, "ministral3-batch.gguf");
+    writeFileSync(path, randomQuantGguf(ministral3Q4_0));
+    const engine = Engine.open({ modelPath: path, contextLength: 64, batch: 32, kvType: "f16",
+      threads: 2 });
+    try {
+      const model = engine.model, vocab = model.info.vocabSize;
+      const prompts = [[2, 40, 77], [2, 100, 101, 102, 103, 104, 105, 106, 107, 108],
+        [2, 40, 77, 123, 200, 31, 99, 150, 7, 64, 250, 180, 5, 6, 7, 8, 9, 10]];
+      const caches = (n: number) => Array.from({ length: n }, () =>
+        createKvCache(engine.backend, model.info, 64, "f16", model.maxBatch));
+      const shared = caches(prompts.length), alone = caches(prompts.length);
+      prompts.forEach((p, i) => {
+        model.forward(p, p.length, 0, shared[i].layers);
+        model.forward(p, p.length, 0, alone[i].layers);
+      });
+      const next = [33, 44, 55];
+      let together = new Float32Array(0);
+      model.forwardBatch({ tokens: next, logitRows: next.length, segments: prompts.map((p, i) =>
+        ({ rows: 1, position: p.length, cache: shared[i].layers })) },
+      (_first, _rows, logits) => { together = logits.slice(); });
+      prompts.forEach((p, i) => {
+        const want = model.forward([next[i]], 1, p.length, alone[i].layers);
+        expect(Array.from(together.subarray(i * vocab, (i + 1) * vocab))).toEqual(Array.from(want));
+      });
+    } finally {
+      engine.close();
+    }
+  });
 });
