@@ -42,7 +42,10 @@ function file(name: string, bytes: Uint8Array | string): string {
 
 describe("bad input gives one clear line and a non-zero exit", () => {
   const cases: [string, () => string[], RegExp][] = [
-    ["a missing model file", () => ["hi", "--model", "/nonexistent/m.gguf"], /model file not found: \/nonexistent\/m\.gguf/],
+    ["a missing model file", () => ["hi", "--model", "/nonexistent/m.gguf"], /model file not found: "\/nonexistent\/m\.gguf"/],
+    ["a model path of 6,000 characters with an escape sequence",
+      () => ["hi", "--model", "\u001b[31m" + "/x".repeat(3000)],
+      /^infer: model file not found: "\\u001b\[31m\/x\/x.*…" \(6005 characters\)/],
     ["a file that is not GGUF", () => ["hi", "--model", file("notes.txt", "hello, not a model")], /not a GGUF file/],
     ["a truncated GGUF", () => ["hi", "--model", file("cut.gguf", tinyGemma3Gguf().subarray(0, 3000))], /truncated|past the end/],
     ["an unsupported architecture", () => ["hi", "--model", file("mamba.gguf", tinyGemma3Gguf({ architecture: "mamba" }))],
