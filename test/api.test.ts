@@ -18,6 +18,13 @@ const greedy = { temperature: 0, ignoreEos: true } as const;
  * running the event loop, so a Worker's answer never arrives. */
 const rejection = (p: Promise<unknown>) => p.then(() => null, (e) => e);
 
+/** A JSON schema `depth` objects deep. */
+function nested(depth: number): Record<string, unknown> {
+  let schema: Record<string, unknown> = { type: "string" };
+  for (let i = 0; i < depth; i++) schema = { type: "object", properties: { a: schema } };
+  return schema;
+}
+
 describe("the library on a tiny random Gemma 3", () => {
   const opened: Model[] = [];
   const open = async (options = {}) => {
@@ -134,6 +141,9 @@ describe("the library on a tiny random Gemma 3", () => {
       [() => model.complete("x", { speculation: "lookahead" as never }), "invalid_argument", /^speculation: expected one of ngram, draft, off/],
       [() => model.complete("x", { speculation: "draft" }), "invalid_argument", /needs a draft model/],
       [() => model.complete("x", { draftMax: 100 }), "invalid_argument", /^draftMax: expected an integer in \[1, 64\]/],
+      // nested past what structured cloning to the worker and a template's tojson may walk
+      [() => model.chat().send("x", { tools: [{ name: "f", parameters: nested(20_000) }] }),
+        "invalid_argument", /^tools: tool 0's parameters: JSON schema: the document nests deeper/],
     ];
     for (const [call, code, message] of cases) {
       const err = await call().then(() => null, (e) => e);
@@ -165,6 +175,14 @@ describe("the library on a tiny random Gemma 3", () => {
     writeFileSync(notGguf, "hello");
     expect(await rejection(loadModel(notGguf))).toMatchObject({ code: "bad_gguf" });
     expect(await rejection(loadModel(tiny, { backend: "tpu" as never }))).toMatchObject({ code: "invalid_argument" });
+    expect(await rejection(loadModel(tiny, { draftModel: 5 as never }))).toMatchObject({
+      code: "invalid_argument",
+      message: expect.stringMatching(/^loadModel: draftModel must be /) });
+    for (const gpus of [0, 2.5, "2", 65]) {
+      expect(await rejection(loadModel(tiny, { gpus: gpus as never }))).toMatchObject({
+        code: "invalid_argument",
+        message: expect.stringMatching(/^loadModel: gpus must be an integer from 1 to 64, got /) });
+    }
     const model = await loadModel(tiny, { contextLength: 64 });
     const running = model.complete("the cat", { ...greedy, maxTokens: 60 });
     await model.close();

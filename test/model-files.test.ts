@@ -13,7 +13,8 @@ import { InferError } from "../ts/errors.ts";
 import { parseGguf } from "../ts/gguf/reader.ts";
 import { defaultSampling } from "../ts/sample/sampler.ts";
 import { gguf, type GgufTypedValue } from "../ts/gguf/writer.ts";
-import { llamaFloat, randomQuantGguf } from "./support/random-quant-gguf.ts";
+import { llamaFloat, phi4MiniKQuants, randomQuantGguf, type RandomQuantSpec }
+  from "./support/random-quant-gguf.ts";
 import { tinyGemma3, tinyGemma3Gguf } from "./support/tiny-gguf.ts";
 
 const root = join(import.meta.dir, "..");
@@ -89,6 +90,35 @@ describe("derived sizes are whole numbers that divide as the architecture needs"
     tokens.pop();
     const e = openError(gemma([["tokenizer.ggml.tokens", gguf.strs(tokens)]]));
     expect(e.message).toMatch(/the tokenizer has 274 tokens, token_embd.weight 275 rows/);
+  });
+});
+
+describe("Phi-3's LongRoPE tables are checked whichever the context uses", () => {
+  const phi = (edit: RandomQuantSpec["edit"]) =>
+    write(randomQuantGguf({ ...phi4MiniKQuants, layers: 1, edit }));
+  test("a long table of the wrong length, at a context the short table serves", () => {
+    const path = phi((tensors) => {
+      const t = tensors.find((x) => x.name === "rope_factors_long.weight")!;
+      t.dims = [10];
+      t.data = t.data.subarray(0, 40);
+    });
+    expect(openError(path, { contextLength: 256 })).toMatchObject({ code: "bad_model",
+      message: "tensor 'rope_factors_long.weight' has shape [10], expected [48]" });
+  });
+  test("no long table: a context past the original is refused, one within it runs", () => {
+    const path = phi((tensors) => {
+      tensors.splice(tensors.findIndex((x) => x.name === "rope_factors_long.weight"), 1);
+    });
+    expect(openError(path, { contextLength: 8192 })).toMatchObject({ code: "bad_model",
+      message: "a context of 8192 is past phi3's original 4096 and the model has no tensor " +
+        "'rope_factors_long.weight'; use -c 4096 or less" });
+    const engine = Engine.open({ modelPath: path, threads: 1, backend: "cpu", contextLength: 256 });
+    try {
+      expect(engine.generate("the cat", { maxTokens: 2,
+        sampling: { ...defaultSampling, temperature: 0 } }).tokens).toHaveLength(2);
+    } finally {
+      engine.close();
+    }
   });
 });
 

@@ -213,6 +213,12 @@ for (const [family, which] of [["Qwen3's template", () => qwen], ["no tools in t
   });
 }
 
+function nestedSchema(depth: number): object {
+  let schema: object = { type: "string" };
+  for (let i = 0; i < depth; i++) schema = { type: "object", properties: { a: schema } };
+  return schema;
+}
+
 describe("tool requests the server refuses", () => {
   const post = (body: object) => fetch(`${servers[0].url}/v1/chat/completions`, {
     method: "POST", headers: { "content-type": "application/json" },
@@ -234,6 +240,15 @@ describe("tool requests the server refuses", () => {
     "messages[1].tool_calls[0]"],
     ["tools with a response format", { tools: TOOLS, response_format: { type: "json_object" } },
       "response_format"],
+    // Qwen3's template renders the tools with a recursive tojson: checked before it runs
+    ["parameters nested 5,000 deep, tool_choice auto", { tools: [{ type: "function",
+      function: { name: "f", parameters: nestedSchema(5_000) } }] },
+    "tools[0].function.parameters"],
+    ["a call's arguments nested 100,000 deep: rendered as text, too long for the context",
+      { messages: [...ask, { role: "assistant", content: null, tool_calls: [{ id: "c",
+        type: "function", function: { name: "get_time",
+          arguments: "[".repeat(100_000) + "]".repeat(100_000) } }] },
+      { role: "tool", tool_call_id: "c", content: "noon" }], tools: TOOLS }, "messages"],
     ["a schema the grammar cannot enforce, with required", { tool_choice: "required",
       tools: [{ type: "function", function: { name: "f", parameters: { type: "object",
         properties: { s: { type: "string", pattern: "^a" } } } } }] }, "tools"],

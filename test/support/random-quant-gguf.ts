@@ -41,6 +41,8 @@ export interface RandomQuantSpec {
   readonly seed?: number;
   /** Metadata added last (a key written twice is refused by the writer). */
   readonly metadata?: readonly [string, GgufTypedValue][];
+  /** Changes the tensors and metadata before writing (malformed files for the hostile tests). */
+  readonly edit?: (tensors: GgufTensorToWrite[], metadata: [string, GgufTypedValue][]) => void;
 }
 
 function rng(seed: number): () => number {
@@ -229,6 +231,7 @@ export function randomQuantGguf(spec: RandomQuantSpec): Uint8Array {
       [`${arch}.expert_used_count`, gguf.u32(s.moe.used)],
       [`${arch}.expert_feed_forward_length`, gguf.u32(s.moe.feedForward)]);
   }
+  s.edit?.(tensors, metadata);
   return writeGguf(metadata, tensors);
 }
 

@@ -4,7 +4,7 @@
 import type { KvType } from "../backend/backend.ts";
 import { defaultBackendKind, parseBackendKind, type BackendKind } from "../backend/select.ts";
 import { chatTemplateFor, type ChatMessage, type ChatTemplate } from "../chat/template.ts";
-import { InferError } from "../errors.ts";
+import { InferError, quote } from "../errors.ts";
 import { openGguf, type GgufFile } from "../gguf/reader.ts";
 import { DEFAULT_MODEL } from "../models/cache.ts";
 import { ensureModel } from "../models/fetch.ts";
@@ -88,6 +88,17 @@ export async function loadModel(nameOrPath: string = DEFAULT_MODEL.name,
   options: LoadOptions = {}): Promise<Model> {
   if (typeof nameOrPath !== "string" || nameOrPath === "") {
     throw new InferError("invalid_argument", "loadModel: expected a GGUF path or a cached model's name");
+  }
+  if (options.draftModel !== undefined &&
+    (typeof options.draftModel !== "string" || options.draftModel === "")) {
+    throw new InferError("invalid_argument",
+      "loadModel: draftModel must be a GGUF path, a cached model's name or \"self\"");
+  }
+  const gpus: unknown = options.gpus;
+  if (gpus !== undefined && !(Number.isInteger(gpus) && (gpus as number) >= 1 &&
+    (gpus as number) <= 64)) {
+    throw new InferError("invalid_argument", `loadModel: gpus must be an integer from 1 to 64, ` +
+      `got ${typeof gpus === "string" ? quote(gpus) : String(gpus)}`);
   }
   const backend = options.backend === undefined ? defaultBackendKind("auto")
     : parseBackendKind(options.backend, "backend");

@@ -8,6 +8,7 @@ import {
 } from "../engine/speculation.ts";
 import { InferError } from "../errors.ts";
 import type { Job, ResponseFormat } from "../runtime/job.ts";
+import { checkJsonDocument } from "../sample/json-schema.ts";
 import { defaultSampling, type SamplerOptions } from "../sample/sampler.ts";
 
 export interface GenerateOptions {
@@ -213,6 +214,14 @@ function toolsOf(o: GenerateOptions): { tools?: ToolFunction[]; toolChoice?: Too
       (t.parameters !== undefined && (typeof t.parameters !== "object" || t.parameters === null)) ||
       (t.description !== undefined && typeof t.description !== "string")) {
       throw bad("tools", `tool ${i}: expected { name, description?, parameters? (a JSON schema) }`);
+    }
+    if (t.parameters !== undefined) {
+      try {
+        checkJsonDocument(t.parameters);
+      } catch (err) {
+        if (err instanceof InferError) throw bad("tools", `tool ${i}'s parameters: ${err.message}`);
+        throw err;
+      }
     }
     return { name: t.name, ...(t.description === undefined ? {} : { description: t.description }),
       parameters: t.parameters ?? { type: "object", properties: {} } };

@@ -18,7 +18,7 @@ import { InferError, quote } from "../errors.ts";
 import type { Tokenizer } from "../tokenizer/index.ts";
 import { ControlTextGuard } from "./control-text.ts";
 import { CHATML_TEMPLATE, GEMMA_TEMPLATE, LLAMA3_TEMPLATE } from "./fallback.ts";
-import type { ToolCall, ToolFunction } from "./tools.ts";
+import { argumentsValue, type ToolCall, type ToolFunction } from "./tools.ts";
 
 export type Role = "system" | "user" | "assistant" | "tool";
 
@@ -40,15 +40,6 @@ export interface RenderOptions {
   readonly tools?: readonly ToolFunction[];
   /** Llama 3.1's built-in tools among them (its template's builtin_tools), if any. */
   readonly builtinTools?: readonly string[];
-}
-
-/** A call's arguments as templates expect them: the object, or the text if it does not parse. */
-function argumentsValue(text: string): unknown {
-  try {
-    return JSON.parse(text);
-  } catch {
-    return text;
-  }
 }
 
 /** A message in the shape transformers hands templates. */

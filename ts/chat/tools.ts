@@ -13,7 +13,7 @@
 // from the functions' parameter schemas, so its arguments always parse and validate; with
 // "auto" (hermes and llama3) the model writes freely and calls are parsed out of its text.
 import { InferError, quote } from "../errors.ts";
-import { compileSchema, type JsonNode } from "../sample/json-schema.ts";
+import { checkJsonDocument, compileSchema, type JsonNode } from "../sample/json-schema.ts";
 import type { ChatMessage } from "./template.ts";
 
 export { ToolCallReader, type ParsedAnswer, type ToolCallDelta } from "./tool-reader.ts";
@@ -124,13 +124,23 @@ export function genericToolPrompt(functions: readonly ToolFunction[], mayRespond
     : `Call one of them: answer with the JSON object ${call}.`);
 }
 
+/**
+ * A call's arguments as templates expect them: the object, or the text if it does not parse or
+ * nests past what the template's recursive tojson may walk.
+ */
+export function argumentsValue(text: string): unknown {
+  try {
+    const value: unknown = JSON.parse(text);
+    checkJsonDocument(value);
+    return value;
+  } catch {
+    return text;
+  }
+}
+
 /** A call as the generic format writes it: {"name", "arguments"} on one line. */
 function genericCall(c: ToolCall): string {
-  let args: unknown = c.arguments;
-  try {
-    args = JSON.parse(c.arguments);
-  } catch { /* kept as the text it is */ }
-  return JSON.stringify({ name: c.name, arguments: args });
+  return JSON.stringify({ name: c.name, arguments: argumentsValue(c.arguments) });
 }
 
 /**

@@ -39,11 +39,12 @@ export async function chatCommand(argv: string[]): Promise<number> {
   const maxTokens = intOption(values.n, "-n", 1024, -1);
   const stop = stopStrings(values);
   const settings = engineSettings(values);
+  const speculation = speculationLoad(values); // (a usage error before any download)
   const modelPath = await ensureModel(values.model);
   const onProgress = loadProgress(modelPath, verbosity);
   // One conversation: one sequence, whose cache keeps it from turn to turn.
   const model = await loadModel(modelPath, { ...settings, parallel: 1, prefixCacheBytes: 0,
-    ...speculationLoad(values), onProgress });
+    ...speculation, onProgress });
   try {
     checkLogitBias(sampling, model.info.vocabSize);
     const chat = model.chat({ system: values.system });

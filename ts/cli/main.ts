@@ -126,11 +126,12 @@ async function runCommand(argv: string[]): Promise<number> {
   const stop = stopStrings(values);
   const settings = engineSettings(values);
   const schema = schemaFor(values, maxTokens);
+  const speculation = speculationLoad(values); // (a usage error before any download)
   const modelPath = await ensureModel(values.model);
   const onProgress = loadProgress(modelPath, verbosity);
   // One generation: one sequence, and no prefix cache to fill for later ones.
   const model = await loadModel(modelPath, { ...settings, parallel: 1, prefixCacheBytes: 0,
-    ...speculationLoad(values), onProgress });
+    ...speculation, onProgress });
   try {
     checkLogitBias(sampling, model.info.vocabSize);
     if (verbosity === "verbose") {

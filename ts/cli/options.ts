@@ -112,6 +112,9 @@ export function speculationFrom(v: { spec?: string; "draft-max"?: string }):
 /** --spec, --draft-max and --draft-model as the library's load options. */
 export function speculationLoad(v: { spec?: string; "draft-max"?: string; "draft-model"?: string }):
   { speculation?: SpeculationMode; draftMax?: number; draftModel?: string } {
+  if (v["draft-model"] === "") {
+    throw new UsageError("--draft-model needs a GGUF path, a cached model's name or self");
+  }
   // --spec self: the model's own Q4_0 copy drafts (self-draft.ts)
   if (v.spec === SELF_DRAFT) {
     if (v["draft-model"] !== undefined && v["draft-model"] !== SELF_DRAFT) {

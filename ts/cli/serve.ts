@@ -93,8 +93,8 @@ export async function serveCommand(argv: string[]): Promise<number> {
   const host = values.host ?? "127.0.0.1";
   const port = intOption(values.port, "--port", 8080, 0, 65535);
   const threads = threadsOption(values.threads), backend = backendOption(values.backend);
+  const spec = speculationLoad(values); // (a usage error before any download)
   const modelPath = await ensureModel(values.model);
-  const spec = speculationLoad(values);
   const draftModel = spec.draftModel === undefined ? undefined
     : await resolveDraftModel(spec.draftModel, modelPath);
   checkCanListen(host, port);

@@ -9,7 +9,7 @@
 import { existsSync } from "node:fs";
 import { kvTypes, type Backend, type KvType } from "../backend/backend.ts";
 import { chooseBackend, type BackendKind } from "../backend/select.ts";
-import { InferError } from "../errors.ts";
+import { InferError, quote } from "../errors.ts";
 import { openGguf, type GgufFile } from "../gguf/reader.ts";
 import type { Model, ModelShape } from "../model/model.ts";
 import type { Pooling } from "../model/pooling.ts";
@@ -70,7 +70,7 @@ export class Engine {
   static open(options: EngineOptions): Engine {
     const t0 = performance.now();
     if (!existsSync(options.modelPath)) {
-      throw new InferError("io", `model file not found: ${options.modelPath}`);
+      throw new InferError("io", `model file not found: ${quote(options.modelPath, 200)}`);
     }
     const file = openGguf(options.modelPath);
     let backend: Backend | null = null, backendWhy = "";

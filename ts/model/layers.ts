@@ -12,10 +12,29 @@ export class WeightTable {
   get(name: string, dims: readonly number[]): Weight {
     const t = this.file.tensors.get(name);
     if (!t) throw new InferError("bad_model", `model has no tensor '${name}'`);
-    if (t.dims.length !== dims.length || t.dims.some((d, i) => d !== dims[i])) {
-      throw new InferError("bad_model", `tensor '${name}' has shape [${t.dims}], expected [${dims}]`);
-    }
+    this.checkShape(name, t.dims, dims);
     return this.backend.weight(this.file, t);
+  }
+
+  private checkShape(name: string, have: readonly number[], dims: readonly number[]): void {
+    if (have.length !== dims.length || have.some((d, i) => d !== dims[i])) {
+      throw new InferError("bad_model", `tensor '${name}' has shape [${have}], expected [${dims}]`);
+    }
+  }
+
+  /**
+   * Whether an optional F32 vector is present, its type and shape checked without loading it: a
+   * table the graph may not use at this context is still refused when malformed.
+   */
+  checkVector(name: string, dims: readonly number[]): boolean {
+    const t = this.file.tensors.get(name);
+    if (!t) return false;
+    if (t.type.name !== "F32") {
+      throw new InferError("unsupported",
+        `vector tensor '${name}' is ${t.type.name}; only F32 is supported`);
+    }
+    this.checkShape(name, t.dims, dims);
+    return true;
   }
 
   optional(name: string, dims: readonly number[]): Weight | null {

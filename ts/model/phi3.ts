@@ -156,6 +156,14 @@ export class Phi3 implements Model {
       maxBatch);
     // One table for every layer (llama.cpp's blk.N copies are views of blk.0's).
     const long = contextLength > c.ropeOriginalContext;
+    const tables = (["short", "long"] as const).map((which) =>
+      t.checkVector(`rope_factors_${which}.weight`, [c.rotaryDims / 2]));
+    if (long && tables[0] && !tables[1]) {
+      // The short factors alone past the original context rotate as the model was never trained.
+      throw new InferError("bad_model", `a context of ${contextLength} is past ` +
+        `${c.architecture}'s original ${c.ropeOriginalContext} and the model has no tensor ` +
+        `'rope_factors_long.weight'; use -c ${c.ropeOriginalContext} or less`);
+    }
     const factors = t.optionalVector(`rope_factors_${long ? "long" : "short"}.weight`,
       [c.rotaryDims / 2]);
     const rope = {

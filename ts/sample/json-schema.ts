@@ -75,8 +75,12 @@ const tooLarge = (what: string): never => {
   throw new InferError("unsupported", `JSON schema: ${what}`);
 };
 
-/** Checks the nesting and size of the schema document, walking it without recursion. */
-function checkDocument(schema: unknown): void {
+/**
+ * Checks the nesting and size of a schema document, walking it without recursion: what must
+ * pass before anything recursive (structured cloning, JSON.stringify, a template's tojson)
+ * touches a value a client sent.
+ */
+export function checkJsonDocument(schema: unknown): void {
   const stack: unknown[] = [schema], depths: number[] = [1];
   for (let values = 0; stack.length > 0; values++) {
     if (values >= SCHEMA_VALUES_MAX) {
@@ -102,7 +106,7 @@ function shown(v: unknown): string {
 }
 
 export function compileSchema(schema: unknown): JsonNode {
-  checkDocument(schema);
+  checkJsonDocument(schema);
   const refs = new Map<string, JsonNode & { kind: "ref" }>();
   /** Where each reference was first met, for messages. */
   const refPaths = new Map<JsonNode, string>();

@@ -6,7 +6,7 @@
 import type { ChatMessage } from "../chat/template.ts";
 import type { ToolCall, ToolChoice, ToolFunction } from "../chat/tools.ts";
 import { InferError, quote } from "../errors.ts";
-import { anyObject, compileSchema, minLength } from "../sample/json-schema.ts";
+import { anyObject, checkJsonDocument, compileSchema, minLength } from "../sample/json-schema.ts";
 import type { SamplerOptions } from "../sample/sampler.ts";
 import { speculationModes, type SpeculationMode, type SpeculationOptions } from "../engine/speculation.ts";
 import type { Job, LogprobEntry, ResponseFormat } from "../runtime/job.ts";
@@ -313,6 +313,15 @@ function tools(body: Body): ToolFunction[] | undefined {
     }
     if (f.parameters !== undefined && !isObject(f.parameters)) {
       throw bad(`${param}.parameters`, `'${param}.parameters' must be a JSON schema object`);
+    }
+    if (f.parameters !== undefined) {
+      try {
+        checkJsonDocument(f.parameters);
+      } catch (err) {
+        if (!(err instanceof InferError)) throw err;
+        throw bad(`${param}.parameters`, `'${param}.parameters': ${err.message}`,
+          "unsupported_schema");
+      }
     }
     // OpenAI's default: a function without parameters takes an empty object.
     const parameters = f.parameters ?? { type: "object", properties: {} };
