@@ -1,7 +1,10 @@
 // Method: the default model (Gemma 3 270M, Q4_K_M: Q4_K, Q5_0, Q6_K and Q8_0 weights) through the
 // Metal backend on the emulated device against the CPU backend: a prompt of 6 tokens (its body
 // through the tiled prompt matmul, its last row's logits through the decode matvec), then two
-// single-token steps fed the CPU's greedy token, both backends on one model graph each. At every
+// single-token steps fed the CPU's greedy token, both backends on one model graph each. The steps'
+// attention goes through the split decode kernels (attention_decode.metal, 3 splits, and the
+// combine), which the cost model would take only from ~80 keys; every layer's head norms, RoPE,
+// query scale and KV store are one fused dispatch (norm_rope_store.metal). At every
 // position the top token must be the same and the KL divergence of the Metal logits from the CPU's,
 // over the whole vocabulary, under KL_MAX. The run costs ~8 s of CPU (the emulator starts ~4
 // million fibers a step); skipped, saying why, where the default model is not installed or the
@@ -31,6 +34,8 @@ import { EmulatedMetalDevice } from "./support/metal-emu.ts";
 const KL_MAX = 1.5e-2;
 
 const PROMPT = "The capital of France is";
+/** Splits of the decode steps' keys (7 and 8 of them): some spans of 3 keys, some of 2. */
+const DECODE_SPLITS = 3;
 const CONTEXT = 32;
 
 /** Why the emulator cannot run here, or null. */
@@ -76,7 +81,7 @@ describe.skipIf(why !== null)(title, () => {
       return (tokens: number[], position: number) =>
         model.forward(tokens, tokens.length, position, cache.layers).slice();
     };
-    const metalBackend = new MetalBackend(device);
+    const metalBackend = new MetalBackend(device, { decodeSplits: DECODE_SPLITS });
     const cpu = open(new CpuBackend()), metal = open(metalBackend);
     const tokens = tokenizerFromMetadata(file.metadata).encode(PROMPT, { addSpecial: true });
     expect(tokens.length).toBeGreaterThan(4); // the prompt's body takes the tiled matmul
