@@ -75,9 +75,10 @@ kernel void test_simd(device float* out [[buffer(0)]], constant EltwiseArgs& arg
 `;
 
 let device: EmulatedMetalDevice;
+// The first run after a shader change compiles the emulator: minutes on a loaded machine.
 beforeAll(() => {
   device = new EmulatedMetalDevice({ extraSource: testKernels });
-});
+}, { timeout: 600_000 });
 
 function dispatch(kernel: string, threads: number, buffers: Record<string, number>, argsIndex: number,
   values: { n: number; n_cols: number }, threadgroupBytes = 0): KernelDispatch {

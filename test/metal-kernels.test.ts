@@ -32,9 +32,10 @@ const TOL_ATTENTION = 2e-5;
 let device: EmulatedMetalDevice;
 const lib = native();
 
+// The first run after a shader change compiles the emulator: minutes on a loaded machine.
 beforeAll(() => {
   device = new EmulatedMetalDevice({ seed: 7 });
-});
+}, { timeout: 600_000 });
 
 type Data = Float32Array | Int32Array | Uint8Array | Uint16Array;
 

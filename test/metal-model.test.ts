@@ -63,10 +63,11 @@ describe.skipIf(why !== null)(title, () => {
   let file: GgufFile;
   let device: EmulatedMetalDevice;
   const backends: Backend[] = [];
+  // The first run after a shader change compiles the emulator: minutes on a loaded machine.
   beforeAll(() => {
     file = openGguf(modelPath);
     device = new EmulatedMetalDevice({ seed: 49 });
-  });
+  }, { timeout: 600_000 });
   afterAll(() => {
     for (const be of backends) be.dispose?.();
     device?.dispose();
