@@ -187,6 +187,29 @@ comptime {
     std.debug.assert(@sizeOf(CudaAddRmsNormQuantArgs) == 88);
 }
 
+/// infer_cuda_moe_matmul: matvecs indexed by expert id (lib/cuda/moe.zig matmul), one or two
+/// matrices of the same type and shape over the same slots (w1 = y1 = 0: one).
+pub const CudaMoeMatmulArgs = extern struct {
+    type_id: u32,
+    n_out: u64,
+    n_in: u64,
+    expert_bytes: u64,
+    n_expert: u64,
+    xq: u64,
+    xd: u64,
+    x_div: u64,
+    ids: u64,
+    n_slots: u64,
+    groups: u64,
+    w0: u64,
+    y0: u64,
+    w1: u64,
+    y1: u64,
+};
+comptime {
+    std.debug.assert(@sizeOf(CudaMoeMatmulArgs) == 120);
+}
+
 /// infer_cuda_act_mul_quant: out = act(gate) · up (kind 0 = GELU, 1 = SiLU), quantized.
 pub const CudaActMulQuantArgs = extern struct {
     kind: u32,

@@ -535,3 +535,4 @@ extern "C" __global__ void silu_mul_q(const float* gate, const float* up, int n_
 #include "attend_warps.cuh"
 #include "attend_prompt.cuh"
 #include "attend_decode_mma.cuh"
+#include "moe.cuh"

@@ -309,6 +309,33 @@ export interface ExpertOps {
     chosen: Int32Array, weights: Float32Array, k: number, out: Activation): void;
   /** Whether ffn runs `rows` tokens of experts `feedForward` wide. */
   ffnSupports?(rows: number, feedForward: number): boolean;
+  /**
+   * The whole layer with the router on the device (GPU backends): logits = router · x, each
+   * row's experts chosen as `routing` says, then ffn's sum; the expert ids and weights never
+   * reach the host, so a decode step with experts stays one recorded step (a CUDA graph). No
+   * biases, SwiGLU only. Absent where the host routes (moeFfn then reads the logits).
+   */
+  routedFfn?(w: ExpertWeights, x: Activation, rows: number, routing: Routing, out: Activation): void;
+}
+
+/** A mixture-of-experts layer's matrices: the router and each expert's (ExpertOps.split). */
+export interface ExpertWeights {
+  /** One logit per expert ([embedding, experts]). */
+  readonly router: Weight;
+  readonly gate: readonly Weight[];
+  readonly up: readonly Weight[];
+  readonly down: readonly Weight[];
+}
+
+/** How a token's experts are chosen from its router logits (ts/model/moe.ts route). */
+export interface Routing {
+  readonly experts: number;
+  /** Experts each token runs. */
+  readonly k: number;
+  /** "softmax": softmax, then the top k; "topk-softmax": the top k logits, softmax over them. */
+  readonly gating: "softmax" | "topk-softmax";
+  /** With "softmax": the k probabilities divided by their sum. */
+  readonly normalizeTopK: boolean;
 }
 
 /**

@@ -11,7 +11,8 @@ export type LaunchCall =
   | "infer_cuda_attention" | "infer_cuda_gelu_mul" | "infer_cuda_silu_mul" | "infer_cuda_add"
   | "infer_cuda_add_row_bias" | "infer_cuda_argmax" | "infer_cuda_kv_store_rows"
   | "infer_cuda_add_rms_norm_quant" | "infer_cuda_rms_norm_quant" | "infer_cuda_rms_norm2"
-  | "infer_cuda_act_mul_quant" | "infer_cuda_matmul_multi" | "infer_cuda_rope2" | "infer_cuda_norm_rope_store";
+  | "infer_cuda_act_mul_quant" | "infer_cuda_matmul_multi" | "infer_cuda_rope2" | "infer_cuda_norm_rope_store"
+  | "infer_cuda_moe_route" | "infer_cuda_moe_group" | "infer_cuda_moe_matmul" | "infer_cuda_moe_sum";
 
 /** One recorded launch call: which, its arguments by name, and what it does (for errors and profiles). */
 export type PendingOp = { [F in LaunchCall]: { fn: F; args: NamedArgs<F>; what: string } }[LaunchCall];

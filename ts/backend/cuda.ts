@@ -25,6 +25,7 @@ import { check, native, type Pointer } from "../native/lib.ts";
 import { callNamed, type NamedArgs } from "../native/calls.ts";
 import type { LaunchCall } from "./cuda-fuse.ts";
 import { AttentionBuffers, decodeSplit } from "./cuda-attention.ts";
+import { CudaExperts } from "./cuda-moe.ts";
 import { StepGraphs, type StepStats } from "./cuda-graphs.ts";
 import {
   kvTypesName, kvTypesOf, type Activation, type AttentionOptions, type Backend, type DeviceGreedy, type KvLayer, type KvType, type KvTypes,
@@ -97,6 +98,22 @@ export class CudaBackend implements Backend {
     dropTokens: () => this.dropTokens(),
     argmaxRows: (logits, rows) => this.argmaxRows(logits, rows),
   };
+  /** Mixture-of-experts layers, routed on the device (cuda-moe.ts). */
+  readonly experts: CudaExperts = new CudaExperts({
+    lib: native(),
+    backend: this,
+    view: (base, name, dims, offset) => {
+      const b = w(base);
+      return new CudaWeight(name, b.typeName, b.typeId, dims, b.address + offset, b.activationFormat, b.gpuLayout);
+    },
+    address: (x) => a(x).address,
+    op: (fn, args, what) => this.op(fn, args, what),
+    quantized: (x, rows, mode) => {
+      this.quantized(a(x), 0, rows, mode);
+      return { xq: this.xq, xd: this.xd };
+    },
+    written: (x) => { a(x).version++; },
+  });
   private readonly lib: Lib;
   private readonly graphsEnabled: boolean;
   private readonly gpuLayouts: boolean;
