@@ -263,8 +263,9 @@ comptime {
     std.debug.assert(@sizeOf(CudaRope2Args) == 88);
 }
 
-/// infer_cuda_kv_store: rows of k and v (kv_dim values each) into the f16 cache at cell
-/// positions[t] (mod cells when ring).
+/// infer_cuda_kv_store: rows of k and v (kv_dim values each) into the cache at cell
+/// positions[t] (mod cells when ring). k_type, v_type: the caches' ggml types, F16 (1), Q4_0 (2)
+/// or Q8_0 (8; kv_dim whole 32-value blocks), as for every CUDA cache below.
 pub const CudaKvStoreArgs = extern struct {
     k: u64,
     v: u64,
@@ -275,13 +276,15 @@ pub const CudaKvStoreArgs = extern struct {
     positions: u64,
     cells: u64,
     ring: bool,
+    k_type: u32 = 1,
+    v_type: u32 = 1,
 };
 comptime {
-    std.debug.assert(@sizeOf(CudaKvStoreArgs) == 72);
+    std.debug.assert(@sizeOf(CudaKvStoreArgs) == 80);
 }
 
 /// infer_cuda_norm_rope_store: one token's q/k head norms (wq = wk = 0: none), RoPE of both, and
-/// k/v into the f16 cache.
+/// k/v into the cache (of k_type, v_type: CudaKvStoreArgs).
 pub const CudaNormRopeStoreArgs = extern struct {
     q: u64,
     heads_q: u64,
@@ -302,9 +305,11 @@ pub const CudaNormRopeStoreArgs = extern struct {
     v_cache: u64,
     cells: u64,
     ring: bool,
+    k_type: u32 = 1,
+    v_type: u32 = 1,
 };
 comptime {
-    std.debug.assert(@sizeOf(CudaNormRopeStoreArgs) == 144);
+    std.debug.assert(@sizeOf(CudaNormRopeStoreArgs) == 152);
 }
 
 /// infer_cuda_attention: causal (optionally sliding-window) GQA of n_tok query rows over f16
@@ -314,7 +319,7 @@ comptime {
 /// decode). `scratch` holds infer_cuda_attention_scratch(...) f32 values; with n_split > 1,
 /// `arrived` holds n_tok · n_head zeroed u32 counters (left zero). quant_mode 0 or 1: the output
 /// also quantized into quant_q, quant_d (the o-projection's input), in the kernel's epilogue
-/// where it can; -1: not.
+/// where it can; -1: not. k_type, v_type: the caches' types (CudaKvStoreArgs).
 pub const CudaAttentionArgs = extern struct {
     q: u64,
     k_cache: u64 = 0,
@@ -337,9 +342,11 @@ pub const CudaAttentionArgs = extern struct {
     quant_mode: i32 = -1,
     quant_q: u64 = 0,
     quant_d: u64 = 0,
+    k_type: u32 = 1,
+    v_type: u32 = 1,
 };
 comptime {
-    std.debug.assert(@sizeOf(CudaAttentionArgs) == 160);
+    std.debug.assert(@sizeOf(CudaAttentionArgs) == 168);
 }
 
 /// infer_nccl_all_reduce and infer_nccl_all_gather: one rank's collective on its communicator

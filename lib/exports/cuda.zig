@@ -135,7 +135,7 @@ export fn infer_cuda_rope(args: *const abi.CudaRopeArgs) i32 {
     return cuda.ops.rope(args.*);
 }
 
-/// Rows of k and v into the f16 cache at cell positions[t] (mod cells when ring).
+/// Rows of k and v into the cache (f16, q8_0 or q4_0) at cell positions[t] (mod cells when ring).
 export fn infer_cuda_kv_store(args: *const abi.CudaKvStoreArgs) i32 {
     return cuda.ops.kvStore(args.*);
 }
@@ -176,15 +176,15 @@ export fn infer_cuda_set_decode_attention(mode: u32) i32 {
     return cuda.ops.setDecodeAttention(mode);
 }
 
-/// Whether infer_cuda_attention takes these shapes with a table of caches.
-export fn infer_cuda_attention_rows_fit(n_head: u64, n_kv_head: u64, head_dim: u64) bool {
-    return cuda.ops.decodeAttentionFits(n_head, n_kv_head, head_dim);
+/// Whether infer_cuda_attention takes these shapes and cache types with a table of caches.
+export fn infer_cuda_attention_rows_fit(n_head: u64, n_kv_head: u64, head_dim: u64, k_type: u32, v_type: u32) bool {
+    return cuda.ops.attentionRowsFit(n_head, n_kv_head, head_dim, k_type, v_type);
 }
 
 /// Keys and values of rows of different sequences into their caches (the table of
 /// infer_cuda_attention).
-export fn infer_cuda_kv_store_rows(k: u64, v: u64, kv_dim: u64, n_tok: u64, kv_table: u64, positions: u64, cells: u64, ring: bool) i32 {
-    return cuda.ops.kvStoreRows(k, v, kv_dim, n_tok, kv_table, positions, cells, ring);
+export fn infer_cuda_kv_store_rows(k: u64, v: u64, kv_dim: u64, n_tok: u64, kv_table: u64, positions: u64, cells: u64, ring: bool, k_type: u32, v_type: u32) i32 {
+    return cuda.ops.kvStoreRows(k, v, kv_dim, n_tok, kv_table, positions, cells, ring, k_type, v_type);
 }
 
 export fn infer_cuda_gelu_mul(gate: u64, up: u64, n: u64, out: u64) i32 {

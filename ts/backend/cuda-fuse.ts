@@ -172,6 +172,7 @@ function normRopeStore(ops: PendingOp[], i: number): { op: PendingOp; length: nu
       q: A.x, heads_q: A.n_heads, k: B.x, heads_k: B.n_heads, v: S.v, wq, wk, eps, head_dim: A.head_dim,
       n_rot: A.n_rot, positions: A.positions, freq_base: A.freq_base, freq_scale: A.freq_scale, mode: A.mode,
       freq_factors: A.freq_factors, k_cache: S.k_cache, v_cache: S.v_cache, cells: S.cells, ring: S.ring,
+      k_type: S.k_type, v_type: S.v_type,
     } },
     length: (norms ? 2 : 0) + 3,
   };

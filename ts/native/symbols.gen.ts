@@ -81,8 +81,8 @@ export const symbols = {
   infer_cuda_cublas_min_tokens: { args: [], returns: FFIType.u32 },
   infer_cuda_set_batch_mma: { args: [FFIType.u32], returns: FFIType.i32 },
   infer_cuda_set_decode_attention: { args: [FFIType.u32], returns: FFIType.i32 },
-  infer_cuda_attention_rows_fit: { args: [FFIType.u64, FFIType.u64, FFIType.u64], returns: FFIType.bool },
-  infer_cuda_kv_store_rows: { args: [FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.bool], returns: FFIType.i32 },
+  infer_cuda_attention_rows_fit: { args: [FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u32, FFIType.u32], returns: FFIType.bool },
+  infer_cuda_kv_store_rows: { args: [FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.bool, FFIType.u32, FFIType.u32], returns: FFIType.i32 },
   infer_cuda_gelu_mul: { args: [FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64], returns: FFIType.i32 },
   infer_cuda_silu_mul: { args: [FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64], returns: FFIType.i32 },
   infer_cuda_add: { args: [FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64], returns: FFIType.i32 },
@@ -206,8 +206,8 @@ export const parameters = {
   infer_cuda_cublas_min_tokens: [],
   infer_cuda_set_batch_mma: ["min_tokens"],
   infer_cuda_set_decode_attention: ["mode"],
-  infer_cuda_attention_rows_fit: ["n_head", "n_kv_head", "head_dim"],
-  infer_cuda_kv_store_rows: ["k", "v", "kv_dim", "n_tok", "kv_table", "positions", "cells", "ring"],
+  infer_cuda_attention_rows_fit: ["n_head", "n_kv_head", "head_dim", "k_type", "v_type"],
+  infer_cuda_kv_store_rows: ["k", "v", "kv_dim", "n_tok", "kv_table", "positions", "cells", "ring", "k_type", "v_type"],
   infer_cuda_gelu_mul: ["gate", "up", "n", "out"],
   infer_cuda_silu_mul: ["gate", "up", "n", "out"],
   infer_cuda_add: ["a", "b", "n", "out"],
@@ -461,7 +461,7 @@ export const structs = {
     },
   },
   CudaKvStoreArgs: {
-    size: 72,
+    size: 80,
     fields: {
       k: { type: "u64", offset: 0 },
       v: { type: "u64", offset: 8 },
@@ -472,10 +472,12 @@ export const structs = {
       positions: { type: "u64", offset: 48 },
       cells: { type: "u64", offset: 56 },
       ring: { type: "bool", offset: 64 },
+      k_type: { type: "u32", offset: 68, value: 1 },
+      v_type: { type: "u32", offset: 72, value: 1 },
     },
   },
   CudaNormRopeStoreArgs: {
-    size: 144,
+    size: 152,
     fields: {
       q: { type: "u64", offset: 0 },
       heads_q: { type: "u64", offset: 8 },
@@ -496,10 +498,12 @@ export const structs = {
       v_cache: { type: "u64", offset: 120 },
       cells: { type: "u64", offset: 128 },
       ring: { type: "bool", offset: 136 },
+      k_type: { type: "u32", offset: 140, value: 1 },
+      v_type: { type: "u32", offset: 144, value: 1 },
     },
   },
   CudaAttentionArgs: {
-    size: 160,
+    size: 168,
     fields: {
       q: { type: "u64", offset: 0 },
       k_cache: { type: "u64", offset: 8, value: 0 },
@@ -522,6 +526,8 @@ export const structs = {
       quant_mode: { type: "i32", offset: 136, value: -1 },
       quant_q: { type: "u64", offset: 144, value: 0 },
       quant_d: { type: "u64", offset: 152, value: 0 },
+      k_type: { type: "u32", offset: 160, value: 1 },
+      v_type: { type: "u32", offset: 164, value: 1 },
     },
   },
   NcclCollectiveArgs: {
