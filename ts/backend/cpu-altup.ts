@@ -70,7 +70,7 @@ export function cpuAltUpOps(rowsOf: (x: Activation) => Float32Array,
         const mean = sum / n;
         let squares = 0;
         for (let j = 0; j < n; j++) squares += (v[o + j] - mean) ** 2;
-        const cutoff = f(mean + Math.sqrt(squares / n) * multiplier);
+        const cutoff = f(mean + Math.sqrt(squares / (n - 1)) * multiplier);
         for (let j = 0; j < n; j++) v[o + j] = Math.max(0, f(v[o + j] - cutoff));
       }
     },
