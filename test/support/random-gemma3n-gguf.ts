@@ -6,7 +6,9 @@
 // writes it (conversion/gemma.py, Gemma3NModel), which infer reads and llama.cpp ignores. Narrow
 // embedding and FFN widths and the toy vocabulary keep it quick. Deterministic for a given spec.
 import { GgmlType } from "../../ts/gguf/types.ts";
-import { gguf, writeGguf, type GgufTensorToWrite, type GgufTypedValue } from "../../ts/gguf/writer.ts";
+import {
+  gguf, writeGguf, type GgufTensorToWrite, type GgufTypedValue,
+} from "../../ts/gguf/writer.ts";
 import { randomTensorData } from "./random-quant-gguf.ts";
 import { toyTokenizerMetadata, toyVocabulary } from "./tiny-gguf.ts";
 
@@ -108,14 +110,16 @@ export function randomGemma3nGguf(s: RandomGemma3nSpec): Uint8Array {
     vector(`${p}.laurel_post_norm.weight`, e, 1, 0.1);
   }
   const arch = "gemma3n";
-  const sparsity = new Float32Array(s.layers).map((_, i) => i < SPARSE_LAYERS ? SPARSITY_SCALE : -Infinity);
+  const sparsity = Array.from({ length: s.layers }, (_, i) =>
+    i < SPARSE_LAYERS ? SPARSITY_SCALE : -Infinity);
   const metadata: [string, GgufTypedValue][] = [
     ["general.architecture", gguf.str(arch)],
     ["general.name", gguf.str("random-gemma3n")],
     [`${arch}.context_length`, gguf.u32(32768)],
     [`${arch}.embedding_length`, gguf.u32(e)],
     [`${arch}.block_count`, gguf.u32(s.layers)],
-    [`${arch}.feed_forward_length`, { type: "arr", element: "u32", value: Array(s.layers).fill(f) }],
+    [`${arch}.feed_forward_length`,
+      { type: "arr", element: "u32", value: Array(s.layers).fill(f) }],
     [`${arch}.attention.head_count`, gguf.u32(s.heads)],
     [`${arch}.attention.head_count_kv`, gguf.u32(s.kvHeads)],
     [`${arch}.attention.key_length`, gguf.u32(s.headDim)],
@@ -129,7 +133,7 @@ export function randomGemma3nGguf(s: RandomGemma3nSpec): Uint8Array {
     [`${arch}.altup.num_inputs`, gguf.u32(STREAMS)],
     [`${arch}.embedding_length_per_layer_input`, gguf.u32(PER_LAYER)],
     [`${arch}.attention.shared_kv_layers`, gguf.u32(s.layers - KV_LAYERS)],
-    [`${arch}.activation_sparsity_scale`, gguf.f32s([...sparsity])],
+    [`${arch}.activation_sparsity_scale`, gguf.f32s(sparsity)],
     // llama.cpp reads a period of 5 where it finds this array; the converter writes the layers'
     // kinds, here the same period.
     [`${arch}.attention.sliding_window_pattern`,
