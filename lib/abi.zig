@@ -113,6 +113,19 @@ comptime {
     std.debug.assert(@sizeOf(MoeShape) == 56);
 }
 
+/// infer_altup_predict and infer_altup_correct: Gemma 3n's n_streams AltUp streams (at most
+/// 16), each n_rows x n_cols f32 values at an address of a table; `active` is the stream the block
+/// ran on (correct only).
+pub const AltUpShape = extern struct {
+    n_streams: u64,
+    n_rows: u64,
+    n_cols: u64,
+    active: u64 = 0,
+};
+comptime {
+    std.debug.assert(@sizeOf(AltUpShape) == 32);
+}
+
 // ---- the CUDA backend's calls: device addresses and counts as u64 ------------------------------
 // `mode` of a quantized output: 0 = Q8_0 blocks, 1 = Q8_K superblocks, into q (int8) and d (one
 // f32 scale per 32 values).

@@ -1,10 +1,11 @@
-// Phi-3 / Phi-4, Mistral and Mistral 3 against llama.cpp: random-weight GGUFs with the families' shapes
+// Phi-3 / Phi-4, Mistral, Mistral 3 and Gemma 3n against llama.cpp: random-weight GGUFs with the
+// families' shapes
 // (test/support/arch-golden.ts), rebuilt here exactly as test/fixtures/gen-arch-llama-golden.ts
 // wrote them for dump-logits.c (libllama). The greedy tokens must be llama.cpp's, and the top
 // logits at the last prompt position close to its; Phi-4-mini's shape runs at a context within
 // LongRoPE's original one (short factors) and past it (long factors), as llama.cpp picks them;
 // Ministral 3's prompts and greedy tokens run past its original context, where the query
-// temperature applies.
+// temperature applies; Gemma 3n's run past its sliding window into the layers that share keys.
 import { afterAll, describe, expect, test } from "bun:test";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -12,13 +13,14 @@ import { join } from "node:path";
 import { Engine } from "../ts/engine/engine.ts";
 import { createKvCache } from "../ts/engine/kv-cache.ts";
 import { argmax } from "../ts/sample/sampler.ts";
-import { ARCH_GOLDEN_SPECS } from "./support/arch-golden.ts";
+import { ARCH_GOLDEN_FILES } from "./support/arch-golden.ts";
 import { gguf, type GgufTypedValue } from "../ts/gguf/writer.ts";
 import { ministral3Q4_0, phi3MiniQ4_0, randomQuantGguf } from "./support/random-quant-gguf.ts";
 
 interface Case {
   spec: string; ctx: number; prompt: number[]; top: [number, number][];
-  top_ubatch1: [number, number | null][]; generated: number[];
+  top_ubatch1: [number, number | null][]; generated: number[]; margins: number[];
+  decode_generated: number[];
 }
 const fixture = await Bun.file(join(import.meta.dir, "fixtures", "arch-llama-golden.json")).json();
 const dir = mkdtempSync(join(tmpdir(), "infer-arch-golden-"));
@@ -34,29 +36,59 @@ const TOP_LOGITS_TOLERANCE = 1e-3;
  * Q5_K matmul is suspected, not the phi3 graph; llama.cpp's own answer moves by 1e-2 when it
  * evaluates the prompt a token at a time (the fixture's top_ubatch1).
  */
-const KNOWN_TOLERANCE: Record<string, number> = { "phi4MiniKQuants@8192": 6e-3 };
+const KNOWN_TOLERANCE: Record<string, number> = {
+  "phi4MiniKQuants@8192": 6e-3,
+  // Gemma 3n's 25 and 30 random layers carry a rounding that differs (an f16 query or
+  // probability, one step of a quantized activation) to the logits amplified: on a 5-token
+  // prompt infer's streams equal llama.cpp's to 4 decimals through layer 18, then layer 19's
+  // attention output differs by 1e-4, its FFN gate by 1e-3 (Q8_0 activations rounded on the other
+  // side of a step) and its FFN output by 3%. Up to 3.2e-3 (Q8_0) and 1.7e-2 (K-quants, whose
+  // Q8_K activations round 256 values to one scale) are seen at the last prompt position, where
+  // prompts of 2 or 3 tokens (no batched kernel in llama.cpp) and the 12-token Q8_0 one are
+  // within 1e-7; llama.cpp's own token-at-a-time answer is 0.6e-2 to 2e-2 from its one-batch
+  // one. With transformers' gaussian top-k deviation (over n) in place of llama.cpp's (over
+  // n − 1) the Q8_0 logits are 5.7e-3 and 8.3e-3 off and the 12-token prompt's greedy tokens
+  // part after 3; the K-quants file's noise hides that difference.
+  "gemma3nQ8_0@256": 5e-3,
+  "gemma3nKQuants@256": 2.5e-2,
+};
 
-describe("phi3, Mistral-shaped llama and mistral3 equal llama.cpp on random-weight GGUFs", () => {
-  for (const [name, spec] of Object.entries(ARCH_GOLDEN_SPECS)) {
+/**
+ * Gemma 3n's amplifying random models: the greedy tokens are compared up to the first step whose
+ * margin (llama.cpp's top two logits) is within the logits' noise above (the tolerance times the
+ * largest top logit), or where llama.cpp's two answers (one batch; token at a time) part; past
+ * that either token is an answer. Every other family is held to all 16.
+ */
+function comparedTokens(c: Case, tolerance: number): number {
+  if (!c.spec.startsWith("gemma3n")) return c.generated.length;
+  const noise = tolerance * Math.max(...c.top.map(([, l]) => Math.abs(l)));
+  const part = c.generated.findIndex((t, i) =>
+    t !== c.decode_generated[i] || c.margins[i] <= noise);
+  return part < 0 ? c.generated.length : part;
+}
+
+describe("phi3, Mistral-shaped llama, mistral3 and gemma3n equal llama.cpp on random-weight GGUFs", () => {
+  for (const [name, file] of Object.entries(ARCH_GOLDEN_FILES)) {
     const path = join(dir, `${name}.gguf`);
-    writeFileSync(path, randomQuantGguf(spec));
+    writeFileSync(path, file());
     for (const c of (fixture.cases as Case[]).filter((x) => x.spec === name)) {
+      const tolerance = KNOWN_TOLERANCE[`${c.spec}@${c.ctx}`] ?? TOP_LOGITS_TOLERANCE;
+      const compared = comparedTokens(c, tolerance);
       for (const batch of [256, 4]) {
         test(`${name}, context ${c.ctx}, ${c.prompt.length} prompt tokens in batches of ${batch}: ` +
-          "greedy tokens and top logits", () => {
+          `${compared} greedy tokens and top logits`, () => {
           const engine = Engine.open({ modelPath: path, contextLength: c.ctx, batch, kvType: "f16",
             threads: 2 });
           try {
             let logits = engine.evaluate(c.prompt);
             const scale = Math.max(...c.top.map(([, l]) => Math.abs(l)));
             const worst = Math.max(...c.top.map(([id, l]) => Math.abs(logits[id] - l) / scale));
-            const tolerance = KNOWN_TOLERANCE[`${c.spec}@${c.ctx}`] ?? TOP_LOGITS_TOLERANCE;
             const tokens: number[] = [];
-            for (let i = 0; i < c.generated.length; i++) {
+            for (let i = 0; i < compared; i++) {
               tokens.push(argmax(logits));
-              if (i + 1 < c.generated.length) logits = engine.evaluate([tokens[i]]);
+              if (i + 1 < compared) logits = engine.evaluate([tokens[i]]);
             }
-            expect(tokens).toEqual(c.generated);
+            expect(tokens).toEqual(c.generated.slice(0, compared));
             expect(worst).toBeLessThan(tolerance);
           } finally {
             engine.close();

@@ -1,8 +1,8 @@
 // Method: Gemma 3n's text graph against transformers on the tiny random Gemma3nForCausalLM of
 // test/fixtures/hf-tiny/gemma3n (gen-hf-reference.py), imported as F32. hf-reference.test.ts
 // holds the runtime as it is (its GELU reads ggml's f16 table, as llama.cpp's does) to Gemma 3's
-// bars; here the same graph runs with transformers' GELU swapped in, so that what is left is
-// summation order, and the logits are held to the issue's 1e-5 relative at every position. Also:
+// bars; here the same graph runs with transformers' GELU and gaussian top-k deviation swapped in
+// (the runtime follows llama.cpp's on both), so that what is left is summation order, and the logits are held to the issue's 1e-5 relative at every position. Also:
 // prefill equals token-by-token decoding (the shared keys and values of the last layers come from
 // the cache), the import's metadata, and one-line refusals.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
@@ -23,6 +23,7 @@ const reference = JSON.parse(readFileSync(join(import.meta.dir, "fixtures", "hf-
   "utf8")).gemma3n as {
     all_positions: { tokens: number[]; logits: number[][] };
     last_position: { tokens: number[]; logits: number[] };
+    greedy: { tokens: number[]; continuation: number[] };
   };
 const dir = mkdtempSync(join(tmpdir(), "infer-gemma3n-"));
 const path = join(dir, "gemma3n-f32.gguf");
@@ -38,8 +39,12 @@ afterAll(() => {
   rmSync(dir, { recursive: true, force: true });
 });
 
-/** transformers' gelu_pytorch_tanh, for the graph check (the CPU kernel reads ggml's f16 table). */
-function withExactGelu(be: CpuBackend): Backend {
+/**
+ * transformers' maths where the runtime follows llama.cpp's: gelu_pytorch_tanh (the CPU kernel
+ * reads ggml's f16 table) and the gaussian top-k's population deviation (llama.cpp's graph, and so
+ * the runtime, divide the squares by n − 1).
+ */
+function withTransformersMaths(be: CpuBackend): Backend {
   const geluMul = (gate: Activation, up: Activation, rows: number, out: Activation) => {
     const g = be.read(gate, rows), u = be.read(up, rows), o = be.read(out, rows);
     for (let i = 0; i < g.length; i++) {
@@ -47,9 +52,23 @@ function withExactGelu(be: CpuBackend): Backend {
       o[i] = 0.5 * x * (1 + Math.tanh(Math.sqrt(2 / Math.PI) * (x + 0.044715 * x * x * x))) * u[i];
     }
   };
+  const gaussianTopK = (x: Activation, rows: number, multiplier: number) => {
+    const v = be.read(x, rows), n = x.cols;
+    for (let r = 0; r < rows; r++) {
+      const row = v.subarray(r * n, (r + 1) * n);
+      let sum = 0, squares = 0;
+      for (const y of row) sum += y;
+      const mean = sum / n;
+      for (const y of row) squares += (y - mean) ** 2;
+      const cutoff = Math.fround(mean + Math.sqrt(squares / n) * multiplier);
+      for (let j = 0; j < n; j++) row[j] = Math.max(0, Math.fround(row[j] - cutoff));
+    }
+  };
+  const altup = { ...be.altup!, gaussianTopK };
   return new Proxy(be, {
     get(target, key) {
       if (key === "geluMul") return geluMul;
+      if (key === "altup") return altup;
       const value = Reflect.get(target, key);
       return typeof value === "function" ? value.bind(target) : value;
     },
@@ -82,19 +101,36 @@ function withModel<T>(be: Backend, fn: (m: Model, run: (tokens: number[], positi
 }
 
 describe("gemma3n: the graph equals transformers'", () => {
-  test("F32 with transformers' GELU: logits within 1e-5 relative at every position", () => {
+  test("F32 with transformers' GELU and deviation: logits within 1e-5 relative at every position", () => {
     const be = new CpuBackend();
     be.setThreads(2);
-    withModel(withExactGelu(be), (_m, run) => {
+    withModel(withTransformersMaths(be), (_m, run) => {
       const rows = run(reference.all_positions.tokens, 0, true);
       expect(rows).toHaveLength(reference.all_positions.tokens.length);
       const errors = rows.map((row, i) => relativeError(row, reference.all_positions.logits[i]));
       expect(Math.max(...errors)).toBeLessThan(1e-5);
     });
-    withModel(withExactGelu(be), (_m, run) => {
+    withModel(withTransformersMaths(be), (_m, run) => {
       const [last] = run(reference.last_position.tokens, 0, false);
       expect(relativeError(last, reference.last_position.logits)).toBeLessThan(1e-5);
     });
+    be.dispose();
+  });
+
+  test("F32 with transformers' GELU and deviation: greedy continuation 16/16", () => {
+    const be = new CpuBackend();
+    be.setThreads(2);
+    const { tokens, continuation } = reference.greedy;
+    const got = withModel(withTransformersMaths(be), (_m, run) => {
+      let [logits] = run(tokens, 0, false);
+      const out: number[] = [];
+      for (let i = 0; i < continuation.length; i++) {
+        out.push(logits.indexOf(Math.max(...logits)));
+        [logits] = run([out[i]], tokens.length + i, false);
+      }
+      return out;
+    });
+    expect(got).toEqual(continuation);
     be.dispose();
   });
 

@@ -67,14 +67,18 @@ const root = join(import.meta.dir, "..");
 //        seen, and the bar of 4e-1 still fails a wrong layout or scale (errors of order 1).
 //  qwen3moe: F32 is held to the issue's 1e-5 for new families (2.4e-6 seen); F16 (exact for its
 //        BF16 fixture) 2.4e-6 and Q8_0 4.2e-2, within the others' bars.
-//  gemma3n: its GELUs (FFN and per-layer gate) read the same f16 table as Gemma 3's, held to
-//        Gemma 3's bars: 2.6e-4 to 5.4e-4 is seen at F32; transformers' own float32 and float64
-//        runs differ by up to 2.5e-4 with that GELU (8.8e-7 to 2.4e-6 with its own). The graph
-//        without the table is held to the issue's 1e-5 in gemma3n.test.ts, with transformers'
-//        GELU swapped in. Only F32 is compared: the gaussian top-k keeps the 5% of gate values
-//        above mean + 1.645 std and passes on their distance to that cutoff, a difference of
-//        near-equal numbers that amplifies weight rounding (last prompt position: F16 4.6e-3,
-//        Q8_0 0.13, Q4_K 0.58 seen against F32's 3.4e-4).
+//  gemma3n: the runtime follows llama.cpp where it differs from transformers: its GELUs (FFN
+//        and per-layer gate) read the same f16 table as Gemma 3's (2.6e-4 to 5.4e-4 at F32
+//        with that alone) and the gaussian top-k's deviation divides by n − 1, not n, which on
+//        these 128-wide gates moves the cutoff by 0.4% of a deviation, amplified by the sparsity
+//        (below): 1.3e-2 at every position of one prompt, 7.1e-2 at the last of another, and one
+//        of the 16 greedy tokens changes. So the logits and greedy checks run in gemma3n.test.ts,
+//        with transformers' GELU and deviation swapped in, to the issue's 1e-5 at every position
+//        and 16/16; here the runtime's perplexity (7.9e-4 seen) and embeddings (3.2e-4) are held
+//        to GEMMA3N_F32. Quantized imports are not compared: the gaussian top-k keeps the 5% of
+//        gate values above mean + 1.645 std and passes on their distance to that cutoff, a
+//        difference of near-equal numbers that amplifies weight rounding (last prompt position,
+//        with transformers' deviation: F16 4.6e-3, Q8_0 0.13, Q4_K 0.58 against F32's 3.4e-4).
 //  gptoss: F32 1e-5 (4.6e-6 seen; transformers' own float32 run is 1.3e-5 from its float64 one
 //        on this model, whose norms near 2.5 make the clamped SwiGLU clamp). Its F32 fixture
 //        rounded to f16 or quantized moves router logits past the closest top-2 margin (0.004):
@@ -84,6 +88,8 @@ const TOLERANCE: Record<QuantName, number> = { F32: 1e-4, F16: 1e-3, Q8_0: 6e-2,
   Record<QuantName, number>;
 const GEMMA3_TOLERANCE: Partial<Record<QuantName, number>> = { F32: 1e-3, F16: 1e-3, Q8_0: 1e-1 };
 const QUANTS = ["F32", "F16", "Q8_0", "Q4_K"] as const;
+/** gemma3n's F32 perplexity and embedding distance: llama.cpp's deviation (see above). */
+const GEMMA3N_F32 = { perplexity: 3e-3, embeddingDistance: 2e-3 };
 
 function tolerance(arch: string, quant: QuantName): number {
   // The issue's bar for new families.
@@ -167,7 +173,7 @@ for (const arch of archs) {
     // against 0.04 at Q8_0); the quantized MoE graph is held to llama.cpp instead
     // (moe-llama-golden.test.ts).
     for (const quant of QUANTS.filter((q) => (arch !== "qwen3moe" || q !== "Q4_K") &&
-      ((arch !== "gptoss" && arch !== "gemma3n") || q === "F32"))) {
+      (arch !== "gptoss" || q === "F32") && arch !== "gemma3n")) {
       test(`${quant} logits at every position and at the last of a prompt`, () => {
         withEngine(modelPath(arch, quant), (e) => {
           expect(e.model.info.vocabSize).toBe(ref.vocab);
@@ -188,7 +194,8 @@ for (const arch of archs) {
       });
     }
 
-    test("F32 greedy continuation equals transformers'", () => {
+    // gemma3n: run with transformers' maths in gemma3n.test.ts (see GEMMA3N_F32).
+    if (arch !== "gemma3n") test("F32 greedy continuation equals transformers'", () => {
       withEngine(modelPath(arch, "F32"), (e) => {
         const r = e.generate(ref.greedy.tokens, {
           maxTokens: ref.greedy.continuation.length, ignoreEos: true,
@@ -205,7 +212,8 @@ for (const arch of archs) {
         const r = perplexity(e, text, { contextLength: p.n_ctx, chunks: p.chunks });
         expect(r.chunks).toBe(p.chunks);
         expect(r.scoredTokens).toBe(p.chunks * (p.n_ctx / 2 - 1));
-        expect(Math.abs(r.perplexity - p.value) / p.value).toBeLessThan(1e-4);
+        expect(Math.abs(r.perplexity - p.value) / p.value).toBeLessThan(
+          arch === "gemma3n" ? GEMMA3N_F32.perplexity : 1e-4);
       });
     });
 
@@ -223,8 +231,9 @@ for (const arch of archs) {
             onDone: (v) => got.set(pooling, v), onError: (err) => { throw err; } });
         }
         while (scheduler.busy) scheduler.step();
-        expect(cosineDistance(got.get("mean")!, want.mean)).toBeLessThan(EMBEDDING_DISTANCE_MAX);
-        expect(cosineDistance(got.get("last")!, want.last)).toBeLessThan(EMBEDDING_DISTANCE_MAX);
+        const bar = arch === "gemma3n" ? GEMMA3N_F32.embeddingDistance : EMBEDDING_DISTANCE_MAX;
+        expect(cosineDistance(got.get("mean")!, want.mean)).toBeLessThan(bar);
+        expect(cosineDistance(got.get("last")!, want.last)).toBeLessThan(bar);
       });
     });
 

@@ -411,3 +411,76 @@ describe("activations, softmax, add, scale", () => {
     expectInferError(() => lib.infer_softmax(new Float32Array(1), 1, 0), "n_cols");
   });
 });
+
+describe("Gemma 3n: AltUp prediction and correction, gaussian top-k, magnitude matching", () => {
+  const lib = native();
+  // The streams live in one large array (its address is stable), reached through a table of
+  // their addresses as the model passes them.
+  const K = 4, ROWS = 3;
+  for (const n of ODD_SIZES.filter((s) => s > 1)) {
+    test(`n = ${n}`, () => {
+      const rand = rng(n + 2000), size = ROWS * n;
+      // Large enough that its storage never moves (a small array's may: DESIGN.md, bun:ffi).
+      const pool = new Float32Array(1 << 16), base = BigInt(ptr(pool));
+      pool.set(randomF32(3 * K * size, rand, 20));
+      const stream = (i: number) => pool.subarray(i * size, (i + 1) * size);
+      const table = (first: number) => BigUint64Array.from({ length: K }, (_, i) =>
+        base + BigInt((first + i) * size * 4));
+      const x = Array.from({ length: K }, (_, i) => stream(i).slice());
+      const coefs = randomF32(ROWS * K * K, rand, 0.3);
+      const shape = (active = 0) => packStruct("AltUpShape",
+        { n_streams: K, n_rows: ROWS, n_cols: n, active });
+      check(lib.infer_altup_predict(table(0), coefs, table(K), shape()), "altup_predict");
+      const predicted = Array.from({ length: K }, (_, i) => Array.from({ length: size }, (_, o) => {
+        const r = Math.floor(o / n);
+        let sum = 0;
+        for (let s = 0; s < K; s++) sum += coefs[r * K * K + i * K + s] * x[s][o];
+        return x[i][o] + sum;
+      }));
+      for (let i = 0; i < K; i++) {
+        expect(normalisedError(stream(K + i), predicted[i])).toBeLessThan(TOL_F32);
+      }
+
+      const activated = stream(2 * K).slice(), c = randomF32(ROWS * K, rand, 0.5), active = 1;
+      const p = Array.from({ length: K }, (_, i) => stream(K + i).slice());
+      check(lib.infer_altup_correct(table(K), activated, c, table(K), shape(active)),
+        "altup_correct");
+      for (let i = 0; i < K; i++) {
+        const want = Array.from({ length: size }, (_, o) =>
+          p[i][o] + (c[Math.floor(o / n) * K + i] + 1) * (activated[o] - p[active][o]));
+        expect(normalisedError(stream(K + i), want)).toBeLessThan(TOL_F32);
+      }
+
+      const gate = randomF32(size, rand, 3), sparse = gate.slice();
+      check(lib.infer_gaussian_top_k(sparse, ROWS, n, 1.6448533535003662), "gaussian_top_k");
+      const want: number[] = [];
+      for (let r = 0; r < ROWS; r++) {
+        const row = Array.from(gate.subarray(r * n, (r + 1) * n));
+        const mean = row.reduce((a, b) => a + b, 0) / n;
+        const std = Math.sqrt(row.reduce((a, v) => a + (v - mean) ** 2, 0) / (n - 1));
+        want.push(...row.map((v) => Math.max(0, v - (mean + 1.6448533535003662 * std))));
+      }
+      expect(normalisedError(sparse, want)).toBeLessThan(TOL_F32);
+
+      const target = randomF32(size, rand, 7), scaled = gate.slice();
+      check(lib.infer_match_magnitude(scaled, target, ROWS, n, 1e-5), "match_magnitude");
+      const matched: number[] = [];
+      for (let r = 0; r < ROWS; r++) {
+        const ms = (a: Float32Array) =>
+          a.subarray(r * n, (r + 1) * n).reduce((s, v) => s + v * v, 0) / n;
+        const k = Math.sqrt(ms(target)) / Math.sqrt(Math.max(ms(gate), 1e-5));
+        matched.push(...Array.from(gate.subarray(r * n, (r + 1) * n), (v) => v * k));
+      }
+      expect(normalisedError(scaled, matched)).toBeLessThan(TOL_F32);
+    });
+  }
+  test("bad shapes are InferErrors", () => {
+    const one = new Float32Array(1 << 16), t = BigUint64Array.from([BigInt(ptr(one)), 0n]);
+    expectInferError(() => lib.infer_altup_predict(t, one, t, packStruct("AltUpShape",
+      { n_streams: 2, n_rows: 1, n_cols: 4 })), "stream 1 is null");
+    expectInferError(() => lib.infer_altup_correct(t, one, one, t, packStruct("AltUpShape",
+      { n_streams: 2, n_rows: 1, n_cols: 4, active: 2 })), "active stream 2 of 2");
+    expectInferError(() => lib.infer_gaussian_top_k(one, 1, 1, 1), "n_cols must be > 1");
+    expectInferError(() => lib.infer_copy_columns(one, 4, 3, 1, one, 2), "columns 3..5 of 4");
+  });
+});

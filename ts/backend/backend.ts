@@ -359,9 +359,11 @@ export interface AltUpOps {
    */
   matchMagnitude(x: Activation, target: Activation, rows: number, floor: number): void;
   /**
-   * Gaussian top-k: row r of x = relu(x[r] − (mean + multiplier · std)), std the population
-   * standard deviation of the row: the values above the row's `multiplier` quantile of a normal
-   * with its mean and deviation survive.
+   * Gaussian top-k: row r of x = relu(x[r] − (mean + multiplier · std)): the values above the
+   * row's `multiplier` quantile of a normal with its mean and deviation survive. std is the
+   * sample standard deviation (the squares over n − 1), as llama.cpp's gemma3n graph computes it
+   * on the same GGUF; transformers' population deviation (over n) differs by a factor
+   * sqrt(n / (n − 1)), 6e-5 relative for the released models' 8192-wide gates.
    */
   gaussianTopK(x: Activation, rows: number, multiplier: number): void;
   /**

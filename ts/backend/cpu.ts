@@ -231,12 +231,15 @@ export class CpuBackend implements Backend {
     },
   };
 
-  readonly altup = cpuAltUpOps((x) => a(x).f32, (v) => {
-    const t = w(v), bytes = t.bytes();
-    if (t.typeId !== GgmlType.F32 || t.dims.length !== 1) {
-      throw new InferError("unsupported", `vector tensor '${t.name}' is ${t.typeName}; only F32 is supported`);
-    }
-    return new Float32Array(bytes.buffer, bytes.byteOffset, t.dims[0]);
+  readonly altup = cpuAltUpOps({
+    address: (x) => a(x).address,
+    vector: (v, n) => {
+      const t = w(v);
+      if (t.typeId !== GgmlType.F32 || t.dims.length !== 1 || t.dims[0] !== n) {
+        throw new InferError("bad_model", `'${t.name}' is not ${n} f32 values`);
+      }
+      return t.address;
+    },
   });
 
   /** Frees the repacked weights, caches and activations: nothing of this backend is usable after. */
