@@ -151,7 +151,7 @@ pub const Cache = union(KvType) {
         };
     }
 
-    fn turbo(c: Cache) bool {
+    pub fn turbo(c: Cache) bool {
         return c == .tq3 or c == .tq4;
     }
 
@@ -309,6 +309,58 @@ pub fn attentionReference(
             }
         }
     }
+}
+
+/// mass[j] += the softmax weight of key j, summed over every query head and token of the call:
+/// the accumulated attention by which the H2O context shift (Zhang et al. 2023) keeps its heavy
+/// hitters. The weights are attention's own up to rounding (keys read as f32, tq keys in the
+/// rotated domain, a sink in the denominator); a linear cache (ring 0). False when memory fails.
+pub fn accumulateMass(q: [*]const f32, k: Cache, s: Shape, mass: []f32) bool {
+    std.debug.assert(s.ring == 0 and mass.len >= s.pos0 + s.n_tok);
+    const d = s.head_dim;
+    const n = s.pos0 + s.n_tok;
+    const scores = std.heap.page_allocator.alloc(f32, n) catch return false;
+    defer std.heap.page_allocator.free(scores);
+    var q_row: [head_dim_max]f32 = undefined;
+    var k_row: [head_dim_max]f32 = undefined;
+    for (0..s.n_tok) |t| for (0..s.n_head) |h| {
+        const kv_head = h / s.group();
+        @memcpy(q_row[0..d], q[(t * s.n_head + h) * d ..][0..d]);
+        if (k.turbo()) kv_turbo.rotate(q_row[0..d]);
+        const begin, const end = s.keyRange(s.pos0 + t);
+        var max: f32 = -std.math.inf(f32);
+        for (begin..end) |j| {
+            const start = j * s.kv_stride + kv_head * d;
+            const key = switch (k) {
+                inline .tq3, .tq4 => |p, kt| blk: {
+                    const bits = if (kt == .tq3) 3 else 4;
+                    kv_turbo.decodeRotated(bits, p + start / d * kv_turbo.vectorBytes(bits, d), k_row[0..d]);
+                    break :blk k_row[0..d];
+                },
+                else => k.row(start, k_row[0..d]),
+            };
+            scores[j] = s.scale * dot(q_row[0..d], key);
+            max = @max(max, scores[j]);
+        }
+        const sink = s.sink(h);
+        if (sink) |sk| max = @max(max, sk);
+        var total: f32 = if (sink) |sk| @exp(sk - max) else 0;
+        for (scores[begin..end]) |*x| {
+            x.* = @exp(x.* - max);
+            total += x.*;
+        }
+        for (scores[begin..end], mass[begin..end]) |x, *m| m.* += x / total;
+    };
+    return true;
+}
+
+fn dot(a: []const f32, b: []const f32) f32 {
+    var acc: V = @splat(0);
+    var i: usize = 0;
+    while (i + lanes <= a.len) : (i += lanes) acc += @as(V, a[i..][0..lanes].*) * @as(V, b[i..][0..lanes].*);
+    var sum = @reduce(.Add, acc);
+    while (i < a.len) : (i += 1) sum += a[i] * b[i];
+    return sum;
 }
 
 /// Reads dst.len values of a cache back as f32 (dst.len whole blocks or head vectors): the
@@ -697,4 +749,49 @@ test "a tq K cache coded less an anchor: attention as without it, far closer whe
 
 test {
     _ = attention_kv;
+}
+
+test "accumulated attention: each head's weights sum to one over its keys, as the reference's" {
+    const gpa = std.testing.allocator;
+    var prng = std.Random.DefaultPrng.init(8);
+    const rand = prng.random();
+    const s = Shape{ .n_tok = 3, .n_head = 4, .n_kv_head = 2, .head_dim = 64, .pos0 = 20, .kv_stride = 128, .window = 0, .scale = 0.125 };
+    const n = s.cacheLen();
+    const q = try gpa.alloc(f32, s.n_tok * s.n_head * s.head_dim);
+    defer gpa.free(q);
+    for (q) |*x| x.* = rand.floatNorm(f32);
+    const kv = try gpa.alignedAlloc(f32, 4, n);
+    defer gpa.free(kv);
+    for (kv) |*x| x.* = rand.floatNorm(f32);
+    for ([_]KvType{ .f32, .q8_0, .tq4 }) |kv_type| {
+        const kb = try gpa.alignedAlloc(u8, 4, kv_type.bytes(n, 64));
+        defer gpa.free(kb);
+        store(kv, kb.ptr, kv_type, 64);
+        var mass = [_]f32{0} ** 23;
+        try std.testing.expect(accumulateMass(q.ptr, Cache.fromBytes(kv_type, kb.ptr), s, &mass));
+        var total: f32 = 0;
+        for (mass) |m| total += m;
+        try std.testing.expectApproxEqAbs(@as(f32, 12), total, 1e-4);
+        // Key 22 is seen by the last token only; key 0 by all three.
+        try std.testing.expect(mass[22] < 4.0001 and mass[0] > 0);
+        // The f32 cache's weights are the two-pass reference's.
+        if (kv_type == .f32) {
+            var want = [_]f32{0} ** 23;
+            var scores: [23]f32 = undefined;
+            for (0..s.n_tok) |t| for (0..s.n_head) |h| {
+                const begin, const end = s.keyRange(s.pos0 + t);
+                var max: f32 = -std.math.inf(f32);
+                for (begin..end) |j| {
+                    var acc: f32 = 0;
+                    for (0..64) |i| acc += q[(t * 4 + h) * 64 + i] * kv[j * 128 + h / 2 * 64 + i];
+                    scores[j] = acc * s.scale;
+                    max = @max(max, scores[j]);
+                }
+                var sum: f32 = 0;
+                for (begin..end) |j| sum += @exp(scores[j] - max);
+                for (begin..end) |j| want[j] += @exp(scores[j] - max) / sum;
+            };
+            for (want, mass) |w, m| try std.testing.expectApproxEqAbs(w, m, 1e-5);
+        }
+    }
 }
