@@ -311,6 +311,9 @@ pub fn attentionReference(
     }
 }
 
+/// accumulateMass's scores of one query head, grown on demand.
+threadlocal var mass_scores: []f32 = &.{};
+
 /// mass[j] += the softmax weight of key j, summed over every query head and token of the call:
 /// the accumulated attention by which the H2O context shift (Zhang et al. 2023) keeps its heavy
 /// hitters. The weights are attention's own up to rounding (keys read as f32, tq keys in the
@@ -319,8 +322,13 @@ pub fn accumulateMass(q: [*]const f32, k: Cache, s: Shape, mass: []f32) bool {
     std.debug.assert(s.ring == 0 and mass.len >= s.pos0 + s.n_tok);
     const d = s.head_dim;
     const n = s.pos0 + s.n_tok;
-    const scores = std.heap.page_allocator.alloc(f32, n) catch return false;
-    defer std.heap.page_allocator.free(scores);
+    if (mass_scores.len < n) {
+        // Grown by doubling and kept: a decode loop's context grows a position a step.
+        const grown = std.heap.page_allocator.alloc(f32, @max(n, 2 * mass_scores.len)) catch return false;
+        if (mass_scores.len > 0) std.heap.page_allocator.free(mass_scores);
+        mass_scores = grown;
+    }
+    const scores = mass_scores[0..n];
     var q_row: [head_dim_max]f32 = undefined;
     var k_row: [head_dim_max]f32 = undefined;
     for (0..s.n_tok) |t| for (0..s.n_head) |h| {
