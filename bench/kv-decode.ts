@@ -6,14 +6,17 @@
 // median wall time of one decode step's global-layer attention, the median CPU time it took (both
 // threads; on a shared machine the steadier figure), the cache bytes it reads, and the speed
 // against the first type by each.
+// Every type but f16 splits a decode step's keys over the threads (lib/cpu/attention_kv.zig);
+// f16 keeps llama.cpp's order of sums on one thread a KV head, so --threads 1 compares the kernels.
 //   bun bench/kv-decode.ts [--keys 4096,16384,32768] [--types f16,q8_0,q4_0,tq4,tq3] [--rounds 15]
+//                          [--threads 2]
 import { kvBytes, type KvType } from "../ts/backend/backend.ts";
 import { packStruct } from "../ts/native/abi.ts";
 import { native } from "../ts/native/lib.ts";
 import { arg } from "./logits.ts";
 
 const lib = native();
-lib.infer_threads_set(2);
+lib.infer_threads_set(Number(arg("--threads", "2")));
 const keysList = arg("--keys", "4096,16384,32768").split(",").map(Number);
 const types = arg("--types", "f16,q8_0,q4_0,tq4,tq3").split(",") as KvType[];
 const rounds = Number(arg("--rounds", "15"));

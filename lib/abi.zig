@@ -66,9 +66,13 @@ pub const AttentionShape = extern struct {
     /// Address of n_head f32 logits, one per query head, added to each head's softmax
     /// denominator (gpt-oss's attention sinks); 0 = none.
     sinks: u64 = 0,
+    /// Address of pos0 + n_tok f32 (one per cell; a linear cache only), 0 = none: each query
+    /// head's softmax weight of each key is added to its cell's entry (attention.accumulateMass,
+    /// the accumulated attention of the H2O context shift).
+    mass: u64 = 0,
 };
 comptime {
-    std.debug.assert(@sizeOf(AttentionShape) == 88);
+    std.debug.assert(@sizeOf(AttentionShape) == 96);
 }
 
 /// infer_rope: x[n_tok][n_heads][head_dim]; mode 0 = normal (pairs 2i, 2i+1), 2 = NeoX (pairs

@@ -11,7 +11,7 @@ import type { KvLayer, KvType, RopeOptions } from "../ts/backend/backend.ts";
 import { CpuBackend } from "../ts/backend/cpu.ts";
 import { loadModel } from "../ts/api/model.ts";
 import { Engine } from "../ts/engine/engine.ts";
-import { shiftSlot } from "../ts/engine/kv-cache.ts";
+import { shiftSlot, shiftSlotHeavy, trackAttention } from "../ts/engine/kv-cache.ts";
 import { GgmlType } from "../ts/gguf/types.ts";
 import { defaultModelPath } from "../ts/models/cache.ts";
 import { defaultSampling } from "../ts/sample/sampler.ts";
@@ -189,6 +189,69 @@ describe.skipIf(!existsSync(defaultModelPath()))("generating past the context of
   }, 120_000);
 });
 
+describe.skipIf(!existsSync(defaultModelPath()))("the h2o shift on the default model", () => {
+  test("keeps the sinks, the heavy hitters by accumulated attention and the recent half; layer 0 as fresh", () => {
+    const open = () => Engine.open({ modelPath: defaultModelPath(), contextLength: 64, batch: 16, kvType: "f32" });
+    const engine = open(), fresh = open();
+    try {
+      const text = "Alice was beginning to get very tired of sitting by her sister on the bank, and of having " +
+        "nothing to do: once or twice she had peeped into the book her sister was reading, but it had no pictures " +
+        "or conversations in it, and what is the use of a book, thought Alice without pictures or conversations?";
+      const tokens = engine.tokenizer.encode(text, { addSpecial: true, parseSpecial: false }).slice(0, 64);
+      expect(tokens.length).toBe(64);
+      const slot = engine.slot;
+      expect(trackAttention(engine.backend, slot)).toBe(true);
+      for (let p = 0; p < 64; p += 16) engine.model.forward(tokens.slice(p, p + 16), 16, p, slot.cache.layers);
+      slot.history.set(tokens);
+      slot.length = slot.reach = 64;
+      // Every query head's weights sum to 1: each layer's mass totals heads x tokens.
+      expect(slot.mass!.every((m) => m !== null)).toBe(true); // 64 cells: no ring
+      const total = new Float64Array(64);
+      let sum = 0;
+      for (const m of slot.mass!) for (let p = 0; p < 64; p++) { total[p] += m![p]; sum += m![p]; }
+      const queryHeads = sum / (64 * slot.cache.layers.length);
+      expect(Math.abs(queryHeads - Math.round(queryHeads))).toBeLessThan(1e-3);
+      const heavy = Array.from({ length: 45 }, (_, i) => 4 + i).sort((a, b) => total[b] - total[a] || a - b)
+        .slice(0, 15).sort((a, b) => a - b);
+      expect(shiftSlotHeavy(engine.backend, slot, engine.model.info)).toBe(30); // as shiftSlot: keep 4, half of 60
+      expect(slot.length).toBe(34);
+      const from = [0, 1, 2, 3, ...heavy, ...Array.from({ length: 15 }, (_, i) => 49 + i)];
+      const history = Array.from(slot.history.subarray(0, 34));
+      expect(history).toEqual(from.map((p) => tokens[p]));
+      // What was accumulated moves with its position.
+      for (let i = 0; i < 34; i++) expect(slot.mass![0]![i]).toBeGreaterThan(0);
+      for (let p = 0; p < 34; p += 16) {
+        const n = Math.min(16, 34 - p);
+        fresh.model.forward(history.slice(p, p + n), n, p, fresh.slot.cache.layers);
+      }
+      const a = slot.cache.layers[0], b = fresh.slot.cache.layers[0];
+      for (const which of ["k", "v"] as const) {
+        const got = cells(a, "f32", which, 0, 34), want = cells(b, "f32", which, 0, 34);
+        let worst = 0;
+        for (let i = 0; i < got.length; i++) worst = Math.max(worst, Math.abs(got[i] - want[i]));
+        expect(worst).toBeLessThan(which === "k" ? 1e-3 : 1e-5);
+      }
+    } finally {
+      engine.close();
+      fresh.close();
+    }
+  }, 120_000);
+
+  test("generation with the h2o policy goes on past the context", async () => {
+    const model = await loadModel(defaultModelPath(), { contextLength: 64, threads: 2 });
+    try {
+      const r = await model.complete("Alice was beginning to get very tired", {
+        maxTokens: 150, temperature: 0, ignoreEos: true, contextShift: true, contextShiftPolicy: "h2o" });
+      expect(r.tokens.length).toBe(150);
+      expect(r.finishReason).toBe("length");
+      await expect(model.complete("x", { contextShift: true, contextShiftPolicy: "lru" as "h2o" }))
+        .rejects.toThrow(/contextShiftPolicy/);
+    } finally {
+      await model.close();
+    }
+  }, 120_000);
+});
+
 describe.skipIf(!existsSync(defaultModelPath()))("a long chat through a small context", () => {
   test("40 turns through a 512-token context each get an answer", async () => {
     const model = await loadModel(defaultModelPath(), { contextLength: 512, parallel: 1 });
@@ -238,6 +301,9 @@ describe("the server's --context-shift", () => {
     const parsed = parseRequest("completion", body, { ...limits, contextShift: true });
     expect(parsed.job.maxTokens).toBe(500);
     expect(parsed.job.contextShift).toBe(true);
+    expect(parsed.job.contextShiftPolicy).toBeUndefined();
+    const heavy = parseRequest("completion", body, { ...limits, contextShift: true, contextShiftPolicy: "h2o" });
+    expect(heavy.job.contextShiftPolicy).toBe("h2o");
   });
   test("with it, a chat without max_tokens still ends at the context", () => {
     const parsed = parseRequest("chat", { model: "m", messages: [{ role: "user", content: "hi" }] },

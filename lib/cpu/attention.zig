@@ -19,6 +19,7 @@ const attention_f16 = @import("attention_f16.zig");
 const threads = @import("threads.zig");
 const kv_quant = @import("kv_quant.zig");
 const kv_turbo = @import("kv_turbo.zig");
+const attention_kv = @import("attention_kv.zig");
 
 const lanes = 8;
 const V = @Vector(lanes, f32);
@@ -150,20 +151,8 @@ pub const Cache = union(KvType) {
         };
     }
 
-    fn turbo(c: Cache) bool {
+    pub fn turbo(c: Cache) bool {
         return c == .tq3 or c == .tq4;
-    }
-
-    /// The coded head vector at element offset `start` (a multiple of buf.len, the head dim),
-    /// its levels times its scale in the rotated domain: what a rotated query dots with.
-    fn rotatedRow(c: Cache, start: usize, buf: []f32) []const f32 {
-        const d = buf.len;
-        switch (c) {
-            .tq3 => |p| kv_turbo.decodeRotated(3, p + start / d * kv_turbo.vectorBytes(3, d), buf),
-            .tq4 => |p| kv_turbo.decodeRotated(4, p + start / d * kv_turbo.vectorBytes(4, d), buf),
-            else => unreachable,
-        }
-        return buf;
     }
 
     /// The head vector at element offset `start` as stored, in the original domain, by the
@@ -190,17 +179,8 @@ pub const Cache = union(KvType) {
         return c == .q4_0 or c == .q8_0;
     }
 
-    /// key · query for a quantized cache's row at `start`, the query in Q8_0 blocks.
-    fn dotQuery(c: Cache, start: usize, q: []align(1) const kv_quant.Q8Block) f32 {
-        return switch (c) {
-            .q4_0 => |p| kv_quant.dotQ4(p, start, q),
-            .q8_0 => |p| kv_quant.dotQ8(p, start, q),
-            else => unreachable,
-        };
-    }
-
     /// The row at element offset `start` as f32: a view for F32, converted into `buf` for F16.
-    fn row(c: Cache, start: usize, buf: []f32) []const f32 {
+    pub fn row(c: Cache, start: usize, buf: []f32) []const f32 {
         switch (c) {
             .f32 => |p| return p[start..][0..buf.len],
             .f16 => |p| {
@@ -220,58 +200,10 @@ pub const Cache = union(KvType) {
     }
 };
 
-/// Per-thread Q8_0 copies of one work row's query heads (a quantized K cache), grown on demand.
-threadlocal var query_blocks: []kv_quant.Q8Block = &.{};
-
-fn growQueryBlocks(n: usize) bool {
-    if (query_blocks.len >= n) return true;
-    const grown = std.heap.page_allocator.alloc(kv_quant.Q8Block, @max(n, 2 * query_blocks.len)) catch return false;
-    if (query_blocks.len > 0) std.heap.page_allocator.free(query_blocks);
-    query_blocks = grown;
-    return true;
-}
-
-/// Per-thread rotated copies of one work row's query heads (a rotated-code K cache).
-threadlocal var rotated_queries: []f32 = &.{};
-
-fn growRotatedQueries(n: usize) bool {
-    if (rotated_queries.len >= n) return true;
-    const grown = std.heap.page_allocator.alloc(f32, @max(n, 2 * rotated_queries.len)) catch return false;
-    if (rotated_queries.len > 0) std.heap.page_allocator.free(rotated_queries);
-    rotated_queries = grown;
-    return true;
-}
-
-fn dot(a: []const f32, b: []const f32) f32 {
-    var acc: V = @splat(0);
-    var i: usize = 0;
-    while (i + lanes <= a.len) : (i += lanes) {
-        acc += @as(V, a[i..][0..lanes].*) * @as(V, b[i..][0..lanes].*);
-    }
-    var sum = @reduce(.Add, acc);
-    while (i < a.len) : (i += 1) sum += a[i] * b[i];
-    return sum;
-}
-
-/// y = y · c + w · x
-fn scaleAdd(y: []f32, c: f32, w: f32, x: []const f32) void {
-    const c_v: V = @splat(c);
-    const w_v: V = @splat(w);
-    var i: usize = 0;
-    while (i + lanes <= y.len) : (i += lanes) {
-        const yv: V = y[i..][0..lanes].*;
-        y[i..][0..lanes].* = yv * c_v + w_v * @as(V, x[i..][0..lanes].*);
-    }
-    while (i < y.len) : (i += 1) y[i] = y[i] * c + w * x[i];
-}
-
-/// Handles work rows [row_begin, row_end), row = kv_head · n_tok + t. Returns false only
-/// when the F16 path (its scores) or a quantized K cache (its query blocks) cannot get memory.
-/// A quantized K cache dots each key's blocks with the query quantized to Q8_0, as llama.cpp's
-/// flash attention does; a quantized V row is expanded to f32 for the weighted sum.
-/// A rotated-code K cache is read in the rotated domain: each query head is rotated once and
-/// dotted with each key's levels; a rotated-code V cache is summed in the rotated domain (its
-/// levels times weight and scale) and each output head rotated back once at the end.
+/// Handles work rows [row_begin, row_end). Returns false only when scratch memory fails.
+/// F16 keys with F16 values take llama.cpp's arithmetic (attention_f16.zig); every other pair
+/// of types the chunked online softmax of attention_kv.zig, which reads quantized keys by integer
+/// dots with the query in Q8_0 and the rotated codes in the rotated domain.
 pub fn attendRows(
     q: [*]const f32,
     k: Cache,
@@ -283,82 +215,7 @@ pub fn attendRows(
 ) bool {
     std.debug.assert(s.head_dim <= head_dim_max and s.group() <= group_max);
     if (k == .f16 and v == .f16) return attention_f16.attendRows(q, k.f16, v.f16, out, s, row_begin, row_end);
-    const d = s.head_dim;
-    const group = s.group();
-    var k_buf: [head_dim_max]f32 = undefined;
-    var v_buf: [head_dim_max]f32 = undefined;
-    var run_max: [group_max]f32 = undefined;
-    var run_sum: [group_max]f32 = undefined;
-    const k_quant = k.quantized();
-    const q_blocks = d / kv_quant.block_values;
-    if (k_quant and !growQueryBlocks(group * q_blocks)) return false;
-    const k_turbo = k.turbo();
-    const v_turbo = v.turbo();
-    if (k_turbo and !growRotatedQueries(group * d)) return false;
-    for (row_begin..row_end) |r| {
-        const t = s.rowToken(r);
-        const kv_head = s.rowKvHead(r);
-        const first_head = kv_head * group;
-        const row_base = (t * s.n_head + first_head) * d;
-        if (k_quant) for (0..group) |g| {
-            kv_quant.quantizeQuery(q[row_base + g * d ..][0..d], query_blocks[g * q_blocks ..][0..q_blocks]);
-        };
-        if (k_turbo) for (0..group) |g| {
-            const q_rot = rotated_queries[g * d ..][0..d];
-            @memcpy(q_rot, q[row_base + g * d ..][0..d]);
-            kv_turbo.rotate(q_rot);
-        };
-        @memset(out[row_base..][0 .. group * d], 0);
-        @memset(run_max[0..group], -std.math.inf(f32));
-        @memset(run_sum[0..group], 0);
-        const begin, const end = s.keyRange(s.pos0 + t);
-        for (begin..end) |j| {
-            const kv_start = s.cell(j) * s.kv_stride + kv_head * d;
-            const k_row = if (k_quant)
-                k_buf[0..0]
-            else if (k_turbo)
-                k.rotatedRow(kv_start, k_buf[0..d])
-            else
-                k.row(kv_start, k_buf[0..d]);
-            const v_row = if (v_turbo) v.rotatedRow(kv_start, v_buf[0..d]) else v.row(kv_start, v_buf[0..d]);
-            for (0..group) |g| {
-                const q_row = if (k_turbo) rotated_queries[g * d ..][0..d] else q[row_base + g * d ..][0..d];
-                const o_row = out[row_base + g * d ..][0..d];
-                const score = s.scale * if (k_quant)
-                    k.dotQuery(kv_start, query_blocks[g * q_blocks ..][0..q_blocks])
-                else
-                    dot(q_row, k_row);
-                var correction: f32 = 1;
-                if (score > run_max[g]) {
-                    correction = @exp(run_max[g] - score);
-                    run_max[g] = score;
-                }
-                const weight = @exp(score - run_max[g]);
-                run_sum[g] = run_sum[g] * correction + weight;
-                scaleAdd(o_row, correction, weight, v_row);
-            }
-        }
-        for (0..group) |g| {
-            const o_row = out[row_base + g * d ..][0..d];
-            // A sink joins the softmax as llama.cpp's flash attention adds it, after the keys.
-            var keep: f32 = 1;
-            if (s.sinks) |sinks| {
-                const sink = sinks[first_head + g];
-                if (sink > run_max[g]) {
-                    keep = @exp(run_max[g] - sink);
-                    run_sum[g] = run_sum[g] * keep + 1;
-                } else run_sum[g] += @exp(sink - run_max[g]);
-            }
-            const inv: V = @splat(keep / run_sum[g]);
-            var i: usize = 0;
-            while (i + lanes <= d) : (i += lanes) {
-                o_row[i..][0..lanes].* = @as(V, o_row[i..][0..lanes].*) * inv;
-            }
-            while (i < d) : (i += 1) o_row[i] *= inv[0];
-            if (v_turbo) kv_turbo.unrotate(o_row);
-        }
-    }
-    return true;
+    return attention_kv.attendRows(q, k, v, out, s, row_begin, row_end);
 }
 
 const Job = struct {
@@ -385,6 +242,9 @@ const tasks_per_thread = 8;
 pub fn attention(q: [*]const f32, k: Cache, v: Cache, out: [*]f32, s: Shape) bool {
     const rows = s.rowCount();
     const n_threads = threads.threadCount();
+    // Fewer rows than threads (a decode step) over a long context: each row's keys in chunks
+    // across the threads, which gives the bits one thread gives.
+    if (!(k == .f16 and v == .f16) and attention_kv.splits(s, n_threads)) return attention_kv.attentionSplit(q, k, v, out, s);
     if (n_threads <= 1 or rows <= 1) return attendRows(q, k, v, out, s, 0, rows);
     const n_tasks = @min(rows, n_threads * tasks_per_thread);
     var job = Job{ .q = q, .k = k, .v = v, .out = out, .s = s, .rows_per_task = std.math.divCeil(usize, rows, n_tasks) catch unreachable };
@@ -449,6 +309,66 @@ pub fn attentionReference(
             }
         }
     }
+}
+
+/// accumulateMass's scores of one query head, grown on demand.
+threadlocal var mass_scores: []f32 = &.{};
+
+/// mass[j] += the softmax weight of key j, summed over every query head and token of the call:
+/// the accumulated attention by which the H2O context shift (Zhang et al. 2023) keeps its heavy
+/// hitters. The weights are attention's own up to rounding (keys read as f32, tq keys in the
+/// rotated domain, a sink in the denominator); a linear cache (ring 0). False when memory fails.
+pub fn accumulateMass(q: [*]const f32, k: Cache, s: Shape, mass: []f32) bool {
+    std.debug.assert(s.ring == 0 and mass.len >= s.pos0 + s.n_tok);
+    const d = s.head_dim;
+    const n = s.pos0 + s.n_tok;
+    if (mass_scores.len < n) {
+        // Grown by doubling and kept: a decode loop's context grows a position a step.
+        const grown = std.heap.page_allocator.alloc(f32, @max(n, 2 * mass_scores.len)) catch return false;
+        if (mass_scores.len > 0) std.heap.page_allocator.free(mass_scores);
+        mass_scores = grown;
+    }
+    const scores = mass_scores[0..n];
+    var q_row: [head_dim_max]f32 = undefined;
+    var k_row: [head_dim_max]f32 = undefined;
+    for (0..s.n_tok) |t| for (0..s.n_head) |h| {
+        const kv_head = h / s.group();
+        @memcpy(q_row[0..d], q[(t * s.n_head + h) * d ..][0..d]);
+        if (k.turbo()) kv_turbo.rotate(q_row[0..d]);
+        const begin, const end = s.keyRange(s.pos0 + t);
+        var max: f32 = -std.math.inf(f32);
+        for (begin..end) |j| {
+            const start = j * s.kv_stride + kv_head * d;
+            const key = switch (k) {
+                inline .tq3, .tq4 => |p, kt| blk: {
+                    const bits = if (kt == .tq3) 3 else 4;
+                    kv_turbo.decodeRotated(bits, p + start / d * kv_turbo.vectorBytes(bits, d), k_row[0..d]);
+                    break :blk k_row[0..d];
+                },
+                else => k.row(start, k_row[0..d]),
+            };
+            scores[j] = s.scale * dot(q_row[0..d], key);
+            max = @max(max, scores[j]);
+        }
+        const sink = s.sink(h);
+        if (sink) |sk| max = @max(max, sk);
+        var total: f32 = if (sink) |sk| @exp(sk - max) else 0;
+        for (scores[begin..end]) |*x| {
+            x.* = @exp(x.* - max);
+            total += x.*;
+        }
+        for (scores[begin..end], mass[begin..end]) |x, *m| m.* += x / total;
+    };
+    return true;
+}
+
+fn dot(a: []const f32, b: []const f32) f32 {
+    var acc: V = @splat(0);
+    var i: usize = 0;
+    while (i + lanes <= a.len) : (i += lanes) acc += @as(V, a[i..][0..lanes].*) * @as(V, b[i..][0..lanes].*);
+    var sum = @reduce(.Add, acc);
+    while (i < a.len) : (i += 1) sum += a[i] * b[i];
+    return sum;
 }
 
 /// Reads dst.len values of a cache back as f32 (dst.len whole blocks or head vectors): the
@@ -833,4 +753,53 @@ test "a tq K cache coded less an anchor: attention as without it, far closer whe
         errs[a] = @sqrt(e / norm);
     }
     try std.testing.expect(errs[1] * 3 < errs[0]);
+}
+
+test {
+    _ = attention_kv;
+}
+
+test "accumulated attention: each head's weights sum to one over its keys, as the reference's" {
+    const gpa = std.testing.allocator;
+    var prng = std.Random.DefaultPrng.init(8);
+    const rand = prng.random();
+    const s = Shape{ .n_tok = 3, .n_head = 4, .n_kv_head = 2, .head_dim = 64, .pos0 = 20, .kv_stride = 128, .window = 0, .scale = 0.125 };
+    const n = s.cacheLen();
+    const q = try gpa.alloc(f32, s.n_tok * s.n_head * s.head_dim);
+    defer gpa.free(q);
+    for (q) |*x| x.* = rand.floatNorm(f32);
+    const kv = try gpa.alignedAlloc(f32, 4, n);
+    defer gpa.free(kv);
+    for (kv) |*x| x.* = rand.floatNorm(f32);
+    for ([_]KvType{ .f32, .q8_0, .tq4 }) |kv_type| {
+        const kb = try gpa.alignedAlloc(u8, 4, kv_type.bytes(n, 64));
+        defer gpa.free(kb);
+        store(kv, kb.ptr, kv_type, 64);
+        var mass = [_]f32{0} ** 23;
+        try std.testing.expect(accumulateMass(q.ptr, Cache.fromBytes(kv_type, kb.ptr), s, &mass));
+        var total: f32 = 0;
+        for (mass) |m| total += m;
+        try std.testing.expectApproxEqAbs(@as(f32, 12), total, 1e-4);
+        // Key 22 is seen by the last token only; key 0 by all three.
+        try std.testing.expect(mass[22] < 4.0001 and mass[0] > 0);
+        // The f32 cache's weights are the two-pass reference's.
+        if (kv_type == .f32) {
+            var want = [_]f32{0} ** 23;
+            var scores: [23]f32 = undefined;
+            for (0..s.n_tok) |t| for (0..s.n_head) |h| {
+                const begin, const end = s.keyRange(s.pos0 + t);
+                var max: f32 = -std.math.inf(f32);
+                for (begin..end) |j| {
+                    var acc: f32 = 0;
+                    for (0..64) |i| acc += q[(t * 4 + h) * 64 + i] * kv[j * 128 + h / 2 * 64 + i];
+                    scores[j] = acc * s.scale;
+                    max = @max(max, scores[j]);
+                }
+                var sum: f32 = 0;
+                for (begin..end) |j| sum += @exp(scores[j] - max);
+                for (begin..end) |j| want[j] += @exp(scores[j] - max) / sum;
+            };
+            for (want, mass) |w, m| try std.testing.expectApproxEqAbs(w, m, 1e-5);
+        }
+    }
 }

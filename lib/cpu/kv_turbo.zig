@@ -41,6 +41,14 @@ fn magnitudes(comptime bits: u32) []const f32 {
     };
 }
 
+pub fn magnitudeCount(comptime bits: u32) usize {
+    return magnitudes(bits).len;
+}
+
+pub fn magnitude(comptime bits: u32, i: usize) f32 {
+    return magnitudes(bits)[i];
+}
+
 fn thresholds(comptime bits: u32) [magnitudes(bits).len - 1]f32 {
     const m = magnitudes(bits);
     var t: [m.len - 1]f32 = undefined;
@@ -230,7 +238,7 @@ pub fn encodeOffset(comptime bits: u32, x: []const f32, anchor: ?[]const f32, ds
     std.mem.writeInt(u16, dst[0..2], @bitCast(@as(f16, @floatCast(scale))), .little);
 }
 
-fn scaleOf(src: [*]const u8) f32 {
+pub fn scaleOf(src: [*]const u8) f32 {
     return @as(f16, @bitCast(std.mem.readInt(u16, src[0..2], .little)));
 }
 

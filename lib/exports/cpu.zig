@@ -451,6 +451,8 @@ export fn infer_attention(
     );
     if (shape.order > 1) return opsInvalid("attention: order {d} is not 0 (single token) or 1 (batched)", .{shape.order});
     if (shape.sinks % 4 != 0) return opsInvalid("attention: the sinks must be 4-byte aligned f32", .{});
+    if (shape.mass % 4 != 0 or (shape.mass != 0 and ring != 0))
+        return opsInvalid("attention: mass must be 4-byte aligned f32, over a linear cache", .{});
     if (n_tok == 0) return 0;
     const k_cache = attention.Cache.fromBytes(k_type, k);
     const v_cache = attention.Cache.fromBytes(v_type, v);
@@ -468,6 +470,20 @@ export fn infer_attention(
         .sinks = if (shape.sinks == 0) null else @ptrFromInt(shape.sinks),
     });
     if (!done) return status.fail(.out_of_memory, "attention: no memory for {d} scores", .{pos0 + n_tok});
+    if (shape.mass != 0) {
+        const mass: [*]f32 = @ptrFromInt(shape.mass);
+        if (!attention.accumulateMass(q, k_cache, .{
+            .n_tok = n_tok,
+            .n_head = n_head,
+            .n_kv_head = n_kv_head,
+            .head_dim = head_dim,
+            .pos0 = pos0,
+            .kv_stride = kv_stride,
+            .window = window,
+            .scale = scale,
+            .sinks = if (shape.sinks == 0) null else @ptrFromInt(shape.sinks),
+        }, mass[0 .. pos0 + n_tok])) return status.fail(.out_of_memory, "attention: no memory for {d} scores", .{pos0 + n_tok});
+    }
     return 0;
 }
 

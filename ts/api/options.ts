@@ -10,6 +10,7 @@ import { InferError } from "../errors.ts";
 import type { Job, ResponseFormat } from "../runtime/job.ts";
 import { checkJsonDocument } from "../sample/json-schema.ts";
 import { defaultSampling, type SamplerOptions } from "../sample/sampler.ts";
+import { SHIFT_POLICIES, type ShiftPolicy } from "../engine/kv-cache.ts";
 
 export interface GenerateOptions {
   /** Tokens to generate at most; -1: until the context is full (default 256). */
@@ -49,6 +50,11 @@ export interface GenerateOptions {
    * on (llama.cpp's context shift; CPU backend), instead of finishing with "length".
    */
   readonly contextShift?: boolean;
+  /**
+   * Which positions the shift keeps past the first 4: "streaming" (default) the most recent;
+   * "h2o" half of them the positions with the most accumulated attention (H2O, Zhang et al. 2023).
+   */
+  readonly contextShiftPolicy?: ShiftPolicy;
   /** Chat: functions the model may call; its calls come back in `toolCalls`. */
   readonly tools?: readonly ToolFunction[];
   /** Chat: "auto" (default with tools), "none", "required" or { name }: call that function. */
@@ -178,6 +184,13 @@ export function samplingOf(o: GenerateOptions, vocabSize: number): SamplerOption
   };
 }
 
+function shiftPolicyOf(o: GenerateOptions): ShiftPolicy | undefined {
+  const p = o.contextShiftPolicy;
+  if (p === undefined) return undefined;
+  if (!(SHIFT_POLICIES as readonly unknown[]).includes(p)) throw bad("contextShiftPolicy", `must be one of ${SHIFT_POLICIES.join(", ")}`);
+  return p;
+}
+
 /** The job for a prompt (completion) or a conversation (chat), options checked. */
 export function jobOf(input: { prompt: string | readonly number[] } | { messages: readonly ChatMessage[] },
   o: GenerateOptions, vocabSize: number): Job {
@@ -188,7 +201,7 @@ export function jobOf(input: { prompt: string | readonly number[] } | { messages
     maxTokens: num(o, "maxTokens", 256, -1, 2 ** 31 - 1, true),
     sampling: samplingOf(o, vocabSize), stop: stops(o), format: format(o), logprobs: null,
     ignoreEos: o.ignoreEos === true, speculation: speculationOf(o),
-    contextShift: o.contextShift === true,
+    contextShift: o.contextShift === true, contextShiftPolicy: shiftPolicyOf(o),
   };
   if (common.maxTokens === 0) throw bad("maxTokens", "must be at least 1, or -1 for no limit");
   const tools = toolsOf(o);

@@ -225,6 +225,17 @@ export interface Backend {
    * by `discard` positions with the layer's RoPE. Absent where the backend cannot.
    */
   shiftKv?(layer: KvLayer, rope: RopeOptions, keep: number, discard: number, length: number): void;
+  /**
+   * The H2O context shift (kv-cache.ts shiftSlotHeavy) on a linear layer: the rows at positions
+   * from[i] (ascending, from[0] >= to) move to position to + i, each key rotated by its move.
+   */
+  compactKv?(layer: KvLayer, rope: RopeOptions, from: Int32Array, to: number): void;
+  /**
+   * From now on attention over the linear layer adds each key's softmax weight (summed over query
+   * heads and tokens) to the returned array's entry for its cell (one a cell, zeroed): the
+   * accumulated attention of the H2O shift. on = false stops it (and returns null).
+   */
+  trackAttention?(layer: KvLayer, on: boolean): Float32Array | null;
   geluMul(gate: Activation, up: Activation, rows: number, out: Activation): void;
   siluMul(gate: Activation, up: Activation, rows: number, out: Activation): void;
   /**

@@ -7,7 +7,7 @@ import { InferError } from "../errors.ts";
 import type { GgufFile, GgufTensorInfo } from "../gguf/reader.ts";
 import { GgmlType } from "../gguf/types.ts";
 import { packed } from "../native/abi.ts";
-import { check, native, offsetAddress, type Pointer } from "../native/lib.ts";
+import { allocPages, check, native, offsetAddress, type Pointer } from "../native/lib.ts";
 import { Arena } from "./arena.ts";
 import {
   CpuKvBlockStore, kvPages, kvSharing, type CpuKvRows, type KvFileRows, type SharedRows,
@@ -71,6 +71,12 @@ class CpuKvLayer implements CpuKvRows {
    * large vector Gemma 3's keys share). undefined: nothing stored yet; null: stored without one.
    */
   kAnchor: Float32Array | null | undefined = undefined;
+
+  /**
+   * Accumulated attention a cell (Backend.trackAttention), in pages of its own, allocated the
+   * first time and kept; `tracking` says whether attention adds to it.
+   */
+  mass?: { address: Pointer; values: Float32Array; tracking: boolean };
 }
 
 /** Keys a first store needs to set a tq3/tq4 K layer's anchor (fewer: no anchor). */
@@ -445,7 +451,7 @@ export class CpuBackend implements Backend {
       const shape = packed("AttentionShape", { k_type: l.kTypeId, v_type: l.vTypeId, n_tok: count,
         n_head: o.heads, n_kv_head: o.kvHeads, head_dim: o.headDim, pos0: position + row - firstRow,
         kv_stride: l.kvHeads * l.headDim, window: o.window, ring: l.ring ? l.cells : 0, scale: o.scale,
-        order: batched ? 1 : 0, sinks });
+        order: batched ? 1 : 0, sinks, mass: l.mass?.tracking ? l.mass.address : 0 });
       check(this.lib.infer_attention(offsetAddress(qAddress, (row - firstRow) * q.cols * 4), l.k, l.v,
         offsetAddress(outAddress, (row - firstRow) * out.cols * 4), shape), "attention");
     });
@@ -505,13 +511,57 @@ export class CpuBackend implements Backend {
     l.vBytes.set(values.subarray(0, turn * l.vRowBytes), (cells - turn) * l.vRowBytes);
   }
 
+  compactKv(layer: KvLayer, rope: RopeOptions, from: Int32Array, to: number): void {
+    const l = layer as CpuKvLayer, rows = from.length;
+    if (l.ring) throw new InferError("internal", "compactKv: a ring layer");
+    if (rows === 0) return;
+    const lo = from[0], hi = from[rows - 1] + 1, kvDim = l.kvHeads * l.headDim;
+    if (lo < to || hi > l.cells) throw new InferError("internal", `compactKv: rows ${lo}..${hi} to ${to}`);
+    const span = new Float32Array((hi - lo) * kvDim);
+    check(this.lib.infer_kv_load(l.kBytes.subarray(lo * l.kRowBytes, hi * l.kRowBytes), l.kTypeId, span.length,
+      l.headDim, l.kAnchor ?? null, l.kAnchor?.length ?? 0, span), "kv_load keys");
+    const keys = new Float32Array(rows * kvDim), moves = new Int32Array(rows);
+    for (let i = 0; i < rows; i++) {
+      keys.set(span.subarray((from[i] - lo) * kvDim, (from[i] - lo + 1) * kvDim), i * kvDim);
+      moves[i] = to + i - from[i];
+    }
+    this.rotateKeys(l, keys, rows, rope, moves);
+    check(this.lib.infer_kv_store(keys, offsetAddress(l.k, to * l.kRowBytes), l.kTypeId, rows * kvDim, l.headDim,
+      l.kAnchor ?? null, l.kAnchor?.length ?? 0), "kv_store k");
+    const vb = l.vRowBytes, values = l.vBytes.slice(lo * vb, hi * vb);
+    for (let i = 0; i < rows; i++) l.vBytes.set(values.subarray((from[i] - lo) * vb, (from[i] - lo + 1) * vb), (to + i) * vb);
+  }
+
+  trackAttention(layer: KvLayer, on: boolean): Float32Array | null {
+    const l = layer as CpuKvLayer;
+    if (!on) {
+      if (l.mass) l.mass.tracking = false;
+      return null;
+    }
+    if (l.ring) throw new InferError("internal", "trackAttention: a ring layer");
+    if (!l.mass) {
+      const region = allocPages(l.cells * 4);
+      this.kvRegions.push(region);
+      l.mass = { address: region.address, tracking: true,
+        values: new Float32Array(region.bytes.buffer, region.bytes.byteOffset, l.cells) };
+    }
+    l.mass.tracking = true;
+    l.mass.values.fill(0);
+    return l.mass.values;
+  }
+
   /** Keys of cells first .. first + rows - 1 as f32, rotated by -discard positions. */
   private rotatedKeys(l: CpuKvLayer, first: number, rows: number, rope: RopeOptions, discard: number): Float32Array {
     const kvDim = l.kvHeads * l.headDim, keys = new Float32Array(rows * kvDim);
     const src = l.kBytes.subarray(first * l.kRowBytes, (first + rows) * l.kRowBytes);
     check(this.lib.infer_kv_load(src, l.kTypeId, rows * kvDim, l.headDim, l.kAnchor ?? null, l.kAnchor?.length ?? 0, keys),
       "kv_load keys");
-    const positions = new Int32Array(rows).fill(-discard);
+    this.rotateKeys(l, keys, rows, rope, new Int32Array(rows).fill(-discard));
+    return keys;
+  }
+
+  /** Rotates each row i of keys by moves[i] positions with the layer's RoPE, in place. */
+  private rotateKeys(l: CpuKvLayer, keys: Float32Array, rows: number, rope: RopeOptions, moves: Int32Array): void {
     let factors: Pointer | null = null;
     if (rope.freqFactors) factors = w(rope.freqFactors).address;
     // A pure rotation: the keys were scaled by the attention factor when they were stored (with
@@ -520,8 +570,7 @@ export class CpuBackend implements Backend {
     const shape = packed("RopeShape", { n_tok: rows, n_heads: l.kvHeads, head_dim: l.headDim, n_rot: rope.rotaryDims,
       freq_base: rope.base, freq_scale: rope.scale, mode: rope.neox ? 2 : 0, attn_factor: attnFactor,
       ...yarnFields(rope.yarn) });
-    check(this.lib.infer_rope(keys, positions, factors, shape), "rope (shift)");
-    return keys;
+    check(this.lib.infer_rope(keys, moves, factors, shape), "rope (shift)");
   }
 
   geluMul(gate: Activation, up: Activation, rows: number, out: Activation): void {

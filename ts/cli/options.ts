@@ -4,6 +4,7 @@
 import { availableParallelism } from "node:os";
 import type { ParseArgsConfig } from "node:util";
 import { kvTypes, type KvType } from "../backend/backend.ts";
+import { SHIFT_POLICIES, type ShiftPolicy } from "../engine/kv-cache.ts";
 import { backendKinds, parseBackendKind, type BackendKind } from "../backend/select.ts";
 import { setting } from "../config/env.ts";
 import { InferError, quote } from "../errors.ts";
@@ -263,6 +264,15 @@ export function cacheTypeOption(value: string | undefined, name: string): KvType
     throw new UsageError(`${name} must be one of ${kvTypes.join(", ")}, got ${quote(value, 40)}`);
   }
   return value as KvType;
+}
+
+/** --shift-policy: which positions the context shift keeps (ts/engine/kv-cache.ts). */
+export function shiftPolicyOption(value: string | undefined): ShiftPolicy | undefined {
+  if (value === undefined) return undefined;
+  if (!(SHIFT_POLICIES as readonly string[]).includes(value)) {
+    throw new UsageError(`--shift-policy must be one of ${SHIFT_POLICIES.join(", ")}, got ${quote(value, 40)}`);
+  }
+  return value as ShiftPolicy;
 }
 
 export function stopStrings(v: Values): string[] {

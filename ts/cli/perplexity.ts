@@ -6,17 +6,20 @@
 //
 // With --context-shift the text is instead read as one stream through a context of n_ctx tokens
 // that shifts when full (ts/engine/kv-cache.ts shiftSlot: the first --keep positions kept, half of
-// the rest dropped, the kept keys' RoPE turned back), as a chat or `-n -1` goes on past its context.
+// the rest dropped, the kept keys' RoPE turned back), as a chat or `-n -1` goes on past its context;
+// --shift-policy h2o keeps the heavy hitters among the older positions instead (shiftSlotHeavy).
 // llama-perplexity has no such mode. Run again with -c at least the text's length and the same
 // --score-from, where nothing shifts, for the figure the shifted one is held against.
 import { readFileSync } from "node:fs";
 import { Engine } from "../engine/engine.ts";
-import { rewindSlot, shiftDiscard, shiftSlot, SHIFT_KEEP } from "../engine/kv-cache.ts";
+import {
+  rewindSlot, shiftDiscard, shiftSlotBy, SHIFT_KEEP, trackAttention, type ShiftPolicy,
+} from "../engine/kv-cache.ts";
 import { refuseNonFinite } from "../engine/generation.ts";
 import { InferError, quote } from "../errors.ts";
 import { resolveModel } from "../models/cache.ts";
 import { parseCommand } from "./args.ts";
-import { backendOption, cacheTypeOption, intOption, threadsOption } from "./options.ts";
+import { backendOption, cacheTypeOption, intOption, shiftPolicyOption, threadsOption } from "./options.ts";
 
 export const perplexityUsage = `usage: infer perplexity <model.gguf> <text-file> [options]
 
@@ -32,6 +35,8 @@ options:
   -ctv, --cache-type-v T  KV cache values, as -ctk
   --context-shift    read the text as one stream through the context, shifting it when full
                      (keep the first --keep positions, drop half the rest); no chunks
+  --shift-policy P   streaming (default: the most recent positions) or h2o (half of them the
+                     positions with the most attention so far, the heavy hitters)
   --keep N           positions the shift keeps at the start (default ${SHIFT_KEEP})
   --score-from N     with --context-shift: score the tokens from N on (default: half of -c)
   -h, --help         this text
@@ -98,6 +103,8 @@ export function perplexity(engine: Engine, text: string, o: {
 /** Perplexity of the text as one stream through a shifting context (the file's header). */
 export function streamingPerplexity(engine: Engine, text: string, o: {
   contextLength: number; scoreFrom: number; keep?: number;
+  /** Which positions a shift keeps past the sinks (default "streaming"). */
+  policy?: ShiftPolicy;
   /**
    * Instead of turning the kept keys, evaluate the kept tokens again at their new positions (the
    * same tokens kept, as the shift keeps them; slow): what the shift approximates, so that the
@@ -112,7 +119,12 @@ export function streamingPerplexity(engine: Engine, text: string, o: {
   }
   const vocab = model.info.vocabSize, layers = engine.cache.layers;
   let nll = 0, nll2 = 0, count = 0, shifts = 0;
+  const policy = o.policy ?? "streaming";
   rewindSlot(slot, 0);
+  if (policy === "h2o" && (o.recompute || !trackAttention(engine.backend, slot))) {
+    throw new InferError("unsupported", o.recompute ? "recompute keeps the streaming policy's positions"
+      : `the ${engine.backend.name} backend cannot track attention for the h2o shift`);
+  }
   for (let next = 0; next < tokens.length - 1;) {
     if (slot.length === o.contextLength) {
       if (o.recompute) {
@@ -128,7 +140,7 @@ export function streamingPerplexity(engine: Engine, text: string, o: {
         slot.history.set(kept);
         slot.length = slot.reach = kept.length;
         shifts++;
-      } else if (shiftSlot(engine.backend, slot, model.info, o.keep ?? SHIFT_KEEP) === 0) {
+      } else if (shiftSlotBy(policy, engine.backend, slot, model.info, o.keep ?? SHIFT_KEEP) === 0) {
         throw new InferError("unsupported", `the ${engine.backend.name} backend cannot shift this ` +
           `model's context of ${o.contextLength} keeping ${o.keep ?? SHIFT_KEEP} positions`);
       } else shifts++;
@@ -169,6 +181,7 @@ export function perplexityCommand(argv: string[]): number {
       "cache-type-k": { type: "string" },
       "cache-type-v": { type: "string" },
       "context-shift": { type: "boolean" },
+      "shift-policy": { type: "string" },
       keep: { type: "string" },
       "score-from": { type: "string" },
       help: { type: "boolean", short: "h" },
@@ -184,6 +197,10 @@ export function perplexityCommand(argv: string[]): number {
   const cacheTypeV = cacheTypeOption(values["cache-type-v"], "--cache-type-v");
   const shift = values["context-shift"] === true;
   const keep = intOption(values.keep, "--keep", SHIFT_KEEP, 0);
+  const policy = shiftPolicyOption(values["shift-policy"]);
+  if (!shift && values["shift-policy"] !== undefined) {
+    throw new InferError("invalid_argument", "--shift-policy goes with --context-shift");
+  }
   const scoreFrom = intOption(values["score-from"], "--score-from", Math.floor(contextLength / 2), 1);
   if (!shift && (values.keep !== undefined || values["score-from"] !== undefined)) {
     throw new InferError("invalid_argument", "--keep and --score-from go with --context-shift");
@@ -206,7 +223,7 @@ export function perplexityCommand(argv: string[]): number {
   try {
     const t0 = performance.now();
     if (shift) {
-      const r = streamingPerplexity(engine, text, { contextLength, scoreFrom, keep });
+      const r = streamingPerplexity(engine, text, { contextLength, scoreFrom, keep, policy });
       process.stderr.write(`one stream of ${r.textTokens} tokens through ${contextLength}, ${r.shifts} ` +
         `shifts, ${r.scoredTokens} scored, ${((performance.now() - t0) / 1000).toFixed(1)} s\n`);
       process.stdout.write(`Final estimate: PPL = ${r.perplexity.toFixed(4)} +/- ${r.error.toFixed(5)}\n`);

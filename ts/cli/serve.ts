@@ -8,7 +8,7 @@ import { startServer } from "../serve/server.ts";
 import { parseCommand } from "./args.ts";
 import {
   backendOption, cacheTypeOption, floatOption, gpusOption, intOption, speculationHelp,
-  speculationLoad,
+  shiftPolicyOption, speculationLoad,
   threadsOption,
 } from "./options.ts";
 
@@ -47,6 +47,8 @@ another origin are refused (403) unless --cors allows that origin.
   -ctv, --cache-type-v T KV cache values, as -ctk
   --context-shift        a request with max_tokens past the context gets them: the context
                          keeps its first 4 tokens and drops the older half of the rest (CPU)
+  --shift-policy P       with --context-shift: streaming (default: keep the newest) or h2o
+                         (half of what is kept: the positions with the most attention so far)
   --parallel N           requests decoded together, each with its own KV cache (default 4)
   --prefill-chunk N      prompt tokens per step while other requests decode (default 64)
   --prefix-cache MIB     memory for the prefix cache (default 128; 0: off)
@@ -85,7 +87,7 @@ export async function serveCommand(argv: string[]): Promise<number> {
       cors: { type: "string", multiple: true },
       spec: { type: "string" }, "draft-max": { type: "string" }, "draft-model": { type: "string" },
       "cache-type-k": { type: "string" }, "cache-type-v": { type: "string" },
-      "context-shift": { type: "boolean" },
+      "context-shift": { type: "boolean" }, "shift-policy": { type: "string" },
     },
   });
   if (values.help) { process.stdout.write(serveUsage); return 0; }
@@ -94,6 +96,7 @@ export async function serveCommand(argv: string[]): Promise<number> {
   const port = intOption(values.port, "--port", 8080, 0, 65535);
   const threads = threadsOption(values.threads), backend = backendOption(values.backend);
   const spec = speculationLoad(values); // (a usage error before any download)
+  const contextShiftPolicy = shiftPolicyOption(values["shift-policy"]);
   const modelPath = await ensureModel(values.model);
   const draftModel = spec.draftModel === undefined ? undefined
     : await resolveDraftModel(spec.draftModel, modelPath);
@@ -105,6 +108,7 @@ export async function serveCommand(argv: string[]): Promise<number> {
     cacheTypeK: cacheTypeOption(values["cache-type-k"], "--cache-type-k"),
     cacheTypeV: cacheTypeOption(values["cache-type-v"], "--cache-type-v"),
     contextShift: values["context-shift"] ?? false,
+    contextShiftPolicy,
     apiKey: values["api-key"] ?? setting("INFER_API_KEY"),
     maxQueue: intOption(values.queue, "--queue", 16, 0),
     parallel: intOption(values.parallel, "--parallel", 4, 1),

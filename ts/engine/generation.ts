@@ -10,6 +10,7 @@ import {
 import type { TokenConstraint } from "../sample/constraint.ts";
 import { StopMatcher } from "../sample/stop.ts";
 import type { SpeculationOptions, SpeculationStats } from "./speculation.ts";
+import type { ShiftPolicy } from "./kv-cache.ts";
 
 export type { TokenConstraint };
 import type { StreamDecoder, Tokenizer } from "../tokenizer/index.ts";
@@ -34,6 +35,12 @@ export interface GenerateOptions {
    * and go on (kv-cache.ts shiftSlot) instead of ending with "context" (where the backend can).
    */
   readonly contextShift?: boolean;
+  /**
+   * Which positions past the first `contextKeep` the shift keeps: "streaming" (default) the most
+   * recent, "h2o" half of them the heavy hitters by accumulated attention (kv-cache.ts
+   * shiftSlotHeavy; CPU backend, elsewhere "streaming").
+   */
+  readonly contextShiftPolicy?: ShiftPolicy;
   /** Positions the context shift keeps at the start (default SHIFT_KEEP, 4). */
   readonly contextKeep?: number;
   /** Reuse the cached prefix this prompt shares with the last sequence (default true). */

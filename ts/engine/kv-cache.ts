@@ -48,6 +48,12 @@ export interface Slot {
    * (a speculative device step writes one position past the length).
    */
   reach: number;
+  /**
+   * The H2O shift's accumulated attention, one array a full-attention layer (null for a ring):
+   * entry p sums the softmax weight every query head gave position p since tracking began
+   * (trackAttention). Absent: not tracked.
+   */
+  mass?: (Float32Array | null)[];
 }
 
 export function createSlot(cache: KvCache): Slot {
@@ -121,6 +127,75 @@ export function shiftSlot(be: Backend, slot: Slot, info: ModelInfo, keep = SHIFT
   if (discard < 1) return 0;
   slot.cache.layers.forEach((layer, i) => be.shiftKv!(layer, rope[i], keep, discard, length));
   slot.history.copyWithin(keep, keep + discard, length);
+  slot.length = length - discard;
+  slot.reach = slot.length;
+  return discard;
+}
+
+/** The context shift's policies: which positions past the sinks a full sequence keeps. */
+export type ShiftPolicy = "streaming" | "h2o";
+export const SHIFT_POLICIES: readonly ShiftPolicy[] = ["streaming", "h2o"];
+
+/**
+ * Makes the slot's attention over its full-attention layers accumulate each position's softmax
+ * weight (for shiftSlotHeavy), from zero; false where the backend cannot. Positions the slot
+ * already holds (a reused prefix) start at zero too.
+ */
+export function trackAttention(be: Backend, slot: Slot): boolean {
+  if (!be.trackAttention || !be.compactKv) return false;
+  slot.mass = slot.cache.layers.map((layer) => layer.ring ? null : be.trackAttention!(layer, true));
+  return true;
+}
+
+/** Stops trackAttention's accumulation (a later sequence of the slot shifts another way). */
+export function untrackAttention(be: Backend, slot: Slot): void {
+  if (!slot.mass) return;
+  slot.cache.layers.forEach((layer) => { if (!layer.ring) be.trackAttention?.(layer, false); });
+  slot.mass = undefined;
+}
+
+/** The context shift by the slot's policy: shiftSlot ("streaming") or shiftSlotHeavy ("h2o"). */
+export function shiftSlotBy(policy: ShiftPolicy, be: Backend, slot: Slot, info: ModelInfo,
+  keep = SHIFT_KEEP): number {
+  return policy === "h2o" && slot.mass ? shiftSlotHeavy(be, slot, info, keep) : shiftSlot(be, slot, info, keep);
+}
+
+/**
+ * H2O's context shift (Zhang et al. 2023, "Heavy-Hitter Oracle"): drops as many positions as
+ * shiftSlot does, but of the positions kept past the first `keep` (the sinks), half (at least
+ * every sliding window) are the most recent and the rest the heavy hitters: the positions
+ * before them with the largest attention accumulated so far (slot.mass, summed over layers and
+ * heads). Kept positions close up in order, each key rotated by its own move with the layer's
+ * RoPE; the recent ones move by the dropped count, which is all a sliding-window ring holds, so
+ * a ring shifts as shiftSlot shifts it. Returns the positions dropped.
+ */
+export function shiftSlotHeavy(be: Backend, slot: Slot, info: ModelInfo, keep = SHIFT_KEEP): number {
+  const length = slot.length, mass = slot.mass;
+  if (!be.shiftKv || !be.compactKv || !mass || keep >= length) return 0;
+  const discard = shiftDiscard(slot.cache, info, keep, length);
+  if (discard < 1) return 0;
+  const budget = length - keep - discard;
+  const window = Math.max(0, ...slot.cache.layers.map((l, i) => l.ring ? info.kvShapes[i].window : 0));
+  const recent = Math.min(budget, Math.max(window, Math.ceil(budget / 2)));
+  const heavy = budget - recent, middleEnd = length - recent;
+  const total = new Float64Array(length);
+  for (const m of mass) if (m) for (let p = 0; p < length; p++) total[p] += m[p];
+  const candidates = Array.from({ length: middleEnd - keep }, (_, i) => keep + i);
+  candidates.sort((a, b) => total[b] - total[a] || a - b);
+  const from = new Int32Array(budget);
+  from.set(candidates.slice(0, heavy).sort((a, b) => a - b));
+  for (let i = 0; i < recent; i++) from[heavy + i] = middleEnd + i;
+  const rope = info.keyRope;
+  slot.cache.layers.forEach((layer, i) => {
+    if (layer.ring) be.shiftKv!(layer, rope[i], keep, discard, length);
+    else be.compactKv!(layer, rope[i], from, keep);
+  });
+  for (const m of mass) {
+    if (!m) continue;
+    for (let i = 0; i < budget; i++) m[keep + i] = m[from[i]];
+    m.fill(0, keep + budget);
+  }
+  for (let i = 0; i < budget; i++) slot.history[keep + i] = slot.history[from[i]];
   slot.length = length - discard;
   slot.reach = slot.length;
   return discard;

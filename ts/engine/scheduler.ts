@@ -45,7 +45,8 @@ import { Pooler, type Pooling } from "../model/pooling.ts";
 import type { Engine } from "./engine.ts";
 import { Generation, type GenerateOptions, type GenerateResult } from "./generation.ts";
 import {
-  createKvCache, createSlot, reusablePrefix, rewindSlot, shiftSlot, type Slot,
+  createKvCache, createSlot, reusablePrefix, rewindSlot, shiftSlotBy, trackAttention, untrackAttention,
+  type Slot,
 } from "./kv-cache.ts";
 import type { DraftModel } from "./draft-model.ts";
 import { lookupDraft, PassCost, SequenceSpeculation } from "./speculation.ts";
@@ -548,6 +549,9 @@ export class BatchScheduler {
       this.free.splice(this.free.indexOf(slot), 1);
       rewindSlot(slot, common);
       this.reused += common;
+      // The h2o shift needs the attention each position got; a reused prefix's starts at zero.
+      if (shifts && request.options.contextShiftPolicy === "h2o") trackAttention(this.engine.backend, slot);
+      else untrackAttention(this.engine.backend, slot);
       const s = new Sequence(request, slot, generation, null);
       if (reuse) this.restore(s);
       s.restored = s.length;
@@ -748,8 +752,8 @@ export class BatchScheduler {
    */
   private shiftContext(s: Sequence): void {
     const o = (s.request as SequenceRequest).options;
-    const dropped = o.contextShift
-      ? shiftSlot(this.engine.backend, s.slot, this.engine.model.info, o.contextKeep) : 0;
+    const dropped = o.contextShift ? shiftSlotBy(o.contextShiftPolicy ?? "streaming", this.engine.backend,
+      s.slot, this.engine.model.info, o.contextKeep) : 0;
     if (dropped > 0) {
       s.shifted = true;
       return;

@@ -302,7 +302,7 @@ export const structs = {
     },
   },
   AttentionShape: {
-    size: 88,
+    size: 96,
     fields: {
       k_type: { type: "u32", offset: 0 },
       v_type: { type: "u32", offset: 4 },
@@ -317,6 +317,7 @@ export const structs = {
       scale: { type: "f32", offset: 72 },
       order: { type: "u32", offset: 76, value: 0 },
       sinks: { type: "u64", offset: 80, value: 0 },
+      mass: { type: "u64", offset: 88, value: 0 },
     },
   },
   RopeShape: {

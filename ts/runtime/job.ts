@@ -6,6 +6,7 @@ import type { ToolChoice, ToolFunction } from "../chat/tools.ts";
 import type { Pooling } from "../model/pooling.ts";
 import type { SpeculationOptions } from "../engine/speculation.ts";
 import type { SamplerOptions } from "../sample/sampler.ts";
+import type { ShiftPolicy } from "../engine/kv-cache.ts";
 
 export type ResponseFormat =
   | { readonly type: "text" }
@@ -29,6 +30,8 @@ export interface Job {
   readonly ignoreEos?: boolean;
   /** When the context is full, shift it (drop the older half) and go on, where the backend can. */
   readonly contextShift?: boolean;
+  /** Which positions the shift keeps (kv-cache.ts ShiftPolicy; default "streaming"). */
+  readonly contextShiftPolicy?: ShiftPolicy;
   /** Chat: functions the model may call (chat/tools.ts), and whether it must. */
   readonly tools?: readonly ToolFunction[];
   readonly toolChoice?: ToolChoice;

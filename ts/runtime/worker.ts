@@ -291,7 +291,7 @@ function submit(id: number, job: Job): void {
     prompt,
     options: {
       maxTokens: job.maxTokens, sampling: job.sampling, stop: [...job.stop], constraint,
-      ignoreEos: job.ignoreEos, contextShift: job.contextShift,
+      ignoreEos: job.ignoreEos, contextShift: job.contextShift, contextShiftPolicy: job.contextShiftPolicy,
       speculation: job.speculation ?? speculation,
       stopTokens: job.kind === "chat" ? turnStops : undefined,
       shownTokens: reader && tools?.format === "llama3" && pythonTag !== null ? [pythonTag]

@@ -10,6 +10,7 @@ import {
   type LogprobEntry, type ParsedRequest,
 } from "./protocol.ts";
 import type { Done, RequestQueue, Ticket, WorkerEvent } from "./queue.ts";
+import type { ShiftPolicy } from "../engine/kv-cache.ts";
 
 export interface GenerationContext {
   readonly queue: RequestQueue;
@@ -18,6 +19,8 @@ export interface GenerationContext {
   readonly info: EngineInfo;
   /** --context-shift: requests with a max_tokens generate past the context. */
   readonly contextShift?: boolean;
+  /** --shift-policy: which positions the shift keeps. */
+  readonly contextShiftPolicy?: ShiftPolicy;
   /** Throws the 503 when the server is stopping or the engine cannot take work. */
   readonly checkAvailable: () => void;
 }
@@ -48,7 +51,7 @@ export async function answerGeneration(c: GenerationContext, req: Request,
   kind: "chat" | "completion", body: Record<string, unknown>): Promise<Response> {
   const { queue: scheduler, metrics, modelId } = c;
   const arrived = performance.now();
-  const parsed = parseRequest(kind, body, { ...c.info, contextShift: c.contextShift });
+  const parsed = parseRequest(kind, body, { ...c.info, contextShift: c.contextShift, contextShiftPolicy: c.contextShiftPolicy });
   if (parsed.model !== modelId) {
     throw new ApiError(404, `the model ${quote(parsed.model)} does not exist; this server has ` +
       `${quote(modelId)}`, "model", "model_not_found");

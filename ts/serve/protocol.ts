@@ -10,6 +10,7 @@ import { anyObject, checkJsonDocument, compileSchema, minLength } from "../sampl
 import type { SamplerOptions } from "../sample/sampler.ts";
 import { speculationModes, type SpeculationMode, type SpeculationOptions } from "../engine/speculation.ts";
 import type { Job, LogprobEntry, ResponseFormat } from "../runtime/job.ts";
+import type { ShiftPolicy } from "../engine/kv-cache.ts";
 
 export type { Job, LogprobEntry, ResponseFormat };
 
@@ -360,6 +361,8 @@ export interface Limits {
    * and gets them, the context shifting; without one it ends at the context as before.
    */
   readonly contextShift?: boolean;
+  /** The server's --shift-policy. */
+  readonly contextShiftPolicy?: ShiftPolicy;
 }
 
 /** Validates a /v1/chat/completions or /v1/completions body. */
@@ -417,7 +420,9 @@ export function parseRequest(kind: "chat" | "completion", body: Body, limits: Li
   const job: Job = {
     kind, messages: msgs, prompt, maxTokens, sampling, stop: stops(body), format,
     logprobs: logprobsAsked(kind, body), speculation: speculation(body),
-    ...(limits.contextShift && maxTokens > 0 ? { contextShift: true } : {}),
+    ...(limits.contextShift && maxTokens > 0
+      ? { contextShift: true, ...(limits.contextShiftPolicy ? { contextShiftPolicy: limits.contextShiftPolicy } : {}) }
+      : {}),
     ...(functions === undefined ? {} : { tools: functions, toolChoice: choice }),
   };
   return { model: body.model, stream, includeUsage, n, job };

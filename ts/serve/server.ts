@@ -23,6 +23,7 @@ import { answerGeneration, json, type GenerationContext } from "./completions.ts
 import { ApiError, parseJson } from "./protocol.ts";
 import { answerEmbeddings } from "./embeddings.ts";
 import { RequestQueue } from "./queue.ts";
+import type { ShiftPolicy } from "../engine/kv-cache.ts";
 
 export interface ServeOptions {
   readonly modelPath: string;
@@ -50,6 +51,8 @@ export interface ServeOptions {
   readonly draftModel?: string;
   /** Requests with a max_tokens generate past the context, shifting it (default off). */
   readonly contextShift?: boolean;
+  /** Which positions the shift keeps (default "streaming"; "h2o": heavy hitters too). */
+  readonly contextShiftPolicy?: ShiftPolicy;
   /** The KV cache's key and value types (default f16). */
   readonly cacheTypeK?: KvType;
   readonly cacheTypeV?: KvType;
@@ -179,6 +182,7 @@ export async function startServer(o: ServeOptions): Promise<InferServer> {
   }
 
   const generation: GenerationContext = { queue: scheduler, metrics, modelId, info, contextShift: o.contextShift,
+    contextShiftPolicy: o.contextShiftPolicy,
     checkAvailable() {
       if (stopping) throw new ApiError(503, "the server is stopping", null, "server_shutting_down");
       const down = unavailable();
