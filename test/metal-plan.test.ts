@@ -7,7 +7,8 @@
 import { describe, expect, test } from "bun:test";
 import { ggmlTypes } from "../ts/gguf/types.ts";
 import {
-  argStructs, ATTENTION_HEAD_DIM_MAX, MATMUL_ACC_MAX, matvecRows, metalWeightTypes, planAdd, planAddRowBias,
+  argStructs, ATTENTION_HEAD_DIM_MAX, MATMUL_THREADS, MATMUL_TILE_OUT, MATMUL_TILE_TOK, matvecRows,
+  metalWeightTypes, planAdd, planAddRowBias,
   planAttention, planGatedAct, planGetRows, planKvStore, planMatmul, planRmsNorm, planRmsNormAdd,
   planRope, planScale, type KernelDispatch,
 } from "../ts/backend/metal-plan.ts";
@@ -81,7 +82,9 @@ describe("the Metal dispatch plan matches the kernels' declarations", () => {
       expect(fields.map((f) => [f.name, fieldType[f.type] ?? f.type])).toEqual(argStructs[name].map(([n, t]) => [n, t]));
     }
     const defines = metalArgDefines();
-    expect(defines.get("MATMUL_ACC_MAX")).toBe(MATMUL_ACC_MAX);
+    expect(defines.get("MATMUL_TILE_OUT")).toBe(MATMUL_TILE_OUT);
+    expect(defines.get("MATMUL_TILE_TOK")).toBe(MATMUL_TILE_TOK);
+    expect(defines.get("MATMUL_THREADS")).toBe(MATMUL_THREADS);
     expect(defines.get("ATTENTION_HEAD_DIM_MAX")).toBe(ATTENTION_HEAD_DIM_MAX);
     for (const [suffix, { rows }] of Object.entries(matvecRows)) {
       expect(defines.get(`MATVEC_ROWS_${suffix.toUpperCase()}`)).toBe(rows);
@@ -96,10 +99,13 @@ describe("the Metal dispatch plan matches the kernels' declarations", () => {
     for (const d of allPlans()) {
       const a = argsOf(d), threads = d.threads[0] * d.threads[1] * d.threads[2];
       if (d.kernel.startsWith("matmul_")) {
-        expect(d.threadgroupBytes).toBe((a.tile_out + a.tile_tok) * 32 * 4);
-        expect(a.tile_out * a.tile_tok).toBeLessThanOrEqual(MATMUL_ACC_MAX * threads);
-        expect(d.grid[0] * a.tile_out).toBeGreaterThanOrEqual(a.n_out);
-        expect(d.grid[1] * a.tile_tok).toBeGreaterThanOrEqual(a.n_tok);
+        // Weight and activation tiles of 32 values a row; the edge-tile staging (4 simdgroups ×
+        // 16 tokens × 32 rows) reuses the weight tile.
+        expect(d.threadgroupBytes).toBe((MATMUL_TILE_OUT + MATMUL_TILE_TOK) * 32 * 4);
+        expect(4 * 16 * 32).toBeLessThanOrEqual(MATMUL_TILE_OUT * 32);
+        expect(threads).toBe(MATMUL_THREADS);
+        expect(d.grid[0]).toBe(Math.ceil(a.n_out / MATMUL_TILE_OUT));
+        expect(d.grid[1]).toBe(Math.ceil(a.n_tok / MATMUL_TILE_TOK));
       }
       if (d.kernel.startsWith("matvec_")) {
         const rows = matvecRows[d.kernel.slice("matvec_".length)]?.rows ?? 1;

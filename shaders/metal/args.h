@@ -21,16 +21,16 @@ typedef struct {
 #define MATVEC_ROWS_Q5_K 2
 #define MATVEC_ROWS_Q6_K 2
 
-// The batched form: each threadgroup computes a tile of tile_out rows × tile_tok tokens, each
-// thread at most MATMUL_ACC_MAX of its outputs.
-#define MATMUL_ACC_MAX 8
+// The batched form (matmul.metal): each threadgroup of MATMUL_THREADS (4 simdgroups) computes
+// a tile of MATMUL_TILE_OUT rows × MATMUL_TILE_TOK tokens on simdgroup matrices.
+#define MATMUL_TILE_OUT 64
+#define MATMUL_TILE_TOK 32
+#define MATMUL_THREADS 128
 typedef struct {
     uint32_t n_in;
     uint32_t n_out;
     uint32_t n_tok;
     uint32_t row_bytes;
-    uint32_t tile_out;
-    uint32_t tile_tok;
 } MatmulArgs;
 
 // dst[i] = row ids[i] of a table of n_rows rows of n_cols values (row_bytes apart).

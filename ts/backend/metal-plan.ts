@@ -31,8 +31,7 @@ type FieldType = "u32" | "i32" | "f32";
 /** args.h, field by field (test/metal-plan.test.ts checks this table against the header). */
 export const argStructs: Readonly<Record<string, readonly (readonly [string, FieldType])[]>> = {
   MatvecArgs: [["n_in", "u32"], ["n_out", "u32"], ["n_tok", "u32"], ["row_bytes", "u32"]],
-  MatmulArgs: [["n_in", "u32"], ["n_out", "u32"], ["n_tok", "u32"], ["row_bytes", "u32"],
-    ["tile_out", "u32"], ["tile_tok", "u32"]],
+  MatmulArgs: [["n_in", "u32"], ["n_out", "u32"], ["n_tok", "u32"], ["row_bytes", "u32"]],
   GetRowsArgs: [["n_cols", "u32"], ["row_bytes", "u32"], ["n_ids", "u32"], ["n_rows", "u32"]],
   RmsNormArgs: [["n_cols", "u32"], ["eps", "f32"], ["has_weight", "u32"]],
   RopeArgs: [["n_tok", "u32"], ["n_heads", "u32"], ["head_dim", "u32"], ["n_rot", "u32"],
@@ -44,7 +43,10 @@ export const argStructs: Readonly<Record<string, readonly (readonly [string, Fie
 };
 
 /** Constants of args.h the plan depends on (checked by the test). */
-export const MATMUL_ACC_MAX = 8;
+/** matmul.metal's tile (rows × tokens) and threads: its simdgroup layout is built for these. */
+export const MATMUL_TILE_OUT = 64;
+export const MATMUL_TILE_TOK = 32;
+export const MATMUL_THREADS = 128;
 export const ATTENTION_HEAD_DIM_MAX = 512;
 /**
  * matvec_rows.metal's kernels: rows per simdgroup (MATVEC_ROWS_* of args.h) and simdgroups per
@@ -59,10 +61,6 @@ export const matvecRows: Readonly<Record<string, { readonly rows: number; readon
 const SIMD_WIDTH = 32;
 /** Decode matvec (matvec.metal): rows per threadgroup, one simdgroup each. */
 const MATVEC_SIMDGROUPS = 4;
-/** Prefill tiles: 32 rows × 16 tokens over 128 threads, 4 outputs each. */
-const MATMUL_TILE_OUT = 32;
-const MATMUL_TILE_TOK = 16;
-const MATMUL_THREADS = 128;
 /** Above this many tokens a matmul uses the tiled kernel. */
 export const MATVEC_TOKENS_MAX = 4;
 const NORM_THREADS = 256;
@@ -136,10 +134,8 @@ export function planMatmul(typeId: number, nIn: number, nOut: number, nTok: numb
     kernel: `matmul_${suffix}`, grid: [ceilDiv(nOut, MATMUL_TILE_OUT), ceilDiv(nTok, MATMUL_TILE_TOK), 1],
     threads: [MATMUL_THREADS, 1, 1], threadgroupBytes: (MATMUL_TILE_OUT + MATMUL_TILE_TOK) * 32 * 4, buffers,
     writes: ["y"],
-    args: { struct: "MatmulArgs", index: 3, bytes: packArgs("MatmulArgs", {
-      n_in: nIn, n_out: nOut, n_tok: nTok, row_bytes: rowBytes,
-      tile_out: MATMUL_TILE_OUT, tile_tok: MATMUL_TILE_TOK,
-    }) },
+    args: { struct: "MatmulArgs", index: 3,
+      bytes: packArgs("MatmulArgs", { n_in: nIn, n_out: nOut, n_tok: nTok, row_bytes: rowBytes }) },
   };
 }
 
