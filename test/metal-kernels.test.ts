@@ -213,13 +213,18 @@ describe("KV cache and attention against the CPU kernels", () => {
     }
   });
 
-  test("attention: GQA, sliding windows, rings, odd head sizes", () => {
+  test("attention (one query per threadgroup, and flash attention for prompts): GQA, sliding windows, rings, odd head sizes", () => {
     const rand = rng(23);
     const cases = [
       // nTok, heads, kvHeads, headDim, pos0, window, ring cells (0: linear)
       [1, 4, 1, 256, 40, 0, 0], [5, 4, 2, 64, 11, 0, 0], [3, 6, 3, 40, 30, 8, 0],
       [4, 2, 1, 32, 50, 16, 24], [1, 1, 1, 33, 0, 0, 0], [7, 8, 2, 96, 3, 4, 0],
+      // Prompts: two query tiles, head sizes off the multiple of 8, windows across tiles, a ring
+      // that wraps inside the batch.
+      [37, 4, 2, 256, 5, 0, 0], [40, 2, 1, 40, 50, 16, 64], [33, 3, 3, 128, 0, 0, 0],
+      [6, 2, 2, 33, 0, 0, 0], [70, 2, 1, 64, 0, 5, 0],
     ] as const;
+    const kernelsRun = new Set<string>();
     for (const [nTok, heads, kvHeads, headDim, pos0, window, ringCells] of cases) {
       const kvDim = kvHeads * headDim;
       const cells = ringCells || pos0 + nTok;
@@ -238,10 +243,12 @@ describe("KV cache and attention against the CPU kernels", () => {
         packStruct("AttentionShape", { k_type: 0, v_type: 0, n_tok: nTok, n_head: heads, n_kv_head: kvHeads, head_dim: headDim,
           pos0, kv_stride: kvDim, window, ring: ringCells, scale, order: 0 })), "attention");
       const plan = planAttention({ nTok, heads, kvHeads, headDim, pos0, window, cells, ring: ringCells > 0, scale });
+      kernelsRun.add(plan.kernel);
       const got = f32(run(plan, { q, k_cache: kBits, v_cache: vBits, out: new Float32Array(q.length).fill(NaN) }).out);
       const err = normalisedError(got, want);
-      if (err > TOL_ATTENTION) console.error({ nTok, heads, kvHeads, headDim, pos0, window, ringCells, err });
+      if (err > TOL_ATTENTION) console.error({ nTok, heads, kvHeads, headDim, pos0, window, ringCells, err, kernel: plan.kernel });
       expect(err).toBeLessThanOrEqual(TOL_ATTENTION);
     }
+    expect([...kernelsRun].sort()).toEqual(["attention", "attention_prompt_d128", "attention_prompt_d256"]);
   });
 });

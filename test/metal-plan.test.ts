@@ -7,7 +7,8 @@
 import { describe, expect, test } from "bun:test";
 import { ggmlTypes } from "../ts/gguf/types.ts";
 import {
-  argStructs, ATTENTION_HEAD_DIM_MAX, MATMUL_THREADS, MATMUL_TILE_OUT, MATMUL_TILE_TOK, matvecRows,
+  argStructs, ATTENTION_HEAD_DIM_MAX, ATTENTION_PROMPT_HEAD_DIM_MAX, ATTENTION_PROMPT_QUERIES,
+  ATTENTION_PROMPT_THREADS, ATTENTION_PROMPT_TOKENS_MIN, MATMUL_THREADS, MATMUL_TILE_OUT, MATMUL_TILE_TOK, matvecRows,
   metalWeightTypes, planAdd, planAddRowBias,
   planAttention, planGatedAct, planGetRows, planKvStore, planMatmul, planRmsNorm, planRmsNormAdd,
   planRope, planScale, type KernelDispatch,
@@ -67,8 +68,10 @@ function allPlans(): KernelDispatch[] {
   }
   plans.push(planGatedAct("gelu", 1000), planGatedAct("silu", 7), planAdd(33), planScale(5, 2), planAddRowBias(3, 17));
   plans.push(planKvStore(256, 4, 10, 768, true), planKvStore(7, 1, 0, 16, false));
-  for (const headDim of [32, 256, ATTENTION_HEAD_DIM_MAX]) {
-    plans.push(planAttention({ nTok: 3, heads: 8, kvHeads: 2, headDim, pos0: 9, window: 4, cells: 16, ring: true, scale: 0.1 }));
+  for (const headDim of [32, 40, 256, ATTENTION_HEAD_DIM_MAX]) {
+    for (const nTok of [3, ATTENTION_PROMPT_TOKENS_MIN, 70]) {
+      plans.push(planAttention({ nTok, heads: 8, kvHeads: 2, headDim, pos0: 9, window: 4, cells: 96, ring: true, scale: 0.1 }));
+    }
   }
   return plans;
 }
@@ -85,6 +88,9 @@ describe("the Metal dispatch plan matches the kernels' declarations", () => {
     expect(defines.get("MATMUL_TILE_OUT")).toBe(MATMUL_TILE_OUT);
     expect(defines.get("MATMUL_TILE_TOK")).toBe(MATMUL_TILE_TOK);
     expect(defines.get("MATMUL_THREADS")).toBe(MATMUL_THREADS);
+    expect(defines.get("ATTENTION_PROMPT_QUERIES")).toBe(ATTENTION_PROMPT_QUERIES);
+    expect(defines.get("ATTENTION_PROMPT_THREADS")).toBe(ATTENTION_PROMPT_THREADS);
+    expect(defines.get("ATTENTION_PROMPT_HEAD_DIM_MAX")).toBe(ATTENTION_PROMPT_HEAD_DIM_MAX);
     expect(defines.get("ATTENTION_HEAD_DIM_MAX")).toBe(ATTENTION_HEAD_DIM_MAX);
     for (const [suffix, { rows }] of Object.entries(matvecRows)) {
       expect(defines.get(`MATVEC_ROWS_${suffix.toUpperCase()}`)).toBe(rows);
@@ -114,6 +120,14 @@ describe("the Metal dispatch plan matches the kernels' declarations", () => {
         expect(d.grid[1]).toBe(a.n_tok);
       }
       if (d.kernel.startsWith("rms_norm")) expect(d.threadgroupBytes).toBeGreaterThanOrEqual((threads / 32) * 4);
+      if (d.kernel.startsWith("attention_prompt_")) {
+        const dp = Math.ceil(a.head_dim / 8) * 8;
+        expect(dp).toBeLessThanOrEqual(Number(d.kernel.slice("attention_prompt_d".length)));
+        expect(d.threadgroupBytes).toBe((threads / 32) * 192 * 4 + 2 * 16 * dp * 2);
+        expect(threads).toBe(ATTENTION_PROMPT_THREADS);
+        expect(d.grid).toEqual([a.n_head, Math.ceil(a.n_tok / ATTENTION_PROMPT_QUERIES), 1]);
+        expect(a.n_tok).toBeGreaterThanOrEqual(ATTENTION_PROMPT_TOKENS_MIN);
+      }
       if (d.kernel === "attention") {
         expect(d.threadgroupBytes).toBeGreaterThanOrEqual((threads / 32) * (a.head_dim + 2) * 4);
         expect(a.head_dim).toBeLessThanOrEqual(ATTENTION_HEAD_DIM_MAX);

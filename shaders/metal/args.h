@@ -79,6 +79,11 @@ typedef struct {
 // Queries t < n_tok at positions pos0 + t over cache cells of n_kv_head·head_dim f16 values;
 // head_dim at most ATTENTION_HEAD_DIM_MAX (each lane keeps head_dim / 32 accumulators).
 #define ATTENTION_HEAD_DIM_MAX 512
+// attention_prompt.metal: queries per threadgroup (8 per simdgroup), its threads, and the
+// largest head_dim its kernels hold (attention_prompt_d128 / _d256).
+#define ATTENTION_PROMPT_QUERIES 32
+#define ATTENTION_PROMPT_THREADS 128
+#define ATTENTION_PROMPT_HEAD_DIM_MAX 256
 typedef struct {
     uint32_t n_tok;
     uint32_t n_head;

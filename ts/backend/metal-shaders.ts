@@ -15,6 +15,7 @@ import { InferError } from "../errors.ts";
 import actMetal from "../../shaders/metal/act.metal" with { type: "text" };
 import argsHeader from "../../shaders/metal/args.h" with { type: "text" };
 import attentionMetal from "../../shaders/metal/attention.metal" with { type: "text" };
+import attentionPromptMetal from "../../shaders/metal/attention_prompt.metal" with { type: "text" };
 import blocksHeader from "../../shaders/metal/blocks.h" with { type: "text" };
 import getRowsMetal from "../../shaders/metal/get_rows.metal" with { type: "text" };
 import kvMetal from "../../shaders/metal/kv.metal" with { type: "text" };
@@ -29,6 +30,7 @@ const embeddedShaders: Readonly<Record<string, string>> = {
   "act.metal": actMetal,
   "args.h": argsHeader,
   "attention.metal": attentionMetal,
+  "attention_prompt.metal": attentionPromptMetal,
   "blocks.h": blocksHeader,
   "get_rows.metal": getRowsMetal,
   "kv.metal": kvMetal,

@@ -336,7 +336,7 @@ inline bool resolve_matrix(Fiber* lanes, uint count, uint group_index) {
         if (o.memory != m.memory || o.elements_per_row != m.elements_per_row ||
             o.origin_x != m.origin_x || o.origin_y != m.origin_y || o.transpose != m.transpose ||
             o.d_type != m.d_type || o.a_type != m.a_type || o.b_type != m.b_type ||
-            o.c_type != m.c_type) {
+            o.c_type != m.c_type || (o.c == nullptr) != (m.c == nullptr)) {
             fail("lanes pass different memory or layout (or matrix types) to one simdgroup_matrix "
                  "operation", group_index);
             return false;
@@ -352,6 +352,10 @@ inline bool resolve_matrix(Fiber* lanes, uint count, uint group_index) {
         for (uint l = 0; l < simd_width; l++) {
             const MatrixArgs& o = lanes[l].matrix;
             const void* frag = which == 0 ? o.a : which == 1 ? o.b : o.c;
+            if (!frag) {  // simdgroup_multiply's absent c
+                out[2 * l] = out[2 * l + 1] = 0.0f;
+                continue;
+            }
             if (type == elem::f32) {
                 out[2 * l] = ((const float*)frag)[0];
                 out[2 * l + 1] = ((const float*)frag)[1];
@@ -446,9 +450,31 @@ inline bool run_group(Scheduler& s, uint group_index) {
     for (uint i = 0; i < n; i++) start_fiber(s, i);
     uint order[threads_max];
     for (;;) {
+        // Simdgroups drift apart on a GPU: each round a simdgroup is held back with probability
+        // 1/4 (never all of them), so others run ahead of it by several collectives and a
+        // missing barrier between one simdgroup's reads and another's overwrite shows.
+        const uint n_sg = (n + simd_width - 1) / simd_width;
+        bool held[threads_max / simd_width] = {false};
+        uint live = 0, kept = 0;
+        for (uint g = 0; g < n_sg; g++) {
+            bool any = false;
+            for (uint i = g * simd_width; i < n && i < (g + 1) * simd_width; i++) {
+                any |= s.fibers[i].st == state::runnable;
+            }
+            if (!any) continue;
+            live++;
+            held[g] = s.next() % 4 == 0;
+            kept += held[g] ? 0 : 1;
+        }
+        if (live > 0 && kept == 0) {
+            for (uint g = 0; g < n_sg; g++) held[g] = false;
+        }
         uint runnable = 0;
+        bool waiting_held = false;
         for (uint i = 0; i < n; i++) {
-            if (s.fibers[i].st == state::runnable) order[runnable++] = i;
+            if (s.fibers[i].st != state::runnable) continue;
+            if (held[i / simd_width]) waiting_held = true;
+            else order[runnable++] = i;
         }
         for (uint i = runnable; i > 1; i--) {  // Fisher-Yates
             const uint j = uint(s.next() % i);
@@ -456,8 +482,22 @@ inline bool run_group(Scheduler& s, uint group_index) {
             order[i - 1] = order[j];
             order[j] = t;
         }
-        for (uint i = 0; i < runnable; i++) to_fiber(&s.fibers[order[i]]);
-        bool progress = false;
+        // A simdgroup whose last lane of the round has stopped completes the collective its lanes
+        // wait at there and then, before the threads still to run this round go on: another
+        // simdgroup may be behind, as on a GPU, so a simdgroup_load of memory another simdgroup
+        // writes without a barrier in between sees it unwritten under some seed.
+        uint left[threads_max / simd_width] = {0};
+        for (uint i = 0; i < runnable; i++) left[order[i] / simd_width]++;
+        bool progress = waiting_held;
+        for (uint i = 0; i < runnable; i++) {
+            to_fiber(&s.fibers[order[i]]);
+            const uint g = order[i] / simd_width;
+            if (--left[g] > 0) continue;
+            const uint first = g * simd_width;
+            const uint count = n - first < simd_width ? n - first : simd_width;
+            progress |= resolve_simdgroup(&s.fibers[first], count, group_index);
+            if (failed()) return false;
+        }
         for (uint first = 0; first < n; first += simd_width) {
             const uint count = n - first < simd_width ? n - first : simd_width;
             progress |= resolve_simdgroup(&s.fibers[first], count, group_index);
