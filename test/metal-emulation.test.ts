@@ -117,6 +117,27 @@ kernel void test_matrix_race(device const float* x [[buffer(0)]], device float* 
     }
 }
 
+// Simdgroup 0 loads the tile as a matrix; simdgroup 1, one collective later, overwrites it: in
+// lockstep the load always comes first, so only simdgroups drifting apart (as on a GPU) show the
+// missing barrier (args.n_cols != 0 puts it in).
+kernel void test_matrix_drift(device const float* x [[buffer(0)]], device float* out [[buffer(1)]],
+                              constant EltwiseArgs& args [[buffer(2)]],
+                              threadgroup float* tile [[threadgroup(0)]],
+                              uint sg [[simdgroup_index_in_threadgroup]],
+                              uint lane [[thread_index_in_simdgroup]]) {
+    tile[lane + 32 * sg] = x[lane + 32 * sg];
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    if (sg == 0) {
+        simdgroup_float8x8 m;
+        simdgroup_load(m, tile, 8);
+        simdgroup_store(m, out, 8);
+    } else {
+        simd_sum(0.0f);
+    }
+    if (args.n_cols != 0) threadgroup_barrier(mem_flags::mem_threadgroup);
+    if (sg == 1) tile[lane] = tile[lane + 32] = -1.0f;
+}
+
 // mode (args.n): 0 lanes 0..15 alone load; 1 each lane passes its own address; 2 a matrix never
 // loaded is stored.
 kernel void test_matrix_misuse(device const float* x [[buffer(0)]], device float* out [[buffer(1)]],
@@ -236,6 +257,15 @@ describe("simdgroup_matrix: Metal's semantics, and what it leaves undefined", ()
     const want = Array.from(x.subarray(0, 64));
     const outcomes = (barrier: boolean) => Array.from({ length: SEEDS }, () =>
       Array.from(runOnce(dispatch("test_matrix_race", 64, { x: 0, out: 1 }, 2, { n: 0, n_cols: barrier ? 1 : 0 }, 256),
+        { x, out: new Float32Array(64) }).out));
+    expect(outcomes(true).every((o) => Bun.deepEquals(o, want))).toBe(true);
+    expect(outcomes(false).some((o) => !Bun.deepEquals(o, want))).toBe(true);
+  });
+
+  test("simdgroups drift apart: an overwrite one collective after another simdgroup's load needs a barrier", () => {
+    const want = Array.from(x.subarray(0, 64));
+    const outcomes = (barrier: boolean) => Array.from({ length: SEEDS }, () =>
+      Array.from(runOnce(dispatch("test_matrix_drift", 64, { x: 0, out: 1 }, 2, { n: 0, n_cols: barrier ? 1 : 0 }, 256),
         { x, out: new Float32Array(64) }).out));
     expect(outcomes(true).every((o) => Bun.deepEquals(o, want))).toBe(true);
     expect(outcomes(false).some((o) => !Bun.deepEquals(o, want))).toBe(true);
