@@ -147,7 +147,9 @@ inline void attention_prompt(device const float* q, device const half* k_cache,
         simdgroup_barrier(mem_flags::mem_threadgroup);
         for (uint e = lane; e < 64; e += 32) {
             const uint r = e / 8, d = 8 * i + e % 8;
-            if (r < rows && d < head_dim) out[(first + r) * q_stride + head * head_dim + d] = scores[e];
+            if (r < rows && d < head_dim) {
+                out[(first + r) * q_stride + head * head_dim + d] = scores[e];
+            }
         }
         simdgroup_barrier(mem_flags::mem_threadgroup);
     }
