@@ -2,8 +2,10 @@
 // kernels with a missing barrier (read-after-write and write-after-read races on threadgroup
 // memory) must give a wrong answer under some of 16 scheduling seeds, while the same kernels with
 // their barriers give the right one under all 16; a barrier not reached by every thread and
-// lanes meeting at different simdgroup operations must be reported as errors; simd_sum and
-// shuffles must follow Metal's semantics. The fiber switch and the OS threads must not change a
+// lanes meeting at different simdgroup operations must be reported as errors; simd_sum,
+// shuffles and simdgroup_matrix load / multiply-accumulate / store must follow Metal's semantics
+// (matrix misuse an error, a matrix load racing another simdgroup's stores or overwrite a wrong
+// answer under some seed, the latter only because simdgroups drift apart). The fiber switch and the OS threads must not change a
 // result: the same bits on 1 and 4 threads, and the AArch64 switch (a Mac-like host's) right
 // under qemu-user where it is installed.
 import { beforeAll, describe, expect, test } from "bun:test";
