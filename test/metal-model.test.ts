@@ -58,10 +58,11 @@ describe.skipIf(why !== null)(title, () => {
   let file: GgufFile;
   let device: EmulatedMetalDevice;
   const backends: Backend[] = [];
+  // A cold build of the emulator (zig cc) takes seconds on a loaded machine.
   beforeAll(() => {
     file = openGguf(modelPath);
     device = new EmulatedMetalDevice({ seed: 49 });
-  });
+  }, 120_000);
   afterAll(() => {
     for (const be of backends) be.dispose?.();
     device?.dispose();
