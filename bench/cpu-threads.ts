@@ -9,12 +9,14 @@
 //       [--prefill 512] [--short 16] [--gen 32] [--deep 0] [--deep-gen 16] [--runs 1] [--modes decode,...]
 //       [--llama-bench PATH] [--baseline-lib PATH] [--baseline-models M] [--json FILE] [--md FILE]
 // --baseline-lib runs infer a second time on another libinfer build (INFER_LIB), as "before"
-// (--baseline-models a,b: on those models only).
+// (--baseline-models a,b: on those models only); --baseline-env NAME=VALUE,... runs "before" with
+// those settings (e.g. INFER_AMX=0), on this build unless --baseline-lib names another.
+// --no-bandwidth skips the read-bandwidth probe (prefill-only runs; needs no libbench-bandwidth).
 // Models are written when missing; the 8B shape is llama-3.1-8b.
 import { writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { withSettings } from "../ts/config/env.ts";
+import { type SettingName, withSettings } from "../ts/config/env.ts";
 import { openGguf } from "../ts/gguf/reader.ts";
 import { tokenizerFromMetadata } from "../ts/tokenizer/index.ts";
 import { measureBandwidth } from "./bandwidth.ts";
@@ -87,6 +89,10 @@ function main(): void {
   const llamaBench = arg("--llama-bench", "") || findPeers().llamaBench;
   const baselineLib = arg("--baseline-lib", "");
   const baselineModels = arg("--baseline-models", "").split(",").filter(Boolean);
+  const baselineEnv = Object.fromEntries(arg("--baseline-env", "").split(",").filter(Boolean)
+    .map((kv) => kv.split("=") as [SettingName, string]));
+  const baseline = baselineLib !== "" || Object.keys(baselineEnv).length > 0;
+  const probeBandwidth = !process.argv.includes("--no-bandwidth");
   const modes = (arg("--modes", sizes.deep > 0 ? "prefill,decode,decode-deep" : "prefill,decode").split(",") as Mode[])
     .filter((m) => ["prefill", "decode", "decode-deep"].includes(m));
   const dir = join(tmpdir(), `infer-cpu-threads-${process.pid}`);
@@ -94,7 +100,7 @@ function main(): void {
   const rows: Row[] = [];
   const byThreads = [...new Set(cells.map((c) => c.threads))];
   for (const threads of byThreads) {
-    const bw = measureBandwidth(threads, 1024, 5);
+    const bw = probeBandwidth ? measureBandwidth(threads, 1024, 5) : { bestGBs: 0, medianGBs: 0 };
     bandwidth.set(threads, bw.bestGBs);
     log(`${threads} threads: read bandwidth ${bw.bestGBs.toFixed(1)} GB/s (median ${bw.medianGBs.toFixed(1)})`);
     for (const cell of cells.filter((c) => c.threads === threads)) {
@@ -108,8 +114,9 @@ function main(): void {
         deep: sizes.deep, deepGen: sizes.deepGen };
       const results: Row["results"] = {};
       const engines: [Engine, (m: Mode) => RunResult][] = [["infer", (m) => runInfer(w, m, 300_000)]];
-      if (baselineLib && (baselineModels.length === 0 || baselineModels.includes(cell.model))) {
-        engines.push(["before", (m) => withSettings({ INFER_LIB: baselineLib }, () => runInfer(w, m, 300_000))]);
+      if (baseline && (baselineModels.length === 0 || baselineModels.includes(cell.model))) {
+        const env = { ...(baselineLib ? { INFER_LIB: baselineLib } : {}), ...baselineEnv };
+        engines.push(["before", (m) => withSettings(env, () => runInfer(w, m, 300_000))]);
       }
       if (llamaBench) engines.push(["llama.cpp", (m) => runLlamaBench({ dir: "", llamaBench, llamaCompletion: null,
         nodeLlamaCpp: false, time: null }, w, m, 300_000)]);
@@ -130,10 +137,10 @@ function main(): void {
         }
       }
       rows.push({ ...cell, bandwidthGBs: bw.bestGBs, weightBytes: facts.weightBytes, results });
-      save(rows, modes, sizes, baselineLib !== ""); // after every row: a run cut short keeps its rows
+      save(rows, modes, sizes, baseline); // after every row: a run cut short keeps its rows
     }
   }
-  console.log(table(rows, modes, baselineLib !== ""));
+  console.log(table(rows, modes, baseline));
 }
 
 function save(rows: Row[], modes: Mode[], sizes: object, withBefore: boolean): void {

@@ -6,7 +6,7 @@
 // non-ASCII bytes, the real special tokens) makes the files load in llama.cpp too; ASCII text
 // never merges, so a prompt of N ASCII letters is N tokens in both engines.
 //   bun bench/random-model.ts [--models qwen3-0.6b,llama-3.2-1b] [--quants Q4_0,Q8_0,Q4_K] [--force]
-//   (also qwen3-4b and llama-3.1-8b, written only when named)
+//   (also qwen3-4b, llama-3.1-8b and qwen3-30b-a3b, written only when named; --layers N: N layers)
 // Files land in $INFER_CACHE/bench-models (default ~/.cache/infer/bench-models); a file already
 // there (same name, same generator version) is reused.
 import { closeSync, existsSync, mkdirSync, openSync, renameSync, writeSync } from "node:fs";
@@ -26,7 +26,9 @@ const GENERATOR_VERSION = 2;
 export interface RandomShape {
   readonly key: string; // as --models names it
   readonly label: string;
-  readonly arch: "qwen3" | "llama";
+  readonly arch: "qwen3" | "llama" | "qwen3moe";
+  /** qwen3moe: experts per layer, chosen per token, one expert's FFN width (every layer MoE). */
+  readonly moe?: { readonly experts: number; readonly used: number; readonly feedForward: number };
   readonly layers: number;
   readonly embedding: number;
   readonly feedForward: number;
@@ -73,6 +75,11 @@ export const largeShapes: readonly RandomShape[] = [
   {
     ...randomShapes[1], key: "llama-3.1-8b", label: "Llama-3.1-8B-shape", layers: 32, embedding: 4096,
     feedForward: 14336, heads: 32, kvHeads: 8, headDim: 128,
+  },
+  { // mixture of experts (bench/cuda-moe-device.sh): 128 experts of 768, 8 chosen; the router F32
+    ...randomShapes[0], key: "qwen3-30b-a3b", label: "Qwen3-30B-A3B-shape", arch: "qwen3moe", layers: 48,
+    embedding: 2048, feedForward: 6144, heads: 32, kvHeads: 4, headDim: 128,
+    moe: { experts: 128, used: 8, feedForward: 768 },
   },
   { // tensor parallelism's bench (bench/tensor-parallel.sh): Q8_0 (~75 GB) outgrows one H100
     ...randomShapes[1], key: "llama-3.1-70b", label: "Llama-3.1-70B-shape", layers: 80, embedding: 8192,
@@ -236,7 +243,7 @@ function plan(shape: RandomShape, quant: RandomQuant): PlannedTensor[] {
   let seed = 1;
   const weight = (name: string, dims: number[]): PlannedTensor => {
     const s = seed++;
-    return { name, type: q, dims, make: () => quantData(q, dims[0] * dims[1], s) };
+    return { name, type: q, dims, make: () => quantData(q, dims.reduce((n, d) => n * d, 1), s) };
   };
   const norm = (name: string, n: number): PlannedTensor => {
     const s = seed++;
@@ -251,12 +258,20 @@ function plan(shape: RandomShape, quant: RandomQuant): PlannedTensor[] {
     const p = `blk.${i}`;
     out.push(norm(`${p}.attn_norm.weight`, e), weight(`${p}.attn_q.weight`, [e, qd]),
       weight(`${p}.attn_k.weight`, [e, kvd]), weight(`${p}.attn_v.weight`, [e, kvd]));
-    if (shape.arch === "qwen3") {
+    if (shape.arch !== "llama") {
       out.push(norm(`${p}.attn_q_norm.weight`, shape.headDim), norm(`${p}.attn_k_norm.weight`, shape.headDim));
     }
-    out.push(weight(`${p}.attn_output.weight`, [qd, e]), norm(`${p}.ffn_norm.weight`, e),
-      weight(`${p}.ffn_gate.weight`, [e, ff]), weight(`${p}.ffn_up.weight`, [e, ff]),
-      weight(`${p}.ffn_down.weight`, [ff, e]));
+    out.push(weight(`${p}.attn_output.weight`, [qd, e]), norm(`${p}.ffn_norm.weight`, e));
+    if (shape.moe) {
+      const n = shape.moe.experts, f = shape.moe.feedForward, s = seed++;
+      out.push({ name: `${p}.ffn_gate_inp.weight`, type: GgmlType.F32, dims: [e, n],
+        make: () => f32Data(e * n, s, 0, 0.05) },
+      weight(`${p}.ffn_gate_exps.weight`, [e, f, n]), weight(`${p}.ffn_up_exps.weight`, [e, f, n]),
+      weight(`${p}.ffn_down_exps.weight`, [f, e, n]));
+    } else {
+      out.push(weight(`${p}.ffn_gate.weight`, [e, ff]), weight(`${p}.ffn_up.weight`, [e, ff]),
+        weight(`${p}.ffn_down.weight`, [ff, e]));
+    }
   }
   return out;
 }
@@ -288,6 +303,10 @@ function metadata(shape: RandomShape, quant: RandomQuant): [string, GgufTypedVal
     ["tokenizer.ggml.eos_token_id", gguf.u32(shape.eos)],
     ["tokenizer.ggml.add_bos_token", gguf.bool(shape.addBos)],
   ];
+  if (shape.moe) {
+    m.push([`${a}.expert_count`, gguf.u32(shape.moe.experts)], [`${a}.expert_used_count`, gguf.u32(shape.moe.used)],
+      [`${a}.expert_feed_forward_length`, gguf.u32(shape.moe.feedForward)]);
+  }
   return m;
 }
 
@@ -322,9 +341,14 @@ if (import.meta.main) {
   };
   const keys = (arg("--models") ?? randomShapes.map((s) => s.key).join(",")).split(",");
   const quants = (arg("--quants") ?? randomQuants.join(",")).split(",") as RandomQuant[];
+  // --layers N: the shape with N layers (a file of its own, "<key>-<N>l"): a large shape's per-layer
+  // cost in a file that a short GPU session can write.
+  const layers = arg("--layers");
   for (const key of keys) {
-    const shape = findShape(key);
-    if (!shape) throw new Error(`unknown model '${key}' (known: ${[...randomShapes, ...largeShapes].map((s) => s.key).join(", ")})`);
+    const known = findShape(key);
+    if (!known) throw new Error(`unknown model '${key}' (known: ${[...randomShapes, ...largeShapes].map((s) => s.key).join(", ")})`);
+    const shape = layers === undefined ? known
+      : { ...known, key: `${known.key}-${layers}l`, label: `${known.label} (${layers} layers)`, layers: Number(layers) };
     for (const quant of quants) {
       if (!randomQuants.includes(quant)) throw new Error(`unknown quant '${quant}'`);
       const t0 = performance.now();

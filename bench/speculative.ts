@@ -164,7 +164,8 @@ function lookupPeer(prompt: string, k: number): number | null {
     const rates: number[] = [];
     for (let run = 0; run < runs; run++) {
       const r = spawnSync(peer, ["-m", modelPath, "-f", file, "-n", String(maxTokens), "-t", String(threads),
-        "--temp", "0", "--spec-draft-n-max", String(k), "-c", "2048", "--ignore-eos"],
+        "--temp", "0", "--spec-draft-n-max", String(k), "-c", "2048", "--ignore-eos",
+        ...(backend === "cuda" ? ["-ngl", "99"] : [])],
       { encoding: "utf8" });
       const m = /decoded\s+\d+\s+tokens in\s+[\d.]+\s+seconds, speed:\s+([\d.]+) t\/s/.exec(r.stderr + r.stdout);
       if (!m) {

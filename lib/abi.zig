@@ -26,6 +26,9 @@ pub const Settings = extern struct {
     /// Decode batches of this many tokens (up to 64) and more take the small-tile tensor-core
     /// matmul, 0 never: fewer take matvecs (lib/cuda/ops.zig batchMma; INFER_CUDA_BATCH_MMA).
     cuda_batch_mma_min: u32 = 2,
+    /// Prompts' Q4_0 and Q4_K matmuls on AMX tiles where the CPU has them (lib/cpu/matmul_amx.zig;
+    /// INFER_AMX=0: AVX-512 VNNI, the same bits).
+    cpu_amx: bool = true,
 
     pub const path_bytes_max = 4096;
 
@@ -34,7 +37,7 @@ pub const Settings = extern struct {
     }
 };
 comptime {
-    std.debug.assert(@sizeOf(Settings) == 4108);
+    std.debug.assert(@sizeOf(Settings) == 4112);
 }
 
 // ---- the CPU's calls: the pointers stay arguments (TypeScript passes its arrays themselves),
@@ -187,6 +190,29 @@ comptime {
     std.debug.assert(@sizeOf(CudaAddRmsNormQuantArgs) == 88);
 }
 
+/// infer_cuda_moe_matmul: matvecs indexed by expert id (lib/cuda/moe.zig matmul), one or two
+/// matrices of the same type and shape over the same slots (w1 = y1 = 0: one).
+pub const CudaMoeMatmulArgs = extern struct {
+    type_id: u32,
+    n_out: u64,
+    n_in: u64,
+    expert_bytes: u64,
+    n_expert: u64,
+    xq: u64,
+    xd: u64,
+    x_div: u64,
+    ids: u64,
+    n_slots: u64,
+    groups: u64,
+    w0: u64,
+    y0: u64,
+    w1: u64,
+    y1: u64,
+};
+comptime {
+    std.debug.assert(@sizeOf(CudaMoeMatmulArgs) == 120);
+}
+
 /// infer_cuda_act_mul_quant: out = act(gate) · up (kind 0 = GELU, 1 = SiLU), quantized.
 pub const CudaActMulQuantArgs = extern struct {
     kind: u32,
@@ -240,8 +266,9 @@ comptime {
     std.debug.assert(@sizeOf(CudaRope2Args) == 88);
 }
 
-/// infer_cuda_kv_store: rows of k and v (kv_dim values each) into the f16 cache at cell
-/// positions[t] (mod cells when ring).
+/// infer_cuda_kv_store: rows of k and v (kv_dim values each) into the cache at cell
+/// positions[t] (mod cells when ring). k_type, v_type: the caches' ggml types, F16 (1), Q4_0 (2)
+/// or Q8_0 (8; kv_dim whole 32-value blocks), as for every CUDA cache below.
 pub const CudaKvStoreArgs = extern struct {
     k: u64,
     v: u64,
@@ -252,13 +279,15 @@ pub const CudaKvStoreArgs = extern struct {
     positions: u64,
     cells: u64,
     ring: bool,
+    k_type: u32 = 1,
+    v_type: u32 = 1,
 };
 comptime {
-    std.debug.assert(@sizeOf(CudaKvStoreArgs) == 72);
+    std.debug.assert(@sizeOf(CudaKvStoreArgs) == 80);
 }
 
 /// infer_cuda_norm_rope_store: one token's q/k head norms (wq = wk = 0: none), RoPE of both, and
-/// k/v into the f16 cache.
+/// k/v into the cache (of k_type, v_type: CudaKvStoreArgs).
 pub const CudaNormRopeStoreArgs = extern struct {
     q: u64,
     heads_q: u64,
@@ -279,9 +308,11 @@ pub const CudaNormRopeStoreArgs = extern struct {
     v_cache: u64,
     cells: u64,
     ring: bool,
+    k_type: u32 = 1,
+    v_type: u32 = 1,
 };
 comptime {
-    std.debug.assert(@sizeOf(CudaNormRopeStoreArgs) == 144);
+    std.debug.assert(@sizeOf(CudaNormRopeStoreArgs) == 152);
 }
 
 /// infer_cuda_attention: causal (optionally sliding-window) GQA of n_tok query rows over f16
@@ -291,7 +322,7 @@ comptime {
 /// decode). `scratch` holds infer_cuda_attention_scratch(...) f32 values; with n_split > 1,
 /// `arrived` holds n_tok · n_head zeroed u32 counters (left zero). quant_mode 0 or 1: the output
 /// also quantized into quant_q, quant_d (the o-projection's input), in the kernel's epilogue
-/// where it can; -1: not.
+/// where it can; -1: not. k_type, v_type: the caches' types (CudaKvStoreArgs).
 pub const CudaAttentionArgs = extern struct {
     q: u64,
     k_cache: u64 = 0,
@@ -314,9 +345,11 @@ pub const CudaAttentionArgs = extern struct {
     quant_mode: i32 = -1,
     quant_q: u64 = 0,
     quant_d: u64 = 0,
+    k_type: u32 = 1,
+    v_type: u32 = 1,
 };
 comptime {
-    std.debug.assert(@sizeOf(CudaAttentionArgs) == 160);
+    std.debug.assert(@sizeOf(CudaAttentionArgs) == 168);
 }
 
 /// infer_nccl_all_reduce and infer_nccl_all_gather: one rank's collective on its communicator

@@ -613,7 +613,7 @@ describe.skipIf(noCuda)("CUDA ops equal the CPU backend's", () => {
     }
   }
 
-  test("the KV cache must be f16", () => {
+  test("an f32 KV cache is refused (f16, q8_0 or q4_0)", () => {
     expect(() => p.gpu.kvLayer(8, 1, 32, "f32", false)).toThrow("f16");
   });
 });

@@ -35,7 +35,7 @@ const fixtures = join(import.meta.dir, "fixtures");
 const reference = JSON.parse(readFileSync(join(fixtures, "hf-reference.json"),
   "utf8")) as Record<string, ArchReference>;
 const archs = ["llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "phi3", "mistral", "gptoss",
-  "ministral3"] as const;
+  "ministral3", "gemma3n"] as const;
 const dir = mkdtempSync(join(tmpdir(), "infer-hf-"));
 const root = join(import.meta.dir, "..");
 
@@ -67,6 +67,14 @@ const root = join(import.meta.dir, "..");
 //        seen, and the bar of 4e-1 still fails a wrong layout or scale (errors of order 1).
 //  qwen3moe: F32 is held to the issue's 1e-5 for new families (2.4e-6 seen); F16 (exact for its
 //        BF16 fixture) 2.4e-6 and Q8_0 4.2e-2, within the others' bars.
+//  gemma3n: its GELUs (FFN and per-layer gate) read the same f16 table as Gemma 3's, held to
+//        Gemma 3's bars: 2.6e-4 to 5.4e-4 is seen at F32; transformers' own float32 and float64
+//        runs differ by up to 2.5e-4 with that GELU (8.8e-7 to 2.4e-6 with its own). The graph
+//        without the table is held to the issue's 1e-5 in gemma3n.test.ts, with transformers'
+//        GELU swapped in. Only F32 is compared: the gaussian top-k keeps the 5% of gate values
+//        above mean + 1.645 std and passes on their distance to that cutoff, a difference of
+//        near-equal numbers that amplifies weight rounding (last prompt position: F16 4.6e-3,
+//        Q8_0 0.13, Q4_K 0.58 seen against F32's 3.4e-4).
 //  gptoss: F32 1e-5 (4.6e-6 seen; transformers' own float32 run is 1.3e-5 from its float64 one
 //        on this model, whose norms near 2.5 make the clamped SwiGLU clamp). Its F32 fixture
 //        rounded to f16 or quantized moves router logits past the closest top-2 margin (0.004):
@@ -83,7 +91,8 @@ function tolerance(arch: string, quant: QuantName): number {
     arch === "ministral3") &&
     quant === "F32") return 1e-5;
   if (arch === "qwen3" && quant === "F16") return 2e-3; // an F32 checkpoint rounded to f16
-  return (arch === "gemma3" ? GEMMA3_TOLERANCE[quant] : undefined) ?? TOLERANCE[quant];
+  return (arch === "gemma3" || arch === "gemma3n" ? GEMMA3_TOLERANCE[quant] : undefined) ??
+    TOLERANCE[quant];
 }
 
 function modelPath(arch: string, quant: QuantName): string {
@@ -158,7 +167,7 @@ for (const arch of archs) {
     // against 0.04 at Q8_0); the quantized MoE graph is held to llama.cpp instead
     // (moe-llama-golden.test.ts).
     for (const quant of QUANTS.filter((q) => (arch !== "qwen3moe" || q !== "Q4_K") &&
-      (arch !== "gptoss" || q === "F32"))) {
+      ((arch !== "gptoss" && arch !== "gemma3n") || q === "F32"))) {
       test(`${quant} logits at every position and at the last of a prompt`, () => {
         withEngine(modelPath(arch, quant), (e) => {
           expect(e.model.info.vocabSize).toBe(ref.vocab);

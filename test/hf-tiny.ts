@@ -18,7 +18,7 @@ import { join } from "node:path";
 import { cacheDir } from "../ts/models/cache.ts";
 
 export const HF_TINY_ARCHS = ["llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "phi3", "mistral", "gptoss",
-  "ministral3"] as const;
+  "ministral3", "gemma3n"] as const;
 export type HfTinyArch = (typeof HF_TINY_ARCHS)[number];
 
 const FIXTURES = join(import.meta.dir, "fixtures", "hf-tiny");

@@ -119,6 +119,34 @@ describe("the Metal backend on the emulated device equals the CPU backend", () =
   }
 });
 
+test("decode attention through the split kernels and their combine equals the CPU under every seed", () => {
+  // The cost model keeps these short contexts on attention.metal; forced splits run
+  // attention_decode.metal and attention_decode_combine, whose partials the barriers must order.
+  for (const [spec, splits] of [[gemmaMixed, 3], [llamaQ4_0, 2], [qwen3KQuants, 4], [llamaFloat, 5]] as const) {
+    const path = join(dir, `splits-${spec.arch}-${spec.seed}.gguf`);
+    writeFileSync(path, randomQuantGguf({ ...spec, layers: 1 }));
+    const file = openGguf(path);
+    files.push(file);
+    for (const seed of [1, 2]) {
+      const device = new EmulatedMetalDevice({ seed });
+      const metal = new MetalBackend(device, { decodeSplits: splits });
+      try {
+        const runCpu = attentionBlock(new CpuBackend(), file, spec), runMetal = attentionBlock(metal, file, spec);
+        let position = 0;
+        for (const tokens of [[2, 17, 270, 5, 41], [7], [260]]) {
+          const want = runCpu(tokens, position), got = runMetal(tokens, position);
+          const tol = spec === llamaFloat ? TOL_BLOCK_F : TOL_BLOCK_Q;
+          want.forEach((w, i) => expect(normalisedError(got[i], w)).toBeLessThanOrEqual(tol));
+          position += tokens.length;
+        }
+      } finally {
+        metal.dispose();
+        device.dispose();
+      }
+    }
+  }
+}, 60_000);
+
 describe("the concurrent encoder's barriers (metal-hazards.ts)", () => {
   // The emulated device runs each section's dispatches in a seeded random order: with the
   // planner's barriers the block equals the CPU under every seed; with barriers ignored it does

@@ -10,8 +10,10 @@ import { check, native } from "../ts/native/lib.ts";
 import type { MetalBuffer } from "../ts/backend/metal-device.ts";
 import {
   planAdd, planAddRowBias, planAttention, planGatedAct, planGetRows, planKvStore, planMatmul,
-  planRmsNorm, planRmsNormAdd, planRope, planScale, MATVEC_TOKENS_MAX, type KernelDispatch,
+  planNormRopeStore, planRmsNorm, planRmsNormAdd, planRope, planScale, MATVEC_TOKENS_MAX, type AttentionPlanOptions,
+  type KernelDispatch,
 } from "../ts/backend/metal-plan.ts";
+import { planAttentionDecode } from "../ts/backend/metal-decode-plan.ts";
 import { EmulatedMetalDevice } from "./support/metal-emu.ts";
 import { normalisedError, randomF32, rng } from "./support/numeric.ts";
 
@@ -30,15 +32,18 @@ const TOL_ATTENTION = 2e-5;
 let device: EmulatedMetalDevice;
 const lib = native();
 
-// A cold build of the emulator (zig cc) takes seconds on a loaded machine.
+// The first run after a shader change compiles the emulator: minutes on a loaded machine.
 beforeAll(() => {
   device = new EmulatedMetalDevice({ seed: 7 });
-}, 120_000);
+}, { timeout: 600_000 });
 
 type Data = Float32Array | Int32Array | Uint8Array | Uint16Array;
 
-/** Runs one planned dispatch over copies of `inputs`; returns every buffer's bytes afterwards. */
-function run(dispatch: KernelDispatch, inputs: Record<string, Data>): Record<string, Uint8Array> {
+/**
+ * Runs planned dispatches in order (a barrier between each) over copies of `inputs`, each bound to
+ * the buffers it names; returns every buffer's bytes afterwards.
+ */
+function run(dispatch: KernelDispatch | readonly KernelDispatch[], inputs: Record<string, Data>): Record<string, Uint8Array> {
   const buffers: Record<string, MetalBuffer> = {};
   for (const [name, data] of Object.entries(inputs)) {
     const b = device.newBuffer(Math.max(data.byteLength, 4), name);
@@ -46,7 +51,10 @@ function run(dispatch: KernelDispatch, inputs: Record<string, Data>): Record<str
     buffers[name] = b;
   }
   const bindings = Object.fromEntries(Object.entries(buffers).map(([k, b]) => [k, { buffer: b, offset: 0 }]));
-  device.encode(dispatch, bindings);
+  for (const d of "kernel" in dispatch ? [dispatch] : dispatch) {
+    device.encode(d, Object.fromEntries(Object.keys(d.buffers).map((name) => [name, bindings[name]])));
+    device.barrier();
+  }
   device.flush();
   const out: Record<string, Uint8Array> = {};
   for (const [name, b] of Object.entries(buffers)) {
@@ -213,6 +221,32 @@ describe("KV cache and attention against the CPU kernels", () => {
     }
   });
 
+  /** A random f16 cache and query for `o`, and the CPU's attention over them. */
+  function attentionCase(o: AttentionPlanOptions, ringCells: number, rand: () => number) {
+    const kvDim = o.kvHeads * o.headDim;
+    const kF32 = randomF32(o.cells * kvDim, rand, 2), vF32 = randomF32(o.cells * kvDim, rand, 2);
+    const kBits = new Uint16Array(kF32.length), vBits = new Uint16Array(vF32.length);
+    check(lib.infer_kv_store(kF32, new Uint8Array(kBits.buffer), 1, kF32.length, o.headDim, null, 0), "kv");
+    check(lib.infer_kv_store(vF32, new Uint8Array(vBits.buffer), 1, vF32.length, o.headDim, null, 0), "kv");
+    // The reference reads the same f16 values as f32 (the CPU's F32 path: no f16 rounding of q).
+    const kRef = new Float32Array(kF32.length), vRef = new Float32Array(vF32.length);
+    check(lib.infer_dequantize(GgmlType.F16, new Uint8Array(kBits.buffer), kBits.length, kRef), "f16");
+    check(lib.infer_dequantize(GgmlType.F16, new Uint8Array(vBits.buffer), vBits.length, vRef), "f16");
+    const q = randomF32(o.nTok * o.heads * o.headDim, rand);
+    const want = new Float32Array(q.length);
+    check(lib.infer_attention(q, new Uint8Array(kRef.buffer), new Uint8Array(vRef.buffer), want,
+      packStruct("AttentionShape", { k_type: 0, v_type: 0, n_tok: o.nTok, n_head: o.heads, n_kv_head: o.kvHeads,
+        head_dim: o.headDim, pos0: o.pos0, kv_stride: kvDim, window: o.window, ring: ringCells, scale: o.scale,
+        order: 0 })), "attention");
+    return { q, kBits, vBits, want };
+  }
+
+  const attentionOptions = (nTok: number, heads: number, kvHeads: number, headDim: number, pos0: number,
+    window: number, ringCells: number): AttentionPlanOptions => ({
+    nTok, heads, kvHeads, headDim, pos0, window, cells: ringCells || pos0 + nTok, ring: ringCells > 0,
+    scale: 1 / Math.sqrt(headDim),
+  });
+
   test("attention (one query per threadgroup, and flash attention for prompts): GQA, sliding windows, rings, odd head sizes", () => {
     const rand = rng(23);
     const cases = [
@@ -226,23 +260,9 @@ describe("KV cache and attention against the CPU kernels", () => {
     ] as const;
     const kernelsRun = new Set<string>();
     for (const [nTok, heads, kvHeads, headDim, pos0, window, ringCells] of cases) {
-      const kvDim = kvHeads * headDim;
-      const cells = ringCells || pos0 + nTok;
-      const kF32 = randomF32(cells * kvDim, rand, 2), vF32 = randomF32(cells * kvDim, rand, 2);
-      const kBits = new Uint16Array(kF32.length), vBits = new Uint16Array(vF32.length);
-      check(lib.infer_kv_store(kF32, new Uint8Array(kBits.buffer), 1, kF32.length, headDim, null, 0), "kv");
-      check(lib.infer_kv_store(vF32, new Uint8Array(vBits.buffer), 1, vF32.length, headDim, null, 0), "kv");
-      // The reference reads the same f16 values as f32 (the CPU's F32 path: no f16 rounding of q).
-      const kRef = new Float32Array(kF32.length), vRef = new Float32Array(vF32.length);
-      check(lib.infer_dequantize(GgmlType.F16, new Uint8Array(kBits.buffer), kBits.length, kRef), "f16");
-      check(lib.infer_dequantize(GgmlType.F16, new Uint8Array(vBits.buffer), vBits.length, vRef), "f16");
-      const q = randomF32(nTok * heads * headDim, rand);
-      const scale = 1 / Math.sqrt(headDim);
-      const want = new Float32Array(q.length);
-      check(lib.infer_attention(q, new Uint8Array(kRef.buffer), new Uint8Array(vRef.buffer), want,
-        packStruct("AttentionShape", { k_type: 0, v_type: 0, n_tok: nTok, n_head: heads, n_kv_head: kvHeads, head_dim: headDim,
-          pos0, kv_stride: kvDim, window, ring: ringCells, scale, order: 0 })), "attention");
-      const plan = planAttention({ nTok, heads, kvHeads, headDim, pos0, window, cells, ring: ringCells > 0, scale });
+      const o = attentionOptions(nTok, heads, kvHeads, headDim, pos0, window, ringCells);
+      const { q, kBits, vBits, want } = attentionCase(o, ringCells, rand);
+      const plan = planAttention(o);
       kernelsRun.add(plan.kernel);
       const got = f32(run(plan, { q, k_cache: kBits, v_cache: vBits, out: new Float32Array(q.length).fill(NaN) }).out);
       const err = normalisedError(got, want);
@@ -250,5 +270,88 @@ describe("KV cache and attention against the CPU kernels", () => {
       expect(err).toBeLessThanOrEqual(TOL_ATTENTION);
     }
     expect([...kernelsRun].sort()).toEqual(["attention", "attention_prompt_d128", "attention_prompt_d256"]);
+  });
+
+  test("decode attention with splits: every variant, GQA groups, windows, rings, more splits than keys", () => {
+    const rand = rng(29);
+    const cases = [
+      // nTok, heads, kvHeads, headDim, pos0, window, ring cells (0: linear)
+      [1, 4, 1, 256, 300, 0, 0], [1, 8, 1, 256, 77, 0, 0], [2, 8, 2, 64, 130, 0, 0], [1, 16, 2, 128, 61, 0, 0],
+      [3, 6, 3, 40, 30, 8, 0], [4, 2, 1, 32, 50, 16, 24], [1, 1, 1, 33, 0, 0, 0], [1, 4, 2, 512, 45, 0, 0],
+      [1, 12, 4, 80, 200, 64, 80], [2, 6, 1, 132, 9, 0, 0],
+    ] as const;
+    for (const [nTok, heads, kvHeads, headDim, pos0, window, ringCells] of cases) {
+      const o = attentionOptions(nTok, heads, kvHeads, headDim, pos0, window, ringCells);
+      const { q, kBits, vBits, want } = attentionCase(o, ringCells, rand);
+      for (const splits of [1, 2, 7, 64]) {
+        const step = planAttentionDecode(o, splits);
+        const partials = new Float32Array(Math.max(1, step.scratchFloats)).fill(NaN);
+        const got = f32(run(step.dispatches, { q, k_cache: kBits, v_cache: vBits, partials,
+          out: new Float32Array(q.length).fill(NaN) }).out);
+        const err = normalisedError(got, want);
+        if (!(err <= TOL_ATTENTION)) console.error({ nTok, heads, kvHeads, headDim, pos0, window, ringCells, splits, err });
+        expect(err).toBeLessThanOrEqual(TOL_ATTENTION);
+      }
+    }
+  });
+
+  test("norm_rope_store: the unfused chain's values bit for bit, and the CPU's", () => {
+    const rand = rng(41);
+    const cases = [
+      // nTok, headsQ, headsK, headDim, rotary dims, neox, norms, q scale, pos0, ring cells (0: linear)
+      [1, 4, 1, 256, 256, true, true, 0.0625, 7, 0], [3, 8, 2, 64, 64, false, false, 1, 2, 0],
+      [2, 6, 3, 40, 24, true, true, 1, 11, 8], [5, 2, 2, 33 + 1, 10, false, true, 0.3, 0, 0],
+    ] as const;
+    for (const [nTok, headsQ, headsK, headDim, nRot, neox, norm, qScale, pos0, ringCells] of cases) {
+      const cells = ringCells || pos0 + nTok;
+      const q = randomF32(nTok * headsQ * headDim, rand, 3), k = randomF32(nTok * headsK * headDim, rand, 3);
+      const v = randomF32(nTok * headsK * headDim, rand, 3);
+      const qNorm = randomF32(headDim, rand), kNorm = randomF32(headDim, rand);
+      const positions = new Int32Array(nTok).map((_, t) => pos0 + t);
+      const ff = new Float32Array(nRot / 2).map(() => 1 + rand() * 3);
+      const rope = { nTok, headDim, rotaryDims: nRot, base: 10000, scale: 1, neox, freqFactors: true };
+      const kvDim = headsK * headDim;
+      const cache = () => new Uint16Array(cells * kvDim);
+      // Unfused on the emulator: head norms, RoPE of q and k, the q scale, the KV store.
+      const unfused: KernelDispatch[] = [];
+      const qIn = { x: "q", weight: "q_norm", out: "q" }, kIn = { x: "k", weight: "k_norm", out: "k" };
+      const inputs = { q, k, v, q_norm: qNorm, k_norm: kNorm, positions, freq_factors: ff, k_cache: cache(),
+        v_cache: cache() };
+      const state = { ...inputs } as Record<string, Data>;
+      const step = (d: KernelDispatch, names: Record<string, string>) => {
+        const out = run(d, Object.fromEntries(Object.entries(names).map(([param, buf]) => [param, state[buf]])));
+        for (const [param, buf] of Object.entries(names)) {
+          if (d.writes.includes(param)) state[buf] = new (state[buf].constructor as Uint8ArrayConstructor)(out[param].buffer);
+        }
+        unfused.push(d);
+      };
+      if (norm) {
+        step(planRmsNorm(nTok * headsQ, headDim, 1e-6, true), qIn);
+        step(planRmsNorm(nTok * headsK, headDim, 1e-6, true), kIn);
+      }
+      step(planRope({ ...rope, heads: headsQ }), { x: "q", positions: "positions", freq_factors: "freq_factors" });
+      step(planRope({ ...rope, heads: headsK }), { x: "k", positions: "positions", freq_factors: "freq_factors" });
+      if (qScale !== 1) step(planScale(nTok * headsQ * headDim, qScale), { x: "q" });
+      step(planKvStore(kvDim, nTok, pos0, cells, ringCells > 0), { k: "k", v: "v", k_cache: "k_cache", v_cache: "v_cache" });
+      const fused = run(planNormRopeStore({ nTok, headsQ, headsK, headDim, norm, eps: 1e-6, rotaryDims: nRot, base: 10000,
+        scale: 1, neox, freqFactors: true, qScale, pos0, cells, ring: ringCells > 0 }), inputs);
+      for (const name of ["q", "k", "k_cache", "v_cache"]) {
+        const a = state[name], b = fused[name];
+        expect(Buffer.compare(Buffer.from(a.buffer, a.byteOffset, a.byteLength), Buffer.from(b))).toBe(0);
+      }
+      // The CPU: rms_norm per head, rope, scale, kv_store.
+      const cpuQ = q.slice(), cpuK = k.slice();
+      if (norm) {
+        check(lib.infer_rms_norm(q, qNorm, nTok * headsQ, headDim, 1e-6, cpuQ), "rms_norm");
+        check(lib.infer_rms_norm(k, kNorm, nTok * headsK, headDim, 1e-6, cpuK), "rms_norm");
+      }
+      for (const [x, heads] of [[cpuQ, headsQ], [cpuK, headsK]] as const) {
+        check(lib.infer_rope(x, positions, ff, packStruct("RopeShape", { n_tok: nTok, n_heads: heads, head_dim: headDim,
+          n_rot: nRot, freq_base: 10000, freq_scale: 1, mode: neox ? 2 : 0, attn_factor: 1 })), "rope");
+      }
+      check(lib.infer_scale(cpuQ, cpuQ.length, qScale), "scale");
+      expect(normalisedError(f32(fused.q), cpuQ)).toBeLessThanOrEqual(TOL_ROPE);
+      expect(normalisedError(f32(fused.k), cpuK)).toBeLessThanOrEqual(TOL_ROPE);
+    }
   });
 });

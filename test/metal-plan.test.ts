@@ -11,8 +11,12 @@ import {
   ATTENTION_PROMPT_THREADS, ATTENTION_PROMPT_TOKENS_MIN, MATMUL_THREADS, MATMUL_TILE_OUT, MATMUL_TILE_TOK, matvecRows,
   metalWeightTypes, planAdd, planAddRowBias,
   planAttention, planGatedAct, planGetRows, planKvStore, planMatmul, planRmsNorm, planRmsNormAdd,
-  planRope, planScale, type KernelDispatch,
+  planNormRopeStore, planRope, planScale, type AttentionPlanOptions, type KernelDispatch,
 } from "../ts/backend/metal-plan.ts";
+import {
+  ATTENTION_DECODE_SPLITS_MAX, ATTENTION_DECODE_TOKENS_MAX, attentionDecodeVariants, baseAppleGpu,
+  planAttentionDecode, planAttentionSingle, planAttentionStep,
+} from "../ts/backend/metal-decode-plan.ts";
 import {
   assembleMetalSource, metalArgDefines, metalArgStructs, metalKernels, parseKernels,
 } from "../ts/backend/metal-shaders.ts";
@@ -73,6 +77,16 @@ function allPlans(): KernelDispatch[] {
       plans.push(planAttention({ nTok, heads: 8, kvHeads: 2, headDim, pos0: 9, window: 4, cells: 96, ring: true, scale: 0.1 }));
     }
   }
+  for (const headDim of [33, 64, 80, 128, 256, 300, ATTENTION_HEAD_DIM_MAX]) {
+    for (const splits of [1, 5, ATTENTION_DECODE_SPLITS_MAX]) {
+      const o = { nTok: 2, heads: 16, kvHeads: 2, headDim, pos0: 90, window: 0, cells: 96, ring: false, scale: 0.1 };
+      plans.push(...planAttentionDecode(o, splits).dispatches);
+    }
+  }
+  for (const norm of [true, false]) {
+    plans.push(planNormRopeStore({ nTok: 3, headsQ: 8, headsK: 2, headDim: 256, norm, eps: 1e-6, rotaryDims: 128,
+      base: 1e6, scale: 1, neox: norm, freqFactors: !norm, qScale: 0.0625, pos0: 5, cells: 16, ring: norm }));
+  }
   return plans;
 }
 
@@ -92,6 +106,10 @@ describe("the Metal dispatch plan matches the kernels' declarations", () => {
     expect(defines.get("ATTENTION_PROMPT_THREADS")).toBe(ATTENTION_PROMPT_THREADS);
     expect(defines.get("ATTENTION_PROMPT_HEAD_DIM_MAX")).toBe(ATTENTION_PROMPT_HEAD_DIM_MAX);
     expect(defines.get("ATTENTION_HEAD_DIM_MAX")).toBe(ATTENTION_HEAD_DIM_MAX);
+    for (const { headDim, groupMax } of attentionDecodeVariants) {
+      expect(defines.get(`ATTENTION_DECODE_GROUP_D${headDim}`)).toBe(groupMax);
+    }
+    expect(attentionDecodeVariants.at(-1)!.headDim).toBe(ATTENTION_HEAD_DIM_MAX);
     for (const [suffix, { rows }] of Object.entries(matvecRows)) {
       expect(defines.get(`MATVEC_ROWS_${suffix.toUpperCase()}`)).toBe(rows);
     }
@@ -128,6 +146,22 @@ describe("the Metal dispatch plan matches the kernels' declarations", () => {
         expect(d.grid).toEqual([a.n_head, Math.ceil(a.n_tok / ATTENTION_PROMPT_QUERIES), 1]);
         expect(a.n_tok).toBeGreaterThanOrEqual(ATTENTION_PROMPT_TOKENS_MIN);
       }
+      if (d.kernel.startsWith("attention_decode_d")) {
+        const dims = Number(d.kernel.slice("attention_decode_d".length));
+        const variant = attentionDecodeVariants.find((v) => v.headDim === dims)!;
+        expect(a.head_dim).toBeLessThanOrEqual(dims);
+        expect(a.group).toBeLessThanOrEqual(variant.groupMax);
+        expect((a.n_head / a.n_kv_head) % a.group).toBe(0);
+        expect(d.grid).toEqual([a.n_head / a.group, a.n_split, a.n_tok]);
+        expect(d.threadgroupBytes).toBeGreaterThanOrEqual((threads / 32) * a.group * (a.head_dim + 2) * 4);
+        expect(d.threadgroupBytes).toBeLessThanOrEqual(32768);
+      }
+      if (d.kernel === "norm_rope_store") {
+        // as many threads per head as planRmsNorm gives a row of head_dim, so the sums match it
+        expect(d.threads).toEqual(planRmsNorm(1, a.head_dim, 1e-6, true).threads);
+        expect(d.threadgroupBytes).toBeGreaterThanOrEqual((threads / 32) * 4);
+        expect(d.grid).toEqual([a.heads_q + a.heads_k, a.n_tok, 1]);
+      }
       if (d.kernel === "attention") {
         expect(d.threadgroupBytes).toBeGreaterThanOrEqual((threads / 32) * (a.head_dim + 2) * 4);
         expect(a.head_dim).toBeLessThanOrEqual(ATTENTION_HEAD_DIM_MAX);
@@ -150,5 +184,48 @@ describe("the Metal dispatch plan matches the kernels' declarations", () => {
     // Threadgroup memory comes only from [[threadgroup(n)]] parameters sized by the plan:
     // a threadgroup array declared inside a kernel would be sized in no plan.
     expect(source).not.toMatch(/^\s+threadgroup\s+\w+\s+\w+\s*\[/m);
+  });
+});
+
+describe("decode attention: the cost model's choice (metal-decode-plan.ts)", () => {
+  const gemma270m = (keys: number): AttentionPlanOptions =>
+    ({ nTok: 1, heads: 4, kvHeads: 1, headDim: 256, pos0: keys - 1, window: 0, cells: 4096, ring: false, scale: 0.0625 });
+
+  test("a short context stays on attention.metal; a long one splits until the cores are busy", () => {
+    expect(planAttentionStep(gemma270m(8)).dispatches.map((d) => d.kernel)).toEqual(["attention"]);
+    const long = planAttentionStep(gemma270m(512));
+    expect(long.dispatches.map((d) => d.kernel)).toEqual(["attention_decode_d256", "attention_decode_combine"]);
+    expect(long.splits).toBe(baseAppleGpu.cores);
+    // 4 query heads share the KV head: K and V are read once, over the cores, not 4 times over 4
+    expect(long.costUs).toBeLessThan(planAttentionSingle(gemma270m(512)).costUs / 3);
+    expect(long.scratchFloats).toBe(4 * long.splits * (256 + 2));
+  });
+
+  test("many query heads per KV head are grouped even unsplit; prompts take attention_prompt.metal", () => {
+    const llama8b: AttentionPlanOptions = { nTok: 1, heads: 32, kvHeads: 8, headDim: 128, pos0: 40, window: 0,
+      cells: 4096, ring: false, scale: 0.088 };
+    const step = planAttentionStep(llama8b);
+    expect(step.dispatches.map((d) => d.kernel)).toEqual(["attention_decode_d128"]);
+    expect(step.dispatches[0].grid).toEqual([8, 1, 1]);
+    expect(ATTENTION_DECODE_TOKENS_MAX + 1).toBe(ATTENTION_PROMPT_TOKENS_MIN);
+    const prompt = { ...llama8b, nTok: ATTENTION_PROMPT_TOKENS_MIN };
+    expect(planAttentionStep(prompt).dispatches.map((d) => d.kernel)).toEqual(["attention_prompt_d128"]);
+    // over attention_prompt.metal's head_dim, a prompt stays on attention.metal
+    expect(planAttentionStep({ ...prompt, headDim: 512, scale: 0.04 }).dispatches.map((d) => d.kernel))
+      .toEqual(["attention"]);
+  });
+
+  test("the choice is never dearer than attention.metal, nor than any split count, by the model", () => {
+    for (const keys of [1, 7, 50, 200, 1000, 5000]) {
+      for (const [heads, kvHeads, headDim] of [[4, 1, 256], [32, 8, 128], [8, 8, 64], [16, 2, 512]]) {
+        const o: AttentionPlanOptions = { nTok: 1, heads, kvHeads, headDim, pos0: keys - 1, window: 0, cells: 8192,
+          ring: false, scale: 0.1 };
+        const chosen = planAttentionStep(o);
+        expect(chosen.costUs).toBeLessThanOrEqual(planAttentionSingle(o).costUs);
+        for (const s of [1, 2, 8, 64]) {
+          if (s <= keys) expect(chosen.costUs).toBeLessThanOrEqual(planAttentionDecode(o, s).costUs);
+        }
+      }
+    }
   });
 });

@@ -1,7 +1,8 @@
 //! The CUDA backend's attention ops (lib/cuda/ops.zig re-exports them): which kernels of
 //! shaders/cuda/attend_*.cuh run for a shape — flash attention and the tensor-core kernels for
 //! prompts, attn_decode_w or attn_decode_g* for decode and small batches, the per-head kernels
-//! elsewhere — their scratch, and the store of keys and values into the f16 cache.
+//! elsewhere — their scratch, and the store of keys and values into the cache: f16, or ggml's
+//! Q8_0 / Q4_0 blocks (shaders/cuda/kv_quant.cuh), whose attention attendQuant plans.
 const std = @import("std");
 const cuda = @import("cuda.zig");
 const ops = @import("ops.zig");
@@ -41,11 +42,32 @@ pub fn setDecodeAttention(mode: u32) i32 {
     return 0;
 }
 
+/// A cache's type: ggml's ids, as shaders/cuda/kv_quant.cuh names them.
+pub const kv_f16: u32 = 1;
+pub const kv_q4_0: u32 = 2;
+pub const kv_q8_0: u32 = 8;
+
+/// null where k_type and v_type are cache types CUDA keeps and `values` (a head, or a row of
+/// heads) is whole 32-value blocks for the quantized ones; else the failed status.
+pub fn checkKvTypes(what: []const u8, k_type: u32, v_type: u32, values: u64) ?i32 {
+    for ([_]u32{ k_type, v_type }) |t| {
+        if (t != kv_f16 and t != kv_q4_0 and t != kv_q8_0)
+            return invalid("{s}: cache type {d} is not f16 (1), q4_0 (2) or q8_0 (8)", .{ what, t });
+        if (t != kv_f16 and values % 32 != 0)
+            return invalid("{s}: a q8_0/q4_0 cache needs head_dim a multiple of 32, not {d}", .{ what, values });
+    }
+    return null;
+}
+
 /// Rows t < n_tok of k and v (kv_dim values each) into cell positions[t] (mod cells when ring).
 pub fn kvStore(a: abi.CudaKvStoreArgs) i32 {
     const dim = int(a.kv_dim) orelse return tooLarge("kv_store: kv_dim", a.kv_dim);
     const c = int(a.cells) orelse return tooLarge("kv_store: cells", a.cells);
-    return launch(.kv_store, ceilDiv(a.kv_dim, 256), a.n_tok, 256, .{ a.k, a.v, dim, a.k_cache, a.v_cache, a.positions, c, @as(i32, @intFromBool(a.ring)) });
+    if (checkKvTypes("kv_store", a.k_type, a.v_type, a.kv_dim)) |rc| return rc;
+    return launch(.kv_store, ceilDiv(a.kv_dim, 256), a.n_tok, 256, .{
+        a.k, a.v, dim, a.k_cache, a.v_cache, a.positions, c, @as(i32, @intFromBool(a.ring)),
+        @as(i32, @intCast(a.k_type)), @as(i32, @intCast(a.v_type)),
+    });
 }
 
 pub const head_dim_max = 512;
@@ -115,12 +137,30 @@ pub fn decodeMmaTakes(n_head: u64, n_kv_head: u64, head_dim: u64) bool {
         decodeAttentionFits(n_head, n_kv_head, head_dim) and (head_dim == 64 or head_dim == 128);
 }
 
+/// Whether quantized caches' decode attention of this shape runs as attn_decode_mma_q_d*: head_dim
+/// 64 or 128, a group of at most 8 query heads, the device's opt-in to its shared memory.
+pub fn decodeMmaQTakes(n_head: u64, n_kv_head: u64, head_dim: u64) bool {
+    const s = cuda.ready() orelse return false;
+    return s.decode_mma_q_ok and decodeAttentionFits(n_head, n_kv_head, head_dim) and (head_dim == 64 or head_dim == 128);
+}
+
+/// Whether attention with a table of caches (the server's batched decode) takes this shape and
+/// these cache types: quantized caches only by attn_decode_mma_q_d*.
+pub fn attentionRowsFit(n_head: u64, n_kv_head: u64, head_dim: u64, k_type: u32, v_type: u32) bool {
+    if (checkKvTypes("attention_rows", k_type, v_type, head_dim) != null) return false;
+    if (k_type == kv_f16 and v_type == kv_f16) return decodeAttentionFits(n_head, n_kv_head, head_dim);
+    return decodeMmaQTakes(n_head, n_kv_head, head_dim);
+}
+
 /// kvStore for rows of different sequences, row t into the caches of kv_table (see attention).
-pub fn kvStoreRows(k: u64, v: u64, kv_dim: u64, n_tok: u64, kv_table: u64, positions: u64, cells: u64, ring: bool) i32 {
+pub fn kvStoreRows(k: u64, v: u64, kv_dim: u64, n_tok: u64, kv_table: u64, positions: u64, cells: u64, ring: bool, k_type: u32, v_type: u32) i32 {
     if (kv_table == 0) return invalid("kv_store_rows: no table of caches", .{});
     const dim = int(kv_dim) orelse return tooLarge("kv_store_rows: kv_dim", kv_dim);
     const c = int(cells) orelse return tooLarge("kv_store_rows: cells", cells);
-    return launch(.kv_store_rows, ceilDiv(kv_dim, 256), n_tok, 256, .{ k, v, dim, kv_table, positions, c, @as(i32, @intFromBool(ring)) });
+    if (checkKvTypes("kv_store_rows", k_type, v_type, kv_dim)) |rc| return rc;
+    return launch(.kv_store_rows, ceilDiv(kv_dim, 256), n_tok, 256, .{
+        k, v, dim, kv_table, positions, c, @as(i32, @intFromBool(ring)), @as(i32, @intCast(k_type)), @as(i32, @intCast(v_type)),
+    });
 }
 
 fn attend(a: abi.CudaAttentionArgs, oq: OutQuant) i32 {
@@ -165,10 +205,11 @@ fn attendInto(a: abi.CudaAttentionArgs, oq: OutQuant, quantized: *bool) i32 {
     const c = int(cells) orelse return tooLarge("attention: cells", cells);
     const splits: i32 = @intCast(n_split);
     const ring_i: i32 = @intFromBool(ring);
+    if (checkKvTypes("attention", a.k_type, a.v_type, head_dim)) |rc| return rc;
+    if (a.k_type != kv_f16 or a.v_type != kv_f16) return attendQuant(a, oq, quantized);
     const rows = n_tok * n_head;
     const scores = scratch;
     const maxima = scratch + rows * cells * 4;
-    const partial = maxima + rows * n_split * 4;
     if (kv_table == 0 and n_tok >= 16 and n_split == 1 and (head_dim == 64 or head_dim == 128) and n_head % n_kv_head == 0) {
         // Prompts: flash attention, 64 queries of one head a block (attn_prompt_*; no scratch).
         return launch(if (head_dim == 64) .attn_prompt_d64 else .attn_prompt_d128, ceilDiv(n_tok, 64), n_head, 128, .{
@@ -219,11 +260,64 @@ fn attendInto(a: abi.CudaAttentionArgs, oq: OutQuant, quantized: *bool) i32 {
             qmode, if (fused) oq.q else 0, if (fused) oq.d else 0,
         });
     }
-    const rc = launch(.attn_scores, rows, n_split, 128, .{
-        q, k_cache, positions, heads, kv_heads, dim, win, c, ring_i, scale_, scores, c, maxima, splits,
+    return attendHeads(a, @intCast(kv_f16), @intCast(kv_f16));
+}
+
+/// attn_scores + attn_values: a block per query row and split (the shapes no one-pass kernel takes).
+fn attendHeads(a: abi.CudaAttentionArgs, kt: i32, vt: i32) i32 {
+    const rows = a.n_tok * a.n_head;
+    const maxima = a.scratch + rows * a.cells * 4;
+    const partial = maxima + rows * a.n_split * 4;
+    const heads: i32 = @intCast(a.n_head);
+    const kv_heads: i32 = @intCast(a.n_kv_head);
+    const dim: i32 = @intCast(a.head_dim);
+    const win: i32 = @intCast(a.window);
+    const c: i32 = @intCast(a.cells);
+    const splits: i32 = @intCast(a.n_split);
+    const ring_i: i32 = @intFromBool(a.ring);
+    const rc = launch(.attn_scores, rows, a.n_split, 128, .{
+        a.q, a.k_cache, a.positions, heads, kv_heads, dim, win, c, ring_i, a.scale, a.scratch, c, maxima, splits, kt,
     });
     if (rc != 0) return rc;
-    return launch(.attn_values, rows, n_split, 128, .{
-        scores, c, maxima, v_cache, positions, heads, kv_heads, dim, win, c, ring_i, splits, out, partial, arrived,
+    return launch(.attn_values, rows, a.n_split, 128, .{
+        a.scratch, c, maxima, a.v_cache, a.positions, heads, kv_heads, dim, win, c, ring_i, splits, a.out, partial,
+        a.arrived, vt,
     });
+}
+
+/// Attention over caches of which one or both are Q8_0 or Q4_0 (attendInto checked the shapes):
+/// prompts of head_dim 64 and 128 by attn_prompt_q_d* (flash attention, each tile's blocks
+/// dequantized into its f16 tile), decode and small batches (and a table of caches) by
+/// attn_decode_mma_q_d* where it fits, every other shape by attn_scores + attn_values reading
+/// value by value. No kernel dequantizes more of the cache than a tile.
+fn attendQuant(a: abi.CudaAttentionArgs, oq: OutQuant, quantized: *bool) i32 {
+    const kt: i32 = @intCast(a.k_type);
+    const vt: i32 = @intCast(a.v_type);
+    const heads: i32 = @intCast(a.n_head);
+    const kv_heads: i32 = @intCast(a.n_kv_head);
+    const dim: i32 = @intCast(a.head_dim);
+    const win: i32 = @intCast(a.window);
+    const c: i32 = @intCast(a.cells);
+    const ring_i: i32 = @intFromBool(a.ring);
+    const d64 = a.head_dim == 64;
+    if (a.kv_table == 0 and a.n_tok >= 16 and a.n_split == 1 and (d64 or a.head_dim == 128)) {
+        return launch(if (d64) .attn_prompt_q_d64 else .attn_prompt_q_d128, ceilDiv(a.n_tok, 64), a.n_head, 128, .{
+            a.q, a.k_cache, a.v_cache, a.positions, @as(i32, @intCast(a.n_tok)), heads, kv_heads, win, c, ring_i, a.scale, a.out, kt, vt,
+        });
+    }
+    if (decodeMmaQTakes(a.n_head, a.n_kv_head, a.head_dim)) {
+        const group = a.n_head / a.n_kv_head;
+        const rows = a.n_tok * a.n_head;
+        const fused = oq.mode >= 0 and (group * a.head_dim) % (if (oq.mode == 0) @as(u64, 32) else 256) == 0;
+        quantized.* = fused;
+        const shared: u32 = @intCast(if (d64) cuda.decode_mma_q_shared_d64 else cuda.decode_mma_q_shared_d128);
+        return cuda.launchShared(if (d64) .attn_decode_mma_q_d64 else .attn_decode_mma_q_d128, a.n_tok * a.n_kv_head, a.n_split, 128, shared, .{
+            a.q, a.k_cache, a.v_cache, a.kv_table, a.positions, heads, kv_heads, dim, win, c, ring_i, a.scale,
+            @as(i32, @intCast(a.n_split)), a.out, a.scratch, a.scratch + rows * a.n_split * 2 * 4, a.arrived,
+            @as(i32, if (fused) oq.mode else -1), if (fused) oq.q else 0, if (fused) oq.d else 0, kt, vt,
+        });
+    }
+    if (a.kv_table != 0)
+        return invalid("attention_rows: q8_0/q4_0 caches of head_dim {d} take one sequence at a time", .{a.head_dim});
+    return attendHeads(a, kt, vt);
 }

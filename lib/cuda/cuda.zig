@@ -68,6 +68,9 @@ pub const State = struct {
     /// Whether attn_decode_mma_d* got the dynamic shared memory of its two 128-key tiles
     /// (69,632 bytes at head_dim 128; lib/cuda/attention.zig decodeMmaTakes).
     decode_mma_ok: bool = false,
+    /// Whether attn_decode_mma_q_d* (quantized caches) got its f16 tiles and staged blocks
+    /// (104,448 bytes at head_dim 128).
+    decode_mma_q_ok: bool = false,
 };
 
 /// Device scratch of ops that need room beyond their output, one buffer per use, grown on demand.
@@ -222,6 +225,9 @@ pub fn init(path: []const u8, ordinal: i32) i32 {
         s.decode_mma_ok = s.cc_major >= 8 and
             set(s.kernels[@intFromEnum(Kernel.attn_decode_mma_d64)], driver.func_attribute_max_dynamic_shared, decode_mma_shared_d64) == driver.success and
             set(s.kernels[@intFromEnum(Kernel.attn_decode_mma_d128)], driver.func_attribute_max_dynamic_shared, decode_mma_shared_d128) == driver.success;
+        s.decode_mma_q_ok = s.cc_major >= 8 and
+            set(s.kernels[@intFromEnum(Kernel.attn_decode_mma_q_d64)], driver.func_attribute_max_dynamic_shared, decode_mma_q_shared_d64) == driver.success and
+            set(s.kernels[@intFromEnum(Kernel.attn_decode_mma_q_d128)], driver.func_attribute_max_dynamic_shared, decode_mma_q_shared_d128) == driver.success;
     }
     state = s;
     return 0;
@@ -234,6 +240,11 @@ const pipe_shared_sm90: c_int = 227 << 10;
 /// 8 halves).
 pub const decode_mma_shared_d64: c_int = 2 * 128 * (64 + 8) * 2;
 pub const decode_mma_shared_d128: c_int = 2 * 128 * (128 + 8) * 2;
+
+/// Dynamic shared memory of attn_decode_mma_q_d64 / _d128 (mma_decode_q_shared_bytes): the f16
+/// tiles and, for K and V each, a 128-key tile of a head's Q8_0 blocks (34 bytes per 32 values).
+pub const decode_mma_q_shared_d64: c_int = decode_mma_shared_d64 + 2 * 128 * (64 / 32 * 34);
+pub const decode_mma_q_shared_d128: c_int = decode_mma_shared_d128 + 2 * 128 * (128 / 32 * 34);
 
 /// Out: the device name (NUL-terminated, truncated to name_len) and
 /// [total bytes, free bytes, multiprocessors, compute capability (major*10+minor), driver version, L2 bytes].

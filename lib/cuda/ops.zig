@@ -361,6 +361,8 @@ pub const decodeWarpsTakes = attn.decodeWarpsTakes;
 pub const setDecodeAttention = attn.setDecodeAttention;
 pub const kvStore = attn.kvStore;
 pub const kvStoreRows = attn.kvStoreRows;
+pub const attentionRowsFit = attn.attentionRowsFit;
+pub const checkKvTypes = attn.checkKvTypes;
 
 /// One token's query and key head norms (wq = wk = 0: none), their RoPE, and the store of the
 /// keys and values into the f16 cache at positions[0]: rms_norm2 + rope2 + kv_store in one launch
@@ -389,6 +391,7 @@ pub fn normRopeStore(a: abi.CudaNormRopeStoreArgs) i32 {
     if (n_rot == 0 or n_rot % 2 != 0 or n_rot > head_dim or head_dim > head_dim_max)
         return invalid("norm_rope_store: n_rot {d} must be even, > 0, <= head_dim {d} <= {d}", .{ n_rot, head_dim, head_dim_max });
     if ((wq == 0) != (wk == 0)) return invalid("norm_rope_store: both head norms or neither", .{});
+    if (checkKvTypes("norm_rope_store", a.k_type, a.v_type, head_dim)) |rc| return rc;
     const hq = int(heads_q) orelse return tooLarge("norm_rope_store: heads_q", heads_q);
     const hk = int(heads_k) orelse return tooLarge("norm_rope_store: heads_k", heads_k);
     const c = int(cells) orelse return tooLarge("norm_rope_store: cells", cells);
@@ -396,6 +399,7 @@ pub fn normRopeStore(a: abi.CudaNormRopeStoreArgs) i32 {
     return launch(.norm_rope_store, heads_q + heads_k, 1, 256, .{
         q, hq, k, hk, v, wq, wk, eps, @as(i32, @intCast(head_dim)), @as(i32, @intCast(n_rot)), positions, theta_scale,
         freq_scale, @as(i32, if (mode == 2) 1 else 0), freq_factors, k_cache, v_cache, c, @as(i32, @intFromBool(ring)),
+        @as(i32, @intCast(a.k_type)), @as(i32, @intCast(a.v_type)),
     });
 }
 

@@ -6,6 +6,7 @@
 const abi = @import("../abi.zig");
 const cuda = @import("../cuda/cuda.zig");
 const nccl = @import("../cuda/nccl.zig");
+const moe = @import("../cuda/moe.zig");
 
 /// Loads libcuda, takes device `device` and loads the kernels (a fatbin) at path.
 export fn infer_cuda_init(path_ptr: [*]const u8, path_len: usize, device: i32) i32 {
@@ -134,7 +135,7 @@ export fn infer_cuda_rope(args: *const abi.CudaRopeArgs) i32 {
     return cuda.ops.rope(args.*);
 }
 
-/// Rows of k and v into the f16 cache at cell positions[t] (mod cells when ring).
+/// Rows of k and v into the cache (f16, q8_0 or q4_0) at cell positions[t] (mod cells when ring).
 export fn infer_cuda_kv_store(args: *const abi.CudaKvStoreArgs) i32 {
     return cuda.ops.kvStore(args.*);
 }
@@ -175,15 +176,15 @@ export fn infer_cuda_set_decode_attention(mode: u32) i32 {
     return cuda.ops.setDecodeAttention(mode);
 }
 
-/// Whether infer_cuda_attention takes these shapes with a table of caches.
-export fn infer_cuda_attention_rows_fit(n_head: u64, n_kv_head: u64, head_dim: u64) bool {
-    return cuda.ops.decodeAttentionFits(n_head, n_kv_head, head_dim);
+/// Whether infer_cuda_attention takes these shapes and cache types with a table of caches.
+export fn infer_cuda_attention_rows_fit(n_head: u64, n_kv_head: u64, head_dim: u64, k_type: u32, v_type: u32) bool {
+    return cuda.ops.attentionRowsFit(n_head, n_kv_head, head_dim, k_type, v_type);
 }
 
 /// Keys and values of rows of different sequences into their caches (the table of
 /// infer_cuda_attention).
-export fn infer_cuda_kv_store_rows(k: u64, v: u64, kv_dim: u64, n_tok: u64, kv_table: u64, positions: u64, cells: u64, ring: bool) i32 {
-    return cuda.ops.kvStoreRows(k, v, kv_dim, n_tok, kv_table, positions, cells, ring);
+export fn infer_cuda_kv_store_rows(k: u64, v: u64, kv_dim: u64, n_tok: u64, kv_table: u64, positions: u64, cells: u64, ring: bool, k_type: u32, v_type: u32) i32 {
+    return cuda.ops.kvStoreRows(k, v, kv_dim, n_tok, kv_table, positions, cells, ring, k_type, v_type);
 }
 
 export fn infer_cuda_gelu_mul(gate: u64, up: u64, n: u64, out: u64) i32 {
@@ -251,6 +252,36 @@ export fn infer_cuda_norm_rope_store(args: *const abi.CudaNormRopeStoreArgs) i32
     return cuda.ops.normRopeStore(args.*);
 }
 
+/// Mixture of experts (lib/cuda/moe.zig): per token the k experts of its router logits (gating
+/// 0: softmax, top k, norm: divided by their sum; 1: top k, softmax over them) into ids/weights.
+export fn infer_cuda_moe_route(logits: u64, n_tok: u64, n_expert: u64, k: u64, gating: u32, norm: bool, ids: u64, weights: u64) i32 {
+    return moe.route(logits, n_tok, n_expert, k, gating, norm, ids, weights);
+}
+
+/// The slots at ids sorted by expert into a table of infer_cuda_moe_group_ints ints.
+export fn infer_cuda_moe_group(ids: u64, n_slots: u64, n_expert: u64, table: u64) i32 {
+    return moe.group(ids, n_slots, n_expert, table);
+}
+
+export fn infer_cuda_moe_group_ints(n_slots: u64, n_expert: u64) u64 {
+    return moe.groupTableInts(n_slots, n_expert);
+}
+
+/// Whether experts of ggml type (or GPU layout) type_id have matvecs on the GPU.
+export fn infer_cuda_moe_supports(type_id: u32) bool {
+    return moe.supports(type_id);
+}
+
+/// Matvecs indexed by expert id: y[s] = W[ids[s]] · x[s / x_div].
+export fn infer_cuda_moe_matmul(args: *const abi.CudaMoeMatmulArgs) i32 {
+    return moe.matmul(args.*);
+}
+
+/// out[t] = Σ_j weights[t·k + j] · y[t·k + j], in rank order.
+export fn infer_cuda_moe_sum(y: u64, weights: u64, k: u64, n_cols: u64, n_tok: u64, out: u64) i32 {
+    return moe.sum(y, weights, k, n_cols, n_tok, out);
+}
+
 /// out[0] = argmax of n f32 values (greedy sampling on the device); scratch: 16 zeroed bytes.
 export fn infer_cuda_argmax(x: u64, n: u64, scratch: u64, out: u64) i32 {
     return cuda.ops.argmax(x, n, scratch, out);
@@ -259,6 +290,7 @@ export fn infer_cuda_argmax(x: u64, n: u64, scratch: u64, out: u64) i32 {
 test {
     _ = cuda;
     _ = cuda.ops;
+    _ = moe;
 }
 // ---- NCCL (lib/cuda/nccl.zig): several GPUs of one host ----------------------------------------
 

@@ -70,9 +70,9 @@ pub fn repack(src: [*]const u8, n_out: usize, n_blocks: usize, dst: [*]u8) void 
 }
 
 /// The group's scales and mins, 8j + r: sub-block j of row r.
-const GroupScales = struct { scales: @Vector(64, u8), mins: @Vector(64, u8) };
+pub const GroupScales = struct { scales: @Vector(64, u8), mins: @Vector(64, u8) };
 
-inline fn groupScales(g: *align(1) const Group) GroupScales {
+pub inline fn groupScales(g: *align(1) const Group) GroupScales {
     const low: @Vector(64, u8) = g.sm_low;
     const high_bytes: @Vector(32, u8) = g.sm_high;
     // Each high byte twice (nibbles 2i and 2i+1), then the nibble for the lane's parity.

@@ -428,10 +428,10 @@ ATTN_DECODE(attn_decode_g8, 8)
 /// kv_table[2t] and kv_table[2t + 1] (as attn_decode_* reads them), at positions[t].
 extern "C" __global__ void kv_store_rows(const float* k, const float* v, int kv_dim,
                                          const unsigned long long* kv_table, const int* positions, int cells,
-                                         int ring) {
+                                         int ring, int kt, int vt) {
   pdl_begin();
   const int t = blockIdx.y;
-  __half* kc = reinterpret_cast<__half*>(kv_table[2 * t]);
-  __half* vc = reinterpret_cast<__half*>(kv_table[2 * t + 1]);
-  store_kv_value(k, v, kv_dim, kc, vc, positions, cells, ring);
+  void* kc = reinterpret_cast<void*>(kv_table[2 * t]);
+  void* vc = reinterpret_cast<void*>(kv_table[2 * t + 1]);
+  store_kv_value(k, v, kv_dim, kc, vc, positions, cells, ring, kt, vt);
 }

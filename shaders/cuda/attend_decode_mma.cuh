@@ -63,13 +63,100 @@ __device__ __forceinline__ void mma_decode_stage(const DecodeSpan& span, int til
   }
 }
 
+/// Bytes of a tile's rows of one head in a quantized cache's blocks (the larger, Q8_0's): where
+/// attn_decode_mma_q_d<D> stages them before they are dequantized into the f16 tile.
 template <int D>
+__host__ __device__ constexpr int mma_decode_raw_bytes() {
+  return DECODE_TILE * kv_bytes(KV_Q8_0, D);
+}
+
+/// Dynamic shared memory of attn_decode_mma_q_d<D>: the f16 tiles and a staging tile of blocks
+/// for each of K and V.
+template <int D>
+__host__ __device__ constexpr int mma_decode_q_shared_bytes() {
+  return mma_decode_shared_bytes<D>() + 2 * mma_decode_raw_bytes<D>();
+}
+
+/// cp.async of 4, 8 or 16 bytes (.ca: the sizes under 16 take it).
+template <int N>
+__device__ __forceinline__ void cp_async_ca(void* smem, const void* gmem) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(s), "l"(gmem), "n"(N) : "memory");
+}
+
+/// mma_decode_stage for one side (K or V) of type `type`: an f16 side straight into its f16 tile
+/// (as mma_decode_stage), a quantized one's head bytes into its staging tile `raw` (a row every
+/// kv_bytes(type, D) bytes) by cp.async in the largest pieces the head's size allows (a head of
+/// 64 or 128 values is 68, 136, 36 or 72 bytes: 4 or 8; each head starts at a multiple of its
+/// size). mma_decode_unpack makes the f16 tile of it.
+template <int D>
+__device__ __forceinline__ void mma_decode_stage_side(const DecodeSpan& span, const void* cache, int type, int tile,
+                                                      int r0, int r1, int kv_dim, int cells, int ring, __half* tile16,
+                                                      uint8_t* raw) {
+  constexpr int STRIDE = mma_decode_stride<D>();
+  const int hb = kv_bytes(type, D);
+  const int piece = type == KV_F16 ? 16 : (hb % 8 == 0 ? 8 : 4);
+  const int pieces = hb / piece;
+  for (int i = r0 * pieces + threadIdx.x; i < r1 * pieces; i += blockDim.x) {
+    const int r = i / pieces, c = i % pieces;
+    const int j = tile + r;
+    if (type == KV_F16) {
+      __half* dst = tile16 + r * STRIDE + 8 * c;
+      if (j < span.s1) cp_async16(dst, kv_head(cache, type, attn_cell(span.begin + j, cells, ring), kv_dim, span.kvh, D) + 16 * c);
+      else *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+    } else if (j < span.s1) {
+      const uint8_t* src = kv_head(cache, type, attn_cell(span.begin + j, cells, ring), kv_dim, span.kvh, D) + piece * c;
+      uint8_t* dst = raw + r * hb + piece * c;
+      if (piece == 8) cp_async_ca<8>(dst, src);
+      else cp_async_ca<4>(dst, src);
+    }
+  }
+}
+
+/// The quantized sides' staging tiles (arrived: after cp_async_wait and a barrier) dequantized
+/// into their f16 tiles, a thread a block of 32 values; rows past the span's keys zero.
+template <int D>
+__device__ __forceinline__ void mma_decode_unpack(const DecodeSpan& span, int tile, int kt, int vt, __half* ks,
+                                                  __half* vs, const uint8_t* kraw, const uint8_t* vraw) {
+  constexpr int STRIDE = mma_decode_stride<D>();
+  constexpr int BLOCKS = D / 32;
+  for (int i = threadIdx.x; i < DECODE_TILE * BLOCKS; i += blockDim.x) {
+    const int r = i / BLOCKS, b = i % BLOCKS;
+    const bool live = tile + r < span.s1;
+    if (kt != KV_F16) {
+      __half* dst = ks + r * STRIDE + 32 * b;
+      if (live) kv_block_to_f16(kraw + r * kv_bytes(kt, D) + kv_bytes(kt, 32 * b), kt, dst);
+      else kv_block_zero(dst);
+    }
+    if (vt != KV_F16) {
+      __half* dst = vs + r * STRIDE + 32 * b;
+      if (live) kv_block_to_f16(vraw + r * kv_bytes(vt, D) + kv_bytes(vt, 32 * b), vt, dst);
+      else kv_block_zero(dst);
+    }
+  }
+}
+
+/// The tile's rows [r0, r1) of both sides: mma_decode_stage for f16 caches (QUANT false), else
+/// mma_decode_stage_side for each.
+template <int D, bool QUANT>
+__device__ __forceinline__ void mma_decode_stage_kv(const DecodeSpan& span, int tile, int r0, int r1, int kv_dim,
+                                                    int cells, int ring, __half* ks, __half* vs, int kt, int vt,
+                                                    uint8_t* kraw, uint8_t* vraw) {
+  if constexpr (QUANT) {
+    mma_decode_stage_side<D>(span, span.kc, kt, tile, r0, r1, kv_dim, cells, ring, ks, kraw);
+    mma_decode_stage_side<D>(span, span.vc, vt, tile, r0, r1, kv_dim, cells, ring, vs, vraw);
+  } else {
+    mma_decode_stage<D>(span, tile, r0, r1, kv_dim, cells, ring, ks, vs);
+  }
+}
+
+template <int D, bool QUANT>
 __device__ __forceinline__ void attn_decode_mma_body(const float* q, const __half* kc, const __half* vc,
                                                      const unsigned long long* kv_table, const int* positions,
                                                      int n_head, int n_kv_head, int window, int cells, int ring,
                                                      float scale, int n_split, float* out, float* part_ml,
                                                      float* partial, unsigned int* arrived, int qmode, int8_t* xq,
-                                                     float* xd) {
+                                                     float* xd, int kt, int vt) {
   constexpr int STRIDE = mma_decode_stride<D>();
   constexpr int KD = D / 16;  // k-steps of Q·Kᵀ
   constexpr int ND = D / 8;   // 8-dimension n-tiles of the output
@@ -77,6 +164,8 @@ __device__ __forceinline__ void attn_decode_mma_body(const float* q, const __hal
   extern __shared__ __align__(16) unsigned char mma_decode_smem[];
   __half* ks = reinterpret_cast<__half*>(mma_decode_smem);
   __half* vs = ks + DECODE_TILE * STRIDE;
+  uint8_t* kraw = reinterpret_cast<uint8_t*>(vs + DECODE_TILE * STRIDE);  // QUANT only
+  uint8_t* vraw = kraw + mma_decode_raw_bytes<D>();
   __shared__ float warp_m[W][8], warp_l[W][8];
   const DecodeSpan span = decode_span(kc, vc, kv_table, positions, n_kv_head, window, n_split);
   if (span.split >= span.active) return;  // no keys: the whole block, before any wait
@@ -92,9 +181,10 @@ __device__ __forceinline__ void attn_decode_mma_body(const float* q, const __hal
   int early_rows = 0;
   if (kv_table == nullptr && gridDim.x == static_cast<unsigned>(n_kv_head))
     early_rows = max(0, min(first_n, positions[0] - span.begin - span.s0));
-  mma_decode_stage<D>(span, span.s0, 0, early_rows, kv_dim, cells, ring, ks, vs);
+  mma_decode_stage_kv<D, QUANT>(span, span.s0, 0, early_rows, kv_dim, cells, ring, ks, vs, kt, vt, kraw, vraw);
   pdl_begin();
-  mma_decode_stage<D>(span, span.s0, early_rows, DECODE_TILE, kv_dim, cells, ring, ks, vs);
+  mma_decode_stage_kv<D, QUANT>(span, span.s0, early_rows, DECODE_TILE, kv_dim, cells, ring, ks, vs, kt, vt, kraw,
+                                vraw);
   cp_async_commit();
 
   // The query rows (f16, as the CPU rounds them) as A fragments held for the whole walk: row
@@ -120,11 +210,15 @@ __device__ __forceinline__ void attn_decode_mma_body(const float* q, const __hal
   for (int tile = span.s0; tile < span.s1; tile += DECODE_TILE) {
     if (tile != span.s0) {  // a split of several tiles: the next one once every warp is done
       __syncthreads();
-      mma_decode_stage<D>(span, tile, 0, DECODE_TILE, kv_dim, cells, ring, ks, vs);
+      mma_decode_stage_kv<D, QUANT>(span, tile, 0, DECODE_TILE, kv_dim, cells, ring, ks, vs, kt, vt, kraw, vraw);
       cp_async_commit();
     }
     cp_async_wait<0>();
     __syncthreads();
+    if constexpr (QUANT) {
+      mma_decode_unpack<D>(span, tile, kt, vt, ks, vs, kraw, vraw);
+      __syncthreads();
+    }
     const int k0 = warp * MMA_DECODE_KEYS;  // the warp's keys in the tile
     if (tile + k0 >= span.s1) continue;     // none (the last tile of a span)
     // S (16 × 32) = Q · Kᵀ: 4 n-tiles of 8 keys.
@@ -242,8 +336,24 @@ __device__ __forceinline__ void attn_decode_mma_body(const float* q, const __hal
            float scale, int n_split, float* out, float* part_ml, float* partial, unsigned int* arrived,        \
            int qmode, int8_t* xq, float* xd) {                                                                 \
     (void)head_dim; /* D: the launch checked it */                                                             \
-    attn_decode_mma_body<D>(q, kc, vc, kv_table, positions, n_head, n_kv_head, window, cells, ring, scale,    \
-                            n_split, out, part_ml, partial, arrived, qmode, xq, xd);                           \
+    attn_decode_mma_body<D, false>(q, kc, vc, kv_table, positions, n_head, n_kv_head, window, cells, ring,     \
+                                   scale, n_split, out, part_ml, partial, arrived, qmode, xq, xd, KV_F16,      \
+                                   KV_F16);                                                                    \
   }
 ATTN_DECODE_MMA(attn_decode_mma_d64, 64)
 ATTN_DECODE_MMA(attn_decode_mma_d128, 128)
+
+// The same over caches of types kt and vt (kv_quant.cuh; either may be f16): each tile's blocks
+// staged by cp.async, then dequantized into the f16 tiles the products read.
+#define ATTN_DECODE_MMA_Q(NAME, D)                                                                             \
+  extern "C" __global__ void __launch_bounds__(MMA_DECODE_WARPS * 32)                                          \
+      NAME(const float* q, const __half* kc, const __half* vc, const unsigned long long* kv_table,             \
+           const int* positions, int n_head, int n_kv_head, int head_dim, int window, int cells, int ring,     \
+           float scale, int n_split, float* out, float* part_ml, float* partial, unsigned int* arrived,        \
+           int qmode, int8_t* xq, float* xd, int kt, int vt) {                                                 \
+    (void)head_dim; /* D: the launch checked it */                                                             \
+    attn_decode_mma_body<D, true>(q, kc, vc, kv_table, positions, n_head, n_kv_head, window, cells, ring,      \
+                                  scale, n_split, out, part_ml, partial, arrived, qmode, xq, xd, kt, vt);      \
+  }
+ATTN_DECODE_MMA_Q(attn_decode_mma_q_d64, 64)
+ATTN_DECODE_MMA_Q(attn_decode_mma_q_d128, 128)

@@ -14,7 +14,8 @@
 //                 (f64), p_j = f16(ggml_expf(s_j - M) * (float)(1/S)); the split's Σ p_j V_j;
 //                 with n_split > 1 the row's last split to finish sums the splits in order
 // which is lib/cpu/attention_f16.zig's arithmetic (llama.cpp's CPU graph) in another summation
-// order. A query at position p sees keys max(0, p + 1 - window) .. p (all of them: window 0).
+// order. kt and vt are the caches' types (kv_quant.cuh: a quantized cache is read value by value,
+// q rounded to f16 as for an f16 one). A query at position p sees keys max(0, p + 1 - window) .. p (all of them: window 0).
 
 struct AttnRow {
   int row, t, h, kvh, begin, len, s0, s1;
@@ -45,7 +46,7 @@ constexpr int ATTN_TILE = 256;
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
     attn_scores(const float* q, const __half* kc, const int* positions, int n_head, int n_kv_head, int head_dim,
                 int window, int cells, int ring, float scale, float* scores, int score_stride, float* split_max,
-                int n_split) {
+                int n_split, int kt) {
   pdl_begin();
   __shared__ float qs[HEAD_DIM_MAX];
   const AttnRow r = attn_row(positions, n_head, n_kv_head, window, n_split);
@@ -59,10 +60,16 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
   // Unrolled so that several keys' loads are in flight at once (each key's sum keeps its order).
 #pragma unroll 4
   for (int jj = r.s0 + warp; jj < r.s1; jj += warps) {
-    const __half* kr = kc + static_cast<size_t>(attn_cell(r.begin + jj, cells, ring)) * kv_dim + r.kvh * head_dim;
+    const int cell = attn_cell(r.begin + jj, cells, ring);
     float s = 0.0f;
+    if (kt == KV_F16) {
+      const __half* kr = kc + static_cast<size_t>(cell) * kv_dim + r.kvh * head_dim;
 #pragma unroll 4
-    for (int d = lane; d < head_dim; d += 32) s = __fmaf_rn(__half2float(kr[d]), qs[d], s);
+      for (int d = lane; d < head_dim; d += 32) s = __fmaf_rn(__half2float(kr[d]), qs[d], s);
+    } else {  // a quantized cache (kv_quant.cuh), value by value
+      const uint8_t* kr = kv_head(kc, kt, cell, kv_dim, r.kvh, head_dim);
+      for (int d = lane; d < head_dim; d += 32) s = __fmaf_rn(kv_at(kr, kt, d), qs[d], s);
+    }
     s = warp_sum(s) * scale;
     if (lane == 0) scores[static_cast<size_t>(r.row) * score_stride + jj] = s;
     m = fmaxf(m, s);
@@ -76,7 +83,8 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
 /// group, each thread takes dims tid, tid + 128, ... (at most 4).
 __device__ __forceinline__ void attn_values_split(const AttnRow& r, const float* scores, int score_stride,
                                                   const float* split_max, const __half* vc, int n_kv_head,
-                                                  int head_dim, int cells, int ring, int n_split, float* dst) {
+                                                  int head_dim, int cells, int ring, int n_split, float* dst,
+                                                  int vt) {
   __shared__ float ps[ATTN_TILE];
   __shared__ float red[ATTN_THREADS * 4];
   const int G = head_dim <= ATTN_THREADS ? ATTN_THREADS / head_dim : 1;
@@ -97,7 +105,17 @@ __device__ __forceinline__ void attn_values_split(const AttnRow& r, const float*
     __syncthreads();  // the previous tile's ps is no longer read
     for (int i = threadIdx.x; i < tn; i += blockDim.x) ps[i] = round_f16(__fmul_rn(ggml_expf(sr[tile + i] - M), inv));
     __syncthreads();
-    if (g < G) {
+    if (g < G && vt != KV_F16) {  // a quantized cache (kv_quant.cuh), value by value
+      for (int i = g; i < tn; i += G) {
+        const uint8_t* vr = kv_head(vc, vt, attn_cell(r.begin + tile + i, cells, ring), kv_dim, r.kvh, head_dim);
+        const float p = ps[i];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+          const int d = d0 + k * ATTN_THREADS;
+          if ((head_dim > ATTN_THREADS || k == 0) && d < head_dim) acc[k] = __fmaf_rn(p, kv_at(vr, vt, d), acc[k]);
+        }
+      }
+    } else if (g < G) {
       // Unrolled: the loads of several V rows in flight at once, summed in key order as before.
 #pragma unroll 8
       for (int i = g; i < tn; i += G) {
@@ -155,7 +173,7 @@ __device__ __forceinline__ void attn_combine_last(int row, int n_split, int head
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
     attn_values(const float* scores, int score_stride, const float* split_max, const __half* vc,
                 const int* positions, int n_head, int n_kv_head, int head_dim, int window, int cells, int ring,
-                int n_split, float* out, float* partial, unsigned int* arrived) {
+                int n_split, float* out, float* partial, unsigned int* arrived, int vt) {
   pdl_begin();
   const AttnRow r = attn_row(positions, n_head, n_kv_head, window, n_split);
   float* dst = n_split == 1 ? out + static_cast<size_t>(r.row) * head_dim
@@ -163,7 +181,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
   if (r.s0 >= r.s1) {  // an empty split (short context): contributes zeros
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) dst[d] = 0.0f;
   } else {
-    attn_values_split(r, scores, score_stride, split_max, vc, n_kv_head, head_dim, cells, ring, n_split, dst);
+    attn_values_split(r, scores, score_stride, split_max, vc, n_kv_head, head_dim, cells, ring, n_split, dst, vt);
   }
   if (n_split > 1) attn_combine_last(r.row, n_split, head_dim, partial, out, arrived);
 }

@@ -37,10 +37,10 @@ __device__ __forceinline__ void ldmatrix_x2_trans(uint32_t& r0, uint32_t& r1, co
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];" : "=r"(r0), "=r"(r1) : "r"(a));
 }
 
-template <int D>
+template <int D, bool QUANT>
 __device__ __forceinline__ void attn_prompt_body(const float* q, const __half* kc, const __half* vc, const int* positions,
                                                  int n_tok, int n_head, int n_kv_head, int window, int cells, int ring,
-                                                 float scale, float* out) {
+                                                 float scale, float* out, int kt, int vt) {
   constexpr int STRIDE = D + 8;  // halves per staged row: 16 bytes of padding keep fragment loads conflict-free
   constexpr int KD = D / 16;     // k-steps of Q·Kᵀ
   constexpr int ND = D / 8;      // 8-dimension n-tiles of the output
@@ -82,6 +82,25 @@ __device__ __forceinline__ void attn_prompt_body(const float* q, const __half* k
   float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f;
   for (int k0 = lo; k0 < hi; k0 += PROMPT_KEYS) {
     __syncthreads();  // the previous tile is no longer read
+    if constexpr (QUANT) {
+      // Caches of types kt and vt (kv_quant.cuh): a thread dequantizes a block of 32 values of a
+      // key or value row into the f16 tile.
+      constexpr int BLOCKS = D / 32;
+      for (int i = tid; i < PROMPT_KEYS * BLOCKS; i += 128) {
+        const int r = i / BLOCKS, b = i % BLOCKS;
+        const int j = k0 + r;
+        __half* kd = ks + r * STRIDE + 32 * b;
+        __half* vd = vs + r * STRIDE + 32 * b;
+        if (j < hi) {
+          const int cell = attn_cell(j, cells, ring);
+          kv_block_to_f16(kv_head(kc, kt, cell, kv_dim, kvh, D) + kv_bytes(kt, 32 * b), kt, kd);
+          kv_block_to_f16(kv_head(vc, vt, cell, kv_dim, kvh, D) + kv_bytes(vt, 32 * b), vt, vd);
+        } else {
+          kv_block_zero(kd);
+          kv_block_zero(vd);
+        }
+      }
+    } else {
     constexpr int CHUNKS = PROMPT_KEYS * D / 8;  // 16-byte pieces of the K (and V) tile
 #pragma unroll
     for (int i = tid; i < CHUNKS; i += 128) {
@@ -95,6 +114,7 @@ __device__ __forceinline__ void attn_prompt_body(const float* q, const __half* k
       }
       *reinterpret_cast<uint4*>(ks + r * STRIDE + 8 * c) = kv;
       *reinterpret_cast<uint4*>(vs + r * STRIDE + 8 * c) = vv;
+    }
     }
     __syncthreads();
     // S (16 × 64) = Q · Kᵀ, 8 n-tiles of 8 keys.
@@ -195,7 +215,20 @@ __device__ __forceinline__ void attn_prompt_body(const float* q, const __half* k
       NAME(const float* q, const __half* kc, const __half* vc, const int* positions, int n_tok, int n_head,     \
            int n_kv_head, int window, int cells, int ring, float scale, float* out) {                           \
     pdl_begin();                                                                                                \
-    attn_prompt_body<D>(q, kc, vc, positions, n_tok, n_head, n_kv_head, window, cells, ring, scale, out);     \
+    attn_prompt_body<D, false>(q, kc, vc, positions, n_tok, n_head, n_kv_head, window, cells, ring, scale, out, \
+                               KV_F16, KV_F16);                                                                 \
   }
 ATTN_PROMPT(attn_prompt_d64, 64)
 ATTN_PROMPT(attn_prompt_d128, 128)
+
+// The same over caches of types kt and vt (kv_quant.cuh; either may be f16).
+#define ATTN_PROMPT_Q(NAME, D)                                                                                  \
+  extern "C" __global__ void __launch_bounds__(128)                                                            \
+      NAME(const float* q, const __half* kc, const __half* vc, const int* positions, int n_tok, int n_head,     \
+           int n_kv_head, int window, int cells, int ring, float scale, float* out, int kt, int vt) {           \
+    pdl_begin();                                                                                                \
+    attn_prompt_body<D, true>(q, kc, vc, positions, n_tok, n_head, n_kv_head, window, cells, ring, scale, out,  \
+                              kt, vt);                                                                          \
+  }
+ATTN_PROMPT_Q(attn_prompt_q_d64, 64)
+ATTN_PROMPT_Q(attn_prompt_q_d128, 128)

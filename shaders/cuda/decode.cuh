@@ -54,14 +54,15 @@ extern "C" __global__ void __launch_bounds__(256)
 /// One token's attention inputs in one launch: the query and key heads' RMSNorm (Qwen 3; skipped
 /// when wq is null), their RoPE, and the keys' and values' store into the f16 cache at cell
 /// positions[0] (mod cells for a ring). Block b < heads_q takes query head b, the next heads_k
-/// blocks the key heads (and their value heads). Each step is rms_norm2's, rope2's and
+/// blocks the key heads (and their value heads); kt and vt are the caches' types (kv_quant.cuh).
+/// Each step is rms_norm2's, rope2's and
 /// kv_store's arithmetic, operation for operation (256 threads, as rms_norm2 sums its squares),
 /// so the fused decode step equals the unfused one bit for bit.
 extern "C" __global__ void __launch_bounds__(256)
     norm_rope_store(float* q, int heads_q, float* k, int heads_k, const float* v, const float* wq,
                     const float* wk, float eps, int head_dim, int n_rot, const int* positions,
-                    float theta_scale, float freq_scale, int neox, const float* ff, __half* kc, __half* vc,
-                    int cells, int ring) {
+                    float theta_scale, float freq_scale, int neox, const float* ff, void* kc, void* vc,
+                    int cells, int ring, int kt, int vt) {
   pdl_begin();
   const bool is_q = static_cast<int>(blockIdx.x) < heads_q;
   const int h = is_q ? blockIdx.x : blockIdx.x - heads_q;
@@ -82,9 +83,16 @@ extern "C" __global__ void __launch_bounds__(256)
   __syncthreads();
   const int cell = ring ? pos % cells : pos;
   if (cell < 0 || cell >= cells) return;
-  const size_t dst = static_cast<size_t>(cell) * heads_k * head_dim + static_cast<size_t>(h) * head_dim;
-  for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
-    kc[dst + i] = __float2half_rn(x[i]);
-    vc[dst + i] = __float2half_rn(v[static_cast<size_t>(h) * head_dim + i]);
+  const float* vh = v + static_cast<size_t>(h) * head_dim;
+  if (kt == KV_F16 && vt == KV_F16) {
+    const size_t dst = static_cast<size_t>(cell) * heads_k * head_dim + static_cast<size_t>(h) * head_dim;
+    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
+      static_cast<__half*>(kc)[dst + i] = __float2half_rn(x[i]);
+      static_cast<__half*>(vc)[dst + i] = __float2half_rn(vh[i]);
+    }
+    return;
   }
+  const int kv_dim = heads_k * head_dim;
+  kv_store_values(x, head_dim, kt, const_cast<uint8_t*>(kv_head(kc, kt, cell, kv_dim, h, head_dim)));
+  kv_store_values(vh, head_dim, vt, const_cast<uint8_t*>(kv_head(vc, vt, cell, kv_dim, h, head_dim)));
 }

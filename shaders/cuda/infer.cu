@@ -17,6 +17,7 @@
 #include "common.cuh"
 #include "quant.cuh"
 #include "packed.cuh"
+#include "kv_quant.cuh"
 
 // ---- embedding rows --------------------------------------------------------------------------
 
@@ -420,9 +421,10 @@ extern "C" __global__ void rope2(float* xa, int heads_a, float* xb, int heads_b,
 // ---- KV cache ----------------------------------------------------------------------------------
 
 /// Value i of row t = blockIdx.y of k and v (kv_dim values each) into cell positions[t] (mod cells
-/// for a ring) of kc and vc, as f16 (kv_store and kv_store_rows).
-__device__ __forceinline__ void store_kv_value(const float* k, const float* v, int kv_dim, __half* kc, __half* vc,
-                                               const int* positions, int cells, int ring) {
+/// for a ring) of kc and vc, caches of types kt and vt (kv_quant.cuh: a warp stores a block of 32;
+/// kv_dim is whole blocks, so a warp is all in or all out) (kv_store and kv_store_rows).
+__device__ __forceinline__ void store_kv_value(const float* k, const float* v, int kv_dim, void* kc, void* vc,
+                                               const int* positions, int cells, int ring, int kt, int vt) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= kv_dim) return;
   const int t = blockIdx.y;
@@ -430,15 +432,21 @@ __device__ __forceinline__ void store_kv_value(const float* k, const float* v, i
   const int cell = ring ? pos % cells : pos;
   if (cell < 0 || cell >= cells) return;
   const size_t src = static_cast<size_t>(t) * kv_dim + i, dst = static_cast<size_t>(cell) * kv_dim + i;
-  kc[dst] = __float2half_rn(k[src]);
-  vc[dst] = __float2half_rn(v[src]);
+  if (kt == KV_F16 && vt == KV_F16) {
+    static_cast<__half*>(kc)[dst] = __float2half_rn(k[src]);
+    static_cast<__half*>(vc)[dst] = __float2half_rn(v[src]);
+    return;
+  }
+  const int b0 = i & ~31;  // the warp's block
+  kv_store_block(k[src], kt, static_cast<uint8_t*>(kc) + static_cast<size_t>(cell) * kv_bytes(kt, kv_dim) + kv_bytes(kt, b0));
+  kv_store_block(v[src], vt, static_cast<uint8_t*>(vc) + static_cast<size_t>(cell) * kv_bytes(vt, kv_dim) + kv_bytes(vt, b0));
 }
 
 /// Row t of k and v into cell positions[t] of one cache.
-extern "C" __global__ void kv_store(const float* k, const float* v, int kv_dim, __half* kc, __half* vc,
-                                    const int* positions, int cells, int ring) {
+extern "C" __global__ void kv_store(const float* k, const float* v, int kv_dim, void* kc, void* vc,
+                                    const int* positions, int cells, int ring, int kt, int vt) {
   pdl_begin();
-  store_kv_value(k, v, kv_dim, kc, vc, positions, cells, ring);
+  store_kv_value(k, v, kv_dim, kc, vc, positions, cells, ring, kt, vt);
 }
 
 #include "attend_heads.cuh"
@@ -535,3 +543,4 @@ extern "C" __global__ void silu_mul_q(const float* gate, const float* up, int n_
 #include "attend_warps.cuh"
 #include "attend_prompt.cuh"
 #include "attend_decode_mma.cuh"
+#include "moe.cuh"

@@ -96,4 +96,54 @@ typedef struct {
     float scale;
 } AttentionArgs;
 
+// Decode attention with splits (attention_decode.metal): a threadgroup takes `group` query heads
+// that share one KV head and one of n_split spans of a row's visible keys. Each kernel variant
+// holds head_dim up to its D (lane l keeps dims [l·D/32, (l+1)·D/32)) for up to its group maximum
+// of query heads: q and the running output take 2 · group · D/32 registers a lane, 64 at most.
+#define ATTENTION_DECODE_GROUP_D64 8
+#define ATTENTION_DECODE_GROUP_D128 8
+#define ATTENTION_DECODE_GROUP_D256 4
+#define ATTENTION_DECODE_GROUP_D512 2
+typedef struct {
+    uint32_t n_tok;
+    uint32_t n_head;
+    uint32_t n_kv_head;
+    uint32_t head_dim;
+    uint32_t pos0;
+    uint32_t window;
+    uint32_t cells;
+    uint32_t ring;
+    float scale;
+    uint32_t group;
+    uint32_t n_split;
+} AttentionDecodeArgs;
+
+// The splits' partial results (row, head, split: max, sum, head_dim unnormalised values) combined.
+typedef struct {
+    uint32_t n_tok;
+    uint32_t n_head;
+    uint32_t head_dim;
+    uint32_t n_split;
+} AttentionCombineArgs;
+
+// One step's query and key heads: RMSNorm per head (has_norm), RoPE, queries times q_scale, and
+// keys and values stored to the f16 cache at cell pos0 + t (mod cells in a ring).
+typedef struct {
+    uint32_t n_tok;
+    uint32_t heads_q;
+    uint32_t heads_k;
+    uint32_t head_dim;
+    uint32_t has_norm;
+    float eps;
+    uint32_t n_rot;
+    float freq_base;
+    float freq_scale;
+    uint32_t mode;
+    uint32_t has_freq_factors;
+    float q_scale;
+    uint32_t pos0;
+    uint32_t cells;
+    uint32_t ring;
+} NormRopeStoreArgs;
+
 #endif

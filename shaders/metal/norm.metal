@@ -1,25 +1,12 @@
 // RMS normalisation (Zhang & Sennrich 2019), one threadgroup per row:
 //   out = (x · 1/sqrt(mean(x²) + eps)) · weight, or residual += that (Gemma's post-norms).
-// Squares are summed per thread, then per simdgroup (simd_sum), then across simdgroups through
-// threadgroup memory (one float per simdgroup) after a barrier. `out` may alias `x`: every thread
-// writes only the elements it read. The group position is a uint3 like the group size: MSL
-// requires the position and size attributes of one kernel to have one component count.
-// The CPU sums in f64 (lib/cpu/norm.zig); f32 here.
+// The scale is norm.h's rms_scale. `out` may alias `x`: every thread writes only the elements it
+// read. The group position is a uint3 like the group size: MSL requires the position and size
+// attributes of one kernel to have one component count.
 #include <metal_stdlib>
 #include "args.h"
+#include "norm.h"
 using namespace metal;
-
-inline float rms_scale(device const float* x, uint n_cols, float eps, threadgroup float* partial,
-                       uint tid, uint n_threads, uint sg, uint n_sg, uint lane) {
-    float sum = 0.0f;
-    for (uint i = tid; i < n_cols; i += n_threads) sum += x[i] * x[i];
-    sum = simd_sum(sum);
-    if (lane == 0) partial[sg] = sum;
-    threadgroup_barrier(mem_flags::mem_threadgroup);
-    float total = 0.0f;
-    for (uint s = 0; s < n_sg; s++) total += partial[s];
-    return 1.0f / sqrt(total / float(n_cols) + eps);
-}
 
 kernel void rms_norm(device const float* x [[buffer(0)]], device const float* weight [[buffer(1)]],
                      device float* out [[buffer(2)]], constant RmsNormArgs& args [[buffer(3)]],

@@ -241,6 +241,8 @@ export interface Backend {
   readonly deviceGreedy?: DeviceGreedy;
   /** Mixture-of-experts layers; absent where the backend runs no such model (it refuses one). */
   readonly experts?: ExpertOps;
+  /** Gemma 3n's AltUp and activation-sparsity ops; absent where the backend runs no such model. */
+  readonly altup?: AltUpOps;
   /** A view of the first `rows` rows (valid until the next op that writes `x`). */
   read(x: Activation, rows: number): Float32Array;
   setThreads(n: number): void;
@@ -307,4 +309,70 @@ export interface ExpertOps {
     chosen: Int32Array, weights: Float32Array, k: number, out: Activation): void;
   /** Whether ffn runs `rows` tokens of experts `feedForward` wide. */
   ffnSupports?(rows: number, feedForward: number): boolean;
+  /**
+   * The whole layer with the router on the device (GPU backends): logits = router · x, each
+   * row's experts chosen as `routing` says, then ffn's sum; the expert ids and weights never
+   * reach the host, so a decode step with experts stays one recorded step (a CUDA graph). No
+   * biases, SwiGLU only. Absent where the host routes (moeFfn then reads the logits).
+   */
+  routedFfn?(w: ExpertWeights, x: Activation, rows: number, routing: Routing, out: Activation): void;
+}
+
+/** A mixture-of-experts layer's matrices: the router and each expert's (ExpertOps.split). */
+export interface ExpertWeights {
+  /** One logit per expert ([embedding, experts]). */
+  readonly router: Weight;
+  readonly gate: readonly Weight[];
+  readonly up: readonly Weight[];
+  readonly down: readonly Weight[];
+}
+
+/** How a token's experts are chosen from its router logits (ts/model/moe.ts route). */
+export interface Routing {
+  readonly experts: number;
+  /** Experts each token runs. */
+  readonly k: number;
+  /** "softmax": softmax, then the top k; "topk-softmax": the top k logits, softmax over them. */
+  readonly gating: "softmax" | "topk-softmax";
+  /** With "softmax": the k probabilities divided by their sum. */
+  readonly normalizeTopK: boolean;
+}
+
+/**
+ * What Gemma 3n (ts/model/gemma3n.ts) needs beyond the dense ops: AltUp's several hidden streams
+ * (Baykal et al. 2023, "Alternating Updates for Efficient Transformers"), the magnitude matching
+ * of its projected streams, gaussian top-k activation sparsity, and an unscaled per-head RMSNorm
+ * (the values' norm). Each op works on the first `rows` rows.
+ */
+export interface AltUpOps {
+  /** Row r of dst = columns first .. first + dst.cols - 1 of row r of src. */
+  copyColumns(src: Activation, first: number, rows: number, dst: Activation): void;
+  /** x = tanh(x), elementwise. */
+  tanh(x: Activation, rows: number): void;
+  /** Row r of x ⊙= weight (an f32 vector of x.cols values). */
+  mulWeight(x: Activation, weight: Weight, rows: number): void;
+  /** Per-head RMSNorm without a weight: x is viewed as rows·heads rows of x.cols / heads. */
+  rmsNormHeads(x: Activation, rows: number, heads: number, eps: number): void;
+  /**
+   * Row r of x ·= rms(target[r]) / sqrt(max(mean(x[r]²), floor)): a projected stream given the
+   * magnitude of the stream it came from.
+   */
+  matchMagnitude(x: Activation, target: Activation, rows: number, floor: number): void;
+  /**
+   * Gaussian top-k: row r of x = relu(x[r] − (mean + multiplier · std)), std the population
+   * standard deviation of the row: the values above the row's `multiplier` quantile of a normal
+   * with its mean and deviation survive.
+   */
+  gaussianTopK(x: Activation, rows: number, multiplier: number): void;
+  /**
+   * AltUp's prediction: out[i] = x[i] + Σ_j coefs[r][i·n + j] · x[j], row by row, for the n
+   * streams x (coefs: rows × n² values).
+   */
+  predict(x: readonly Activation[], coefs: Activation, rows: number, out: readonly Activation[]): void;
+  /**
+   * AltUp's correction: out[i] = predictions[i] + (coefs[r][i] + 1) · (activated − predictions[active]),
+   * row by row (coefs: rows × n values); out may be predictions.
+   */
+  correct(predictions: readonly Activation[], activated: Activation, coefs: Activation, active: number,
+    rows: number, out: readonly Activation[]): void;
 }

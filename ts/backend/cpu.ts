@@ -12,6 +12,7 @@ import { Arena } from "./arena.ts";
 import {
   CpuKvBlockStore, kvPages, kvSharing, type CpuKvRows, type KvFileRows, type SharedRows,
 } from "./cpu-kv-share.ts";
+import { cpuAltUpOps } from "./cpu-altup.ts";
 import { repackForMatmul, type MatmulLayout } from "./cpu-repack.ts";
 import {
   kvBytes, kvTypesOf, type Activation, type AttentionOptions, type Backend, type ExpertOps,
@@ -32,7 +33,11 @@ class CpuWeight implements Weight {
   constructor(readonly name: string, readonly typeName: string, readonly typeId: number,
     readonly dims: readonly number[], readonly address: Pointer, readonly byteLength: number,
     /** Drops bytes [offset, offset + bytes) of the mapped weight from memory (once copied). */
-    readonly release: (offset: number, bytes: number) => void) {}
+    readonly release: (offset: number, bytes: number) => void,
+    /** The weight's bytes as the file maps them (an F32 vector read by TypeScript ops). */
+    readonly bytes: () => Uint8Array = () => {
+      throw new InferError("internal", `no bytes of '${name}'`);
+    }) {}
 }
 
 class CpuActivation implements Activation {
@@ -133,7 +138,7 @@ export class CpuBackend implements Backend {
     }
     const weight = new CpuWeight(t.name, t.type.name, t.type.id, t.dims,
       file.tensorAddress(t) as Pointer, t.byteLength,
-      (offset, bytes) => file.releaseTensorBytes(t, offset, bytes));
+      (offset, bytes) => file.releaseTensorBytes(t, offset, bytes), () => file.tensorBytes(t));
     // Repacked now, so the first token does not pay for it. The token embedding is a matmul
     // weight only where the LM head is tied to it (no output.weight): then now as well, while
     // few other copies are resident (repacked after every other weight, at its first matmul,
@@ -225,6 +230,14 @@ export class CpuBackend implements Backend {
       }
     },
   };
+
+  readonly altup = cpuAltUpOps((x) => a(x).f32, (v) => {
+    const t = w(v), bytes = t.bytes();
+    if (t.typeId !== GgmlType.F32 || t.dims.length !== 1) {
+      throw new InferError("unsupported", `vector tensor '${t.name}' is ${t.typeName}; only F32 is supported`);
+    }
+    return new Float32Array(bytes.buffer, bytes.byteOffset, t.dims[0]);
+  });
 
   /** Frees the repacked weights, caches and activations: nothing of this backend is usable after. */
   dispose(): void {

@@ -11,7 +11,8 @@ export type LaunchCall =
   | "infer_cuda_attention" | "infer_cuda_gelu_mul" | "infer_cuda_silu_mul" | "infer_cuda_add"
   | "infer_cuda_add_row_bias" | "infer_cuda_argmax" | "infer_cuda_kv_store_rows"
   | "infer_cuda_add_rms_norm_quant" | "infer_cuda_rms_norm_quant" | "infer_cuda_rms_norm2"
-  | "infer_cuda_act_mul_quant" | "infer_cuda_matmul_multi" | "infer_cuda_rope2" | "infer_cuda_norm_rope_store";
+  | "infer_cuda_act_mul_quant" | "infer_cuda_matmul_multi" | "infer_cuda_rope2" | "infer_cuda_norm_rope_store"
+  | "infer_cuda_moe_route" | "infer_cuda_moe_group" | "infer_cuda_moe_matmul" | "infer_cuda_moe_sum";
 
 /** One recorded launch call: which, its arguments by name, and what it does (for errors and profiles). */
 export type PendingOp = { [F in LaunchCall]: { fn: F; args: NamedArgs<F>; what: string } }[LaunchCall];
@@ -171,6 +172,7 @@ function normRopeStore(ops: PendingOp[], i: number): { op: PendingOp; length: nu
       q: A.x, heads_q: A.n_heads, k: B.x, heads_k: B.n_heads, v: S.v, wq, wk, eps, head_dim: A.head_dim,
       n_rot: A.n_rot, positions: A.positions, freq_base: A.freq_base, freq_scale: A.freq_scale, mode: A.mode,
       freq_factors: A.freq_factors, k_cache: S.k_cache, v_cache: S.v_cache, cells: S.cells, ring: S.ring,
+      k_type: S.k_type, v_type: S.v_type,
     } },
     length: (norms ? 2 : 0) + 3,
   };

@@ -1,5 +1,5 @@
 // The CUDA backend: weights uploaded once from the mmap'd GGUF into device memory, activations and
-// the f16 KV cache on the device, each op one or a few kernel launches on one stream (lib/cuda/,
+// the KV cache (f16, or ggml's q8_0/q4_0 blocks: shaders/cuda/kv_quant.cuh) on the device, each op one or a few kernel launches on one stream (lib/cuda/,
 // shaders/cuda/infer.cu). Nothing waits for the GPU until read() copies a result back, or
 // takeToken() a greedy token.
 //
@@ -25,9 +25,10 @@ import { check, native, type Pointer } from "../native/lib.ts";
 import { callNamed, type NamedArgs } from "../native/calls.ts";
 import type { LaunchCall } from "./cuda-fuse.ts";
 import { AttentionBuffers, decodeSplit } from "./cuda-attention.ts";
+import { CudaExperts } from "./cuda-moe.ts";
 import { StepGraphs, type StepStats } from "./cuda-graphs.ts";
 import {
-  kvTypesName, kvTypesOf, type Activation, type AttentionOptions, type Backend, type DeviceGreedy, type KvLayer, type KvType, type KvTypes,
+  kvBytes, kvTypesName, kvTypesOf, type Activation, type AttentionOptions, type Backend, type DeviceGreedy, type KvLayer, type KvType, type KvTypes,
   type RopeOptions, type Weight,
 } from "./backend.ts";
 
@@ -57,9 +58,20 @@ class CudaActivation implements Activation {
   constructor(readonly name: string, readonly rows: number, readonly cols: number, readonly address: number) {}
 }
 
+/** The ggml type id of each cache type the CUDA kernels keep (shaders/cuda/kv_quant.cuh). */
+const cudaKvTypeIds: Partial<Record<KvType, number>> = { f16: GgmlType.F16, q8_0: GgmlType.Q8_0, q4_0: GgmlType.Q4_0 };
+
 class CudaKvLayer implements KvLayer {
+  /** Bytes of one cell (kvHeads · headDim values) of the keys and of the values. */
+  readonly kRowBytes: number;
+  readonly vRowBytes: number;
   constructor(readonly cells: number, readonly ring: boolean, readonly kvHeads: number,
-    readonly headDim: number, readonly k: number, readonly v: number) {}
+    readonly headDim: number, readonly types: KvTypes, readonly k: number, readonly v: number) {
+    this.kRowBytes = kvBytes(types.k, kvHeads * headDim, headDim);
+    this.vRowBytes = kvBytes(types.v, kvHeads * headDim, headDim);
+  }
+  get kTypeId(): number { return cudaKvTypeIds[this.types.k]!; }
+  get vTypeId(): number { return cudaKvTypeIds[this.types.v]!; }
 }
 
 function w(x: Weight): CudaWeight { return x as CudaWeight; }
@@ -97,6 +109,22 @@ export class CudaBackend implements Backend {
     dropTokens: () => this.dropTokens(),
     argmaxRows: (logits, rows) => this.argmaxRows(logits, rows),
   };
+  /** Mixture-of-experts layers, routed on the device (cuda-moe.ts). */
+  readonly experts: CudaExperts = new CudaExperts({
+    lib: native(),
+    backend: this,
+    view: (base, name, dims, offset) => {
+      const b = w(base);
+      return new CudaWeight(name, b.typeName, b.typeId, dims, b.address + offset, b.activationFormat, b.gpuLayout);
+    },
+    address: (x) => a(x).address,
+    op: (fn, args, what) => this.op(fn, args, what),
+    quantized: (x, rows, mode) => {
+      this.quantized(a(x), 0, rows, mode);
+      return { xq: this.xq, xd: this.xd };
+    },
+    written: (x) => { a(x).version++; },
+  });
   private readonly lib: Lib;
   private readonly graphsEnabled: boolean;
   private readonly gpuLayouts: boolean;
@@ -246,16 +274,21 @@ export class CudaBackend implements Backend {
 
   kvLayer(cells: number, kvHeads: number, headDim: number, types: KvType | KvTypes, ring: boolean): KvLayer {
     const type = kvTypesOf(types);
-    if (type.k !== "f16" || type.v !== "f16") {
-      throw new InferError("unsupported", `the CUDA backend keeps the KV cache in f16, not ${kvTypesName(type)} ` +
-        "(--cache-type-k/--cache-type-v q8_0, q4_0, tq3 and tq4 run on the CPU backend)");
+    if (cudaKvTypeIds[type.k] === undefined || cudaKvTypeIds[type.v] === undefined) {
+      throw new InferError("unsupported", `the CUDA backend keeps the KV cache in f16, q8_0 or q4_0, not ` +
+        `${kvTypesName(type)} (--cache-type-k/--cache-type-v tq3 and tq4 run on the CPU backend)`);
     }
     if (headDim > HEAD_DIM_MAX) {
       throw new InferError("unsupported", `head_dim ${headDim} is over the CUDA backend's ${HEAD_DIM_MAX}`);
     }
-    const bytes = cells * kvHeads * headDim * 2;
-    return new CudaKvLayer(cells, ring, kvHeads, headDim, this.alloc(bytes, `KV cache (${cells} cells)`),
-      this.alloc(bytes, `KV cache (${cells} cells)`));
+    if ((type.k !== "f16" || type.v !== "f16") && headDim % 32 !== 0) {
+      throw new InferError("unsupported", `a ${kvTypesName(type)} KV cache needs head_dim a multiple of 32, ` +
+        `not ${headDim}`);
+    }
+    const values = cells * kvHeads * headDim;
+    return new CudaKvLayer(cells, ring, kvHeads, headDim, type,
+      this.alloc(kvBytes(type.k, values, headDim), `KV cache (${cells} cells)`),
+      this.alloc(kvBytes(type.v, values, headDim), `KV cache (${cells} cells)`));
   }
 
   /** Frees every device and pinned allocation and graph; the backend is unusable afterwards. */
@@ -473,20 +506,22 @@ export class CudaBackend implements Backend {
     const p = this.positionsFor(position, rows, firstRow);
     const rowBytes = kvDim * 4;
     this.op("infer_cuda_kv_store", { k: a(k).address + firstRow * rowBytes, v: a(v).address + firstRow * rowBytes,
-      kv_dim: kvDim, n_tok: rows, k_cache: l.k, v_cache: l.v, positions: p, cells: l.cells, ring: l.ring }, "kv_store");
+      kv_dim: kvDim, n_tok: rows, k_cache: l.k, v_cache: l.v, positions: p, cells: l.cells, ring: l.ring,
+      k_type: l.kTypeId, v_type: l.vTypeId }, "kv_store");
   }
 
   copyKv(src: KvLayer, srcCell: number, dst: KvLayer, dstCell: number, cells: number): void {
     const s = src as CudaKvLayer, d = dst as CudaKvLayer;
-    const rowBytes = s.kvHeads * s.headDim * 2; // f16, the only type kvLayer makes
-    if (rowBytes !== d.kvHeads * d.headDim * 2) throw new InferError("invalid_argument", "copyKv: shapes differ");
+    // Cells are whole rows of blocks, so the prefix cache's copies move bytes as they are.
+    if (s.kRowBytes !== d.kRowBytes || s.vRowBytes !== d.vRowBytes || s.types.k !== d.types.k ||
+      s.types.v !== d.types.v) throw new InferError("invalid_argument", "copyKv: the layers differ in shape or type");
     if (srcCell < 0 || dstCell < 0 || srcCell + cells > s.cells || dstCell + cells > d.cells) {
       throw new InferError("invalid_argument", `copyKv: ${cells} cells from ${srcCell} to ${dstCell} overrun`);
     }
     this.stopRecording();
-    const bytes = cells * rowBytes;
-    check(this.lib.infer_cuda_copy(d.k + dstCell * rowBytes, s.k + srcCell * rowBytes, bytes), "copy kv");
-    check(this.lib.infer_cuda_copy(d.v + dstCell * rowBytes, s.v + srcCell * rowBytes, bytes), "copy kv");
+    const kb = s.kRowBytes, vb = s.vRowBytes;
+    check(this.lib.infer_cuda_copy(d.k + dstCell * kb, s.k + srcCell * kb, cells * kb), "copy kv");
+    check(this.lib.infer_cuda_copy(d.v + dstCell * vb, s.v + srcCell * vb, cells * vb), "copy kv");
   }
 
   attention(q: Activation, layer: KvLayer, rows: number, position: number, o: AttentionOptions,
@@ -508,7 +543,7 @@ export class CudaBackend implements Backend {
         out: a(out).address + r * rowBytes, positions: p + r0 * 4, n_tok: n, n_head: o.heads, n_kv_head: o.kvHeads,
         head_dim: o.headDim, window: o.window, cells: l.cells, ring: l.ring, scale: o.scale,
         scratch: this.attn.scratch, scratch_floats: this.attn.scratchFloats, n_split: split,
-        arrived: split > 1 ? this.attn.arrived : 0 }, "attention");
+        arrived: split > 1 ? this.attn.arrived : 0, k_type: l.kTypeId, v_type: l.vTypeId }, "attention");
     }
     a(out).version++;
   }
@@ -521,10 +556,11 @@ export class CudaBackend implements Backend {
   attendRows(q: Activation, k: Activation, v: Activation, layers: readonly KvLayer[], positions: readonly number[],
     o: AttentionOptions, out: Activation, firstRow = 0): boolean {
     const l0 = layers[0] as CudaKvLayer;
-    if (!this.lib.infer_cuda_attention_rows_fit(o.heads, o.kvHeads, o.headDim)) return false;
+    if (!this.lib.infer_cuda_attention_rows_fit(o.heads, o.kvHeads, o.headDim, l0.kTypeId, l0.vTypeId)) return false;
     for (const layer of layers) {
       const l = layer as CudaKvLayer;
-      if (l.cells !== l0.cells || l.ring !== l0.ring || l.kvHeads !== l0.kvHeads || l.headDim !== l0.headDim) return false;
+      if (l.cells !== l0.cells || l.ring !== l0.ring || l.kvHeads !== l0.kvHeads || l.headDim !== l0.headDim ||
+        l.types.k !== l0.types.k || l.types.v !== l0.types.v) return false;
     }
     const rows = layers.length, kvDim = l0.kvHeads * l0.headDim;
     if (k.cols !== kvDim || v.cols !== kvDim) throw new InferError("invalid_argument", "attendRows: k/v width is not kvHeads·headDim");
@@ -545,13 +581,14 @@ export class CudaBackend implements Backend {
     if (this.attn.ensure(rows, rows, o, l0.cells, split) < rows) return false;
     const kvBytes = kvDim * 4;
     this.op("infer_cuda_kv_store_rows", { k: a(k).address + firstRow * kvBytes, v: a(v).address + firstRow * kvBytes,
-      kv_dim: kvDim, n_tok: rows, kv_table: table, positions: p, cells: l0.cells, ring: l0.ring }, "kv_store_rows");
+      kv_dim: kvDim, n_tok: rows, kv_table: table, positions: p, cells: l0.cells, ring: l0.ring,
+      k_type: l0.kTypeId, v_type: l0.vTypeId }, "kv_store_rows");
     const rowBytes = q.cols * 4;
     this.op("infer_cuda_attention", { q: a(q).address + firstRow * rowBytes, kv_table: table,
       out: a(out).address + firstRow * rowBytes, positions: p, n_tok: rows, n_head: o.heads, n_kv_head: o.kvHeads,
       head_dim: o.headDim, window: o.window, cells: l0.cells, ring: l0.ring, scale: o.scale,
       scratch: this.attn.scratch, scratch_floats: this.attn.scratchFloats, n_split: split,
-      arrived: split > 1 ? this.attn.arrived : 0 }, "attention_rows");
+      arrived: split > 1 ? this.attn.arrived : 0, k_type: l0.kTypeId, v_type: l0.vTypeId }, "attention_rows");
     a(out).version++;
     return true;
   }
@@ -686,13 +723,12 @@ export class CudaBackend implements Backend {
     a(x).version++;
   }
 
-  /** Reads the KV cache of a layer (f16 bits) for tests. */
-  readKv(layer: KvLayer): { k: Uint16Array; v: Uint16Array } {
+  /** Reads the KV cache of a layer (its bytes: f16 values or ggml blocks) for tests. */
+  readKv(layer: KvLayer): { k: Uint8Array; v: Uint8Array } {
     const l = layer as CudaKvLayer;
-    const n = l.cells * l.kvHeads * l.headDim;
-    const k = new Uint16Array(n), v = new Uint16Array(n);
-    check(this.lib.infer_cuda_download(k, l.k, n * 2), "read kv");
-    check(this.lib.infer_cuda_download(v, l.v, n * 2), "read kv");
+    const k = new Uint8Array(l.cells * l.kRowBytes), v = new Uint8Array(l.cells * l.vRowBytes);
+    check(this.lib.infer_cuda_download(k, l.k, k.length), "read kv");
+    check(this.lib.infer_cuda_download(v, l.v, v.length), "read kv");
     return { k, v };
   }
 }

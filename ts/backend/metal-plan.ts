@@ -40,6 +40,14 @@ export const argStructs: Readonly<Record<string, readonly (readonly [string, Fie
   KvStoreArgs: [["kv_dim", "u32"], ["n_tok", "u32"], ["pos0", "u32"], ["cells", "u32"], ["ring", "u32"]],
   AttentionArgs: [["n_tok", "u32"], ["n_head", "u32"], ["n_kv_head", "u32"], ["head_dim", "u32"],
     ["pos0", "u32"], ["window", "u32"], ["cells", "u32"], ["ring", "u32"], ["scale", "f32"]],
+  AttentionDecodeArgs: [["n_tok", "u32"], ["n_head", "u32"], ["n_kv_head", "u32"], ["head_dim", "u32"],
+    ["pos0", "u32"], ["window", "u32"], ["cells", "u32"], ["ring", "u32"], ["scale", "f32"], ["group", "u32"],
+    ["n_split", "u32"]],
+  AttentionCombineArgs: [["n_tok", "u32"], ["n_head", "u32"], ["head_dim", "u32"], ["n_split", "u32"]],
+  NormRopeStoreArgs: [["n_tok", "u32"], ["heads_q", "u32"], ["heads_k", "u32"], ["head_dim", "u32"],
+    ["has_norm", "u32"], ["eps", "f32"], ["n_rot", "u32"], ["freq_base", "f32"], ["freq_scale", "f32"],
+    ["mode", "u32"], ["has_freq_factors", "u32"], ["q_scale", "f32"], ["pos0", "u32"], ["cells", "u32"],
+    ["ring", "u32"]],
 };
 
 /** Constants of args.h the plan depends on (checked by the test). */
@@ -159,9 +167,14 @@ export function planGetRows(typeId: number, nCols: number, nRows: number, nIds: 
   };
 }
 
+/** Threads of a row's RMSNorm (norm_rope_store takes as many per head, to sum in the same order). */
+function normThreads(nCols: number): number {
+  return Math.min(NORM_THREADS, ceilDiv(nCols, SIMD_WIDTH) * SIMD_WIDTH);
+}
+
 function planNorm(kernel: string, out: string, nRows: number, nCols: number, eps: number,
   hasWeight: boolean): KernelDispatch {
-  const threads = Math.min(NORM_THREADS, ceilDiv(nCols, SIMD_WIDTH) * SIMD_WIDTH);
+  const threads = normThreads(nCols);
   return {
     kernel, grid: [nRows, 1, 1], threads: [threads, 1, 1], threadgroupBytes: (threads / SIMD_WIDTH) * 4,
     buffers: { x: 0, weight: 1, [out]: 2 }, writes: [out],
@@ -180,6 +193,44 @@ export function planRmsNormAdd(nRows: number, nCols: number, eps: number): Kerne
   return planNorm("rms_norm_add", "residual", nRows, nCols, eps, true);
 }
 
+export interface NormRopeStorePlanOptions {
+  readonly nTok: number; readonly headsQ: number; readonly headsK: number; readonly headDim: number;
+  /** RMSNorm of each head first (then eps applies). */
+  readonly norm: boolean; readonly eps: number;
+  readonly rotaryDims: number; readonly base: number; readonly scale: number; readonly neox: boolean;
+  readonly freqFactors: boolean;
+  /** The queries' factor after RoPE (1: none). */
+  readonly qScale: number;
+  readonly pos0: number; readonly cells: number; readonly ring: boolean;
+}
+
+/**
+ * One step's [head norms,] RoPE of q and k[, q scale] and KV store in one dispatch. Buffers q, k,
+ * v, q_norm, k_norm (any buffer without norms), positions, freq_factors (any buffer without),
+ * k_cache, v_cache.
+ */
+export function planNormRopeStore(o: NormRopeStorePlanOptions): KernelDispatch {
+  checkRotaryDims(o.rotaryDims, o.headDim);
+  const threads = normThreads(o.headDim);
+  return {
+    kernel: "norm_rope_store", grid: [o.headsQ + o.headsK, o.nTok, 1], threads: [threads, 1, 1],
+    threadgroupBytes: (threads / SIMD_WIDTH) * 4,
+    buffers: { q: 0, k: 1, v: 2, q_norm: 3, k_norm: 4, positions: 5, freq_factors: 6, k_cache: 7, v_cache: 8 },
+    writes: ["q", "k", "k_cache", "v_cache"],
+    args: { struct: "NormRopeStoreArgs", index: 9, bytes: packArgs("NormRopeStoreArgs", {
+      n_tok: o.nTok, heads_q: o.headsQ, heads_k: o.headsK, head_dim: o.headDim, has_norm: o.norm ? 1 : 0,
+      eps: o.eps, n_rot: o.rotaryDims, freq_base: o.base, freq_scale: o.scale, mode: o.neox ? 2 : 0,
+      has_freq_factors: o.freqFactors ? 1 : 0, q_scale: o.qScale, pos0: o.pos0, cells: o.cells, ring: o.ring ? 1 : 0,
+    }) },
+  };
+}
+
+function checkRotaryDims(rotaryDims: number, headDim: number): void {
+  if (rotaryDims <= 0 || rotaryDims % 2 !== 0 || rotaryDims > headDim) {
+    throw new InferError("invalid_argument", `rope: ${rotaryDims} rotary dims for head_dim ${headDim}`);
+  }
+}
+
 export interface RopePlanOptions {
   readonly nTok: number; readonly heads: number; readonly headDim: number; readonly rotaryDims: number;
   readonly base: number; readonly scale: number; readonly neox: boolean; readonly freqFactors: boolean;
@@ -187,9 +238,7 @@ export interface RopePlanOptions {
 
 /** In-place RoPE. Buffers x, positions (i32), freq_factors (any buffer when there are none). */
 export function planRope(o: RopePlanOptions): KernelDispatch {
-  if (o.rotaryDims <= 0 || o.rotaryDims % 2 !== 0 || o.rotaryDims > o.headDim) {
-    throw new InferError("invalid_argument", `rope: ${o.rotaryDims} rotary dims for head_dim ${o.headDim}`);
-  }
+  checkRotaryDims(o.rotaryDims, o.headDim);
   const pairs = o.rotaryDims / 2;
   const threads = Math.min(64, pairs);
   return {

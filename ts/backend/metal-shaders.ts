@@ -15,6 +15,7 @@ import { InferError } from "../errors.ts";
 import actMetal from "../../shaders/metal/act.metal" with { type: "text" };
 import argsHeader from "../../shaders/metal/args.h" with { type: "text" };
 import attentionMetal from "../../shaders/metal/attention.metal" with { type: "text" };
+import attentionDecodeMetal from "../../shaders/metal/attention_decode.metal" with { type: "text" };
 import attentionPromptMetal from "../../shaders/metal/attention_prompt.metal" with { type: "text" };
 import blocksHeader from "../../shaders/metal/blocks.h" with { type: "text" };
 import getRowsMetal from "../../shaders/metal/get_rows.metal" with { type: "text" };
@@ -22,14 +23,18 @@ import kvMetal from "../../shaders/metal/kv.metal" with { type: "text" };
 import matmulMetal from "../../shaders/metal/matmul.metal" with { type: "text" };
 import matvecMetal from "../../shaders/metal/matvec.metal" with { type: "text" };
 import matvecRowsMetal from "../../shaders/metal/matvec_rows.metal" with { type: "text" };
+import normHeader from "../../shaders/metal/norm.h" with { type: "text" };
 import normMetal from "../../shaders/metal/norm.metal" with { type: "text" };
+import normRopeStoreMetal from "../../shaders/metal/norm_rope_store.metal" with { type: "text" };
 import quantHeader from "../../shaders/metal/quant.h" with { type: "text" };
+import ropeHeader from "../../shaders/metal/rope.h" with { type: "text" };
 import ropeMetal from "../../shaders/metal/rope.metal" with { type: "text" };
 
 const embeddedShaders: Readonly<Record<string, string>> = {
   "act.metal": actMetal,
   "args.h": argsHeader,
   "attention.metal": attentionMetal,
+  "attention_decode.metal": attentionDecodeMetal,
   "attention_prompt.metal": attentionPromptMetal,
   "blocks.h": blocksHeader,
   "get_rows.metal": getRowsMetal,
@@ -37,8 +42,11 @@ const embeddedShaders: Readonly<Record<string, string>> = {
   "matmul.metal": matmulMetal,
   "matvec.metal": matvecMetal,
   "matvec_rows.metal": matvecRowsMetal,
+  "norm.h": normHeader,
   "norm.metal": normMetal,
+  "norm_rope_store.metal": normRopeStoreMetal,
   "quant.h": quantHeader,
+  "rope.h": ropeHeader,
   "rope.metal": ropeMetal,
 };
 

@@ -19,9 +19,11 @@ import {
 } from "./backend.ts";
 import { orderBindings, type MetalBinding, type MetalBuffer, type MetalDevice } from "./metal-device.ts";
 import { BarrierPlanner } from "./metal-hazards.ts";
+import { ATTENTION_DECODE_TOKENS_MAX, baseAppleGpu, planAttentionStep, type AttentionCostModel } from "./metal-decode-plan.ts";
+import { HELD_HEAD_OPS_MAX, matchHeadChain, type HeadChain, type HeldHeadOp } from "./metal-fuse.ts";
 import {
-  metalWeightTypes, planAdd, planAddRowBias, planAttention, planGatedAct, planGetRows, planKvStore,
-  planMatmul, planRmsNorm, planRmsNormAdd, planRope, planScale, type KernelDispatch,
+  metalWeightTypes, planAdd, planAddRowBias, planGatedAct, planGetRows, planKvStore, planMatmul,
+  planNormRopeStore, planRmsNorm, planRmsNormAdd, planRope, planScale, type KernelDispatch,
 } from "./metal-plan.ts";
 import { assembleMetalSource, parseKernels } from "./metal-shaders.ts";
 import { planBufferViews, viewOf, type BufferView } from "./metal-views.ts";
@@ -123,6 +125,13 @@ const w = (x: Weight) => x as MetalWeight;
 const a = (x: Activation) => x as MetalActivation;
 const whole = (buffer: MetalBuffer): MetalBinding => ({ buffer, offset: 0 });
 
+export interface MetalBackendOptions {
+  /** The GPU the decode attention's cost model assumes (metal-decode-plan.ts); default baseAppleGpu. */
+  readonly attentionCost?: AttentionCostModel;
+  /** Decode attention always through attention_decode.metal with this many splits (tests). */
+  readonly decodeSplits?: number;
+}
+
 export class MetalBackend implements Backend {
   readonly name = "metal";
   readonly preferredBatch = 256;
@@ -132,8 +141,17 @@ export class MetalBackend implements Backend {
   private disposed = false;
   /** Barriers of the step's concurrent encoder. */
   readonly barriers = new BarrierPlanner();
+  /** Head norms, RoPEs and scales held back for a fused KV store (metal-fuse.ts). */
+  private held: HeldHeadOp[] = [];
+  /** The split decode attention's partial results, grown to the largest step seen. */
+  private partials: MetalBuffer | null = null;
+  private readonly attentionCost: AttentionCostModel;
+  private readonly decodeSplits: number | undefined;
 
-  constructor(private readonly device: MetalDevice) {}
+  constructor(private readonly device: MetalDevice, options: MetalBackendOptions = {}) {
+    this.attentionCost = options.attentionCost ?? baseAppleGpu;
+    this.decodeSplits = options.decodeSplits;
+  }
 
   /** The backend on this machine's Metal device; throws "Metal not available: …" elsewhere. */
   static open(): MetalBackend {
@@ -148,14 +166,57 @@ export class MetalBackend implements Backend {
   }
 
   private run(d: KernelDispatch, bindings: Record<string, MetalBinding>): void {
+    if (this.held.length > 0) this.releaseHeld();
     if (this.barriers.needsBarrier(d, bindings)) this.device.barrier();
     this.device.encode(d, bindings);
   }
 
   /** Ends the step: its command buffer runs, and the next dispatch opens a new one. */
   private flush(): void {
+    if (this.held.length > 0) this.releaseHeld();
     this.device.flush();
     this.barriers.reset();
+  }
+
+  private hold(op: HeldHeadOp): void {
+    if (this.held.length >= HELD_HEAD_OPS_MAX) this.releaseHeld();
+    this.held.push(op);
+  }
+
+  /** Encodes the held head ops, unfused, in the order they were asked for. */
+  private releaseHeld(): void {
+    const ops = this.held;
+    this.held = [];
+    for (const op of ops) {
+      if (op.kind === "norm") {
+        this.run(planRmsNorm(op.rows * op.heads, op.x.cols / op.heads, op.eps, true),
+          { x: a(op.x).at(0), weight: w(op.weight).binding, out: a(op.x).at(0) });
+      } else if (op.kind === "rope") {
+        const o = op.rope, f = o.freqFactors ? w(o.freqFactors) : null;
+        const plan = planRope({ nTok: op.rows, heads: o.heads, headDim: o.headDim, rotaryDims: o.rotaryDims,
+          base: o.base, scale: o.scale, neox: o.neox, freqFactors: f !== null });
+        this.run(plan, { x: a(op.x).at(0), positions: a(op.positions).at(0),
+          freq_factors: f ? f.binding : a(op.positions).at(0) });
+      } else {
+        this.run(planScale(op.rows * op.x.cols, op.factor), { x: a(op.x).at(0) });
+      }
+    }
+  }
+
+  /** One norm_rope_store dispatch for a matched chain and its KV store. */
+  private storeChain(c: HeadChain, l: MetalKvLayer, v: Activation, position: number): void {
+    this.held = [];
+    const f = c.rope.freqFactors ? w(c.rope.freqFactors) : null;
+    const plan = planNormRopeStore({ nTok: c.rows, headsQ: c.headsQ, headsK: c.headsK, headDim: c.rope.headDim,
+      norm: c.norms !== null, eps: c.norms?.eps ?? 0, rotaryDims: c.rope.rotaryDims, base: c.rope.base,
+      scale: c.rope.scale, neox: c.rope.neox, freqFactors: f !== null, qScale: c.qScale, pos0: position,
+      cells: l.cells, ring: l.ring });
+    const positions = a(c.positions).at(0);
+    this.run(plan, {
+      q: a(c.q).at(0), k: a(c.k).at(0), v: a(v).at(0),
+      q_norm: c.norms ? w(c.norms.q).binding : positions, k_norm: c.norms ? w(c.norms.k).binding : positions,
+      positions, freq_factors: f ? f.binding : positions, k_cache: whole(l.k), v_cache: whole(l.v),
+    });
   }
 
   weight(file: GgufFile, t: GgufTensorInfo): Weight {
@@ -228,7 +289,7 @@ export class MetalBackend implements Backend {
   }
 
   scale(x: Activation, rows: number, factor: number): void {
-    this.run(planScale(rows * x.cols, factor), { x: a(x).at(0) });
+    this.hold({ kind: "scale", x, rows, factor });
   }
 
   rmsNorm(x: Activation, weight: Weight | null, rows: number, eps: number, out: Activation): void {
@@ -241,8 +302,7 @@ export class MetalBackend implements Backend {
   }
 
   rmsNormHeads(x: Activation, weight: Weight, rows: number, heads: number, eps: number): void {
-    this.run(planRmsNorm(rows * heads, x.cols / heads, eps, true),
-      { x: a(x).at(0), weight: w(weight).binding, out: a(x).at(0) });
+    this.hold({ kind: "norm", x, weight, rows, heads, eps });
   }
 
   matmul(weight: Weight, x: Activation, rows: number, out: Activation, firstRow = 0): void {
@@ -260,9 +320,10 @@ export class MetalBackend implements Backend {
     if (f && (f.typeId !== GgmlType.F32 || f.dims[0] * 2 !== o.rotaryDims)) {
       throw new InferError("bad_model", `rope factors '${f.name}' must be ${o.rotaryDims / 2} f32 values`);
     }
-    const plan = planRope({ nTok: rows, heads: o.heads, headDim: o.headDim, rotaryDims: o.rotaryDims, base: o.base,
+    // planned now so that a bad shape fails at this call, not where the held op is encoded
+    planRope({ nTok: rows, heads: o.heads, headDim: o.headDim, rotaryDims: o.rotaryDims, base: o.base,
       scale: o.scale, neox: o.neox, freqFactors: f !== null });
-    this.run(plan, { x: a(x).at(0), positions: a(positions).at(0), freq_factors: f ? f.binding : a(positions).at(0) });
+    this.hold({ kind: "rope", x, positions, rows, rope: o });
   }
 
   storeKv(layer: KvLayer, k: Activation, v: Activation, rows: number, position: number, firstRow = 0): void {
@@ -271,6 +332,12 @@ export class MetalBackend implements Backend {
       throw new InferError("context_overflow", `KV cache holds ${l.cells} positions, ${position + rows} needed`);
     }
     if (rows > l.cells) throw new InferError("invalid_argument", `${rows} rows do not fit a ring of ${l.cells}`);
+    const kvDim = l.kvHeads * l.headDim;
+    const chain = firstRow === 0 && v.cols === kvDim ? matchHeadChain(this.held, k, rows, kvDim) : null;
+    if (chain && chain.rope.headDim === l.headDim) {
+      this.storeChain(chain, l, v, position);
+      return;
+    }
     this.run(planKvStore(l.kvHeads * l.headDim, rows, position, l.cells, l.ring),
       { k: a(k).at(firstRow), v: a(v).at(firstRow), k_cache: whole(l.k), v_cache: whole(l.v) });
   }
@@ -282,9 +349,24 @@ export class MetalBackend implements Backend {
     if (l.ring && (o.window === 0 || l.cells < o.window + rows - 1)) {
       throw new InferError("invalid_argument", `a ring of ${l.cells} cells cannot serve window ${o.window} with ${rows} rows`);
     }
-    const plan = planAttention({ nTok: rows, heads: o.heads, kvHeads: o.kvHeads, headDim: o.headDim, pos0: position,
-      window: o.window, cells: l.cells, ring: l.ring, scale: o.scale });
-    this.run(plan, { q: a(q).at(firstRow), k_cache: whole(l.k), v_cache: whole(l.v), out: a(out).at(firstRow) });
+    const step = planAttentionStep({ nTok: rows, heads: o.heads, kvHeads: o.kvHeads, headDim: o.headDim, pos0: position,
+      window: o.window, cells: l.cells, ring: l.ring, scale: o.scale }, this.attentionCost,
+    rows <= ATTENTION_DECODE_TOKENS_MAX ? this.decodeSplits : undefined);
+    const bindings: Record<string, MetalBinding> = { q: a(q).at(firstRow), k_cache: whole(l.k), v_cache: whole(l.v),
+      out: a(out).at(firstRow), partials: whole(this.partialsFor(step.scratchFloats)) };
+    for (const d of step.dispatches) {
+      this.run(d, Object.fromEntries(Object.keys(d.buffers).map((name) => [name, bindings[name]])));
+    }
+  }
+
+  /**
+   * The partials buffer, at least `floats` long. A grown one replaces it for later steps; the
+   * old one stays allocated (work already encoded may use it) until dispose.
+   */
+  private partialsFor(floats: number): MetalBuffer {
+    const bytes = Math.max(1, floats) * 4;
+    if (!this.partials || this.partials.bytes < bytes) this.partials = this.alloc(bytes, "attention partials");
+    return this.partials;
   }
 
   geluMul(gate: Activation, up: Activation, rows: number, out: Activation): void {

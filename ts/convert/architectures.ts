@@ -8,6 +8,7 @@ import { gguf, type GgufTypedValue } from "../gguf/writer.ts";
 import { LIMITS } from "../model/hparams.ts";
 import { checkRope, refusedSettings, type ConfigRules } from "./config-checks.ts";
 import type { HfConfig, RopeParameters } from "./hf-config.ts";
+import { gemma3nPlan } from "./gemma3n.ts";
 import { gptossPlan } from "./gptoss.ts";
 import type { TokenizerOptions } from "./tokenizer.ts";
 
@@ -573,6 +574,7 @@ const architectures: readonly Architecture[] = [
     }),
   },
   { gguf: "gemma3", hfClasses: ["Gemma3ForCausalLM"], plan: gemma3Plan },
+  { gguf: "gemma3n", hfClasses: ["Gemma3nForCausalLM"], plan: gemma3nPlan },
   { gguf: "phi3", hfClasses: ["Phi3ForCausalLM"], plan: phi3Plan },
   { gguf: "mistral3", hfClasses: ["Ministral3ForCausalLM"], plan: mistral3Plan },
   { gguf: "gpt-oss", hfClasses: ["GptOssForCausalLM"], plan: gptossPlan },

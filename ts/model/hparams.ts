@@ -56,6 +56,51 @@ export class Hparams {
     return v;
   }
 
+  /**
+   * One integer per layer: a scalar for every layer, or an array of `count` (as llama.cpp's
+   * get_key_or_arr reads feed_forward_length), each within the bounds.
+   */
+  perLayerInt(k: string, count: number, bounds: Bounds = {}): number[] {
+    const v = this.metadata.get(this.key(k));
+    if (v === undefined || typeof v !== "object") return Array(count).fill(this.int(k, bounds));
+    const values = this.array(k, v, count);
+    const min = bounds.min ?? 0, max = bounds.max ?? 2 ** 31 - 1;
+    return values.map((x, i) => {
+      if (typeof x !== "number" || !Number.isInteger(x) || x < min || x > max) {
+        return this.bad(k, `[${i}] is not an integer in ${min}..${max}`);
+      }
+      return x;
+    });
+  }
+
+  /** An array of `count` numbers (infinities allowed: a converter's "none"); null where absent. */
+  floats(k: string, count: number): number[] | null {
+    const v = this.metadata.get(this.key(k));
+    if (v === undefined) return null;
+    return this.array(k, v, count).map((x, i) => {
+      if (typeof x !== "number" || Number.isNaN(x)) return this.bad(k, `[${i}] is not a number`);
+      return x;
+    });
+  }
+
+  /** An array of `count` booleans; null where absent or a scalar. */
+  bools(k: string, count: number): boolean[] | null {
+    const v = this.metadata.get(this.key(k));
+    if (v === undefined || typeof v !== "object") return null;
+    return this.array(k, v, count).map((x, i) => {
+      if (typeof x !== "boolean") return this.bad(k, `[${i}] is not a boolean`);
+      return x;
+    });
+  }
+
+  private array(k: string, v: GgufValue, count: number): unknown[] {
+    if (typeof v !== "object" || v instanceof BigInt64Array || v instanceof BigUint64Array) {
+      return this.bad(k, `is not an array of ${count} (${describe(v)})`);
+    }
+    if (v.length !== count) return this.bad(k, `has ${v.length} values, not ${count}`);
+    return Array.from(v as ArrayLike<unknown>);
+  }
+
   string(k: string, fallback?: string): string {
     const v = this.metadata.get(this.key(k));
     if (v === undefined && fallback !== undefined) return fallback;

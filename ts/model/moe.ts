@@ -186,8 +186,13 @@ export function moeFfn(be: Backend, x: Activation, rows: number, w: MoeWeights, 
   const ops: ExpertOps | undefined = be.experts;
   if (!ops) throw new InferError("unsupported", `the ${be.name} backend has no expert ops`);
   const k = s.expertsUsed;
-  be.matmul(w.router, x, rows, b.logits);
   const bias = w.biases;
+  if (!bias && s.activation !== "swiglu-oai" && ops.routedFfn) {
+    ops.routedFfn(w, x, rows, { experts: s.experts, k, gating: s.gating ?? "softmax",
+      normalizeTopK: s.normalizeTopK }, out);
+    return;
+  }
+  be.matmul(w.router, x, rows, b.logits);
   if (bias) be.addBias(b.logits, bias.router, rows);
   const logits = be.read(b.logits, rows);
   for (let r = 0; r < rows; r++) {

@@ -5,6 +5,7 @@ import type { Backend } from "../backend/backend.ts";
 import { InferError, quote } from "../errors.ts";
 import type { GgufFile } from "../gguf/reader.ts";
 import { Gemma3, gemma3Config } from "./gemma3.ts";
+import { Gemma3n, gemma3nConfig } from "./gemma3n.ts";
 import { GptOss, gptossConfig } from "./gptoss.ts";
 import { Hparams, LIMITS } from "./hparams.ts";
 import { Llama, llamaConfig } from "./llama.ts";
@@ -43,6 +44,7 @@ function family<C extends ModelShape>(config: (meta: Hparams, vocab: number) => 
 
 const architectures: ReadonlyMap<string, Planner> = new Map<string, Planner>([
   ["gemma3", family(gemma3Config, Gemma3)],
+  ["gemma3n", family(gemma3nConfig, Gemma3n)],
   ["gpt-oss", family(gptossConfig, GptOss)],
   ["llama", family(llamaConfig, Llama)],
   ["mistral3", family(mistral3Config, Mistral3)],

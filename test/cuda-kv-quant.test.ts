@@ -1,0 +1,278 @@
+// q8_0 and q4_0 KV caches on the CUDA backend against the CPU backend with the same cache types.
+// Method: keys and values stored from the same f32 rows must be the same bytes (both quantize as
+// ggml does); attention over those caches, on seeded random data of odd lengths through every
+// kernel that reads them (prompt flash attention, the tensor-core decode kernel with splits, a
+// batch of sequences through a table of caches, the per-head kernels of other head dims), is
+// scored by the normalised error under a stated tolerance; then small random-weight models end to
+// end: prompt logits close, greedy tokens equal (but at near-ties), the fused graph step equal to
+// the eager ops bit for bit. Skipped without a GPU (CI).
+import { afterAll, describe, expect, test } from "bun:test";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import type { Activation, KvLayer, KvTypes } from "../ts/backend/backend.ts";
+import { kvTypesName } from "../ts/backend/backend.ts";
+import { CpuBackend } from "../ts/backend/cpu.ts";
+import { CudaBackend } from "../ts/backend/cuda.ts";
+import { Engine } from "../ts/engine/engine.ts";
+import { cudaStatus } from "../ts/native/cuda.ts";
+import { maxAbsDiff, top2Gap } from "../bench/logits.ts";
+import { llamaQ4_0, qwen3KQuants, randomQuantGguf, type RandomQuantSpec } from "./support/random-quant-gguf.ts";
+import { normalisedError, randomF32, rng } from "./support/numeric.ts";
+
+const status = cudaStatus();
+const noCuda = !status.available;
+if (noCuda) console.log(`cuda-kv-quant.test.ts: CUDA tests skipped: ${status.reason}`);
+
+// The CPU dots Q8_0 queries with the key blocks in integers; CUDA dequantizes a tile's blocks to
+// f16 and multiplies f16 queries on the tensor cores. Either rounds the query to ~2^-8 (Q8_0)
+// or 2^-11 (f16) of its block's scale, so scores, and the outputs, differ by ~1e-3..1e-2 of their
+// scale; a wrong block (scale, nibble order, row offset) is O(1).
+const TOL_ATTENTION_Q = 2e-2;
+// Model logits (test/cuda.test.ts's tolerance for quantized models: the activations' Q8 rounding
+// boundaries, crossed differently, grow through the layers).
+const TOL_LOGITS_Q = 1e-1;
+const NEAR_TIE = 4;
+
+const TYPES: KvTypes[] = [
+  { k: "q8_0", v: "q8_0" }, { k: "q4_0", v: "q4_0" }, { k: "q8_0", v: "q4_0" }, { k: "f16", v: "q8_0" },
+  { k: "q4_0", v: "f16" },
+];
+
+const dir = mkdtempSync(join(tmpdir(), "infer-cuda-kvq-"));
+afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+interface Pair { cpu: CpuBackend; gpu: CudaBackend }
+
+function acts(p: Pair, rows: number, cols: number, values?: Float32Array): [Activation, Activation] {
+  const c = p.cpu.activation("t", rows, cols), g = p.gpu.activation("t", rows, cols);
+  if (values) {
+    p.cpu.read(c, rows).set(values);
+    p.gpu.write(g, values);
+  } else {
+    p.gpu.poison(g);
+  }
+  return [c, g];
+}
+
+function report(what: string, err: number, tol: number): void {
+  console.log(`  ${what}: normalised error ${err.toExponential(2)} (tolerance ${tol.toExponential(0)})`);
+  expect(err).toBeLessThanOrEqual(tol);
+}
+
+/** The CPU layer's bytes (lib/cpu/kv_quant.zig's blocks). */
+function cpuBytes(layer: KvLayer): { k: Uint8Array; v: Uint8Array } {
+  const l = layer as unknown as { kBytes: Uint8Array; vBytes: Uint8Array };
+  return { k: l.kBytes, v: l.vBytes };
+}
+
+function firstDifference(a: Uint8Array, b: Uint8Array, n: number): number {
+  for (let i = 0; i < n; i++) if (a[i] !== b[i]) return i;
+  return -1;
+}
+
+describe.skipIf(noCuda)("quantized KV caches: CUDA equals the CPU", () => {
+  const p: Pair = noCuda ? null! : { cpu: new CpuBackend(), gpu: CudaBackend.open({ graphs: false }) };
+  afterAll(() => p?.gpu.dispose());
+
+  test("kvLayer refuses tq3/tq4 and head dims that are not whole blocks, in one line", () => {
+    expect(() => p.gpu.kvLayer(8, 1, 64, "tq4", false)).toThrow("f16, q8_0 or q4_0, not tq4");
+    expect(() => p.gpu.kvLayer(8, 1, 40, { k: "q8_0", v: "f16" }, false)).toThrow("multiple of 32");
+  });
+
+  for (const types of TYPES) {
+    const name = kvTypesName(types);
+    test(`storeKv (${name}) writes the CPU's bytes; copyKv moves whole rows of blocks`, () => {
+      const cells = 40, kvHeads = 2, headDim = 64, kvd = kvHeads * headDim;
+      const c = p.cpu.kvLayer(cells, kvHeads, headDim, types, false), g = p.gpu.kvLayer(cells, kvHeads, headDim, types, false);
+      for (const [position, rows] of [[0, 13], [13, 1], [14, 19]]) {
+        const data = randomF32(rows * kvd, 700 + position, 3);
+        for (let i = 0; i < 32; i++) data[i] = 0; // a block of zeros (scale 0)
+        const [kc, kg] = acts(p, rows, kvd, data), [vc, vg] = acts(p, rows, kvd, randomF32(rows * kvd, 800 + position, 3));
+        const [pc, pg] = acts(p, rows, 1);
+        p.cpu.setPositions(pc, position, rows);
+        p.gpu.setPositions(pg, position, rows);
+        p.cpu.storeKv(c, kc, vc, rows, position);
+        p.gpu.storeKv(g, kg, vg, rows, position);
+      }
+      const want = cpuBytes(c), got = p.gpu.readKv(g);
+      const used = (rowBytes: number) => 33 * rowBytes;
+      expect(firstDifference(got.k, want.k, used(got.k.length / cells))).toBe(-1);
+      expect(firstDifference(got.v, want.v, used(got.v.length / cells))).toBe(-1);
+      const copy = p.gpu.kvLayer(cells, kvHeads, headDim, types, false);
+      p.gpu.copyKv(g, 5, copy, 2, 20);
+      const moved = p.gpu.readKv(copy), kb = got.k.length / cells, vb = got.v.length / cells;
+      expect(moved.k.subarray(2 * kb, 22 * kb)).toEqual(got.k.subarray(5 * kb, 25 * kb));
+      expect(moved.v.subarray(2 * vb, 22 * vb)).toEqual(got.v.subarray(5 * vb, 25 * vb));
+      const other = p.gpu.kvLayer(cells, kvHeads, headDim, "f16", false);
+      expect(() => p.gpu.copyKv(g, 0, other, 0, 1)).toThrow("differ");
+    });
+  }
+
+  // label, cells, ring, window, heads, kvHeads, headDim, steps [position, rows]
+  const CASES = [
+    // 13 rows and single rows: the tensor-core decode kernel (attn_decode_mma_q_d64).
+    ["full, GQA 4:1, head_dim 64, 13 then 1, 7, 1, 9 rows", 96, false, 0, 8, 2, 64,
+      [[0, 13], [13, 1], [14, 7], [21, 1], [22, 9], [31, 1]]],
+    // Prompts of 16+ rows: flash attention over dequantized tiles (attn_prompt_q_d64).
+    ["prompts of 40 and 37 rows, GQA 4:1, head_dim 64", 128, false, 0, 8, 2, 64, [[0, 40], [40, 1], [41, 37], [78, 1]]],
+    // Past 1,100 keys: decode in 9 splits of whole tiles, the last a part tile (d128).
+    ["full, 1200 cells, decode past 1,101 keys in splits, GQA 4:1, head_dim 128", 1200, false, 0, 8, 2, 128,
+      [[0, 600], [600, 501], [1101, 1], [1102, 2], [1104, 1]]],
+    ["ring of 640, window 512, decode after the wrap, GQA 4:1, head_dim 64", 640, true, 512, 8, 2, 64,
+      [[0, 128], [128, 128], [256, 128], [384, 128], [512, 128], [640, 1], [641, 3], [644, 1]]],
+    // Other head dims: the per-head kernels, value by value.
+    ["ring of 64, window 24, prompts of 20 to 30 rows, head_dim 256", 64, true, 24, 4, 1, 256,
+      [[0, 20], [20, 1], [21, 17], [38, 1], [39, 30], [69, 1]]],
+    ["full, GQA 2:1, head_dim 96", 128, false, 0, 4, 2, 96, [[0, 19], [19, 1], [20, 3], [23, 1]]],
+  ] as const;
+  for (const types of TYPES) {
+    for (const [label, cells, ring, window, heads, kvHeads, headDim, steps] of CASES) {
+      test(`storeKv + attention (${kvTypesName(types)}): ${label}`, () => {
+        const c = p.cpu.kvLayer(cells, kvHeads, headDim, types, ring), g = p.gpu.kvLayer(cells, kvHeads, headDim, types, ring);
+        let worst = 0;
+        for (const [position, rows] of steps) {
+          const seed = 90 + position, qd = heads * headDim, kvd = kvHeads * headDim;
+          const [qc, qg] = acts(p, rows, qd, randomF32(rows * qd, seed, 2));
+          const [kc, kg] = acts(p, rows, kvd, randomF32(rows * kvd, seed + 1, 2));
+          const [vc, vg] = acts(p, rows, kvd, randomF32(rows * kvd, seed + 2, 2));
+          const [pc, pg] = acts(p, rows, 1);
+          p.cpu.setPositions(pc, position, rows);
+          p.gpu.setPositions(pg, position, rows);
+          const [oc, og] = acts(p, rows, qd);
+          const o = { heads, kvHeads, headDim, window, scale: 1 / Math.sqrt(headDim) };
+          p.cpu.storeKv(c, kc, vc, rows, position);
+          p.gpu.storeKv(g, kg, vg, rows, position);
+          p.cpu.attention(qc, c, rows, position, o, oc);
+          p.gpu.attention(qg, g, rows, position, o, og);
+          worst = Math.max(worst, normalisedError(p.gpu.read(og, rows), p.cpu.read(oc, rows).slice()));
+        }
+        report(`attention ${kvTypesName(types)} ${label}`, worst, TOL_ATTENTION_Q);
+      }, 60_000);
+    }
+  }
+
+  for (const types of TYPES) {
+    test(`a batch of sequences through a table of ${kvTypesName(types)} caches (attendRows)`, () => {
+      const heads = 8, kvHeads = 2, headDim = 128, cells = 700, qd = heads * headDim, kvd = kvHeads * headDim;
+      const o = { heads, kvHeads, headDim, window: 0, scale: 1 / Math.sqrt(headDim) };
+      const lengths = [5, 130, 611]; // one tile; two splits; five, the last a part tile
+      const cl = lengths.map(() => p.cpu.kvLayer(cells, kvHeads, headDim, types, false));
+      const gl = lengths.map(() => p.gpu.kvLayer(cells, kvHeads, headDim, types, false));
+      lengths.forEach((n, s) => {
+        const [kc, kg] = acts(p, n, kvd, randomF32(n * kvd, 40 + s, 2)), [vc, vg] = acts(p, n, kvd, randomF32(n * kvd, 50 + s, 2));
+        const [pc, pg] = acts(p, n, 1);
+        p.cpu.setPositions(pc, 0, n);
+        p.gpu.setPositions(pg, 0, n);
+        p.cpu.storeKv(cl[s], kc, vc, n, 0);
+        p.gpu.storeKv(gl[s], kg, vg, n, 0);
+      });
+      const rows = lengths.length;
+      const q = randomF32(rows * qd, 61, 2), k = randomF32(rows * kvd, 62, 2), v = randomF32(rows * kvd, 63, 2);
+      const [, qg] = acts(p, rows, qd, q), [, kg] = acts(p, rows, kvd, k), [, vg] = acts(p, rows, kvd, v);
+      const [, og] = acts(p, rows, qd), [, pg] = acts(p, rows, 1);
+      p.gpu.setPositions(pg, 0, rows);
+      expect(p.gpu.attendRows(qg, kg, vg, gl, lengths, o, og)).toBe(true);
+      const got = p.gpu.read(og, rows).slice();
+      let worst = 0;
+      lengths.forEach((n, s) => {
+        const [qc] = acts(p, 1, qd, q.subarray(s * qd, (s + 1) * qd));
+        const [kc] = acts(p, 1, kvd, k.subarray(s * kvd, (s + 1) * kvd)), [vc] = acts(p, 1, kvd, v.subarray(s * kvd, (s + 1) * kvd));
+        const [pc] = acts(p, 1, 1), [oc] = acts(p, 1, qd);
+        p.cpu.setPositions(pc, n, 1);
+        p.cpu.storeKv(cl[s], kc, vc, 1, n);
+        p.cpu.attention(qc, cl[s], 1, n, o, oc);
+        worst = Math.max(worst, normalisedError(got.subarray(s * qd, (s + 1) * qd), p.cpu.read(oc, 1).slice()));
+      });
+      report(`attendRows ${kvTypesName(types)} after ${lengths.join(", ")} keys`, worst, TOL_ATTENTION_Q);
+      // Head dims the tensor-core kernel does not take go one sequence at a time.
+      const odd = [0, 1].map(() => p.gpu.kvLayer(64, 1, 256, types, false));
+      const [, q2] = acts(p, 2, 4 * 256), [, k2] = acts(p, 2, 256), [, v2] = acts(p, 2, 256), [, o2] = acts(p, 2, 4 * 256);
+      const fits = p.gpu.attendRows(q2, k2, v2, odd, [3, 4], { ...o, heads: 4, kvHeads: 1, headDim: 256 }, o2);
+      expect(fits).toBe(false);
+    }, 60_000);
+  }
+});
+
+interface Run { tokens: number[]; promptLogits: Float32Array; stepLogits: Float32Array[] }
+
+function argmax(x: Float32Array): number {
+  let best = 0;
+  for (let i = 1; i < x.length; i++) if (x[i] > x[best]) best = i;
+  return best;
+}
+
+function greedy(engine: Engine, prompt: number[], steps: number): Run {
+  engine.reset();
+  let logits = engine.evaluate(prompt);
+  const promptLogits = logits.slice(), tokens: number[] = [], stepLogits: Float32Array[] = [];
+  for (let i = 0; i < steps; i++) {
+    tokens.push(argmax(logits));
+    logits = engine.evaluate([tokens[i]]);
+    stepLogits.push(logits.slice());
+  }
+  return { tokens, promptLogits, stepLogits };
+}
+
+function withGraphs<T>(on: boolean, f: () => T): T {
+  const saved = process.env.INFER_CUDA_GRAPHS;
+  process.env.INFER_CUDA_GRAPHS = on ? "1" : "0";
+  try {
+    return f();
+  } finally {
+    if (saved === undefined) delete process.env.INFER_CUDA_GRAPHS;
+    else process.env.INFER_CUDA_GRAPHS = saved;
+  }
+}
+
+const MODELS: [string, RandomQuantSpec][] = [
+  ["Llama (Q4_0, head_dim 64, GQA 4:1)", llamaQ4_0],
+  ["Qwen 3 (K-quants, QK-norm: the fused norm + RoPE + store, head_dim 128)", qwen3KQuants],
+];
+
+describe.skipIf(noCuda)("random-weight models with quantized KV caches: CUDA equals the CPU", () => {
+  for (const [name, spec] of MODELS) {
+    for (const types of [TYPES[0], TYPES[1], TYPES[2]]) {
+      test(`${name}, ${kvTypesName(types)}`, () => {
+        const path = join(dir, `${spec.arch}-${spec.seed}.gguf`);
+        writeFileSync(path, randomQuantGguf(spec));
+        const r = rng(spec.seed ?? 1), steps = 32;
+        // 37 tokens in chunks of 16: two prompt-kernel chunks, then 5 rows by the decode kernel.
+        const prompt = Array.from({ length: 37 }, () => 6 + Math.floor(r() * 269));
+        const open = (backend: "cpu" | "cuda") => Engine.open({ modelPath: path, backend, contextLength: 512, batch: 16,
+          cacheTypeK: types.k, cacheTypeV: types.v });
+        const cpu = open("cpu");
+        const want = greedy(cpu, prompt, steps);
+        cpu.close();
+        const gpu = withGraphs(true, () => open("cuda"));
+        const got = greedy(gpu, prompt, steps);
+        gpu.close();
+        const eager = withGraphs(false, () => open("cuda"));
+        const plain = greedy(eager, prompt, steps);
+        eager.close();
+        const promptErr = normalisedError(got.promptLogits, want.promptLogits);
+        let stepErr = 0, same = 0, verdict = `all ${steps} equal`;
+        for (let i = 0; i < steps; i++) {
+          const before = (s: Run) => (i === 0 ? s.promptLogits : s.stepLogits[i - 1]);
+          if (i > 0) stepErr = Math.max(stepErr, normalisedError(before(got), before(want)));
+          if (got.tokens[i] !== want.tokens[i]) {
+            const gap = top2Gap(before(want)), diff = maxAbsDiff(before(got), before(want));
+            verdict = `first difference at token ${i}: CPU top-2 gap ${gap.toExponential(2)}, largest logit ` +
+              `difference ${diff.toExponential(2)}`;
+            expect(gap).toBeLessThanOrEqual(NEAR_TIE * diff);
+            break;
+          }
+          same++;
+        }
+        console.log(`  ${name}, ${kvTypesName(types)}: prompt logits error ${promptErr.toExponential(2)}, worst step ` +
+          `${stepErr.toExponential(2)} (tolerance ${TOL_LOGITS_Q}); greedy tokens equal ${same}/${steps} (${verdict})`);
+        expect(promptErr).toBeLessThanOrEqual(TOL_LOGITS_Q);
+        expect(stepErr).toBeLessThanOrEqual(TOL_LOGITS_Q);
+        // The graph's fused norm + RoPE + store quantizes as the eager kv_store does: bit for bit.
+        expect(plain.tokens).toEqual(got.tokens);
+        expect(normalisedError(plain.promptLogits, got.promptLogits)).toBe(0);
+        for (let i = 0; i < steps; i++) expect(normalisedError(plain.stepLogits[i], got.stepLogits[i])).toBe(0);
+      }, 120_000);
+    }
+  }
+});

@@ -1,0 +1,212 @@
+// Method: qwen3moe on the CUDA backend (router, top k and expert ids on the device; matvecs
+// indexed by expert id) against the CPU backend on small random-weight GGUFs with Q4_0, Q8_0 and
+// Q4_K/Q6_K experts: the prompt's logits and 16 greedy steps within test/cuda.test.ts's tolerance
+// for quantized models (the GPU sums in another order, see its header), greedy tokens equal except
+// at a near-tie; graphs against eager ops, and the grouped matvec against the per-slot one, bit
+// for bit; a batch of three sequences (prompts and a decode step) against each sequence alone on
+// the CPU. Skipped without a GPU.
+import { afterAll, describe, expect, test } from "bun:test";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { maxAbsDiff, top2Gap } from "../bench/logits.ts";
+import type { CudaBackend } from "../ts/backend/cuda.ts";
+import { withSettings } from "../ts/config/env.ts";
+import { Engine } from "../ts/engine/engine.ts";
+import { createKvCache } from "../ts/engine/kv-cache.ts";
+import { GgmlType } from "../ts/gguf/types.ts";
+import type { SequenceRows } from "../ts/model/model.ts";
+import { cudaStatus } from "../ts/native/cuda.ts";
+import { normalisedError } from "./support/numeric.ts";
+import {
+  qwen3moeKQuants, qwen3moeQ4_0, randomQuantGguf, type RandomQuantSpec,
+} from "./support/random-quant-gguf.ts";
+
+const status = cudaStatus();
+const noCuda = !status.available;
+if (!status.available) console.log(`cuda-moe: skipped, ${status.reason}`);
+// As test/cuda.test.ts: logits of quantized models, and how near a top-2 gap is a tie.
+const TOL_LOGITS_Q = 1e-1;
+const NEAR_TIE = 4;
+const STEPS = 16;
+
+const dir = mkdtempSync(join(tmpdir(), "infer-cuda-moe-"));
+afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+/** Q8_0 experts of 256-wide rows (the GPU layout), 32 experts, 4 chosen. */
+const qwen3moeQ8_0: RandomQuantSpec = {
+  arch: "qwen3moe", layers: 2, embedding: 256, feedForward: 512, heads: 4, kvHeads: 2, headDim: 64,
+  moe: { experts: 32, used: 4, feedForward: 256 },
+  types: { embed: GgmlType.Q8_0, attn: GgmlType.Q8_0, attnOut: GgmlType.Q8_0, ffn: GgmlType.Q8_0,
+    ffnDown: GgmlType.Q8_0, output: GgmlType.Q8_0 },
+  seed: 19,
+};
+
+const MODELS: [string, RandomQuantSpec][] = [
+  // 128 experts, 8 chosen (Qwen3-30B-A3B's routing): Q4_0 gate/up in the GPU layout, down 64 wide
+  ["Q4_0 experts, 128 of them, 8 chosen", qwen3moeQ4_0],
+  ["Q8_0 experts", qwen3moeQ8_0],
+  ["Q4_K gate/up, Q6_K down", qwen3moeKQuants],
+];
+
+interface Run { tokens: number[]; promptLogits: Float32Array; stepLogits: Float32Array[] }
+
+function argmax(x: Float32Array): number {
+  let best = 0;
+  for (let i = 1; i < x.length; i++) if (x[i] > x[best]) best = i;
+  return best;
+}
+
+function greedy(engine: Engine, prompt: number[], steps: number): Run {
+  engine.reset();
+  let logits = engine.evaluate(prompt);
+  const promptLogits = logits.slice(), tokens: number[] = [], stepLogits: Float32Array[] = [];
+  for (let i = 0; i < steps; i++) {
+    tokens.push(argmax(logits));
+    logits = engine.evaluate([tokens[i]]);
+    stepLogits.push(logits.slice());
+  }
+  return { tokens, promptLogits, stepLogits };
+}
+
+function prompt(length: number, seed: number): number[] {
+  return Array.from({ length }, (_, i) => 6 + ((i * 37 + seed * 11) % 260));
+}
+
+/** Equal tokens, or a first difference where the CPU's top-2 gap is within rounding. */
+function compareRuns(got: Run, want: Run): { stepErr: number; same: number } {
+  let stepErr = 0, same = 0;
+  for (let i = 0; i < STEPS; i++) {
+    const before = (r: Run) => (i === 0 ? r.promptLogits : r.stepLogits[i - 1]);
+    if (i > 0) stepErr = Math.max(stepErr, normalisedError(before(got), before(want)));
+    if (got.tokens[i] !== want.tokens[i]) {
+      expect(top2Gap(before(want))).toBeLessThanOrEqual(NEAR_TIE * maxAbsDiff(before(got), before(want)));
+      break;
+    }
+    same++;
+  }
+  return { stepErr, same };
+}
+
+function experts(e: Engine): CudaBackend["experts"] {
+  return (e.backend as CudaBackend).experts;
+}
+
+describe.skipIf(noCuda)("qwen3moe on CUDA equals the CPU", () => {
+  for (const [name, spec] of MODELS) {
+    test(name, () => {
+      const path = join(dir, `moe-${spec.seed}.gguf`);
+      writeFileSync(path, randomQuantGguf(spec));
+      const open = (backend: "cpu" | "cuda", graphs = true) => withSettings(
+        { INFER_CUDA_GRAPHS: graphs ? "1" : "0" },
+        () => Engine.open({ modelPath: path, backend, contextLength: 256, batch: 64 }));
+      // 24 tokens: at 8 of 128 experts, more slots than experts (the grouped matvec)
+      const p = prompt(24, spec.seed ?? 1);
+      const cpu = open("cpu");
+      const want = greedy(cpu, p, STEPS);
+      cpu.close();
+      const gpu = open("cuda");
+      const got = greedy(gpu, p, STEPS);
+      const sampling = { temperature: 0, topK: 0, topP: 1, minP: 0, seed: 1 };
+      const deviceGreedy = gpu.generate(p, { maxTokens: STEPS, sampling, ignoreEos: true, reuseCache: false });
+      // the same prompt with a grid row per slot (no grouping): the same sums, bit for bit
+      experts(gpu).groupSlotsPerExpert = Infinity;
+      const perSlot = greedy(gpu, p, 1);
+      gpu.close();
+      const eager = open("cuda", false);
+      const plain = greedy(eager, p, STEPS);
+      eager.close();
+      const promptErr = normalisedError(got.promptLogits, want.promptLogits);
+      const { stepErr, same } = compareRuns(got, want);
+      console.log(`  ${name}: prompt logits error ${promptErr.toExponential(2)}, worst step ` +
+        `${stepErr.toExponential(2)} (tolerance ${TOL_LOGITS_Q}); greedy tokens equal ${same}/${STEPS}`);
+      expect(promptErr).toBeLessThanOrEqual(TOL_LOGITS_Q);
+      expect(stepErr).toBeLessThanOrEqual(TOL_LOGITS_Q);
+      expect(deviceGreedy.tokens).toEqual(got.tokens);
+      expect(normalisedError(perSlot.promptLogits, got.promptLogits)).toBe(0);
+      expect(plain.tokens).toEqual(got.tokens);
+      expect(normalisedError(plain.promptLogits, got.promptLogits)).toBe(0);
+      for (let i = 0; i < STEPS; i++) expect(normalisedError(plain.stepLogits[i], got.stepLogits[i])).toBe(0);
+    });
+  }
+
+  test("the K-quants in the GGUF's layout (INFER_CUDA_REPACK=0)", () => {
+    const path = join(dir, "moe-k-plain.gguf");
+    writeFileSync(path, randomQuantGguf(qwen3moeKQuants));
+    const p = prompt(24, 3);
+    const run = (backend: "cpu" | "cuda") => withSettings({ INFER_CUDA_REPACK: "0" }, () => {
+      const e = Engine.open({ modelPath: path, backend, contextLength: 256, batch: 64 });
+      try {
+        return greedy(e, p, STEPS);
+      } finally {
+        e.close();
+      }
+    });
+    const want = run("cpu"), got = run("cuda");
+    const promptErr = normalisedError(got.promptLogits, want.promptLogits);
+    const { stepErr, same } = compareRuns(got, want);
+    console.log(`  GGUF layout: prompt logits error ${promptErr.toExponential(2)}, worst step ` +
+      `${stepErr.toExponential(2)}; greedy tokens equal ${same}/${STEPS}`);
+    expect(promptErr).toBeLessThanOrEqual(TOL_LOGITS_Q);
+    expect(stepErr).toBeLessThanOrEqual(TOL_LOGITS_Q);
+  });
+
+  test("a batch of three sequences: each its logits alone, per slot or grouped", () => {
+    const path = join(dir, "moe-batch.gguf");
+    writeFileSync(path, randomQuantGguf(qwen3moeQ4_0));
+    const open = (backend: "cpu" | "cuda") => Engine.open({ modelPath: path, contextLength: 256, batch: 64,
+      backend });
+    const cpu = open("cpu"), gpu = open("cuda");
+    const vocab = cpu.model.info.vocabSize;
+    const prompts = [prompt(3, 1), prompt(5, 2), prompt(9, 3)], next = [33, 44, 55];
+    // the CPU: each sequence alone
+    const wantPrompt: Float32Array[] = [], wantStep: Float32Array[] = [];
+    for (const q of prompts) {
+      const cache = createKvCache(cpu.backend, cpu.model.info, 256, "f16", cpu.model.maxBatch);
+      wantPrompt.push(cpu.model.forward(q, q.length, 0, cache.layers).slice());
+      wantStep.push(cpu.model.forward([next[wantStep.length]], 1, q.length, cache.layers).slice());
+    }
+    const batched = (grouping: number) => {
+      experts(gpu).groupSlotsPerExpert = grouping;
+      const caches = prompts.map(() => createKvCache(gpu.backend, gpu.model.info, 256, "f16", gpu.model.maxBatch));
+      const rows: Float32Array[] = [];
+      const segments: SequenceRows[] = prompts.map((q, i) => ({ rows: q.length, position: 0,
+        cache: caches[i].layers }));
+      const total = prompts.reduce((n, q) => n + q.length, 0);
+      const all = new Float32Array(total * vocab);
+      gpu.model.forwardBatch({ tokens: prompts.flat(), segments, logitRows: total },
+        (first, rows, logits) => all.set(logits.subarray(0, rows * vocab), first * vocab));
+      let at = 0;
+      for (const q of prompts) {
+        at += q.length;
+        rows.push(all.slice((at - 1) * vocab, at * vocab));
+      }
+      const decode: SequenceRows[] = prompts.map((q, i) => ({ rows: 1, position: q.length,
+        cache: caches[i].layers }));
+      // three times: run while recorded, captured into a graph, replayed (the same cells rewritten
+      // with the same keys and values each time)
+      const steps: Float32Array[] = [];
+      for (let i = 0; i < 3; i++) {
+        gpu.model.forwardBatch({ tokens: next, segments: decode, logitRows: 3 },
+          (_first, _rows, logits) => { steps.push(logits.slice()); });
+      }
+      for (const s of steps) expect(normalisedError(s, steps[0])).toBe(0);
+      const step = steps[0];
+      return { prompt: rows, step };
+    };
+    const auto = batched(Infinity), grouped = batched(0);
+    let promptErr = 0, stepErr = 0;
+    for (let i = 0; i < prompts.length; i++) {
+      promptErr = Math.max(promptErr, normalisedError(auto.prompt[i], wantPrompt[i]));
+      stepErr = Math.max(stepErr, normalisedError(auto.step.subarray(i * vocab, (i + 1) * vocab), wantStep[i]));
+      expect(normalisedError(grouped.prompt[i], auto.prompt[i])).toBe(0);
+    }
+    expect(normalisedError(grouped.step, auto.step)).toBe(0);
+    console.log(`  batch of 3: prompt logits error ${promptErr.toExponential(2)}, decode step ` +
+      `${stepErr.toExponential(2)} (tolerance ${TOL_LOGITS_Q})`);
+    expect(promptErr).toBeLessThanOrEqual(TOL_LOGITS_Q);
+    expect(stepErr).toBeLessThanOrEqual(TOL_LOGITS_Q);
+    cpu.close();
+    gpu.close();
+  });
+});
