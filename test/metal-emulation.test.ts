@@ -2,8 +2,10 @@
 // kernels with a missing barrier (read-after-write and write-after-read races on threadgroup
 // memory) must give a wrong answer under some of 16 scheduling seeds, while the same kernels with
 // their barriers give the right one under all 16; a barrier not reached by every thread and
-// lanes meeting at different simdgroup operations must be reported as errors; simd_sum and
-// shuffles must follow Metal's semantics. The fiber switch and the OS threads must not change a
+// lanes meeting at different simdgroup operations must be reported as errors; simd_sum,
+// shuffles and simdgroup_matrix load / multiply-accumulate / store must follow Metal's semantics
+// (matrix misuse an error, a matrix load racing another simdgroup's stores or overwrite a wrong
+// answer under some seed, the latter only because simdgroups drift apart). The fiber switch and the OS threads must not change a
 // result: the same bits on 1 and 4 threads, and the AArch64 switch (a Mac-like host's) right
 // under qemu-user where it is installed.
 import { beforeAll, describe, expect, test } from "bun:test";
@@ -71,6 +73,82 @@ kernel void test_simd(device float* out [[buffer(0)]], constant EltwiseArgs& arg
     out[i + 1] = simd_max(v);
     out[i + 2] = simd_shuffle_down(v, 1);
     out[i + 3] = simd_shuffle_xor(v, 3);
+}
+
+// simdgroup_matrix: x holds A (8x8, rows of 8), B (8x8, loaded transposed) and C (rows of 11,
+// loaded from origin (x 2, y 1)); out gets A·B^T + C in f32, stored plainly then transposed,
+// and the same product with A and B rounded through f16 threadgroup memory.
+kernel void test_matrix(device const float* x [[buffer(0)]], device float* out [[buffer(1)]],
+                        constant EltwiseArgs& args [[buffer(2)]],
+                        threadgroup half* h [[threadgroup(0)]],
+                        uint lane [[thread_index_in_simdgroup]]) {
+    simdgroup_float8x8 a, b, c, d;
+    simdgroup_load(a, x, 8);
+    simdgroup_load(b, x + 64, 8, 0, true);
+    simdgroup_load(c, x + 128, 11, ulong2(2, 1));
+    simdgroup_multiply_accumulate(d, a, b, c);
+    simdgroup_store(d, out, 8);
+    simdgroup_store(d, out + 64, 8, 0, true);
+    for (uint i = lane; i < 128; i += 32) h[i] = half(x[i]);
+    simdgroup_barrier(mem_flags::mem_threadgroup);
+    simdgroup_half8x8 ah, bh;
+    simdgroup_load(ah, h, 8);
+    simdgroup_load(bh, h + 64, 8, 0, true);
+    simdgroup_float8x8 e = make_filled_simdgroup_matrix<float, 8>(0.5f);
+    simdgroup_multiply_accumulate(e, ah, bh, e);
+    simdgroup_store(e, out + 128, 8);
+}
+
+// Simdgroup 0 writes an 8x8 tile to threadgroup memory lane by lane, simdgroup 1 loads it as a
+// matrix and stores it to out: the load needs a barrier after the writes (args.n_cols != 0).
+kernel void test_matrix_race(device const float* x [[buffer(0)]], device float* out [[buffer(1)]],
+                             constant EltwiseArgs& args [[buffer(2)]],
+                             threadgroup float* tile [[threadgroup(0)]],
+                             uint sg [[simdgroup_index_in_threadgroup]],
+                             uint lane [[thread_index_in_simdgroup]]) {
+    if (sg == 0) {
+        tile[lane] = x[lane];
+        simd_sum(0.0f);  // a scheduling point between a lane's two stores
+        tile[lane + 32] = x[lane + 32];
+    }
+    if (args.n_cols != 0) threadgroup_barrier(mem_flags::mem_threadgroup);
+    if (sg == 1) {
+        simdgroup_float8x8 m;
+        simdgroup_load(m, tile, 8);
+        simdgroup_store(m, out, 8);
+    }
+}
+
+// Simdgroup 0 loads the tile as a matrix; simdgroup 1, one collective later, overwrites it: in
+// lockstep the load always comes first, so only simdgroups drifting apart (as on a GPU) show the
+// missing barrier (args.n_cols != 0 puts it in).
+kernel void test_matrix_drift(device const float* x [[buffer(0)]], device float* out [[buffer(1)]],
+                              constant EltwiseArgs& args [[buffer(2)]],
+                              threadgroup float* tile [[threadgroup(0)]],
+                              uint sg [[simdgroup_index_in_threadgroup]],
+                              uint lane [[thread_index_in_simdgroup]]) {
+    tile[lane + 32 * sg] = x[lane + 32 * sg];
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    if (sg == 0) {
+        simdgroup_float8x8 m;
+        simdgroup_load(m, tile, 8);
+        simdgroup_store(m, out, 8);
+    } else {
+        simd_sum(0.0f);
+    }
+    if (args.n_cols != 0) threadgroup_barrier(mem_flags::mem_threadgroup);
+    if (sg == 1) tile[lane] = tile[lane + 32] = -1.0f;
+}
+
+// mode (args.n): 0 lanes 0..15 alone load; 1 each lane passes its own address; 2 a matrix never
+// loaded is stored.
+kernel void test_matrix_misuse(device const float* x [[buffer(0)]], device float* out [[buffer(1)]],
+                               constant EltwiseArgs& args [[buffer(2)]],
+                               uint lane [[thread_index_in_simdgroup]]) {
+    simdgroup_float8x8 m;
+    if (args.n == 0 && lane < 16) simdgroup_load(m, x, 8);
+    if (args.n == 1) simdgroup_load(m, x + lane, 8);
+    if (args.n == 2) simdgroup_store(m, out, 8);
 }
 `;
 
@@ -149,6 +227,62 @@ describe("the emulation catches what Metal leaves undefined", () => {
         expect(out[i + 3]).toBe((lane ^ 3) + base);
       }
     }
+  });
+});
+
+describe("simdgroup_matrix: Metal's semantics, and what it leaves undefined", () => {
+  const rand = (() => { let s = 12345; return () => ((s = (s * 1103515245 + 12345) >>> 0) / 2 ** 32) * 2 - 1; })();
+  const x = new Float32Array(128 + 9 * 11 + 8).map(() => Math.round(rand() * 64) / 16);
+  const f16 = (v: number) => { const h = new Float16Array(1); h[0] = v; return h[0]; };
+
+  test("load (plain, transposed, with stride and origin), multiply-accumulate, store", () => {
+    for (const threads of [32, 64]) {
+      const out = runOnce(dispatch("test_matrix", threads, { x: 0, out: 1 }, 2, { n: 0, n_cols: 0 }, 256),
+        { x, out: new Float32Array(192).fill(NaN) }).out;
+      for (let r = 0; r < 8; r++) {
+        for (let c = 0; c < 8; c++) {
+          let sum = 0, sumHalf = 0;
+          for (let k = 0; k < 8; k++) {
+            sum += x[r * 8 + k] * x[64 + c * 8 + k];
+            sumHalf += f16(x[r * 8 + k]) * f16(x[64 + c * 8 + k]);
+          }
+          const want = sum + x[128 + (1 + r) * 11 + 2 + c];
+          expect(out[r * 8 + c]).toBeCloseTo(want, 5);
+          expect(out[64 + c * 8 + r]).toBe(out[r * 8 + c]);
+          expect(out[128 + r * 8 + c]).toBeCloseTo(sumHalf + 0.5, 5);
+        }
+      }
+    }
+  });
+
+  test("a load of another simdgroup's stores without a barrier fails under some seed", () => {
+    const want = Array.from(x.subarray(0, 64));
+    const outcomes = (barrier: boolean) => Array.from({ length: SEEDS }, () =>
+      Array.from(runOnce(dispatch("test_matrix_race", 64, { x: 0, out: 1 }, 2, { n: 0, n_cols: barrier ? 1 : 0 }, 256),
+        { x, out: new Float32Array(64) }).out));
+    expect(outcomes(true).every((o) => Bun.deepEquals(o, want))).toBe(true);
+    expect(outcomes(false).some((o) => !Bun.deepEquals(o, want))).toBe(true);
+  });
+
+  test("simdgroups drift apart: an overwrite one collective after another simdgroup's load needs a barrier", () => {
+    const want = Array.from(x.subarray(0, 64));
+    const outcomes = (barrier: boolean) => Array.from({ length: SEEDS }, () =>
+      Array.from(runOnce(dispatch("test_matrix_drift", 64, { x: 0, out: 1 }, 2, { n: 0, n_cols: barrier ? 1 : 0 }, 256),
+        { x, out: new Float32Array(64) }).out));
+    expect(outcomes(true).every((o) => Bun.deepEquals(o, want))).toBe(true);
+    expect(outcomes(false).some((o) => !Bun.deepEquals(o, want))).toBe(true);
+  });
+
+  test("an operation not reached by all 32 lanes, or with lanes' arguments apart, is an error", () => {
+    const misuse = (mode: number, threads = 32) => () => runOnce(
+      dispatch("test_matrix_misuse", threads, { x: 0, out: 1 }, 2, { n: mode, n_cols: 0 }),
+      { x, out: new Float32Array(64) });
+    expect(misuse(0)).toThrow(/not reached by every lane/);
+    expect(misuse(1)).toThrow(/different memory or layout/);
+    expect(misuse(1, 16)).toThrow(/fewer than 32 threads/);
+    const never = runOnce(dispatch("test_matrix_misuse", 32, { x: 0, out: 1 }, 2, { n: 2, n_cols: 0 }),
+      { x, out: new Float32Array(64) }).out;
+    expect(never.every(Number.isNaN)).toBe(true);
   });
 });
 

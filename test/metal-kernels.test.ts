@@ -94,7 +94,7 @@ describe("matmul kernels against the CPU's dequantized weights", () => {
       for (const nIn of inputSizes(typeName)) {
         for (const nOut of [1, 7, 67]) {
           const { type, bytes, dequant } = quantized(typeName, nOut, nIn, rand);
-          for (const nTok of [1, 3, MATVEC_TOKENS_MAX + 1, 19]) {
+          for (const nTok of [1, 3, MATVEC_TOKENS_MAX + 1, 19, 37]) {
             const x = randomF32(nTok * nIn, rand);
             const want = new Float64Array(nTok * nOut);
             for (let t = 0; t < nTok; t++) {
@@ -247,21 +247,29 @@ describe("KV cache and attention against the CPU kernels", () => {
     scale: 1 / Math.sqrt(headDim),
   });
 
-  test("attention: GQA, sliding windows, rings, odd head sizes", () => {
+  test("attention (one query per threadgroup, and flash attention for prompts): GQA, sliding windows, rings, odd head sizes", () => {
     const rand = rng(23);
     const cases = [
       // nTok, heads, kvHeads, headDim, pos0, window, ring cells (0: linear)
       [1, 4, 1, 256, 40, 0, 0], [5, 4, 2, 64, 11, 0, 0], [3, 6, 3, 40, 30, 8, 0],
       [4, 2, 1, 32, 50, 16, 24], [1, 1, 1, 33, 0, 0, 0], [7, 8, 2, 96, 3, 4, 0],
+      // Prompts: two query tiles, head sizes off the multiple of 8, windows across tiles, a ring
+      // that wraps inside the batch.
+      [37, 4, 2, 256, 5, 0, 0], [40, 2, 1, 40, 50, 16, 64], [33, 3, 3, 128, 0, 0, 0],
+      [6, 2, 2, 33, 0, 0, 0], [70, 2, 1, 64, 0, 5, 0],
     ] as const;
+    const kernelsRun = new Set<string>();
     for (const [nTok, heads, kvHeads, headDim, pos0, window, ringCells] of cases) {
       const o = attentionOptions(nTok, heads, kvHeads, headDim, pos0, window, ringCells);
       const { q, kBits, vBits, want } = attentionCase(o, ringCells, rand);
-      const got = f32(run(planAttention(o), { q, k_cache: kBits, v_cache: vBits, out: new Float32Array(q.length).fill(NaN) }).out);
+      const plan = planAttention(o);
+      kernelsRun.add(plan.kernel);
+      const got = f32(run(plan, { q, k_cache: kBits, v_cache: vBits, out: new Float32Array(q.length).fill(NaN) }).out);
       const err = normalisedError(got, want);
-      if (err > TOL_ATTENTION) console.error({ nTok, heads, kvHeads, headDim, pos0, window, ringCells, err });
+      if (err > TOL_ATTENTION) console.error({ nTok, heads, kvHeads, headDim, pos0, window, ringCells, err, kernel: plan.kernel });
       expect(err).toBeLessThanOrEqual(TOL_ATTENTION);
     }
+    expect([...kernelsRun].sort()).toEqual(["attention", "attention_prompt_d128", "attention_prompt_d256"]);
   });
 
   test("decode attention with splits: every variant, GQA groups, windows, rings, more splits than keys", () => {

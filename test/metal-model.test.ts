@@ -1,14 +1,15 @@
 // Method: the default model (Gemma 3 270M, Q4_K_M: Q4_K, Q5_0, Q6_K and Q8_0 weights) through the
 // Metal backend on the emulated device against the CPU backend: a prompt of 6 tokens (its body
-// through the tiled prompt matmul, its last row's logits through the decode matvec), then two
-// single-token steps fed the CPU's greedy token, both backends on one model graph each. The steps'
-// attention goes through the split decode kernels (attention_decode.metal, 3 splits, and the
-// combine), which the cost model would take only from ~80 keys; every layer's head norms, RoPE,
-// query scale and KV store are one fused dispatch (norm_rope_store.metal). At every
-// position the top token must be the same and the KL divergence of the Metal logits from the CPU's,
-// over the whole vocabulary, under KL_MAX. The run costs ~8 s of CPU (the emulator starts ~4
-// million fibers a step); skipped, saying why, where the default model is not installed or the
-// emulator cannot be built (not Linux, or no `python3 -m ziglang`).
+// through the simdgroup_matrix prompt matmul and flash attention, attention_prompt.metal; its last
+// row's logits through the decode matvec), then two single-token steps fed the CPU's greedy token,
+// both backends on one model graph each. The steps' attention goes through the split decode
+// kernels (attention_decode.metal, 3 splits, and the combine), which the cost model would take
+// only from ~80 keys; every layer's head norms, RoPE, query scale and KV store are one fused
+// dispatch (norm_rope_store.metal). At every position the top token must be the same and the KL
+// divergence of the Metal logits from the CPU's, over the whole vocabulary, under KL_MAX. The run
+// costs ~29 s of CPU (the emulator starts ~4 million fibers a step, and every matrix operation of
+// the prompt is a collective of 32 fibers); skipped, saying why, where the default model is not
+// installed or the emulator cannot be built (not Linux, or no `python3 -m ziglang`).
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { existsSync } from "node:fs";
 import { createKvCache } from "../ts/engine/kv-cache.ts";
@@ -85,7 +86,7 @@ describe.skipIf(why !== null)(title, () => {
     const metalBackend = new MetalBackend(device, { decodeSplits: DECODE_SPLITS });
     const cpu = open(new CpuBackend()), metal = open(metalBackend);
     const tokens = tokenizerFromMetadata(file.metadata).encode(PROMPT, { addSpecial: true });
-    expect(tokens.length).toBeGreaterThan(4); // the prompt's body takes the tiled matmul
+    expect(tokens.length).toBeGreaterThan(4); // the prompt takes the matrix matmul and attention_prompt
     let step = tokens, position = 0;
     const kls: number[] = [];
     for (let i = 0; i < 3; i++) {

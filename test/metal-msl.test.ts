@@ -97,4 +97,16 @@ kernel void planted(device float* x [[buffer(0)]]) { takes_thread(x); }
 `;
     expect(addressSpaceCheck(source)).toMatch(/error: no matching function for call to 'takes_thread'/);
   });
+
+  test.skipIf(!clang)("a simdgroup_load from thread memory (MSL has device and threadgroup only) is rejected", () => {
+    const source = assembleMetalSource() + `
+kernel void planted(device float* x [[buffer(0)]]) {
+    float v[64];
+    simdgroup_float8x8 m;
+    simdgroup_load(m, v, 8);
+    simdgroup_store(m, x, 8);
+}
+`;
+    expect(addressSpaceCheck(source)).toMatch(/error: no matching function for call to 'simdgroup_load'/);
+  });
 });

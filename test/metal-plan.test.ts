@@ -7,13 +7,15 @@
 import { describe, expect, test } from "bun:test";
 import { ggmlTypes } from "../ts/gguf/types.ts";
 import {
-  argStructs, ATTENTION_HEAD_DIM_MAX, MATMUL_ACC_MAX, matvecRows, metalWeightTypes, planAdd, planAddRowBias,
+  argStructs, ATTENTION_HEAD_DIM_MAX, ATTENTION_PROMPT_HEAD_DIM_MAX, ATTENTION_PROMPT_QUERIES,
+  ATTENTION_PROMPT_THREADS, ATTENTION_PROMPT_TOKENS_MIN, MATMUL_THREADS, MATMUL_TILE_OUT, MATMUL_TILE_TOK, matvecRows,
+  metalWeightTypes, planAdd, planAddRowBias,
   planAttention, planGatedAct, planGetRows, planKvStore, planMatmul, planRmsNorm, planRmsNormAdd,
   planNormRopeStore, planRope, planScale, type AttentionPlanOptions, type KernelDispatch,
 } from "../ts/backend/metal-plan.ts";
 import {
-  ATTENTION_DECODE_SPLITS_MAX, attentionDecodeVariants, baseAppleGpu, planAttentionDecode, planAttentionSingle,
-  planAttentionStep,
+  ATTENTION_DECODE_SPLITS_MAX, ATTENTION_DECODE_TOKENS_MAX, attentionDecodeVariants, baseAppleGpu,
+  planAttentionDecode, planAttentionSingle, planAttentionStep,
 } from "../ts/backend/metal-decode-plan.ts";
 import {
   assembleMetalSource, metalArgDefines, metalArgStructs, metalKernels, parseKernels,
@@ -70,8 +72,10 @@ function allPlans(): KernelDispatch[] {
   }
   plans.push(planGatedAct("gelu", 1000), planGatedAct("silu", 7), planAdd(33), planScale(5, 2), planAddRowBias(3, 17));
   plans.push(planKvStore(256, 4, 10, 768, true), planKvStore(7, 1, 0, 16, false));
-  for (const headDim of [32, 256, ATTENTION_HEAD_DIM_MAX]) {
-    plans.push(planAttention({ nTok: 3, heads: 8, kvHeads: 2, headDim, pos0: 9, window: 4, cells: 16, ring: true, scale: 0.1 }));
+  for (const headDim of [32, 40, 256, ATTENTION_HEAD_DIM_MAX]) {
+    for (const nTok of [3, ATTENTION_PROMPT_TOKENS_MIN, 70]) {
+      plans.push(planAttention({ nTok, heads: 8, kvHeads: 2, headDim, pos0: 9, window: 4, cells: 96, ring: true, scale: 0.1 }));
+    }
   }
   for (const headDim of [33, 64, 80, 128, 256, 300, ATTENTION_HEAD_DIM_MAX]) {
     for (const splits of [1, 5, ATTENTION_DECODE_SPLITS_MAX]) {
@@ -95,7 +99,12 @@ describe("the Metal dispatch plan matches the kernels' declarations", () => {
       expect(fields.map((f) => [f.name, fieldType[f.type] ?? f.type])).toEqual(argStructs[name].map(([n, t]) => [n, t]));
     }
     const defines = metalArgDefines();
-    expect(defines.get("MATMUL_ACC_MAX")).toBe(MATMUL_ACC_MAX);
+    expect(defines.get("MATMUL_TILE_OUT")).toBe(MATMUL_TILE_OUT);
+    expect(defines.get("MATMUL_TILE_TOK")).toBe(MATMUL_TILE_TOK);
+    expect(defines.get("MATMUL_THREADS")).toBe(MATMUL_THREADS);
+    expect(defines.get("ATTENTION_PROMPT_QUERIES")).toBe(ATTENTION_PROMPT_QUERIES);
+    expect(defines.get("ATTENTION_PROMPT_THREADS")).toBe(ATTENTION_PROMPT_THREADS);
+    expect(defines.get("ATTENTION_PROMPT_HEAD_DIM_MAX")).toBe(ATTENTION_PROMPT_HEAD_DIM_MAX);
     expect(defines.get("ATTENTION_HEAD_DIM_MAX")).toBe(ATTENTION_HEAD_DIM_MAX);
     for (const { headDim, groupMax } of attentionDecodeVariants) {
       expect(defines.get(`ATTENTION_DECODE_GROUP_D${headDim}`)).toBe(groupMax);
@@ -114,10 +123,13 @@ describe("the Metal dispatch plan matches the kernels' declarations", () => {
     for (const d of allPlans()) {
       const a = argsOf(d), threads = d.threads[0] * d.threads[1] * d.threads[2];
       if (d.kernel.startsWith("matmul_")) {
-        expect(d.threadgroupBytes).toBe((a.tile_out + a.tile_tok) * 32 * 4);
-        expect(a.tile_out * a.tile_tok).toBeLessThanOrEqual(MATMUL_ACC_MAX * threads);
-        expect(d.grid[0] * a.tile_out).toBeGreaterThanOrEqual(a.n_out);
-        expect(d.grid[1] * a.tile_tok).toBeGreaterThanOrEqual(a.n_tok);
+        // Weight and activation tiles of 32 values a row; the edge-tile staging (4 simdgroups ×
+        // 16 tokens × 32 rows) reuses the weight tile.
+        expect(d.threadgroupBytes).toBe((MATMUL_TILE_OUT + MATMUL_TILE_TOK) * 32 * 4);
+        expect(4 * 16 * 32).toBeLessThanOrEqual(MATMUL_TILE_OUT * 32);
+        expect(threads).toBe(MATMUL_THREADS);
+        expect(d.grid[0]).toBe(Math.ceil(a.n_out / MATMUL_TILE_OUT));
+        expect(d.grid[1]).toBe(Math.ceil(a.n_tok / MATMUL_TILE_TOK));
       }
       if (d.kernel.startsWith("matvec_")) {
         const rows = matvecRows[d.kernel.slice("matvec_".length)]?.rows ?? 1;
@@ -126,6 +138,14 @@ describe("the Metal dispatch plan matches the kernels' declarations", () => {
         expect(d.grid[1]).toBe(a.n_tok);
       }
       if (d.kernel.startsWith("rms_norm")) expect(d.threadgroupBytes).toBeGreaterThanOrEqual((threads / 32) * 4);
+      if (d.kernel.startsWith("attention_prompt_")) {
+        const dp = Math.ceil(a.head_dim / 8) * 8;
+        expect(dp).toBeLessThanOrEqual(Number(d.kernel.slice("attention_prompt_d".length)));
+        expect(d.threadgroupBytes).toBe((threads / 32) * 192 * 4 + 2 * 16 * dp * 2);
+        expect(threads).toBe(ATTENTION_PROMPT_THREADS);
+        expect(d.grid).toEqual([a.n_head, Math.ceil(a.n_tok / ATTENTION_PROMPT_QUERIES), 1]);
+        expect(a.n_tok).toBeGreaterThanOrEqual(ATTENTION_PROMPT_TOKENS_MIN);
+      }
       if (d.kernel.startsWith("attention_decode_d")) {
         const dims = Number(d.kernel.slice("attention_decode_d".length));
         const variant = attentionDecodeVariants.find((v) => v.headDim === dims)!;
@@ -181,13 +201,18 @@ describe("decode attention: the cost model's choice (metal-decode-plan.ts)", () 
     expect(long.scratchFloats).toBe(4 * long.splits * (256 + 2));
   });
 
-  test("many query heads per KV head are grouped even unsplit; prompts take attention.metal", () => {
+  test("many query heads per KV head are grouped even unsplit; prompts take attention_prompt.metal", () => {
     const llama8b: AttentionPlanOptions = { nTok: 1, heads: 32, kvHeads: 8, headDim: 128, pos0: 40, window: 0,
       cells: 4096, ring: false, scale: 0.088 };
     const step = planAttentionStep(llama8b);
     expect(step.dispatches.map((d) => d.kernel)).toEqual(["attention_decode_d128"]);
     expect(step.dispatches[0].grid).toEqual([8, 1, 1]);
-    expect(planAttentionStep({ ...llama8b, nTok: 5 }).dispatches.map((d) => d.kernel)).toEqual(["attention"]);
+    expect(ATTENTION_DECODE_TOKENS_MAX + 1).toBe(ATTENTION_PROMPT_TOKENS_MIN);
+    const prompt = { ...llama8b, nTok: ATTENTION_PROMPT_TOKENS_MIN };
+    expect(planAttentionStep(prompt).dispatches.map((d) => d.kernel)).toEqual(["attention_prompt_d128"]);
+    // over attention_prompt.metal's head_dim, a prompt stays on attention.metal
+    expect(planAttentionStep({ ...prompt, headDim: 512, scale: 0.04 }).dispatches.map((d) => d.kernel))
+      .toEqual(["attention"]);
   });
 
   test("the choice is never dearer than attention.metal, nor than any split count, by the model", () => {

@@ -103,7 +103,11 @@ fn runTask(job: *const Job, task: usize) void {
     const row_begin = task * job.rows_per_task;
     const row_end = @min(row_begin + job.rows_per_task, job.n_out);
     var rows_at = job.w + row_begin * job.w_row_bytes;
-    const t_first = if (job.amx_format) |f| runTaskAmx(job, f, row_begin, row_end) else 0;
+    // comptime: amx.Hardware's x86 instructions must not reach other targets' code (aarch64-macos).
+    const t_first = if (comptime !amx.compiled) 0 else if (job.amx_format) |f|
+        runTaskAmx(job, f, row_begin, row_end)
+    else
+        0;
     if (job.unpack_rows) |unpack| {
         if (tileBuffer((row_end - row_begin) * job.w_row_bytes)) |copy| {
             unpack(rows_at, row_end - row_begin, job.n_in, copy);

@@ -21,16 +21,16 @@ typedef struct {
 #define MATVEC_ROWS_Q5_K 2
 #define MATVEC_ROWS_Q6_K 2
 
-// The batched form: each threadgroup computes a tile of tile_out rows × tile_tok tokens, each
-// thread at most MATMUL_ACC_MAX of its outputs.
-#define MATMUL_ACC_MAX 8
+// The batched form (matmul.metal): each threadgroup of MATMUL_THREADS (4 simdgroups) computes
+// a tile of MATMUL_TILE_OUT rows × MATMUL_TILE_TOK tokens on simdgroup matrices.
+#define MATMUL_TILE_OUT 64
+#define MATMUL_TILE_TOK 32
+#define MATMUL_THREADS 128
 typedef struct {
     uint32_t n_in;
     uint32_t n_out;
     uint32_t n_tok;
     uint32_t row_bytes;
-    uint32_t tile_out;
-    uint32_t tile_tok;
 } MatmulArgs;
 
 // dst[i] = row ids[i] of a table of n_rows rows of n_cols values (row_bytes apart).
@@ -79,6 +79,11 @@ typedef struct {
 // Queries t < n_tok at positions pos0 + t over cache cells of n_kv_head·head_dim f16 values;
 // head_dim at most ATTENTION_HEAD_DIM_MAX (each lane keeps head_dim / 32 accumulators).
 #define ATTENTION_HEAD_DIM_MAX 512
+// attention_prompt.metal: queries per threadgroup (8 per simdgroup), its threads, and the
+// largest head_dim its kernels hold (attention_prompt_d128 / _d256).
+#define ATTENTION_PROMPT_QUERIES 32
+#define ATTENTION_PROMPT_THREADS 128
+#define ATTENTION_PROMPT_HEAD_DIM_MAX 256
 typedef struct {
     uint32_t n_tok;
     uint32_t n_head;

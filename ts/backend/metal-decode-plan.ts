@@ -13,11 +13,15 @@
 // the cores are busy; a model with many query heads per KV head groups them even unsplit.
 import { InferError } from "../errors.ts";
 import {
-  ATTENTION_HEAD_DIM_MAX, packArgs, planAttention, type AttentionPlanOptions, type KernelDispatch,
+  ATTENTION_HEAD_DIM_MAX, ATTENTION_PROMPT_TOKENS_MIN, packArgs, planAttention, type AttentionPlanOptions,
+  type KernelDispatch,
 } from "./metal-plan.ts";
 
-/** Rows (tokens) up to which attention is a decode, and attention_decode.metal is a candidate. */
-export const ATTENTION_DECODE_TOKENS_MAX = 4;
+/**
+ * Rows (tokens) up to which attention is a decode, and attention_decode.metal is a candidate;
+ * from one more row on, planAttention takes attention_prompt.metal.
+ */
+export const ATTENTION_DECODE_TOKENS_MAX = ATTENTION_PROMPT_TOKENS_MIN - 1;
 /** Splits of a row's keys at most. */
 export const ATTENTION_DECODE_SPLITS_MAX = 64;
 /**
@@ -95,7 +99,10 @@ function decodeShape(o: AttentionPlanOptions): { kernel: string; group: number }
   return { kernel: `attention_decode_d${v.headDim}`, group };
 }
 
-/** attention.metal as one step. */
+/**
+ * planAttention's one dispatch as a step: attention.metal for decode rows, attention_prompt.metal
+ * for a prompt. The cost is attention.metal's by the model; only decode rows are chosen by it.
+ */
 export function planAttentionSingle(o: AttentionPlanOptions, m: AttentionCostModel = baseAppleGpu): AttentionStep {
   const d = planAttention(o);
   const rowBytes = o.headDim * 4;
@@ -155,7 +162,7 @@ function decodePhases(o: AttentionPlanOptions, group: number, splits: number): P
  * The attention of `o`: over a few rows, the cheapest by the cost model of attention.metal and
  * attention_decode.metal at every split count (the fewest splits among equals; attention.metal
  * unless another is cheaper); `splits` forces that split count instead. Prompts take
- * attention.metal.
+ * planAttention's choice (flash attention on simdgroup matrices up to head_dim 256).
  */
 export function planAttentionStep(o: AttentionPlanOptions, m: AttentionCostModel = baseAppleGpu,
   splits?: number): AttentionStep {

@@ -31,8 +31,7 @@ type FieldType = "u32" | "i32" | "f32";
 /** args.h, field by field (test/metal-plan.test.ts checks this table against the header). */
 export const argStructs: Readonly<Record<string, readonly (readonly [string, FieldType])[]>> = {
   MatvecArgs: [["n_in", "u32"], ["n_out", "u32"], ["n_tok", "u32"], ["row_bytes", "u32"]],
-  MatmulArgs: [["n_in", "u32"], ["n_out", "u32"], ["n_tok", "u32"], ["row_bytes", "u32"],
-    ["tile_out", "u32"], ["tile_tok", "u32"]],
+  MatmulArgs: [["n_in", "u32"], ["n_out", "u32"], ["n_tok", "u32"], ["row_bytes", "u32"]],
   GetRowsArgs: [["n_cols", "u32"], ["row_bytes", "u32"], ["n_ids", "u32"], ["n_rows", "u32"]],
   RmsNormArgs: [["n_cols", "u32"], ["eps", "f32"], ["has_weight", "u32"]],
   RopeArgs: [["n_tok", "u32"], ["n_heads", "u32"], ["head_dim", "u32"], ["n_rot", "u32"],
@@ -52,8 +51,15 @@ export const argStructs: Readonly<Record<string, readonly (readonly [string, Fie
 };
 
 /** Constants of args.h the plan depends on (checked by the test). */
-export const MATMUL_ACC_MAX = 8;
+/** matmul.metal's tile (rows × tokens) and threads: its simdgroup layout is built for these. */
+export const MATMUL_TILE_OUT = 64;
+export const MATMUL_TILE_TOK = 32;
+export const MATMUL_THREADS = 128;
 export const ATTENTION_HEAD_DIM_MAX = 512;
+/** attention_prompt.metal: queries per threadgroup, its threads, and its largest head_dim. */
+export const ATTENTION_PROMPT_QUERIES = 32;
+export const ATTENTION_PROMPT_THREADS = 128;
+export const ATTENTION_PROMPT_HEAD_DIM_MAX = 256;
 /**
  * matvec_rows.metal's kernels: rows per simdgroup (MATVEC_ROWS_* of args.h) and simdgroups per
  * threadgroup, by weight type suffix. Types not here take matvec.metal's one row per simdgroup.
@@ -67,12 +73,10 @@ export const matvecRows: Readonly<Record<string, { readonly rows: number; readon
 const SIMD_WIDTH = 32;
 /** Decode matvec (matvec.metal): rows per threadgroup, one simdgroup each. */
 const MATVEC_SIMDGROUPS = 4;
-/** Prefill tiles: 32 rows × 16 tokens over 128 threads, 4 outputs each. */
-const MATMUL_TILE_OUT = 32;
-const MATMUL_TILE_TOK = 16;
-const MATMUL_THREADS = 128;
 /** Above this many tokens a matmul uses the tiled kernel. */
 export const MATVEC_TOKENS_MAX = 4;
+/** From this many queries (a prompt, as for the matmuls) attention takes the flash-attention kernel. */
+export const ATTENTION_PROMPT_TOKENS_MIN = MATVEC_TOKENS_MAX + 1;
 const NORM_THREADS = 256;
 const ELTWISE_THREADS = 256;
 const ATTENTION_SIMDGROUPS = 4;
@@ -144,10 +148,8 @@ export function planMatmul(typeId: number, nIn: number, nOut: number, nTok: numb
     kernel: `matmul_${suffix}`, grid: [ceilDiv(nOut, MATMUL_TILE_OUT), ceilDiv(nTok, MATMUL_TILE_TOK), 1],
     threads: [MATMUL_THREADS, 1, 1], threadgroupBytes: (MATMUL_TILE_OUT + MATMUL_TILE_TOK) * 32 * 4, buffers,
     writes: ["y"],
-    args: { struct: "MatmulArgs", index: 3, bytes: packArgs("MatmulArgs", {
-      n_in: nIn, n_out: nOut, n_tok: nTok, row_bytes: rowBytes,
-      tile_out: MATMUL_TILE_OUT, tile_tok: MATMUL_TILE_TOK,
-    }) },
+    args: { struct: "MatmulArgs", index: 3,
+      bytes: packArgs("MatmulArgs", { n_in: nIn, n_out: nOut, n_tok: nTok, row_bytes: rowBytes }) },
   };
 }
 
@@ -295,7 +297,35 @@ export interface AttentionPlanOptions {
   readonly scale: number;
 }
 
-/** Attention over the f16 cache. Buffers q, k_cache, v_cache, out. */
+function attentionArgs(o: AttentionPlanOptions): KernelDispatch["args"] {
+  return { struct: "AttentionArgs", index: 4, bytes: packArgs("AttentionArgs", {
+    n_tok: o.nTok, n_head: o.heads, n_kv_head: o.kvHeads, head_dim: o.headDim, pos0: o.pos0,
+    window: o.window, cells: o.cells, ring: o.ring ? 1 : 0, scale: o.scale,
+  }) };
+}
+
+/**
+ * Flash attention for a prompt (attention_prompt.metal): tiles of 32 queries against blocks of 16
+ * keys on simdgroup matrices; the kernel holding the head_dim (d128 or d256).
+ */
+export function planAttentionPrompt(o: AttentionPlanOptions): KernelDispatch {
+  if (o.headDim > ATTENTION_PROMPT_HEAD_DIM_MAX) {
+    throw new InferError("internal", `attention_prompt: head_dim ${o.headDim} over ${ATTENTION_PROMPT_HEAD_DIM_MAX}`);
+  }
+  const dp = Math.ceil(o.headDim / 8) * 8;
+  return {
+    kernel: dp <= 128 ? "attention_prompt_d128" : "attention_prompt_d256",
+    grid: [o.heads, ceilDiv(o.nTok, ATTENTION_PROMPT_QUERIES), 1], threads: [ATTENTION_PROMPT_THREADS, 1, 1],
+    // Per simdgroup 192 floats of scratch, then the K and V blocks: 16 × dp halves each.
+    threadgroupBytes: (ATTENTION_PROMPT_THREADS / SIMD_WIDTH) * 192 * 4 + 2 * 16 * dp * 2,
+    buffers: { q: 0, k_cache: 1, v_cache: 2, out: 3 }, writes: ["out"], args: attentionArgs(o),
+  };
+}
+
+/**
+ * Attention over the f16 cache: the flash-attention prompt kernel for prompts with head_dim up to
+ * 256, else one threadgroup per (head, query). Buffers q, k_cache, v_cache, out.
+ */
 export function planAttention(o: AttentionPlanOptions): KernelDispatch {
   if (o.headDim > ATTENTION_HEAD_DIM_MAX) {
     throw new InferError("unsupported", `head_dim ${o.headDim} is over the Metal backend's ${ATTENTION_HEAD_DIM_MAX}`);
@@ -303,13 +333,10 @@ export function planAttention(o: AttentionPlanOptions): KernelDispatch {
   if (o.kvHeads <= 0 || o.heads % o.kvHeads !== 0) {
     throw new InferError("invalid_argument", `attention: ${o.heads} heads are not a multiple of ${o.kvHeads} KV heads`);
   }
+  if (o.nTok >= ATTENTION_PROMPT_TOKENS_MIN && o.headDim <= ATTENTION_PROMPT_HEAD_DIM_MAX) return planAttentionPrompt(o);
   return {
     kernel: "attention", grid: [o.heads, o.nTok, 1], threads: [ATTENTION_SIMDGROUPS * SIMD_WIDTH, 1, 1],
     threadgroupBytes: ATTENTION_SIMDGROUPS * (o.headDim + 2) * 4,
-    buffers: { q: 0, k_cache: 1, v_cache: 2, out: 3 }, writes: ["out"],
-    args: { struct: "AttentionArgs", index: 4, bytes: packArgs("AttentionArgs", {
-      n_tok: o.nTok, n_head: o.heads, n_kv_head: o.kvHeads, head_dim: o.headDim, pos0: o.pos0,
-      window: o.window, cells: o.cells, ring: o.ring ? 1 : 0, scale: o.scale,
-    }) },
+    buffers: { q: 0, k_cache: 1, v_cache: 2, out: 3 }, writes: ["out"], args: attentionArgs(o),
   };
 }

@@ -16,6 +16,7 @@ import actMetal from "../../shaders/metal/act.metal" with { type: "text" };
 import argsHeader from "../../shaders/metal/args.h" with { type: "text" };
 import attentionMetal from "../../shaders/metal/attention.metal" with { type: "text" };
 import attentionDecodeMetal from "../../shaders/metal/attention_decode.metal" with { type: "text" };
+import attentionPromptMetal from "../../shaders/metal/attention_prompt.metal" with { type: "text" };
 import blocksHeader from "../../shaders/metal/blocks.h" with { type: "text" };
 import getRowsMetal from "../../shaders/metal/get_rows.metal" with { type: "text" };
 import kvMetal from "../../shaders/metal/kv.metal" with { type: "text" };
@@ -34,6 +35,7 @@ const embeddedShaders: Readonly<Record<string, string>> = {
   "args.h": argsHeader,
   "attention.metal": attentionMetal,
   "attention_decode.metal": attentionDecodeMetal,
+  "attention_prompt.metal": attentionPromptMetal,
   "blocks.h": blocksHeader,
   "get_rows.metal": getRowsMetal,
   "kv.metal": kvMetal,

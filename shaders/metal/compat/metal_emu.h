@@ -12,6 +12,11 @@
 // (some returned or wait elsewhere), lanes of one simdgroup meeting at different collectives, a
 // shuffle from an inactive lane.
 //
+// simdgroup_matrix operations (load, store, multiply-accumulate) are collectives too: each lane
+// holds only its share of an 8×8 matrix, and the operation is done once all 32 lanes of the
+// simdgroup wait at it with the same arguments (resolve_matrix); fewer lanes, or lanes apart in
+// memory, layout or types, is an error.
+//
 // Speed, which decides whether a real model fits in a test: a decode step of the default model
 // starts ~10 million fibers (the LM head alone is 262,144 rows of one simdgroup each). glibc's
 // swapcontext makes a sigprocmask system call on every switch, which was most of the time, so
@@ -82,6 +87,7 @@ struct Fiber {
     float value;
     uint arg;
     float result;
+    MatrixArgs matrix;  // a simdgroup_matrix operation's arguments (kind matrix_*)
 };
 
 struct Scheduler {
@@ -170,6 +176,12 @@ inline float collective(op kind, float value, uint arg) {
     f->st = state::waiting;
     to_home(f);
     return f->result;
+}
+
+inline void matrix_collective(op kind, const MatrixArgs& m) {
+    Fiber* f = sched().current;
+    f->matrix = m;
+    collective(kind, 0, 0);
 }
 
 // Where every fiber starts; it never returns (its last switch goes home for good).
@@ -292,6 +304,93 @@ inline void start_fiber(Scheduler& s, uint i) {
 }
 
 inline bool is_simd(op k) { return k != op::barrier; }
+inline bool is_matrix(op k) {
+    return k == op::matrix_load || k == op::matrix_store || k == op::matrix_multiply_accumulate;
+}
+
+inline float get_elem(const void* p, elem type, ulong i) {
+    return type == elem::f32 ? ((const float*)p)[i] : float(((const half*)p)[i]);
+}
+inline void set_elem(void* p, elem type, ulong i, float v) {
+    if (type == elem::f32) ((float*)p)[i] = v;
+    else ((half*)p)[i] = half(v);
+}
+
+// A simdgroup_matrix operation of all 32 lanes (simdgroup_matrix in metal_stdlib): the whole
+// matrices gathered from the lanes' fragments (lane l holds elements 2l and 2l + 1, row-major),
+// the operation done once, the result scattered back. Returns false (error set) on a violation.
+inline bool resolve_matrix(Fiber* lanes, uint count, uint group_index) {
+    const op kind = lanes[0].kind;
+    const MatrixArgs& m = lanes[0].matrix;
+    if (count != simd_width) {
+        fail("a simdgroup_matrix operation in a simdgroup of fewer than 32 threads", group_index);
+        return false;
+    }
+    for (uint i = 0; i < count; i++) {
+        const MatrixArgs& o = lanes[i].matrix;
+        if (lanes[i].st != state::waiting) {
+            fail("a simdgroup_matrix operation not reached by every lane of the simdgroup",
+                 group_index);
+            return false;
+        }
+        if (o.memory != m.memory || o.elements_per_row != m.elements_per_row ||
+            o.origin_x != m.origin_x || o.origin_y != m.origin_y || o.transpose != m.transpose ||
+            o.d_type != m.d_type || o.a_type != m.a_type || o.b_type != m.b_type ||
+            o.c_type != m.c_type || (o.c == nullptr) != (m.c == nullptr)) {
+            fail("lanes pass different memory or layout (or matrix types) to one simdgroup_matrix "
+                 "operation", group_index);
+            return false;
+        }
+    }
+    // Where element (r, c) of the matrix lies in memory for a load or a store.
+    auto at = [&](uint r, uint c) -> ulong {
+        const ulong row = m.transpose ? c : r, col = m.transpose ? r : c;
+        return (m.origin_y + row) * m.elements_per_row + m.origin_x + col;
+    };
+    auto gather = [&](uint which, float* out) {  // which: 0 a, 1 b, 2 c
+        const elem type = which == 0 ? m.a_type : which == 1 ? m.b_type : m.c_type;
+        for (uint l = 0; l < simd_width; l++) {
+            const MatrixArgs& o = lanes[l].matrix;
+            const void* frag = which == 0 ? o.a : which == 1 ? o.b : o.c;
+            if (!frag) {  // simdgroup_multiply's absent c
+                out[2 * l] = out[2 * l + 1] = 0.0f;
+                continue;
+            }
+            if (type == elem::f32) {
+                out[2 * l] = ((const float*)frag)[0];
+                out[2 * l + 1] = ((const float*)frag)[1];
+            } else {
+                out[2 * l] = float(((const half*)frag)[0]);
+                out[2 * l + 1] = float(((const half*)frag)[1]);
+            }
+        }
+    };
+    float d[64];
+    if (kind == op::matrix_load) {
+        for (uint e = 0; e < 64; e++) d[e] = get_elem(m.memory, m.d_type, at(e / 8, e % 8));
+    } else if (kind == op::matrix_store) {
+        float a[64];
+        gather(0, a);
+        for (uint e = 0; e < 64; e++) set_elem(m.memory, m.a_type, at(e / 8, e % 8), a[e]);
+    } else {
+        float a[64], b[64], c[64];
+        gather(0, a);
+        gather(1, b);
+        gather(2, c);
+        for (uint r = 0; r < 8; r++) {
+            for (uint col = 0; col < 8; col++) {
+                float sum = 0.0f;
+                for (uint k = 0; k < 8; k++) sum += a[r * 8 + k] * b[k * 8 + col];
+                d[r * 8 + col] = sum + c[r * 8 + col];
+            }
+        }
+    }
+    if (kind != op::matrix_store) {
+        for (uint e = 0; e < 64; e++) set_elem(lanes[e / 2].matrix.d, m.d_type, e % 2, d[e]);
+    }
+    for (uint i = 0; i < count; i++) lanes[i].st = state::runnable;
+    return true;
+}
 // Completes the collective the lanes [first, first + count) of one simdgroup wait at, if every
 // lane still running waits there. Returns whether it released any lane.
 inline bool resolve_simdgroup(Fiber* lanes, uint count, uint group_index) {
@@ -312,6 +411,7 @@ inline bool resolve_simdgroup(Fiber* lanes, uint count, uint group_index) {
             return false;
         }
     }
+    if (is_matrix(kind)) return resolve_matrix(lanes, count, group_index);
     float acc = kind == op::simd_max ? -__builtin_inff() : kind == op::simd_min ? __builtin_inff() : 0;
     // Sums in lane order: a fixed order, so a result does not depend on the schedule.
     for (uint i = 0; i < count; i++) {
@@ -350,9 +450,31 @@ inline bool run_group(Scheduler& s, uint group_index) {
     for (uint i = 0; i < n; i++) start_fiber(s, i);
     uint order[threads_max];
     for (;;) {
+        // Simdgroups drift apart on a GPU: each round a simdgroup is held back with probability
+        // 1/4 (never all of them), so others run ahead of it by several collectives and a
+        // missing barrier between one simdgroup's reads and another's overwrite shows.
+        const uint n_sg = (n + simd_width - 1) / simd_width;
+        bool held[threads_max / simd_width] = {false};
+        uint live = 0, kept = 0;
+        for (uint g = 0; g < n_sg; g++) {
+            bool any = false;
+            for (uint i = g * simd_width; i < n && i < (g + 1) * simd_width; i++) {
+                any |= s.fibers[i].st == state::runnable;
+            }
+            if (!any) continue;
+            live++;
+            held[g] = s.next() % 4 == 0;
+            kept += held[g] ? 0 : 1;
+        }
+        if (live > 0 && kept == 0) {
+            for (uint g = 0; g < n_sg; g++) held[g] = false;
+        }
         uint runnable = 0;
+        bool waiting_held = false;
         for (uint i = 0; i < n; i++) {
-            if (s.fibers[i].st == state::runnable) order[runnable++] = i;
+            if (s.fibers[i].st != state::runnable) continue;
+            if (held[i / simd_width]) waiting_held = true;
+            else order[runnable++] = i;
         }
         for (uint i = runnable; i > 1; i--) {  // Fisher-Yates
             const uint j = uint(s.next() % i);
@@ -360,8 +482,22 @@ inline bool run_group(Scheduler& s, uint group_index) {
             order[i - 1] = order[j];
             order[j] = t;
         }
-        for (uint i = 0; i < runnable; i++) to_fiber(&s.fibers[order[i]]);
-        bool progress = false;
+        // A simdgroup whose last lane of the round has stopped completes the collective its lanes
+        // wait at there and then, before the threads still to run this round go on: another
+        // simdgroup may be behind, as on a GPU, so a simdgroup_load of memory another simdgroup
+        // writes without a barrier in between sees it unwritten under some seed.
+        uint left[threads_max / simd_width] = {0};
+        for (uint i = 0; i < runnable; i++) left[order[i] / simd_width]++;
+        bool progress = waiting_held;
+        for (uint i = 0; i < runnable; i++) {
+            to_fiber(&s.fibers[order[i]]);
+            const uint g = order[i] / simd_width;
+            if (--left[g] > 0) continue;
+            const uint first = g * simd_width;
+            const uint count = n - first < simd_width ? n - first : simd_width;
+            progress |= resolve_simdgroup(&s.fibers[first], count, group_index);
+            if (failed()) return false;
+        }
         for (uint first = 0; first < n; first += simd_width) {
             const uint count = n - first < simd_width ? n - first : simd_width;
             progress |= resolve_simdgroup(&s.fibers[first], count, group_index);
