@@ -317,7 +317,7 @@ describe("the fiber switch and the OS threads", () => {
     });
     expect(Bun.deepEquals(outputs[0], outputs[1])).toBe(true);
     expect(outputs[0].every(Number.isFinite)).toBe(true);
-  });
+  }, 600_000); // its emulator (no test kernels) may be a cold build
 
   // The AArch64 switch (a Mac-like host's) cannot run natively here: built static for
   // aarch64-linux and run under qemu-user where it is installed.

@@ -9,7 +9,7 @@ import { join } from "node:path";
 
 const root = join(import.meta.dir, "..", "..");
 /** The files that hold the library's `export fn`s, in the order the table lists them. */
-export const exportFiles = ["core", "cpu", "cuda", "metal"].map((area) => `lib/exports/${area}.zig`);
+export const exportFiles = ["core", "cpu", "altup", "cuda", "metal"].map((area) => `lib/exports/${area}.zig`);
 export const abiFile = "lib/abi.zig";
 const outPath = join(import.meta.dir, "symbols.gen.ts");
 
