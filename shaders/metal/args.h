@@ -67,16 +67,20 @@ typedef struct {
     float scale;
 } EltwiseArgs;
 
-// Rows t < n_tok of k and v (kv_dim values) into the f16 caches at the cell of position pos0 + t.
+// Rows t < n_tok of k and v (kv_dim values) into the caches at the cell of position pos0 + t;
+// k_type and v_type are the caches' types (kv.h: KV_F16, KV_Q8_0, KV_Q4_0).
 typedef struct {
     uint32_t kv_dim;
     uint32_t n_tok;
     uint32_t pos0;
     uint32_t cells;
     uint32_t ring;
+    uint32_t k_type;
+    uint32_t v_type;
 } KvStoreArgs;
 
-// Queries t < n_tok at positions pos0 + t over cache cells of n_kv_head·head_dim f16 values;
+// Queries t < n_tok at positions pos0 + t over cache cells of n_kv_head·head_dim values of
+// k_type / v_type (kv.h);
 // head_dim at most ATTENTION_HEAD_DIM_MAX (each lane keeps head_dim / 32 accumulators).
 #define ATTENTION_HEAD_DIM_MAX 512
 // attention_prompt.metal: queries per threadgroup (8 per simdgroup), its threads, and the
@@ -94,6 +98,8 @@ typedef struct {
     uint32_t cells;
     uint32_t ring;
     float scale;
+    uint32_t k_type;
+    uint32_t v_type;
 } AttentionArgs;
 
 // Decode attention with splits (attention_decode.metal): a threadgroup takes `group` query heads
@@ -116,6 +122,8 @@ typedef struct {
     float scale;
     uint32_t group;
     uint32_t n_split;
+    uint32_t k_type;
+    uint32_t v_type;
 } AttentionDecodeArgs;
 
 // The splits' partial results (row, head, split: max, sum, head_dim unnormalised values) combined.
@@ -127,7 +135,8 @@ typedef struct {
 } AttentionCombineArgs;
 
 // One step's query and key heads: RMSNorm per head (has_norm), RoPE, queries times q_scale, and
-// keys and values stored to the f16 cache at cell pos0 + t (mod cells in a ring).
+// keys and values stored to the caches (k_type, v_type: kv.h) at cell pos0 + t (mod cells in a
+// ring).
 typedef struct {
     uint32_t n_tok;
     uint32_t heads_q;
@@ -144,6 +153,8 @@ typedef struct {
     uint32_t pos0;
     uint32_t cells;
     uint32_t ring;
+    uint32_t k_type;
+    uint32_t v_type;
 } NormRopeStoreArgs;
 
 #endif

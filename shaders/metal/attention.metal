@@ -1,6 +1,6 @@
 // Causal grouped-query attention (Vaswani et al. 2017; Ainslie et al. 2023) with an optional
-// sliding window, over the f16 KV cache. One threadgroup per (query head, token): the query at
-// position p = pos0 + t sees keys j in [begin, p], begin = p + 1 - window when a window is set;
+// sliding window, over the KV cache (f16, Q8_0 or Q4_0: kv.h, each lane dequantizing the values
+// it reads). One threadgroup per (query head, token): the query at position p = pos0 + t sees keys j in [begin, p], begin = p + 1 - window when a window is set;
 // its KV head is head / (n_head / n_kv_head); position j lives in cell j (or j % cells in a ring).
 // Simdgroup s takes keys begin + s, begin + s + n_sg, ...: the 32 lanes split head_dim, simd_sum
 // gives the score, and an online softmax (Milakov & Gimelshein 2018) keeps a running max m, sum l
@@ -8,12 +8,13 @@
 // threadgroup memory: n_sg · (head_dim + 2) floats.
 #include <metal_stdlib>
 #include "args.h"
+#include "kv.h"
 using namespace metal;
 
 #define ATTENTION_PER_LANE (ATTENTION_HEAD_DIM_MAX / 32)
 
-kernel void attention(device const float* q [[buffer(0)]], device const half* k_cache [[buffer(1)]],
-                      device const half* v_cache [[buffer(2)]], device float* out [[buffer(3)]],
+kernel void attention(device const float* q [[buffer(0)]], device const uchar* k_cache [[buffer(1)]],
+                      device const uchar* v_cache [[buffer(2)]], device float* out [[buffer(3)]],
                       constant AttentionArgs& args [[buffer(4)]],
                       threadgroup float* shared [[threadgroup(0)]],
                       uint3 tg [[threadgroup_position_in_grid]],
@@ -43,12 +44,13 @@ kernel void attention(device const float* q [[buffer(0)]], device const half* k_
     // j depends on the simdgroup only, so every lane of it takes the same trips round the loop.
     for (uint j = begin + sg; j <= p; j += n_sg) {
         const uint cell = args.ring != 0 ? j % args.cells : j;
-        device const half* kr = k_cache + cell * kv_dim + kv_head * head_dim;
-        device const half* vr = v_cache + cell * kv_dim + kv_head * head_dim;
+        const ulong at = ulong(cell) * kv_dim + ulong(kv_head) * head_dim;
+        device const uchar* kr = k_cache + kv_bytes(args.k_type, at);
+        device const uchar* vr = v_cache + kv_bytes(args.v_type, at);
         float s = 0.0f;
         for (uint i = 0; i < ATTENTION_PER_LANE; i++) {
             const uint d = lane + 32 * i;
-            if (d < head_dim) s += qv[i] * float(kr[d]);
+            if (d < head_dim) s += qv[i] * kv_value(kr, args.k_type, d);
         }
         s = simd_sum(s) * args.scale;
         const float m_new = max(m, s);
@@ -57,7 +59,7 @@ kernel void attention(device const float* q [[buffer(0)]], device const half* k_
         l = l * correction + weight;
         for (uint i = 0; i < ATTENTION_PER_LANE; i++) {
             const uint d = lane + 32 * i;
-            if (d < head_dim) acc[i] = acc[i] * correction + weight * float(vr[d]);
+            if (d < head_dim) acc[i] = acc[i] * correction + weight * kv_value(vr, args.v_type, d);
         }
         m = m_new;
     }

@@ -5,7 +5,8 @@
 // equal spans of the keys the row sees, so each key and value row is read once per group rather
 // than once per query head, and a long context fills the GPU with threadgroups instead of one per
 // head. Simdgroup s walks keys s0 + s, s0 + s + n_sg, ...: lane l holds dims [l·PL, l·PL + PL) of
-// each of the group's query heads and of the running output (read as half4 where head_dim allows),
+// each of the group's query heads and of the running output (read as half4 where head_dim allows;
+// from a Q8_0 / Q4_0 cache a lane's dims lie in one block, whose scale it reads once),
 // simd_sum gives each head's score, and an online softmax (Milakov & Gimelshein 2018) keeps a
 // running max m and sum l per head. The simdgroups merge through threadgroup memory
 // (n_sg · group · (head_dim + 2) floats); with one split the result is normalised and written to
@@ -14,15 +15,25 @@
 // weighs by exp(-FLT_MAX - m) = 0.
 #include <metal_stdlib>
 #include "args.h"
+#include "kv.h"
 using namespace metal;
 
-// Lane `lane`'s PL dims of a row of f16 values: half4 loads when head_dim is a multiple of 4 (then
-// a half4 lies wholly inside or outside the row), else one value at a time; zeros past head_dim.
+// Lane `lane`'s PL dims of a cache row: from a block type, the PL values of one block (head_dim is
+// a multiple of 32 and PL divides 32); from f16, half4 loads when head_dim is a multiple of 4
+// (then a half4 lies wholly inside or outside the row), else one value at a time; zeros past
+// head_dim.
 template <uint PL>
-inline void load_lane_dims(device const half* row, uint lane, uint head_dim, bool wide,
-                           thread float* out) {
+inline void load_lane_dims(device const uchar* bytes, uint type, uint lane, uint head_dim,
+                           bool wide, thread float* out) {
     const uint base = lane * PL;
-    if (PL % 4 == 0 && wide) {
+    device const half* row = (device const half*)bytes;
+    if (type != KV_F16) {
+        if (base < head_dim) {
+            kv_values_in_block(bytes, type, base, PL, out);
+        } else {
+            for (uint i = 0; i < PL; i++) out[i] = 0.0f;
+        }
+    } else if (PL % 4 == 0 && wide) {
         device const half4* row4 = (device const half4*)(row + base);
         for (uint c = 0; c < PL / 4; c++) {
             if (base + 4 * c < head_dim) {
@@ -41,8 +52,8 @@ inline void load_lane_dims(device const half* row, uint lane, uint head_dim, boo
 }
 
 template <uint PL, uint GM>
-inline void attention_decode_impl(device const float* q, device const half* k_cache,
-                                  device const half* v_cache, device float* out,
+inline void attention_decode_impl(device const float* q, device const uchar* k_cache,
+                                  device const uchar* v_cache, device float* out,
                                   device float* partials, constant AttentionDecodeArgs& args,
                                   threadgroup float* shared, uint3 tg, uint tid, uint n_threads,
                                   uint sg, uint n_sg, uint lane) {
@@ -80,7 +91,8 @@ inline void attention_decode_impl(device const float* q, device const half* k_ca
         const uint cell = args.ring != 0 ? j % args.cells : j;
         const ulong at = ulong(cell) * kv_dim + ulong(kv_head) * head_dim;
         float kv[PL];
-        load_lane_dims<PL>(k_cache + at, lane, head_dim, wide, kv);
+        load_lane_dims<PL>(k_cache + kv_bytes(args.k_type, at), args.k_type, lane, head_dim, wide,
+                           kv);
         float correction[GM];
         float weight[GM];
         for (uint h = 0; h < GM; h++) {
@@ -96,7 +108,8 @@ inline void attention_decode_impl(device const float* q, device const half* k_ca
             l[h] = l[h] * correction[h] + weight[h];
             m[h] = m_new;
         }
-        load_lane_dims<PL>(v_cache + at, lane, head_dim, wide, kv);
+        load_lane_dims<PL>(v_cache + kv_bytes(args.v_type, at), args.v_type, lane, head_dim, wide,
+                           kv);
         for (uint h = 0; h < GM && h < group; h++) {
             for (uint i = 0; i < PL; i++) acc[h][i] = acc[h][i] * correction[h] + weight[h] * kv[i];
         }
@@ -143,8 +156,8 @@ inline void attention_decode_impl(device const float* q, device const half* k_ca
 }
 
 kernel void attention_decode_d64(device const float* q [[buffer(0)]],
-                                 device const half* k_cache [[buffer(1)]],
-                                 device const half* v_cache [[buffer(2)]],
+                                 device const uchar* k_cache [[buffer(1)]],
+                                 device const uchar* v_cache [[buffer(2)]],
                                  device float* out [[buffer(3)]],
                                  device float* partials [[buffer(4)]],
                                  constant AttentionDecodeArgs& args [[buffer(5)]],
@@ -160,8 +173,8 @@ kernel void attention_decode_d64(device const float* q [[buffer(0)]],
 }
 
 kernel void attention_decode_d128(device const float* q [[buffer(0)]],
-                                  device const half* k_cache [[buffer(1)]],
-                                  device const half* v_cache [[buffer(2)]],
+                                  device const uchar* k_cache [[buffer(1)]],
+                                  device const uchar* v_cache [[buffer(2)]],
                                   device float* out [[buffer(3)]],
                                   device float* partials [[buffer(4)]],
                                   constant AttentionDecodeArgs& args [[buffer(5)]],
@@ -177,8 +190,8 @@ kernel void attention_decode_d128(device const float* q [[buffer(0)]],
 }
 
 kernel void attention_decode_d256(device const float* q [[buffer(0)]],
-                                  device const half* k_cache [[buffer(1)]],
-                                  device const half* v_cache [[buffer(2)]],
+                                  device const uchar* k_cache [[buffer(1)]],
+                                  device const uchar* v_cache [[buffer(2)]],
                                   device float* out [[buffer(3)]],
                                   device float* partials [[buffer(4)]],
                                   constant AttentionDecodeArgs& args [[buffer(5)]],
@@ -194,8 +207,8 @@ kernel void attention_decode_d256(device const float* q [[buffer(0)]],
 }
 
 kernel void attention_decode_d512(device const float* q [[buffer(0)]],
-                                  device const half* k_cache [[buffer(1)]],
-                                  device const half* v_cache [[buffer(2)]],
+                                  device const uchar* k_cache [[buffer(1)]],
+                                  device const uchar* v_cache [[buffer(2)]],
                                   device float* out [[buffer(3)]],
                                   device float* partials [[buffer(4)]],
                                   constant AttentionDecodeArgs& args [[buffer(5)]],

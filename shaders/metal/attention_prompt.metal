@@ -1,14 +1,15 @@
 // Flash attention for prompts (Dao et al. 2022) on the simdgroup matrix units: causal
-// grouped-query attention with an optional sliding window over the f16 KV cache, with the masks
+// grouped-query attention with an optional sliding window over the KV cache, with the masks
 // and cell addressing of attention.metal (the query at position p = pos0 + t sees keys j in
 // [begin, p]; position j lives in cell j, or j % cells in a ring), for many queries at once.
 //
 // One threadgroup per (query head, tile of ATTENTION_PROMPT_QUERIES = 32 queries); simdgroup sg
 // owns queries 8sg .. 8sg + 7 of the tile, its 8 × head_dim block of Q held as 8×8 matrices for
 // the whole kernel. The threadgroup walks the keys its queries see in blocks of 16: all threads
-// stage a block's K and V rows (f16, exact copies of the cache; zero past the last position) in
-// threadgroup memory, then each simdgroup whose queries see any key of the block computes the
-// 8 × 16 scores S = Q·K^T on matrices, applies the masks and the online softmax (Milakov &
+// stage a block's K and V rows (f16: exact copies of an f16 cache, a Q8_0 / Q4_0 cache's blocks
+// dequantized and rounded to f16 as llama.cpp's flash attention stages them; zero past the last
+// position) in threadgroup memory, then each simdgroup whose queries see any key of the block
+// computes the 8 × 16 scores S = Q·K^T on matrices, applies the masks and the online softmax (Milakov &
 // Gimelshein 2018) row by row (lanes 0..7, one query each: running max m and sum l), and
 // updates its output O = diag(correction)·O + P·V, again on matrices. At the end O / l is
 // written out one 8×8 block at a time through the simdgroup's scratch, with bounds checks.
@@ -18,6 +19,7 @@
 // then the K and V blocks: 16 × dp halves each, dp = head_dim rounded up to 8.
 #include <metal_stdlib>
 #include "args.h"
+#include "kv.h"
 using namespace metal;
 
 inline uint attention_begin(uint p, uint window) {
@@ -25,8 +27,8 @@ inline uint attention_begin(uint p, uint window) {
 }
 
 template <uint DMAX>
-inline void attention_prompt(device const float* q, device const half* k_cache,
-                             device const half* v_cache, device float* out,
+inline void attention_prompt(device const float* q, device const uchar* k_cache,
+                             device const uchar* v_cache, device float* out,
                              constant AttentionArgs& args, threadgroup float* shared, uint3 tg,
                              uint tid, uint sg, uint lane) {
     const uint head = tg.x;
@@ -75,9 +77,9 @@ inline void attention_prompt(device const float* q, device const half* k_cache,
             half kv_k = half(0.0f), kv_v = half(0.0f);
             if (j <= p_last && d < head_dim) {
                 const uint cell = args.ring != 0 ? j % args.cells : j;
-                const ulong at = cell * kv_dim + kv_head * head_dim + d;
-                kv_k = k_cache[at];
-                kv_v = v_cache[at];
+                const ulong at = cell * kv_dim + kv_head * head_dim;
+                kv_k = half(kv_value(k_cache + kv_bytes(args.k_type, at), args.k_type, d));
+                kv_v = half(kv_value(v_cache + kv_bytes(args.v_type, at), args.v_type, d));
             }
             k_block[e] = kv_k;
             v_block[e] = kv_v;
@@ -156,8 +158,8 @@ inline void attention_prompt(device const float* q, device const half* k_cache,
 }
 
 kernel void attention_prompt_d128(device const float* q [[buffer(0)]],
-                                  device const half* k_cache [[buffer(1)]],
-                                  device const half* v_cache [[buffer(2)]],
+                                  device const uchar* k_cache [[buffer(1)]],
+                                  device const uchar* v_cache [[buffer(2)]],
                                   device float* out [[buffer(3)]],
                                   constant AttentionArgs& args [[buffer(4)]],
                                   threadgroup float* shared [[threadgroup(0)]],
@@ -169,8 +171,8 @@ kernel void attention_prompt_d128(device const float* q [[buffer(0)]],
 }
 
 kernel void attention_prompt_d256(device const float* q [[buffer(0)]],
-                                  device const half* k_cache [[buffer(1)]],
-                                  device const half* v_cache [[buffer(2)]],
+                                  device const uchar* k_cache [[buffer(1)]],
+                                  device const uchar* v_cache [[buffer(2)]],
                                   device float* out [[buffer(3)]],
                                   constant AttentionArgs& args [[buffer(4)]],
                                   threadgroup float* shared [[threadgroup(0)]],

@@ -13,8 +13,8 @@
 // the cores are busy; a model with many query heads per KV head groups them even unsplit.
 import { InferError } from "../errors.ts";
 import {
-  ATTENTION_HEAD_DIM_MAX, ATTENTION_PROMPT_TOKENS_MIN, packArgs, planAttention, type AttentionPlanOptions,
-  type KernelDispatch,
+  ATTENTION_HEAD_DIM_MAX, ATTENTION_PROMPT_TOKENS_MIN, attentionKvTypeArgs, packArgs, planAttention,
+  type AttentionPlanOptions, type KernelDispatch,
 } from "./metal-plan.ts";
 
 /**
@@ -128,7 +128,7 @@ export function planAttentionDecode(o: AttentionPlanOptions, splits: number,
     buffers: { q: 0, k_cache: 1, v_cache: 2, out: 3, partials: 4 }, writes: ["out", "partials"],
     args: { struct: "AttentionDecodeArgs", index: 5, bytes: packArgs("AttentionDecodeArgs", {
       n_tok: o.nTok, n_head: o.heads, n_kv_head: o.kvHeads, head_dim: o.headDim, pos0: o.pos0, window: o.window,
-      cells: o.cells, ring: o.ring ? 1 : 0, scale: o.scale, group, n_split: splits,
+      cells: o.cells, ring: o.ring ? 1 : 0, scale: o.scale, group, n_split: splits, ...attentionKvTypeArgs(o),
     }) },
   };
   const costUs = phasesCostUs(decodePhases(o, group, splits), m);

@@ -7,6 +7,7 @@
 // shaders/metal, so a renamed parameter, a moved index or a changed struct fails a test here.
 import { InferError } from "../errors.ts";
 import { ggmlTypes, type GgmlTypeInfo } from "../gguf/types.ts";
+import type { KvType, KvTypes } from "./backend.ts";
 
 export type Dim3 = readonly [number, number, number];
 
@@ -37,18 +38,40 @@ export const argStructs: Readonly<Record<string, readonly (readonly [string, Fie
   RopeArgs: [["n_tok", "u32"], ["n_heads", "u32"], ["head_dim", "u32"], ["n_rot", "u32"],
     ["freq_base", "f32"], ["freq_scale", "f32"], ["mode", "u32"], ["has_freq_factors", "u32"]],
   EltwiseArgs: [["n", "u32"], ["n_cols", "u32"], ["scale", "f32"]],
-  KvStoreArgs: [["kv_dim", "u32"], ["n_tok", "u32"], ["pos0", "u32"], ["cells", "u32"], ["ring", "u32"]],
+  KvStoreArgs: [["kv_dim", "u32"], ["n_tok", "u32"], ["pos0", "u32"], ["cells", "u32"], ["ring", "u32"],
+    ["k_type", "u32"], ["v_type", "u32"]],
   AttentionArgs: [["n_tok", "u32"], ["n_head", "u32"], ["n_kv_head", "u32"], ["head_dim", "u32"],
-    ["pos0", "u32"], ["window", "u32"], ["cells", "u32"], ["ring", "u32"], ["scale", "f32"]],
+    ["pos0", "u32"], ["window", "u32"], ["cells", "u32"], ["ring", "u32"], ["scale", "f32"], ["k_type", "u32"],
+    ["v_type", "u32"]],
   AttentionDecodeArgs: [["n_tok", "u32"], ["n_head", "u32"], ["n_kv_head", "u32"], ["head_dim", "u32"],
     ["pos0", "u32"], ["window", "u32"], ["cells", "u32"], ["ring", "u32"], ["scale", "f32"], ["group", "u32"],
-    ["n_split", "u32"]],
+    ["n_split", "u32"], ["k_type", "u32"], ["v_type", "u32"]],
   AttentionCombineArgs: [["n_tok", "u32"], ["n_head", "u32"], ["head_dim", "u32"], ["n_split", "u32"]],
   NormRopeStoreArgs: [["n_tok", "u32"], ["heads_q", "u32"], ["heads_k", "u32"], ["head_dim", "u32"],
     ["has_norm", "u32"], ["eps", "f32"], ["n_rot", "u32"], ["freq_base", "f32"], ["freq_scale", "f32"],
     ["mode", "u32"], ["has_freq_factors", "u32"], ["q_scale", "f32"], ["pos0", "u32"], ["cells", "u32"],
-    ["ring", "u32"]],
+    ["ring", "u32"], ["k_type", "u32"], ["v_type", "u32"]],
 };
+
+/** The KV cache types the Metal kernels store and read, as kv.h's KV_* ids (ggml's type ids). */
+export const metalKvTypeIds: Readonly<Partial<Record<KvType, number>>> = { f16: 1, q4_0: 2, q8_0: 8 };
+const F16_CACHE: KvTypes = { k: "f16", v: "f16" };
+
+/**
+ * kv.h's ids of a K/V pair; a block type needs every KV head's row to be whole 32-value blocks.
+ * `dim` is head_dim (or the row's kv_dim, a multiple of it).
+ */
+export function kvTypeArgs(types: KvTypes, dim: number): { k_type: number; v_type: number } {
+  const k = metalKvTypeIds[types.k], v = metalKvTypeIds[types.v];
+  if (k === undefined || v === undefined) {
+    throw new InferError("unsupported", `the Metal backend keeps the KV cache in f16, q8_0 or q4_0, not ` +
+      `${types.k === types.v ? types.k : `k ${types.k}, v ${types.v}`} (use --backend cpu for it)`);
+  }
+  if ((types.k !== "f16" || types.v !== "f16") && dim % 32 !== 0) {
+    throw new InferError("unsupported", `a q8_0/q4_0 KV cache needs head_dim a multiple of 32, not ${dim}`);
+  }
+  return { k_type: k, v_type: v };
+}
 
 /** Constants of args.h the plan depends on (checked by the test). */
 /** matmul.metal's tile (rows × tokens) and threads: its simdgroup layout is built for these. */
@@ -202,6 +225,8 @@ export interface NormRopeStorePlanOptions {
   /** The queries' factor after RoPE (1: none). */
   readonly qScale: number;
   readonly pos0: number; readonly cells: number; readonly ring: boolean;
+  /** The caches' types (default f16). */
+  readonly types?: KvTypes;
 }
 
 /**
@@ -221,6 +246,7 @@ export function planNormRopeStore(o: NormRopeStorePlanOptions): KernelDispatch {
       n_tok: o.nTok, heads_q: o.headsQ, heads_k: o.headsK, head_dim: o.headDim, has_norm: o.norm ? 1 : 0,
       eps: o.eps, n_rot: o.rotaryDims, freq_base: o.base, freq_scale: o.scale, mode: o.neox ? 2 : 0,
       has_freq_factors: o.freqFactors ? 1 : 0, q_scale: o.qScale, pos0: o.pos0, cells: o.cells, ring: o.ring ? 1 : 0,
+      ...kvTypeArgs(o.types ?? F16_CACHE, o.headDim),
     }) },
   };
 }
@@ -280,14 +306,18 @@ export function planAddRowBias(nRows: number, nCols: number): KernelDispatch {
   return planEltwise("add_row_bias", { x: 0, bias: 1 }, ["x"], 2, nRows * nCols, nCols);
 }
 
-/** k and v rows into the f16 caches. Buffers k, v, k_cache, v_cache. */
-export function planKvStore(kvDim: number, nTok: number, pos0: number, cells: number, ring: boolean): KernelDispatch {
-  const threads = Math.min(256, ceilDiv(kvDim, SIMD_WIDTH) * SIMD_WIDTH);
+/** k and v rows into the caches (f16 unless `types` says), a thread per 32 values. Buffers k, v,
+ * k_cache, v_cache. */
+export function planKvStore(kvDim: number, nTok: number, pos0: number, cells: number, ring: boolean,
+  types: KvTypes = F16_CACHE): KernelDispatch {
+  const chunks = ceilDiv(kvDim, 32);
+  const threads = Math.min(64, chunks);
   return {
-    kernel: "kv_store", grid: [ceilDiv(kvDim, threads), nTok, 1], threads: [threads, 1, 1], threadgroupBytes: 0,
+    kernel: "kv_store", grid: [ceilDiv(chunks, threads), nTok, 1], threads: [threads, 1, 1], threadgroupBytes: 0,
     buffers: { k: 0, v: 1, k_cache: 2, v_cache: 3 }, writes: ["k_cache", "v_cache"],
-    args: { struct: "KvStoreArgs", index: 4,
-      bytes: packArgs("KvStoreArgs", { kv_dim: kvDim, n_tok: nTok, pos0, cells, ring: ring ? 1 : 0 }) },
+    args: { struct: "KvStoreArgs", index: 4, bytes: packArgs("KvStoreArgs", {
+      kv_dim: kvDim, n_tok: nTok, pos0, cells, ring: ring ? 1 : 0, ...kvTypeArgs(types, kvDim),
+    }) },
   };
 }
 
@@ -295,12 +325,19 @@ export interface AttentionPlanOptions {
   readonly nTok: number; readonly heads: number; readonly kvHeads: number; readonly headDim: number;
   readonly pos0: number; readonly window: number; readonly cells: number; readonly ring: boolean;
   readonly scale: number;
+  /** The caches' types (default f16). */
+  readonly types?: KvTypes;
+}
+
+/** The k_type and v_type arguments of an attention kernel. */
+export function attentionKvTypeArgs(o: AttentionPlanOptions): { k_type: number; v_type: number } {
+  return kvTypeArgs(o.types ?? F16_CACHE, o.headDim);
 }
 
 function attentionArgs(o: AttentionPlanOptions): KernelDispatch["args"] {
   return { struct: "AttentionArgs", index: 4, bytes: packArgs("AttentionArgs", {
     n_tok: o.nTok, n_head: o.heads, n_kv_head: o.kvHeads, head_dim: o.headDim, pos0: o.pos0,
-    window: o.window, cells: o.cells, ring: o.ring ? 1 : 0, scale: o.scale,
+    window: o.window, cells: o.cells, ring: o.ring ? 1 : 0, scale: o.scale, ...attentionKvTypeArgs(o),
   }) };
 }
 
@@ -323,7 +360,7 @@ export function planAttentionPrompt(o: AttentionPlanOptions): KernelDispatch {
 }
 
 /**
- * Attention over the f16 cache: the flash-attention prompt kernel for prompts with head_dim up to
+ * Attention over the cache: the flash-attention prompt kernel for prompts with head_dim up to
  * 256, else one threadgroup per (head, query). Buffers q, k_cache, v_cache, out.
  */
 export function planAttention(o: AttentionPlanOptions): KernelDispatch {

@@ -19,6 +19,7 @@ import attentionDecodeMetal from "../../shaders/metal/attention_decode.metal" wi
 import attentionPromptMetal from "../../shaders/metal/attention_prompt.metal" with { type: "text" };
 import blocksHeader from "../../shaders/metal/blocks.h" with { type: "text" };
 import getRowsMetal from "../../shaders/metal/get_rows.metal" with { type: "text" };
+import kvHeader from "../../shaders/metal/kv.h" with { type: "text" };
 import kvMetal from "../../shaders/metal/kv.metal" with { type: "text" };
 import matmulMetal from "../../shaders/metal/matmul.metal" with { type: "text" };
 import matvecMetal from "../../shaders/metal/matvec.metal" with { type: "text" };
@@ -38,6 +39,7 @@ const embeddedShaders: Readonly<Record<string, string>> = {
   "attention_prompt.metal": attentionPromptMetal,
   "blocks.h": blocksHeader,
   "get_rows.metal": getRowsMetal,
+  "kv.h": kvHeader,
   "kv.metal": kvMetal,
   "matmul.metal": matmulMetal,
   "matvec.metal": matvecMetal,

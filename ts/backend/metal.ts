@@ -1,8 +1,8 @@
 // The Metal backend: weights are the mmap'd GGUF itself, wrapped once per file in a no-copy
-// buffer and bound by offset; activations and the f16 KV cache are shared buffers; every op is
-// one dispatch planned by metal-plan.ts and encoded into the step's command buffer, which runs
-// when the CPU next needs memory the GPU writes or the CPU is about to write memory the GPU will
-// read (read(), setTokens(), setPositions()): one command buffer per decode step.
+// buffer and bound by offset; activations and the KV cache (f16, q8_0 or q4_0) are shared
+// buffers; every op is one dispatch planned by metal-plan.ts and encoded into the step's command
+// buffer, which runs when the CPU next needs memory the GPU writes or the CPU is about to write
+// memory the GPU will read (read(), setTokens(), setPositions()): one command buffer per decode step.
 // The device is an interface (metal-device.ts): NativeMetalDevice here (lib/metal, macOS), or the
 // CPU emulation of the same kernels on Linux (test/support/metal-emu.ts), which is how this file
 // is tested without a Mac.
@@ -14,7 +14,7 @@ import {
   metalInit, type MetalDeviceLimits,
 } from "../native/metal.ts";
 import {
-  kvTypesName, kvTypesOf, type Activation, type AttentionOptions, type Backend, type KvLayer, type KvType, type KvTypes, type RopeOptions,
+  kvBytes, kvTypesOf, type Activation, type AttentionOptions, type Backend, type KvLayer, type KvType, type KvTypes, type RopeOptions,
   type Weight,
 } from "./backend.ts";
 import { orderBindings, type MetalBinding, type MetalBuffer, type MetalDevice } from "./metal-device.ts";
@@ -22,7 +22,7 @@ import { BarrierPlanner } from "./metal-hazards.ts";
 import { ATTENTION_DECODE_TOKENS_MAX, baseAppleGpu, planAttentionStep, type AttentionCostModel } from "./metal-decode-plan.ts";
 import { HELD_HEAD_OPS_MAX, matchHeadChain, type HeadChain, type HeldHeadOp } from "./metal-fuse.ts";
 import {
-  metalWeightTypes, planAdd, planAddRowBias, planGatedAct, planGetRows, planKvStore, planMatmul,
+  kvTypeArgs, metalWeightTypes, planAdd, planAddRowBias, planGatedAct, planGetRows, planKvStore, planMatmul,
   planNormRopeStore, planRmsNorm, planRmsNormAdd, planRope, planScale, type KernelDispatch,
 } from "./metal-plan.ts";
 import { assembleMetalSource, parseKernels } from "./metal-shaders.ts";
@@ -112,7 +112,7 @@ class MetalActivation implements Activation {
 
 class MetalKvLayer implements KvLayer {
   constructor(readonly cells: number, readonly ring: boolean, readonly kvHeads: number,
-    readonly headDim: number, readonly k: MetalBuffer, readonly v: MetalBuffer) {}
+    readonly headDim: number, readonly types: KvTypes, readonly k: MetalBuffer, readonly v: MetalBuffer) {}
 }
 
 /** Wrapped views start on multiples of this: Apple silicon's 16 KiB pages (and so 4 KiB ones). */
@@ -210,7 +210,7 @@ export class MetalBackend implements Backend {
     const plan = planNormRopeStore({ nTok: c.rows, headsQ: c.headsQ, headsK: c.headsK, headDim: c.rope.headDim,
       norm: c.norms !== null, eps: c.norms?.eps ?? 0, rotaryDims: c.rope.rotaryDims, base: c.rope.base,
       scale: c.rope.scale, neox: c.rope.neox, freqFactors: f !== null, qScale: c.qScale, pos0: position,
-      cells: l.cells, ring: l.ring });
+      cells: l.cells, ring: l.ring, types: l.types });
     const positions = a(c.positions).at(0);
     this.run(plan, {
       q: a(c.q).at(0), k: a(c.k).at(0), v: a(v).at(0),
@@ -254,12 +254,10 @@ export class MetalBackend implements Backend {
 
   kvLayer(cells: number, kvHeads: number, headDim: number, types: KvType | KvTypes, ring: boolean): KvLayer {
     const type = kvTypesOf(types);
-    if (type.k !== "f16" || type.v !== "f16") {
-      throw new InferError("unsupported", `the Metal backend keeps the KV cache in f16, not ${kvTypesName(type)} ` +
-        "(--cache-type-k/--cache-type-v q8_0, q4_0, tq3 and tq4 run on the CPU backend)");
-    }
-    const bytes = cells * kvHeads * headDim * 2;
-    return new MetalKvLayer(cells, ring, kvHeads, headDim, this.alloc(bytes, "KV cache"), this.alloc(bytes, "KV cache"));
+    kvTypeArgs(type, headDim);
+    const values = cells * kvHeads * headDim;
+    return new MetalKvLayer(cells, ring, kvHeads, headDim, type,
+      this.alloc(kvBytes(type.k, values, headDim), "KV cache"), this.alloc(kvBytes(type.v, values, headDim), "KV cache"));
   }
 
   // The CPU writes these buffers: work still queued may read them, so it runs first.
@@ -338,7 +336,7 @@ export class MetalBackend implements Backend {
       this.storeChain(chain, l, v, position);
       return;
     }
-    this.run(planKvStore(l.kvHeads * l.headDim, rows, position, l.cells, l.ring),
+    this.run(planKvStore(l.kvHeads * l.headDim, rows, position, l.cells, l.ring, l.types),
       { k: a(k).at(firstRow), v: a(v).at(firstRow), k_cache: whole(l.k), v_cache: whole(l.v) });
   }
 
@@ -350,7 +348,7 @@ export class MetalBackend implements Backend {
       throw new InferError("invalid_argument", `a ring of ${l.cells} cells cannot serve window ${o.window} with ${rows} rows`);
     }
     const step = planAttentionStep({ nTok: rows, heads: o.heads, kvHeads: o.kvHeads, headDim: o.headDim, pos0: position,
-      window: o.window, cells: l.cells, ring: l.ring, scale: o.scale }, this.attentionCost,
+      window: o.window, cells: l.cells, ring: l.ring, scale: o.scale, types: l.types }, this.attentionCost,
     rows <= ATTENTION_DECODE_TOKENS_MAX ? this.decodeSplits : undefined);
     const bindings: Record<string, MetalBinding> = { q: a(q).at(firstRow), k_cache: whole(l.k), v_cache: whole(l.v),
       out: a(out).at(firstRow), partials: whole(this.partialsFor(step.scratchFloats)) };
