@@ -7,14 +7,13 @@ import { beforeAll, describe, expect, test } from "bun:test";
 import { GgmlType, ggmlTypes } from "../ts/gguf/types.ts";
 import { packStruct } from "../ts/native/abi.ts";
 import { check, native } from "../ts/native/lib.ts";
-import type { MetalBuffer } from "../ts/backend/metal-device.ts";
 import {
   planAdd, planAddRowBias, planAttention, planGatedAct, planGetRows, planKvStore, planMatmul,
   planNormRopeStore, planRmsNorm, planRmsNormAdd, planRope, planScale, MATVEC_TOKENS_MAX, type AttentionPlanOptions,
   type KernelDispatch,
 } from "../ts/backend/metal-plan.ts";
 import { planAttentionDecode } from "../ts/backend/metal-decode-plan.ts";
-import { EmulatedMetalDevice } from "./support/metal-emu.ts";
+import { EmulatedMetalDevice, runDispatches } from "./support/metal-emu.ts";
 import { normalisedError, randomF32, rng } from "./support/numeric.ts";
 
 // Dequantization: the GPU and CPU use the same formula in f32; contraction into an FMA may
@@ -39,30 +38,8 @@ beforeAll(() => {
 
 type Data = Float32Array | Int32Array | Uint8Array | Uint16Array;
 
-/**
- * Runs planned dispatches in order (a barrier between each) over copies of `inputs`, each bound to
- * the buffers it names; returns every buffer's bytes afterwards.
- */
-function run(dispatch: KernelDispatch | readonly KernelDispatch[], inputs: Record<string, Data>): Record<string, Uint8Array> {
-  const buffers: Record<string, MetalBuffer> = {};
-  for (const [name, data] of Object.entries(inputs)) {
-    const b = device.newBuffer(Math.max(data.byteLength, 4), name);
-    b.view.set(new Uint8Array(data.buffer, data.byteOffset, data.byteLength));
-    buffers[name] = b;
-  }
-  const bindings = Object.fromEntries(Object.entries(buffers).map(([k, b]) => [k, { buffer: b, offset: 0 }]));
-  for (const d of "kernel" in dispatch ? [dispatch] : dispatch) {
-    device.encode(d, Object.fromEntries(Object.keys(d.buffers).map((name) => [name, bindings[name]])));
-    device.barrier();
-  }
-  device.flush();
-  const out: Record<string, Uint8Array> = {};
-  for (const [name, b] of Object.entries(buffers)) {
-    out[name] = b.view.slice(0, inputs[name].byteLength);
-    device.release(b);
-  }
-  return out;
-}
+const run = (dispatch: KernelDispatch | readonly KernelDispatch[], inputs: Record<string, Data>) =>
+  runDispatches(device, dispatch, inputs);
 
 const f32 = (bytes: Uint8Array) => new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
 

@@ -7,14 +7,13 @@
 import { beforeAll, describe, expect, test } from "bun:test";
 import type { KvTypes } from "../ts/backend/backend.ts";
 import { kvBytes } from "../ts/backend/backend.ts";
-import type { MetalBuffer } from "../ts/backend/metal-device.ts";
 import { planAttentionDecode } from "../ts/backend/metal-decode-plan.ts";
 import {
   metalKvTypeIds, planAttention, planKvStore, planNormRopeStore, type AttentionPlanOptions, type KernelDispatch,
 } from "../ts/backend/metal-plan.ts";
 import { packStruct } from "../ts/native/abi.ts";
 import { check, native } from "../ts/native/lib.ts";
-import { EmulatedMetalDevice } from "./support/metal-emu.ts";
+import { EmulatedMetalDevice, runDispatches } from "./support/metal-emu.ts";
 import { normalisedError, randomF32, rng } from "./support/numeric.ts";
 
 // The CPU dots a Q8_0-quantized query with the key blocks in integers (llama.cpp's CPU flash
@@ -43,25 +42,8 @@ beforeAll(() => {
 
 type Data = Float32Array | Int32Array | Uint8Array;
 
-/** Runs dispatches in order (a barrier between each) over copies of `inputs`; every buffer after. */
-function run(dispatches: readonly KernelDispatch[], inputs: Record<string, Data>): Record<string, Uint8Array> {
-  const buffers: Record<string, MetalBuffer> = {};
-  for (const [key, data] of Object.entries(inputs)) {
-    buffers[key] = device.newBuffer(Math.max(data.byteLength, 4), key);
-    buffers[key].view.set(new Uint8Array(data.buffer, data.byteOffset, data.byteLength));
-  }
-  for (const d of dispatches) {
-    device.encode(d, Object.fromEntries(Object.keys(d.buffers).map((k) => [k, { buffer: buffers[k], offset: 0 }])));
-    device.barrier();
-  }
-  device.flush();
-  const out: Record<string, Uint8Array> = {};
-  for (const [key, b] of Object.entries(buffers)) {
-    out[key] = b.view.slice(0, inputs[key].byteLength);
-    device.release(b);
-  }
-  return out;
-}
+const run = (dispatches: readonly KernelDispatch[], inputs: Record<string, Data>) =>
+  runDispatches(device, dispatches, inputs);
 
 const f32 = (bytes: Uint8Array) => new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
 const typeId = (t: keyof typeof metalKvTypeIds) => metalKvTypeIds[t]!;

@@ -250,3 +250,32 @@ export class EmulatedMetalDevice implements MetalDevice {
     this.release(this.argsArena);
   }
 }
+
+/** Typed arrays a test binds as buffers. */
+export type KernelData = Float32Array | Int32Array | Uint8Array | Uint16Array;
+
+/**
+ * Runs planned dispatches on `device` in order (a barrier between each) over copies of `inputs`,
+ * each bound to the buffers it names; returns every buffer's bytes afterwards.
+ */
+export function runDispatches(device: MetalDevice, dispatch: KernelDispatch | readonly KernelDispatch[],
+  inputs: Record<string, KernelData>): Record<string, Uint8Array> {
+  const buffers: Record<string, MetalBuffer> = {};
+  for (const [name, data] of Object.entries(inputs)) {
+    const b = device.newBuffer(Math.max(data.byteLength, 4), name);
+    b.view.set(new Uint8Array(data.buffer, data.byteOffset, data.byteLength));
+    buffers[name] = b;
+  }
+  const bindings = Object.fromEntries(Object.entries(buffers).map(([k, b]) => [k, { buffer: b, offset: 0 }]));
+  for (const d of "kernel" in dispatch ? [dispatch] : dispatch) {
+    device.encode(d, Object.fromEntries(Object.keys(d.buffers).map((name) => [name, bindings[name]])));
+    device.barrier();
+  }
+  device.flush();
+  const out: Record<string, Uint8Array> = {};
+  for (const [name, b] of Object.entries(buffers)) {
+    out[name] = b.view.slice(0, inputs[name].byteLength);
+    device.release(b);
+  }
+  return out;
+}
