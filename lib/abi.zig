@@ -259,9 +259,16 @@ pub const CudaRopeArgs = extern struct {
     freq_scale: f32,
     mode: u32,
     freq_factors: u64,
+    /// ggml's mscale (LongRoPE's attention factor; 1: none) and YaRN as lib/cpu/rope.zig takes
+    /// them (ext_factor 0: none; the correction dims from the betas and n_ctx_orig).
+    attn_factor: f32 = 1,
+    ext_factor: f32 = 0,
+    beta_fast: f32 = 32,
+    beta_slow: f32 = 1,
+    n_ctx_orig: u32 = 0,
 };
 comptime {
-    std.debug.assert(@sizeOf(CudaRopeArgs) == 72);
+    std.debug.assert(@sizeOf(CudaRopeArgs) == 96);
 }
 
 /// infer_cuda_rope2: the RoPE of queries (xa, heads_a heads) and keys (xb, heads_b) in one launch.
@@ -278,9 +285,16 @@ pub const CudaRope2Args = extern struct {
     freq_scale: f32,
     mode: u32,
     freq_factors: u64,
+    /// ggml's mscale (LongRoPE's attention factor; 1: none) and YaRN as lib/cpu/rope.zig takes
+    /// them (ext_factor 0: none; the correction dims from the betas and n_ctx_orig).
+    attn_factor: f32 = 1,
+    ext_factor: f32 = 0,
+    beta_fast: f32 = 32,
+    beta_slow: f32 = 1,
+    n_ctx_orig: u32 = 0,
 };
 comptime {
-    std.debug.assert(@sizeOf(CudaRope2Args) == 88);
+    std.debug.assert(@sizeOf(CudaRope2Args) == 112);
 }
 
 /// infer_cuda_kv_store: rows of k and v (kv_dim values each) into the cache at cell
@@ -327,9 +341,16 @@ pub const CudaNormRopeStoreArgs = extern struct {
     ring: bool,
     k_type: u32 = 1,
     v_type: u32 = 1,
+    /// ggml's mscale (LongRoPE's attention factor; 1: none) and YaRN as lib/cpu/rope.zig takes
+    /// them (ext_factor 0: none; the correction dims from the betas and n_ctx_orig).
+    attn_factor: f32 = 1,
+    ext_factor: f32 = 0,
+    beta_fast: f32 = 32,
+    beta_slow: f32 = 1,
+    n_ctx_orig: u32 = 0,
 };
 comptime {
-    std.debug.assert(@sizeOf(CudaNormRopeStoreArgs) == 152);
+    std.debug.assert(@sizeOf(CudaNormRopeStoreArgs) == 168);
 }
 
 /// infer_cuda_attention: causal (optionally sliding-window) GQA of n_tok query rows over f16
@@ -364,9 +385,13 @@ pub const CudaAttentionArgs = extern struct {
     quant_d: u64 = 0,
     k_type: u32 = 1,
     v_type: u32 = 1,
+    /// gpt-oss's attention sinks: n_head f32 logits, one more in each head's softmax denominator
+    /// (0: none). Prompts of head_dim 64/128 take flash attention, decode the tensor-core kernel
+    /// where it fits, every other shape attn_scores + attn_values.
+    sinks: u64 = 0,
 };
 comptime {
-    std.debug.assert(@sizeOf(CudaAttentionArgs) == 168);
+    std.debug.assert(@sizeOf(CudaAttentionArgs) == 176);
 }
 
 /// infer_nccl_all_reduce and infer_nccl_all_gather: one rank's collective on its communicator

@@ -12,7 +12,8 @@ export type LaunchCall =
   | "infer_cuda_add_row_bias" | "infer_cuda_argmax" | "infer_cuda_kv_store_rows"
   | "infer_cuda_add_rms_norm_quant" | "infer_cuda_rms_norm_quant" | "infer_cuda_rms_norm2"
   | "infer_cuda_act_mul_quant" | "infer_cuda_matmul_multi" | "infer_cuda_rope2" | "infer_cuda_norm_rope_store"
-  | "infer_cuda_moe_route" | "infer_cuda_moe_group" | "infer_cuda_moe_matmul" | "infer_cuda_moe_sum";
+  | "infer_cuda_moe_route" | "infer_cuda_moe_group" | "infer_cuda_moe_matmul" | "infer_cuda_moe_sum"
+  | "infer_cuda_moe_swiglu_oai";
 
 /** One recorded launch call: which, its arguments by name, and what it does (for errors and profiles). */
 export type PendingOp = { [F in LaunchCall]: { fn: F; args: NamedArgs<F>; what: string } }[LaunchCall];
@@ -126,7 +127,7 @@ export function fuseStep(ops: PendingOp[]): PendingOp[] {
         out.push({ fn: "infer_cuda_rope2", what: "rope (q and k)", args: {
           xa: a.x, heads_a: a.n_heads, xb: b.x, heads_b: b.n_heads, n_tok: a.n_tok, head_dim: a.head_dim,
           n_rot: a.n_rot, positions: a.positions, freq_base: a.freq_base, freq_scale: a.freq_scale, mode: a.mode,
-          freq_factors: a.freq_factors,
+          freq_factors: a.freq_factors, ...yarnOf(a),
         } });
         i += 1;
         continue;
@@ -139,9 +140,18 @@ export function fuseStep(ops: PendingOp[]): PendingOp[] {
 
 /** Two RoPE calls of the same rows, head size, positions and frequencies (heads may differ). */
 function sameRope(a: NamedArgs<"infer_cuda_rope">, b: NamedArgs<"infer_cuda_rope">): boolean {
+  const ya = yarnOf(a), yb = yarnOf(b);
   return a.n_tok === b.n_tok && a.head_dim === b.head_dim && a.n_rot === b.n_rot && a.positions === b.positions &&
     a.freq_base === b.freq_base && a.freq_scale === b.freq_scale && a.mode === b.mode &&
-    a.freq_factors === b.freq_factors;
+    a.freq_factors === b.freq_factors && ya.attn_factor === yb.attn_factor && ya.ext_factor === yb.ext_factor &&
+    ya.beta_fast === yb.beta_fast && ya.beta_slow === yb.beta_slow && ya.n_ctx_orig === yb.n_ctx_orig;
+}
+
+/** A RoPE call's attention factor and YaRN fields, with lib/abi.zig's defaults where absent. */
+function yarnOf(a: NamedArgs<"infer_cuda_rope">): { attn_factor: number; ext_factor: number; beta_fast: number;
+  beta_slow: number; n_ctx_orig: number } {
+  return { attn_factor: a.attn_factor ?? 1, ext_factor: a.ext_factor ?? 0, beta_fast: a.beta_fast ?? 32,
+    beta_slow: a.beta_slow ?? 1, n_ctx_orig: a.n_ctx_orig ?? 0 };
 }
 
 /**
@@ -172,7 +182,7 @@ function normRopeStore(ops: PendingOp[], i: number): { op: PendingOp; length: nu
       q: A.x, heads_q: A.n_heads, k: B.x, heads_k: B.n_heads, v: S.v, wq, wk, eps, head_dim: A.head_dim,
       n_rot: A.n_rot, positions: A.positions, freq_base: A.freq_base, freq_scale: A.freq_scale, mode: A.mode,
       freq_factors: A.freq_factors, k_cache: S.k_cache, v_cache: S.v_cache, cells: S.cells, ring: S.ring,
-      k_type: S.k_type, v_type: S.v_type,
+      k_type: S.k_type, v_type: S.v_type, ...yarnOf(A),
     } },
     length: (norms ? 2 : 0) + 3,
   };
