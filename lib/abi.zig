@@ -241,9 +241,14 @@ pub const CudaActMulQuantArgs = extern struct {
     mode: u32,
     q: u64,
     d: u64,
+    /// kind 2 (gpt-oss's clamped SwiGLU, moe_swiglu_oai): each row's expert's gate and up biases
+    /// (rows of n_cols per expert; 0: none) and the rows' expert ids.
+    bias_gate: u64 = 0,
+    bias_up: u64 = 0,
+    ids: u64 = 0,
 };
 comptime {
-    std.debug.assert(@sizeOf(CudaActMulQuantArgs) == 72);
+    std.debug.assert(@sizeOf(CudaActMulQuantArgs) == 96);
 }
 
 /// infer_cuda_rope: in-place RoPE as infer_rope; positions (i32 per token) and freq_factors (0:

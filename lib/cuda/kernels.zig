@@ -163,6 +163,7 @@ pub const Kernel = enum {
     moe_group,
     moe_sum,
     moe_swiglu_oai,
+    moe_swiglu_oai_q,
     moe_mv_q4_0,
     moe_mv8_q4_0,
     moe_mv_q5_0,

@@ -674,9 +674,19 @@ pub fn actMulQuant(a: abi.CudaActMulQuantArgs) i32 {
     const m = quantMode(mode, n_cols) orelse return invalid("act_mul_quant: mode {d} with n_cols {d}", .{ mode, n_cols });
     const n = std.math.mul(u64, n_rows, n_cols) catch return tooLarge("act_mul_quant: values", n_rows);
     const groups = int(n / (if (mode == 0) @as(u64, 32) else 256)) orelse return tooLarge("act_mul_quant: groups", n);
-    const kernel: Kernel = if (kind == 0) .gelu_mul_q else if (kind == 1) .silu_mul_q else return invalid("act_mul_quant: kind {d}", .{kind});
+    const kernel: Kernel = switch (kind) {
+        0 => .gelu_mul_q,
+        1 => .silu_mul_q,
+        2 => .moe_swiglu_oai_q,
+        else => return invalid("act_mul_quant: kind {d}", .{kind}),
+    };
     // Q8_0: a warp a unit; Q8_K: a block of 256 threads a superblock (infer.cu act_mul_q).
     const blocks: u64 = if (mode == 0) ceilDiv(@as(u64, @intCast(groups)) * 32, 256) else @intCast(groups);
+    if (kind == 2) {
+        if (a.bias_gate != 0 and (a.bias_up == 0 or a.ids == 0)) return invalid("act_mul_quant: gate and up biases and ids together", .{});
+        const cols = int(n_cols) orelse return tooLarge("act_mul_quant: n_cols", n_cols);
+        return launch(kernel, blocks, 1, 256, .{ gate, up, groups, out, m, q, d, a.bias_gate, a.bias_up, a.ids, cols });
+    }
     return launch(kernel, blocks, 1, 256, .{ gate, up, groups, out, m, q, d });
 }
 

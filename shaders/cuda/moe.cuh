@@ -267,3 +267,26 @@ extern "C" __global__ void moe_swiglu_oai(const float* gate, const float* up, co
   }
   out[i] = swiglu_oai(g, u);
 }
+
+/// moe_swiglu_oai, then the product quantized for the down matvec (mode 0: one warp per 32
+/// values; mode 1: a block of 256 threads per 256), as infer.cu's act_mul_q does for SiLU: the
+/// decode step's graph fuses the two (ts/backend/cuda-fuse.ts), bit for bit.
+extern "C" __global__ void moe_swiglu_oai_q(const float* gate, const float* up, int n_groups, float* out, int mode,
+                                            int8_t* q, float* d, const float* bias_gate, const float* bias_up,
+                                            const int* ids, int n_cols) {
+  pdl_begin();
+  const size_t i = mode == 0 ? static_cast<size_t>((blockIdx.x * blockDim.x + threadIdx.x) >> 5) * 32 + (threadIdx.x & 31)
+                             : static_cast<size_t>(blockIdx.x) * 256 + threadIdx.x;
+  const int group = mode == 0 ? static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) >> 5) : blockIdx.x;
+  if (group >= n_groups) return;
+  float g = gate[i], u = up[i];
+  if (bias_gate) {
+    const size_t at = static_cast<size_t>(ids[i / n_cols]) * n_cols + i % n_cols;
+    g = __fadd_rn(g, bias_gate[at]);
+    u = __fadd_rn(u, bias_up[at]);
+  }
+  const float v = swiglu_oai(g, u);
+  out[i] = v;
+  if (mode == 0) quant_unit_q8_0(v, q + static_cast<size_t>(group) * 32, d + group);
+  else quant_block_q8_k(v, q + static_cast<size_t>(blockIdx.x) * 256, d + static_cast<size_t>(blockIdx.x) * 8);
+}

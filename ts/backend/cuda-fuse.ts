@@ -28,7 +28,7 @@ const FUSED_COLS_MAX = 5888;
 
 /**
  * Peephole over a recorded step: add → rms_norm → quantize, rms_norm → quantize,
- * gelu/silu → quantize and attention → quantize (the o-projection's input, in the attention
+ * gelu/silu/clamped SwiGLU → quantize and attention → quantize (the o-projection's input, in the attention
  * kernel's epilogue) become one kernel each; two or three one-token matmuls over the same
  * quantized input (q/k/v, gate/up) one launch; the query and key head norms, their RoPE and the
  * KV store of one token one launch (or the RoPE of both, and the head norms, one launch each).
@@ -95,6 +95,17 @@ export function fuseStep(ops: PendingOp[]): PendingOp[] {
         out.push({ fn: "infer_cuda_act_mul_quant", what: "gated activation + quantize", args: {
           kind: o.fn === "infer_cuda_silu_mul" ? 1 : 0, gate: act.gate, up: act.up, n_rows: quant.n_rows,
           n_cols: quant.n_cols, out: act.out, mode: quant.mode, q: quant.q, d: quant.d,
+        } });
+        i += 1;
+        continue;
+      }
+    }
+    if (is(o, "infer_cuda_moe_swiglu_oai") && is(n1, "infer_cuda_quantize")) {
+      const act = o.args, quant = n1.args;
+      if (quant.x === act.out && quant.n_rows === act.n_rows && quant.n_cols === act.n_cols) {
+        out.push({ fn: "infer_cuda_act_mul_quant", what: "clamped SwiGLU + quantize", args: {
+          kind: 2, gate: act.gate, up: act.up, n_rows: quant.n_rows, n_cols: quant.n_cols, out: act.out,
+          mode: quant.mode, q: quant.q, d: quant.d, bias_gate: act.bias_gate, bias_up: act.bias_up, ids: act.ids,
         } });
         i += 1;
         continue;

@@ -444,7 +444,7 @@ export const structs = {
     },
   },
   CudaActMulQuantArgs: {
-    size: 72,
+    size: 96,
     fields: {
       kind: { type: "u32", offset: 0 },
       gate: { type: "u64", offset: 8 },
@@ -455,6 +455,9 @@ export const structs = {
       mode: { type: "u32", offset: 48 },
       q: { type: "u64", offset: 56 },
       d: { type: "u64", offset: 64 },
+      bias_gate: { type: "u64", offset: 72, value: 0 },
+      bias_up: { type: "u64", offset: 80, value: 0 },
+      ids: { type: "u64", offset: 88, value: 0 },
     },
   },
   CudaRopeArgs: {
