@@ -28,8 +28,8 @@ const FUSED_COLS_MAX = 5888;
 
 /**
  * Peephole over a recorded step: add → rms_norm → quantize, rms_norm → quantize,
- * gelu/silu/clamped SwiGLU → quantize and attention → quantize (the o-projection's input, in the attention
- * kernel's epilogue) become one kernel each; two or three one-token matmuls over the same
+ * gelu/silu/clamped SwiGLU → quantize and attention → quantize (the o-projection's input, in
+ * the attention kernel's epilogue) become one kernel each; two or three one-token matmuls over the same
  * quantized input (q/k/v, gate/up) one launch; the query and key head norms, their RoPE and the
  * KV store of one token one launch (or the RoPE of both, and the head norms, one launch each).
  * Every fused kernel computes its parts' values bit for bit (the unfused path,

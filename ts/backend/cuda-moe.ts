@@ -106,7 +106,8 @@ export class CudaExperts implements ExpertOps {
     }
     const whole = this.host.backend.weight(file, t) as DeviceWeight;
     const [n, experts] = t.dims as [number, number];
-    const views = Array.from({ length: experts }, (_, e) => this.host.view(whole, `${t.name}[${e}]`, [n], 4 * n * e));
+    const views = Array.from({ length: experts }, (_, e) =>
+      this.host.view(whole, `${t.name}[${e}]`, [n], 4 * n * e));
     this.vectors.set(views, whole.address);
     return views;
   }
@@ -114,7 +115,8 @@ export class CudaExperts implements ExpertOps {
   private vectorTable(v: readonly Weight[], cols: number): number {
     const address = this.vectors.get(v);
     if (address === undefined || v[0]?.dims[0] !== cols) {
-      throw new InferError("internal", `expert vectors '${v[0]?.name}' are not a CUDA table of ${cols} values`);
+      throw new InferError("internal",
+        `expert vectors '${v[0]?.name}' are not a CUDA table of ${cols} values`);
     }
     return address;
   }
@@ -134,6 +136,10 @@ export class CudaExperts implements ExpertOps {
     }
     const k = r.k, slots = rows * k, b = this.buffers(x.rows, r, gate.nOut, down.nOut);
     const bias = w.biases;
+    // Checked before any launch: expert biases come with gpt-oss's activation only.
+    if (bias && r.activation !== "swiglu-oai") {
+      throw new InferError("unsupported", "expert biases with SwiGLU are not implemented on CUDA");
+    }
     be.matmul(w.router, x, rows, b.logits);
     if (bias) be.addBias(b.logits, bias.router, rows);
     h.op("infer_cuda_moe_route", { logits: h.address(b.logits), n_tok: rows, n_expert: r.experts, k,
@@ -168,7 +174,6 @@ export class CudaExperts implements ExpertOps {
         n_cols: gate.nOut, out: h.address(b.gate) }, "moe swiglu_oai");
       h.written(b.gate);
     } else {
-      if (bias) throw new InferError("unsupported", "expert biases with SwiGLU are not implemented on CUDA");
       be.siluMul(b.gate, b.up, slots, b.gate);
     }
     run(down, b.gate, 1, b.down);
