@@ -241,9 +241,14 @@ pub const CudaActMulQuantArgs = extern struct {
     mode: u32,
     q: u64,
     d: u64,
+    /// kind 2 (gpt-oss's clamped SwiGLU, moe_swiglu_oai): each row's expert's gate and up biases
+    /// (rows of n_cols per expert; 0: none) and the rows' expert ids.
+    bias_gate: u64 = 0,
+    bias_up: u64 = 0,
+    ids: u64 = 0,
 };
 comptime {
-    std.debug.assert(@sizeOf(CudaActMulQuantArgs) == 72);
+    std.debug.assert(@sizeOf(CudaActMulQuantArgs) == 96);
 }
 
 /// infer_cuda_rope: in-place RoPE as infer_rope; positions (i32 per token) and freq_factors (0:
@@ -259,9 +264,16 @@ pub const CudaRopeArgs = extern struct {
     freq_scale: f32,
     mode: u32,
     freq_factors: u64,
+    /// ggml's mscale (LongRoPE's attention factor; 1: none) and YaRN as lib/cpu/rope.zig takes
+    /// them (ext_factor 0: none; the correction dims from the betas and n_ctx_orig).
+    attn_factor: f32 = 1,
+    ext_factor: f32 = 0,
+    beta_fast: f32 = 32,
+    beta_slow: f32 = 1,
+    n_ctx_orig: u32 = 0,
 };
 comptime {
-    std.debug.assert(@sizeOf(CudaRopeArgs) == 72);
+    std.debug.assert(@sizeOf(CudaRopeArgs) == 96);
 }
 
 /// infer_cuda_rope2: the RoPE of queries (xa, heads_a heads) and keys (xb, heads_b) in one launch.
@@ -278,9 +290,16 @@ pub const CudaRope2Args = extern struct {
     freq_scale: f32,
     mode: u32,
     freq_factors: u64,
+    /// ggml's mscale (LongRoPE's attention factor; 1: none) and YaRN as lib/cpu/rope.zig takes
+    /// them (ext_factor 0: none; the correction dims from the betas and n_ctx_orig).
+    attn_factor: f32 = 1,
+    ext_factor: f32 = 0,
+    beta_fast: f32 = 32,
+    beta_slow: f32 = 1,
+    n_ctx_orig: u32 = 0,
 };
 comptime {
-    std.debug.assert(@sizeOf(CudaRope2Args) == 88);
+    std.debug.assert(@sizeOf(CudaRope2Args) == 112);
 }
 
 /// infer_cuda_kv_store: rows of k and v (kv_dim values each) into the cache at cell
@@ -327,9 +346,16 @@ pub const CudaNormRopeStoreArgs = extern struct {
     ring: bool,
     k_type: u32 = 1,
     v_type: u32 = 1,
+    /// ggml's mscale (LongRoPE's attention factor; 1: none) and YaRN as lib/cpu/rope.zig takes
+    /// them (ext_factor 0: none; the correction dims from the betas and n_ctx_orig).
+    attn_factor: f32 = 1,
+    ext_factor: f32 = 0,
+    beta_fast: f32 = 32,
+    beta_slow: f32 = 1,
+    n_ctx_orig: u32 = 0,
 };
 comptime {
-    std.debug.assert(@sizeOf(CudaNormRopeStoreArgs) == 152);
+    std.debug.assert(@sizeOf(CudaNormRopeStoreArgs) == 168);
 }
 
 /// infer_cuda_attention: causal (optionally sliding-window) GQA of n_tok query rows over f16
@@ -364,9 +390,13 @@ pub const CudaAttentionArgs = extern struct {
     quant_d: u64 = 0,
     k_type: u32 = 1,
     v_type: u32 = 1,
+    /// gpt-oss's attention sinks: n_head f32 logits, one more in each head's softmax denominator
+    /// (0: none). Prompts of head_dim 64/128 take flash attention, decode the tensor-core kernel
+    /// where it fits, every other shape attn_scores + attn_values.
+    sinks: u64 = 0,
 };
 comptime {
-    std.debug.assert(@sizeOf(CudaAttentionArgs) == 168);
+    std.debug.assert(@sizeOf(CudaAttentionArgs) == 176);
 }
 
 /// infer_nccl_all_reduce and infer_nccl_all_gather: one rank's collective on its communicator

@@ -1,6 +1,7 @@
-// Method: qwen3moe on the CUDA backend (router, top k and expert ids on the device; matvecs
-// indexed by expert id) against the CPU backend on small random-weight GGUFs with Q4_0, Q8_0 and
-// Q4_K/Q6_K experts: the prompt's logits and 16 greedy steps within test/cuda.test.ts's tolerance
+// Method: qwen3moe and gpt-oss on the CUDA backend (router, top k and expert ids on the device;
+// matvecs indexed by expert id) against the CPU backend on small random-weight GGUFs with Q4_0,
+// Q8_0, Q4_K/Q6_K and MXFP4 experts (gpt-oss: its shape scaled down, with expert biases, the
+// clamped SwiGLU, attention sinks, YaRN and sliding layers): the prompt's logits and 16 greedy steps within test/cuda.test.ts's tolerance
 // for quantized models (the GPU sums in another order, see its header), greedy tokens equal except
 // at a near-tie; graphs against eager ops, and the grouped matvec against the per-slot one, bit
 // for bit; a batch of three sequences (prompts and a decode step) against each sequence alone on
@@ -19,7 +20,7 @@ import type { SequenceRows } from "../ts/model/model.ts";
 import { cudaStatus } from "../ts/native/cuda.ts";
 import { normalisedError } from "./support/numeric.ts";
 import {
-  qwen3moeKQuants, qwen3moeQ4_0, randomQuantGguf, type RandomQuantSpec,
+  gptossMxfp4, qwen3moeKQuants, qwen3moeMxfp4, qwen3moeQ4_0, randomQuantGguf, type RandomQuantSpec,
 } from "./support/random-quant-gguf.ts";
 
 const status = cudaStatus();
@@ -47,6 +48,11 @@ const MODELS: [string, RandomQuantSpec][] = [
   ["Q4_0 experts, 128 of them, 8 chosen", qwen3moeQ4_0],
   ["Q8_0 experts", qwen3moeQ8_0],
   ["Q4_K gate/up, Q6_K down", qwen3moeKQuants],
+  // gpt-oss's expert format (17-byte blocks, 160-value down rows), the rest Q8_0
+  ["MXFP4 experts", qwen3moeMxfp4],
+  // gpt-oss-20b's shape scaled down: top k then softmax, biases, clamped SwiGLU, sinks, YaRN,
+  // a window of 8 on the even layers (the prompt's 24 tokens pass it)
+  ["gpt-oss (MXFP4 experts, the rest Q8_0)", gptossMxfp4],
 ];
 
 interface Run { tokens: number[]; promptLogits: Float32Array; stepLogits: Float32Array[] }
@@ -92,7 +98,7 @@ function experts(e: Engine): CudaBackend["experts"] {
   return (e.backend as CudaBackend).experts;
 }
 
-describe.skipIf(noCuda)("qwen3moe on CUDA equals the CPU", () => {
+describe.skipIf(noCuda)("mixtures of experts on CUDA equal the CPU", () => {
   for (const [name, spec] of MODELS) {
     test(name, () => {
       const path = join(dir, `moe-${spec.seed}.gguf`);
@@ -151,9 +157,15 @@ describe.skipIf(noCuda)("qwen3moe on CUDA equals the CPU", () => {
     expect(stepErr).toBeLessThanOrEqual(TOL_LOGITS_Q);
   });
 
-  test("a batch of three sequences: each its logits alone, per slot or grouped", () => {
-    const path = join(dir, "moe-batch.gguf");
-    writeFileSync(path, randomQuantGguf(qwen3moeQ4_0));
+  for (const [label, spec] of [["qwen3moe", qwen3moeQ4_0], ["gpt-oss", gptossMxfp4]] as const) {
+    test(`${label}: a batch of three sequences, each its logits alone, per slot or grouped`, () => {
+      batchOfThree(`moe-batch-${label}.gguf`, spec);
+    });
+  }
+
+  function batchOfThree(name: string, spec: RandomQuantSpec): void {
+    const path = join(dir, name);
+    writeFileSync(path, randomQuantGguf(spec));
     const open = (backend: "cpu" | "cuda") => Engine.open({ modelPath: path, contextLength: 256, batch: 64,
       backend });
     const cpu = open("cpu"), gpu = open("cuda");
@@ -208,5 +220,6 @@ describe.skipIf(noCuda)("qwen3moe on CUDA equals the CPU", () => {
     expect(stepErr).toBeLessThanOrEqual(TOL_LOGITS_Q);
     cpu.close();
     gpu.close();
-  });
+  }
 });
+

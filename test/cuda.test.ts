@@ -107,7 +107,7 @@ test("without CUDA, the cuda backend fails with a clear message and auto falls b
 const WEIGHT_TYPES: [string, number][] = [
   ["F32", GgmlType.F32], ["F16", GgmlType.F16], ["BF16", GgmlType.BF16], ["Q4_0", GgmlType.Q4_0],
   ["Q5_0", GgmlType.Q5_0], ["Q8_0", GgmlType.Q8_0], ["Q4_K", GgmlType.Q4_K], ["Q5_K", GgmlType.Q5_K],
-  ["Q6_K", GgmlType.Q6_K],
+  ["Q6_K", GgmlType.Q6_K], ["MXFP4", GgmlType.MXFP4],
 ];
 const N_IN = 768, N_OUT = 37, COLS = 96;
 const LONG_ROWS = [6144, 12288];
@@ -146,6 +146,8 @@ function opsFile(): GgufFile {
   f32("norm.head", randomF32(32, 2, 0.5).map((v) => v + 1));
   f32("factors", randomF32(16, 3, 1).map((v) => v + 2));
   f32("bias", randomF32(COLS, 4, 1));
+  // Attention sinks of 8 query heads (gpt-oss's): one far above the scores, one far below.
+  f32("sinks", new Float32Array([2.5, -1, 0, 7, -30, 1.25, 4, -0.5]));
   const path = join(dir, "ops.gguf");
   writeFileSync(path, writeGguf([["general.architecture", gguf.str("test")]], tensors));
   return openGguf(path);
@@ -458,6 +460,21 @@ describe.skipIf(noCuda)("CUDA ops equal the CPU backend's", () => {
     });
   }
 
+  // gpt-oss's YaRN: 32× over an original context of 64, so that the ramp between the correction
+  // dims runs over the middle pairs; mscale 1 + 0.1 ln 32 times an attention factor.
+  test("rope neox + YaRN", () => {
+    const rows = 6, heads = 3, headDim = 32;
+    const [xc, xg] = acts(p, rows, heads * headDim, randomF32(rows * heads * headDim, 31, 2));
+    const [pc, pg] = acts(p, rows, 1);
+    p.cpu.setPositions(pc, 997, rows);
+    p.gpu.setPositions(pg, 997, rows);
+    const o = { heads, headDim, rotaryDims: 32, base: 10000, scale: 1 / 32, neox: true, freqFactors: null,
+      attnFactor: 0.875, yarn: { extFactor: 1, betaFast: 32, betaSlow: 1, originalContext: 64 } };
+    p.cpu.rope(xc, pc, rows, o);
+    p.gpu.rope(xg, pg, rows, o);
+    report("rope neox + YaRN", compare(p, xc, xg, rows), TOL_ROPE);
+  });
+
   test("gated activations, add, scale, bias", () => {
     const n = 4 * COLS;
     const g = randomF32(n, 40, 6), u = randomF32(n, 41, 2);
@@ -525,7 +542,20 @@ describe.skipIf(noCuda)("CUDA ops equal the CPU backend's", () => {
     // Groups over 8 heads (and head_dim not a multiple of 8) take the per-head attn_scores/values.
     ["full, GQA 12:1, head_dim 40 (per-head kernels)", 128, false, 0, 12, 1, 40, shortSteps],
     ["full, head_dim 36 (per-head kernels)", 128, false, 0, 2, 1, 36, shortSteps],
-  ] as const) {
+  ] as const) attentionCase(label, cells, ring, window, heads, kvHeads, headDim, steps);
+  // gpt-oss's sinks (a logit per query head in the denominator, large ones included): prompts by
+  // flash attention, decode by the tensor-core kernel (one split and several, a ring), other
+  // head dims by the per-head kernels.
+  for (const [label, cells, ring, window, heads, kvHeads, headDim, steps] of [
+    ["sinks, prompts and decode, GQA 4:1, head_dim 64", 128, false, 0, 8, 2, 64, [[0, 40], [40, 1], [41, 2], [43, 1]]],
+    ["sinks, ring of 32, window 8, head_dim 64", 32, true, 8, 8, 2, 64, shortSteps],
+    ["sinks, decode past 1,100 keys in splits, GQA 8:1, head_dim 128", 1200, false, 0, 8, 1, 128,
+      [[0, 1100], [1100, 1], [1101, 2], [1103, 1]]],
+    ["sinks, no GQA, head_dim 96 (per-head kernels)", 256, false, 0, 8, 8, 96, shortSteps],
+  ] as const) attentionCase(label, cells, ring, window, heads, kvHeads, headDim, steps, "sinks");
+
+  function attentionCase(label: string, cells: number, ring: boolean, window: number, heads: number,
+    kvHeads: number, headDim: number, steps: readonly (readonly number[])[], sinksName?: string): void {
     test(`storeKv + attention: ${label}`, () => {
       const kv: [KvLayer, KvLayer] = [
         p.cpu.kvLayer(cells, kvHeads, headDim, "f16", ring), p.gpu.kvLayer(cells, kvHeads, headDim, "f16", ring),
@@ -541,7 +571,9 @@ describe.skipIf(noCuda)("CUDA ops equal the CPU backend's", () => {
         p.cpu.setPositions(pc, position, rows);
         p.gpu.setPositions(pg, position, rows);
         const [oc, og] = acts(p, rows, qd);
-        const o = { heads, kvHeads, headDim, window, scale: 1 / Math.sqrt(headDim) };
+        const [sc, sg] = sinksName ? weights(p, file, sinksName) : [undefined, undefined];
+        const o = { heads, kvHeads, headDim, window, scale: 1 / Math.sqrt(headDim), ...(sc ? { sinks: sc } : {}) };
+        const og0 = { ...o, ...(sg ? { sinks: sg } : {}) };
         p.cpu.storeKv(kv[0], kc, vc, rows, position);
         p.gpu.storeKv(kv[1], kg, vg, rows, position);
         p.cpu.attention(qc, kv[0], rows, position, o, oc);
@@ -550,7 +582,7 @@ describe.skipIf(noCuda)("CUDA ops equal the CPU backend's", () => {
         for (const [mode, id] of DECODE_ATTENTION_MODES) {
           if (!setDecodeAttention(id)) continue;
           const [, og] = acts(p, rows, qd);
-          const launched = captureOps(p.gpu, "infer_cuda_attention", () => p.gpu.attention(qg, kv[1], rows, position, o, og));
+          const launched = captureOps(p.gpu, "infer_cuda_attention", () => p.gpu.attention(qg, kv[1], rows, position, og0, og));
           worst.set(mode, Math.max(worst.get(mode) ?? 0, compare(p, oc, og, rows)));
           if (rows <= 2) fusedQuantMatches(launched, og, rows, qd, `${label}, ${rows} row(s) at ${position}, ${mode}`);
         }

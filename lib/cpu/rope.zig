@@ -67,6 +67,14 @@ fn yarnRamp(low: f32, high: f32, i: usize) f32 {
     return 1 - @min(1, @max(0, y));
 }
 
+/// The factor on every cosine and sine (rope_yarn's mscale): attn_factor, with YaRN (ext_factor
+/// != 0) times 1 + 0.1 ln(1 / freq_scale), in f32 with the C library's logf.
+pub fn mscaleOf(attn_factor: f32, ext_factor: f32, freq_scale: f32) f32 {
+    var mscale = attn_factor;
+    if (ext_factor != 0) mscale *= 1.0 + 0.1 * logf(1.0 / freq_scale);
+    return mscale;
+}
+
 /// powf(base, -2/n_rot), in f32 as ggml_rope_cache_init computes it.
 fn thetaScale(freq_base: f32, n_rot: usize) f32 {
     const exponent: f32 = -2.0 / @as(f32, @floatFromInt(n_rot));
@@ -79,8 +87,7 @@ pub fn angles(params: Params, pos: i32, cos_out: []f32, sin_out: []f32) void {
     std.debug.assert(cos_out.len >= half and sin_out.len >= half);
     const theta_scale = thetaScale(params.freq_base, params.n_rot);
     var theta: f32 = @floatFromInt(pos);
-    var mscale = params.attn_factor;
-    if (params.ext_factor != 0) mscale *= 1.0 + 0.1 * logf(1.0 / params.freq_scale);
+    const mscale = mscaleOf(params.attn_factor, params.ext_factor, params.freq_scale);
     for (0..half) |i| {
         const ff: f32 = if (params.freq_factors) |f| f[i] else 1.0;
         const extrapolated = theta / ff;

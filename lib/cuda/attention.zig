@@ -145,9 +145,11 @@ pub fn decodeMmaQTakes(n_head: u64, n_kv_head: u64, head_dim: u64) bool {
 }
 
 /// Whether attention with a table of caches (the server's batched decode) takes this shape and
-/// these cache types: quantized caches only by attn_decode_mma_q_d*.
-pub fn attentionRowsFit(n_head: u64, n_kv_head: u64, head_dim: u64, k_type: u32, v_type: u32) bool {
+/// these cache types: quantized caches only by attn_decode_mma_q_d*; with attention sinks, only
+/// the tensor-core kernels (the other one-pass kernels have none).
+pub fn attentionRowsFit(n_head: u64, n_kv_head: u64, head_dim: u64, k_type: u32, v_type: u32, sinks: bool) bool {
     if (checkKvTypes("attention_rows", k_type, v_type, head_dim) != null) return false;
+    if (sinks and k_type == kv_f16 and v_type == kv_f16) return decodeMmaTakes(n_head, n_kv_head, head_dim);
     if (k_type == kv_f16 and v_type == kv_f16) return decodeAttentionFits(n_head, n_kv_head, head_dim);
     return decodeMmaQTakes(n_head, n_kv_head, head_dim);
 }
@@ -213,10 +215,10 @@ fn attendInto(a: abi.CudaAttentionArgs, oq: OutQuant, quantized: *bool) i32 {
     if (kv_table == 0 and n_tok >= 16 and n_split == 1 and (head_dim == 64 or head_dim == 128) and n_head % n_kv_head == 0) {
         // Prompts: flash attention, 64 queries of one head a block (attn_prompt_*; no scratch).
         return launch(if (head_dim == 64) .attn_prompt_d64 else .attn_prompt_d128, ceilDiv(n_tok, 64), n_head, 128, .{
-            q, k_cache, v_cache, positions, @as(i32, @intCast(n_tok)), heads, kv_heads, win, c, ring_i, scale_, out,
+            q, k_cache, v_cache, positions, @as(i32, @intCast(n_tok)), heads, kv_heads, win, c, ring_i, scale_, out, a.sinks,
         });
     }
-    if (kv_table == 0 and n_tok >= 16 and n_split == 1 and head_dim <= 256 and head_dim % 16 == 0) {
+    if (kv_table == 0 and n_tok >= 16 and n_split == 1 and head_dim <= 256 and head_dim % 16 == 0 and a.sinks == 0) {
         // Prompts: 16 queries of one head per block, the products on the tensor cores (attn_*_mma).
         const tok: i32 = @intCast(n_tok);
         const q_tiles = ceilDiv(n_tok, 16);
@@ -229,7 +231,12 @@ fn attendInto(a: abi.CudaAttentionArgs, oq: OutQuant, quantized: *bool) i32 {
         });
     }
     const group = n_head / n_kv_head;
-    const mma = decodeMmaTakes(n_head, n_kv_head, head_dim) and (n_split >= 2 or decode_attn == .mma);
+    // Sinks: the tensor-core kernel wherever it fits (the other one-pass kernels have none).
+    const mma = decodeMmaTakes(n_head, n_kv_head, head_dim) and (n_split >= 2 or decode_attn == .mma or a.sinks != 0);
+    if (a.sinks != 0 and !mma) {
+        if (kv_table != 0) return invalid("attention_rows: sinks with head_dim {d} take one sequence at a time", .{head_dim});
+        return attendHeads(a, @intCast(kv_f16), @intCast(kv_f16));
+    }
     if (!mma and decodeWarpsTakes(head_dim) and q % 16 == 0 and group * n_split < warps_group_splits_max) {
         // Decode and small batches: a block per (row, query head, split), each warp a softmax of
         // its own (shaders/cuda/attend_warps.cuh). A block's outputs are whole Q8_0 units, quantized
@@ -255,6 +262,10 @@ fn attendInto(a: abi.CudaAttentionArgs, oq: OutQuant, quantized: *bool) i32 {
         const fused = oq.mode >= 0 and (group * head_dim) % (if (oq.mode == 0) @as(u64, 32) else 256) == 0;
         const qmode: i32 = if (fused) oq.mode else -1;
         quantized.* = fused;
+        if (mma) return cuda.launchShared(kernel, n_tok * n_kv_head, n_split, 128, shared, .{
+            q, k_cache, v_cache, kv_table, positions, heads, kv_heads, dim, win, c, ring_i, scale_, splits, out, part_ml, part, arrived,
+            qmode, if (fused) oq.q else 0, if (fused) oq.d else 0, a.sinks,
+        });
         return cuda.launchShared(kernel, n_tok * n_kv_head, n_split, 128, shared, .{
             q, k_cache, v_cache, kv_table, positions, heads, kv_heads, dim, win, c, ring_i, scale_, splits, out, part_ml, part, arrived,
             qmode, if (fused) oq.q else 0, if (fused) oq.d else 0,
@@ -281,7 +292,7 @@ fn attendHeads(a: abi.CudaAttentionArgs, kt: i32, vt: i32) i32 {
     if (rc != 0) return rc;
     return launch(.attn_values, rows, a.n_split, 128, .{
         a.scratch, c, maxima, a.v_cache, a.positions, heads, kv_heads, dim, win, c, ring_i, splits, a.out, partial,
-        a.arrived, vt,
+        a.arrived, vt, a.sinks,
     });
 }
 
@@ -302,7 +313,7 @@ fn attendQuant(a: abi.CudaAttentionArgs, oq: OutQuant, quantized: *bool) i32 {
     const d64 = a.head_dim == 64;
     if (a.kv_table == 0 and a.n_tok >= 16 and a.n_split == 1 and (d64 or a.head_dim == 128)) {
         return launch(if (d64) .attn_prompt_q_d64 else .attn_prompt_q_d128, ceilDiv(a.n_tok, 64), a.n_head, 128, .{
-            a.q, a.k_cache, a.v_cache, a.positions, @as(i32, @intCast(a.n_tok)), heads, kv_heads, win, c, ring_i, a.scale, a.out, kt, vt,
+            a.q, a.k_cache, a.v_cache, a.positions, @as(i32, @intCast(a.n_tok)), heads, kv_heads, win, c, ring_i, a.scale, a.out, kt, vt, a.sinks,
         });
     }
     if (decodeMmaQTakes(a.n_head, a.n_kv_head, a.head_dim)) {
@@ -314,7 +325,7 @@ fn attendQuant(a: abi.CudaAttentionArgs, oq: OutQuant, quantized: *bool) i32 {
         return cuda.launchShared(if (d64) .attn_decode_mma_q_d64 else .attn_decode_mma_q_d128, a.n_tok * a.n_kv_head, a.n_split, 128, shared, .{
             a.q, a.k_cache, a.v_cache, a.kv_table, a.positions, heads, kv_heads, dim, win, c, ring_i, a.scale,
             @as(i32, @intCast(a.n_split)), a.out, a.scratch, a.scratch + rows * a.n_split * 2 * 4, a.arrived,
-            @as(i32, if (fused) oq.mode else -1), if (fused) oq.q else 0, if (fused) oq.d else 0, kt, vt,
+            @as(i32, if (fused) oq.mode else -1), if (fused) oq.q else 0, if (fused) oq.d else 0, kt, vt, a.sinks,
         });
     }
     if (a.kv_table != 0)

@@ -9,6 +9,7 @@ pub const Kernel = enum {
     get_rows_q4_0,
     get_rows_q5_0,
     get_rows_q8_0,
+    get_rows_mxfp4,
     get_rows_q4_k,
     get_rows_q5_k,
     get_rows_q6_k,
@@ -29,6 +30,8 @@ pub const Kernel = enum {
     matvec_q5_0_8,
     matvec_q8_0_1,
     matvec_q8_0_8,
+    matvec_mxfp4_1,
+    matvec_mxfp4_8,
     matvec_q4_k_1,
     matvec_q4_k_8,
     matvec_q5_k_1,
@@ -50,6 +53,7 @@ pub const Kernel = enum {
     matvec_multi_q4_0,
     matvec_multi_q5_0,
     matvec_multi_q8_0,
+    matvec_multi_mxfp4,
     matvec_multi_q4_k,
     matvec_multi_q5_k,
     matvec_multi_q6_k,
@@ -145,6 +149,7 @@ pub const Kernel = enum {
     dequant_f16_q4_0,
     dequant_f16_q5_0,
     dequant_f16_q8_0,
+    dequant_f16_mxfp4,
     dequant_f16_q4_k,
     dequant_f16_q5_k,
     dequant_f16_q6_k,
@@ -157,12 +162,16 @@ pub const Kernel = enum {
     moe_route,
     moe_group,
     moe_sum,
+    moe_swiglu_oai,
+    moe_swiglu_oai_q,
     moe_mv_q4_0,
     moe_mv8_q4_0,
     moe_mv_q5_0,
     moe_mv8_q5_0,
     moe_mv_q8_0,
     moe_mv8_q8_0,
+    moe_mv_mxfp4,
+    moe_mv8_mxfp4,
     moe_mv_q4_k,
     moe_mv8_q4_k,
     moe_mv_q5_k,
@@ -221,6 +230,9 @@ pub fn weightKind(type_id: u32) ?WeightKind {
         2 => .{ .name = "Q4_0", .block_values = 32, .block_bytes = 18, .get_rows = .get_rows_q4_0, .matvec_1 = .matvec_q4_0_1, .matvec_8 = .matvec_q4_0_8, .matvec_multi = .matvec_multi_q4_0, .mmq = .mmq_q4_0, .mmqn = .{ .mmqn_q4_0_n8, .mmqn_q4_0_n16, .mmqn_q4_0_n32 }, .mmq_prompt = .mmq_q4_0_64x128, .activation = 0, .dequant_f16 = .dequant_f16_q4_0 },
         6 => .{ .name = "Q5_0", .block_values = 32, .block_bytes = 22, .get_rows = .get_rows_q5_0, .matvec_1 = .matvec_q5_0_1, .matvec_8 = .matvec_q5_0_8, .matvec_multi = .matvec_multi_q5_0, .mmq = .mmq_q5_0, .mmqn = .{ .mmqn_q5_0_n8, .mmqn_q5_0_n16, .mmqn_q5_0_n32 }, .mmq_prompt = .mmq_q5_0_64x128, .activation = 0, .dequant_f16 = .dequant_f16_q5_0 },
         8 => .{ .name = "Q8_0", .block_values = 32, .block_bytes = 34, .get_rows = .get_rows_q8_0, .matvec_1 = .matvec_q8_0_1, .matvec_8 = .matvec_q8_0_8, .matvec_multi = .matvec_multi_q8_0, .mmq = .mmq_q8_0, .mmqn = .{ .mmqn_q8_0_n8, .mmqn_q8_0_n16, .mmqn_q8_0_n32 }, .mmq_prompt = .mmq_q8_0_64x128, .activation = 0, .dequant_f16 = .dequant_f16_q8_0 },
+        // MXFP4 (gpt-oss's experts): one-token and batch matvecs, no tensor-core kernel; long
+        // prompts take cuBLAS on its f16 dequantization.
+        39 => .{ .name = "MXFP4", .block_values = 32, .block_bytes = 17, .get_rows = .get_rows_mxfp4, .matvec_1 = .matvec_mxfp4_1, .matvec_8 = .matvec_mxfp4_8, .matvec_multi = .matvec_multi_mxfp4, .activation = 0, .dequant_f16 = .dequant_f16_mxfp4 },
         12 => .{ .name = "Q4_K", .block_values = 256, .block_bytes = 144, .get_rows = .get_rows_q4_k, .matvec_1 = .matvec_q4_k_1, .matvec_8 = .matvec_q4_k_8, .matvec_multi = .matvec_multi_q4_k, .mmq = .mmq_q4_k, .mmqn = .{ .mmqn_q4_k_n8, .mmqn_q4_k_n16, .mmqn_q4_k_n32 }, .activation = 1, .dequant_f16 = .dequant_f16_q4_k },
         13 => .{ .name = "Q5_K", .block_values = 256, .block_bytes = 176, .get_rows = .get_rows_q5_k, .matvec_1 = .matvec_q5_k_1, .matvec_8 = .matvec_q5_k_8, .matvec_multi = .matvec_multi_q5_k, .mmq = .mmq_q5_k, .mmqn = .{ .mmqn_q5_k_n8, .mmqn_q5_k_n16, .mmqn_q5_k_n32 }, .activation = 1, .dequant_f16 = .dequant_f16_q5_k },
         14 => .{ .name = "Q6_K", .block_values = 256, .block_bytes = 210, .get_rows = .get_rows_q6_k, .matvec_1 = .matvec_q6_k_1, .matvec_8 = .matvec_q6_k_8, .matvec_multi = .matvec_multi_q6_k, .mmq = .mmq_q6_k, .mmqn = .{ .mmqn_q6_k_n8, .mmqn_q6_k_n16, .mmqn_q6_k_n32 }, .mmq_prompt = .mmq_q6_k_64x128, .activation = 1, .dequant_f16 = .dequant_f16_q6_k },
@@ -247,7 +259,7 @@ pub fn repackedType(type_id: u32, n_in: u64) u32 {
 }
 
 test "weight kinds cover the CPU's weight types" {
-    for ([_]u32{ 0, 1, 2, 6, 8, 12, 13, 14, 30 }) |id| try std.testing.expect(weightKind(id) != null);
+    for ([_]u32{ 0, 1, 2, 6, 8, 12, 13, 14, 30, 39 }) |id| try std.testing.expect(weightKind(id) != null);
     try std.testing.expect(weightKind(15) == null); // Q8_K is an activation format
 }
 

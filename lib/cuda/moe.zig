@@ -24,6 +24,7 @@ fn moeKernels(type_id: u32) ?MoeKernels {
         2 => .{ .mv = .moe_mv_q4_0, .mv8 = .moe_mv8_q4_0 },
         6 => .{ .mv = .moe_mv_q5_0, .mv8 = .moe_mv8_q5_0 },
         8 => .{ .mv = .moe_mv_q8_0, .mv8 = .moe_mv8_q8_0 },
+        39 => .{ .mv = .moe_mv_mxfp4, .mv8 = .moe_mv8_mxfp4 },
         12 => .{ .mv = .moe_mv_q4_k, .mv8 = .moe_mv8_q4_k },
         13 => .{ .mv = .moe_mv_q5_k, .mv8 = .moe_mv8_q5_k },
         14 => .{ .mv = .moe_mv_q6_k, .mv8 = .moe_mv8_q6_k },
@@ -34,7 +35,7 @@ fn moeKernels(type_id: u32) ?MoeKernels {
     };
 }
 
-/// Whether experts of type `type_id` run on the GPU (the quantized types other than MXFP4).
+/// Whether experts of type `type_id` run on the GPU (the quantized types).
 pub fn supports(type_id: u32) bool {
     return moeKernels(type_id) != null;
 }
@@ -114,15 +115,29 @@ pub fn matmul(a: abi.CudaMoeMatmulArgs) i32 {
     });
 }
 
-/// out[t] = Σ_j weights[t·k + j] · y[t·k + j] for t < n_tok, rows of n_cols values.
-pub fn sum(y: u64, weights: u64, k: u64, n_cols: u64, n_tok: u64, out: u64) i32 {
+/// out[t] = Σ_j weights[t·k + j] · (y[t·k + j] + bias[ids[t·k + j]]) for t < n_tok, rows of
+/// n_cols values; bias = 0: no bias (else a row of n_cols f32 per expert).
+pub fn sum(y: u64, weights: u64, k: u64, n_cols: u64, n_tok: u64, bias: u64, ids: u64, out: u64) i32 {
+    if (bias != 0 and ids == 0) return invalid("moe_sum: a bias without expert ids", .{});
     const s = cuda.ready() orelse return @intFromEnum(status.Status.internal);
     const kk = int(k) orelse return tooLarge("moe_sum: k", k);
     const cols = int(n_cols) orelse return tooLarge("moe_sum: n_cols", n_cols);
     if (k == 0 or n_cols == 0) return invalid("moe_sum: k {d}, n_cols {d}", .{ k, n_cols });
     const n = std.math.mul(u64, n_tok, n_cols) catch return tooLarge("moe_sum: values", n_tok);
     const grid = @min(ceilDiv(n, 256), @as(u64, @intCast(s.sm_count)) * 8);
-    return launch(.moe_sum, grid, 1, 256, .{ y, weights, kk, cols, @as(i64, @intCast(n)), out });
+    return launch(.moe_sum, grid, 1, 256, .{ y, weights, kk, cols, @as(i64, @intCast(n)), bias, ids, out });
+}
+
+/// out = swiglu_oai(gate + bias_gate[ids[s]], up + bias_up[ids[s]]) over n_rows rows of n_cols
+/// (row s's expert ids[s]); bias_gate = 0: no biases (then bias_up and ids are not read).
+pub fn swigluOai(gate: u64, up: u64, bias_gate: u64, bias_up: u64, ids: u64, n_rows: u64, n_cols: u64, out: u64) i32 {
+    if (bias_gate != 0 and (bias_up == 0 or ids == 0)) return invalid("moe_swiglu_oai: gate and up biases and ids together", .{});
+    const cols = int(n_cols) orelse return tooLarge("moe_swiglu_oai: n_cols", n_cols);
+    if (n_cols == 0) return invalid("moe_swiglu_oai: n_cols 0", .{});
+    const n = std.math.mul(u64, n_rows, n_cols) catch return tooLarge("moe_swiglu_oai: values", n_rows);
+    if (n == 0) return 0;
+    if (ceilDiv(n, 256) > std.math.maxInt(i32)) return tooLarge("moe_swiglu_oai: values", n);
+    return launch(.moe_swiglu_oai, ceilDiv(n, 256), 1, 256, .{ gate, up, bias_gate, bias_up, ids, cols, @as(i64, @intCast(n)), out });
 }
 
 test "group tables hold every tile and slot" {
@@ -130,5 +145,5 @@ test "group tables hold every tile and slot" {
     try std.testing.expect(maxTiles(4, 128) >= 4);
     try std.testing.expect(maxTiles(64, 1) >= 8);
     try std.testing.expectEqual(@as(u64, 1 + 3 * maxTiles(10, 3) + 10), groupTableInts(10, 3));
-    try std.testing.expect(supports(2) and supports(cuda.packed_type | 12) and !supports(39) and !supports(0));
+    try std.testing.expect(supports(2) and supports(cuda.packed_type | 12) and supports(39) and !supports(0));
 }

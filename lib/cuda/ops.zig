@@ -325,6 +325,27 @@ pub fn rmsNormAdd(x: u64, weight: u64, n_rows: u64, n_cols: u64, eps: f32, resid
 }
 
 extern "c" fn powf(x: f32, y: f32) f32;
+const cpu_rope = @import("../cpu/rope.zig");
+
+/// What the RoPE kernels take beyond the plain rotation: mscale, ext_factor and YaRN's
+/// correction dims, computed as lib/cpu/rope.zig computes them (so the angles are the CPU's).
+const RopeYarn = struct { mscale: f32, ext: f32, low: f32, high: f32 };
+
+fn ropeYarn(what: []const u8, a: anytype) ?RopeYarn {
+    if (!(a.attn_factor > 0) or !std.math.isFinite(a.attn_factor)) {
+        _ = invalid("{s}: bad attn_factor {d}", .{ what, a.attn_factor });
+        return null;
+    }
+    const yarn = a.ext_factor != 0;
+    if (!std.math.isFinite(a.ext_factor) or (yarn and !(a.freq_scale > 0 and a.n_ctx_orig > 0 and
+        a.beta_fast > 0 and a.beta_slow > 0 and std.math.isFinite(a.beta_fast) and std.math.isFinite(a.beta_slow))))
+    {
+        _ = invalid("{s}: bad YaRN ext_factor {d}, freq_scale {d}, n_ctx_orig {d}", .{ what, a.ext_factor, a.freq_scale, a.n_ctx_orig });
+        return null;
+    }
+    const corr: [2]f32 = if (yarn) cpu_rope.yarnCorrDims(a.n_rot, a.n_ctx_orig, a.freq_base, a.beta_fast, a.beta_slow) else .{ 0, 0 };
+    return .{ .mscale = cpu_rope.mscaleOf(a.attn_factor, a.ext_factor, a.freq_scale), .ext = a.ext_factor, .low = corr[0], .high = corr[1] };
+}
 
 pub fn rope(a: abi.CudaRopeArgs) i32 {
     const x = a.x;
@@ -346,9 +367,11 @@ pub fn rope(a: abi.CudaRopeArgs) i32 {
     const dim = int(head_dim) orelse return tooLarge("rope: head_dim", head_dim);
     // powf(base, -2/n_rot) from the C library, as lib/cpu/rope.zig (and ggml) computes it.
     const theta_scale = powf(freq_base, -2.0 / @as(f32, @floatFromInt(n_rot)));
+    const y = ropeYarn("rope", a) orelse return @intFromEnum(status.Status.invalid_argument);
     const blocks = std.math.mul(u64, n_tok, n_heads) catch return tooLarge("rope: rows", n_tok);
     return launch(.rope, blocks, 1, @intCast(n_rot / 2), .{
         x, heads, dim, @as(i32, @intCast(n_rot)), positions, theta_scale, freq_scale, @as(i32, if (mode == 2) 1 else 0), freq_factors,
+        y.mscale, y.ext, y.low, y.high,
     });
 }
 
@@ -396,10 +419,11 @@ pub fn normRopeStore(a: abi.CudaNormRopeStoreArgs) i32 {
     const hk = int(heads_k) orelse return tooLarge("norm_rope_store: heads_k", heads_k);
     const c = int(cells) orelse return tooLarge("norm_rope_store: cells", cells);
     const theta_scale = powf(freq_base, -2.0 / @as(f32, @floatFromInt(n_rot)));
+    const y = ropeYarn("norm_rope_store", a) orelse return @intFromEnum(status.Status.invalid_argument);
     return launch(.norm_rope_store, heads_q + heads_k, 1, 256, .{
         q, hq, k, hk, v, wq, wk, eps, @as(i32, @intCast(head_dim)), @as(i32, @intCast(n_rot)), positions, theta_scale,
-        freq_scale, @as(i32, if (mode == 2) 1 else 0), freq_factors, k_cache, v_cache, c, @as(i32, @intFromBool(ring)),
-        @as(i32, @intCast(a.k_type)), @as(i32, @intCast(a.v_type)),
+        freq_scale, @as(i32, if (mode == 2) 1 else 0), freq_factors, y.mscale, y.ext, y.low, y.high, k_cache, v_cache, c,
+        @as(i32, @intFromBool(ring)), @as(i32, @intCast(a.k_type)), @as(i32, @intCast(a.v_type)),
     });
 }
 
@@ -650,9 +674,19 @@ pub fn actMulQuant(a: abi.CudaActMulQuantArgs) i32 {
     const m = quantMode(mode, n_cols) orelse return invalid("act_mul_quant: mode {d} with n_cols {d}", .{ mode, n_cols });
     const n = std.math.mul(u64, n_rows, n_cols) catch return tooLarge("act_mul_quant: values", n_rows);
     const groups = int(n / (if (mode == 0) @as(u64, 32) else 256)) orelse return tooLarge("act_mul_quant: groups", n);
-    const kernel: Kernel = if (kind == 0) .gelu_mul_q else if (kind == 1) .silu_mul_q else return invalid("act_mul_quant: kind {d}", .{kind});
+    const kernel: Kernel = switch (kind) {
+        0 => .gelu_mul_q,
+        1 => .silu_mul_q,
+        2 => .moe_swiglu_oai_q,
+        else => return invalid("act_mul_quant: kind {d}", .{kind}),
+    };
     // Q8_0: a warp a unit; Q8_K: a block of 256 threads a superblock (infer.cu act_mul_q).
     const blocks: u64 = if (mode == 0) ceilDiv(@as(u64, @intCast(groups)) * 32, 256) else @intCast(groups);
+    if (kind == 2) {
+        if (a.bias_gate != 0 and (a.bias_up == 0 or a.ids == 0)) return invalid("act_mul_quant: gate and up biases and ids together", .{});
+        const cols = int(n_cols) orelse return tooLarge("act_mul_quant: n_cols", n_cols);
+        return launch(kernel, blocks, 1, 256, .{ gate, up, groups, out, m, q, d, a.bias_gate, a.bias_up, a.ids, cols });
+    }
     return launch(kernel, blocks, 1, 256, .{ gate, up, groups, out, m, q, d });
 }
 
@@ -677,9 +711,11 @@ pub fn rope2(a: abi.CudaRope2Args) i32 {
     const hb = int(heads_b) orelse return tooLarge("rope2: heads_b", heads_b);
     const dim = int(head_dim) orelse return tooLarge("rope2: head_dim", head_dim);
     const theta_scale = powf(freq_base, -2.0 / @as(f32, @floatFromInt(n_rot)));
+    const y = ropeYarn("rope2", a) orelse return @intFromEnum(status.Status.invalid_argument);
     const blocks = std.math.mul(u64, n_tok, heads_a + heads_b) catch return tooLarge("rope2: rows", n_tok);
     return launch(.rope2, blocks, 1, @intCast(n_rot / 2), .{
         xa, ha, xb, hb, dim, @as(i32, @intCast(n_rot)), positions, theta_scale, freq_scale, @as(i32, if (mode == 2) 1 else 0), freq_factors,
+        y.mscale, y.ext, y.low, y.high,
     });
 }
 

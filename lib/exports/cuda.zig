@@ -177,8 +177,8 @@ export fn infer_cuda_set_decode_attention(mode: u32) i32 {
 }
 
 /// Whether infer_cuda_attention takes these shapes and cache types with a table of caches.
-export fn infer_cuda_attention_rows_fit(n_head: u64, n_kv_head: u64, head_dim: u64, k_type: u32, v_type: u32) bool {
-    return cuda.ops.attentionRowsFit(n_head, n_kv_head, head_dim, k_type, v_type);
+export fn infer_cuda_attention_rows_fit(n_head: u64, n_kv_head: u64, head_dim: u64, k_type: u32, v_type: u32, sinks: bool) bool {
+    return cuda.ops.attentionRowsFit(n_head, n_kv_head, head_dim, k_type, v_type, sinks);
 }
 
 /// Keys and values of rows of different sequences into their caches (the table of
@@ -278,8 +278,14 @@ export fn infer_cuda_moe_matmul(args: *const abi.CudaMoeMatmulArgs) i32 {
 }
 
 /// out[t] = Σ_j weights[t·k + j] · y[t·k + j], in rank order.
-export fn infer_cuda_moe_sum(y: u64, weights: u64, k: u64, n_cols: u64, n_tok: u64, out: u64) i32 {
-    return moe.sum(y, weights, k, n_cols, n_tok, out);
+export fn infer_cuda_moe_sum(y: u64, weights: u64, k: u64, n_cols: u64, n_tok: u64, bias: u64, ids: u64, out: u64) i32 {
+    return moe.sum(y, weights, k, n_cols, n_tok, bias, ids, out);
+}
+
+/// gpt-oss's clamped SwiGLU of n_rows rows of n_cols, each row's gate and up plus its expert's
+/// biases (bias_gate = 0: none).
+export fn infer_cuda_moe_swiglu_oai(gate: u64, up: u64, bias_gate: u64, bias_up: u64, ids: u64, n_rows: u64, n_cols: u64, out: u64) i32 {
+    return moe.swigluOai(gate, up, bias_gate, bias_up, ids, n_rows, n_cols, out);
 }
 
 /// out[0] = argmax of n f32 values (greedy sampling on the device); scratch: 16 zeroed bytes.

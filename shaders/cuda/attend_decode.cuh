@@ -110,7 +110,7 @@ template <int GM>
 __device__ __forceinline__ void decode_combine_last(int G, int head_dim, int n_split, int n_active, int group, size_t row0,
                                                     const float* part_ml, const float* partial,
                                                     unsigned int* arrived, float* out, float* staging, int qmode,
-                                                    int8_t* xq, float* xd) {
+                                                    int8_t* xq, float* xd, const float* sinks = nullptr) {
   __shared__ bool last;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
   __threadfence();  // this thread's partial values before the count
@@ -130,11 +130,14 @@ __device__ __forceinline__ void decode_combine_last(int G, int head_dim, int n_s
     const float m1 = lane + 32 < n_active ? __ldcg(ml + 2 * (lane + 32)) : -INFINITY;
     const float l0 = lane < n_active ? __ldcg(ml + 2 * lane + 1) : 0.0f;
     const float l1 = lane + 32 < n_active ? __ldcg(ml + 2 * (lane + 32) + 1) : 0.0f;
-    const float M = warp_max(fmaxf(m0, m1));
+    float M = warp_max(fmaxf(m0, m1));
+    // gpt-oss's sink (head g's sinks[g]): one more logit in the denominator, with no value.
+    if (sinks) M = fmaxf(M, sinks[g]);
     const float w0 = ggml_expf(m0 - M), w1 = ggml_expf(m1 - M);  // 0 for an empty split
     weight[g][lane] = w0;
     weight[g][lane + 32] = w1;
-    const float d = warp_sum(w0 * l0 + w1 * l1);
+    float d = warp_sum(w0 * l0 + w1 * l1);
+    if (sinks) d += ggml_expf(sinks[g] - M);
     if (lane == 0) denom[g] = d;
   }
   __syncthreads();

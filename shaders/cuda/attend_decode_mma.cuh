@@ -156,7 +156,7 @@ __device__ __forceinline__ void attn_decode_mma_body(const float* q, const __hal
                                                      int n_head, int n_kv_head, int window, int cells, int ring,
                                                      float scale, int n_split, float* out, float* part_ml,
                                                      float* partial, unsigned int* arrived, int qmode, int8_t* xq,
-                                                     float* xd, int kt, int vt) {
+                                                     float* xd, int kt, int vt, const float* sinks) {
   constexpr int STRIDE = mma_decode_stride<D>();
   constexpr int KD = D / 16;  // k-steps of Q·Kᵀ
   constexpr int ND = D / 8;   // 8-dimension n-tiles of the output
@@ -310,7 +310,13 @@ __device__ __forceinline__ void attn_decode_mma_body(const float* q, const __hal
       sum += warp_m[w][g] == -INFINITY ? 0.0f : warp_l[w][g] * ggml_expf(warp_m[w][g] - mb);
       o_sum += red[(w * 8 + g) * D + dim];
     }
-    if (single) {
+    if (single && sinks) {
+      // gpt-oss's sink (attend_decode.cuh decode_combine_last): one more logit in the denominator.
+      const float sk = sinks[h0 + g], mx = fmaxf(mb, sk), f = ggml_expf(mb - mx);
+      const float v = (o_sum * f) / (sum * f + ggml_expf(sk - mx));
+      out[(row0 + g) * D + dim] = v;
+      staging[i] = v;
+    } else if (single) {
       out[(row0 + g) * D + dim] = o_sum / sum;
       staging[i] = o_sum / sum;
     } else {
@@ -326,7 +332,7 @@ __device__ __forceinline__ void attn_decode_mma_body(const float* q, const __hal
     return;
   }
   decode_combine_last<DECODE_GROUP_MAX>(G, D, n_split, span.active, span.t * n_kv_head + span.kvh, row0, part_ml,
-                                        partial, arrived, out, staging, qmode, xq, xd);
+                                        partial, arrived, out, staging, qmode, xq, xd, sinks ? sinks + h0 : nullptr);
 }
 
 #define ATTN_DECODE_MMA(NAME, D)                                                                               \
@@ -334,11 +340,11 @@ __device__ __forceinline__ void attn_decode_mma_body(const float* q, const __hal
       NAME(const float* q, const __half* kc, const __half* vc, const unsigned long long* kv_table,             \
            const int* positions, int n_head, int n_kv_head, int head_dim, int window, int cells, int ring,     \
            float scale, int n_split, float* out, float* part_ml, float* partial, unsigned int* arrived,        \
-           int qmode, int8_t* xq, float* xd) {                                                                 \
+           int qmode, int8_t* xq, float* xd, const float* sinks) {                                             \
     (void)head_dim; /* D: the launch checked it */                                                             \
     attn_decode_mma_body<D, false>(q, kc, vc, kv_table, positions, n_head, n_kv_head, window, cells, ring,     \
                                    scale, n_split, out, part_ml, partial, arrived, qmode, xq, xd, KV_F16,      \
-                                   KV_F16);                                                                    \
+                                   KV_F16, sinks);                                                             \
   }
 ATTN_DECODE_MMA(attn_decode_mma_d64, 64)
 ATTN_DECODE_MMA(attn_decode_mma_d128, 128)
@@ -350,10 +356,10 @@ ATTN_DECODE_MMA(attn_decode_mma_d128, 128)
       NAME(const float* q, const __half* kc, const __half* vc, const unsigned long long* kv_table,             \
            const int* positions, int n_head, int n_kv_head, int head_dim, int window, int cells, int ring,     \
            float scale, int n_split, float* out, float* part_ml, float* partial, unsigned int* arrived,        \
-           int qmode, int8_t* xq, float* xd, int kt, int vt) {                                                 \
+           int qmode, int8_t* xq, float* xd, int kt, int vt, const float* sinks) {                             \
     (void)head_dim; /* D: the launch checked it */                                                             \
     attn_decode_mma_body<D, true>(q, kc, vc, kv_table, positions, n_head, n_kv_head, window, cells, ring,      \
-                                  scale, n_split, out, part_ml, partial, arrived, qmode, xq, xd, kt, vt);      \
+                                  scale, n_split, out, part_ml, partial, arrived, qmode, xq, xd, kt, vt, sinks); \
   }
 ATTN_DECODE_MMA_Q(attn_decode_mma_q_d64, 64)
 ATTN_DECODE_MMA_Q(attn_decode_mma_q_d128, 128)

@@ -84,7 +84,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
 __device__ __forceinline__ void attn_values_split(const AttnRow& r, const float* scores, int score_stride,
                                                   const float* split_max, const __half* vc, int n_kv_head,
                                                   int head_dim, int cells, int ring, int n_split, float* dst,
-                                                  int vt) {
+                                                  int vt, const float* sinks) {
   __shared__ float ps[ATTN_TILE];
   __shared__ float red[ATTN_THREADS * 4];
   const int G = head_dim <= ATTN_THREADS ? ATTN_THREADS / head_dim : 1;
@@ -93,8 +93,10 @@ __device__ __forceinline__ void attn_values_split(const AttnRow& r, const float*
   float M = -INFINITY;
 #pragma unroll 8
   for (int s = 0; s < n_split; s++) M = fmaxf(M, split_max[static_cast<size_t>(r.row) * n_split + s]);
+  // gpt-oss's sink: one more logit in the denominator, with no value (lib/cpu/attention.zig).
+  if (sinks) M = fmaxf(M, sinks[r.h]);
   const float* sr = scores + static_cast<size_t>(r.row) * score_stride;
-  double sum = 0.0;
+  double sum = sinks && threadIdx.x == 0 ? static_cast<double>(ggml_expf(sinks[r.h] - M)) : 0.0;
   for (int jj = threadIdx.x; jj < r.len; jj += blockDim.x) sum += static_cast<double>(ggml_expf(sr[jj] - M));
   sum = block_sum_d(sum);
   const float inv = static_cast<float>(1.0 / sum);
@@ -173,7 +175,7 @@ __device__ __forceinline__ void attn_combine_last(int row, int n_split, int head
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
     attn_values(const float* scores, int score_stride, const float* split_max, const __half* vc,
                 const int* positions, int n_head, int n_kv_head, int head_dim, int window, int cells, int ring,
-                int n_split, float* out, float* partial, unsigned int* arrived, int vt) {
+                int n_split, float* out, float* partial, unsigned int* arrived, int vt, const float* sinks) {
   pdl_begin();
   const AttnRow r = attn_row(positions, n_head, n_kv_head, window, n_split);
   float* dst = n_split == 1 ? out + static_cast<size_t>(r.row) * head_dim
@@ -181,7 +183,8 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
   if (r.s0 >= r.s1) {  // an empty split (short context): contributes zeros
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) dst[d] = 0.0f;
   } else {
-    attn_values_split(r, scores, score_stride, split_max, vc, n_kv_head, head_dim, cells, ring, n_split, dst, vt);
+    attn_values_split(r, scores, score_stride, split_max, vc, n_kv_head, head_dim, cells, ring, n_split, dst, vt,
+                      sinks);
   }
   if (n_split > 1) attn_combine_last(r.row, n_split, head_dim, partial, out, arrived);
 }

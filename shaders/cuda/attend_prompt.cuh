@@ -40,7 +40,7 @@ __device__ __forceinline__ void ldmatrix_x2_trans(uint32_t& r0, uint32_t& r1, co
 template <int D, bool QUANT>
 __device__ __forceinline__ void attn_prompt_body(const float* q, const __half* kc, const __half* vc, const int* positions,
                                                  int n_tok, int n_head, int n_kv_head, int window, int cells, int ring,
-                                                 float scale, float* out, int kt, int vt) {
+                                                 float scale, float* out, int kt, int vt, const float* sinks) {
   constexpr int STRIDE = D + 8;  // halves per staged row: 16 bytes of padding keep fragment loads conflict-free
   constexpr int KD = D / 16;     // k-steps of Q·Kᵀ
   constexpr int ND = D / 8;      // 8-dimension n-tiles of the output
@@ -195,7 +195,16 @@ __device__ __forceinline__ void attn_prompt_body(const float* q, const __half* k
   l_a += __shfl_xor_sync(FULL_MASK, l_a, 2);
   l_b += __shfl_xor_sync(FULL_MASK, l_b, 1);
   l_b += __shfl_xor_sync(FULL_MASK, l_b, 2);
-  const float inv_a = 1.0f / l_a, inv_b = 1.0f / l_b;
+  float inv_a = 1.0f / l_a, inv_b = 1.0f / l_b;
+  if (sinks) {
+    // gpt-oss's sink: one more logit in the head's denominator, with no value (the maximum
+    // raised to it where it is larger, the sum and outputs rescaled to that).
+    const float sk = sinks[h];
+    const float mxa = fmaxf(m_a, sk), mxb = fmaxf(m_b, sk);
+    const float fa = expf(m_a - mxa), fb = expf(m_b - mxb);
+    inv_a = fa / (l_a * fa + expf(sk - mxa));
+    inv_b = fb / (l_b * fb + expf(sk - mxb));
+  }
 #pragma unroll
   for (int n = 0; n < ND; n++) {
     const int c = 8 * n + 2 * tig;
@@ -213,10 +222,10 @@ __device__ __forceinline__ void attn_prompt_body(const float* q, const __half* k
 #define ATTN_PROMPT(NAME, D)                                                                                    \
   extern "C" __global__ void __launch_bounds__(128)                                                            \
       NAME(const float* q, const __half* kc, const __half* vc, const int* positions, int n_tok, int n_head,     \
-           int n_kv_head, int window, int cells, int ring, float scale, float* out) {                           \
+           int n_kv_head, int window, int cells, int ring, float scale, float* out, const float* sinks) {      \
     pdl_begin();                                                                                                \
     attn_prompt_body<D, false>(q, kc, vc, positions, n_tok, n_head, n_kv_head, window, cells, ring, scale, out, \
-                               KV_F16, KV_F16);                                                                 \
+                               KV_F16, KV_F16, sinks);                                                          \
   }
 ATTN_PROMPT(attn_prompt_d64, 64)
 ATTN_PROMPT(attn_prompt_d128, 128)
@@ -225,10 +234,11 @@ ATTN_PROMPT(attn_prompt_d128, 128)
 #define ATTN_PROMPT_Q(NAME, D)                                                                                  \
   extern "C" __global__ void __launch_bounds__(128)                                                            \
       NAME(const float* q, const __half* kc, const __half* vc, const int* positions, int n_tok, int n_head,     \
-           int n_kv_head, int window, int cells, int ring, float scale, float* out, int kt, int vt) {           \
+           int n_kv_head, int window, int cells, int ring, float scale, float* out, int kt, int vt,             \
+           const float* sinks) {                                                                                \
     pdl_begin();                                                                                                \
     attn_prompt_body<D, true>(q, kc, vc, positions, n_tok, n_head, n_kv_head, window, cells, ring, scale, out,  \
-                              kt, vt);                                                                          \
+                              kt, vt, sinks);                                                                   \
   }
 ATTN_PROMPT_Q(attn_prompt_q_d64, 64)
 ATTN_PROMPT_Q(attn_prompt_q_d128, 128)

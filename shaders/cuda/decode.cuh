@@ -61,7 +61,8 @@ extern "C" __global__ void __launch_bounds__(256)
 extern "C" __global__ void __launch_bounds__(256)
     norm_rope_store(float* q, int heads_q, float* k, int heads_k, const float* v, const float* wq,
                     const float* wk, float eps, int head_dim, int n_rot, const int* positions,
-                    float theta_scale, float freq_scale, int neox, const float* ff, void* kc, void* vc,
+                    float theta_scale, float freq_scale, int neox, const float* ff, float mscale, float ext,
+                    float low, float high, void* kc, void* vc,
                     int cells, int ring, int kt, int vt) {
   pdl_begin();
   const bool is_q = static_cast<int>(blockIdx.x) < heads_q;
@@ -78,7 +79,7 @@ extern "C" __global__ void __launch_bounds__(256)
   }
   const int pos = positions[0];
   for (int i = threadIdx.x; i < (n_rot >> 1); i += blockDim.x)
-    rope_pair_i(x, i, pos, n_rot, theta_scale, freq_scale, neox, ff);
+    rope_pair_i(x, i, pos, n_rot, theta_scale, freq_scale, neox, ff, RopeYarn{mscale, ext, low, high});
   if (is_q) return;
   __syncthreads();
   const int cell = ring ? pos % cells : pos;

@@ -46,6 +46,7 @@ __device__ __forceinline__ void get_rows_f(const uint8_t* table, int n_cols, con
 GET_ROWS(get_rows_q4_0, get_rows_q, Q4_0)
 GET_ROWS(get_rows_q5_0, get_rows_q, Q5_0)
 GET_ROWS(get_rows_q8_0, get_rows_q, Q8_0)
+GET_ROWS(get_rows_mxfp4, get_rows_q, MXFP4)
 GET_ROWS(get_rows_q4_k, get_rows_q, Q4_K)
 GET_ROWS(get_rows_q5_k, get_rows_q, Q5_K)
 GET_ROWS(get_rows_q6_k, get_rows_q, Q6_K)
@@ -100,6 +101,7 @@ __device__ __forceinline__ void dequant_f16(const uint8_t* w, int n_rows, int n_
 DEQUANT_F16(dequant_f16_q4_0, Q4_0)
 DEQUANT_F16(dequant_f16_q5_0, Q5_0)
 DEQUANT_F16(dequant_f16_q8_0, Q8_0)
+DEQUANT_F16(dequant_f16_mxfp4, MXFP4)
 DEQUANT_F16(dequant_f16_q4_k, Q4_K)
 DEQUANT_F16(dequant_f16_q5_k, Q5_K)
 DEQUANT_F16(dequant_f16_q6_k, Q6_K)
@@ -379,15 +381,27 @@ extern "C" __global__ void rms_norm2(float* xa, const float* wa, int rows_a, flo
 
 // ---- RoPE ------------------------------------------------------------------------------------
 // One block per (token, head), one thread per rotated pair. lib/cpu/rope.zig: theta starts at
-// (float)pos and is multiplied by theta_scale once per pair; angle = freq_scale * (theta / ff).
+// (float)pos and is multiplied by theta_scale once per pair; angle = freq_scale * (theta / ff);
+// with YaRN (ext != 0) blended with the extrapolated theta / ff by rope_yarn_ramp over the
+// correction dims [low, high]; cos and sin times mscale (1 without YaRN or an attention factor:
+// exact, so a plain rotation is unchanged).
+struct RopeYarn {
+  float mscale, ext, low, high;
+};
 
 __device__ __forceinline__ void rope_pair_i(float* head, int i, int pos, int n_rot, float theta_scale,
-                                            float freq_scale, int neox, const float* ff) {
+                                            float freq_scale, int neox, const float* ff, const RopeYarn& y) {
   const int half = n_rot >> 1;
   float theta = static_cast<float>(pos);
   for (int k = 0; k < i; k++) theta *= theta_scale;
-  const float angle = freq_scale * (theta / (ff ? ff[i] : 1.0f));
-  const float c = cosf(angle), s = sinf(angle);
+  const float extrapolated = theta / (ff ? ff[i] : 1.0f);
+  float angle = freq_scale * extrapolated;
+  if (y.ext != 0.0f) {
+    const float r = (static_cast<float>(i) - y.low) / fmaxf(0.001f, y.high - y.low);
+    const float mix = (1.0f - fminf(1.0f, fmaxf(0.0f, r))) * y.ext;
+    angle = angle * (1.0f - mix) + extrapolated * mix;
+  }
+  const float c = cosf(angle) * y.mscale, s = sinf(angle) * y.mscale;
   const int ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
   const float a = head[ia], b = head[ib];
   head[ia] = __fmaf_rn(a, c, -__fmul_rn(b, s));
@@ -395,27 +409,30 @@ __device__ __forceinline__ void rope_pair_i(float* head, int i, int pos, int n_r
 }
 
 __device__ __forceinline__ void rope_pair(float* head, int pos, int n_rot, float theta_scale, float freq_scale,
-                                          int neox, const float* ff) {
+                                          int neox, const float* ff, const RopeYarn& y) {
   if (static_cast<int>(threadIdx.x) < (n_rot >> 1))
-    rope_pair_i(head, threadIdx.x, pos, n_rot, theta_scale, freq_scale, neox, ff);
+    rope_pair_i(head, threadIdx.x, pos, n_rot, theta_scale, freq_scale, neox, ff, y);
 }
 
 extern "C" __global__ void rope(float* x, int n_heads, int head_dim, int n_rot, const int* positions,
-                                float theta_scale, float freq_scale, int neox, const float* ff) {
+                                float theta_scale, float freq_scale, int neox, const float* ff, float mscale,
+                                float ext, float low, float high) {
   pdl_begin();
   const int t = blockIdx.x / n_heads;
-  rope_pair(x + static_cast<size_t>(blockIdx.x) * head_dim, positions[t], n_rot, theta_scale, freq_scale, neox, ff);
+  rope_pair(x + static_cast<size_t>(blockIdx.x) * head_dim, positions[t], n_rot, theta_scale, freq_scale, neox, ff,
+            RopeYarn{mscale, ext, low, high});
 }
 
 /// The queries' and the keys' RoPE in one launch (same positions and parameters).
 extern "C" __global__ void rope2(float* xa, int heads_a, float* xb, int heads_b, int head_dim, int n_rot,
-                                 const int* positions, float theta_scale, float freq_scale, int neox, const float* ff) {
+                                 const int* positions, float theta_scale, float freq_scale, int neox, const float* ff,
+                                 float mscale, float ext, float low, float high) {
   pdl_begin();
   const int per_token = heads_a + heads_b;
   const int t = blockIdx.x / per_token, h = blockIdx.x % per_token;
   float* head = h < heads_a ? xa + (static_cast<size_t>(t) * heads_a + h) * head_dim
                             : xb + (static_cast<size_t>(t) * heads_b + (h - heads_a)) * head_dim;
-  rope_pair(head, positions[t], n_rot, theta_scale, freq_scale, neox, ff);
+  rope_pair(head, positions[t], n_rot, theta_scale, freq_scale, neox, ff, RopeYarn{mscale, ext, low, high});
 }
 
 // ---- KV cache ----------------------------------------------------------------------------------

@@ -209,6 +209,7 @@ __device__ __forceinline__ void moe_mv8(const uint8_t* w0, const uint8_t* w1, lo
 MOE_MV(q4_0, Q4_0)
 MOE_MV(q5_0, Q5_0)
 MOE_MV(q8_0, Q8_0)
+MOE_MV(mxfp4, MXFP4)
 MOE_MV(q4_k, Q4_K)
 MOE_MV(q5_k, Q5_K)
 MOE_MV(q6_k, Q6_K)
@@ -217,16 +218,75 @@ MOE_MV(q8_0r, Q8_0R)
 MOE_MV(q4_kr, Q4_KR)
 
 /// out[t][c] = ((w_0 · y[t·k][c]) + w_1 · y[t·k + 1][c]) + …, each product rounded to f32 and
-/// added in rank order, as the host's scatterScaled and sumGroups compute it.
-extern "C" __global__ void moe_sum(const float* y, const float* weights, int k, int n_cols, long long n, float* out) {
+/// added in rank order, as the host's scatterScaled and sumGroups compute it. With `bias` (gpt-oss's
+/// down biases, a row of n_cols per expert), slot s's row is y[s] + bias[ids[s]] first, rounded as
+/// the host's addBias rounds it.
+extern "C" __global__ void moe_sum(const float* y, const float* weights, int k, int n_cols, long long n,
+                                   const float* bias, const int* ids, float* out) {
   pdl_begin();
   for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<long long>(gridDim.x) * blockDim.x) {
     const long long t = i / n_cols, c = i % n_cols;
     const float* w = weights + t * k;
     const float* r = y + t * k * n_cols + c;
-    float acc = __fmul_rn(w[0], r[0]);
-    for (int j = 1; j < k; j++) acc = __fadd_rn(acc, __fmul_rn(w[j], r[static_cast<long long>(j) * n_cols]));
+    float acc = 0.0f;
+    for (int j = 0; j < k; j++) {
+      float v = r[static_cast<long long>(j) * n_cols];
+      if (bias) v = __fadd_rn(v, bias[static_cast<long long>(ids[t * k + j]) * n_cols + c]);
+      const float p = __fmul_rn(w[j], v);
+      acc = j == 0 ? p : __fadd_rn(acc, p);
+    }
     out[i] = acc;
   }
+}
+
+/// gpt-oss's clamped SwiGLU (ggml's swiglu_oai: alpha 1.702, limit 7), as lib/cpu/act.zig
+/// swigluOai computes it: min(g, 7) / (1 + exp(1.702 · -min(g, 7))) · (clamp(u, ±7) + 1).
+__device__ __forceinline__ float swiglu_oai(float g, float u) {
+  const float x = fminf(g, 7.0f);
+  const float y = fminf(fmaxf(u, -7.0f), 7.0f);
+  const float glu = __fdiv_rn(x, __fadd_rn(1.0f, expf(__fmul_rn(1.702f, -x))));
+  return __fmul_rn(glu, __fadd_rn(y, 1.0f));
+}
+
+/// out[i] = swiglu_oai(gate[i] + bg, up[i] + bu) over n values, rows of n_cols; with biases (a row
+/// of n_cols per expert) bg and bu are row s's expert's, ids[s], each sum rounded as the host's
+/// addBias rounds it; without (bias_gate null), the plain activation (Backend.swigluOaiMul).
+extern "C" __global__ void moe_swiglu_oai(const float* gate, const float* up, const float* bias_gate,
+                                          const float* bias_up, const int* ids, int n_cols, long long n,
+                                          float* out) {
+  pdl_begin();
+  const long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  float g = gate[i], u = up[i];
+  if (bias_gate) {
+    const long long s = i / n_cols, c = i % n_cols;
+    const long long at = static_cast<long long>(ids[s]) * n_cols + c;
+    g = __fadd_rn(g, bias_gate[at]);
+    u = __fadd_rn(u, bias_up[at]);
+  }
+  out[i] = swiglu_oai(g, u);
+}
+
+/// moe_swiglu_oai, then the product quantized for the down matvec (mode 0: one warp per 32
+/// values; mode 1: a block of 256 threads per 256), as infer.cu's act_mul_q does for SiLU: the
+/// decode step's graph fuses the two (ts/backend/cuda-fuse.ts), bit for bit.
+extern "C" __global__ void moe_swiglu_oai_q(const float* gate, const float* up, int n_groups, float* out, int mode,
+                                            int8_t* q, float* d, const float* bias_gate, const float* bias_up,
+                                            const int* ids, int n_cols) {
+  pdl_begin();
+  const size_t i = mode == 0 ? static_cast<size_t>((blockIdx.x * blockDim.x + threadIdx.x) >> 5) * 32 + (threadIdx.x & 31)
+                             : static_cast<size_t>(blockIdx.x) * 256 + threadIdx.x;
+  const int group = mode == 0 ? static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) >> 5) : blockIdx.x;
+  if (group >= n_groups) return;
+  float g = gate[i], u = up[i];
+  if (bias_gate) {
+    const size_t at = static_cast<size_t>(ids[i / n_cols]) * n_cols + i % n_cols;
+    g = __fadd_rn(g, bias_gate[at]);
+    u = __fadd_rn(u, bias_up[at]);
+  }
+  const float v = swiglu_oai(g, u);
+  out[i] = v;
+  if (mode == 0) quant_unit_q8_0(v, q + static_cast<size_t>(group) * 32, d + group);
+  else quant_block_q8_k(v, q + static_cast<size_t>(blockIdx.x) * 256, d + static_cast<size_t>(blockIdx.x) * 8);
 }

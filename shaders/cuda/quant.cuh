@@ -150,6 +150,60 @@ struct Q8_0 {
   }
 };
 
+/// MXFP4 (gpt-oss's experts; lib/quant/mxfp4.zig): 17 bytes, an E8M0 scale byte e and 16 bytes
+/// of E2M1 codes (value j < 16 in qs[j] & 15, j + 16 in qs[j] >> 4), read through ggml's
+/// kvalues_mxfp4 (twice the E2M1 values, integers) at half the scale: value = kvalue · 2^(e-128).
+/// Blocks are 1-byte aligned, so a unit is read a byte at a time. The dot is the CPU's
+/// (dotGgmlScalar): the block's exact integer sum, fma(sum, scale · dx, acc).
+struct MXFP4 {
+  static constexpr int BV = 32, BB = 17;
+  static constexpr bool SUPER = false;
+  struct W { int v[8]; float d; };
+  /// 2^(e - 128) as an f32, exactly (e = 0 and 1 are subnormals): ggml_e8m0_to_fp32_half.
+  __device__ static float scale_half(uint32_t e) {
+    return __uint_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);
+  }
+  /// Four codes (the low nibble of each byte of q) as four signed kvalues bytes: bytes 0..7 of
+  /// the table {0, 1, 2, 3, 4, 6, 8, 12} and {0, -1, -2, -3, -4, -6, -8, -12} picked by the low
+  /// three bits, the half by the sign bit.
+  __device__ static int kvalues4(uint32_t q) {
+    const uint32_t sel = (q & 0xFu) | ((q >> 4) & 0xF0u) | ((q >> 8) & 0xF00u) | ((q >> 12) & 0xF000u);
+    const uint32_t pos = __byte_perm(0x03020100u, 0x0C080604u, sel & 0x7777u);
+    const uint32_t neg = __byte_perm(0xFDFEFF00u, 0xF4F8FAFCu, sel & 0x7777u);
+    return static_cast<int>(__byte_perm(pos, neg, 0x3210u | ((sel & 0x8888u) >> 1)));
+  }
+  __device__ static uint32_t ld_u32_a1(const uint8_t* p) {
+    return p[0] | (static_cast<uint32_t>(p[1]) << 8) | (static_cast<uint32_t>(p[2]) << 16) |
+           (static_cast<uint32_t>(p[3]) << 24);
+  }
+  __device__ static void load(const uint8_t* row, int u, W& w) {
+    const uint8_t* b = row + static_cast<size_t>(u) * BB;
+    w.d = scale_half(b[0]);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const uint32_t q = ld_u32_a1(b + 1 + 4 * i);
+      w.v[i] = kvalues4(q & 0x0F0F0F0Fu);
+      w.v[4 + i] = kvalues4((q >> 4) & 0x0F0F0F0Fu);
+    }
+  }
+  __device__ static void dot(const W& w, const int* x, float dx, float& acc, float&) {
+    int s = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) s = dp4a(w.v[i], x[i], s);
+    acc = __fmaf_rn(static_cast<float>(s), w.d * dx, acc);
+  }
+  __device__ static void dequant(const uint8_t* row, int u, float* y) {
+    const uint8_t* b = row + static_cast<size_t>(u) * BB;
+    const float d = scale_half(b[0]);
+    for (int j = 0; j < 16; j++) {
+      const int q = b[1 + j];
+      const int lo = static_cast<int8_t>(kvalues4(q & 15)), hi = static_cast<int8_t>(kvalues4(q >> 4));
+      y[j] = __fmul_rn(static_cast<float>(lo), d);
+      y[j + 16] = __fmul_rn(static_cast<float>(hi), d);
+    }
+  }
+};
+
 /// Scale and min of sub-block j (0..7) of a Q4_K/Q5_K superblock (ggml's get_scale_min_k4).
 __device__ __forceinline__ void scale_min_k4(const uint8_t* s, int j, int& sc, int& m) {
   if (j < 4) {

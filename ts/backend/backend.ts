@@ -303,6 +303,11 @@ export interface ExpertOps {
    * expert e - 1's): one 2-D weight per expert, each a view of its own slice.
    */
   split(file: GgufFile, tensor: GgufTensorInfo): readonly Weight[];
+  /**
+   * The rows of a 2-D F32 tensor (ggml dims [n, experts]: one vector per expert, gpt-oss's
+   * biases) as one upload, each row a view; absent: each row is a weight of its own.
+   */
+  splitVectors?(file: GgufFile, tensor: GgufTensorInfo): readonly Weight[];
   /** Row i of dst = row rows[i] of src, for i < count. */
   gatherRows(src: Activation, rows: Int32Array, count: number, dst: Activation): void;
   /** Row slots[i] of dst = weights[i] × row i of src (each product rounded to f32), for i < count. */
@@ -323,8 +328,9 @@ export interface ExpertOps {
   /**
    * The whole layer with the router on the device (GPU backends): logits = router · x, each
    * row's experts chosen as `routing` says, then ffn's sum; the expert ids and weights never
-   * reach the host, so a decode step with experts stays one recorded step (a CUDA graph). No
-   * biases, SwiGLU only. Absent where the host routes (moeFfn then reads the logits).
+   * reach the host, so a decode step with experts stays one recorded step (a CUDA graph); with
+   * `w.biases` and `routing.activation` as gpt-oss has them. Absent where the host routes
+   * (moeFfn then reads the logits).
    */
   routedFfn?(w: ExpertWeights, x: Activation, rows: number, routing: Routing, out: Activation): void;
 }
@@ -336,6 +342,13 @@ export interface ExpertWeights {
   readonly gate: readonly Weight[];
   readonly up: readonly Weight[];
   readonly down: readonly Weight[];
+  /** gpt-oss's biases: the router's (one per expert) and each expert's gate, up and down. */
+  readonly biases?: {
+    readonly router: Weight;
+    readonly gate: readonly Weight[];
+    readonly up: readonly Weight[];
+    readonly down: readonly Weight[];
+  };
 }
 
 /** How a token's experts are chosen from its router logits (ts/model/moe.ts route). */
@@ -347,6 +360,8 @@ export interface Routing {
   readonly gating: "softmax" | "topk-softmax";
   /** With "softmax": the k probabilities divided by their sum. */
   readonly normalizeTopK: boolean;
+  /** The experts' gated activation: SwiGLU, or gpt-oss's clamped one (swigluOaiMul). */
+  readonly activation: "silu" | "swiglu-oai";
 }
 
 /**

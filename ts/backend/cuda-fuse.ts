@@ -12,7 +12,8 @@ export type LaunchCall =
   | "infer_cuda_add_row_bias" | "infer_cuda_argmax" | "infer_cuda_kv_store_rows"
   | "infer_cuda_add_rms_norm_quant" | "infer_cuda_rms_norm_quant" | "infer_cuda_rms_norm2"
   | "infer_cuda_act_mul_quant" | "infer_cuda_matmul_multi" | "infer_cuda_rope2" | "infer_cuda_norm_rope_store"
-  | "infer_cuda_moe_route" | "infer_cuda_moe_group" | "infer_cuda_moe_matmul" | "infer_cuda_moe_sum";
+  | "infer_cuda_moe_route" | "infer_cuda_moe_group" | "infer_cuda_moe_matmul" | "infer_cuda_moe_sum"
+  | "infer_cuda_moe_swiglu_oai";
 
 /** One recorded launch call: which, its arguments by name, and what it does (for errors and profiles). */
 export type PendingOp = { [F in LaunchCall]: { fn: F; args: NamedArgs<F>; what: string } }[LaunchCall];
@@ -27,8 +28,8 @@ const FUSED_COLS_MAX = 5888;
 
 /**
  * Peephole over a recorded step: add → rms_norm → quantize, rms_norm → quantize,
- * gelu/silu → quantize and attention → quantize (the o-projection's input, in the attention
- * kernel's epilogue) become one kernel each; two or three one-token matmuls over the same
+ * gelu/silu/clamped SwiGLU → quantize and attention → quantize (the o-projection's input, in
+ * the attention kernel's epilogue) become one kernel each; two or three one-token matmuls over the same
  * quantized input (q/k/v, gate/up) one launch; the query and key head norms, their RoPE and the
  * KV store of one token one launch (or the RoPE of both, and the head norms, one launch each).
  * Every fused kernel computes its parts' values bit for bit (the unfused path,
@@ -99,6 +100,17 @@ export function fuseStep(ops: PendingOp[]): PendingOp[] {
         continue;
       }
     }
+    if (is(o, "infer_cuda_moe_swiglu_oai") && is(n1, "infer_cuda_quantize")) {
+      const act = o.args, quant = n1.args;
+      if (quant.x === act.out && quant.n_rows === act.n_rows && quant.n_cols === act.n_cols) {
+        out.push({ fn: "infer_cuda_act_mul_quant", what: "clamped SwiGLU + quantize", args: {
+          kind: 2, gate: act.gate, up: act.up, n_rows: quant.n_rows, n_cols: quant.n_cols, out: act.out,
+          mode: quant.mode, q: quant.q, d: quant.d, bias_gate: act.bias_gate, bias_up: act.bias_up, ids: act.ids,
+        } });
+        i += 1;
+        continue;
+      }
+    }
     if (is(o, "infer_cuda_matmul") && is(n1, "infer_cuda_matmul")) {
       const first = o.args, group = [first];
       const quantized = first.x === 0 && first.xq !== 0 && first.n_tok === 1;
@@ -126,7 +138,7 @@ export function fuseStep(ops: PendingOp[]): PendingOp[] {
         out.push({ fn: "infer_cuda_rope2", what: "rope (q and k)", args: {
           xa: a.x, heads_a: a.n_heads, xb: b.x, heads_b: b.n_heads, n_tok: a.n_tok, head_dim: a.head_dim,
           n_rot: a.n_rot, positions: a.positions, freq_base: a.freq_base, freq_scale: a.freq_scale, mode: a.mode,
-          freq_factors: a.freq_factors,
+          freq_factors: a.freq_factors, ...yarnOf(a),
         } });
         i += 1;
         continue;
@@ -139,9 +151,18 @@ export function fuseStep(ops: PendingOp[]): PendingOp[] {
 
 /** Two RoPE calls of the same rows, head size, positions and frequencies (heads may differ). */
 function sameRope(a: NamedArgs<"infer_cuda_rope">, b: NamedArgs<"infer_cuda_rope">): boolean {
+  const ya = yarnOf(a), yb = yarnOf(b);
   return a.n_tok === b.n_tok && a.head_dim === b.head_dim && a.n_rot === b.n_rot && a.positions === b.positions &&
     a.freq_base === b.freq_base && a.freq_scale === b.freq_scale && a.mode === b.mode &&
-    a.freq_factors === b.freq_factors;
+    a.freq_factors === b.freq_factors && ya.attn_factor === yb.attn_factor && ya.ext_factor === yb.ext_factor &&
+    ya.beta_fast === yb.beta_fast && ya.beta_slow === yb.beta_slow && ya.n_ctx_orig === yb.n_ctx_orig;
+}
+
+/** A RoPE call's attention factor and YaRN fields, with lib/abi.zig's defaults where absent. */
+function yarnOf(a: NamedArgs<"infer_cuda_rope">): { attn_factor: number; ext_factor: number; beta_fast: number;
+  beta_slow: number; n_ctx_orig: number } {
+  return { attn_factor: a.attn_factor ?? 1, ext_factor: a.ext_factor ?? 0, beta_fast: a.beta_fast ?? 32,
+    beta_slow: a.beta_slow ?? 1, n_ctx_orig: a.n_ctx_orig ?? 0 };
 }
 
 /**
@@ -172,7 +193,7 @@ function normRopeStore(ops: PendingOp[], i: number): { op: PendingOp; length: nu
       q: A.x, heads_q: A.n_heads, k: B.x, heads_k: B.n_heads, v: S.v, wq, wk, eps, head_dim: A.head_dim,
       n_rot: A.n_rot, positions: A.positions, freq_base: A.freq_base, freq_scale: A.freq_scale, mode: A.mode,
       freq_factors: A.freq_factors, k_cache: S.k_cache, v_cache: S.v_cache, cells: S.cells, ring: S.ring,
-      k_type: S.k_type, v_type: S.v_type,
+      k_type: S.k_type, v_type: S.v_type, ...yarnOf(A),
     } },
     length: (norms ? 2 : 0) + 3,
   };

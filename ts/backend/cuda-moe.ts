@@ -3,11 +3,14 @@
 // GPU layout where its rows take one) and split into views; the layer runs as the router's matmul
 // and five launches that read the chosen experts' ids from device memory, so nothing waits for the
 // host and a decode step stays one CUDA graph:
-//   moe_route   per token: softmax → top k → divided by their sum (Qwen3-MoE), on the GPU
+//   moe_route   per token: softmax → top k → divided by their sum (Qwen3-MoE), or the top k
+//               logits → a softmax over them (gpt-oss, after the router's bias), on the GPU
 //   moe_group   (batches of ≥ 1 slot an expert on average) the slots sorted by expert
 //   moe_matmul  gate and up of every slot in one launch: W[ids[s]] · x[s / k]
-//   silu_mul + quantize (fused in a graph), moe_matmul for down: W[ids[s]] · h[s]
-//   moe_sum     out[t] = Σ_j w_j · down[t·k + j], in rank order as the CPU sums them.
+//   silu_mul + quantize (fused in a graph), or gpt-oss's moe_swiglu_oai (the slot's expert's
+//               gate and up biases added first) + quantize; moe_matmul for down: W[ids[s]] · h[s]
+//   moe_sum     out[t] = Σ_j w_j · (down[t·k + j] + its expert's down bias), in rank order as
+//               the CPU sums them.
 // A token's k chosen experts are its k slots (slot s = token · k + rank). Decode and small batches
 // take a grid row per slot (each reads only its expert's rows: the bytes of the active
 // parameters); larger batches and prompts a grid row per tile of up to 8 slots of one expert, so
@@ -72,6 +75,8 @@ export class CudaExperts implements ExpertOps {
    */
   groupSlotsPerExpert = 1;
   private readonly tensors = new WeakMap<readonly Weight[], ExpertTensor>();
+  /** Per-expert vectors (splitVectors): the device address of expert 0's. */
+  private readonly vectors = new WeakMap<readonly Weight[], number>();
   /** Scratch by layer shape (a model has one; a draft model beside it another). */
   private readonly scratch = new Map<string, MoeScratch>();
 
@@ -83,7 +88,7 @@ export class CudaExperts implements ExpertOps {
     const whole = this.host.backend.weight(file, t) as DeviceWeight;
     if (!this.host.lib.infer_cuda_moe_supports(whole.typeId)) {
       throw new InferError("unsupported", `experts '${t.name}' are ${t.type.name}, which the CUDA backend ` +
-        "does not run as experts yet (Q4_0, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K do); use --backend cpu");
+        "does not run as experts yet (Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K and MXFP4 do); use --backend cpu");
     }
     const [cols, rows, experts] = t.dims as [number, number, number];
     const expertBytes = t.byteLength / experts;
@@ -92,6 +97,28 @@ export class CudaExperts implements ExpertOps {
     this.tensors.set(views, { base: whole.address, expertBytes, typeId: whole.typeId,
       format: whole.activationFormat, nOut: rows, nIn: cols });
     return views;
+  }
+
+  /** The [n, experts] F32 tensor uploaded whole; expert e's vector a view of its e-th row. */
+  splitVectors(file: GgufFile, t: GgufTensorInfo): readonly Weight[] {
+    if (t.dims.length !== 2 || t.type.name !== "F32") {
+      throw new InferError("bad_model", `tensor '${t.name}' is not a 2-D F32 table of expert vectors`);
+    }
+    const whole = this.host.backend.weight(file, t) as DeviceWeight;
+    const [n, experts] = t.dims as [number, number];
+    const views = Array.from({ length: experts }, (_, e) =>
+      this.host.view(whole, `${t.name}[${e}]`, [n], 4 * n * e));
+    this.vectors.set(views, whole.address);
+    return views;
+  }
+
+  private vectorTable(v: readonly Weight[], cols: number): number {
+    const address = this.vectors.get(v);
+    if (address === undefined || v[0]?.dims[0] !== cols) {
+      throw new InferError("internal",
+        `expert vectors '${v[0]?.name}' are not a CUDA table of ${cols} values`);
+    }
+    return address;
   }
 
   private tensor(experts: readonly Weight[]): ExpertTensor {
@@ -108,7 +135,13 @@ export class CudaExperts implements ExpertOps {
         `do not chain from ${x.cols} to ${out.cols} values`);
     }
     const k = r.k, slots = rows * k, b = this.buffers(x.rows, r, gate.nOut, down.nOut);
+    const bias = w.biases;
+    // Checked before any launch: expert biases come with gpt-oss's activation only.
+    if (bias && r.activation !== "swiglu-oai") {
+      throw new InferError("unsupported", "expert biases with SwiGLU are not implemented on CUDA");
+    }
     be.matmul(w.router, x, rows, b.logits);
+    if (bias) be.addBias(b.logits, bias.router, rows);
     h.op("infer_cuda_moe_route", { logits: h.address(b.logits), n_tok: rows, n_expert: r.experts, k,
       gating: r.gating === "topk-softmax" ? 1 : 0, norm: r.normalizeTopK, ids: h.address(b.ids),
       weights: h.address(b.weights) }, "moe route");
@@ -134,10 +167,19 @@ export class CudaExperts implements ExpertOps {
       run(gate, x, k, b.gate);
       run(up, x, k, b.up);
     }
-    be.siluMul(b.gate, b.up, slots, b.gate);
+    if (r.activation === "swiglu-oai") {
+      h.op("infer_cuda_moe_swiglu_oai", { gate: h.address(b.gate), up: h.address(b.up),
+        bias_gate: bias ? this.vectorTable(bias.gate, gate.nOut) : 0,
+        bias_up: bias ? this.vectorTable(bias.up, gate.nOut) : 0, ids: bias ? ids : 0, n_rows: slots,
+        n_cols: gate.nOut, out: h.address(b.gate) }, "moe swiglu_oai");
+      h.written(b.gate);
+    } else {
+      be.siluMul(b.gate, b.up, slots, b.gate);
+    }
     run(down, b.gate, 1, b.down);
     h.op("infer_cuda_moe_sum", { y: h.address(b.down), weights: h.address(b.weights), k, n_cols: out.cols,
-      n_tok: rows, out: h.address(out) }, "moe sum");
+      n_tok: rows, bias: bias ? this.vectorTable(bias.down, down.nOut) : 0, ids: bias ? ids : 0,
+      out: h.address(out) }, "moe sum");
     h.written(out);
   }
 
@@ -177,5 +219,5 @@ export class CudaExperts implements ExpertOps {
 /** The host-routed path (per-expert matmuls with rows moved by index) is the CPU's. */
 function unsupportedHostRouting(): InferError {
   return new InferError("unsupported", "the CUDA backend routes experts on the device only " +
-    "(no expert biases, no clamped SwiGLU, no per-row scaling by host tables); use --backend cpu");
+    "(no per-row scaling by host tables); use --backend cpu");
 }

@@ -475,9 +475,9 @@ export class CudaBackend implements Backend {
   }
 
   rope(x: Activation, positions: Activation, rows: number, o: RopeOptions): void {
-    if (o.yarn) throw new InferError("unsupported", `the CUDA backend's RoPE has no YaRN; use --backend cpu`);
-    if ((o.attnFactor ?? 1) !== 1) {
-      throw new InferError("unsupported", `the CUDA backend's RoPE takes no attention factor ` +
+    // An attention factor beside YaRN's (LongRoPE's) is not exercised on the GPU yet.
+    if ((o.attnFactor ?? 1) !== 1 && !o.yarn) {
+      throw new InferError("unsupported", `the CUDA backend's RoPE takes an attention factor with YaRN only ` +
         `(${o.attnFactor}); use --backend cpu`);
     }
     let factors = 0;
@@ -490,7 +490,9 @@ export class CudaBackend implements Backend {
     }
     this.op("infer_cuda_rope", { x: a(x).address, n_tok: rows, n_heads: o.heads, head_dim: o.headDim,
       n_rot: o.rotaryDims, positions: a(positions).address, freq_base: o.base, freq_scale: o.scale,
-      mode: o.neox ? 2 : 0, freq_factors: factors }, "rope");
+      mode: o.neox ? 2 : 0, freq_factors: factors, attn_factor: o.attnFactor ?? 1,
+      ...(o.yarn ? { ext_factor: o.yarn.extFactor, beta_fast: o.yarn.betaFast, beta_slow: o.yarn.betaSlow,
+        n_ctx_orig: o.yarn.originalContext } : {}) }, "rope");
     a(x).version++;
   }
 
@@ -527,7 +529,7 @@ export class CudaBackend implements Backend {
   attention(q: Activation, layer: KvLayer, rows: number, position: number, o: AttentionOptions,
     out: Activation, firstRow = 0): void {
     const l = layer as CudaKvLayer;
-    if (o.sinks) throw new InferError("unsupported", `attention sinks are not implemented on the ${this.name} backend`);
+    const sinks = this.sinksAddress(o);
     if (l.ring && (o.window === 0 || l.cells < o.window + rows - 1)) {
       throw new InferError("invalid_argument", `attention: a ring of ${l.cells} cells needs a window and at least ` +
         `window + rows - 1 = ${o.window + rows - 1} cells`);
@@ -543,9 +545,20 @@ export class CudaBackend implements Backend {
         out: a(out).address + r * rowBytes, positions: p + r0 * 4, n_tok: n, n_head: o.heads, n_kv_head: o.kvHeads,
         head_dim: o.headDim, window: o.window, cells: l.cells, ring: l.ring, scale: o.scale,
         scratch: this.attn.scratch, scratch_floats: this.attn.scratchFloats, n_split: split,
-        arrived: split > 1 ? this.attn.arrived : 0, k_type: l.kTypeId, v_type: l.vTypeId }, "attention");
+        arrived: split > 1 ? this.attn.arrived : 0, k_type: l.kTypeId, v_type: l.vTypeId, sinks }, "attention");
     }
     a(out).version++;
+  }
+
+  /** The device address of gpt-oss's attention sinks (one F32 logit per query head), or 0. */
+  private sinksAddress(o: AttentionOptions): number {
+    if (!o.sinks) return 0;
+    const s = w(o.sinks);
+    if (s.typeId !== GgmlType.F32 || s.dims.length !== 1 || s.dims[0] !== o.heads) {
+      throw new InferError("bad_model", `attention sinks '${s.name}' must be ${o.heads} F32 values, ` +
+        `not ${s.typeName} ${s.dims.join("x")}`);
+    }
+    return s.address;
   }
 
   /**
@@ -556,7 +569,8 @@ export class CudaBackend implements Backend {
   attendRows(q: Activation, k: Activation, v: Activation, layers: readonly KvLayer[], positions: readonly number[],
     o: AttentionOptions, out: Activation, firstRow = 0): boolean {
     const l0 = layers[0] as CudaKvLayer;
-    if (!this.lib.infer_cuda_attention_rows_fit(o.heads, o.kvHeads, o.headDim, l0.kTypeId, l0.vTypeId)) return false;
+    if (!this.lib.infer_cuda_attention_rows_fit(o.heads, o.kvHeads, o.headDim, l0.kTypeId, l0.vTypeId,
+      o.sinks !== undefined)) return false;
     for (const layer of layers) {
       const l = layer as CudaKvLayer;
       if (l.cells !== l0.cells || l.ring !== l0.ring || l.kvHeads !== l0.kvHeads || l.headDim !== l0.headDim ||
@@ -588,7 +602,8 @@ export class CudaBackend implements Backend {
       out: a(out).address + firstRow * rowBytes, positions: p, n_tok: rows, n_head: o.heads, n_kv_head: o.kvHeads,
       head_dim: o.headDim, window: o.window, cells: l0.cells, ring: l0.ring, scale: o.scale,
       scratch: this.attn.scratch, scratch_floats: this.attn.scratchFloats, n_split: split,
-      arrived: split > 1 ? this.attn.arrived : 0, k_type: l0.kTypeId, v_type: l0.vTypeId }, "attention_rows");
+      arrived: split > 1 ? this.attn.arrived : 0, k_type: l0.kTypeId, v_type: l0.vTypeId,
+      sinks: this.sinksAddress(o) }, "attention_rows");
     a(out).version++;
     return true;
   }
@@ -602,6 +617,12 @@ export class CudaBackend implements Backend {
   siluMul(gate: Activation, up: Activation, rows: number, out: Activation): void {
     this.op("infer_cuda_silu_mul", { gate: a(gate).address, up: a(up).address, n: rows * gate.cols,
       out: a(out).address }, "silu_mul");
+    a(out).version++;
+  }
+
+  swigluOaiMul(gate: Activation, up: Activation, rows: number, out: Activation): void {
+    this.op("infer_cuda_moe_swiglu_oai", { gate: a(gate).address, up: a(up).address, bias_gate: 0, bias_up: 0,
+      ids: 0, n_rows: rows, n_cols: gate.cols, out: a(out).address }, "swiglu_oai");
     a(out).version++;
   }
 

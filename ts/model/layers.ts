@@ -116,6 +116,7 @@ export class WeightTable {
       throw new InferError("bad_model", `tensor '${name}' has shape [${t.dims}], expected [${dims}]`);
     }
     const n = dims[0];
+    if (this.backend.experts?.splitVectors) return this.backend.experts.splitVectors(this.file, t);
     return Array.from({ length: dims[1] }, (_, e) => this.backend.weight(this.file, {
       ...t, name: `${name}[${e}]`, dims: [n], elementCount: n, byteLength: 4 * n,
       fileOffset: t.fileOffset + 4 * n * e,

@@ -187,9 +187,9 @@ export function moeFfn(be: Backend, x: Activation, rows: number, w: MoeWeights, 
   if (!ops) throw new InferError("unsupported", `the ${be.name} backend has no expert ops`);
   const k = s.expertsUsed;
   const bias = w.biases;
-  if (!bias && s.activation !== "swiglu-oai" && ops.routedFfn) {
+  if (ops.routedFfn) {
     ops.routedFfn(w, x, rows, { experts: s.experts, k, gating: s.gating ?? "softmax",
-      normalizeTopK: s.normalizeTopK }, out);
+      normalizeTopK: s.normalizeTopK, activation: s.activation ?? "silu" }, out);
     return;
   }
   be.matmul(w.router, x, rows, b.logits);
