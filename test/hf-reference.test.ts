@@ -309,6 +309,19 @@ describe("import details", () => {
     }
   });
 
+  test("Ministral 3: a backend that routes experts on the device refuses the query temperature at load", () => {
+    const f = openGguf(modelPath("ministral3", "F32"));
+    try {
+      expect(f.metadata.get("mistral3.attention.temperature_scale")).toBeGreaterThan(0);
+      // CUDA's shape: expert ops that route on the device, none of them called before the refusal.
+      const deviceRouted = { name: "cuda", experts: { routedFfn: () => {} } } as unknown as Backend;
+      expect(() => planModel(f).build(deviceRouted, 1, 64)).toThrow(
+        /^the cuda backend does not run mistral3 \(YaRN RoPE, Llama 4's query temperature\) yet; use --backend cpu$/);
+    } finally {
+      f.close();
+    }
+  });
+
   test("gpt-oss: experts split from the fused gate_up_proj, biases f32, YaRN and o200k keys", () => {
     const f = openGguf(modelPath("gptoss", "F32")), q = openGguf(modelPath("gptoss", "Q8_0"));
     try {

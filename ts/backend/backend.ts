@@ -127,7 +127,7 @@ export interface RopeOptions {
    * factor); 1 or absent: a plain rotation. Only a backend with ropeAttnFactor takes another.
    */
   readonly attnFactor?: number;
-  /** YaRN (gpt-oss), as ggml's rope_yarn computes it; absent: none. Only the CPU backend takes it. */
+  /** YaRN (gpt-oss), as ggml's rope_yarn computes it; absent: none. The CPU and CUDA backends take it. */
   readonly yarn?: YarnOptions;
 }
 

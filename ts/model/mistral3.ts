@@ -123,9 +123,9 @@ export class Mistral3 implements Model {
     readonly maxBatch: number) {
     const c = config;
     // Refused before any weight is read or uploaded: the query temperature scales rows in place
-    // with the expert ops' scatterScaled, and RoPE has YaRN on the CPU backend only (the one
-    // with expert ops).
-    if ((c.queryTemperature || c.yarn) && !be.experts) {
+    // with the host-routed expert ops' scatterScaled (a backend that routes experts on the device
+    // has none), and RoPE has YaRN on the backends with expert ops (CPU and CUDA).
+    if ((c.queryTemperature && (!be.experts || be.experts.routedFfn)) || (c.yarn && !be.experts)) {
       throw new InferError("unsupported", `the ${be.name} backend does not run ${c.architecture} ` +
         "(YaRN RoPE, Llama 4's query temperature) yet; use --backend cpu");
     }
