@@ -157,6 +157,8 @@ describe("a mistake in the command line is one line and exit 2", () => {
       /^infer perplexity: --cache-type-k must be one of f16, f32, q8_0, q4_0, tq3, tq4, got "tq2"/],
     [["hi", "--cache-type-v", "q5_1"], /^infer: --cache-type-v must be one of f16, f32, q8_0, q4_0, tq3, tq4, got "q5_1"/],
     [["serve", "--shift-policy", "lru"], /^infer serve: --shift-policy must be one of streaming, h2o, got "lru"/],
+    [["chat", "--shift-policy", "lru"], /^infer chat: --shift-policy must be one of streaming, h2o, got "lru"/],
+    [["hi", "--shift-policy", "h2o"], /^infer: --shift-policy goes with -n -1/],
     [["serve", "-ctv=bf16"], /^infer serve: --cache-type-v must be one of f16, f32, q8_0, q4_0, tq3, tq4, got "bf16"/],
     [["help", "nope"], /^infer help: no command "nope" \(commands: run, chat, models, /],
   ];

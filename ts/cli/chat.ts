@@ -16,9 +16,9 @@ import { describe, formatStats, loadProgress, verbosityOf } from "./feedback.ts"
 import { chatUsage } from "./help.ts";
 import {
   checkLogitBias, engineSettings, generationOptions, intOption, samplingFrom, samplingOptions,
-  speculationLoad,
-  stopStrings,
+  shiftPolicyOption, speculationLoad, stopStrings,
 } from "./options.ts";
+import type { ShiftPolicy } from "../engine/kv-cache.ts";
 
 const commandsHelp = `/reset        forget the conversation (the system message stays)
 /save FILE    write the conversation to FILE (JSON)
@@ -40,6 +40,7 @@ export async function chatCommand(argv: string[]): Promise<number> {
   const stop = stopStrings(values);
   const settings = engineSettings(values);
   const speculation = speculationLoad(values); // (a usage error before any download)
+  const shiftPolicy = shiftPolicyOption(values["shift-policy"]);
   const modelPath = await ensureModel(values.model);
   const onProgress = loadProgress(modelPath, verbosity);
   // One conversation: one sequence, whose cache keeps it from turn to turn.
@@ -65,7 +66,7 @@ export async function chatCommand(argv: string[]): Promise<number> {
     }
     say(`chatting with ${model.info.name} in ${template}; /help for commands, ` +
       `Ctrl-C stops an answer, Ctrl-D leaves\n`);
-    await converse(chat, { sampling, maxTokens, stop, say, verbosity });
+    await converse(chat, { sampling, maxTokens, stop, shiftPolicy, say, verbosity });
     return 0;
   } finally {
     await model.close();
@@ -76,6 +77,7 @@ interface Settings {
   readonly sampling: ReturnType<typeof samplingFrom>;
   readonly maxTokens: number;
   readonly stop: string[];
+  readonly shiftPolicy: ShiftPolicy | undefined;
   readonly say: (text: string) => void;
   readonly verbosity: ReturnType<typeof verbosityOf>;
 }
@@ -111,6 +113,7 @@ async function converse(chat: Chat, s: Settings): Promise<void> {
         const turn = chat.stream(line, {
           ...samplingOptions(s.sampling), maxTokens: s.maxTokens, stop: s.stop,
           signal: answering.signal, stopOnAbortSignal: true, contextShift: true,
+          ...(s.shiftPolicy ? { contextShiftPolicy: s.shiftPolicy } : {}),
         });
         for await (const piece of turn) process.stdout.write(piece.text);
         const result = await turn.result;

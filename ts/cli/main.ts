@@ -16,8 +16,7 @@ import { importCommand, importUsage } from "./import.ts";
 import { modelsCommand, modelsUsage } from "./models.ts";
 import {
   checkLogitBias, engineSettings, generationOptions, intOption, samplingFrom, samplingOptions,
-  speculationLoad,
-  stopStrings,
+  shiftPolicyOption, speculationLoad, stopStrings,
 } from "./options.ts";
 import type { Completion } from "../api/options.ts";
 import { perplexityCommand, perplexityUsage } from "./perplexity.ts";
@@ -127,6 +126,8 @@ async function runCommand(argv: string[]): Promise<number> {
   const settings = engineSettings(values);
   const schema = schemaFor(values, maxTokens);
   const speculation = speculationLoad(values); // (a usage error before any download)
+  const shiftPolicy = shiftPolicyOption(values["shift-policy"]);
+  if (shiftPolicy !== undefined && maxTokens >= 0) throw new UsageError("--shift-policy goes with -n -1");
   const modelPath = await ensureModel(values.model);
   const onProgress = loadProgress(modelPath, verbosity);
   // One generation: one sequence, and no prefix cache to fill for later ones.
@@ -145,6 +146,7 @@ async function runCommand(argv: string[]): Promise<number> {
       const stream = model.stream(prompt, {
         ...samplingOptions(sampling), maxTokens, stop, ignoreEos: values["ignore-eos"] ?? false,
         contextShift: maxTokens < 0, // -n -1 goes on past the context, as llama.cpp's
+        ...(shiftPolicy ? { contextShiftPolicy: shiftPolicy } : {}),
         ...(schema === null ? {} : schema === undefined ? { json: true } : { jsonSchema: schema }),
         signal, stopOnAbortSignal: true,
       });

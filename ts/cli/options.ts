@@ -34,6 +34,7 @@ export const generationOptions = {
   spec: { type: "string" },
   "draft-max": { type: "string" },
   "draft-model": { type: "string" },
+  "shift-policy": { type: "string" },
   threads: { type: "string", short: "t" },
   "ctx-size": { type: "string", short: "c" },
   "cache-type-k": { type: "string" },
@@ -63,6 +64,8 @@ export function generationHelp(defaultTokens: string): string {
 generation (defaults are llama.cpp's):
   -n N                   tokens to generate; -1: no limit, the context shifting when full
                          (keeps its first 4 tokens, drops the older half; CPU) (${defaultTokens})
+  --shift-policy P       what a shift keeps: streaming (default: the newest half) or h2o (half
+                         of it the older positions that drew the most attention)
   --temp T               temperature; 0 is greedy (default ${d.temperature})
   --top-k K              keep the K most likely tokens; 0: all (default ${d.topK})
   --top-p P              keep the fewest tokens reaching probability P; 1: off (default ${d.topP})
