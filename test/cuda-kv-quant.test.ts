@@ -18,6 +18,7 @@ import { Engine } from "../ts/engine/engine.ts";
 import { cudaStatus } from "../ts/native/cuda.ts";
 import { maxAbsDiff, top2Gap } from "../bench/logits.ts";
 import { llamaQ4_0, qwen3KQuants, randomQuantGguf, type RandomQuantSpec } from "./support/random-quant-gguf.ts";
+import { greedyRun, withCudaGraphs, type GreedyRun } from "./support/engine-logits.ts";
 import { normalisedError, randomF32, rng } from "./support/numeric.ts";
 
 const status = cudaStatus();
@@ -194,37 +195,6 @@ describe.skipIf(noCuda)("quantized KV caches: CUDA equals the CPU", () => {
   }
 });
 
-interface Run { tokens: number[]; promptLogits: Float32Array; stepLogits: Float32Array[] }
-
-function argmax(x: Float32Array): number {
-  let best = 0;
-  for (let i = 1; i < x.length; i++) if (x[i] > x[best]) best = i;
-  return best;
-}
-
-function greedy(engine: Engine, prompt: number[], steps: number): Run {
-  engine.reset();
-  let logits = engine.evaluate(prompt);
-  const promptLogits = logits.slice(), tokens: number[] = [], stepLogits: Float32Array[] = [];
-  for (let i = 0; i < steps; i++) {
-    tokens.push(argmax(logits));
-    logits = engine.evaluate([tokens[i]]);
-    stepLogits.push(logits.slice());
-  }
-  return { tokens, promptLogits, stepLogits };
-}
-
-function withGraphs<T>(on: boolean, f: () => T): T {
-  const saved = process.env.INFER_CUDA_GRAPHS;
-  process.env.INFER_CUDA_GRAPHS = on ? "1" : "0";
-  try {
-    return f();
-  } finally {
-    if (saved === undefined) delete process.env.INFER_CUDA_GRAPHS;
-    else process.env.INFER_CUDA_GRAPHS = saved;
-  }
-}
-
 const MODELS: [string, RandomQuantSpec][] = [
   ["Llama (Q4_0, head_dim 64, GQA 4:1)", llamaQ4_0],
   ["Qwen 3 (K-quants, QK-norm: the fused norm + RoPE + store, head_dim 128)", qwen3KQuants],
@@ -242,18 +212,18 @@ describe.skipIf(noCuda)("random-weight models with quantized KV caches: CUDA equ
         const open = (backend: "cpu" | "cuda") => Engine.open({ modelPath: path, backend, contextLength: 512, batch: 16,
           cacheTypeK: types.k, cacheTypeV: types.v });
         const cpu = open("cpu");
-        const want = greedy(cpu, prompt, steps);
+        const want = greedyRun(cpu, prompt, steps);
         cpu.close();
-        const gpu = withGraphs(true, () => open("cuda"));
-        const got = greedy(gpu, prompt, steps);
+        const gpu = withCudaGraphs(true, () => open("cuda"));
+        const got = greedyRun(gpu, prompt, steps);
         gpu.close();
-        const eager = withGraphs(false, () => open("cuda"));
-        const plain = greedy(eager, prompt, steps);
+        const eager = withCudaGraphs(false, () => open("cuda"));
+        const plain = greedyRun(eager, prompt, steps);
         eager.close();
         const promptErr = normalisedError(got.promptLogits, want.promptLogits);
         let stepErr = 0, same = 0, verdict = `all ${steps} equal`;
         for (let i = 0; i < steps; i++) {
-          const before = (s: Run) => (i === 0 ? s.promptLogits : s.stepLogits[i - 1]);
+          const before = (s: GreedyRun) => (i === 0 ? s.promptLogits : s.stepLogits[i - 1]);
           if (i > 0) stepErr = Math.max(stepErr, normalisedError(before(got), before(want)));
           if (got.tokens[i] !== want.tokens[i]) {
             const gap = top2Gap(before(want)), diff = maxAbsDiff(before(got), before(want));

@@ -18,6 +18,7 @@ import { createKvCache } from "../ts/engine/kv-cache.ts";
 import { GgmlType } from "../ts/gguf/types.ts";
 import type { SequenceRows } from "../ts/model/model.ts";
 import { cudaStatus } from "../ts/native/cuda.ts";
+import { greedyRun, type GreedyRun } from "./support/engine-logits.ts";
 import { normalisedError } from "./support/numeric.ts";
 import {
   gptossMxfp4, qwen3moeKQuants, qwen3moeMxfp4, qwen3moeQ4_0, randomQuantGguf, type RandomQuantSpec,
@@ -55,35 +56,15 @@ const MODELS: [string, RandomQuantSpec][] = [
   ["gpt-oss (MXFP4 experts, the rest Q8_0)", gptossMxfp4],
 ];
 
-interface Run { tokens: number[]; promptLogits: Float32Array; stepLogits: Float32Array[] }
-
-function argmax(x: Float32Array): number {
-  let best = 0;
-  for (let i = 1; i < x.length; i++) if (x[i] > x[best]) best = i;
-  return best;
-}
-
-function greedy(engine: Engine, prompt: number[], steps: number): Run {
-  engine.reset();
-  let logits = engine.evaluate(prompt);
-  const promptLogits = logits.slice(), tokens: number[] = [], stepLogits: Float32Array[] = [];
-  for (let i = 0; i < steps; i++) {
-    tokens.push(argmax(logits));
-    logits = engine.evaluate([tokens[i]]);
-    stepLogits.push(logits.slice());
-  }
-  return { tokens, promptLogits, stepLogits };
-}
-
 function prompt(length: number, seed: number): number[] {
   return Array.from({ length }, (_, i) => 6 + ((i * 37 + seed * 11) % 260));
 }
 
 /** Equal tokens, or a first difference where the CPU's top-2 gap is within rounding. */
-function compareRuns(got: Run, want: Run): { stepErr: number; same: number } {
+function compareRuns(got: GreedyRun, want: GreedyRun): { stepErr: number; same: number } {
   let stepErr = 0, same = 0;
   for (let i = 0; i < STEPS; i++) {
-    const before = (r: Run) => (i === 0 ? r.promptLogits : r.stepLogits[i - 1]);
+    const before = (r: GreedyRun) => (i === 0 ? r.promptLogits : r.stepLogits[i - 1]);
     if (i > 0) stepErr = Math.max(stepErr, normalisedError(before(got), before(want)));
     if (got.tokens[i] !== want.tokens[i]) {
       expect(top2Gap(before(want))).toBeLessThanOrEqual(NEAR_TIE * maxAbsDiff(before(got), before(want)));
@@ -109,18 +90,18 @@ describe.skipIf(noCuda)("mixtures of experts on CUDA equal the CPU", () => {
       // 24 tokens: at 8 of 128 experts, more slots than experts (the grouped matvec)
       const p = prompt(24, spec.seed ?? 1);
       const cpu = open("cpu");
-      const want = greedy(cpu, p, STEPS);
+      const want = greedyRun(cpu, p, STEPS);
       cpu.close();
       const gpu = open("cuda");
-      const got = greedy(gpu, p, STEPS);
+      const got = greedyRun(gpu, p, STEPS);
       const sampling = { temperature: 0, topK: 0, topP: 1, minP: 0, seed: 1 };
       const deviceGreedy = gpu.generate(p, { maxTokens: STEPS, sampling, ignoreEos: true, reuseCache: false });
       // the same prompt with a grid row per slot (no grouping): the same sums, bit for bit
       experts(gpu).groupSlotsPerExpert = Infinity;
-      const perSlot = greedy(gpu, p, 1);
+      const perSlot = greedyRun(gpu, p, 1);
       gpu.close();
       const eager = open("cuda", false);
-      const plain = greedy(eager, p, STEPS);
+      const plain = greedyRun(eager, p, STEPS);
       eager.close();
       const promptErr = normalisedError(got.promptLogits, want.promptLogits);
       const { stepErr, same } = compareRuns(got, want);
@@ -143,7 +124,7 @@ describe.skipIf(noCuda)("mixtures of experts on CUDA equal the CPU", () => {
     const run = (backend: "cpu" | "cuda") => withSettings({ INFER_CUDA_REPACK: "0" }, () => {
       const e = Engine.open({ modelPath: path, backend, contextLength: 256, batch: 64 });
       try {
-        return greedy(e, p, STEPS);
+        return greedyRun(e, p, STEPS);
       } finally {
         e.close();
       }

@@ -36,6 +36,7 @@ import { maxAbsDiff, top2Gap } from "../bench/logits.ts";
 import {
   gemmaMixed, llamaFloat, llamaQ4_0, qwen3KQuants, randomQuantGguf, randomTensorData, type RandomQuantSpec,
 } from "./support/random-quant-gguf.ts";
+import { greedyRun, withCudaGraphs, type GreedyRun } from "./support/engine-logits.ts";
 import { normalisedError, randomF32, rng } from "./support/numeric.ts";
 
 const status = cudaStatus();
@@ -652,40 +653,6 @@ describe.skipIf(noCuda)("CUDA ops equal the CPU backend's", () => {
 
 // ---- models end to end -------------------------------------------------------------------------
 
-function argmax(x: Float32Array): number {
-  let best = 0;
-  for (let i = 1; i < x.length; i++) if (x[i] > x[best]) best = i;
-  return best;
-}
-
-interface Run { tokens: number[]; promptLogits: Float32Array; stepLogits: Float32Array[] }
-
-/** The prompt, then `steps` greedy tokens; logits copied at every step. */
-function greedy(engine: Engine, prompt: number[], steps: number): Run {
-  engine.reset();
-  let logits = engine.evaluate(prompt);
-  const promptLogits = logits.slice();
-  const tokens: number[] = [], stepLogits: Float32Array[] = [];
-  for (let i = 0; i < steps; i++) {
-    const t = argmax(logits);
-    tokens.push(t);
-    logits = engine.evaluate([t]);
-    stepLogits.push(logits.slice());
-  }
-  return { tokens, promptLogits, stepLogits };
-}
-
-function withGraphs<T>(on: boolean, f: () => T): T {
-  const saved = process.env.INFER_CUDA_GRAPHS;
-  process.env.INFER_CUDA_GRAPHS = on ? "1" : "0";
-  try {
-    return f();
-  } finally {
-    if (saved === undefined) delete process.env.INFER_CUDA_GRAPHS;
-    else process.env.INFER_CUDA_GRAPHS = saved;
-  }
-}
-
 const llamaQ4_0Q8_0: RandomQuantSpec = { ...llamaQ4_0, types: { ...llamaQ4_0.types, ffn: GgmlType.Q8_0 } };
 const MODELS: [string, RandomQuantSpec, number, number, number][] = [
   // name, spec, prompt length, batch (prompts longer than the batch run in chunks), logits tolerance
@@ -705,10 +672,10 @@ describe.skipIf(noCuda)("random-weight models: CUDA equals the CPU", () => {
       const prompt = Array.from({ length: promptLength }, () => 6 + Math.floor(r() * (vocab - 6)));
       const open = (backend: "cpu" | "cuda") => Engine.open({ modelPath: path, backend, contextLength: 512, batch });
       const cpu = open("cpu");
-      const want = greedy(cpu, prompt, 64);
+      const want = greedyRun(cpu, prompt, 64);
       cpu.close();
-      const gpu = withGraphs(true, () => open("cuda"));
-      const got = greedy(gpu, prompt, 64);
+      const gpu = withCudaGraphs(true, () => open("cuda"));
+      const got = greedyRun(gpu, prompt, 64);
       const stats = { ...(gpu.backend as CudaBackend).stats };
       // Greedy decoding with the argmax on the device, a step ahead of the host: the tokens of
       // the host's argmax, and the same ends (length, a stop token met mid-way, speculative step
@@ -723,14 +690,14 @@ describe.skipIf(noCuda)("random-weight models: CUDA equals the CPU", () => {
       const short = generate(7);
       expect([short.tokens, short.stopReason]).toEqual([got.tokens.slice(0, 7), "length"]);
       gpu.close();
-      const eager = withGraphs(false, () => open("cuda"));
-      const plain = greedy(eager, prompt, 64);
+      const eager = withCudaGraphs(false, () => open("cuda"));
+      const plain = greedyRun(eager, prompt, 64);
       eager.close();
       const promptErr = normalisedError(got.promptLogits, want.promptLogits);
       // Steps while the sequences agree; the first differing token must be a near-tie.
       let stepErr = 0, same = 0, verdict = "all 64 equal";
       for (let i = 0; i < 64; i++) {
-        const before = (s: Run) => (i === 0 ? s.promptLogits : s.stepLogits[i - 1]);
+        const before = (s: GreedyRun) => (i === 0 ? s.promptLogits : s.stepLogits[i - 1]);
         if (i > 0) stepErr = Math.max(stepErr, normalisedError(before(got), before(want)));
         if (got.tokens[i] !== want.tokens[i]) {
           const gap = top2Gap(before(want)), diff = maxAbsDiff(before(got), before(want));
@@ -766,7 +733,7 @@ describe.skipIf(noCuda)("random-weight models: CUDA equals the CPU", () => {
         return;
       }
       try {
-        const f16 = greedy(viaCublas, prompt, 8);
+        const f16 = greedyRun(viaCublas, prompt, 8);
         let worst = normalisedError(f16.promptLogits, want.promptLogits);
         for (let i = 0; i < 7 && f16.tokens[i] === want.tokens[i]; i++)
           worst = Math.max(worst, normalisedError(f16.stepLogits[i], want.stepLogits[i]));
