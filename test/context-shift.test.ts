@@ -171,23 +171,31 @@ describe.skipIf(!existsSync(defaultModelPath()))("generating past the context of
       expect(slot.length).toBe(34);
       const history = Array.from(slot.history.subarray(0, 34));
       expect(history).toEqual([...tokens.slice(0, 4), ...tokens.slice(34)]);
-      for (let p = 0; p < 34; p += 16) {
-        const n = Math.min(16, 34 - p);
-        fresh.model.forward(history.slice(p, p + n), n, p, fresh.slot.cache.layers);
-      }
-      const a = slot.cache.layers[0], b = fresh.slot.cache.layers[0];
-      for (const which of ["k", "v"] as const) {
-        const got = cells(a, "f32", which, 0, 34), want = cells(b, "f32", which, 0, 34);
-        let worst = 0;
-        for (let i = 0; i < got.length; i++) worst = Math.max(worst, Math.abs(got[i] - want[i]));
-        expect(worst).toBeLessThan(which === "k" ? 1e-3 : 1e-5);
-      }
+      expectLayer0AsFresh(slot.cache.layers[0], fresh, history);
     } finally {
       engine.close();
       fresh.close();
     }
   }, 120_000);
 });
+
+/**
+ * Layer 0 of a shifted cache (f32) against `fresh` running the kept history from position 0: the
+ * keys as rotated back by RoPE (1e-3), the values as they were (1e-5).
+ */
+function expectLayer0AsFresh(shifted: KvLayer, fresh: Engine, history: number[]): void {
+  for (let p = 0; p < history.length; p += 16) {
+    const n = Math.min(16, history.length - p);
+    fresh.model.forward(history.slice(p, p + n), n, p, fresh.slot.cache.layers);
+  }
+  const b = fresh.slot.cache.layers[0];
+  for (const which of ["k", "v"] as const) {
+    const got = cells(shifted, "f32", which, 0, history.length), want = cells(b, "f32", which, 0, history.length);
+    let worst = 0;
+    for (let i = 0; i < got.length; i++) worst = Math.max(worst, Math.abs(got[i] - want[i]));
+    expect(worst).toBeLessThan(which === "k" ? 1e-3 : 1e-5);
+  }
+}
 
 describe.skipIf(!existsSync(defaultModelPath()))("the h2o shift on the default model", () => {
   test("keeps the sinks, the heavy hitters by accumulated attention and the recent half; layer 0 as fresh", () => {
@@ -220,17 +228,7 @@ describe.skipIf(!existsSync(defaultModelPath()))("the h2o shift on the default m
       expect(history).toEqual(from.map((p) => tokens[p]));
       // What was accumulated moves with its position.
       for (let i = 0; i < 34; i++) expect(slot.mass![0]![i]).toBeGreaterThan(0);
-      for (let p = 0; p < 34; p += 16) {
-        const n = Math.min(16, 34 - p);
-        fresh.model.forward(history.slice(p, p + n), n, p, fresh.slot.cache.layers);
-      }
-      const a = slot.cache.layers[0], b = fresh.slot.cache.layers[0];
-      for (const which of ["k", "v"] as const) {
-        const got = cells(a, "f32", which, 0, 34), want = cells(b, "f32", which, 0, 34);
-        let worst = 0;
-        for (let i = 0; i < got.length; i++) worst = Math.max(worst, Math.abs(got[i] - want[i]));
-        expect(worst).toBeLessThan(which === "k" ? 1e-3 : 1e-5);
-      }
+      expectLayer0AsFresh(slot.cache.layers[0], fresh, history);
     } finally {
       engine.close();
       fresh.close();
