@@ -25,9 +25,9 @@ import { setting, withSettings } from "../ts/config/env.ts";
 import { Engine } from "../ts/engine/engine.ts";
 import { createKvCache } from "../ts/engine/kv-cache.ts";
 import { argmax as argmaxNative } from "../ts/sample/sampler.ts";
-import { native } from "../ts/native/lib.ts";
 import { cudaDeviceInfo, cudaInit } from "../ts/native/cuda.ts";
 import { arg, argmax } from "./logits.ts";
+import { replayUs } from "./cuda-replay.ts";
 import { ensureRandomModel, findShape, randomQuants, randomShapes, type RandomQuant } from "./random-model.ts";
 
 function median(xs: number[]): number {
@@ -55,21 +55,6 @@ function generate(engine: Engine, prompt: number[], gen: number): { rate: number
   const sampling = { temperature: 0, topK: 0, topP: 1, minP: 0, seed: 1 };
   const r = engine.generate(prompt, { maxTokens: gen, sampling, ignoreEos: true, reuseCache: false });
   return { rate: r.tokens.length / (r.generateMs / 1000), tokens: r.tokens };
-}
-
-/**
- * Microseconds of GPU time per decode step: the graph launched last replayed back to back (at the
- * position the device holds: the last step's).
- */
-function replayUs(engine: Engine, times: number): number {
-  const exec = (engine.backend as CudaBackend).lastGraph;
-  if (exec === 0) return NaN;
-  const lib = native();
-  lib.infer_cuda_sync();
-  const t0 = performance.now();
-  for (let i = 0; i < times; i++) lib.infer_cuda_graph_launch(exec);
-  lib.infer_cuda_sync();
-  return ((performance.now() - t0) * 1000) / times;
 }
 
 /**

@@ -6,10 +6,9 @@
 //   bun bench/cuda-kv-decode.ts --file model.gguf [--depths 4096,16384,32768] [--types f16,q8_0,q4_0]
 //       [--gen 32]
 import type { KvType } from "../ts/backend/backend.ts";
-import type { CudaBackend } from "../ts/backend/cuda.ts";
 import { Engine } from "../ts/engine/engine.ts";
-import { native } from "../ts/native/lib.ts";
 import { arg } from "./logits.ts";
+import { replayUs } from "./cuda-replay.ts";
 
 const file = arg("--file", "");
 if (file === "") throw new Error("usage: bun bench/cuda-kv-decode.ts --file model.gguf [--depths …] [--types …]");
@@ -21,18 +20,6 @@ function argmax(x: Float32Array): number {
   let best = 0;
   for (let i = 1; i < x.length; i++) if (x[i] > x[best]) best = i;
   return best;
-}
-
-/** GPU µs of the last decode step's graph, replayed back to back (bench/cuda-decode.ts replayUs). */
-function replayUs(engine: Engine, times: number): number {
-  const exec = (engine.backend as CudaBackend).lastGraph;
-  if (exec === 0) return NaN;
-  const lib = native();
-  lib.infer_cuda_sync();
-  const t0 = performance.now();
-  for (let i = 0; i < times; i++) lib.infer_cuda_graph_launch(exec);
-  lib.infer_cuda_sync();
-  return ((performance.now() - t0) * 1000) / times;
 }
 
 const rows: string[] = [];
