@@ -402,7 +402,7 @@ describe("greedy verification with the argmax on the device (emulated on the CPU
       const scheduler = new BatchScheduler(engine, { slots, prefillChunk: 16, prefixCache: null,
         passCost: cheapRows });
       const results: GenerateResult[] = [];
-      jobs.forEach((j, i) => scheduler.submit({ prompt: j.prompt, options: { ...j.options },
+      jobs.forEach((j, i) => scheduler.submit({ prompt: j.prompt, options: { maxTokens: 12, sampling: greedy, ...j.options },
         onDone: (r) => (results[i] = r), onError: (e) => { throw e; } }));
       while (scheduler.busy) scheduler.step();
       engine.close();
