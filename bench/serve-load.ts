@@ -3,9 +3,13 @@
 // and driven by the same clients. For each client count N, N clients each send --requests
 // streaming /v1/completions one after the other; a request's prompt is 128..1,024 random ASCII
 // letters and words (on bench/random-model.ts's files an ASCII character is one token in both
-// engines) and it asks for 128..512 tokens with end-of-generation banned, lengths drawn from one
-// seed so both servers get the same work. Reported per server and N:
-//   out tok/s     completion tokens of all requests ÷ the wall time of the level
+// engines) and it asks for 128..512 tokens greedily with every control token banned (llama.cpp
+// ends at any end-of-generation token it finds by name, not only the GGUF's EOS), lengths drawn
+// from one seed so both servers get the same work. Reported per server and N:
+//   out tok/s     completion tokens streamed (the final usage; else the text chunks) of all
+//                 requests ÷ the wall time of the level
+//   failed        requests answered non-200, with an error event, cut off (a reset connection)
+//                 or without [DONE]: their tokens count, their failure is reported, never hidden
 //   TTFT          request sent → first streamed text, p50 and p99 over the requests
 //   TPOT          (last chunk − first chunk) ÷ (tokens − 1) of each request, p50 and p99
 //   gap p99       the 99th percentile of the gaps between a stream's chunks (a stall shows here)
@@ -64,34 +68,47 @@ function workload(clients: number): Work[][] {
   }));
 }
 
-interface Timing { sentMs: number; chunkMs: number[]; tokens: number }
+interface Timing { sentMs: number; chunkMs: number[]; tokens: number; error: string | null }
 
-async function streamOne(url: string, model: string, eos: number, work: Work): Promise<Timing> {
+/** One streamed request; never throws: a failure is the Timing's error, with what streamed before it. */
+async function streamOne(url: string, model: string, bans: Record<number, number>, work: Work): Promise<Timing> {
   const sentMs = performance.now();
-  const res = await fetch(`${url}/v1/completions`, {
-    method: "POST", headers: { "content-type": "application/json" },
-    body: JSON.stringify({ model, prompt: work.prompt, max_tokens: work.maxTokens, stream: true,
-      temperature: 0, seed: 1, logit_bias: { [eos]: -100 } }),
-  });
-  if (!res.ok || !res.body) throw new Error(`${url}: ${res.status} ${await res.text()}`);
   const chunkMs: number[] = [];
-  const decoder = new TextDecoder();
-  let buffered = "";
-  for await (const bytes of res.body) {
-    buffered += decoder.decode(bytes, { stream: true });
-    let end: number;
-    while ((end = buffered.indexOf("\n\n")) >= 0) {
-      const event = buffered.slice(0, end).trim();
-      buffered = buffered.slice(end + 2);
-      if (!event.startsWith("data:")) continue;
-      const data = event.slice(5).trim();
-      if (data === "[DONE]") continue;
-      const text = JSON.parse(data).choices?.[0]?.text;
-      if (typeof text === "string" && text.length > 0) chunkMs.push(performance.now());
+  let usage: number | null = null, done = false;
+  const fail = (why: string): Timing => ({ sentMs, chunkMs, tokens: usage ?? chunkMs.length, error: why });
+  try {
+    const res = await fetch(`${url}/v1/completions`, {
+      method: "POST", headers: { "content-type": "application/json" },
+      body: JSON.stringify({ model, prompt: work.prompt, max_tokens: work.maxTokens, stream: true,
+        stream_options: { include_usage: true }, temperature: 0, seed: 1, logit_bias: bans }),
+    });
+    if (res.status !== 200 || !res.body) return fail(`HTTP ${res.status}: ${(await res.text()).slice(0, 200)}`);
+    const decoder = new TextDecoder();
+    let buffered = "";
+    for await (const bytes of res.body) {
+      buffered += decoder.decode(bytes, { stream: true });
+      let end: number;
+      while ((end = buffered.indexOf("\n\n")) >= 0) {
+        const event = buffered.slice(0, end).trim();
+        buffered = buffered.slice(end + 2);
+        if (!event.startsWith("data:")) continue;
+        const data = event.slice(5).trim();
+        if (data === "[DONE]") {
+          done = true;
+          continue;
+        }
+        const chunk = JSON.parse(data);
+        if (chunk.error) return fail(`error event: ${JSON.stringify(chunk.error).slice(0, 200)}`);
+        if (typeof chunk.usage?.completion_tokens === "number") usage = chunk.usage.completion_tokens;
+        const text = chunk.choices?.[0]?.text;
+        if (typeof text === "string" && text.length > 0) chunkMs.push(performance.now());
+      }
     }
+  } catch (err) { // a reset connection, a cut stream, a malformed event
+    return fail(`${(err as Error).name}: ${(err as Error).message.slice(0, 200)}`);
   }
-  // End-of-generation is banned, so every request generates exactly max_tokens.
-  return { sentMs, chunkMs, tokens: work.maxTokens };
+  if (!done) return fail("the stream ended without [DONE]");
+  return { sentMs, chunkMs, tokens: usage ?? chunkMs.length, error: null };
 }
 
 function percentile(values: number[], p: number): number {
@@ -100,24 +117,29 @@ function percentile(values: number[], p: number): number {
   return sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil((p / 100) * sorted.length) - 1))];
 }
 
-interface Row { server: string; clients: number; requests: number; outTokS: number;
-  ttft50: number; ttft99: number; tpot50: number; tpot99: number; gap99: number }
+interface Row { server: string; clients: number; requests: number; failed: number; firstError: string | null;
+  outTokS: number; ttft50: number; ttft99: number; tpot50: number; tpot99: number; gap99: number }
 
-async function level(server: string, url: string, model: string, eos: number, clients: number): Promise<Row> {
+async function level(server: string, url: string, model: string, bans: Record<number, number>,
+  clients: number): Promise<Row> {
   const plan = workload(clients);
   const start = performance.now();
-  const timings = (await Promise.all(plan.map(async (works) => {
+  const all = (await Promise.all(plan.map(async (works) => {
     const done: Timing[] = [];
-    for (const w of works) done.push(await streamOne(url, model, eos, w));
+    for (const w of works) done.push(await streamOne(url, model, bans, w));
     return done;
   }))).flat();
   const wallS = (performance.now() - start) / 1000;
+  // Latencies of the requests that succeeded; tokens of all that streamed.
+  const timings = all.filter((t) => t.error === null);
+  const failed = all.filter((t) => t.error !== null);
   const ttft = timings.filter((t) => t.chunkMs.length > 0).map((t) => t.chunkMs[0] - t.sentMs);
   const tpot = timings.filter((t) => t.chunkMs.length > 1 && t.tokens > 1)
     .map((t) => (t.chunkMs[t.chunkMs.length - 1] - t.chunkMs[0]) / (t.tokens - 1));
   const gaps = timings.flatMap((t) => t.chunkMs.slice(1).map((ms, i) => ms - t.chunkMs[i]));
-  const tokens = timings.reduce((s, t) => s + t.tokens, 0);
-  return { server, clients, requests: timings.length, outTokS: tokens / wallS,
+  const tokens = all.reduce((s, t) => s + t.tokens, 0);
+  return { server, clients, requests: all.length, failed: failed.length, firstError: failed[0]?.error ?? null,
+    outTokS: tokens / wallS,
     ttft50: percentile(ttft, 50), ttft99: percentile(ttft, 99),
     tpot50: percentile(tpot, 50), tpot99: percentile(tpot, 99), gap99: percentile(gaps, 99) };
 }
@@ -157,8 +179,13 @@ async function stop(child: ChildProcess): Promise<void> {
   if (child.exitCode === null) child.kill("SIGKILL");
 }
 
+// Every control token banned (-100: OpenAI's ban), EOS and whatever llama.cpp takes for an
+// end-of-generation token among them, so both servers generate max_tokens of text.
 const file = openGguf(modelPath);
-const eos = Number(file.metadata.get("tokenizer.ggml.eos_token_id") ?? 0);
+const bans: Record<number, number> = {};
+const types = file.metadata.get("tokenizer.ggml.token_type") as ArrayLike<number> | undefined;
+for (let id = 0; id < (types?.length ?? 0); id++) if (Number(types![id]) === 3) bans[id] = -100;
+bans[Number(file.metadata.get("tokenizer.ggml.eos_token_id") ?? 0)] = -100;
 file.close();
 const servers: { name: string; command: string; args: (port: number) => string[] }[] = [];
 if (runInfer) {
@@ -168,8 +195,8 @@ if (runInfer) {
     "-c", String(ctx), "--prefix-cache", "0", "--model-id", "bench"] });
 }
 if (llamaServer) {
-  // One slot per client, each with --ctx tokens (llama-server's -c is the total over slots);
-  // its prompt cache off as infer's prefix cache is, all layers on the GPU, flash attention on.
+  // One slot per client, each with --ctx tokens (with -np given, llama-server splits -c over its
+  // slots unless --kv-unified); its prompt cache off as infer's prefix cache is, all layers on the GPU, flash attention on.
   servers.push({ name: "llama-server", command: llamaServer, args: (port) => [
     "-m", modelPath, "--port", String(port), "-np", String(maxClients), "-c", String(ctx * maxClients),
     "-ngl", "99", "-fa", "on", "--no-cache-prompt", "--log-disable"] });
@@ -178,12 +205,18 @@ if (llamaServer) {
 const rows: Row[] = [];
 for (const s of servers) {
   const port = await freePort();
-  const child = await start(s.command, s.args(port), port);
+  let child: ChildProcess;
+  try {
+    child = await start(s.command, s.args(port), port);
+  } catch (err) { // the other server still runs
+    console.log(`${s.name} did not start: ${(err as Error).message}`);
+    continue;
+  }
   try {
     const url = `http://127.0.0.1:${port}`;
-    await level(s.name, url, "bench", eos, 1); // warm-up: first-use costs (graphs, allocations)
+    await level(s.name, url, "bench", bans, 1); // warm-up: first-use costs (graphs, allocations)
     for (const n of clientCounts) {
-      const row = await level(s.name, url, "bench", eos, n);
+      const row = await level(s.name, url, "bench", bans, n);
       rows.push(row);
       console.log(JSON.stringify(row));
     }
@@ -193,9 +226,10 @@ for (const s of servers) {
 }
 
 const ms = (v: number) => (Number.isFinite(v) ? v.toFixed(1) : "—");
-console.log("\n| server | clients | requests | out tok/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | gap p99 ms |");
-console.log("|---|---:|---:|---:|---:|---:|---:|");
+console.log("\n| server | clients | requests | failed | out tok/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | gap p99 ms |");
+console.log("|---|---:|---:|---:|---:|---:|---:|---:|");
 for (const r of rows) {
-  console.log(`| ${r.server} | ${r.clients} | ${r.requests} | ${r.outTokS.toFixed(1)} | ${ms(r.ttft50)} / ` +
-    `${ms(r.ttft99)} | ${ms(r.tpot50)} / ${ms(r.tpot99)} | ${ms(r.gap99)} |`);
+  console.log(`| ${r.server} | ${r.clients} | ${r.requests} | ${r.failed} | ${r.outTokS.toFixed(1)} | ` +
+    `${ms(r.ttft50)} / ${ms(r.ttft99)} | ${ms(r.tpot50)} / ${ms(r.tpot99)} | ${ms(r.gap99)} |`);
 }
+for (const r of rows) if (r.firstError) console.log(`${r.server}, ${r.clients} clients: ${r.failed} failed; first: ${r.firstError}`);

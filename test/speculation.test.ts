@@ -385,6 +385,36 @@ describe("greedy verification with the argmax on the device (emulated on the CPU
       expect(verifyReads).toBe(0);
     }
   }, 120_000);
+
+  test("greedy with banned tokens takes the device's argmaxes; a row whose argmax is banned reads its logits", () => {
+    // Each sequence bans EOS and the token plain greedy picks fifth for it, so that row's argmax
+    // is banned and the row falls back to its logits; every other row is an id from the device.
+    const jobs: Job[] = [0, 1, 2].map((i) => {
+      const prompt = toyPrompt(20 + 30 * i, 500 + i);
+      const plain = alone({ prompt, options: { maxTokens: 12, sampling: plainGreedy, ignoreEos: true } });
+      const bans = new Map([[EOS, -Infinity], [plain.tokens[4], -Infinity], [plain.tokens[4] + 1, -3]]);
+      return { prompt, options: { maxTokens: 12, sampling: { ...plainGreedy, logitBias: bans },
+        speculation: { mode: i === 2 ? "ngram" : "off", draftMax: 4 } } };
+    });
+    for (const slots of [1, 3]) {
+      const engine = tiny.open();
+      const device = emulateDevice(engine);
+      const scheduler = new BatchScheduler(engine, { slots, prefillChunk: 16, prefixCache: null,
+        passCost: cheapRows });
+      const results: GenerateResult[] = [];
+      jobs.forEach((j, i) => scheduler.submit({ prompt: j.prompt, options: { maxTokens: 12, sampling: greedy, ...j.options },
+        onDone: (r) => (results[i] = r), onError: (e) => { throw e; } }));
+      while (scheduler.busy) scheduler.step();
+      engine.close();
+      for (let i = 0; i < jobs.length; i++) {
+        expect([slots, i, results[i].tokens]).toEqual([slots, i, alone(jobs[i]).tokens]);
+      }
+      const rows = device.rowCalls.reduce((n, r) => n + r, 0);
+      expect(rows).toBeGreaterThanOrEqual(30); // ids for (nearly) every row
+      expect(device.logitReads()).toBeGreaterThan(0); // the banned argmaxes' rows
+      expect(device.logitReads()).toBeLessThan(rows / 2);
+    }
+  }, 120_000);
 });
 
 describe("self-speculation: the model's own Q4_0 copy drafts", () => {

@@ -248,6 +248,12 @@ export interface Backend {
   addBias(x: Activation, bias: Weight, rows: number): void;
   /** Prompt rows a forward pass takes by default (longer prompts run in chunks). */
   readonly preferredBatch: number;
+  /**
+   * Prompt rows a batched step takes while other sequences decode, unless the scheduler is told
+   * (default 64). A GPU step of a few dozen rows costs about what one of a few hundred does, so
+   * small chunks there only spread a prompt over more slow, mixed steps.
+   */
+  readonly prefillChunk?: number;
   /** Greedy decoding with the argmax on the device (GPU backends); absent elsewhere. */
   readonly deviceGreedy?: DeviceGreedy;
   /** Mixture-of-experts layers; absent where the backend runs no such model (it refuses one). */

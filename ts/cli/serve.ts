@@ -50,7 +50,8 @@ another origin are refused (403) unless --cors allows that origin.
   --shift-policy P       with --context-shift: streaming (default: keep the newest) or h2o
                          (half of what is kept: the positions with the most attention so far)
   --parallel N           requests decoded together, each with its own KV cache (default 4)
-  --prefill-chunk N      prompt tokens per step while other requests decode (default 64)
+  --prefill-chunk N      prompt tokens per step while other requests decode (default 64;
+                         256 on CUDA)
   --prefix-cache MIB     memory for the prefix cache (default 128; 0: off)
 ${speculationHelp.trimEnd()}
                          (for requests without infer's own fields "spec" and "draft_max")
@@ -112,7 +113,8 @@ export async function serveCommand(argv: string[]): Promise<number> {
     apiKey: values["api-key"] ?? setting("INFER_API_KEY"),
     maxQueue: intOption(values.queue, "--queue", 16, 0),
     parallel: intOption(values.parallel, "--parallel", 4, 1),
-    prefillChunk: intOption(values["prefill-chunk"], "--prefill-chunk", 64, 1),
+    prefillChunk: values["prefill-chunk"] === undefined ? undefined
+      : intOption(values["prefill-chunk"], "--prefill-chunk", 64, 1),
     prefixCacheBytes: intOption(values["prefix-cache"], "--prefix-cache", 128, 0) * (1 << 20),
     speculation: spec.speculation && { mode: spec.speculation, draftMax: spec.draftMax },
     draftModel,

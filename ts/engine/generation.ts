@@ -184,6 +184,20 @@ export class Generation {
     return this.sampler.plainGreedy && !this.o.constraint && this.o.logprobs === undefined;
   }
 
+  /**
+   * Whether the first maximum of the raw logits is this generation's token unless the logit bias
+   * lowers it (Sampler.greedyUnderBans): then a device argmax serves, and only a row whose
+   * argmax the bias lowers needs its logits (argmaxServes).
+   */
+  get greedyUnderBans(): boolean {
+    return this.sampler.greedyUnderBans && !this.o.constraint && this.o.logprobs === undefined;
+  }
+
+  /** Whether the raw logits' first maximum `token` is this generation's pick (see greedyUnderBans). */
+  argmaxServes(token: number): boolean {
+    return !this.sampler.lowers(token);
+  }
+
   /** As next(), for the token a greedy argmax already chose from those logits (see greedy). */
   accept(token: number, length: number): number | null {
     if (this.finished || this.interrupted()) return null;

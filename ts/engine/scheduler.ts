@@ -82,7 +82,7 @@ export interface EmbeddingRequest {
 export interface SchedulerOptions {
   /** Sequences decoded together, each with a KV cache of the engine's context length. */
   readonly slots: number;
-  /** Prompt rows per step while other sequences decode (default 64). */
+  /** Prompt rows per step while other sequences decode (default: the backend's prefillChunk, or 64). */
   readonly prefillChunk?: number;
   /** Share prompt prefixes across sequences (default: on, 128 MiB); null: off. */
   readonly prefixCache?: PrefixCacheOptions | null;
@@ -234,7 +234,7 @@ export class BatchScheduler {
         `${o.slots} slots exceed the batch of ${model.maxBatch}`);
     }
     if (o.slots > 1) engine.checkSlotsFit(o.slots); // before the slots' caches are allocated
-    this.prefillChunk = Math.max(1, Math.min(o.prefillChunk ?? 64, model.maxBatch));
+    this.prefillChunk = Math.max(1, Math.min(o.prefillChunk ?? be.prefillChunk ?? 64, model.maxBatch));
     this.tokens = new Int32Array(model.maxBatch);
     this.passCost = new PassCost(model.maxBatch, o.passCost ?? null);
     this.draftModel = o.draftModel ?? null;
@@ -327,14 +327,21 @@ export class BatchScheduler {
     };
     // A step whose logit rows are all greedy (several sequences decoding, or a verification
     // pass), on a backend that takes argmaxes on the device: only the rows' token ids come back,
-    // not a row of logits each (at 64 rows of a 152k vocabulary, 39 MB a step).
+    // not a row of logits each (at 64 rows of a 152k vocabulary, 39 MB a step). A greedy
+    // request with banned tokens (an OpenAI client's logit_bias of -100) is served so too; the
+    // rare row whose argmax is a banned token is picked from its logits (fromLogits), and so are
+    // the rows after it in its chunk, so that a sequence's rows are still judged in order.
+    const fromLogits = new Set<number>();
     const argmaxSink = this.deviceArgmax && plan.logits.length > 0 &&
-      plan.logits.every((row) => row.s.generation!.greedy)
+      plan.logits.every((row) => row.s.generation!.greedyUnderBans)
       ? (firstRow: number, rows: number, ids: Int32Array) => {
         for (let r = 0; r < rows; r++) {
           const row = plan.logits[firstRow - firstLogitRow + r];
-          this.sampleRow(row.s, row.i, row.position, null, ids[r]);
+          if (fromLogits.size === 0 && row.s.generation!.argmaxServes(ids[r])) {
+            this.sampleRow(row.s, row.i, row.position, null, ids[r]);
+          } else fromLogits.add(firstRow + r);
         }
+        return fromLogits.size > 0;
       } : undefined;
     try {
       this.engine.model.forwardBatch(
@@ -342,6 +349,7 @@ export class BatchScheduler {
           batchedRounding: plan.batchedRounding, argmaxSink },
         (firstRow, rows, logits) => {
           for (let r = 0; r < rows; r++) {
+            if (argmaxSink && !fromLogits.delete(firstRow + r)) continue; // its argmax served
             const row = plan.logits[firstRow - firstLogitRow + r];
             this.sampleRow(row.s, row.i, row.position,
               logits.subarray(r * vocab, (r + 1) * vocab));

@@ -251,16 +251,29 @@ export function selfAttention(be: Backend, x: Activation, rows: number,
   if (o.queryTemperature) temperQueries(be, b.q, segments, o.queryTemperature);
   const attention = o.scaleQueries ? { ...o.attention, scale: 1 } : o.attention;
   if (o.scaleQueries) be.scale(b.q, rows, o.attention.scale);
-  const oneRowEach = segments.length > 1 && be.attendRows !== undefined && segments.every((s) => s.rows === 1);
-  if (!oneRowEach || !be.attendRows!(b.q, b.k, b.v, segments.map((s) => s.cache[layer]),
-    segments.map((s) => s.position), attention, b.mixed, 0)) {
-    let first = 0;
-    for (const s of segments) {
+  // Each run of two or more one-row segments (decoding sequences; in a step that also carries
+  // prompt rows, they are the batch's last rows) is one attendRows call where the backend has
+  // it: one launch pair a layer, not two per sequence.
+  let first = 0;
+  for (let i = 0; i < segments.length;) {
+    let run = 0;
+    if (be.attendRows) while (i + run < segments.length && segments[i + run].rows === 1) run++;
+    if (run >= 2) {
+      const group = segments.slice(i, i + run);
+      if (be.attendRows!(b.q, b.k, b.v, group.map((s) => s.cache[layer]), group.map((s) => s.position),
+        attention, b.mixed, first)) {
+        first += run;
+        i += run;
+        continue;
+      }
+    }
+    for (const s of segments.slice(i, i + Math.max(run, 1))) {
       const kv = s.cache[layer];
       be.storeKv(kv, b.k, b.v, s.rows, s.position, first);
       be.attention(b.q, kv, s.rows, s.position, attention, b.mixed, first);
       first += s.rows;
     }
+    i += Math.max(run, 1);
   }
   be.matmul(w.output, b.mixed, rows, out);
   if (w.outputBias) be.addBias(out, w.outputBias, rows);
@@ -329,9 +342,11 @@ export class LogitsHead {
       throw new InferError("invalid_argument", `the ${this.be.name} backend takes no argmax of rows`);
     }
     // Batch.argmaxSink: the rows' argmaxes instead of their logits
+    // (true from it: some rows need their logits all the same, and the sink gets them too)
     const hand = (row: number, rows: number, logits: Activation) => {
-      if (argmaxSink) argmaxSink(row, rows, argmaxRows!(logits, rows));
-      else sink(row, rows, this.be.read(logits, rows));
+      if (!argmaxSink || argmaxSink(row, rows, argmaxRows!(logits, rows)) === true) {
+        sink(row, rows, this.be.read(logits, rows));
+      }
     };
     if (greedyIds) {
       const be = this.be;

@@ -83,6 +83,8 @@ export interface Batch {
    * Every logit row is decoded greedily (a backend with deviceGreedy.argmaxRows): each row's
    * argmax is taken on the device and handed to this sink instead of the row's logits, which
    * stay on the device (a speculative verification pass: K+1 ids, not K+1 rows of logits).
+   * When the sink returns true, those rows' logits are read and handed to the logits sink too
+   * (a row whose argmax a logit bias bans is picked from its logits).
    */
   readonly argmaxSink?: IdsSink;
   /**
@@ -107,8 +109,11 @@ export interface HiddenRequest {
   readonly sink: HiddenSink;
 }
 
-/** Receives the argmax of `rows` rows starting at batch row `firstRow` (a view valid during the call). */
-export type IdsSink = (firstRow: number, rows: number, ids: Int32Array) => void;
+/**
+ * Receives the argmax of `rows` rows starting at batch row `firstRow` (a view valid during the
+ * call); true: it wants those rows' logits as well.
+ */
+export type IdsSink = (firstRow: number, rows: number, ids: Int32Array) => boolean | void;
 
 /** Receives `rows` rows of logits starting at batch row `firstRow` (a view valid during the call). */
 export type LogitsSink = (firstRow: number, rows: number, logits: Float32Array) => void;

@@ -191,6 +191,24 @@ export class Sampler {
     return this.options.temperature <= 0 && this.biasIds.length === 0 && !this.penalised;
   }
 
+  /**
+   * Whether sample() is the first maximum of the logits as they are whenever that maximum is a
+   * token the bias does not lower: greedy, no penalty, no bias above 0 (a ban, as an OpenAI
+   * client's -100, is the common one). The lowered tokens can only lose; any other keeps its
+   * logit, so the first maximum of the raw row, if not lowered, is the biased row's first maximum.
+   */
+  get greedyUnderBans(): boolean {
+    return this.options.temperature <= 0 && !this.penalised && this.biasValues.every((v) => v <= 0);
+  }
+
+  /** Whether the bias lowers `token`'s logit. */
+  lowers(token: number): boolean {
+    for (let i = 0; i < this.biasIds.length; i++) {
+      if (this.biasIds[i] === token && this.biasValues[i] < 0) return true;
+    }
+    return false;
+  }
+
   /** Records a token of the sequence (prompt or generated) for the penalty window. */
   accept(token: number): void {
     if (!this.penalised) return;
