@@ -208,15 +208,16 @@ describe.skipIf(noCuda)("CUDA ops equal the CPU backend's", () => {
     for (const [layout, q] of layouts) {
       // 2 to 64 rows take the decode batches' tensor-core kernel (lib/cuda/ops.zig batchMma: 2
       // and 8 rows one 8-token tile, 13 a 16-token tile, 24 a 32-token tile, 33 two 32-token
-      // tiles, the second holding one, where the K-quants take the prompt's tile; 37 weight rows
+      // tiles, the second holding one, where the K-quants take the prompt's tile; 64 two whole
+      // 32-token tiles, a decode step of 64 sequences; 37 weight rows
       // a partial 64-row tile); 70 rows the prompt's (two 64-token
       // tiles, the second partial; a partial 32-row tile); 300 rows its large tile (3 tiles of 128
       // tokens, the last partial; a partial 64-row tile).
-      test(`matmul ${name}${layout}: 1, 2, 8, 13, 24, 33, 70 and 300 rows, an offset row`, () => {
+      test(`matmul ${name}${layout}: 1, 2, 8, 13, 24, 33, 64, 70 and 300 rows, an offset row`, () => {
         const [wc, wg] = weights(q, file, `w.${name}`);
         expect((wg as unknown as { gpuLayout: boolean }).gpuLayout).toBe(PACKED.has(name) && q === p);
         const x = randomF32(300 * N_IN, 10, 2);
-        for (const rows of [1, 2, 8, 13, 24, 33, 70, 300]) {
+        for (const rows of [1, 2, 8, 13, 24, 33, 64, 70, 300]) {
           const [xc, xg] = acts(q, 300, N_IN, x);
           const [oc, og] = acts(q, 300, N_OUT);
           q.cpu.matmul(wc, xc, rows, oc);
