@@ -172,7 +172,8 @@ describe.skipIf(noCuda)("quantized KV caches: CUDA equals the CPU", () => {
       const q = randomF32(rows * qd, 61, 2), k = randomF32(rows * kvd, 62, 2), v = randomF32(rows * kvd, 63, 2);
       const [, qg] = acts(p, rows, qd, q), [, kg] = acts(p, rows, kvd, k), [, vg] = acts(p, rows, kvd, v);
       const [, og] = acts(p, rows, qd), [, pg] = acts(p, rows, 1);
-      p.gpu.setPositions(pg, 0, rows);
+      // As setBatchInputs does for a batch of one-row segments: row s at its sequence's position.
+      lengths.forEach((n, s) => p.gpu.setPositions(pg, n, 1, s));
       expect(p.gpu.attendRows(qg, kg, vg, gl, lengths, o, og)).toBe(true);
       const got = p.gpu.read(og, rows).slice();
       let worst = 0;
@@ -189,6 +190,9 @@ describe.skipIf(noCuda)("quantized KV caches: CUDA equals the CPU", () => {
       // Head dims the tensor-core kernel does not take go one sequence at a time.
       const odd = [0, 1].map(() => p.gpu.kvLayer(64, 1, 256, types, false));
       const [, q2] = acts(p, 2, 4 * 256), [, k2] = acts(p, 2, 256), [, v2] = acts(p, 2, 256), [, o2] = acts(p, 2, 4 * 256);
+      const [, p2] = acts(p, 2, 1);
+      p.gpu.setPositions(p2, 3, 1, 0);
+      p.gpu.setPositions(p2, 4, 1, 1);
       const fits = p.gpu.attendRows(q2, k2, v2, odd, [3, 4], { ...o, heads: 4, kvHeads: 1, headDim: 256 }, o2);
       expect(fits).toBe(false);
     }, 60_000);

@@ -43,6 +43,14 @@ export interface CudaMoeHost {
   quantized(x: Activation, rows: number, mode: number): { readonly xq: number; readonly xd: number };
   /** Marks x as rewritten (the quantized-activation cache keys on it). */
   written(x: Activation): void;
+  /** Copies host values into x's first values, in stream order (ends a step's recording). */
+  upload(x: Activation, values: Int32Array | Float32Array): void;
+}
+
+/** A layer's routing (CudaExperts.pinRoute): per slot (token · k + rank), expert and weight. */
+export interface PinnedRoute {
+  readonly ids: Int32Array;
+  readonly weights: Float32Array;
 }
 
 /** An expert tensor as uploaded: its views' base, bytes per expert, type and activation format. */
@@ -74,6 +82,14 @@ export class CudaExperts implements ExpertOps {
    * Benches set 0 (always grouped) or Infinity (never) to compare the two.
    */
   groupSlotsPerExpert = 1;
+  /**
+   * Tests: called once per MoE layer, in order, with the experts the router chose and their
+   * weights (slot by slot), the layer's tokens and k; the experts and weights it returns replace the router's (the CPU's
+   * choice, say), so that the rest of the layer is compared with the CPU's even where their k-th
+   * and (k+1)-th scores nearly tie and a rounding picks another expert. Each call reads and
+   * uploads: steps run as eager ops, not graphs.
+   */
+  pinRoute: ((chosen: PinnedRoute, rows: number, k: number) => PinnedRoute) | null = null;
   private readonly tensors = new WeakMap<readonly Weight[], ExpertTensor>();
   /** Per-expert vectors (splitVectors): the device address of expert 0's. */
   private readonly vectors = new WeakMap<readonly Weight[], number>();
@@ -145,6 +161,17 @@ export class CudaExperts implements ExpertOps {
     h.op("infer_cuda_moe_route", { logits: h.address(b.logits), n_tok: rows, n_expert: r.experts, k,
       gating: r.gating === "topk-softmax" ? 1 : 0, norm: r.normalizeTopK, ids: h.address(b.ids),
       weights: h.address(b.weights) }, "moe route");
+    if (this.pinRoute) {
+      const own = be.read(b.ids, slots); // i32 bit patterns
+      const ids = new Int32Array(own.buffer, own.byteOffset, slots).slice();
+      const pin = this.pinRoute({ ids, weights: be.read(b.weights, slots).slice() }, rows, k);
+      if (pin.ids.length !== slots || pin.weights.length !== slots ||
+        pin.ids.some((e) => !(e >= 0 && e < r.experts))) {
+        throw new InferError("invalid_argument", `a pinned route of ${pin.ids.length} slots for ${slots}`);
+      }
+      h.upload(b.ids, pin.ids);
+      h.upload(b.weights, pin.weights);
+    }
     const grouped = slots >= this.groupSlotsPerExpert * r.experts;
     const table = grouped ? h.address(b.table) : 0;
     if (grouped) {

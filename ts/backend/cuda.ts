@@ -131,6 +131,7 @@ export class CudaBackend implements Backend {
       return { xq: this.xq, xd: this.xd };
     },
     written: (x) => { a(x).version++; },
+    upload: (x, values) => this.write(x, values),
   });
   private readonly lib: Lib;
   private readonly graphsEnabled: boolean;
