@@ -74,6 +74,11 @@ describe("prompt lookup and the draft length", () => {
     for (let i = 0; i < 20; i++) poor.verified(4, 0);
     expect(poor.plan(16, 0, new PassCost(64, (rows) => 1 + 0.3 * (rows - 1)))).toBe(0);
     expect(poor.stats()).toEqual({ passes: 20, drafted: 80, accepted: 0 });
+    // Lookups that foresaw the device's token wrongly (no pass made) count as rejected drafts
+    const misled = new SequenceSpeculation({ mode: "ngram" });
+    for (let i = 0; i < 30; i++) misled.guessed(false);
+    expect(misled.plan(16, 0, new PassCost(64, (rows) => 1 + 0.3 * (rows - 1)))).toBe(0);
+    expect(misled.stats()).toEqual({ passes: 0, drafted: 0, accepted: 0 });
   });
 
   test("the timed cost: one-row passes and a line through the others", () => {

@@ -302,7 +302,13 @@ export class BatchScheduler {
   /** Admits waiting sequences, runs one forward pass, samples, and retires ended sequences. */
   step(): void {
     for (const s of this.running) if (s.interrupted()) s.ended = true;
-    if (this.ahead && !this.staysOnDevice(this.ahead)) this.settle(this.ahead);
+    if (this.ahead && !this.staysOnDevice(this.ahead)) {
+      const s = this.ahead, guess = this.lookupGuess(s);
+      this.settle(s);
+      // Whether prompt lookup foresaw the token it left the device for: a miss counts as a
+      // rejected draft, so that text where lookups match but do not hold pauses speculation.
+      if (guess >= 0 && s.pending !== null) s.spec!.guessed(s.pending === guess);
+    }
     this.admit();
     for (const s of this.running) {
       if (s.pending !== null && s.length >= this.engine.contextLength) this.shiftContext(s);
@@ -464,7 +470,13 @@ export class BatchScheduler {
     if (s.draft.length > 0) return true;
     const spec = s.spec;
     if (!spec || s.pending !== null || this.ahead !== s || !spec.active(s.generation!.count)) return false;
-    return spec.mode === "draft" || lookupDraft(s.slot.history, s.length, 1).length > 0;
+    return spec.mode === "draft" || this.lookupGuess(s) >= 0;
+  }
+
+  /** Prompt lookup's guess of the token a device step computes for `s` (-1: none, or not lookup). */
+  private lookupGuess(s: Sequence): number {
+    if (s.spec?.mode !== "ngram" || this.ahead !== s) return -1;
+    return lookupDraft(s.slot.history, s.length, 1)[0] ?? -1;
   }
 
   /**

@@ -249,6 +249,16 @@ export class SequenceSpeculation {
     if (accepted === drafted) this.nextPause = 8;
   }
 
+  /**
+   * A prediction of one token made without a pass (prompt lookup guessing the token a device step
+   * was computing) turned out right or wrong: it counts toward the acceptance rate as a drafted
+   * token would, but not in the stats, since nothing was evaluated for it.
+   */
+  guessed(right: boolean): void {
+    this.hits = this.hits * 0.97 + (right ? 1 : 0);
+    this.trials = this.trials * 0.97 + 1;
+  }
+
   stats(): SpeculationStats {
     return { passes: this.passes, drafted: this.drafted, accepted: this.accepted };
   }
