@@ -43,7 +43,8 @@ export const SELF_DRAFT = "self";
 /**
  * Speculation when a request names none: prompt lookup on the CPU, where it was measured never
  * to cost more than the timing noise (bench/results/speculative.md); off on the GPU backends
- * until measured there, since it takes a lone greedy sequence off the device's argmax.
+ * until it is measured there to hold the same (a lone greedy sequence decodes a step ahead on
+ * the device, which a verification pass, waiting for its ids, cannot).
  */
 export function defaultSpeculation(backend: string): SpeculationOptions {
   return { mode: backend === "cpu" ? "ngram" : "off" };
