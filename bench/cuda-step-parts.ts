@@ -79,7 +79,7 @@ for (const name of arg("--models", "llama-3.1-8b").split(",")) {
       execs.push(capture());
     }
     const us = replayUs(execs);
-    // Then the graphs of each kind alone, replayed apart (the backend keeps 16 graphs at most).
+    // Then the graphs of each kind alone, replayed apart (the backend keeps 64 graphs at most).
     const alone = process.argv.includes("--alone");
     if (alone) {
       const own: number[] = [];

@@ -80,7 +80,15 @@ const draftScheduler = forceDraft
     passCost: (rows) => 1 + 0.05 * (rows - 1) })
   : scheduler;
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[xs.length >> 1];
+/** The CUDA backend's step counts (ops run one by one, graphs captured, graphs launched), per mode. */
+type GraphCounts = { eagerSteps: number; captures: number; graphLaunches: number };
+const graphCounts = (): GraphCounts | null => {
+  const stats = (engine.backend as { stats?: GraphCounts }).stats;
+  return stats && "graphLaunches" in stats ? { ...stats } : null;
+};
+const graphsByMode = new Map<SpeculationMode, GraphCounts>();
 const generate = (prompt: string, mode: SpeculationMode): GenerateResult => {
+  const before = graphCounts();
   let result: GenerateResult | null = null;
   const request = { prompt: engine.tokenizer.encode(prompt, { addSpecial: true, parseSpecial: true }),
     options: { maxTokens, ignoreEos: true, reuseCache: false,
@@ -90,6 +98,12 @@ const generate = (prompt: string, mode: SpeculationMode): GenerateResult => {
   const runner = mode === "draft" ? draftScheduler : scheduler;
   runner.submit(request);
   while (runner.busy) runner.step();
+  const after = graphCounts();
+  if (before && after) {
+    const sum = graphsByMode.get(mode) ?? { eagerSteps: 0, captures: 0, graphLaunches: 0 };
+    for (const k of ["eagerSteps", "captures", "graphLaunches"] as const) sum[k] += after[k] - before[k];
+    graphsByMode.set(mode, sum);
+  }
   return result!;
 };
 /** Generated tokens per forward pass: a pass yields its kept drafts and one token more. */
@@ -151,6 +165,14 @@ lines.push("");
 if (ratios.grounded.length) lines.push(`grounded: ngram ${geo(ratios.grounded).toFixed(2)}× off (geometric mean)`);
 if (ratios.open.length) lines.push(`open-ended: ngram ${geo(ratios.open).toFixed(2)}× off (geometric mean)`);
 if (ratios.draft.length) lines.push(`grounded: draft model ${geo(ratios.draft).toFixed(2)}× off (geometric mean)`);
+// What chose the draft lengths: the scheduler's timed passes (one row: plain decoding's time a
+// token, a step ahead on CUDA), and on CUDA how the steps ran (graphs, or op by op).
+lines.push(`pass times, rows: ms (the last ~16 of each): ${scheduler.passTimings()
+  .map((t) => `${t.rows}: ${t.ms.toFixed(2)}`).join(", ")}`);
+for (const [mode, g] of graphsByMode) {
+  lines.push(`CUDA steps with speculation ${mode}: ${g.graphLaunches} graph launches, ` +
+    `${g.captures} captures, ${g.eagerSteps} op by op`);
+}
 console.log(lines.join("\n"));
 drafter?.close();
 engine.close();

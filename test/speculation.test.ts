@@ -48,7 +48,11 @@ describe("prompt lookup and the draft length", () => {
     //            0  1  2  3  4  5  6  7  8  9 10 11
     const text = [5, 1, 2, 3, 9, 1, 2, 3, 7, 8, 1, 2, 3];
     expect(lookupDraft(text, text.length, 3)).toEqual([7, 8, 1]); // the latest "1 2 3" (at 5)
-    expect(lookupDraft(text, text.length, 10)).toEqual([7, 8, 1, 2, 3]); // up to the text's end
+    // past the text's end the continuation goes on with itself: "7 8 1 2 3" again
+    expect(lookupDraft(text, text.length, 10)).toEqual([7, 8, 1, 2, 3, 7, 8, 1, 2, 3]);
+    // a text looping on one token drafts the whole length, not one token a pass
+    expect(lookupDraft([3, 4, 9, 9, 9, 9, 9], 7, 5)).toEqual([9, 9, 9, 9, 9]);
+    expect(lookupDraft([6, 1, 2, 1, 2], 5, 5)).toEqual([1, 2, 1, 2, 1]); // a loop of two
     expect(lookupDraft([4, 5, 6, 7], 4, 5)).toEqual([]);
     expect(lookupDraft(text, text.length, 0)).toEqual([]);
     expect(lookupDraft([1, 2, 1, 2], 3, 4)).toEqual([]); // "2 1" occurs once (only the length counts)
@@ -71,6 +75,11 @@ describe("prompt lookup and the draft length", () => {
     for (let i = 0; i < 20; i++) poor.verified(4, 0);
     expect(poor.plan(16, 0, new PassCost(64, (rows) => 1 + 0.3 * (rows - 1)))).toBe(0);
     expect(poor.stats()).toEqual({ passes: 20, drafted: 80, accepted: 0 });
+    // Lookups that foresaw the device's token wrongly (no pass made) count as rejected drafts
+    const misled = new SequenceSpeculation({ mode: "ngram" });
+    for (let i = 0; i < 30; i++) misled.guessed(false);
+    expect(misled.plan(16, 0, new PassCost(64, (rows) => 1 + 0.3 * (rows - 1)))).toBe(0);
+    expect(misled.stats()).toEqual({ passes: 0, drafted: 0, accepted: 0 });
   });
 
   test("the timed cost: one-row passes and a line through the others", () => {
@@ -79,6 +88,13 @@ describe("prompt lookup and the draft length", () => {
     expect(cost.relative(1)).toBe(1);
     expect(cost.relative(3)).toBeCloseTo(1.4, 5);
     expect(cost.relative(9)).toBeCloseTo(2.6, 5); // extrapolated: 8 + 2 per row
+    // Without a one-row time (a backend whose plain steps are not timed yet), a pass time alone
+    // is no ratio: the prior line, not milliseconds over one.
+    const untimed = new PassCost(16);
+    untimed.record(9, 40);
+    untimed.record(9, 40);
+    expect(untimed.relative(9)).toBeCloseTo(1 + 0.15 * 8, 5);
+    expect(untimed.timings()).toEqual([{ rows: 9, ms: 40 }]);
   });
 
   test("bad options are refused by name", () => {
@@ -364,9 +380,9 @@ describe("greedy verification with the argmax on the device (emulated on the CPU
   // The CPU backend given the DeviceGreedy calls CUDA has, each done on the host: the scheduler
   // and the LM head take the path CUDA takes (a lone greedy sequence a step ahead; verification
   // passes handing back ids, never logits), so its plumbing is checked without a GPU.
-  function emulateDevice(engine: Engine): { rowCalls: number[]; logitReads: () => number } {
+  function emulateDevice(engine: Engine): { rowCalls: number[]; logitReads: () => number; keeps: () => number } {
     const be = engine.backend, queued: number[] = [], rowCalls: number[] = [];
-    let kept = 0, reads = 0;
+    let kept = 0, reads = 0, keeps = 0;
     const read = be.read.bind(be);
     be.read = (x, rows) => {
       if (x.cols === engine.model.info.vocabSize) reads += rows;
@@ -381,7 +397,10 @@ describe("greedy verification with the argmax on the device (emulated on the CPU
         kept = argmaxOf(logits, 1)[0];
         queued.push(kept);
       },
-      keepTokens: (dst: Parameters<typeof be.read>[0], count: number) => be.setTokens(dst, [kept], count),
+      keepTokens: (dst: Parameters<typeof be.read>[0], count: number) => {
+        keeps++;
+        be.setTokens(dst, [kept], count);
+      },
       takeToken: () => queued.shift()!,
       dropTokens: () => { queued.length = 0; },
       argmaxRows: (logits: Parameters<typeof be.read>[0], rows: number) => {
@@ -389,7 +408,7 @@ describe("greedy verification with the argmax on the device (emulated on the CPU
         return argmaxOf(logits, rows);
       },
     } });
-    return { rowCalls, logitReads: () => reads };
+    return { rowCalls, logitReads: () => reads, keeps: () => keeps };
   }
 
   test("one sequence and three at once: the tokens plain decoding gives; verification reads ids only", () => {
@@ -424,6 +443,9 @@ describe("greedy verification with the argmax on the device (emulated on the CPU
       // verification passes took ids (argmaxRows), and a step that did read no logits
       expect(verified.onDevice).toBeGreaterThan(0);
       expect(verifyReads).toBe(0);
+      // Alone, a greedy sequence with nothing to draft decodes a step ahead on the device
+      // (its token left there for the next step) between its verification passes.
+      if (slots === 1) expect(device.keeps()).toBeGreaterThan(10);
     }
   }, 120_000);
 

@@ -11,8 +11,12 @@ import { fuseStep, type PendingOp } from "./cuda-fuse.ts";
 
 type Lib = ReturnType<typeof native>;
 
-/** Graphs kept: host and device greedy steps, a few attention splits each. */
-const GRAPHS_MAX = 16;
+/**
+ * Graphs kept, the least recently launched dropped first: host and device greedy steps, a few
+ * attention splits each, and speculative verification passes of every draft length (2 to 65
+ * rows), which a sequence's adaptive draft length moves between.
+ */
+const GRAPHS_MAX = 64;
 /** A number for each native call, mixed into a step's hash. */
 const callIds = new Map(Object.keys(symbols).map((name, i) => [name, i + 1]));
 
@@ -101,7 +105,10 @@ export class StepGraphs {
     const key = `${this.h1 >>> 0}:${this.h2 >>> 0}:${recorded.length}${this.skip ? `:${this.skip.source}` : ""}`;
     this.stats.stepOps = recorded.length;
     let exec = this.graphs.get(key);
-    if (exec === undefined) { // the common case has nothing to fuse or capture
+    if (exec !== undefined) { // now the most recently launched (a Map keeps insertion order)
+      this.graphs.delete(key);
+      this.graphs.set(key, exec);
+    } else { // the common case has nothing to fuse or capture
       const fused = this.fusion ? fuseStep(recorded) : recorded;
       const ops = this.skip ? fused.filter((o) => !this.skip!.test(o.what)) : fused;
       this.stats.stepOpsFused = ops.length;

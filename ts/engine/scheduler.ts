@@ -24,7 +24,10 @@
 // A lone sequence decoding greedily on a backend that takes the argmax on the device (CUDA)
 // runs a step ahead of the host (deviceStep), until another sequence joins it or it ends. A
 // verification pass whose logit rows are all greedy takes their argmaxes there too, and reads
-// back only the ids.
+// back only the ids. A lone greedy sequence with speculation runs a step ahead too while it has
+// nothing to draft, and leaves the device only for a step that will likely carry a draft
+// (wouldDraft): plain decoding a step ahead is what drafts must beat, so it is never given up
+// for a step without one.
 //
 // An embedding is a sequence too: its prompt rows are evaluated in the same batches as everyone
 // else's (prompt rows never need logits), the last hidden state of each row is pooled as it
@@ -219,6 +222,8 @@ export class BatchScheduler {
   private steps = 0;
   private reused = 0;
   private readonly passCost: PassCost;
+  /** When the last device step of an unbroken run of them returned (0: none): the time a token takes there. */
+  private deviceStepEnd = 0;
   private readonly draftModel: DraftModel | null;
 
   constructor(private readonly engine: Engine, o: SchedulerOptions) {
@@ -289,10 +294,21 @@ export class BatchScheduler {
       prefix: this.prefix?.stats() ?? null };
   }
 
+  /** The timed pass costs that choose draft lengths, rows → ms (PassCost.timings; for benches). */
+  passTimings(): { rows: number; ms: number }[] {
+    return this.passCost.timings();
+  }
+
   /** Admits waiting sequences, runs one forward pass, samples, and retires ended sequences. */
   step(): void {
     for (const s of this.running) if (s.interrupted()) s.ended = true;
-    if (this.ahead && !this.staysOnDevice(this.ahead)) this.settle(this.ahead);
+    if (this.ahead && !this.staysOnDevice(this.ahead)) {
+      const s = this.ahead, guess = this.lookupGuess(s);
+      this.settle(s);
+      // Whether prompt lookup foresaw the token it left the device for: a miss counts as a
+      // rejected draft, so that text where lookups match but do not hold pauses speculation.
+      if (guess >= 0 && s.pending !== null) s.spec!.guessed(s.pending === guess);
+    }
     this.admit();
     for (const s of this.running) {
       if (s.pending !== null && s.length >= this.engine.contextLength) this.shiftContext(s);
@@ -302,6 +318,7 @@ export class BatchScheduler {
     this.draft();
     const lone = this.running[0];
     const onDevice = this.staysOnDevice(lone) && (this.ahead === lone || lone.pending !== null);
+    if (!onDevice) this.deviceStepEnd = 0;
     if (onDevice ? !this.deviceStep(lone) : !this.hostStep()) return;
     this.steps++;
     if (this.prefix) {
@@ -447,7 +464,27 @@ export class BatchScheduler {
   private staysOnDevice(s: Sequence): boolean {
     return this.deviceGreedy && !s.ended && this.running.length === 1 &&
       this.running[0] === s && (this.waiting.length === 0 || this.free.length === 0) &&
-      s.generation?.greedy === true && !(s.spec?.active(s.generation.count) ?? false);
+      s.generation?.greedy === true && !this.wouldDraft(s);
+  }
+
+  /**
+   * Whether `s` drafts this step. With its next token on the host (pending), whether draft()
+   * drafted. With it still on the device (a step ahead), whether it likely will: a draft model
+   * always drafts; prompt lookup does when the n-gram ending at the last token the host has
+   * occurred before, which predicts the token in flight. Only then does the host wait for that
+   * token (settle) to draft after it: a miss costs one step taken without the device's lead.
+   */
+  private wouldDraft(s: Sequence): boolean {
+    if (s.draft.length > 0) return true;
+    const spec = s.spec;
+    if (!spec || s.pending !== null || this.ahead !== s || !spec.active(s.generation!.count)) return false;
+    return spec.mode === "draft" || this.lookupGuess(s) >= 0;
+  }
+
+  /** Prompt lookup's guess of the token a device step computes for `s` (-1: none, or not lookup). */
+  private lookupGuess(s: Sequence): number {
+    if (s.spec?.mode !== "ngram" || this.ahead !== s) return -1;
+    return lookupDraft(s.slot.history, s.length, 1)[0] ?? -1;
   }
 
   /**
@@ -462,7 +499,8 @@ export class BatchScheduler {
   private deviceStep(s: Sequence): boolean {
     const be = this.engine.backend;
     try {
-      if (this.ahead === null) {
+      if (this.ahead === null) { // queues a step and reads nothing: no token's time to take
+        this.deviceStepEnd = 0;
         const token = s.pending!;
         s.pending = null;
         this.queueGreedy(s, token);
@@ -478,6 +516,12 @@ export class BatchScheduler {
       if (!room) throw new InferError("internal", "a token past the context was accepted");
       s.slot.history[s.length] = token;
       s.length++;
+      // A token a step, the GPU's time and the host's overlapped: plain decoding's cost, which
+      // a verification pass's time is weighed against (a one-row pass that waits for its
+      // result costs more on an asynchronous device, and would flatter the drafts).
+      const now = performance.now();
+      if (this.deviceStepEnd > 0) this.passCost.record(1, now - this.deviceStepEnd);
+      this.deviceStepEnd = now;
       return true;
     } catch (err) {
       this.failRunning(err as Error);
@@ -523,6 +567,7 @@ export class BatchScheduler {
    */
   private settle(s: Sequence): void {
     const be = this.engine.backend;
+    this.deviceStepEnd = 0;
     try {
       if (s.ended) { // interrupted: its next token is not wanted
         this.ahead = null;

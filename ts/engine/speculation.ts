@@ -15,8 +15,8 @@
 // judged by the general rule (Sampler.speculate, with the distribution each draft was drawn from).
 //
 // How many tokens to draft is chosen each step from two estimates: the sequence's acceptance
-// rate α (per drafted token, decayed), and what a pass of n rows costs relative to one row
-// (timed by the scheduler, PassCost). Drafting K tokens yields (1 − α^(K+1)) / (1 − α) tokens a
+// rate α (per drafted token, decayed), and what a pass of n rows costs relative to plain
+// decoding's one token a step (timed by the scheduler, PassCost). Drafting K tokens yields (1 − α^(K+1)) / (1 − α) tokens a
 // pass on average; K is the one that makes the most tokens per unit of time, and 0 (no
 // draft) when none beats plain decoding, so speculation switches itself off where it would be
 // slower. A sequence that stopped drafting tries a short draft again after a growing pause.
@@ -43,7 +43,8 @@ export const SELF_DRAFT = "self";
 /**
  * Speculation when a request names none: prompt lookup on the CPU, where it was measured never
  * to cost more than the timing noise (bench/results/speculative.md); off on the GPU backends
- * until measured there, since it takes a lone greedy sequence off the device's argmax.
+ * until it is measured there to hold the same (a lone greedy sequence decodes a step ahead on
+ * the device, which a verification pass, waiting for its ids, cannot).
  */
 export function defaultSpeculation(backend: string): SpeculationOptions {
   return { mode: backend === "cpu" ? "ngram" : "off" };
@@ -71,7 +72,10 @@ export function checkSpeculation(o: SpeculationOptions): void {
 
 /**
  * Prompt lookup: the longest of the text's last `maxN`..`minN` tokens that occurred before,
- * at its latest occurrence, and the tokens that followed it there.
+ * at its latest occurrence, and up to `max` tokens that followed it there. A continuation that
+ * reaches the end of the text goes on with itself: a match p tokens back drafts the last p
+ * tokens over and over (text in a loop goes on looping), so a short loop still drafts `max`
+ * tokens, where stopping at the text's end would draft p a pass, as few as one.
  */
 export function lookupDraft(text: ArrayLike<number>, length: number, max: number,
   maxN = 4, minN = 2): number[] {
@@ -83,19 +87,25 @@ export function lookupDraft(text: ArrayLike<number>, length: number, max: number
       let k = 0;
       while (k < n && text[j + k] === text[tail + k]) k++;
       if (k < n) continue;
-      const from = j + n, to = Math.min(from + max, length);
+      const from = j + n, period = length - from;
       const out: number[] = [];
-      for (let i = from; i < to; i++) out.push(text[i]);
+      for (let i = 0; i < max; i++) out.push(i < period ? text[from + i] : out[i - period]);
       return out;
     }
   }
   return [];
 }
 
+/** A row's share of a one-row pass before any timing says otherwise. */
+const PRIOR_ROW_SHARE = 0.15;
+
 /**
  * What a forward pass of n rows costs, relative to one row, from the times of decode passes
  * (no prompt rows): an average per row count, and a straight line through them where a count
- * was not timed yet.
+ * was not timed yet. A pass is timed from its start to its tokens on the host, but the one-row
+ * time is plain decoding's time per token as the scheduler runs it: on a backend that decodes a
+ * step ahead on the device (CUDA), the time between those steps, in which the host's work hides
+ * behind the GPU's, which a verification pass (its ids awaited) cannot do.
  */
 export class PassCost {
   private readonly ms: Float64Array;
@@ -124,14 +134,26 @@ export class PassCost {
   relative(rows: number): number {
     if (this.fixed) return this.fixed(rows);
     if (rows <= 1) return 1;
-    const { a, b } = this.line();
+    const { a, b, timed } = this.line();
+    // Without a one-row time, a time of n rows alone says nothing of the ratio: the prior line.
+    if (!timed) return 1 + PRIOR_ROW_SHARE * (rows - 1);
     const one = this.seen[1] > 0 ? this.ms[1] : a + b;
     if (this.seen[rows] >= 2) return Math.max(1, this.ms[rows] / one);
-    return Math.max(1, (a + b * rows) / (a + b));
+    return Math.max(1, (a + b * rows) / one);
   }
 
-  /** Least squares over the timed row counts; a prior slope until two counts were timed. */
-  private line(): { a: number; b: number } {
+  /** The timed pass times, rows → milliseconds (bench/speculative.ts prints them). */
+  timings(): { rows: number; ms: number }[] {
+    const out: { rows: number; ms: number }[] = [];
+    for (let n = 1; n <= this.maxRows; n++) if (this.seen[n] > 0) out.push({ rows: n, ms: this.ms[n] });
+    return out;
+  }
+
+  /**
+   * Least squares over the timed row counts; a prior slope until two counts were timed (timed:
+   * whether the line is in milliseconds, from a one-row time or two counts).
+   */
+  private line(): { a: number; b: number; timed: boolean } {
     let sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0, counts = 0;
     for (let n = 1; n <= this.maxRows; n++) {
       const w = this.seen[n];
@@ -139,14 +161,13 @@ export class PassCost {
       counts++;
       sw += w; sx += w * n; sy += w * this.ms[n]; sxx += w * n * n; sxy += w * n * this.ms[n];
     }
-    const priorSlope = 0.15; // a row's share of a one-row pass before any timing says otherwise
     if (counts < 2) {
       const t1 = this.seen[1] > 0 ? this.ms[1] : 1;
-      return { a: t1 * (1 - priorSlope), b: t1 * priorSlope };
+      return { a: t1 * (1 - PRIOR_ROW_SHARE), b: t1 * PRIOR_ROW_SHARE, timed: this.seen[1] > 0 };
     }
     const b = Math.max(0, (sw * sxy - sx * sy) / (sw * sxx - sx * sx));
     const a = Math.max(1e-6, (sy - b * sx) / sw);
-    return { a, b };
+    return { a, b, timed: true };
   }
 }
 
@@ -227,6 +248,16 @@ export class SequenceSpeculation {
     this.hits = this.hits * decay + accepted;
     this.trials = this.trials * decay + judged;
     if (accepted === drafted) this.nextPause = 8;
+  }
+
+  /**
+   * A prediction of one token made without a pass (prompt lookup guessing the token a device step
+   * was computing) turned out right or wrong: it counts toward the acceptance rate as a drafted
+   * token would, but not in the stats, since nothing was evaluated for it.
+   */
+  guessed(right: boolean): void {
+    this.hits = this.hits * 0.97 + (right ? 1 : 0);
+    this.trials = this.trials * 0.97 + 1;
   }
 
   stats(): SpeculationStats {
