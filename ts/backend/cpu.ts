@@ -13,6 +13,7 @@ import {
   CpuKvBlockStore, kvPages, kvSharing, type CpuKvRows, type KvFileRows, type SharedRows,
 } from "./cpu-kv-share.ts";
 import { cpuAltUpOps } from "./cpu-altup.ts";
+import { copyAnchoredKeys, pendKeys, setAnchor } from "./cpu-kv-anchor.ts";
 import { repackForMatmul, type MatmulLayout } from "./cpu-repack.ts";
 import {
   kvBytes, kvTypesOf, type Activation, type AttentionOptions, type Backend, type ExpertOps,
@@ -64,13 +65,10 @@ class CpuKvLayer implements CpuKvRows {
     readonly k: Pointer, readonly v: Pointer, readonly kBytes: Uint8Array,
     readonly vBytes: Uint8Array) {}
 
-  /**
-   * What a tq3/tq4 K layer codes its keys less (lib/cpu/attention.zig store): the mean of the
-   * first 16 or more keys it stores, then fixed for its life (every score of a query moves by the
-   * same amount, so attention is unchanged, but the codes no longer spend their precision on the
-   * large vector Gemma 3's keys share). undefined: nothing stored yet; null: stored without one.
-   */
-  kAnchor: Float32Array | null | undefined = undefined;
+  /** What a tq3/tq4 K layer codes its keys less (cpu-kv-anchor.ts); undefined: not set yet. */
+  kAnchor: Float32Array | undefined = undefined;
+  /** While a tq K layer has no anchor: the exact keys of the cells written, by cell. */
+  kPending?: Map<number, Float32Array>;
 
   /**
    * Accumulated attention a cell (Backend.trackAttention), in pages of its own, allocated the
@@ -78,9 +76,6 @@ class CpuKvLayer implements CpuKvRows {
    */
   mass?: { address: Pointer; values: Float32Array; tracking: boolean };
 }
-
-/** Keys a first store needs to set a tq3/tq4 K layer's anchor (fewer: no anchor). */
-const ANCHOR_ROWS_MIN = 16;
 
 function isTurbo(typeId: number): boolean {
   return typeId === kvTypeIds.tq3 || typeId === kvTypeIds.tq4;
@@ -415,29 +410,14 @@ export class CpuBackend implements Backend {
 
   private storeRows(l: CpuKvLayer, k: Activation, v: Activation, row: number, cell: number, rows: number): void {
     const n = rows * l.kvHeads * l.headDim, src = row * k.cols * 4;
-    const anchor = this.keyAnchor(l, k, row, rows);
-    check(this.lib.infer_kv_store(offsetAddress(a(k).address, src), offsetAddress(l.k, cell * l.kRowBytes), l.kTypeId, n,
-      l.headDim, anchor, anchor?.length ?? 0), "kv_store k");
+    if (isTurbo(l.kTypeId) && l.kAnchor === undefined) {
+      pendKeys(l, a(k).f32.subarray(row * k.cols, row * k.cols + n), cell, rows);
+    } else {
+      check(this.lib.infer_kv_store(offsetAddress(a(k).address, src), offsetAddress(l.k, cell * l.kRowBytes), l.kTypeId,
+        n, l.headDim, l.kAnchor ?? null, l.kAnchor?.length ?? 0), "kv_store k");
+    }
     check(this.lib.infer_kv_store(offsetAddress(a(v).address, src), offsetAddress(l.v, cell * l.vRowBytes), l.vTypeId, n,
       l.headDim, null, 0), "kv_store v");
-  }
-
-  /** The layer's key anchor, decided by its first store (see CpuKvLayer.kAnchor). */
-  private keyAnchor(l: CpuKvLayer, k: Activation, row: number, rows: number): Float32Array | null {
-    if (!isTurbo(l.kTypeId)) return null;
-    if (l.kAnchor === undefined) {
-      if (rows < ANCHOR_ROWS_MIN) {
-        l.kAnchor = null;
-      } else {
-        const kvDim = l.kvHeads * l.headDim, f = a(k).f32, sum = new Float64Array(kvDim);
-        for (let r = 0; r < rows; r++) {
-          const base = (row + r) * k.cols;
-          for (let i = 0; i < kvDim; i++) sum[i] += f[base + i];
-        }
-        l.kAnchor = Float32Array.from(sum, (x) => x / rows);
-      }
-    }
-    return l.kAnchor;
   }
 
   attention(q: Activation, layer: KvLayer, rows: number, position: number, o: AttentionOptions,
@@ -468,23 +448,16 @@ export class CpuBackend implements Backend {
         `overrun ${s.cells} / ${d.cells}`);
     }
     const kb = s.kRowBytes, vb = s.vRowBytes;
-    if (d.kAnchor === undefined) d.kAnchor = s.kAnchor;
-    if (s.kAnchor === d.kAnchor || !isTurbo(s.kTypeId)) {
-      d.kBytes.set(s.kBytes.subarray(srcCell * kb, (srcCell + cells) * kb), dstCell * kb);
-    } else {
-      // Keys coded less another anchor: decoded with the source's, coded again with this one's.
-      const n = cells * s.kvHeads * s.headDim, keys = new Float32Array(n);
-      check(this.lib.infer_kv_load(s.kBytes.subarray(srcCell * kb, (srcCell + cells) * kb), s.kTypeId, n, s.headDim,
-        s.kAnchor ?? null, s.kAnchor?.length ?? 0, keys), "kv_load k");
-      check(this.lib.infer_kv_store(keys, offsetAddress(d.k, dstCell * kb), d.kTypeId, n, d.headDim,
-        d.kAnchor ?? null, d.kAnchor?.length ?? 0), "kv_store k");
-    }
+    if (isTurbo(s.kTypeId)) copyAnchoredKeys(s, srcCell, d, dstCell, cells);
+    else d.kBytes.set(s.kBytes.subarray(srcCell * kb, (srcCell + cells) * kb), dstCell * kb);
     d.vBytes.set(s.vBytes.subarray(srcCell * vb, (srcCell + cells) * vb), dstCell * vb);
   }
 
   shiftKv(layer: KvLayer, rope: RopeOptions, keep: number, discard: number, length: number): void {
     const l = layer as CpuKvLayer;
     const kvDim = l.kvHeads * l.headDim;
+    // Keys moved are coded again: less an anchor from then on, the mean of the few held so far.
+    setAnchor(l);
     if (!l.ring) {
       const from = keep + discard, rows = length - from;
       if (rows <= 0) return;
@@ -517,6 +490,7 @@ export class CpuBackend implements Backend {
     if (rows === 0) return;
     const lo = from[0], hi = from[rows - 1] + 1, kvDim = l.kvHeads * l.headDim;
     if (lo < to || hi > l.cells) throw new InferError("internal", `compactKv: rows ${lo}..${hi} to ${to}`);
+    setAnchor(l); // as shiftKv
     const span = new Float32Array((hi - lo) * kvDim);
     check(this.lib.infer_kv_load(l.kBytes.subarray(lo * l.kRowBytes, hi * l.kRowBytes), l.kTypeId, span.length,
       l.headDim, l.kAnchor ?? null, l.kAnchor?.length ?? 0, span), "kv_load keys");

@@ -29,6 +29,8 @@ Scores the text as llama-perplexity does (chunks of n_ctx tokens, second half of
 options:
   -c, --ctx-size N   tokens per chunk (default 512)
   --chunks N         score at most N chunks (default: all)
+  -b, --batch-size N tokens a forward pass evaluates (and the cache stores) at most (default:
+                     -c, at most 512)
   -t, --threads N    CPU threads (default: physical cores; capped to the CPUs)
   --backend B        cpu, cuda, metal or auto: a GPU when available (default: auto)
   -ctk, --cache-type-k T  KV cache keys: f16, q8_0, q4_0, tq4 or tq3 (default f16)
@@ -176,6 +178,7 @@ export function perplexityCommand(argv: string[]): number {
     options: {
       "ctx-size": { type: "string", short: "c" },
       chunks: { type: "string" },
+      "batch-size": { type: "string", short: "b" },
       threads: { type: "string", short: "t" },
       backend: { type: "string" },
       "cache-type-k": { type: "string" },
@@ -192,6 +195,7 @@ export function perplexityCommand(argv: string[]): number {
   const contextLength = intOption(values["ctx-size"], "--ctx-size", 512, 3);
   const chunks = values.chunks === undefined ? undefined
     : intOption(values.chunks, "--chunks", 0, 1);
+  const batch = intOption(values["batch-size"], "--batch-size", Math.min(contextLength, 512), 1);
   const threads = threadsOption(values.threads), backend = backendOption(values.backend);
   const cacheTypeK = cacheTypeOption(values["cache-type-k"], "--cache-type-k");
   const cacheTypeV = cacheTypeOption(values["cache-type-v"], "--cache-type-v");
@@ -217,7 +221,7 @@ export function perplexityCommand(argv: string[]): number {
     throw new InferError("io", `cannot read the text ${quote(positionals[1])} (${code})`);
   }
   const engine = Engine.open({
-    modelPath, contextLength, batch: Math.min(contextLength, 512), threads, backend,
+    modelPath, contextLength, batch: Math.min(contextLength, batch), threads, backend,
     cacheTypeK, cacheTypeV,
   });
   try {

@@ -54,6 +54,12 @@ export interface Slot {
    * (trackAttention). Absent: not tracked.
    */
   mass?: (Float32Array | null)[];
+  /**
+   * Positions below it were held when tracking began (a prefix continued in place or restored
+   * from the prefix cache): their mass lacks the attention of the queries before it, which
+   * shiftSlotHeavy estimates.
+   */
+  massFrom?: number;
 }
 
 export function createSlot(cache: KvCache): Slot {
@@ -139,11 +145,13 @@ export const SHIFT_POLICIES: readonly ShiftPolicy[] = ["streaming", "h2o"];
 /**
  * Makes the slot's attention over its full-attention layers accumulate each position's softmax
  * weight (for shiftSlotHeavy), from zero; false where the backend cannot. Positions the slot
- * already holds (a reused prefix) start at zero too.
+ * already holds (a reused prefix, whose queries ran in another sequence or none) start at zero
+ * too, and are marked (massFrom) for shiftSlotHeavy to estimate what they missed.
  */
 export function trackAttention(be: Backend, slot: Slot): boolean {
   if (!be.trackAttention || !be.compactKv) return false;
   slot.mass = slot.cache.layers.map((layer) => layer.ring ? null : be.trackAttention!(layer, true));
+  slot.massFrom = slot.length;
   return true;
 }
 
@@ -152,6 +160,7 @@ export function untrackAttention(be: Backend, slot: Slot): void {
   if (!slot.mass) return;
   slot.cache.layers.forEach((layer) => { if (!layer.ring) be.trackAttention?.(layer, false); });
   slot.mass = undefined;
+  slot.massFrom = undefined;
 }
 
 /** The context shift by the slot's policy: shiftSlot ("streaming") or shiftSlotHeavy ("h2o"). */
@@ -168,6 +177,13 @@ export function shiftSlotBy(policy: ShiftPolicy, be: Backend, slot: Slot, info: 
  * heads). Kept positions close up in order, each key rotated by its own move with the layer's
  * RoPE; the recent ones move by the dropped count, which is all a sliding-window ring holds, so
  * a ring shifts as shiftSlot shifts it. Returns the positions dropped.
+ *
+ * A position held before tracking began (p < slot.massFrom: a reused prefix) has the attention
+ * of the queries from massFrom on, length - massFrom of them, where one the sequence computed
+ * itself has that of all length - p queries after it. Its mass is scaled by (length - p) /
+ * (length - massFrom) before the ranking, and kept so: the attention the missing queries gave it
+ * taken as the average the counted ones did. Zero instead would make a reused prefix the first to
+ * go; the estimate is exact where a position draws the same attention from every query.
  */
 export function shiftSlotHeavy(be: Backend, slot: Slot, info: ModelInfo, keep = SHIFT_KEEP): number {
   const length = slot.length, mass = slot.mass;
@@ -178,6 +194,11 @@ export function shiftSlotHeavy(be: Backend, slot: Slot, info: ModelInfo, keep = 
   const window = Math.max(0, ...slot.cache.layers.map((l, i) => l.ring ? info.kvShapes[i].window : 0));
   const recent = Math.min(budget, Math.max(window, Math.ceil(budget / 2)));
   const heavy = budget - recent, middleEnd = length - recent;
+  const reused = Math.min(slot.massFrom ?? 0, length - 1);
+  for (const m of mass) {
+    if (m) for (let p = 0; p < reused; p++) m[p] *= (length - p) / (length - reused);
+  }
+  slot.massFrom = 0;
   const total = new Float64Array(length);
   for (const m of mass) if (m) for (let p = 0; p < length; p++) total[p] += m[p];
   const candidates = Array.from({ length: middleEnd - keep }, (_, i) => keep + i);

@@ -602,12 +602,13 @@ export class BatchScheduler {
       this.free.splice(this.free.indexOf(slot), 1);
       rewindSlot(slot, common);
       this.reused += common;
-      // The h2o shift needs the attention each position got; a reused prefix's starts at zero.
-      if (shifts && request.options.contextShiftPolicy === "h2o") trackAttention(this.engine.backend, slot);
-      else untrackAttention(this.engine.backend, slot);
       const s = new Sequence(request, slot, generation, null);
       if (reuse) this.restore(s);
       s.restored = s.length;
+      // The h2o shift needs the attention each position got: tracked from here, a reused
+      // prefix's (held in place or restored) estimated by shiftSlotHeavy.
+      if (shifts && request.options.contextShiftPolicy === "h2o") trackAttention(this.engine.backend, slot);
+      else untrackAttention(this.engine.backend, slot);
       if (generation.interrupted() || generation.done) s.ended = true;
       this.running.push(s);
     }
