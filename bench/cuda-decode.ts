@@ -15,8 +15,8 @@
 //       [--check 32] [--ctx 2048] [--variants 0]
 //       [--depth 4096 (needs --ctx past depth + gen)] [--batches 8,32]
 //       [--batch-mma 0,2: the batches under each INFER_CUDA_BATCH_MMA, interleaved; GPU µs of each step]
-//       [--moe-grouped mma,matvec: the prefill under each grouped expert kernel (ts/backend/cuda-moe.ts
-//        groupKernel), runs interleaved; the last one stays for the batches]
+//       [--moe-grouped mma,matvec: the prefill and the batches under each grouped expert kernel
+//        (ts/backend/cuda-moe.ts groupKernel), prefill runs interleaved; the last one is the row's]
 //       [--sweep 24,144,1024,4096: GPU µs of a decode step at each context (needs --ctx past the last)]
 //       [--file a.gguf,b.gguf: these files instead of the random-weight shapes]
 //       [--gpus N: split each model over N GPUs (tensor parallelism; bench/tensor-parallel.sh)]
@@ -193,6 +193,14 @@ for (const { label, quant, path } of targets) {
       batchRuns[bi][mi] = batchedRate(engine, b, gen);
     }
   }
+  // The batches under the other grouped expert kernels (at the last --batch-mma), then the last.
+  const batchByMoe = batches.map((b) => moeGrouped.map((k, i) => {
+    if (i === moeGrouped.length - 1) return batchRuns[batches.indexOf(b)].at(-1)!.rate;
+    experts.groupKernel = k;
+    const rate = batchedRate(engine, b, gen).rate;
+    experts.groupKernel = moeGrouped.at(-1)!;
+    return rate;
+  }));
   const batchRates = batchRuns.map((r) => r.at(-1)!.rate);
   engine.close();
   let eagerRate = NaN, unfusedRate = NaN;
@@ -235,6 +243,8 @@ for (const { label, quant, path } of targets) {
     batchedByMma: Object.fromEntries(batches.map((b, i) => [b, Object.fromEntries(batchMma.map((m, j) =>
       [m, { tokS: +batchRuns[i][j].rate.toFixed(0), stepGpuUs: +batchRuns[i][j].gpuUs.toFixed(1) }]))])),
     stepUsByContext: Object.fromEntries(sweep.map((c, i) => [c, sweepUs[i]])),
+    batchedByMoeGrouped: Object.fromEntries(batches.map((b, i) => [b, Object.fromEntries(moeGrouped.map((k, j) =>
+      [k, +batchByMoe[i][j].toFixed(0)]))])),
   };
   rows.push(JSON.stringify(row));
   console.log(`${label.padEnd(20)} ${quant.padEnd(5)} ${String(row.fileMiB).padStart(5)} MiB | decode ` +
@@ -247,7 +257,8 @@ for (const { label, quant, path } of targets) {
       ? ` (${moeGrouped.map((k, i) => `experts ${k} ${median(prefillBy[i]).toFixed(0)}`).join(", ")})` : "") + ` | weights ${row.effectiveGBs} GB/s | ${agree}` +
     (depth > 0 ? ` | decode at depth ${depth} ${row.depthTokS} tok/s` : "") +
     batches.map((b, i) => ` | batch ${b} ` + batchMma.map((m, j) =>
-      `${batchRuns[i][j].rate.toFixed(0)} tok/s (${batchRuns[i][j].gpuUs.toFixed(0)} us GPU, mma from ${m})`).join(", ")).join("") +
+      `${batchRuns[i][j].rate.toFixed(0)} tok/s (${batchRuns[i][j].gpuUs.toFixed(0)} us GPU, mma from ${m})`).join(", ") +
+      (moeGrouped.length > 1 ? ` (${moeGrouped.map((k, j) => `experts ${k} ${batchByMoe[i][j].toFixed(0)}`).join(", ")})` : "")).join("") +
     (sweep.length ? ` | step us by context: ${sweep.map((c, i) => `${c}: ${sweepUs[i]}`).join(", ")}` : ""));
 }
 for (const r of rows) console.log(r);
