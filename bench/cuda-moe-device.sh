@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# qwen3moe on CUDA, in one call of a GPU machine (about 3 minutes; llama.cpp's build not included):
+# qwen3moe on CUDA, in one call of a GPU machine (about 4 minutes; llama.cpp's build not included):
 # test/cuda-moe.test.ts (CUDA against the CPU on small random MoE GGUFs), then random-weight GGUFs
 # of Qwen3-30B-A3B's shape (embedding 2048, 32/4 heads of 128, 128 experts of 768, 8 chosen; the
 # router F32; $LAYERS of its 48 layers, so that the files write in the time) in Q4_0 and Q4_K,
