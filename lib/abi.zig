@@ -225,9 +225,13 @@ pub const CudaMoeMatmulArgs = extern struct {
     y0: u64,
     w1: u64,
     y1: u64,
+    /// With groups: the slots a tile of its table holds (moe_group's tile: 8, or 32 with mma).
+    tile: u32,
+    /// With groups: 1 = the tensor-core tiles (moe_mmq_*), 0 = the tile matvec (moe_mv8_*).
+    mma: u32,
 };
 comptime {
-    std.debug.assert(@sizeOf(CudaMoeMatmulArgs) == 120);
+    std.debug.assert(@sizeOf(CudaMoeMatmulArgs) == 128);
 }
 
 /// infer_cuda_act_mul_quant: out = act(gate) · up (kind 0 = GELU, 1 = SiLU), quantized.

@@ -258,9 +258,10 @@ export fn infer_cuda_moe_route(logits: u64, n_tok: u64, n_expert: u64, k: u64, g
     return moe.route(logits, n_tok, n_expert, k, gating, norm, ids, weights);
 }
 
-/// The slots at ids sorted by expert into a table of infer_cuda_moe_group_ints ints.
-export fn infer_cuda_moe_group(ids: u64, n_slots: u64, n_expert: u64, table: u64) i32 {
-    return moe.group(ids, n_slots, n_expert, table);
+/// The slots at ids sorted by expert into a table of infer_cuda_moe_group_ints ints, in tiles of
+/// up to `tile` slots (8 or 32).
+export fn infer_cuda_moe_group(ids: u64, n_slots: u64, n_expert: u64, tile: u64, table: u64) i32 {
+    return moe.group(ids, n_slots, n_expert, tile, table);
 }
 
 export fn infer_cuda_moe_group_ints(n_slots: u64, n_expert: u64) u64 {

@@ -466,9 +466,14 @@ MMQ(mmq_q8_0r_64x128, Q8_0R, 64, 128, 4)
 // is computed from shared memory, so a block keeps a step of weights in flight all along. Per
 // unit the sums are combined as mmq combines them (T::combine / icombine, unit after unit), so a
 // row's result does not depend on the tile.
-template <class T, int NTOK, int UNITS>
-__device__ __forceinline__ void mmqn(const uint8_t* __restrict__ w, int n_out, int n_in, const int8_t* __restrict__ xq,
-                                     const float* __restrict__ xd, int n_tok, float* __restrict__ y) {
+// mmqn_tile is one block's work: weight rows row0 .. row0 + 63 × tokens tok0 .. tok0 + NTOK - 1
+// (those below n_tok) over units [u_begin, u_end); token t reads activation row x_row(t) and its
+// result for weight row r goes to store(t, r, value). mmqn tiles the batch in order; moe.cuh's
+// moe_mmq tiles each expert's gathered slots.
+template <class T, int NTOK, int UNITS, class XRow, class Store>
+__device__ __forceinline__ void mmqn_tile(const uint8_t* __restrict__ w, int n_out, int n_in,
+                                          const int8_t* __restrict__ xq, const float* __restrict__ xd, int row0,
+                                          int tok0, int u_begin, int u_end, int n_tok, XRow x_row, Store store) {
   constexpr int THREADS = 128, ROWS = 64, NT8 = NTOK / 8;
   constexpr int STRIDE = UNITS * 8 + 4;  // as mmq: 8 rows' fragment loads over all 32 banks
   constexpr bool SUPER = T::SUPER;
@@ -481,12 +486,7 @@ __device__ __forceinline__ void mmqn(const uint8_t* __restrict__ w, int n_out, i
   __shared__ int2 x_sums[NTOK * UNITS];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int group = lane >> 2, tig = lane & 3;
-  const int row0 = blockIdx.x * ROWS, tok0 = blockIdx.y * NTOK;
   const int units = n_in >> 5;
-  const int steps_per_split = ((units + UNITS - 1) / UNITS + gridDim.z - 1) / gridDim.z;
-  const int u_begin = min(units, static_cast<int>(blockIdx.z) * steps_per_split * UNITS);
-  const int u_end = min(units, u_begin + steps_per_split * UNITS);
-  y += static_cast<size_t>(blockIdx.z) * n_tok * n_out;
   const size_t row_bytes = static_cast<size_t>(n_in / T::BV) * T::BB;
   constexpr int WP = ROWS * UNITS / THREADS;
   constexpr int XPAIRS = NTOK * UNITS, XP = (XPAIRS + THREADS - 1) / THREADS;
@@ -509,7 +509,7 @@ __device__ __forceinline__ void mmqn(const uint8_t* __restrict__ w, int n_out, i
 #pragma unroll
     for (int k = 0; k < XP; k++) {
       const int i = min(tid + k * THREADS, XPAIRS - 1);
-      const int t = min(tok0 + i / UNITS, n_tok - 1), uu = min(i % UNITS, n_units - 1);
+      const int t = x_row(min(tok0 + i / UNITS, n_tok - 1)), uu = min(i % UNITS, n_units - 1);
       const int4* p = reinterpret_cast<const int4*>(xq + static_cast<size_t>(t) * n_in + 32 * (u0 + uu));
       xa[k] = p[0];
       xb[k] = p[1];
@@ -608,27 +608,47 @@ __device__ __forceinline__ void mmqn(const uint8_t* __restrict__ w, int n_out, i
 #pragma unroll
     for (int e = 0; e < 4; e++) {
       const int t = tok0 + 8 * n + 2 * tig + (e & 1), r = row0 + r_a + 8 * (e >> 1);
-      if (t < n_tok && r < n_out) y[static_cast<size_t>(t) * n_out + r] = acc[n][e] - accm[n][e];
+      if (t < n_tok && r < n_out) store(t, r, acc[n][e] - accm[n][e]);
     }
   }
 }
 
-#define MMQN(NAME, T, NTOK)                                                                                  \
-  extern "C" __global__ void __launch_bounds__(128) NAME(const uint8_t* w, int n_out, int n_in,              \
-                                                         const int8_t* xq, const float* xd, int n_tok,       \
-                                                         float* y) {                                         \
+/// The batch's tokens in order, tiles of NTOK (grid y), split over K by grid z (plane z of y).
+template <class T, int NTOK, int UNITS>
+__device__ __forceinline__ void mmqn(const uint8_t* __restrict__ w, int n_out, int n_in, const int8_t* __restrict__ xq,
+                                     const float* __restrict__ xd, int n_tok, float* __restrict__ y) {
+  const int tok0 = blockIdx.y * NTOK, units = n_in >> 5;
+  const int steps_per_split = ((units + UNITS - 1) / UNITS + gridDim.z - 1) / gridDim.z;
+  const int u_begin = min(units, static_cast<int>(blockIdx.z) * steps_per_split * UNITS);
+  const int u_end = min(units, u_begin + steps_per_split * UNITS);
+  y += static_cast<size_t>(blockIdx.z) * n_tok * n_out;
+  mmqn_tile<T, NTOK, UNITS>(
+      w, n_out, n_in, xq, xd, blockIdx.x * 64, tok0, u_begin, u_end, n_tok, [](int t) { return t; },
+      [y, n_out](int t, int r, float v) { y[static_cast<size_t>(t) * n_out + r] = v; });
+}
+
+// BOUNDS32: the 32-token tile's launch bounds. Q4_K and Q5_K in the GGUF layout ask for 3 blocks
+// a multiprocessor: ptxas fits them in 168 registers with no spill, where left alone it takes
+// 201 and 210 (2 blocks); Q4_KR at 3 would spill, so it keeps its 199. (__launch_bounds__(128, 1)
+// is not the same as (128): ptxas then spends up to 210 registers where it took 130.)
+#define MMQN(NAME, T, NTOK, BOUNDS)                                                                          \
+  extern "C" __global__ void BOUNDS NAME(const uint8_t* w, int n_out, int n_in, const int8_t* xq,            \
+                                         const float* xd, int n_tok, float* y) {                             \
     mmqn<T, NTOK, 8>(w, n_out, n_in, xq, xd, n_tok, y);                                                      \
   }
-#define MMQN_ALL(NAME, T) MMQN(NAME##_n8, T, 8) MMQN(NAME##_n16, T, 16) MMQN(NAME##_n32, T, 32)
-MMQN_ALL(mmqn_q4_0, Q4_0)
-MMQN_ALL(mmqn_q5_0, Q5_0)
-MMQN_ALL(mmqn_q8_0, Q8_0)
-MMQN_ALL(mmqn_q4_k, Q4_K)
-MMQN_ALL(mmqn_q5_k, Q5_K)
-MMQN_ALL(mmqn_q6_k, Q6_K)
-MMQN_ALL(mmqn_q4_0r, Q4_0R)
-MMQN_ALL(mmqn_q8_0r, Q8_0R)
-MMQN_ALL(mmqn_q4_kr, Q4_KR)
+#define MMQN_ALL(NAME, T, BOUNDS32)                                                                          \
+  MMQN(NAME##_n8, T, 8, __launch_bounds__(128)) MMQN(NAME##_n16, T, 16, __launch_bounds__(128))              \
+  MMQN(NAME##_n32, T, 32, BOUNDS32)
+#define MMQN_3_BLOCKS __launch_bounds__(128, 3)
+MMQN_ALL(mmqn_q4_0, Q4_0, __launch_bounds__(128))
+MMQN_ALL(mmqn_q5_0, Q5_0, __launch_bounds__(128))
+MMQN_ALL(mmqn_q8_0, Q8_0, __launch_bounds__(128))
+MMQN_ALL(mmqn_q4_k, Q4_K, MMQN_3_BLOCKS)
+MMQN_ALL(mmqn_q5_k, Q5_K, MMQN_3_BLOCKS)
+MMQN_ALL(mmqn_q6_k, Q6_K, __launch_bounds__(128))
+MMQN_ALL(mmqn_q4_0r, Q4_0R, __launch_bounds__(128))
+MMQN_ALL(mmqn_q8_0r, Q8_0R, __launch_bounds__(128))
+MMQN_ALL(mmqn_q4_kr, Q4_KR, __launch_bounds__(128))
 
 // Up to three matrices with the same type, input and one token (q/k/v, gate/up) in one launch:
 // row blocks [0, b0) go to matrix 0, the next b1 to matrix 1, the rest to matrix 2. Each row is

@@ -106,7 +106,7 @@ export const symbols = {
   infer_cuda_event_wait: { args: [FFIType.u32], returns: FFIType.i32 },
   infer_cuda_norm_rope_store: { args: [FFIType.ptr], returns: FFIType.i32 },
   infer_cuda_moe_route: { args: [FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u32, FFIType.bool, FFIType.u64, FFIType.u64], returns: FFIType.i32 },
-  infer_cuda_moe_group: { args: [FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64], returns: FFIType.i32 },
+  infer_cuda_moe_group: { args: [FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64], returns: FFIType.i32 },
   infer_cuda_moe_group_ints: { args: [FFIType.u64, FFIType.u64], returns: FFIType.u64 },
   infer_cuda_moe_supports: { args: [FFIType.u32], returns: FFIType.bool },
   infer_cuda_moe_matmul: { args: [FFIType.ptr], returns: FFIType.i32 },
@@ -240,7 +240,7 @@ export const parameters = {
   infer_cuda_event_wait: ["slot"],
   infer_cuda_norm_rope_store: ["args"],
   infer_cuda_moe_route: ["logits", "n_tok", "n_expert", "k", "gating", "norm", "ids", "weights"],
-  infer_cuda_moe_group: ["ids", "n_slots", "n_expert", "table"],
+  infer_cuda_moe_group: ["ids", "n_slots", "n_expert", "tile", "table"],
   infer_cuda_moe_group_ints: ["n_slots", "n_expert"],
   infer_cuda_moe_supports: ["type_id"],
   infer_cuda_moe_matmul: ["args"],
@@ -424,7 +424,7 @@ export const structs = {
     },
   },
   CudaMoeMatmulArgs: {
-    size: 120,
+    size: 128,
     fields: {
       type_id: { type: "u32", offset: 0 },
       n_out: { type: "u64", offset: 8 },
@@ -441,6 +441,8 @@ export const structs = {
       y0: { type: "u64", offset: 96 },
       w1: { type: "u64", offset: 104 },
       y1: { type: "u64", offset: 112 },
+      tile: { type: "u32", offset: 120 },
+      mma: { type: "u32", offset: 124 },
     },
   },
   CudaActMulQuantArgs: {
