@@ -70,6 +70,6 @@ pub fn kvShift(a: abi.CudaKvShiftArgs) i32 {
 
 test "kv_shift scratch: the keys as f32, then the values' bytes at a 256-byte boundary" {
     try std.testing.expectEqual(@as(u64, 3 * 64 * 4 + 3 * 64 * 2), kvShiftScratch(1, 64, 3, attn.kv_f16));
-    try std.testing.expectEqual(@as(u64, 256 + 64 * 2), kvShiftScratch(1, 32, 1, attn.kv_f16));
+    try std.testing.expectEqual(@as(u64, 256 + 32 * 2), kvShiftScratch(1, 32, 1, attn.kv_f16));
     try std.testing.expectEqual(@as(u64, 2 * 128 * 4 * 5 + 5 * 2 * 4 * 34), kvShiftScratch(2, 128, 5, attn.kv_q8_0));
 }
