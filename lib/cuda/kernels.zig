@@ -122,6 +122,8 @@ pub const Kernel = enum {
     rope2,
     kv_store,
     kv_store_rows,
+    kv_shift_gather,
+    kv_shift_scatter,
     attn_scores,
     attn_values,
     attn_decode_g1,

@@ -140,6 +140,16 @@ export fn infer_cuda_kv_store(args: *const abi.CudaKvStoreArgs) i32 {
     return cuda.ops.kvStore(args.*);
 }
 
+/// The context shift of one cache: rows moved down, their keys re-rotated (abi.CudaKvShiftArgs).
+export fn infer_cuda_kv_shift(args: *const abi.CudaKvShiftArgs) i32 {
+    return cuda.ops.kvShift(args.*);
+}
+
+/// Bytes of scratch infer_cuda_kv_shift needs for n_rows rows of a cache.
+export fn infer_cuda_kv_shift_scratch(kv_heads: u64, head_dim: u64, n_rows: u64, v_type: u32) u64 {
+    return cuda.ops.kvShiftScratch(kv_heads, head_dim, n_rows, v_type);
+}
+
 /// f32 values of scratch infer_cuda_attention needs.
 export fn infer_cuda_attention_scratch(n_tok: u64, n_head: u64, head_dim: u64, cells: u64, n_split: u64) u64 {
     return cuda.ops.attentionScratch(n_tok, n_head, head_dim, cells, n_split);
