@@ -122,6 +122,8 @@ pub const Kernel = enum {
     rope2,
     kv_store,
     kv_store_rows,
+    kv_store_turbo,
+    tq_rotate,
     attn_scores,
     attn_values,
     attn_decode_g1,

@@ -140,6 +140,12 @@ export fn infer_cuda_kv_store(args: *const abi.CudaKvStoreArgs) i32 {
     return cuda.ops.kvStore(args.*);
 }
 
+/// Rows of x coded into a tq3 (103) / tq4 (104) cache, less a per-layer anchor row (0: none):
+/// positions 0 stores row t at first_cell + t (lib/cuda/attention.zig kvStoreTurbo).
+export fn infer_cuda_kv_store_turbo(x: u64, n_tok: u64, kv_heads: u64, head_dim: u64, cache: u64, cache_type: u32, positions: u64, first_cell: u64, cells: u64, ring: bool, anchor: u64) i32 {
+    return cuda.ops.kvStoreTurbo(x, n_tok, kv_heads, head_dim, cache, cache_type, positions, first_cell, cells, ring, anchor);
+}
+
 /// f32 values of scratch infer_cuda_attention needs.
 export fn infer_cuda_attention_scratch(n_tok: u64, n_head: u64, head_dim: u64, cells: u64, n_split: u64) u64 {
     return cuda.ops.attentionScratch(n_tok, n_head, head_dim, cells, n_split);
