@@ -166,10 +166,11 @@ pub fn matmul(
         balanced_rows
     else
         @max(1, @min(balanced_rows, tile_bytes_multi_token / w_row_bytes));
-    // Batched kernels take weight rows in pairs (q8_0.dotRowsMultiSigned): even tiles.
-    const rows_per_task = std.mem.alignForward(usize, rows_ungrouped, if (n_tok > 1) @max(row_group, 2) else row_group);
     // Batches of a layout that computes them on its base format's rows: that format's kernel.
     const batch = if (n_tok > 1) w_traits.batch_format orelse w_traits else w_traits;
+    // Batched kernels take weight rows in pairs (q8_0.dotRowsMultiSigned) or tiles
+    // (q8_0_tiles.zig): tasks of whole ones.
+    const rows_per_task = std.mem.alignForward(usize, rows_ungrouped, if (n_tok > 1) @max(row_group, batch.batch_row_group) else row_group);
     const job = Job{
         .w = w,
         .w_row_bytes = w_row_bytes,
