@@ -10,7 +10,7 @@
 //       [--llama-bench PATH] [--baseline-lib PATH] [--baseline-models M] [--json FILE] [--md FILE]
 // --baseline-lib runs infer a second time on another libinfer build (INFER_LIB), as "before"
 // (--baseline-models a,b: on those models only); --baseline-env NAME=VALUE,... runs "before" with
-// those settings (e.g. INFER_AMX=0), on this build unless --baseline-lib names another.
+// those settings (e.g. INFER_HUGE_PAGES=0), on this build unless --baseline-lib names another.
 // --no-bandwidth skips the read-bandwidth probe (prefill-only runs; needs no libbench-bandwidth).
 // Models are written when missing; the 8B shape is llama-3.1-8b.
 import { writeFileSync } from "node:fs";

@@ -26,9 +26,6 @@ pub const Settings = extern struct {
     /// Decode batches of this many tokens (up to 64) and more take the small-tile tensor-core
     /// matmul, 0 never: fewer take matvecs (lib/cuda/ops.zig batchMma; INFER_CUDA_BATCH_MMA).
     cuda_batch_mma_min: u32 = 2,
-    /// Prompts' Q4_0 and Q4_K matmuls on AMX tiles where the CPU has them (lib/cpu/matmul_amx.zig;
-    /// INFER_AMX=0: AVX-512 VNNI, the same bits).
-    cpu_amx: bool = true,
 
     pub const path_bytes_max = 4096;
 
@@ -37,7 +34,7 @@ pub const Settings = extern struct {
     }
 };
 comptime {
-    std.debug.assert(@sizeOf(Settings) == 4112);
+    std.debug.assert(@sizeOf(Settings) == 4108);
 }
 
 // ---- the CPU's calls: the pointers stay arguments (TypeScript passes its arrays themselves),

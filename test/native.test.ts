@@ -26,7 +26,6 @@ test("the library's settings default to what the environment's absence means (ts
     cublas_path_len: 0,
     cuda_cublas_min_tokens: settings.INFER_CUDA_CUBLAS.default,
     cuda_batch_mma_min: settings.INFER_CUDA_BATCH_MMA.default,
-    cpu_amx: settings.INFER_AMX.default,
   });
 });
 

@@ -7,9 +7,6 @@
 const std = @import("std");
 const types = @import("../quant/types.zig");
 const threads = @import("threads.zig");
-const amx = @import("amx.zig");
-const matmul_amx = @import("matmul_amx.zig");
-const settings = @import("../settings.zig");
 
 /// Weight bytes per task when several tokens share a pass: the tile is reused from L2 for every
 /// group of tokens, and a batched call prepares its activation rows once for all the tile's
@@ -57,8 +54,6 @@ const Job = struct {
     n_tok: usize,
     y: [*]f32,
     rows_per_task: usize,
-    /// Set where the tokens' full tiles of 16 run on AMX (matmul_amx.zig); the rest as above.
-    amx_format: ?matmul_amx.Format = null,
 };
 
 /// A thread's copy of its task's tile of rows (unpack_rows): grown as needed, kept for the
@@ -74,47 +69,17 @@ fn tileBuffer(bytes: usize) ?[*]u8 {
     return tile.ptr;
 }
 
-/// A thread's packing of its task's rows into AMX B tiles (matmul_amx.scratchBytes), kept for
-/// the next call.
-threadlocal var amx_scratch: []align(64) u8 = &.{};
-
-fn amxScratch(bytes: usize) ?[*]align(64) u8 {
-    if (amx_scratch.len < bytes) {
-        const fresh = std.heap.page_allocator.alignedAlloc(u8, 64, bytes) catch return null;
-        if (amx_scratch.len > 0) std.heap.page_allocator.free(amx_scratch);
-        amx_scratch = fresh;
-    }
-    return amx_scratch.ptr;
-}
-
-/// Tokens 0.. in full tiles on AMX; returns how many it took (0 without memory for the packing).
-fn runTaskAmx(job: *const Job, f: matmul_amx.Format, row_begin: usize, row_end: usize) usize {
-    const n_tok = job.n_tok / matmul_amx.tile_tokens * matmul_amx.tile_tokens;
-    const rows = row_end - row_begin;
-    const scratch_at = amxScratch(matmul_amx.scratchBytes(f, rows, job.n_in)) orelse return 0;
-    var tiles: amx.Hardware = .{};
-    matmul_amx.run(amx.Hardware, &tiles, .{ .format = f, .w = job.w + row_begin * job.w_row_bytes,
-        .w_row_bytes = job.w_row_bytes, .rows = rows, .n_in = job.n_in, .x = job.x,
-        .x_row_bytes = job.x_row_bytes, .n_tok = n_tok, .y = job.y + row_begin, .y_stride = job.n_out }, scratch_at);
-    return n_tok;
-}
-
 fn runTask(job: *const Job, task: usize) void {
     const row_begin = task * job.rows_per_task;
     const row_end = @min(row_begin + job.rows_per_task, job.n_out);
     var rows_at = job.w + row_begin * job.w_row_bytes;
-    // comptime: amx.Hardware's x86 instructions must not reach other targets' code (aarch64-macos).
-    const t_first = if (comptime !amx.compiled) 0 else if (job.amx_format) |f|
-        runTaskAmx(job, f, row_begin, row_end)
-    else
-        0;
     if (job.unpack_rows) |unpack| {
         if (tileBuffer((row_end - row_begin) * job.w_row_bytes)) |copy| {
             unpack(rows_at, row_end - row_begin, job.n_in, copy);
             rows_at = copy;
         } else {
             // No memory for the copy: the repacked rows one token at a time (the same sums).
-            for (t_first..job.n_tok) |t| {
+            for (0..job.n_tok) |t| {
                 job.dot_rows(job.n_in, rows_at, job.w_row_bytes, row_end - row_begin, job.x + t * job.x_row_bytes,
                     job.y + t * job.n_out + row_begin);
             }
@@ -124,7 +89,7 @@ fn runTask(job: *const Job, task: usize) void {
     if (job.dot_multi) |dot_multi| {
         // Tokens in groups: each weight row is unpacked once per group, and the task's rows
         // stay in cache from one group to the next.
-        var t: usize = t_first;
+        var t: usize = 0;
         while (t < job.n_tok) : (t += job.multi_rows) {
             const n_rows = @min(job.multi_rows, job.n_tok - t);
             const x_rows = job.x + t * job.x_row_bytes;
@@ -134,7 +99,7 @@ fn runTask(job: *const Job, task: usize) void {
         }
         return;
     }
-    for (t_first..job.n_tok) |t| {
+    for (0..job.n_tok) |t| {
         const x_row = job.x + t * job.x_row_bytes;
         const y_row = job.y + t * job.n_out;
         const w_rows = job.w + row_begin * job.w_row_bytes;
@@ -201,13 +166,11 @@ pub fn matmul(
         balanced_rows
     else
         @max(1, @min(balanced_rows, tile_bytes_multi_token / w_row_bytes));
-    // Batched kernels take weight rows in pairs (q8_0.dotRowsMultiSigned): even tiles.
-    const rows_per_task_vnni = std.mem.alignForward(usize, rows_ungrouped, if (n_tok > 1) @max(row_group, 2) else row_group);
-    const amx_format = if (n_tok >= amx_tokens_min) amxFormat(w_traits) else null;
-    // AMX tiles take 16 rows: tasks of whole tiles (the last may hold 8 rows of its 16).
-    const rows_per_task = if (amx_format != null) std.mem.alignForward(usize, rows_per_task_vnni, matmul_amx.tile_rows) else rows_per_task_vnni;
     // Batches of a layout that computes them on its base format's rows: that format's kernel.
     const batch = if (n_tok > 1) w_traits.batch_format orelse w_traits else w_traits;
+    // Batched kernels take weight rows in pairs (q8_0.dotRowsMultiSigned) or tiles
+    // (q8_0_tiles.zig): tasks of whole ones.
+    const rows_per_task = std.mem.alignForward(usize, rows_ungrouped, if (n_tok > 1) @max(row_group, batch.batch_row_group) else row_group);
     const job = Job{
         .w = w,
         .w_row_bytes = w_row_bytes,
@@ -222,30 +185,8 @@ pub fn matmul(
         .n_tok = n_tok,
         .y = y,
         .rows_per_task = rows_per_task,
-        .amx_format = amx_format,
     };
     threads.run(std.math.divCeil(usize, n_out, rows_per_task) catch unreachable, &job, runTask);
-}
-
-/// Tokens from which a prompt's Q4_0 and Q4_K matmuls take AMX tiles: each task packs its rows
-/// into tiles once a call (about the work of one tile of 16 tokens), so a few tiles repay it.
-/// Not tuned on the hardware yet.
-const amx_tokens_min = 32;
-
-/// The AMX path's format for these weights where the CPU has AMX and the settings allow it.
-fn amxFormat(t: *const types.Traits) ?matmul_amx.Format {
-    const f: matmul_amx.Format = switch (t.id) {
-        .q4_0_x8 => .q4_0,
-        .q4_k_x8 => .q4_k,
-        else => return null,
-    };
-    if (!settings.current.cpu_amx or !amx.available()) return null;
-    return f;
-}
-
-/// Whether prompts' Q4_0 and Q4_K matmuls run on AMX tiles in this process.
-pub fn amxInUse() bool {
-    return settings.current.cpu_amx and amx.available();
 }
 
 const RepackJob = struct {

@@ -263,12 +263,6 @@ export fn infer_threads_get() u32 {
     return @intCast(cpu_threads.threadCount());
 }
 
-/// 1 where prompts' Q4_0 and Q4_K matmuls run on AMX tiles (the CPU has AMX, the OS grants it,
-/// this build has the path and the settings allow it), else 0.
-export fn infer_cpu_amx() u32 {
-    return @intFromBool(cpu_matmul.amxInUse());
-}
-
 // ---- f32 ops: norm, RoPE, attention, activations, token selection -----------------------------
 
 /// rows · cols as an element count, or null when it overflows (a count from an untrusted shape).

@@ -17,7 +17,8 @@
 //!   d:  the eight rows' f16 scales;
 //!   qs: eight 32-byte chunks; chunk c holds, for row r, that row's qs[4c .. 4c+4] at bytes
 //!       4r .. 4r+4.
-//! Batches (prompts) run on Q8_0 rows: lib/cpu/matmul.zig copies each tile of rows (at most
+//! Batches (prompts) with AVX-512 VNNI run on tiles of sixteen of these rows (q8_0_tiles.zig);
+//! elsewhere on Q8_0 rows: lib/cpu/matmul.zig copies each tile of rows (at most
 //! 128 KiB) back once a call and runs q8_0's batched kernel over it for every token, so the copy
 //! costs one pass over the tile per call and prompts run as fast as the stored layout's. (A
 //! batched kernel on this layout was ~25% slower: each dot needs its own broadcast activation
@@ -95,6 +96,8 @@ inline fn laneTree(acc: [8]simd.V8f32) simd.V8f32 {
 
 /// The format batches are computed in (lib/cpu/matmul.zig copies a tile back with unpackRows).
 pub const base_id = @import("types.zig").TypeId.q8_0;
+/// With AVX-512 VNNI, batches run on tiles of sixteen rows instead (q8_0_tiles.zig says why).
+pub const tiles: ?type = if (simd.has_vnni) @import("q8_0_tiles.zig") else null;
 
 const test_util = @import("test_util.zig");
 
@@ -133,4 +136,8 @@ test "q8_0_x8: repack round-trips, and every row equals q8_0.dot bit for bit" {
             try std.testing.expectEqual(want, @as(u32, @bitCast(out[row])));
         }
     }
+}
+
+test {
+    if (tiles) |T| std.testing.refAllDecls(T);
 }

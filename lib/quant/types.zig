@@ -102,6 +102,9 @@ pub const Traits = struct {
     /// each tile of rows back once a call (unpack_rows) and runs batch_format's dot_multi on it.
     unpack_rows: ?UnpackRowsFn = null,
     batch_format: ?*const Traits = null,
+    /// Rows a batched kernel takes together: matmul's prompt tasks hold whole multiples (the
+    /// last one may be short by a row group).
+    batch_row_group: u32 = 2,
     vec_dot_type: TypeId,
     /// How matmul quantizes f32 activations into this format (set for activation formats).
     quantize_activation: ?QuantizeFn,
@@ -305,6 +308,16 @@ fn repackedEntry(comptime id: TypeId, comptime name: []const u8, comptime Packed
         .quantize_activation = null,
         .quantize_ref = null,
     };
+    if (@hasDecl(Packed, "tiles")) if (Packed.tiles) |Tiles| {
+        // Batches on tiles made from the groups once a call (q8_0_tiles.zig).
+        t.unpack_rows = struct {
+            fn run(src: [*]const u8, n_rows: usize, n: usize, dst: [*]u8) void {
+                Tiles.makeTiles(src, n_rows, n / Base.block_values, dst);
+            }
+        }.run;
+        t.batch_format = &TileTraits(id, Tiles, Base, X).traits;
+        return t;
+    };
     if (@hasDecl(Packed, "unpackRows")) {
         // Batches on the base format's rows (q8_0_x8.zig says why).
         t.unpack_rows = struct {
@@ -330,6 +343,32 @@ fn repackedEntry(comptime id: TypeId, comptime name: []const u8, comptime Packed
     }.run;
     t.multi_rows = multiRows(Packed);
     return t;
+}
+
+/// The traits of a repacked layout's prompt tiles (Traits.batch_format): only dot_multi.
+fn TileTraits(comptime id: TypeId, comptime Tiles: type, comptime Base: type, comptime X: type) type {
+    return struct {
+        const traits: Traits = .{
+            .id = id,
+            .name = "prompt tiles",
+            .block_values = Base.block_values,
+            .block_bytes = @sizeOf(Base.Block),
+            .dequantize_row = null,
+            .dot = null,
+            .dot_scalar = null,
+            .dot_multi = struct {
+                fn run(n: usize, w: [*]const u8, w_row_bytes: usize, n_out: usize, x: [*]const u8, x_row_bytes: usize, n_rows: usize, out: [*]f32, out_stride: usize) void {
+                    Tiles.dotTiles(n / Base.block_values, w, w_row_bytes, n_out, x, x_row_bytes, n_rows, out, out_stride);
+                }
+            }.run,
+            .multi_rows = Tiles.multi_rows,
+            .batch_row_group = Tiles.tile_rows,
+            .dot_rows = null,
+            .vec_dot_type = activationId(X),
+            .quantize_activation = null,
+            .quantize_ref = null,
+        };
+    };
 }
 
 const q4_0_x8_traits = repackedEntry(.q4_0_x8, "Q4_0x8", q4_0_x8, q4_0, q8_0);

@@ -66,8 +66,6 @@ export const settings = {
     about: "a libcublas to load first (long prompts' GEMMs on CUDA)" },
   INFER_HUGE_PAGES: { type: "flag", default: true, audience: "user",
     about: "0: repacked weights in ordinary pages, not huge ones" },
-  INFER_AMX: { type: "flag", default: true, audience: "user",
-    about: "0: prompts on AVX-512 VNNI where the CPU has AMX (the same results)" },
   // ---- for developers of infer ----
   npm_command: { type: "text", default: null, shown: "set by npm", audience: "developer",
     about: "npm's command: setup builds nothing for pack and publish (prepack makes the prebuilds)" },

@@ -128,7 +128,6 @@ function configure(lib: Library, path: string): void {
   const cublas = Buffer.from(setting("INFER_CUBLAS") ?? "", "utf8");
   const settings = packStruct("Settings", {
     huge_pages: setting("INFER_HUGE_PAGES"),
-    cpu_amx: setting("INFER_AMX"),
     cuda_pdl: setting("INFER_CUDA_PDL"),
     cuda_cublas_min_tokens: setting("INFER_CUDA_CUBLAS"),
     cuda_batch_mma_min: setting("INFER_CUDA_BATCH_MMA"),

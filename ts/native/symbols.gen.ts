@@ -28,7 +28,6 @@ export const symbols = {
   infer_quantize_row: { args: [FFIType.u32, FFIType.ptr, FFIType.u64, FFIType.ptr], returns: FFIType.i32 },
   infer_threads_set: { args: [FFIType.u32], returns: FFIType.i32 },
   infer_threads_get: { args: [], returns: FFIType.u32 },
-  infer_cpu_amx: { args: [], returns: FFIType.u32 },
   infer_rms_norm: { args: [FFIType.ptr, FFIType.ptr, FFIType.u64, FFIType.u64, FFIType.f32, FFIType.ptr], returns: FFIType.i32 },
   infer_rms_norm_add: { args: [FFIType.ptr, FFIType.ptr, FFIType.u64, FFIType.u64, FFIType.f32, FFIType.ptr], returns: FFIType.i32 },
   infer_rope: { args: [FFIType.ptr, FFIType.ptr, FFIType.ptr, FFIType.ptr], returns: FFIType.i32 },
@@ -165,7 +164,6 @@ export const parameters = {
   infer_quantize_row: ["type_id", "src", "n", "dst"],
   infer_threads_set: ["n"],
   infer_threads_get: [],
-  infer_cpu_amx: [],
   infer_rms_norm: ["x", "weight", "n_rows", "n_cols", "eps", "out"],
   infer_rms_norm_add: ["x", "weight", "n_rows", "n_cols", "eps", "residual"],
   infer_rope: ["x", "positions", "freq_factors", "shape"],
@@ -300,7 +298,7 @@ export const structArgs = {
  */
 export const structs = {
   Settings: {
-    size: 4112,
+    size: 4108,
     fields: {
       huge_pages: { type: "bool", offset: 0, value: true },
       cuda_pdl: { type: "bool", offset: 1, value: true },
@@ -308,7 +306,6 @@ export const structs = {
       cuda_cublas_min_tokens: { type: "u32", offset: 4, value: 128 },
       cublas_path: { type: "u8", offset: 8, length: 4096 },
       cuda_batch_mma_min: { type: "u32", offset: 4104, value: 2 },
-      cpu_amx: { type: "bool", offset: 4108, value: true },
     },
   },
   AttentionShape: {
