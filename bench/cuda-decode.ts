@@ -15,6 +15,8 @@
 //       [--check 32] [--ctx 2048] [--variants 0]
 //       [--depth 4096 (needs --ctx past depth + gen)] [--batches 8,32]
 //       [--batch-mma 0,2: the batches under each INFER_CUDA_BATCH_MMA, interleaved; GPU µs of each step]
+//       [--moe-grouped mma,matvec: the prefill and the batches under each grouped expert kernel
+//        (ts/backend/cuda-moe.ts groupKernel), prefill runs interleaved; the last one is the row's]
 //       [--sweep 24,144,1024,4096: GPU µs of a decode step at each context (needs --ctx past the last)]
 //       [--file a.gguf,b.gguf: these files instead of the random-weight shapes]
 //       [--gpus N: split each model over N GPUs (tensor parallelism; bench/tensor-parallel.sh)]
@@ -104,6 +106,8 @@ const gpus = arg("--gpus", "") === "" ? undefined : Number(arg("--gpus", ""));
 const sweep = arg("--sweep", "").split(",").filter((c) => c !== "").map(Number);
 const batches = arg("--batches", "").split(",").filter((b) => b !== "").map(Number);
 const batchMma = arg("--batch-mma", String(setting("INFER_CUDA_BATCH_MMA"))).split(",").map(Number);
+const moeGrouped = arg("--moe-grouped", "mma").split(",") as ("mma" | "matvec")[];
+for (const k of moeGrouped) if (k !== "mma" && k !== "matvec") throw new Error(`--moe-grouped: ${k} is not mma or matvec`);
 // Rows a forward pass takes (Engine's batch): the whole prefill, or the largest --batches, by
 // default; 512 matches llama-bench's default micro-batch.
 const prefillBatch = Number(arg("--prefill-batch", String(Math.max(prefillLength, ...batches))));
@@ -152,15 +156,23 @@ for (const { label, quant, path } of targets) {
   generate(engine, prompt16, 8); // the device-greedy step's graph is the last one used
   const stepUs = replayUs(engine, 200);
   const stats = { ...(engine.backend as CudaBackend).stats };
-  engine.reset();
-  engine.evaluate(promptLong); // warm-up
-  const prefill: number[] = [];
-  for (let r = 0; r < runs; r++) {
+  const experts = (engine.backend as CudaBackend).experts;
+  const prefillBy = moeGrouped.map(() => [] as number[]);
+  for (const k of moeGrouped) {
+    experts.groupKernel = k;
     engine.reset();
-    const p0 = performance.now();
-    engine.evaluate(promptLong);
-    prefill.push(prefillLength / ((performance.now() - p0) / 1000));
+    engine.evaluate(promptLong); // warm-up
   }
+  for (let r = 0; r < runs; r++) { // interleaved over --moe-grouped
+    for (const [i, k] of moeGrouped.entries()) {
+      experts.groupKernel = k;
+      engine.reset();
+      const p0 = performance.now();
+      engine.evaluate(promptLong);
+      prefillBy[i].push(prefillLength / ((performance.now() - p0) / 1000));
+    }
+  }
+  const prefill = prefillBy.at(-1)!;
   let depthRate = NaN;
   if (depth > 0) {
     const promptDepth = Array.from({ length: depth }, (_, i) => 97 + ((i * 11) % 26));
@@ -181,6 +193,14 @@ for (const { label, quant, path } of targets) {
       batchRuns[bi][mi] = batchedRate(engine, b, gen);
     }
   }
+  // The batches under the other grouped expert kernels (at the last --batch-mma), then the last.
+  const batchByMoe = batches.map((b) => moeGrouped.map((k, i) => {
+    if (i === moeGrouped.length - 1) return batchRuns[batches.indexOf(b)].at(-1)!.rate;
+    experts.groupKernel = k;
+    const rate = batchedRate(engine, b, gen).rate;
+    experts.groupKernel = moeGrouped.at(-1)!;
+    return rate;
+  }));
   const batchRates = batchRuns.map((r) => r.at(-1)!.rate);
   engine.close();
   let eagerRate = NaN, unfusedRate = NaN;
@@ -215,12 +235,16 @@ for (const { label, quant, path } of targets) {
     decodeRuns: rates.map((r) => +r.toFixed(1)), hostLoopTokS: +median(hostRates).toFixed(1),
     hostLoopRuns: hostRates.map((r) => +r.toFixed(1)), stepGpuUs: +stepUs.toFixed(1),
     stepGpuUsLate: +lateUs.toFixed(1), decodeNoGraphsTokS: +eagerRate.toFixed(1), decodeUnfusedTokS: +unfusedRate.toFixed(1),
-    prefillTokS: +median(prefill).toFixed(0), effectiveGBs: +((bytes * rate) / 1e9).toFixed(0), loadMs: Math.round(loadMs),
+    prefillTokS: +median(prefill).toFixed(0),
+    prefillByMoeGrouped: Object.fromEntries(moeGrouped.map((k, i) => [k, +median(prefillBy[i]).toFixed(0)])),
+    effectiveGBs: +((bytes * rate) / 1e9).toFixed(0), loadMs: Math.round(loadMs),
     graphs: stats, check: agree, depth, depthTokS: +depthRate.toFixed(1),
     batched: Object.fromEntries(batches.map((b, i) => [b, +batchRates[i].toFixed(0)])),
     batchedByMma: Object.fromEntries(batches.map((b, i) => [b, Object.fromEntries(batchMma.map((m, j) =>
       [m, { tokS: +batchRuns[i][j].rate.toFixed(0), stepGpuUs: +batchRuns[i][j].gpuUs.toFixed(1) }]))])),
     stepUsByContext: Object.fromEntries(sweep.map((c, i) => [c, sweepUs[i]])),
+    batchedByMoeGrouped: Object.fromEntries(batches.map((b, i) => [b, Object.fromEntries(moeGrouped.map((k, j) =>
+      [k, +batchByMoe[i][j].toFixed(0)]))])),
   };
   rows.push(JSON.stringify(row));
   console.log(`${label.padEnd(20)} ${quant.padEnd(5)} ${String(row.fileMiB).padStart(5)} MiB | decode ` +
@@ -229,10 +253,12 @@ for (const { label, quant, path } of targets) {
     `${(stats.greedyQueueMs * 1000 / stats.greedySteps).toFixed(0)} us, wait ` +
     `${(stats.greedyWaitMs * 1000 / stats.greedySteps).toFixed(0)} us; unfused ${unfusedRate.toFixed(0)}, ` +
     `graphs off ${eagerRate.toFixed(0)}) | ${stats.stepOpsFused} launch calls a step | ` +
-    `prefill ${prefillLength} ${row.prefillTokS} tok/s | weights ${row.effectiveGBs} GB/s | ${agree}` +
+    `prefill ${prefillLength} ${row.prefillTokS} tok/s` + (moeGrouped.length > 1
+      ? ` (${moeGrouped.map((k, i) => `experts ${k} ${median(prefillBy[i]).toFixed(0)}`).join(", ")})` : "") + ` | weights ${row.effectiveGBs} GB/s | ${agree}` +
     (depth > 0 ? ` | decode at depth ${depth} ${row.depthTokS} tok/s` : "") +
     batches.map((b, i) => ` | batch ${b} ` + batchMma.map((m, j) =>
-      `${batchRuns[i][j].rate.toFixed(0)} tok/s (${batchRuns[i][j].gpuUs.toFixed(0)} us GPU, mma from ${m})`).join(", ")).join("") +
+      `${batchRuns[i][j].rate.toFixed(0)} tok/s (${batchRuns[i][j].gpuUs.toFixed(0)} us GPU, mma from ${m})`).join(", ") +
+      (moeGrouped.length > 1 ? ` (${moeGrouped.map((k, j) => `experts ${k} ${batchByMoe[i][j].toFixed(0)}`).join(", ")})` : "")).join("") +
     (sweep.length ? ` | step us by context: ${sweep.map((c, i) => `${c}: ${sweepUs[i]}`).join(", ")}` : ""));
 }
 for (const r of rows) console.log(r);

@@ -225,9 +225,13 @@ pub const CudaMoeMatmulArgs = extern struct {
     y0: u64,
     w1: u64,
     y1: u64,
+    /// With groups: the slots a tile of its table holds (moe_group's tile: 8, or 32 with mma).
+    tile: u32,
+    /// With groups: 1 = the tensor-core tiles (moe_mmq_*), 0 = the tile matvec (moe_mv8_*).
+    mma: u32,
 };
 comptime {
-    std.debug.assert(@sizeOf(CudaMoeMatmulArgs) == 120);
+    std.debug.assert(@sizeOf(CudaMoeMatmulArgs) == 128);
 }
 
 /// infer_cuda_act_mul_quant: out = act(gate) · up (kind 0 = GELU, 1 = SiLU), quantized.
@@ -320,6 +324,41 @@ pub const CudaKvStoreArgs = extern struct {
 };
 comptime {
     std.debug.assert(@sizeOf(CudaKvStoreArgs) == 80);
+}
+
+/// infer_cuda_kv_shift: the context shift of one cache (ts/backend/backend.ts shiftKv, compactKv).
+/// Row i < n_rows moves from cell from[i] (from: i32 cells on the device), or with from = 0 from
+/// cell (first + i) mod cells, to cell to + i; its key is rotated by to + i - from[i] positions
+/// (from = 0: by `move`) with the layer's RoPE (the fields as CudaRopeArgs takes them; attn_factor
+/// divides YaRN's mscale out), the values' bytes are copied. Through `scratch` (kvShiftScratch
+/// bytes), so a move may overwrite cells other rows come from. k_type, v_type: CudaKvStoreArgs's.
+pub const CudaKvShiftArgs = extern struct {
+    k_cache: u64,
+    v_cache: u64,
+    kv_heads: u64,
+    head_dim: u64,
+    n_rows: u64,
+    from: u64,
+    first: u64,
+    cells: u64,
+    to: u64,
+    move: i64,
+    scratch: u64,
+    n_rot: u64,
+    freq_factors: u64,
+    freq_base: f32,
+    freq_scale: f32,
+    mode: u32,
+    k_type: u32 = 1,
+    v_type: u32 = 1,
+    attn_factor: f32 = 1,
+    ext_factor: f32 = 0,
+    beta_fast: f32 = 32,
+    beta_slow: f32 = 1,
+    n_ctx_orig: u32 = 0,
+};
+comptime {
+    std.debug.assert(@sizeOf(CudaKvShiftArgs) == 144);
 }
 
 /// infer_cuda_norm_rope_store: one token's q/k head norms (wq = wk = 0: none), RoPE of both, and

@@ -11,7 +11,10 @@
 // tolerance for quantized models (the GPU sums in another order, see its header). Free-running,
 // greedy tokens equal except at a near-tie of the top two logits; graphs against eager ops, and
 // the grouped matvec against the per-slot one, bit for bit; a batch of three sequences (prompts
-// and a decode step) against each sequence alone on the CPU. Skipped without a GPU.
+// and a decode step) against each sequence alone on the CPU; the grouped tensor-core path
+// (moe_mmq) on prompts of 1 to 300 tokens (experts with no slot, and experts with several 32-slot
+// tiles) against the CPU, its tiles of 8 and of 32 slots against each other bit for bit. Skipped
+// without a GPU.
 import { afterAll, describe, expect, test } from "bun:test";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -196,7 +199,9 @@ describe.skipIf(noCuda)("mixtures of experts on CUDA equal the CPU", () => {
       const got = greedyRun(gpu, p, STEPS);
       const sampling = { temperature: 0, topK: 0, topP: 1, minP: 0, seed: 1 };
       const deviceGreedy = gpu.generate(p, { maxTokens: STEPS, sampling, ignoreEos: true, reuseCache: false });
-      // the same prompt with a grid row per slot (no grouping): the same sums, bit for bit
+      // the grouped matvec and a grid row per slot (no grouping): the same sums, bit for bit
+      experts(gpu).groupKernel = "matvec";
+      const tiles = greedyRun(gpu, p, 1);
       experts(gpu).groupSlotsPerExpert = Infinity;
       const perSlot = greedyRun(gpu, p, 1);
       gpu.close();
@@ -221,7 +226,8 @@ describe.skipIf(noCuda)("mixtures of experts on CUDA equal the CPU", () => {
       expect(promptErr).toBeLessThanOrEqual(TOL_LOGITS_Q);
       expect(stepErr).toBeLessThanOrEqual(TOL_LOGITS_Q);
       expect(deviceGreedy.tokens).toEqual(got.tokens);
-      expect(normalisedError(perSlot.promptLogits, got.promptLogits)).toBe(0);
+      expect(normalisedError(perSlot.promptLogits, tiles.promptLogits)).toBe(0);
+      expect(normalisedError(tiles.promptLogits, want.promptLogits)).toBeLessThanOrEqual(TOL_LOGITS_Q);
       expect(plain.tokens).toEqual(got.tokens);
       expect(normalisedError(plain.promptLogits, got.promptLogits)).toBe(0);
       for (let i = 0; i < STEPS; i++) expect(normalisedError(plain.stepLogits[i], got.stepLogits[i])).toBe(0);
@@ -255,6 +261,43 @@ describe.skipIf(noCuda)("mixtures of experts on CUDA equal the CPU", () => {
     });
   }
 
+  // The grouped tensor-core path on prompts of 1, 7, 64 and 300 tokens (one forward pass each):
+  // at 128 experts most get no slot from the short prompts; at 16 experts of 4 chosen, 300
+  // tokens give each about 75 slots, several 32-slot tiles and a partial one. Forced grouped
+  // (groupSlotsPerExpert 0) so that the 1- and 7-token prompts take it too.
+  for (const [name, spec] of MODELS.slice(0, 4)) {
+    test(`${name}: the tensor-core expert tiles, prompts of 1 to 300 tokens`, () => {
+      const path = join(dir, `moe-mma-${spec.seed}.gguf`);
+      writeFileSync(path, randomQuantGguf(spec));
+      const open = (backend: "cpu" | "cuda") => Engine.open({ modelPath: path, backend, contextLength: 512,
+        batch: 512 });
+      const lengths = [1, 7, 64, 300];
+      const cpu = open("cpu");
+      const want = lengths.map((n) => {
+        cpu.reset();
+        return cpu.evaluate(prompt(n, 5)).slice();
+      });
+      cpu.close();
+      const gpu = open("cuda");
+      const run = (n: number, grouping: number, wide: number) => {
+        experts(gpu).groupSlotsPerExpert = grouping;
+        experts(gpu).wideTileSlotsPerExpert = wide;
+        gpu.reset();
+        return gpu.evaluate(prompt(n, 5)).slice();
+      };
+      const errors: string[] = [];
+      for (const [i, n] of lengths.entries()) {
+        const auto = run(n, 1, 16), narrow = run(n, 0, Infinity), wide = run(n, 0, 0);
+        expect(normalisedError(wide, narrow)).toBe(0);
+        const err = Math.max(normalisedError(auto, want[i]), normalisedError(narrow, want[i]));
+        errors.push(`${n}: ${err.toExponential(2)}`);
+        expect(err).toBeLessThanOrEqual(TOL_LOGITS_Q);
+      }
+      gpu.close();
+      console.log(`  ${name}, tensor-core tiles: prompt logits error by length ${errors.join(", ")}`);
+    });
+  }
+
   function batchOfThree(name: string, spec: RandomQuantSpec): void {
     const path = join(dir, name);
     writeFileSync(path, randomQuantGguf(spec));
@@ -270,8 +313,9 @@ describe.skipIf(noCuda)("mixtures of experts on CUDA equal the CPU", () => {
       wantPrompt.push(cpu.model.forward(q, q.length, 0, cache.layers).slice());
       wantStep.push(cpu.model.forward([next[wantStep.length]], 1, q.length, cache.layers).slice());
     }
-    const batched = (grouping: number) => {
+    const batched = (grouping: number, kernel: "mma" | "matvec" = "mma") => {
       experts(gpu).groupSlotsPerExpert = grouping;
+      experts(gpu).groupKernel = kernel;
       const caches = prompts.map(() => createKvCache(gpu.backend, gpu.model.info, 256, "f16", gpu.model.maxBatch));
       const rows: Float32Array[] = [];
       const segments: SequenceRows[] = prompts.map((q, i) => ({ rows: q.length, position: 0,
@@ -298,15 +342,18 @@ describe.skipIf(noCuda)("mixtures of experts on CUDA equal the CPU", () => {
       const step = steps[0];
       return { prompt: rows, step };
     };
-    const auto = batched(Infinity), grouped = batched(0);
+    const auto = batched(Infinity), grouped = batched(0, "matvec"), mma = batched(0, "mma");
     let promptErr = 0, stepErr = 0;
     for (let i = 0; i < prompts.length; i++) {
-      promptErr = Math.max(promptErr, normalisedError(auto.prompt[i], wantPrompt[i]));
-      stepErr = Math.max(stepErr, normalisedError(auto.step.subarray(i * vocab, (i + 1) * vocab), wantStep[i]));
+      const row = (x: Float32Array) => x.subarray(i * vocab, (i + 1) * vocab);
+      for (const r of [auto, mma]) {
+        promptErr = Math.max(promptErr, normalisedError(r.prompt[i], wantPrompt[i]));
+        stepErr = Math.max(stepErr, normalisedError(row(r.step), wantStep[i]));
+      }
       expect(normalisedError(grouped.prompt[i], auto.prompt[i])).toBe(0);
     }
     expect(normalisedError(grouped.step, auto.step)).toBe(0);
-    console.log(`  batch of 3: prompt logits error ${promptErr.toExponential(2)}, decode step ` +
+    console.log(`  batch of 3 (per slot and tensor-core tiles): prompt logits error ${promptErr.toExponential(2)}, decode step ` +
       `${stepErr.toExponential(2)} (tolerance ${TOL_LOGITS_Q})`);
     expect(promptErr).toBeLessThanOrEqual(TOL_LOGITS_Q);
     expect(stepErr).toBeLessThanOrEqual(TOL_LOGITS_Q);

@@ -16,21 +16,22 @@ const tooLarge = cuda.tooLarge;
 /// Experts a layer may have (the router's shared-memory row: 4 bytes each; the grouping's: 8).
 pub const experts_max: u64 = 4096;
 
-/// The expert matvecs of a weight type (per slot; per tile of up to 8 slots), where it has them.
-const MoeKernels = struct { mv: Kernel, mv8: Kernel };
+/// The expert kernels of a weight type: per slot; per tile of up to 8 slots (matvec); per tile of
+/// up to 8 or 32 slots on the tensor cores (mmq[0], mmq[1]).
+const MoeKernels = struct { mv: Kernel, mv8: Kernel, mmq: [2]Kernel };
 
 fn moeKernels(type_id: u32) ?MoeKernels {
     return switch (type_id) {
-        2 => .{ .mv = .moe_mv_q4_0, .mv8 = .moe_mv8_q4_0 },
-        6 => .{ .mv = .moe_mv_q5_0, .mv8 = .moe_mv8_q5_0 },
-        8 => .{ .mv = .moe_mv_q8_0, .mv8 = .moe_mv8_q8_0 },
-        39 => .{ .mv = .moe_mv_mxfp4, .mv8 = .moe_mv8_mxfp4 },
-        12 => .{ .mv = .moe_mv_q4_k, .mv8 = .moe_mv8_q4_k },
-        13 => .{ .mv = .moe_mv_q5_k, .mv8 = .moe_mv8_q5_k },
-        14 => .{ .mv = .moe_mv_q6_k, .mv8 = .moe_mv8_q6_k },
-        cuda.packed_type | 2 => .{ .mv = .moe_mv_q4_0r, .mv8 = .moe_mv8_q4_0r },
-        cuda.packed_type | 8 => .{ .mv = .moe_mv_q8_0r, .mv8 = .moe_mv8_q8_0r },
-        cuda.packed_type | 12 => .{ .mv = .moe_mv_q4_kr, .mv8 = .moe_mv8_q4_kr },
+        2 => .{ .mv = .moe_mv_q4_0, .mv8 = .moe_mv8_q4_0, .mmq = .{ .moe_mmq_q4_0_n8, .moe_mmq_q4_0_n32 } },
+        6 => .{ .mv = .moe_mv_q5_0, .mv8 = .moe_mv8_q5_0, .mmq = .{ .moe_mmq_q5_0_n8, .moe_mmq_q5_0_n32 } },
+        8 => .{ .mv = .moe_mv_q8_0, .mv8 = .moe_mv8_q8_0, .mmq = .{ .moe_mmq_q8_0_n8, .moe_mmq_q8_0_n32 } },
+        39 => .{ .mv = .moe_mv_mxfp4, .mv8 = .moe_mv8_mxfp4, .mmq = .{ .moe_mmq_mxfp4_n8, .moe_mmq_mxfp4_n32 } },
+        12 => .{ .mv = .moe_mv_q4_k, .mv8 = .moe_mv8_q4_k, .mmq = .{ .moe_mmq_q4_k_n8, .moe_mmq_q4_k_n32 } },
+        13 => .{ .mv = .moe_mv_q5_k, .mv8 = .moe_mv8_q5_k, .mmq = .{ .moe_mmq_q5_k_n8, .moe_mmq_q5_k_n32 } },
+        14 => .{ .mv = .moe_mv_q6_k, .mv8 = .moe_mv8_q6_k, .mmq = .{ .moe_mmq_q6_k_n8, .moe_mmq_q6_k_n32 } },
+        cuda.packed_type | 2 => .{ .mv = .moe_mv_q4_0r, .mv8 = .moe_mv8_q4_0r, .mmq = .{ .moe_mmq_q4_0r_n8, .moe_mmq_q4_0r_n32 } },
+        cuda.packed_type | 8 => .{ .mv = .moe_mv_q8_0r, .mv8 = .moe_mv8_q8_0r, .mmq = .{ .moe_mmq_q8_0r_n8, .moe_mmq_q8_0r_n32 } },
+        cuda.packed_type | 12 => .{ .mv = .moe_mv_q4_kr, .mv8 = .moe_mv8_q4_kr, .mmq = .{ .moe_mmq_q4_kr_n8, .moe_mmq_q4_kr_n32 } },
         else => null,
     };
 }
@@ -54,24 +55,37 @@ pub fn route(logits: u64, n_tok: u64, n_expert: u64, k: u64, gating: u32, norm: 
     });
 }
 
-/// Tiles of up to 8 slots of one expert that n_slots slots of n_expert experts make at most.
-pub fn maxTiles(n_slots: u64, n_expert: u64) u64 {
-    return ceilDiv(n_slots, 8) + @min(n_slots, n_expert);
+/// Slots a tile of moe_group's table may hold: 8 (moe_mv8_*, moe_mmq_*_n8) or 32 (moe_mmq_*_n32).
+pub fn tileSlotsValid(tile: u64) bool {
+    return tile == 8 or tile == 32;
+}
+
+/// Tiles of up to `tile` slots of one expert that n_slots slots of n_expert experts make at most.
+pub fn maxTiles(n_slots: u64, n_expert: u64, tile: u64) u64 {
+    return ceilDiv(n_slots, tile) + @min(n_slots, n_expert);
+}
+
+/// Tile entries a table holds room for (the most any tile size makes: tiles of 8); the sorted
+/// slot list starts after them.
+fn tableTiles(n_slots: u64, n_expert: u64) u64 {
+    return maxTiles(n_slots, n_expert, 8);
 }
 
 /// Ints of moe_group's table for n_slots slots: the tile count, 3 per tile, the sorted slots.
 pub fn groupTableInts(n_slots: u64, n_expert: u64) u64 {
-    return 1 + 3 * maxTiles(n_slots, n_expert) + n_slots;
+    return 1 + 3 * tableTiles(n_slots, n_expert) + n_slots;
 }
 
-/// Sorts the n_slots slots at ids by expert into `table` (groupTableInts ints) for moeMatmul.
-pub fn group(ids: u64, n_slots: u64, n_expert: u64, table: u64) i32 {
+/// Sorts the n_slots slots at ids by expert into `table` (groupTableInts ints), cut into tiles of
+/// up to `tile` slots of one expert, for moeMatmul with the same tile.
+pub fn group(ids: u64, n_slots: u64, n_expert: u64, tile: u64, table: u64) i32 {
     if (n_expert == 0 or n_expert > experts_max) return invalid("moe_group: {d} experts (1 to {d})", .{ n_expert, experts_max });
+    if (!tileSlotsValid(tile)) return invalid("moe_group: tiles of {d} slots (8 or 32)", .{tile});
     const slots = int(n_slots) orelse return tooLarge("moe_group: n_slots", n_slots);
-    const tiles = maxTiles(n_slots, n_expert);
+    const tiles = tableTiles(n_slots, n_expert);
     if (tiles > 65535) return tooLarge("moe_group: tiles", tiles);
     const shared: u32 = @intCast(8 * n_expert);
-    return cuda.launchShared(.moe_group, 1, 1, 1024, shared, .{ ids, slots, @as(i32, @intCast(n_expert)), @as(i32, @intCast(tiles)), table });
+    return cuda.launchShared(.moe_group, 1, 1, 1024, shared, .{ ids, slots, @as(i32, @intCast(n_expert)), @as(i32, @intCast(tile)), @as(i32, @intCast(tiles)), table });
 }
 
 /// Row blocks of moe_mv_*: matvec_rows' 2 rows a warp, `split` warps a row (ops.zig matvecSplit).
@@ -82,8 +96,9 @@ fn splitFor(n_in: u64) u32 {
 
 /// y0[s] = W0[ids[s]] · x[s / x_div] (and y1 with W1, where w1 ≠ 0) for the n_slots slots; x in
 /// the weight type's activation format at xq/xd. `groups` = 0: a grid row a slot (each slot
-/// reads its expert's rows); else moe_group's table for these ids: each expert's rows read once
-/// for up to 8 slots.
+/// reads its expert's rows); else moe_group's table for these ids in tiles of `tile` slots: each
+/// expert's rows read once a tile, on the tensor cores with `mma` (tiles of 8 or 32), else by
+/// the tile matvec (tiles of 8).
 pub fn matmul(a: abi.CudaMoeMatmulArgs) i32 {
     const kinds = moeKernels(a.type_id) orelse
         return status.fail(.unsupported, "the CUDA backend has no expert matvec for ggml type {d}", .{a.type_id});
@@ -108,10 +123,18 @@ pub fn matmul(a: abi.CudaMoeMatmulArgs) i32 {
             a.w0, a.w1, eb, @as(i32, @intCast(a.n_expert)), out, in, a.xq, a.xd, x_div, a.ids, a.y0, a.y1, @as(i32, @intCast(split)),
         });
     }
-    const tiles = maxTiles(a.n_slots, a.n_expert);
+    if (!tileSlotsValid(a.tile) or (a.mma == 0 and a.tile != 8))
+        return invalid("moe_matmul: tiles of {d} slots ({s})", .{ a.tile, if (a.mma != 0) "8 or 32" else "8 for the matvec" });
+    const stored: i32 = @intCast(tableTiles(a.n_slots, a.n_expert));
+    const tiles = maxTiles(a.n_slots, a.n_expert, a.tile);
     if (tiles > 65535) return tooLarge("moe_matmul: tiles", tiles);
+    if (a.mma != 0) {
+        return cuda.launchGrid(kinds.mmq[@intFromBool(a.tile == 32)], ceilDiv(a.n_out, 64), tiles, mats, 128, 0, .{
+            a.w0, a.w1, eb, out, in, a.xq, a.xd, x_div, a.groups, stored, a.y0, a.y1,
+        });
+    }
     return cuda.launchGrid(kinds.mv8, ceilDiv(a.n_out, 4), tiles, mats, 128, 0, .{
-        a.w0, a.w1, eb, out, in, a.xq, a.xd, x_div, a.groups, @as(i32, @intCast(tiles)), a.y0, a.y1,
+        a.w0, a.w1, eb, out, in, a.xq, a.xd, x_div, a.groups, stored, a.y0, a.y1,
     });
 }
 
@@ -141,9 +164,13 @@ pub fn swigluOai(gate: u64, up: u64, bias_gate: u64, bias_up: u64, ids: u64, n_r
 }
 
 test "group tables hold every tile and slot" {
-    // 4 slots of 4 different experts: 4 tiles; 64 slots of one expert: 8 tiles.
-    try std.testing.expect(maxTiles(4, 128) >= 4);
-    try std.testing.expect(maxTiles(64, 1) >= 8);
-    try std.testing.expectEqual(@as(u64, 1 + 3 * maxTiles(10, 3) + 10), groupTableInts(10, 3));
+    // 4 slots of 4 different experts: 4 tiles; 64 slots of one expert: 8 tiles of 8, 2 of 32;
+    // 33 slots of 2 experts (32 + 1): 2 tiles of 32, 5 of 8.
+    try std.testing.expect(maxTiles(4, 128, 8) >= 4 and maxTiles(4, 128, 32) >= 4);
+    try std.testing.expect(maxTiles(64, 1, 8) >= 8 and maxTiles(64, 1, 32) >= 2);
+    try std.testing.expect(maxTiles(33, 2, 32) >= 2 and maxTiles(33, 2, 8) >= 5);
+    try std.testing.expect(tableTiles(4096, 128) >= maxTiles(4096, 128, 32));
+    try std.testing.expectEqual(@as(u64, 1 + 3 * maxTiles(10, 3, 8) + 10), groupTableInts(10, 3));
+    try std.testing.expect(tileSlotsValid(8) and tileSlotsValid(32) and !tileSlotsValid(16));
     try std.testing.expect(supports(2) and supports(cuda.packed_type | 12) and supports(39) and !supports(0));
 }

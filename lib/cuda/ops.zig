@@ -349,9 +349,9 @@ const cpu_rope = @import("../cpu/rope.zig");
 
 /// What the RoPE kernels take beyond the plain rotation: mscale, ext_factor and YaRN's
 /// correction dims, computed as lib/cpu/rope.zig computes them (so the angles are the CPU's).
-const RopeYarn = struct { mscale: f32, ext: f32, low: f32, high: f32 };
+pub const RopeYarn = struct { mscale: f32, ext: f32, low: f32, high: f32 };
 
-fn ropeYarn(what: []const u8, a: anytype) ?RopeYarn {
+pub fn ropeYarn(what: []const u8, a: anytype) ?RopeYarn {
     if (!(a.attn_factor > 0) or !std.math.isFinite(a.attn_factor)) {
         _ = invalid("{s}: bad attn_factor {d}", .{ what, a.attn_factor });
         return null;
@@ -404,6 +404,8 @@ pub const decodeWarpsTakes = attn.decodeWarpsTakes;
 pub const setDecodeAttention = attn.setDecodeAttention;
 pub const kvStore = attn.kvStore;
 pub const kvStoreRows = attn.kvStoreRows;
+pub const kvShift = @import("kv_shift.zig").kvShift;
+pub const kvShiftScratch = @import("kv_shift.zig").kvShiftScratch;
 pub const attentionRowsFit = attn.attentionRowsFit;
 pub const checkKvTypes = attn.checkKvTypes;
 

@@ -140,6 +140,16 @@ export fn infer_cuda_kv_store(args: *const abi.CudaKvStoreArgs) i32 {
     return cuda.ops.kvStore(args.*);
 }
 
+/// The context shift of one cache: rows moved down, their keys re-rotated (abi.CudaKvShiftArgs).
+export fn infer_cuda_kv_shift(args: *const abi.CudaKvShiftArgs) i32 {
+    return cuda.ops.kvShift(args.*);
+}
+
+/// Bytes of scratch infer_cuda_kv_shift needs for n_rows rows of a cache.
+export fn infer_cuda_kv_shift_scratch(kv_heads: u64, head_dim: u64, n_rows: u64, v_type: u32) u64 {
+    return cuda.ops.kvShiftScratch(kv_heads, head_dim, n_rows, v_type);
+}
+
 /// f32 values of scratch infer_cuda_attention needs.
 export fn infer_cuda_attention_scratch(n_tok: u64, n_head: u64, head_dim: u64, cells: u64, n_split: u64) u64 {
     return cuda.ops.attentionScratch(n_tok, n_head, head_dim, cells, n_split);
@@ -258,9 +268,10 @@ export fn infer_cuda_moe_route(logits: u64, n_tok: u64, n_expert: u64, k: u64, g
     return moe.route(logits, n_tok, n_expert, k, gating, norm, ids, weights);
 }
 
-/// The slots at ids sorted by expert into a table of infer_cuda_moe_group_ints ints.
-export fn infer_cuda_moe_group(ids: u64, n_slots: u64, n_expert: u64, table: u64) i32 {
-    return moe.group(ids, n_slots, n_expert, table);
+/// The slots at ids sorted by expert into a table of infer_cuda_moe_group_ints ints, in tiles of
+/// up to `tile` slots (8 or 32).
+export fn infer_cuda_moe_group(ids: u64, n_slots: u64, n_expert: u64, tile: u64, table: u64) i32 {
+    return moe.group(ids, n_slots, n_expert, tile, table);
 }
 
 export fn infer_cuda_moe_group_ints(n_slots: u64, n_expert: u64) u64 {

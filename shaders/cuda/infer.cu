@@ -466,6 +466,7 @@ extern "C" __global__ void kv_store(const float* k, const float* v, int kv_dim, 
   store_kv_value(k, v, kv_dim, kc, vc, positions, cells, ring, kt, vt);
 }
 
+#include "kv_shift.cuh"
 #include "attend_heads.cuh"
 
 // ---- element-wise ----------------------------------------------------------------------------

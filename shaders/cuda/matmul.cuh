@@ -497,9 +497,15 @@ __device__ __forceinline__ void ldmatrix_x2(int (&r)[4], const int* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(a));
 }
 
-template <class T, int NTOK>
-__device__ __forceinline__ void mmqn(const uint8_t* __restrict__ w, int n_out, int n_in, const int8_t* __restrict__ xq,
-                                     const float* __restrict__ xd, int n_tok, float* __restrict__ y) {
+// mmqn_tile is one block's work: weight rows row0 .. row0 + 63 × tokens tok0 .. tok0 + NTOK - 1
+// (those below n_tok) over units [u_begin, u_end); token t reads activation row x_row(t) and its
+// result for weight row r goes to store(t, r, value). mmqn tiles the batch in order; moe.cuh's
+// moe_mmq tiles each expert's gathered slots (the gather is in the staging loads: ldmatrix reads
+// the staged rows as the dense path's).
+template <class T, int NTOK, class XRow, class Store>
+__device__ __forceinline__ void mmqn_tile(const uint8_t* __restrict__ w, int n_out, int n_in,
+                                          const int8_t* __restrict__ xq, const float* __restrict__ xd, int row0,
+                                          int tok0, int u_begin, int u_end, int n_tok, XRow x_row, Store store) {
   constexpr int UNITS = 8, ROWS = 64;
   constexpr int TG = NTOK > 32 ? NTOK / 32 : 1;  // groups of 4 warps, each group up to 32 tokens
   constexpr int THREADS = 128 * TG, NT8 = NTOK / TG / 8;  // 8-token MMA tiles a warp
@@ -516,13 +522,8 @@ __device__ __forceinline__ void mmqn(const uint8_t* __restrict__ w, int n_out, i
   __shared__ int2 x_halves[HALVES ? UNITS * NTOK : 1];        // [unit][token]: its halves' Σx
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int group = lane >> 2, tig = lane & 3;
-  const int row0 = blockIdx.x * ROWS, tok0 = blockIdx.y * NTOK;
   const int warp_rows = 16 * (warp & 3), warp_toks = 32 * (warp >> 2);
   const int units = n_in >> 5;
-  const int steps_per_split = ((units + UNITS - 1) / UNITS + gridDim.z - 1) / gridDim.z;
-  const int u_begin = min(units, static_cast<int>(blockIdx.z) * steps_per_split * UNITS);
-  const int u_end = min(units, u_begin + steps_per_split * UNITS);
-  y += static_cast<size_t>(blockIdx.z) * n_tok * n_out;
   const size_t row_bytes = static_cast<size_t>(n_in / T::BV) * T::BB;
   constexpr int WP = ROWS * UNITS / THREADS;
   constexpr int XPAIRS = NTOK * UNITS, XP = (XPAIRS + THREADS - 1) / THREADS;
@@ -545,7 +546,7 @@ __device__ __forceinline__ void mmqn(const uint8_t* __restrict__ w, int n_out, i
 #pragma unroll
     for (int k = 0; k < XP; k++) {
       const int i = min(tid + k * THREADS, XPAIRS - 1);
-      const int t = min(tok0 + i / UNITS, n_tok - 1), uu = min(i % UNITS, n_units - 1);
+      const int t = x_row(min(tok0 + i / UNITS, n_tok - 1)), uu = min(i % UNITS, n_units - 1);
       const int4* p = reinterpret_cast<const int4*>(xq + static_cast<size_t>(t) * n_in + 32 * (u0 + uu));
       xa[k] = p[0];
       xb[k] = p[1];
@@ -684,16 +685,32 @@ __device__ __forceinline__ void mmqn(const uint8_t* __restrict__ w, int n_out, i
 #pragma unroll
     for (int e = 0; e < 4; e++) {
       const int t = tok0 + warp_toks + 8 * n + 2 * tig + (e & 1), r = row0 + r_a + 8 * (e >> 1);
-      if (t < n_tok && r < n_out) y[static_cast<size_t>(t) * n_out + r] = acc[n][e] - accm[n][e];
+      if (t < n_tok && r < n_out) store(t, r, acc[n][e] - accm[n][e]);
     }
   }
+}
+
+/// The batch's tokens in order, tiles of NTOK (grid y), split over K by grid z (plane z of y).
+template <class T, int NTOK>
+__device__ __forceinline__ void mmqn(const uint8_t* __restrict__ w, int n_out, int n_in, const int8_t* __restrict__ xq,
+                                     const float* __restrict__ xd, int n_tok, float* __restrict__ y) {
+  constexpr int UNITS = 8;
+  const int tok0 = blockIdx.y * NTOK, units = n_in >> 5;
+  const int steps_per_split = ((units + UNITS - 1) / UNITS + gridDim.z - 1) / gridDim.z;
+  const int u_begin = min(units, static_cast<int>(blockIdx.z) * steps_per_split * UNITS);
+  const int u_end = min(units, u_begin + steps_per_split * UNITS);
+  y += static_cast<size_t>(blockIdx.z) * n_tok * n_out;
+  mmqn_tile<T, NTOK>(
+      w, n_out, n_in, xq, xd, blockIdx.x * 64, tok0, u_begin, u_end, n_tok, [](int t) { return t; },
+      [y, n_out](int t, int r, float v) { y[static_cast<size_t>(t) * n_out + r] = v; });
 }
 
 // The same with two m16n8k16 MMAs a unit and T::combine's float sums, tiles of 8, 16 and 32
 // tokens: kept while benches compare the two (lib/cuda/ops.zig batchMmaK16).
 template <class T, int NTOK, int UNITS>
-__device__ __forceinline__ void mmqn_k16(const uint8_t* __restrict__ w, int n_out, int n_in, const int8_t* __restrict__ xq,
-                                     const float* __restrict__ xd, int n_tok, float* __restrict__ y) {
+__device__ __forceinline__ void mmqn_k16(const uint8_t* __restrict__ w, int n_out, int n_in,
+                                         const int8_t* __restrict__ xq, const float* __restrict__ xd, int n_tok,
+                                         float* __restrict__ y) {
   constexpr int THREADS = 128, ROWS = 64, NT8 = NTOK / 8;
   constexpr int STRIDE = UNITS * 8 + 4;  // as mmq: 8 rows' fragment loads over all 32 banks
   constexpr bool SUPER = T::SUPER;
@@ -838,31 +855,40 @@ __device__ __forceinline__ void mmqn_k16(const uint8_t* __restrict__ w, int n_ou
   }
 }
 
-#define MMQN(NAME, T, NTOK)                                                                                  \
-  extern "C" __global__ void __launch_bounds__(NTOK > 32 ? 256 : 128) NAME(const uint8_t* w, int n_out, int n_in, \
-                                                                       const int8_t* xq, const float* xd,       \
-                                                                       int n_tok, float* y) {                   \
+// The launch bounds of the 32-token tiles: BOUNDS32 for mmqn's, K16_BOUNDS32 for mmqn_k16's.
+// mmqn_k16's Q4_K and Q5_K in the GGUF layout ask for 3 blocks a multiprocessor: ptxas fits them
+// in 168 registers with no spill, where left alone it takes 201 and 210 (2 blocks); Q4_KR at 3
+// would spill, so it keeps its 199. mmqn's K-quant tiles (216, 233 and 203 registers) would
+// spill at 3 blocks, so they keep 2. (__launch_bounds__(128, 1) is not the same as (128): ptxas
+// then spends up to 210 registers where it took 130.)
+#define MMQN(NAME, T, NTOK, BOUNDS)                                                                          \
+  extern "C" __global__ void BOUNDS NAME(const uint8_t* w, int n_out, int n_in, const int8_t* xq,            \
+                                         const float* xd, int n_tok, float* y) {                             \
     mmqn<T, NTOK>(w, n_out, n_in, xq, xd, n_tok, y);                                                         \
   }
-#define MMQN_K16(NAME, T, NTOK)                                                                              \
-  extern "C" __global__ void __launch_bounds__(128) NAME(const uint8_t* w, int n_out, int n_in,              \
-                                                         const int8_t* xq, const float* xd, int n_tok,       \
-                                                         float* y) {                                         \
+#define MMQN_K16(NAME, T, NTOK, BOUNDS)                                                                      \
+  extern "C" __global__ void BOUNDS NAME(const uint8_t* w, int n_out, int n_in, const int8_t* xq,            \
+                                         const float* xd, int n_tok, float* y) {                             \
     mmqn_k16<T, NTOK, 8>(w, n_out, n_in, xq, xd, n_tok, y);                                                  \
   }
-#define MMQN_ALL(SUFFIX, T)                                                                                  \
-  MMQN(mmqn_##SUFFIX##_n8, T, 8) MMQN(mmqn_##SUFFIX##_n16, T, 16) MMQN(mmqn_##SUFFIX##_n32, T, 32)          \
-  MMQN(mmqn_##SUFFIX##_n64, T, 64) MMQN_K16(mmqn_k16_##SUFFIX##_n8, T, 8)                                   \
-  MMQN_K16(mmqn_k16_##SUFFIX##_n16, T, 16) MMQN_K16(mmqn_k16_##SUFFIX##_n32, T, 32)
-MMQN_ALL(q4_0, Q4_0)
-MMQN_ALL(q5_0, Q5_0)
-MMQN_ALL(q8_0, Q8_0)
-MMQN_ALL(q4_k, Q4_K)
-MMQN_ALL(q5_k, Q5_K)
-MMQN_ALL(q6_k, Q6_K)
-MMQN_ALL(q4_0r, Q4_0R)
-MMQN_ALL(q8_0r, Q8_0R)
-MMQN_ALL(q4_kr, Q4_KR)
+#define MMQN_ALL(SUFFIX, T, BOUNDS32, K16_BOUNDS32)                                                          \
+  MMQN(mmqn_##SUFFIX##_n8, T, 8, __launch_bounds__(128))                                                     \
+  MMQN(mmqn_##SUFFIX##_n16, T, 16, __launch_bounds__(128))                                                   \
+  MMQN(mmqn_##SUFFIX##_n32, T, 32, BOUNDS32) MMQN(mmqn_##SUFFIX##_n64, T, 64, __launch_bounds__(256))       \
+  MMQN_K16(mmqn_k16_##SUFFIX##_n8, T, 8, __launch_bounds__(128))                                             \
+  MMQN_K16(mmqn_k16_##SUFFIX##_n16, T, 16, __launch_bounds__(128))                                           \
+  MMQN_K16(mmqn_k16_##SUFFIX##_n32, T, 32, K16_BOUNDS32)
+#define MMQN_PLAIN __launch_bounds__(128)
+#define MMQN_3_BLOCKS __launch_bounds__(128, 3)
+MMQN_ALL(q4_0, Q4_0, MMQN_PLAIN, MMQN_PLAIN)
+MMQN_ALL(q5_0, Q5_0, MMQN_PLAIN, MMQN_PLAIN)
+MMQN_ALL(q8_0, Q8_0, MMQN_PLAIN, MMQN_PLAIN)
+MMQN_ALL(q4_k, Q4_K, MMQN_PLAIN, MMQN_3_BLOCKS)
+MMQN_ALL(q5_k, Q5_K, MMQN_PLAIN, MMQN_3_BLOCKS)
+MMQN_ALL(q6_k, Q6_K, MMQN_PLAIN, MMQN_PLAIN)
+MMQN_ALL(q4_0r, Q4_0R, MMQN_PLAIN, MMQN_PLAIN)
+MMQN_ALL(q8_0r, Q8_0R, MMQN_PLAIN, MMQN_PLAIN)
+MMQN_ALL(q4_kr, Q4_KR, MMQN_PLAIN, MMQN_PLAIN)
 
 // Up to three matrices with the same type, input and one token (q/k/v, gate/up) in one launch:
 // row blocks [0, b0) go to matrix 0, the next b1 to matrix 1, the rest to matrix 2. Each row is

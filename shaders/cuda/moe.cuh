@@ -3,9 +3,12 @@
 // its k "slots" (slot s = token · k + rank); the ids never leave the GPU, so a decode step with
 // experts is one CUDA graph like a dense one.
 //   moe_route:  per token, softmax → top k (→ divided by their sum), or top k → softmax.
-//   moe_group:  the slots sorted by expert, cut into tiles of up to 8 slots of one expert.
+//   moe_group:  the slots sorted by expert, cut into tiles of up to 8 or 32 slots of one expert.
 //   moe_mv_*:   one slot a grid row: its expert's matrix × its activation row (decode, small batches).
-//   moe_mv8_*:  one tile a grid row: an expert's rows read once for up to 8 slots (prompts, batches).
+//   moe_mv8_*:  one tile a grid row: an expert's rows read once for up to 8 slots.
+//   moe_mmq_*:  one tile a grid row on the tensor cores (matmul.cuh mmqn_tile): an expert's rows
+//               read once for up to 8 or 32 gathered slots (prompts, batches), as ggml's
+//               mul_mat_id with MMQ.
 //   moe_sum:    out[t] = Σ_j w_j · y[t·k + j], in rank order.
 #pragma once
 #include "common.cuh"
@@ -78,12 +81,12 @@ extern "C" __global__ void __launch_bounds__(32) moe_route(const float* logits, 
   }
 }
 
-/// The slots of ids[0 .. n_slots) grouped by expert, for moe_mv8_*: table[0] = the number of
-/// tiles; tile i at table[1 + 3i] = {expert, first, count} (count ≤ 8) indexes the sorted slot
-/// list at table[1 + 3 · max_tiles ..], each expert's slots ascending. One block; shared memory:
-/// 2 · n_expert ints.
+/// The slots of ids[0 .. n_slots) grouped by expert, for moe_mv8_* and moe_mmq_*: table[0] = the
+/// number of tiles; tile i at table[1 + 3i] = {expert, first, count} (count ≤ tile_slots) indexes
+/// the sorted slot list at table[1 + 3 · max_tiles ..], each expert's slots ascending (a warp an
+/// expert, 32 slots a ballot). One block; shared memory: 2 · n_expert ints.
 extern "C" __global__ void __launch_bounds__(1024) moe_group(const int* ids, int n_slots, int n_expert,
-                                                           int max_tiles, int* table) {
+                                                           int tile_slots, int max_tiles, int* table) {
   extern __shared__ int counts[];
   int* offsets = counts + n_expert;
   pdl_begin();
@@ -97,10 +100,10 @@ extern "C" __global__ void __launch_bounds__(1024) moe_group(const int* ids, int
     int first = 0, n = 0;
     for (int e = 0; e < n_expert; e++) {
       offsets[e] = first;
-      for (int c = 0; c < counts[e]; c += 8) {
+      for (int c = 0; c < counts[e]; c += tile_slots) {
         tiles[3 * n] = e;
         tiles[3 * n + 1] = first + c;
-        tiles[3 * n + 2] = min(8, counts[e] - c);
+        tiles[3 * n + 2] = min(tile_slots, counts[e] - c);
         n++;
       }
       first += counts[e];
@@ -108,11 +111,16 @@ extern "C" __global__ void __launch_bounds__(1024) moe_group(const int* ids, int
     table[0] = n;
   }
   __syncthreads();
-  for (int e = threadIdx.x; e < n_expert; e += blockDim.x) {
-    if (counts[e] == 0) continue;
+  const int lane = threadIdx.x & 31;
+  for (int e = threadIdx.x >> 5; e < n_expert; e += blockDim.x >> 5) {
     int at = offsets[e];
-    for (int s = 0; s < n_slots; s++) {
-      if (ids[s] == e) list[at++] = s;
+    const int end = at + counts[e];
+    for (int s0 = 0; s0 < n_slots && at < end; s0 += 32) {
+      const int s = s0 + lane;
+      const bool mine = s < n_slots && ids[s] == e;
+      const unsigned m = __ballot_sync(FULL_MASK, mine);
+      if (mine) list[at + __popc(m & ((1u << lane) - 1u))] = s;
+      at += __popc(m);
     }
   }
 }
@@ -193,6 +201,35 @@ __device__ __forceinline__ void moe_mv8(const uint8_t* w0, const uint8_t* w1, lo
   }
 }
 
+/// One tile of moe_group's table (tiles of up to NTOK slots) a grid row (blockIdx.y; rows past
+/// the tile count return), 64 of its expert's weight rows a block (blockIdx.x), matrix blockIdx.z
+/// (w0/y0, w1/y1): mmqn_tile over the tile's slots, whose activation rows are s / x_div and
+/// outputs y[s]. A slot's sums do not depend on its tile or the tile's other slots, so the
+/// results do not depend on how the slots were grouped.
+template <class T, int NTOK>
+__device__ __forceinline__ void moe_mmq(const uint8_t* w0, const uint8_t* w1, long long expert_bytes, int n_out,
+                                        int n_in, const int8_t* xq, const float* xd, int x_div, const int* table,
+                                        int max_tiles, float* y0, float* y1) {
+  __shared__ int x_rows[NTOK], y_rows[NTOK];
+  pdl_begin();
+  if (static_cast<int>(blockIdx.y) >= table[0]) return;
+  const int* tile = table + 1 + 3 * blockIdx.y;
+  const int e = tile[0], count = tile[2];
+  const int* slots = table + 1 + 3 * max_tiles + tile[1];
+  if (threadIdx.x < NTOK) {
+    const int s = slots[min(static_cast<int>(threadIdx.x), count - 1)];
+    x_rows[threadIdx.x] = s / x_div;
+    y_rows[threadIdx.x] = s;
+  }
+  __syncthreads();
+  const uint8_t* w = (blockIdx.z == 0 ? w0 : w1) + static_cast<size_t>(e) * expert_bytes;
+  float* y = blockIdx.z == 0 ? y0 : y1;
+  mmqn_tile<T, NTOK>(
+      w, n_out, n_in, xq, xd, blockIdx.x * 64, 0, 0, n_in >> 5, count,
+      [&](int t) { return x_rows[t]; },
+      [&](int t, int r, float v) { y[static_cast<size_t>(y_rows[t]) * n_out + r] = v; });
+}
+
 #define MOE_MV(NAME, T)                                                                                        \
   extern "C" __global__ void __launch_bounds__(128)                                                            \
       moe_mv_##NAME(const uint8_t* w0, const uint8_t* w1, long long expert_bytes, int n_expert, int n_out,      \
@@ -205,6 +242,14 @@ __device__ __forceinline__ void moe_mv8(const uint8_t* w0, const uint8_t* w1, lo
                      const int8_t* xq, const float* xd, int x_div, const int* table, int max_tiles, float* y0,   \
                      float* y1) {                                                                              \
     moe_mv8<T>(w0, w1, expert_bytes, n_out, n_in, xq, xd, x_div, table, max_tiles, y0, y1);                     \
+  }                                                                                                            \
+  MOE_MMQ(moe_mmq_##NAME##_n8, T, 8)                                                                           \
+  MOE_MMQ(moe_mmq_##NAME##_n32, T, 32)
+#define MOE_MMQ(NAME, T, NTOK)                                                                                 \
+  extern "C" __global__ void __launch_bounds__(128)                                                            \
+      NAME(const uint8_t* w0, const uint8_t* w1, long long expert_bytes, int n_out, int n_in, const int8_t* xq, \
+           const float* xd, int x_div, const int* table, int max_tiles, float* y0, float* y1) {                 \
+    moe_mmq<T, NTOK>(w0, w1, expert_bytes, n_out, n_in, xq, xd, x_div, table, max_tiles, y0, y1);               \
   }
 MOE_MV(q4_0, Q4_0)
 MOE_MV(q5_0, Q5_0)

@@ -163,6 +163,7 @@ struct Q8_0 {
 struct MXFP4 {
   static constexpr int BV = 32, BB = 17;
   static constexpr bool SUPER = false;
+  static constexpr bool UNIT_SCALE = true;
   struct W { int v[8]; float d; };
   /// 2^(e - 128) as an f32, exactly (e = 0 and 1 are subnormals): ggml_e8m0_to_fp32_half.
   __device__ static float scale_half(uint32_t e) {
@@ -196,6 +197,14 @@ struct MXFP4 {
 #pragma unroll
     for (int i = 0; i < 8; i++) s = dp4a(w.v[i], x[i], s);
     acc = __fmaf_rn(static_cast<float>(s), w.d * dx, acc);
+  }
+  // The tensor-core path (moe.cuh moe_mmq): the kvalues bytes are the MMA's signed quants; the
+  // halves' sums add to the block's exact integer sum, combined as dot combines it.
+  __device__ static int mma_word(int v) { return v; }
+  struct P { float d; };
+  __device__ static P params(const W& w) { return {w.d}; }
+  __device__ static void combine(const P& p, int s_lo, int s_hi, int, int, float dx, float& acc, float&) {
+    acc = __fmaf_rn(static_cast<float>(s_lo + s_hi), p.d * dx, acc);
   }
   __device__ static void dequant(const uint8_t* row, int u, float* y) {
     const uint8_t* b = row + static_cast<size_t>(u) * BB;

@@ -5,7 +5,8 @@
 // host and a decode step stays one CUDA graph:
 //   moe_route   per token: softmax → top k → divided by their sum (Qwen3-MoE), or the top k
 //               logits → a softmax over them (gpt-oss, after the router's bias), on the GPU
-//   moe_group   (batches of ≥ 1 slot an expert on average) the slots sorted by expert
+//   moe_group   (batches of ≥ 1 slot an expert on average) the slots sorted by expert, cut into
+//               tiles of up to 8 or 32 slots of one expert
 //   moe_matmul  gate and up of every slot in one launch: W[ids[s]] · x[s / k]
 //   silu_mul + quantize (fused in a graph), or gpt-oss's moe_swiglu_oai (the slot's expert's
 //               gate and up biases added first) + quantize; moe_matmul for down: W[ids[s]] · h[s]
@@ -13,8 +14,10 @@
 //               the CPU sums them.
 // A token's k chosen experts are its k slots (slot s = token · k + rank). Decode and small batches
 // take a grid row per slot (each reads only its expert's rows: the bytes of the active
-// parameters); larger batches and prompts a grid row per tile of up to 8 slots of one expert, so
-// an expert's rows are read once for 8 of the rows routed to it.
+// parameters); larger batches and prompts a grid row per tile of one expert's slots, their
+// activation rows gathered by the table, on the tensor cores (moe_mmq, ggml's mul_mat_id with
+// MMQ): an expert's rows are read once for up to 32 of the rows routed to it (8 where an expert
+// gets fewer than 16 on average), its outputs scattered back to the slots for moe_sum.
 import { InferError } from "../errors.ts";
 import type { GgufFile, GgufTensorInfo } from "../gguf/reader.ts";
 import type { NamedArgs } from "../native/calls.ts";
@@ -90,6 +93,18 @@ export class CudaExperts implements ExpertOps {
    * uploads: steps run as eager ops, not graphs.
    */
   pinRoute: ((chosen: PinnedRoute, rows: number, k: number) => PinnedRoute) | null = null;
+  /**
+   * The grouped kernel: "mma" (tensor-core tiles, moe_mmq) or "matvec" (moe_mv8: a warp a weight
+   * row, tiles of 8 slots, each slot's sums as the per-slot matvec's, bit for bit). Benches set
+   * "matvec" to compare the two.
+   */
+  groupKernel: "mma" | "matvec" = "mma";
+  /**
+   * Grouped tensor-core batches of at least this many slots an expert on average take tiles of
+   * 32 slots (an expert's rows read once per 32), fewer tiles of 8 (less MMA work spent on
+   * slots that are not there). The results do not depend on the tile.
+   */
+  wideTileSlotsPerExpert = 16;
   private readonly tensors = new WeakMap<readonly Weight[], ExpertTensor>();
   /** Per-expert vectors (splitVectors): the device address of expert 0's. */
   private readonly vectors = new WeakMap<readonly Weight[], number>();
@@ -174,8 +189,10 @@ export class CudaExperts implements ExpertOps {
     }
     const grouped = slots >= this.groupSlotsPerExpert * r.experts;
     const table = grouped ? h.address(b.table) : 0;
+    const mma = this.groupKernel === "mma" ? 1 : 0;
+    const tile = mma && slots >= this.wideTileSlotsPerExpert * r.experts ? 32 : 8;
     if (grouped) {
-      h.op("infer_cuda_moe_group", { ids: h.address(b.ids), n_slots: slots, n_expert: r.experts, table },
+      h.op("infer_cuda_moe_group", { ids: h.address(b.ids), n_slots: slots, n_expert: r.experts, tile, table },
         "moe group");
     }
     const ids = h.address(b.ids);
@@ -184,7 +201,7 @@ export class CudaExperts implements ExpertOps {
       const q = h.quantized(input, slots / xDiv, t.format);
       h.op("infer_cuda_moe_matmul", { type_id: t.typeId, n_out: t.nOut, n_in: t.nIn, expert_bytes: t.expertBytes,
         n_expert: r.experts, xq: q.xq, xd: q.xd, x_div: xDiv, ids, n_slots: slots, groups: table,
-        w0: t.base, y0: h.address(y), w1: t1?.base ?? 0, y1: y1 ? h.address(y1) : 0 }, "moe matmul");
+        w0: t.base, y0: h.address(y), w1: t1?.base ?? 0, y1: y1 ? h.address(y1) : 0, tile, mma }, "moe matmul");
       h.written(y);
       if (y1) h.written(y1);
     };

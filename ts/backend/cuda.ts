@@ -27,6 +27,7 @@ import type { LaunchCall } from "./cuda-fuse.ts";
 import { AttentionBuffers, decodeSplit } from "./cuda-attention.ts";
 import { CudaExperts } from "./cuda-moe.ts";
 import { StepGraphs, type StepStats } from "./cuda-graphs.ts";
+import { KvShifter } from "./cuda-shift.ts";
 import {
   kvBytes, kvTypesName, kvTypesOf, type Activation, type AttentionOptions, type Backend, type DeviceGreedy, type KvLayer, type KvType, type KvTypes,
   type RopeOptions, type Weight,
@@ -135,6 +136,7 @@ export class CudaBackend implements Backend {
   });
   private readonly lib: Lib;
   private readonly graphsEnabled: boolean;
+  private readonly shifter: KvShifter;
   private readonly gpuLayouts: boolean;
   private readonly deviceAllocations = new Set<number>();
   private readonly hostAllocations: number[] = [];
@@ -222,6 +224,11 @@ export class CudaBackend implements Backend {
       beforeRealloc: () => this.beforeRealloc(),
     });
     this.steps = new StepGraphs(this.lib, options.fusion ?? setting("INFER_CUDA_FUSE"));
+    this.shifter = new KvShifter(this.lib, {
+      alloc: (bytes, what) => this.alloc(bytes, what),
+      release: (address) => this.release(address),
+      sync: () => check(this.lib.infer_cuda_sync(), "CUDA sync"),
+    });
   }
 
   /** Initialises CUDA (throws "CUDA not available: …" as an InferError) and makes a backend. */
@@ -488,20 +495,22 @@ export class CudaBackend implements Backend {
       throw new InferError("unsupported", `the CUDA backend's RoPE takes an attention factor with YaRN only ` +
         `(${o.attnFactor}); use --backend cpu`);
     }
-    let factors = 0;
-    if (o.freqFactors) {
-      const f = w(o.freqFactors);
-      if (f.typeId !== GgmlType.F32 || f.dims[0] * 2 !== o.rotaryDims) {
-        throw new InferError("bad_model", `rope factors '${f.name}' must be ${o.rotaryDims / 2} f32 values`);
-      }
-      factors = f.address;
-    }
     this.op("infer_cuda_rope", { x: a(x).address, n_tok: rows, n_heads: o.heads, head_dim: o.headDim,
       n_rot: o.rotaryDims, positions: a(positions).address, freq_base: o.base, freq_scale: o.scale,
-      mode: o.neox ? 2 : 0, freq_factors: factors, attn_factor: o.attnFactor ?? 1,
+      mode: o.neox ? 2 : 0, freq_factors: this.ropeFactors(o), attn_factor: o.attnFactor ?? 1,
       ...(o.yarn ? { ext_factor: o.yarn.extFactor, beta_fast: o.yarn.betaFast, beta_slow: o.yarn.betaSlow,
         n_ctx_orig: o.yarn.originalContext } : {}) }, "rope");
     a(x).version++;
+  }
+
+  /** The device address of the rope's frequency factors (0: none), checked. */
+  private ropeFactors(o: RopeOptions): number {
+    if (!o.freqFactors) return 0;
+    const f = w(o.freqFactors);
+    if (f.typeId !== GgmlType.F32 || f.dims[0] * 2 !== o.rotaryDims) {
+      throw new InferError("bad_model", `rope factors '${f.name}' must be ${o.rotaryDims / 2} f32 values`);
+    }
+    return f.address;
   }
 
   storeKv(layer: KvLayer, k: Activation, v: Activation, rows: number, position: number,
@@ -532,6 +541,21 @@ export class CudaBackend implements Backend {
     const kb = s.kRowBytes, vb = s.vRowBytes;
     check(this.lib.infer_cuda_copy(d.k + dstCell * kb, s.k + srcCell * kb, cells * kb), "copy kv");
     check(this.lib.infer_cuda_copy(d.v + dstCell * vb, s.v + srcCell * vb, cells * vb), "copy kv");
+  }
+
+  /**
+   * The context shift (cuda-shift.ts): launched at once, outside any recorded step. Nothing the
+   * backend keeps depends on a sequence's length: the graphs read positions from the device and
+   * caches by address, and the next step's positions are uploaded anew.
+   */
+  shiftKv(layer: KvLayer, rope: RopeOptions, keep: number, discard: number, length: number): void {
+    this.stopRecording();
+    this.shifter.shift(layer as CudaKvLayer, rope, this.ropeFactors(rope), keep, discard, length);
+  }
+
+  compactKv(layer: KvLayer, rope: RopeOptions, from: Int32Array, to: number): void {
+    this.stopRecording();
+    this.shifter.compact(layer as CudaKvLayer, rope, this.ropeFactors(rope), from, to);
   }
 
   attention(q: Activation, layer: KvLayer, rows: number, position: number, o: AttentionOptions,
