@@ -1,19 +1,24 @@
 // Random-weight GGUFs with the real shapes of Qwen3-0.6B and Llama-3.2-1B, written by the project's
 // own GGUF writer so that a benchmark never needs a download. Every 2-D weight, token_embd (the
 // tied LM head) included, is in the chosen type, as `llama-quantize --pure` writes it; norms are
-// F32. The blocks are random but valid (finite, moderate f16 scales), so logits stay finite. A
+// F32. MXFP4_MOE is llama-quantize's type of that name, the released gpt-oss GGUFs' mix: the
+// experts MXFP4, every other weight Q8_0. Routers, biases and sinks stay F32, as llama.cpp's
+// converter keeps them. The blocks are random but valid (finite, moderate scales), so logits stay finite. A
 // synthetic byte-level BPE vocabulary of the real size (256 byte tokens, merges among the
 // non-ASCII bytes, the real special tokens) makes the files load in llama.cpp too; ASCII text
 // never merges, so a prompt of N ASCII letters is N tokens in both engines.
 //   bun bench/random-model.ts [--models qwen3-0.6b,llama-3.2-1b] [--quants Q4_0,Q8_0,Q4_K] [--force]
-//   (also qwen3-4b, llama-3.1-8b and qwen3-30b-a3b, written only when named; --layers N: N layers)
+//   (also qwen3-4b, llama-3.1-8b, qwen3-30b-a3b and gpt-oss-20b, written only when named;
+//   --layers N: N layers; gpt-oss-20b's quant defaults to MXFP4_MOE)
 // Files land in $INFER_CACHE/bench-models (default ~/.cache/infer/bench-models); a file already
 // there (same name, same generator version) is reused.
 import { closeSync, existsSync, mkdirSync, openSync, renameSync, writeSync } from "node:fs";
 import { join } from "node:path";
 import { cacheDir } from "../ts/models/cache.ts";
 import { GgmlType, ggmlTypes } from "../ts/gguf/types.ts";
-import { gguf, ggufLayout, type GgufTensorHeader, type GgufTypedValue } from "../ts/gguf/writer.ts";
+import {
+  gguf, ggufLayout, type GgufLayout, type GgufTensorHeader, type GgufTypedValue,
+} from "../ts/gguf/writer.ts";
 
 /**
  * Bump when the files' content changes, so stale caches are rewritten. 2: the three types' weights
@@ -26,9 +31,14 @@ const GENERATOR_VERSION = 2;
 export interface RandomShape {
   readonly key: string; // as --models names it
   readonly label: string;
-  readonly arch: "qwen3" | "llama" | "qwen3moe";
-  /** qwen3moe: experts per layer, chosen per token, one expert's FFN width (every layer MoE). */
+  readonly arch: "qwen3" | "llama" | "qwen3moe" | "gpt-oss";
+  /** qwen3moe, gpt-oss: experts per layer, chosen per token, one expert's FFN width (every layer MoE). */
   readonly moe?: { readonly experts: number; readonly used: number; readonly feedForward: number };
+  /** gpt-oss: the sliding layers' window (the even layers), YaRN's factor over an original context. */
+  readonly window?: number;
+  readonly yarn?: { readonly factor: number; readonly originalContext: number };
+  /** The quants written when --quants is not given (default: Q4_0, Q8_0, Q4_K). */
+  readonly quants?: readonly RandomQuant[];
   readonly layers: number;
   readonly embedding: number;
   readonly feedForward: number;
@@ -81,6 +91,19 @@ export const largeShapes: readonly RandomShape[] = [
     embedding: 2048, feedForward: 6144, heads: 32, kvHeads: 4, headDim: 128,
     moe: { experts: 128, used: 8, feedForward: 768 },
   },
+  { // gpt-oss-20b (bench/gpt-oss-device.sh): 32 experts of 2880, 4 chosen; 64 query heads to 8 of 64,
+    // q/k/v/o biases, a sink per head, a window of 128 on the even layers, YaRN 32 over 4096, an
+    // LM head of its own; the o200k_harmony vocabulary's size and special tokens
+    key: "gpt-oss-20b", label: "gpt-oss-20b-shape", arch: "gpt-oss", layers: 24, embedding: 2880,
+    feedForward: 2880, heads: 64, kvHeads: 8, headDim: 64, vocab: 201088, contextLength: 131072,
+    ropeBase: 150000, normEps: 1e-5, pre: "gpt-4o", firstSpecial: 199998,
+    specials: { "<|startoftext|>": 199998, "<|endoftext|>": 199999, "<|return|>": 200002,
+      "<|constrain|>": 200003, "<|channel|>": 200005, "<|start|>": 200006, "<|end|>": 200007,
+      "<|message|>": 200008, "<|call|>": 200012 },
+    bos: 199998, eos: 200002, addBos: false,
+    moe: { experts: 32, used: 4, feedForward: 2880 }, window: 128,
+    yarn: { factor: 32, originalContext: 4096 }, quants: ["MXFP4_MOE"],
+  },
   { // tensor parallelism's bench (bench/tensor-parallel.sh): Q8_0 (~75 GB) outgrows one H100
     ...randomShapes[1], key: "llama-3.1-70b", label: "Llama-3.1-70B-shape", layers: 80, embedding: 8192,
     feedForward: 28672, heads: 64, kvHeads: 8, headDim: 128,
@@ -92,11 +115,18 @@ export function findShape(key: string): RandomShape | undefined {
   return randomShapes.find((s) => s.key === key) ?? largeShapes.find((s) => s.key === key);
 }
 
-export const randomQuants = ["Q4_0", "Q8_0", "Q4_K"] as const;
-export type RandomQuant = (typeof randomQuants)[number];
-const quantType: Record<RandomQuant, number> = { Q4_0: GgmlType.Q4_0, Q8_0: GgmlType.Q8_0, Q4_K: GgmlType.Q4_K };
+export type RandomQuant = "Q4_0" | "Q8_0" | "Q4_K" | "MXFP4_MOE";
+/** The quants benches write by default. */
+export const randomQuants: readonly RandomQuant[] = ["Q4_0", "Q8_0", "Q4_K"];
+/** Every quant a file can be written in (MXFP4_MOE only where named: it is for MoE shapes). */
+export const allRandomQuants: readonly RandomQuant[] = [...randomQuants, "MXFP4_MOE"];
+/** The type of a weight in a file of `quant`: MXFP4_MOE's experts MXFP4, its other weights Q8_0. */
+function weightType(quant: RandomQuant, expert: boolean): number {
+  if (quant === "MXFP4_MOE") return expert ? GgmlType.MXFP4 : GgmlType.Q8_0;
+  return { Q4_0: GgmlType.Q4_0, Q8_0: GgmlType.Q8_0, Q4_K: GgmlType.Q4_K }[quant];
+}
 /** llama.cpp's enum llama_ftype for the file (pure files: the most common type names them). */
-const fileType: Record<RandomQuant, number> = { Q4_0: 2, Q8_0: 7, Q4_K: 15 };
+const fileType: Record<RandomQuant, number> = { Q4_0: 2, Q8_0: 7, Q4_K: 15, MXFP4_MOE: 38 };
 
 export function randomModelPath(shape: RandomShape, quant: RandomQuant): string {
   return join(cacheDir(), "bench-models", `random-${shape.key}-${quant.toLowerCase()}-v${GENERATOR_VERSION}.gguf`);
@@ -155,6 +185,10 @@ function quantData(type: number, count: number, seed: number): Uint8Array {
       view.setUint16(b * info.blockBytes, d[r & 63], true);
       view.setUint16(b * info.blockBytes + 2, dmin[(r >>> 6) & 63], true);
     }
+  } else if (type === GgmlType.MXFP4) {
+    // e2m1 values k·2^(e-128) (ggml's kvalues_mxfp4, E[k^2] = 34.25 for random nibbles) with the
+    // e8m0 scale e 119 in 5 blocks of 8 and 118 in the rest: a spread of 9.69e-3.
+    for (let b = 0; b < blocks; b++) data[b * info.blockBytes] = (next() & 7) < 5 ? 119 : 118;
   } else {
     throw new Error(`random-model: no generator for ${info.name}`);
   }
@@ -238,18 +272,25 @@ interface PlannedTensor extends GgufTensorHeader {
 }
 
 function plan(shape: RandomShape, quant: RandomQuant): PlannedTensor[] {
-  const q = quantType[quant], e = shape.embedding, qd = shape.heads * shape.headDim;
-  const kvd = shape.kvHeads * shape.headDim, ff = shape.feedForward;
+  const e = shape.embedding, qd = shape.heads * shape.headDim;
+  const kvd = shape.kvHeads * shape.headDim, ff = shape.feedForward, oss = shape.arch === "gpt-oss";
   let seed = 1;
-  const weight = (name: string, dims: number[]): PlannedTensor => {
-    const s = seed++;
-    return { name, type: q, dims, make: () => quantData(q, dims.reduce((n, d) => n * d, 1), s) };
+  const weight = (name: string, dims: number[], expert = false): PlannedTensor => {
+    const s = seed++, type = weightType(quant, expert), info = ggmlTypes.get(type)!;
+    if (dims[0] % info.blockValues !== 0) {
+      throw new Error(`random-model: ${shape.key}'s ${name} has rows of ${dims[0]}, not a multiple of ` +
+        `${info.name}'s blocks of ${info.blockValues}; write it in another quant`);
+    }
+    return { name, type, dims, make: () => quantData(type, dims.reduce((n, d) => n * d, 1), s) };
   };
-  const norm = (name: string, n: number): PlannedTensor => {
-    const s = seed++;
-    return { name, type: GgmlType.F32, dims: [n], make: () => f32Data(n, s, 1, 0.1) };
+  const float = (name: string, dims: number[], centre: number, spread: number): PlannedTensor => {
+    const s = seed++, n = dims.reduce((m, d) => m * d, 1);
+    return { name, type: GgmlType.F32, dims, make: () => f32Data(n, s, centre, spread) };
   };
+  const norm = (name: string, n: number) => float(name, [n], 1, 0.1);
   const out: PlannedTensor[] = [weight("token_embd.weight", [e, shape.vocab]), norm("output_norm.weight", e)];
+  // gpt-oss's LM head is a tensor of its own (llama.cpp requires it); the others' tied to token_embd
+  if (oss) out.push(weight("output.weight", [e, shape.vocab]));
   if (shape.arch === "llama") {
     out.push({ name: "rope_freqs.weight", type: GgmlType.F32, dims: [shape.headDim / 2],
       make: () => llama3RopeFactors(shape.headDim, shape.ropeBase) });
@@ -258,16 +299,25 @@ function plan(shape: RandomShape, quant: RandomQuant): PlannedTensor[] {
     const p = `blk.${i}`;
     out.push(norm(`${p}.attn_norm.weight`, e), weight(`${p}.attn_q.weight`, [e, qd]),
       weight(`${p}.attn_k.weight`, [e, kvd]), weight(`${p}.attn_v.weight`, [e, kvd]));
-    if (shape.arch !== "llama") {
+    if (oss) { // q/k/v/o biases and a sink logit per query head
+      out.push(float(`${p}.attn_q.bias`, [qd], 0, 0.1), float(`${p}.attn_k.bias`, [kvd], 0, 0.1),
+        float(`${p}.attn_v.bias`, [kvd], 0, 0.1), float(`${p}.attn_output.bias`, [e], 0, 0.1),
+        float(`${p}.attn_sinks.weight`, [shape.heads], 0, 2));
+    } else if (shape.arch !== "llama") {
       out.push(norm(`${p}.attn_q_norm.weight`, shape.headDim), norm(`${p}.attn_k_norm.weight`, shape.headDim));
     }
-    out.push(weight(`${p}.attn_output.weight`, [qd, e]), norm(`${p}.ffn_norm.weight`, e));
+    // gpt-oss's norm before the FFN is llama.cpp's post_attention_norm
+    out.push(weight(`${p}.attn_output.weight`, [qd, e]),
+      norm(`${p}.${oss ? "post_attention_norm" : "ffn_norm"}.weight`, e));
     if (shape.moe) {
-      const n = shape.moe.experts, f = shape.moe.feedForward, s = seed++;
-      out.push({ name: `${p}.ffn_gate_inp.weight`, type: GgmlType.F32, dims: [e, n],
-        make: () => f32Data(e * n, s, 0, 0.05) },
-      weight(`${p}.ffn_gate_exps.weight`, [e, f, n]), weight(`${p}.ffn_up_exps.weight`, [e, f, n]),
-      weight(`${p}.ffn_down_exps.weight`, [f, e, n]));
+      const n = shape.moe.experts, f = shape.moe.feedForward;
+      out.push(float(`${p}.ffn_gate_inp.weight`, [e, n], 0, 0.05),
+        weight(`${p}.ffn_gate_exps.weight`, [e, f, n], true), weight(`${p}.ffn_up_exps.weight`, [e, f, n], true),
+        weight(`${p}.ffn_down_exps.weight`, [f, e, n], true));
+      if (oss) { // the router's and every expert's biases
+        out.push(float(`${p}.ffn_gate_inp.bias`, [n], 0, 0.5), float(`${p}.ffn_gate_exps.bias`, [f, n], 0, 0.1),
+          float(`${p}.ffn_up_exps.bias`, [f, n], 0, 0.1), float(`${p}.ffn_down_exps.bias`, [e, n], 0, 0.1));
+      }
     } else {
       out.push(weight(`${p}.ffn_gate.weight`, [e, ff]), weight(`${p}.ffn_up.weight`, [e, ff]),
         weight(`${p}.ffn_down.weight`, [ff, e]));
@@ -307,16 +357,29 @@ function metadata(shape: RandomShape, quant: RandomQuant): [string, GgufTypedVal
     m.push([`${a}.expert_count`, gguf.u32(shape.moe.experts)], [`${a}.expert_used_count`, gguf.u32(shape.moe.used)],
       [`${a}.expert_feed_forward_length`, gguf.u32(shape.moe.feedForward)]);
   }
+  if (shape.window !== undefined) m.push([`${a}.attention.sliding_window`, gguf.u32(shape.window)]);
+  if (shape.yarn) { // as llama.cpp's converter writes gpt-oss's rope_scaling (betas 32 and 1)
+    m.push([`${a}.rope.scaling.type`, gguf.str("yarn")], [`${a}.rope.scaling.factor`, gguf.f32(shape.yarn.factor)],
+      [`${a}.rope.scaling.original_context_length`, gguf.u32(shape.yarn.originalContext)],
+      [`${a}.rope.scaling.yarn_beta_fast`, gguf.f32(32)], [`${a}.rope.scaling.yarn_beta_slow`, gguf.f32(1)]);
+  }
   return m;
+}
+
+/** The file's tensors (each with its data's generator) and header, before anything is written. */
+export function randomModelLayout(shape: RandomShape, quant: RandomQuant): {
+  tensors: (GgufTensorHeader & { make(): Uint8Array })[]; layout: GgufLayout;
+} {
+  const tensors = plan(shape, quant);
+  return { tensors, layout: ggufLayout(metadata(shape, quant), tensors) };
 }
 
 /** Writes the file unless it is cached; returns its path. Streams tensor by tensor. */
 export function ensureRandomModel(shape: RandomShape, quant: RandomQuant, force = false): string {
   const path = randomModelPath(shape, quant);
   if (existsSync(path) && !force) return path;
+  const { tensors, layout } = randomModelLayout(shape, quant);
   mkdirSync(join(cacheDir(), "bench-models"), { recursive: true });
-  const tensors = plan(shape, quant);
-  const layout = ggufLayout(metadata(shape, quant), tensors);
   const tmp = `${path}.${process.pid}.tmp`;
   const fd = openSync(tmp, "w");
   try {
@@ -340,7 +403,7 @@ if (import.meta.main) {
     return i >= 0 ? process.argv[i + 1] : undefined;
   };
   const keys = (arg("--models") ?? randomShapes.map((s) => s.key).join(",")).split(",");
-  const quants = (arg("--quants") ?? randomQuants.join(",")).split(",") as RandomQuant[];
+  const quantsArg = arg("--quants")?.split(",") as RandomQuant[] | undefined;
   // --layers N: the shape with N layers (a file of its own, "<key>-<N>l"): a large shape's per-layer
   // cost in a file that a short GPU session can write.
   const layers = arg("--layers");
@@ -349,8 +412,8 @@ if (import.meta.main) {
     if (!known) throw new Error(`unknown model '${key}' (known: ${[...randomShapes, ...largeShapes].map((s) => s.key).join(", ")})`);
     const shape = layers === undefined ? known
       : { ...known, key: `${known.key}-${layers}l`, label: `${known.label} (${layers} layers)`, layers: Number(layers) };
-    for (const quant of quants) {
-      if (!randomQuants.includes(quant)) throw new Error(`unknown quant '${quant}'`);
+    for (const quant of quantsArg ?? shape.quants ?? randomQuants) {
+      if (!allRandomQuants.includes(quant)) throw new Error(`unknown quant '${quant}' (${allRandomQuants.join(", ")})`);
       const t0 = performance.now();
       const path = ensureRandomModel(shape, quant, process.argv.includes("--force"));
       console.log(`${path} (${((performance.now() - t0) / 1000).toFixed(1)} s)`);

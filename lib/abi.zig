@@ -326,6 +326,26 @@ comptime {
     std.debug.assert(@sizeOf(CudaKvStoreArgs) == 80);
 }
 
+/// infer_cuda_kv_store_turbo: rows t < n_tok of x (kv_heads · head_dim values each) coded into a
+/// tq3 (cache_type 103) / tq4 (104) cache at cell positions[t] (positions 0: first_cell + t), mod
+/// cells when ring, each head vector less the anchor's (a row of kv_heads · head_dim values; 0: none).
+pub const CudaKvStoreTurboArgs = extern struct {
+    x: u64,
+    n_tok: u64,
+    kv_heads: u64,
+    head_dim: u64,
+    cache: u64,
+    positions: u64,
+    first_cell: u64,
+    cells: u64,
+    anchor: u64,
+    cache_type: u32,
+    ring: bool,
+};
+comptime {
+    std.debug.assert(@sizeOf(CudaKvStoreTurboArgs) == 80);
+}
+
 /// infer_cuda_kv_shift: the context shift of one cache (ts/backend/backend.ts shiftKv, compactKv).
 /// Row i < n_rows moves from cell from[i] (from: i32 cells on the device), or with from = 0 from
 /// cell (first + i) mod cells, to cell to + i; its key is rotated by to + i - from[i] positions

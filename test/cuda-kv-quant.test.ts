@@ -1,11 +1,14 @@
-// q8_0 and q4_0 KV caches on the CUDA backend against the CPU backend with the same cache types.
+// q8_0, q4_0 and infer's rotated tq3/tq4 KV caches on the CUDA backend against the CPU backend
+// with the same cache types.
 // Method: keys and values stored from the same f32 rows must be the same bytes (both quantize as
 // ggml does); attention over those caches, on seeded random data of odd lengths through every
 // kernel that reads them (prompt flash attention, the tensor-core decode kernel with splits, a
 // batch of sequences through a table of caches, the per-head kernels of other head dims), is
 // scored by the normalised error under a stated tolerance; then small random-weight models end to
 // end: prompt logits close, greedy tokens equal (but at near-ties), the fused graph step equal to
-// the eager ops bit for bit. Skipped without a GPU (CI).
+// the eager ops bit for bit. tq3/tq4: the same bytes too (keys less the anchor the host sets from
+// the first 16 keys, as on the CPU), attention over the same codes in f32 on both sides. Skipped
+// without a GPU (CI).
 import { afterAll, describe, expect, test } from "bun:test";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -34,6 +37,18 @@ const TOL_ATTENTION_Q = 2e-2;
 // boundaries, crossed differently, grow through the layers).
 const TOL_LOGITS_Q = 1e-1;
 const NEAR_TIE = 4;
+// tq3/tq4 keys and values: both backends read the same codes' levels in f32 (the query rotated,
+// not rounded; the output rotated back), so only the order of f32 sums differs (~1e-6 of the
+// scale); a wrong level, sign, scale or rotation is O(0.1..1). With an f16, q8_0 or q4_0 half
+// beside it, that half's TOL_ATTENTION_Q.
+const TOL_ATTENTION_TQ = 1e-3;
+
+// Keys and values in the rotated codes, alone and beside the other types (keys are the
+// sensitive half: k tq4 with v q8_0 is the likely pairing).
+const TQ_TYPES: KvTypes[] = [
+  { k: "tq4", v: "tq4" }, { k: "tq3", v: "tq3" }, { k: "tq4", v: "q8_0" }, { k: "q8_0", v: "tq3" }, { k: "f16", v: "tq4" },
+];
+const tolFor = (t: KvTypes) => (t.k.startsWith("tq") && t.v.startsWith("tq") ? TOL_ATTENTION_TQ : TOL_ATTENTION_Q);
 
 const TYPES: KvTypes[] = [
   { k: "q8_0", v: "q8_0" }, { k: "q4_0", v: "q4_0" }, { k: "q8_0", v: "q4_0" }, { k: "f16", v: "q8_0" },
@@ -76,9 +91,68 @@ describe.skipIf(noCuda)("quantized KV caches: CUDA equals the CPU", () => {
   const p: Pair = noCuda ? null! : { cpu: new CpuBackend(), gpu: CudaBackend.open({ graphs: false }) };
   afterAll(() => p?.gpu.dispose());
 
-  test("kvLayer refuses tq3/tq4 and head dims that are not whole blocks, in one line", () => {
-    expect(() => p.gpu.kvLayer(8, 1, 64, "tq4", false)).toThrow("f16, q8_0 or q4_0, not tq4");
+  test("kvLayer refuses f32 and head dims the codes cannot take, in one line", () => {
+    expect(() => p.gpu.kvLayer(8, 1, 64, "f32", false)).toThrow("f16, q8_0, q4_0, tq3 or tq4, not f32");
     expect(() => p.gpu.kvLayer(8, 1, 40, { k: "q8_0", v: "f16" }, false)).toThrow("multiple of 32");
+    expect(() => p.gpu.kvLayer(8, 1, 96, { k: "tq4", v: "f16" }, false)).toThrow("power of two");
+  });
+
+  for (const types of TQ_TYPES) {
+    const name = kvTypesName(types);
+    test(`storeKv (${name}) writes the CPU's bytes, the anchor set as on the CPU; copyKv as the CPU's`, () => {
+      const cells = 48, kvHeads = 2, headDim = 64, kvd = kvHeads * headDim;
+      const c = p.cpu.kvLayer(cells, kvHeads, headDim, types, false), g = p.gpu.kvLayer(cells, kvHeads, headDim, types, false);
+      // 13 keys coded as they are, the 16th sets the anchor (all 16 coded again), then anchored.
+      const steps = [[0, 13], [13, 1], [14, 1], [15, 1], [16, 17], [33, 1]];
+      for (const [position, rows] of steps) {
+        const data = randomF32(rows * kvd, 700 + position, 3);
+        for (let i = 0; i < headDim; i++) data[i] = 0; // a zero head vector (scale 0)
+        for (let r = 0; r < rows; r++) data[r * kvd + 5] += 12; // a shared outlier channel
+        const [kc, kg] = acts(p, rows, kvd, data), [vc, vg] = acts(p, rows, kvd, randomF32(rows * kvd, 800 + position, 3));
+        const [pc, pg] = acts(p, rows, 1);
+        p.cpu.setPositions(pc, position, rows);
+        p.gpu.setPositions(pg, position, rows);
+        p.cpu.storeKv(c, kc, vc, rows, position);
+        p.gpu.storeKv(g, kg, vg, rows, position);
+        const want = cpuBytes(c), got = p.gpu.readKv(g), used = (position + rows) * (got.k.length / cells);
+        expect(firstDifference(got.k, want.k, used)).toBe(-1);
+        expect(firstDifference(got.v, want.v, (position + rows) * (got.v.length / cells))).toBe(-1);
+      }
+      // Copies (the prefix cache's), as the CPU makes them: into a fresh layer (it takes the
+      // source's anchor), and from a layer still without one (the keys pending in the target too).
+      const fresh = () => [p.cpu.kvLayer(cells, kvHeads, headDim, types, false), p.gpu.kvLayer(cells, kvHeads, headDim, types, false)];
+      const [c2, g2] = fresh(), [c3, g3] = fresh(), [c4, g4] = fresh();
+      p.cpu.copyKv(c, 5, c2, 2, 20);
+      p.gpu.copyKv(g, 5, g2, 2, 20);
+      const data = randomF32(5 * kvd, 77, 3), [kc, kg] = acts(p, 5, kvd, data), [vc, vg] = acts(p, 5, kvd, data);
+      const [pc, pg] = acts(p, 5, 1);
+      p.cpu.setPositions(pc, 0, 5);
+      p.gpu.setPositions(pg, 0, 5);
+      p.cpu.storeKv(c3, kc, vc, 5, 0);
+      p.gpu.storeKv(g3, kg, vg, 5, 0);
+      p.cpu.copyKv(c3, 0, c4, 3, 5);
+      p.gpu.copyKv(g3, 0, g4, 3, 5);
+      for (const [cl, gl, from, to] of [[c2, g2, 2, 22], [c4, g4, 3, 8]] as const) {
+        const want = cpuBytes(cl), got = p.gpu.readKv(gl), kb = got.k.length / cells, vb = got.v.length / cells;
+        expect(firstDifference(got.k.subarray(from * kb, to * kb), want.k.subarray(from * kb, to * kb), (to - from) * kb)).toBe(-1);
+        expect(firstDifference(got.v.subarray(from * vb, to * vb), want.v.subarray(from * vb, to * vb), (to - from) * vb)).toBe(-1);
+      }
+      const other = p.gpu.kvLayer(cells, kvHeads, headDim, "f16", false);
+      expect(() => p.gpu.copyKv(g, 0, other, 0, 1)).toThrow("differ");
+    });
+  }
+
+  test("tq keys coded less another anchor are not copied on CUDA: one line", () => {
+    const types: KvTypes = { k: "tq4", v: "q8_0" }, kvd = 64;
+    const layers = [0, 1].map((s) => {
+      const l = p.gpu.kvLayer(32, 1, 64, types, false);
+      const [, k] = acts(p, 16, kvd, randomF32(16 * kvd, 30 + s, 2)), [, v] = acts(p, 16, kvd, randomF32(16 * kvd, 40 + s, 2));
+      const [, pos] = acts(p, 16, 1);
+      p.gpu.setPositions(pos, 0, 16);
+      p.gpu.storeKv(l, k, v, 16, 0);
+      return l;
+    });
+    expect(() => p.gpu.copyKv(layers[0], 0, layers[1], 16, 4)).toThrow("different anchors");
   });
 
   for (const types of TYPES) {
@@ -127,8 +201,10 @@ describe.skipIf(noCuda)("quantized KV caches: CUDA equals the CPU", () => {
       [[0, 20], [20, 1], [21, 17], [38, 1], [39, 30], [69, 1]]],
     ["full, GQA 2:1, head_dim 96", 128, false, 0, 4, 2, 96, [[0, 19], [19, 1], [20, 3], [23, 1]]],
   ] as const;
-  for (const types of TYPES) {
+  for (const types of [...TYPES, ...TQ_TYPES]) {
     for (const [label, cells, ring, window, heads, kvHeads, headDim, steps] of CASES) {
+      const tq = TQ_TYPES.includes(types);
+      if (tq && (headDim & (headDim - 1)) !== 0) continue; // the Hadamard rotation: powers of two
       test(`storeKv + attention (${kvTypesName(types)}): ${label}`, () => {
         const c = p.cpu.kvLayer(cells, kvHeads, headDim, types, ring), g = p.gpu.kvLayer(cells, kvHeads, headDim, types, ring);
         let worst = 0;
@@ -148,7 +224,7 @@ describe.skipIf(noCuda)("quantized KV caches: CUDA equals the CPU", () => {
           p.gpu.attention(qg, g, rows, position, o, og);
           worst = Math.max(worst, normalisedError(p.gpu.read(og, rows), p.cpu.read(oc, rows).slice()));
         }
-        report(`attention ${kvTypesName(types)} ${label}`, worst, TOL_ATTENTION_Q);
+        report(`attention ${kvTypesName(types)} ${label}`, worst, tolFor(types));
       }, 60_000);
     }
   }
@@ -197,6 +273,18 @@ describe.skipIf(noCuda)("quantized KV caches: CUDA equals the CPU", () => {
       expect(fits).toBe(false);
     }, 60_000);
   }
+
+  for (const types of TQ_TYPES) {
+    test(`a table of ${kvTypesName(types)} caches goes one sequence at a time (attendRows declines)`, () => {
+      const heads = 8, kvHeads = 2, headDim = 128, qd = heads * headDim, kvd = kvHeads * headDim;
+      const gl = [0, 1].map(() => p.gpu.kvLayer(64, kvHeads, headDim, types, false));
+      const [, q] = acts(p, 2, qd, randomF32(2 * qd, 1, 2)), [, k] = acts(p, 2, kvd, randomF32(2 * kvd, 2, 2));
+      const [, v] = acts(p, 2, kvd, randomF32(2 * kvd, 3, 2)), [, o] = acts(p, 2, qd), [, pos] = acts(p, 2, 1);
+      p.gpu.setPositions(pos, 3, 1, 0);
+      p.gpu.setPositions(pos, 4, 1, 1);
+      expect(p.gpu.attendRows(q, k, v, gl, [3, 4], { heads, kvHeads, headDim, window: 0, scale: 0.1 }, o)).toBe(false);
+    });
+  }
 });
 
 const MODELS: [string, RandomQuantSpec][] = [
@@ -206,7 +294,7 @@ const MODELS: [string, RandomQuantSpec][] = [
 
 describe.skipIf(noCuda)("random-weight models with quantized KV caches: CUDA equals the CPU", () => {
   for (const [name, spec] of MODELS) {
-    for (const types of [TYPES[0], TYPES[1], TYPES[2]]) {
+    for (const types of [TYPES[0], TYPES[1], TYPES[2], TQ_TYPES[0], TQ_TYPES[1], TQ_TYPES[2]]) {
       test(`${name}, ${kvTypesName(types)}`, () => {
         const path = join(dir, `${spec.arch}-${spec.seed}.gguf`);
         writeFileSync(path, randomQuantGguf(spec));
@@ -218,6 +306,16 @@ describe.skipIf(noCuda)("random-weight models with quantized KV caches: CUDA equ
         const cpu = open("cpu");
         const want = greedyRun(cpu, prompt, steps);
         cpu.close();
+        // tq caches: the CPU's own error from them (its tq prompt logits against its f16 ones),
+        // printed beside CUDA's difference from the CPU's tq logits, which must be within the
+        // quantized-model tolerance and is expected far below that own error (the same codes).
+        let own = "";
+        if (TQ_TYPES.includes(types)) {
+          const f16 = Engine.open({ modelPath: path, backend: "cpu", contextLength: 512, batch: 16 });
+          own = `, the CPU's own ${kvTypesName(types)} error against f16 ` +
+            normalisedError(want.promptLogits, greedyRun(f16, prompt, 1).promptLogits).toExponential(2);
+          f16.close();
+        }
         const gpu = withCudaGraphs(true, () => open("cuda"));
         const got = greedyRun(gpu, prompt, steps);
         gpu.close();
@@ -239,7 +337,7 @@ describe.skipIf(noCuda)("random-weight models with quantized KV caches: CUDA equ
           same++;
         }
         console.log(`  ${name}, ${kvTypesName(types)}: prompt logits error ${promptErr.toExponential(2)}, worst step ` +
-          `${stepErr.toExponential(2)} (tolerance ${TOL_LOGITS_Q}); greedy tokens equal ${same}/${steps} (${verdict})`);
+          `${stepErr.toExponential(2)} (tolerance ${TOL_LOGITS_Q})${own}; greedy tokens equal ${same}/${steps} (${verdict})`);
         expect(promptErr).toBeLessThanOrEqual(TOL_LOGITS_Q);
         expect(stepErr).toBeLessThanOrEqual(TOL_LOGITS_Q);
         // The graph's fused norm + RoPE + store quantizes as the eager kv_store does: bit for bit.

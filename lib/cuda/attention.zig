@@ -42,21 +42,58 @@ pub fn setDecodeAttention(mode: u32) i32 {
     return 0;
 }
 
-/// A cache's type: ggml's ids, as shaders/cuda/kv_quant.cuh names them.
+/// A cache's type: ggml's ids, as shaders/cuda/kv_quant.cuh names them, and infer's rotated
+/// codes TQ3/TQ4 (shaders/cuda/kv_turbo.cuh; lib/cpu/kv_turbo.zig's bytes).
 pub const kv_f16: u32 = 1;
 pub const kv_q4_0: u32 = 2;
 pub const kv_q8_0: u32 = 8;
+pub const kv_tq3: u32 = 103;
+pub const kv_tq4: u32 = 104;
+
+pub fn isTurbo(t: u32) bool {
+    return t == kv_tq3 or t == kv_tq4;
+}
+
+/// The head dims the rotated codes take on CUDA: a power of two (the Hadamard transform), at most
+/// the attention kernels' head_dim_max.
+pub fn turboDimFits(head_dim: u64) bool {
+    return head_dim >= 8 and head_dim <= head_dim_max and std.math.isPowerOfTwo(head_dim);
+}
 
 /// null where k_type and v_type are cache types CUDA keeps and `values` (a head, or a row of
-/// heads) is whole 32-value blocks for the quantized ones; else the failed status.
+/// heads) is whole 32-value blocks for the Q8_0/Q4_0 ones (TQ3/TQ4: turboDimFits, checked where
+/// the head_dim is known); else the failed status.
 pub fn checkKvTypes(what: []const u8, k_type: u32, v_type: u32, values: u64) ?i32 {
     for ([_]u32{ k_type, v_type }) |t| {
+        if (isTurbo(t)) continue;
         if (t != kv_f16 and t != kv_q4_0 and t != kv_q8_0)
-            return invalid("{s}: cache type {d} is not f16 (1), q4_0 (2) or q8_0 (8)", .{ what, t });
+            return invalid("{s}: cache type {d} is not f16 (1), q4_0 (2), q8_0 (8), tq3 (103) or tq4 (104)", .{ what, t });
         if (t != kv_f16 and values % 32 != 0)
             return invalid("{s}: a q8_0/q4_0 cache needs head_dim a multiple of 32, not {d}", .{ what, values });
     }
     return null;
+}
+
+/// null where neither type is TQ3/TQ4 (the kernels that store or read a cache by 32-value
+/// blocks: the fused norm + RoPE + store, the table of caches); else the failed status.
+pub fn refuseTurbo(what: []const u8, k_type: u32, v_type: u32) ?i32 {
+    if (isTurbo(k_type) or isTurbo(v_type))
+        return status.fail(.unsupported, "{s}: tq3/tq4 caches are stored and read one sequence at a time", .{what});
+    return null;
+}
+
+/// abi.CudaKvStoreTurboArgs: rows coded into a tq3/tq4 cache, a block a head vector.
+pub fn kvStoreTurbo(a: abi.CudaKvStoreTurboArgs) i32 {
+    if (!isTurbo(a.cache_type)) return invalid("kv_store_turbo: type {d} is not tq3 (103) or tq4 (104)", .{a.cache_type});
+    if (!turboDimFits(a.head_dim))
+        return status.fail(.unsupported, "kv_store_turbo: tq3/tq4 on CUDA need head_dim a power of two in 8..{d}, not {d}", .{ head_dim_max, a.head_dim });
+    const kvh = int(a.kv_heads) orelse return tooLarge("kv_store_turbo: kv_heads", a.kv_heads);
+    const c = int(a.cells) orelse return tooLarge("kv_store_turbo: cells", a.cells);
+    const first = int(a.first_cell) orelse return tooLarge("kv_store_turbo: first_cell", a.first_cell);
+    if (a.kv_heads == 0 or a.n_tok == 0) return 0;
+    return launch(.kv_store_turbo, a.n_tok * a.kv_heads, 1, 128, .{
+        a.x, kvh, @as(i32, @intCast(a.head_dim)), a.cache, @as(i32, @intCast(a.cache_type)), a.positions, first, c, @as(i32, @intFromBool(a.ring)), a.anchor,
+    });
 }
 
 /// Rows t < n_tok of k and v (kv_dim values each) into cell positions[t] (mod cells when ring).
@@ -149,6 +186,7 @@ pub fn decodeMmaQTakes(n_head: u64, n_kv_head: u64, head_dim: u64) bool {
 /// the tensor-core kernels (the other one-pass kernels have none).
 pub fn attentionRowsFit(n_head: u64, n_kv_head: u64, head_dim: u64, k_type: u32, v_type: u32, sinks: bool) bool {
     if (checkKvTypes("attention_rows", k_type, v_type, head_dim) != null) return false;
+    if (isTurbo(k_type) or isTurbo(v_type)) return false; // one sequence at a time (attendTurbo)
     if (sinks and k_type == kv_f16 and v_type == kv_f16) return decodeMmaTakes(n_head, n_kv_head, head_dim);
     if (k_type == kv_f16 and v_type == kv_f16) return decodeAttentionFits(n_head, n_kv_head, head_dim);
     return decodeMmaQTakes(n_head, n_kv_head, head_dim);
@@ -160,6 +198,7 @@ pub fn kvStoreRows(k: u64, v: u64, kv_dim: u64, n_tok: u64, kv_table: u64, posit
     const dim = int(kv_dim) orelse return tooLarge("kv_store_rows: kv_dim", kv_dim);
     const c = int(cells) orelse return tooLarge("kv_store_rows: cells", cells);
     if (checkKvTypes("kv_store_rows", k_type, v_type, kv_dim)) |rc| return rc;
+    if (refuseTurbo("kv_store_rows", k_type, v_type)) |rc| return rc;
     return launch(.kv_store_rows, ceilDiv(kv_dim, 256), n_tok, 256, .{
         k, v, dim, kv_table, positions, c, @as(i32, @intFromBool(ring)), @as(i32, @intCast(k_type)), @as(i32, @intCast(v_type)),
     });
@@ -208,6 +247,7 @@ fn attendInto(a: abi.CudaAttentionArgs, oq: OutQuant, quantized: *bool) i32 {
     const splits: i32 = @intCast(n_split);
     const ring_i: i32 = @intFromBool(ring);
     if (checkKvTypes("attention", a.k_type, a.v_type, head_dim)) |rc| return rc;
+    if (isTurbo(a.k_type) or isTurbo(a.v_type)) return attendTurbo(a);
     if (a.k_type != kv_f16 or a.v_type != kv_f16) return attendQuant(a, oq, quantized);
     const rows = n_tok * n_head;
     const scores = scratch;
@@ -331,4 +371,32 @@ fn attendQuant(a: abi.CudaAttentionArgs, oq: OutQuant, quantized: *bool) i32 {
     if (a.kv_table != 0)
         return invalid("attention_rows: q8_0/q4_0 caches of head_dim {d} take one sequence at a time", .{a.head_dim});
     return attendHeads(a, kt, vt);
+}
+
+/// Attention over caches of which one or both are TQ3/TQ4, in the codes' rotated domain: a TQ K
+/// cache's scores are the rotated query (tq_rotate, written into `out`, which attn_scores has
+/// read before attn_values writes it) against each key's levels, <Tq, T(k - anchor)> (the anchor
+/// moves every score of a query alike: no softmax sees it); a TQ V cache's weighted sum of levels
+/// is rotated back once per head. attn_scores + attn_values read value by value (kv_at), so no
+/// kernel expands the cache; a table of caches is refused (attentionRowsFit says so first).
+fn attendTurbo(a: abi.CudaAttentionArgs) i32 {
+    if (a.kv_table != 0) return refuseTurbo("attention_rows", a.k_type, a.v_type).?;
+    if (!turboDimFits(a.head_dim))
+        return status.fail(.unsupported, "attention: tq3/tq4 on CUDA need head_dim a power of two in 8..{d}, not {d}", .{ head_dim_max, a.head_dim });
+    const vectors = a.n_tok * a.n_head;
+    const dim: i32 = @intCast(a.head_dim);
+    var b = a;
+    if (isTurbo(a.k_type)) {
+        const rc = turboRotate(a.q, a.out, vectors, dim, false);
+        if (rc != 0) return rc;
+        b.q = a.out;
+    }
+    const rc = attendHeads(b, @intCast(a.k_type), @intCast(a.v_type));
+    if (rc != 0 or !isTurbo(a.v_type)) return rc;
+    return turboRotate(a.out, a.out, vectors, dim, true);
+}
+
+/// tq_rotate: `vectors` head vectors of src into dst (inverse: back), a block a vector.
+fn turboRotate(src: u64, dst: u64, vectors: u64, dim: i32, inverse: bool) i32 {
+    return launch(.tq_rotate, vectors, 1, 128, .{ src, dst, dim, @as(i32, @intFromBool(inverse)) });
 }

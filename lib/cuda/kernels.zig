@@ -160,6 +160,8 @@ pub const Kernel = enum {
     kv_store_rows,
     kv_shift_gather,
     kv_shift_scatter,
+    kv_store_turbo,
+    tq_rotate,
     attn_scores,
     attn_values,
     attn_decode_g1,

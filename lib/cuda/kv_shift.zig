@@ -39,6 +39,7 @@ pub fn kvShift(a: abi.CudaKvShiftArgs) i32 {
     if (!(a.freq_base > 0) or !std.math.isFinite(a.freq_base) or !std.math.isFinite(a.freq_scale))
         return invalid("kv_shift: bad freq_base {d} or freq_scale {d}", .{ a.freq_base, a.freq_scale });
     if (attn.checkKvTypes("kv_shift", a.k_type, a.v_type, a.head_dim)) |rc| return rc;
+    if (attn.refuseTurbo("kv_shift", a.k_type, a.v_type)) |rc| return rc;
     const cells = int(a.cells) orelse return tooLarge("kv_shift: cells", a.cells);
     const heads = int(a.kv_heads) orelse return tooLarge("kv_shift: kv_heads", a.kv_heads);
     if (heads == 0 or a.kv_heads > 65535) return invalid("kv_shift: {d} KV heads", .{a.kv_heads});

@@ -408,6 +408,7 @@ pub const kvShift = @import("kv_shift.zig").kvShift;
 pub const kvShiftScratch = @import("kv_shift.zig").kvShiftScratch;
 pub const attentionRowsFit = attn.attentionRowsFit;
 pub const checkKvTypes = attn.checkKvTypes;
+pub const kvStoreTurbo = attn.kvStoreTurbo;
 
 /// One token's query and key head norms (wq = wk = 0: none), their RoPE, and the store of the
 /// keys and values into the f16 cache at positions[0]: rms_norm2 + rope2 + kv_store in one launch
@@ -437,6 +438,7 @@ pub fn normRopeStore(a: abi.CudaNormRopeStoreArgs) i32 {
         return invalid("norm_rope_store: n_rot {d} must be even, > 0, <= head_dim {d} <= {d}", .{ n_rot, head_dim, head_dim_max });
     if ((wq == 0) != (wk == 0)) return invalid("norm_rope_store: both head norms or neither", .{});
     if (checkKvTypes("norm_rope_store", a.k_type, a.v_type, head_dim)) |rc| return rc;
+    if (attn.refuseTurbo("norm_rope_store", a.k_type, a.v_type)) |rc| return rc;
     const hq = int(heads_q) orelse return tooLarge("norm_rope_store: heads_q", heads_q);
     const hk = int(heads_k) orelse return tooLarge("norm_rope_store: heads_k", heads_k);
     const c = int(cells) orelse return tooLarge("norm_rope_store: cells", cells);

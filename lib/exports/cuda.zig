@@ -150,6 +150,11 @@ export fn infer_cuda_kv_shift_scratch(kv_heads: u64, head_dim: u64, n_rows: u64,
     return cuda.ops.kvShiftScratch(kv_heads, head_dim, n_rows, v_type);
 }
 
+/// Rows coded into a tq3/tq4 cache, less a per-layer anchor row (abi.CudaKvStoreTurboArgs).
+export fn infer_cuda_kv_store_turbo(args: *const abi.CudaKvStoreTurboArgs) i32 {
+    return cuda.ops.kvStoreTurbo(args.*);
+}
+
 /// f32 values of scratch infer_cuda_attention needs.
 export fn infer_cuda_attention_scratch(n_tok: u64, n_head: u64, head_dim: u64, cells: u64, n_split: u64) u64 {
     return cuda.ops.attentionScratch(n_tok, n_head, head_dim, cells, n_split);

@@ -68,7 +68,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
       for (int d = lane; d < head_dim; d += 32) s = __fmaf_rn(__half2float(kr[d]), qs[d], s);
     } else {  // a quantized cache (kv_quant.cuh), value by value
       const uint8_t* kr = kv_head(kc, kt, cell, kv_dim, r.kvh, head_dim);
-      for (int d = lane; d < head_dim; d += 32) s = __fmaf_rn(kv_at(kr, kt, d), qs[d], s);
+      for (int d = lane; d < head_dim; d += 32) s = __fmaf_rn(kv_at(kr, kt, d, head_dim), qs[d], s);
     }
     s = warp_sum(s) * scale;
     if (lane == 0) scores[static_cast<size_t>(r.row) * score_stride + jj] = s;
@@ -114,7 +114,7 @@ __device__ __forceinline__ void attn_values_split(const AttnRow& r, const float*
 #pragma unroll
         for (int k = 0; k < 4; k++) {
           const int d = d0 + k * ATTN_THREADS;
-          if ((head_dim > ATTN_THREADS || k == 0) && d < head_dim) acc[k] = __fmaf_rn(p, kv_at(vr, vt, d), acc[k]);
+          if ((head_dim > ATTN_THREADS || k == 0) && d < head_dim) acc[k] = __fmaf_rn(p, kv_at(vr, vt, d, head_dim), acc[k]);
         }
       }
     } else if (g < G) {

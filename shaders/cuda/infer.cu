@@ -18,6 +18,7 @@
 #include "quant.cuh"
 #include "packed.cuh"
 #include "kv_quant.cuh"
+#include "kv_turbo.cuh"
 
 // ---- embedding rows --------------------------------------------------------------------------
 
@@ -455,8 +456,11 @@ __device__ __forceinline__ void store_kv_value(const float* k, const float* v, i
     return;
   }
   const int b0 = i & ~31;  // the warp's block
-  kv_store_block(k[src], kt, static_cast<uint8_t*>(kc) + static_cast<size_t>(cell) * kv_bytes(kt, kv_dim) + kv_bytes(kt, b0));
-  kv_store_block(v[src], vt, static_cast<uint8_t*>(vc) + static_cast<size_t>(cell) * kv_bytes(vt, kv_dim) + kv_bytes(vt, b0));
+  // A TQ3/TQ4 half is kv_store_turbo's (kv_turbo.cuh: a block a head vector), launched beside.
+  if (!kv_turbo(kt))
+    kv_store_block(k[src], kt, static_cast<uint8_t*>(kc) + static_cast<size_t>(cell) * kv_bytes(kt, kv_dim) + kv_bytes(kt, b0));
+  if (!kv_turbo(vt))
+    kv_store_block(v[src], vt, static_cast<uint8_t*>(vc) + static_cast<size_t>(cell) * kv_bytes(vt, kv_dim) + kv_bytes(vt, b0));
 }
 
 /// Row t of k and v into cell positions[t] of one cache.

@@ -12,21 +12,59 @@
 constexpr int KV_F16 = 1;
 constexpr int KV_Q4_0 = 2;
 constexpr int KV_Q8_0 = 8;
+// infer's rotated codes (lib/cpu/kv_turbo.zig; kv_turbo.cuh stores and rotates them): one coded
+// vector per head, an f16 scale then tq4: nibbles; tq3: 2-bit magnitudes, then sign bits.
+constexpr int KV_TQ3 = 103;
+constexpr int KV_TQ4 = 104;
+
+__host__ __device__ constexpr bool kv_turbo(int type) { return type == KV_TQ3 || type == KV_TQ4; }
 
 /// Bytes of n values of a cache of `type` (n a whole number of blocks for Q8_0 and Q4_0).
 __host__ __device__ constexpr int kv_bytes(int type, int n) {
   return type == KV_Q8_0 ? n / 32 * 34 : type == KV_Q4_0 ? n / 32 * 18 : 2 * n;
 }
 
+/// kv_bytes for any type: n a whole number of head vectors of head_dim values for TQ3/TQ4.
+__host__ __device__ constexpr int kv_bytes(int type, int n, int head_dim) {
+  return kv_turbo(type) ? n / head_dim * (2 + head_dim * (type == KV_TQ3 ? 3 : 4) / 8) : kv_bytes(type, n);
+}
+
 /// KV head kvh of cell `cell` of a cache whose rows hold kv_dim values.
 __device__ __forceinline__ const uint8_t* kv_head(const void* cache, int type, int cell, int kv_dim, int kvh,
                                                   int head_dim) {
-  return static_cast<const uint8_t*>(cache) + static_cast<size_t>(cell) * kv_bytes(type, kv_dim) +
-         kv_bytes(type, kvh * head_dim);
+  return static_cast<const uint8_t*>(cache) + static_cast<size_t>(cell) * kv_bytes(type, kv_dim, head_dim) +
+         kv_bytes(type, kvh * head_dim, head_dim);
 }
 
-/// Value d of a head (lib/cpu/kv_quant.zig atQ8 / atQ4: the integer times the f16 scale in f32).
-__device__ __forceinline__ float kv_at(const uint8_t* head, int type, int d) {
+/// The Lloyd-Max magnitudes of N(0, 1) (kv_turbo.zig magnitudes): tq3's four, then tq4's eight.
+__constant__ float kv_turbo_mags[12] = {0.2451f, 0.7560f, 1.3440f, 2.1520f, 0.1284f, 0.3881f,
+                                        0.6568f, 0.9424f, 1.2562f, 1.6181f, 2.0690f, 2.7326f};
+
+/// A head vector's f16 scale (TQ3/TQ4: a vector may start at an odd byte).
+__device__ __forceinline__ float kv_turbo_scale(const uint8_t* head) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(head[0] | (head[1] << 8))));
+}
+
+/// Coordinate d of a TQ3/TQ4 head vector in the rotated domain: ±magnitude times the scale
+/// (kv_turbo.zig decodeRotatedScalar, the same f32 product).
+__device__ __forceinline__ float kv_turbo_at(const uint8_t* head, int type, int d, int head_dim) {
+  int idx, neg;
+  if (type == KV_TQ4) {
+    const int c = head[2 + (d >> 1)] >> (4 * (d & 1));
+    idx = 4 + (c & 7);
+    neg = (c >> 3) & 1;
+  } else {
+    idx = (head[2 + (d >> 2)] >> (2 * (d & 3))) & 3;
+    neg = (head[2 + head_dim / 4 + (d >> 3)] >> (d & 7)) & 1;
+  }
+  const float m = kv_turbo_mags[idx];
+  return __fmul_rn(neg ? -m : m, kv_turbo_scale(head));
+}
+
+/// Value d of a head (lib/cpu/kv_quant.zig atQ8 / atQ4: the integer times the f16 scale in f32;
+/// TQ3/TQ4: the rotated coordinate, kv_turbo_at).
+__device__ __forceinline__ float kv_at(const uint8_t* head, int type, int d, int head_dim) {
+  if (kv_turbo(type)) return kv_turbo_at(head, type, d, head_dim);
   if (type == KV_Q8_0) {
     const uint8_t* b = head + (d >> 5) * 34;
     return static_cast<float>(static_cast<int8_t>(b[2 + (d & 31)])) * ld_f16(b);

@@ -33,7 +33,7 @@ export interface LoadOptions {
   /**
    * How the KV cache stores keys (llama.cpp's --cache-type-k): "f16" (default), "q8_0" or
    * "q4_0" (32 values to an f16 scale: about half and a quarter of f16's memory), or infer's
-   * rotated codes "tq4" and "tq3" (about 4 and 3 bits a value; head_dim a power of two). CPU backend.
+   * rotated codes "tq4" and "tq3" (about 4 and 3 bits a value; head_dim a power of two). CPU and CUDA.
    */
   readonly cacheTypeK?: KvType;
   /** How the KV cache stores values (llama.cpp's --cache-type-v), as cacheTypeK. */

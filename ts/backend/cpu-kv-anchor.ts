@@ -50,14 +50,18 @@ export function pendKeys(l: AnchoredKeys, keys: Float32Array, cell: number, rows
 export function setAnchor(l: AnchoredKeys): void {
   const pending = l.kPending;
   if (l.kAnchor !== undefined || !pending || pending.size === 0) return;
-  const kvDim = l.kvHeads * l.headDim, sum = new Float64Array(kvDim);
-  const cells = [...pending.keys()].sort((x, y) => x - y);
+  l.kAnchor = anchorMean(pending, l.kvHeads * l.headDim);
+  recodePending(l);
+}
+
+/** The mean of pending keys, summed in f64 in cell order (the CPU's and CUDA's anchor alike). */
+export function anchorMean(pending: ReadonlyMap<number, Float32Array>, kvDim: number): Float32Array {
+  const sum = new Float64Array(kvDim), cells = [...pending.keys()].sort((x, y) => x - y);
   for (const c of cells) {
     const key = pending.get(c)!;
     for (let i = 0; i < kvDim; i++) sum[i] += key[i];
   }
-  l.kAnchor = Float32Array.from(sum, (x) => x / cells.length);
-  recodePending(l);
+  return Float32Array.from(sum, (x) => x / cells.length);
 }
 
 /** Codes the pending keys again less the anchor now set, and forgets them. */

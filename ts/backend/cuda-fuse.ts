@@ -13,7 +13,7 @@ export type LaunchCall =
   | "infer_cuda_add_rms_norm_quant" | "infer_cuda_rms_norm_quant" | "infer_cuda_rms_norm2"
   | "infer_cuda_act_mul_quant" | "infer_cuda_matmul_multi" | "infer_cuda_rope2" | "infer_cuda_norm_rope_store"
   | "infer_cuda_moe_route" | "infer_cuda_moe_group" | "infer_cuda_moe_matmul" | "infer_cuda_moe_sum"
-  | "infer_cuda_moe_swiglu_oai";
+  | "infer_cuda_moe_swiglu_oai" | "infer_cuda_kv_store_turbo";
 
 /** One recorded launch call: which, its arguments by name, and what it does (for errors and profiles). */
 export type PendingOp = { [F in LaunchCall]: { fn: F; args: NamedArgs<F>; what: string } }[LaunchCall];
@@ -177,6 +177,8 @@ function normRopeStore(ops: PendingOp[], i: number): { op: PendingOp; length: nu
   const qr = ops[r], kr = ops[r + 1], st = ops[r + 2];
   if (!is(qr, "infer_cuda_rope") || !is(kr, "infer_cuda_rope") || !is(st, "infer_cuda_kv_store")) return null;
   const A = qr.args, B = kr.args, S = st.args;
+  // A tq3/tq4 half (ids 103, 104) is stored by kv_store_turbo, a block a head vector.
+  if ((S.k_type ?? 1) >= 103 || (S.v_type ?? 1) >= 103) return null;
   if (A.n_tok !== 1 || !sameRope(A, B) || A.x === B.x) return null;
   if (S.k !== B.x || S.kv_dim !== B.n_heads * A.head_dim || S.n_tok !== 1 || S.positions !== A.positions) return null;
   let wq = 0, wk = 0, eps = 0;

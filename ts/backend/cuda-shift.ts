@@ -38,6 +38,9 @@ function rotationAttnFactor(rope: RopeOptions): number {
   return rope.yarn ? Math.fround(1 / Math.fround(1 + 0.1 * Math.log(1 / rope.scale))) : 1;
 }
 
+/** tq3 and tq4 (lib/cuda/attention.zig isTurbo): their keys would need the anchor and re-coding. */
+const isTurboId = (id: number) => id === 103 || id === 104;
+
 export class KvShifter {
   private scratch = 0;
   private scratchBytes = 0;
@@ -75,6 +78,10 @@ export class KvShifter {
 
   private launch(l: ShiftLayer, rope: RopeOptions, factors: number,
     m: { rows: number; first: number; to: number; move: number; list: Int32Array | null }): void {
+    if (isTurboId(l.kTypeId) || isTurboId(l.vTypeId)) {
+      throw new InferError("unsupported", "the context shift of tq3/tq4 caches runs on the CPU backend " +
+        "(on CUDA: --cache-type-k/--cache-type-v f16, q8_0 or q4_0)");
+    }
     const rowBytes = Number(this.lib.infer_cuda_kv_shift_scratch(l.kvHeads, l.headDim, m.rows, l.vTypeId));
     const listOffset = Math.ceil(rowBytes / 256) * 256;
     const scratch = this.ensure(listOffset + (m.list ? m.list.length * 4 : 0));

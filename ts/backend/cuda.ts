@@ -26,6 +26,7 @@ import { callNamed, type NamedArgs } from "../native/calls.ts";
 import type { LaunchCall } from "./cuda-fuse.ts";
 import { AttentionBuffers, decodeSplit } from "./cuda-attention.ts";
 import { CudaExperts } from "./cuda-moe.ts";
+import { copyCudaAnchoredKeys, pendCudaKeys, type AnchorDevice, type CudaAnchoredKeys } from "./cuda-kv-anchor.ts";
 import { StepGraphs, type StepStats } from "./cuda-graphs.ts";
 import { KvShifter } from "./cuda-shift.ts";
 import {
@@ -59,10 +60,21 @@ class CudaActivation implements Activation {
   constructor(readonly name: string, readonly rows: number, readonly cols: number, readonly address: number) {}
 }
 
-/** The ggml type id of each cache type the CUDA kernels keep (shaders/cuda/kv_quant.cuh). */
-const cudaKvTypeIds: Partial<Record<KvType, number>> = { f16: GgmlType.F16, q8_0: GgmlType.Q8_0, q4_0: GgmlType.Q4_0 };
+/**
+ * The type id of each cache type the CUDA kernels keep: ggml's (shaders/cuda/kv_quant.cuh) and
+ * infer's rotated codes past them (shaders/cuda/kv_turbo.cuh, the CPU's ids).
+ */
+const cudaKvTypeIds: Partial<Record<KvType, number>> = {
+  f16: GgmlType.F16, q8_0: GgmlType.Q8_0, q4_0: GgmlType.Q4_0, tq3: 103, tq4: 104,
+};
 
-class CudaKvLayer implements KvLayer {
+function isTurbo(t: KvType): boolean { return t === "tq3" || t === "tq4"; }
+
+class CudaKvLayer implements KvLayer, CudaAnchoredKeys {
+  /** A tq K layer's anchor (cuda-kv-anchor.ts): on the host once set, and on the device. */
+  kAnchor: Float32Array | undefined = undefined;
+  kPending?: Map<number, Float32Array>;
+  kAnchorAddress = 0;
   /** Bytes of one cell (kvHeads · headDim values) of the keys and of the values. */
   readonly kRowBytes: number;
   readonly vRowBytes: number;
@@ -290,20 +302,27 @@ export class CudaBackend implements Backend {
   kvLayer(cells: number, kvHeads: number, headDim: number, types: KvType | KvTypes, ring: boolean): KvLayer {
     const type = kvTypesOf(types);
     if (cudaKvTypeIds[type.k] === undefined || cudaKvTypeIds[type.v] === undefined) {
-      throw new InferError("unsupported", `the CUDA backend keeps the KV cache in f16, q8_0 or q4_0, not ` +
-        `${kvTypesName(type)} (--cache-type-k/--cache-type-v tq3 and tq4 run on the CPU backend)`);
+      throw new InferError("unsupported", `the CUDA backend keeps the KV cache in f16, q8_0, q4_0, tq3 or tq4, ` +
+        `not ${kvTypesName(type)}`);
     }
     if (headDim > HEAD_DIM_MAX) {
       throw new InferError("unsupported", `head_dim ${headDim} is over the CUDA backend's ${HEAD_DIM_MAX}`);
     }
-    if ((type.k !== "f16" || type.v !== "f16") && headDim % 32 !== 0) {
+    const blocks = (t: KvType) => t === "q8_0" || t === "q4_0";
+    if ((blocks(type.k) || blocks(type.v)) && headDim % 32 !== 0) {
       throw new InferError("unsupported", `a ${kvTypesName(type)} KV cache needs head_dim a multiple of 32, ` +
         `not ${headDim}`);
     }
+    if ((isTurbo(type.k) || isTurbo(type.v)) && (headDim < 8 || (headDim & (headDim - 1)) !== 0)) {
+      throw new InferError("unsupported", `a ${kvTypesName(type)} KV cache needs head_dim a power of two from 8, ` +
+        `not ${headDim}`);
+    }
     const values = cells * kvHeads * headDim;
-    return new CudaKvLayer(cells, ring, kvHeads, headDim, type,
+    const layer = new CudaKvLayer(cells, ring, kvHeads, headDim, type,
       this.alloc(kvBytes(type.k, values, headDim), `KV cache (${cells} cells)`),
       this.alloc(kvBytes(type.v, values, headDim), `KV cache (${cells} cells)`));
+    if (isTurbo(type.k)) layer.kAnchorAddress = this.alloc(kvHeads * headDim * 4, "KV cache anchor");
+    return layer;
   }
 
   /** Frees every device and pinned allocation and graph; the backend is unusable afterwards. */
@@ -523,11 +542,61 @@ export class CudaBackend implements Backend {
     const kvDim = l.kvHeads * l.headDim;
     if (k.cols !== kvDim || v.cols !== kvDim) throw new InferError("invalid_argument", "storeKv: k/v width is not kvHeads·headDim");
     const p = this.positionsFor(position, rows, firstRow);
-    const rowBytes = kvDim * 4;
-    this.op("infer_cuda_kv_store", { k: a(k).address + firstRow * rowBytes, v: a(v).address + firstRow * rowBytes,
-      kv_dim: kvDim, n_tok: rows, k_cache: l.k, v_cache: l.v, positions: p, cells: l.cells, ring: l.ring,
-      k_type: l.kTypeId, v_type: l.vTypeId }, "kv_store");
+    const rowBytes = kvDim * 4, kAddress = a(k).address + firstRow * rowBytes, vAddress = a(v).address + firstRow * rowBytes;
+    const kTurbo = isTurbo(l.types.k), vTurbo = isTurbo(l.types.v);
+    // kv_store writes the halves of 32-value blocks or f16; a tq half is kv_store_turbo's.
+    if (!kTurbo || !vTurbo) {
+      this.op("infer_cuda_kv_store", { k: kAddress, v: vAddress, kv_dim: kvDim, n_tok: rows, k_cache: l.k, v_cache: l.v,
+        positions: p, cells: l.cells, ring: l.ring, k_type: l.kTypeId, v_type: l.vTypeId }, "kv_store");
+    }
+    const turbo = (x: number, cache: number, type: number, anchor: number) => this.op("infer_cuda_kv_store_turbo", {
+      x, n_tok: rows, kv_heads: l.kvHeads, head_dim: l.headDim, cache, cache_type: type, positions: p, first_cell: 0,
+      cells: l.cells, ring: l.ring, anchor }, "kv_store_turbo");
+    if (vTurbo) turbo(vAddress, l.v, l.vTypeId, 0);
+    if (!kTurbo) return;
+    if (l.kAnchor !== undefined) return turbo(kAddress, l.k, l.kTypeId, l.kAnchorAddress);
+    // No anchor yet: the keys come back to the host, which decides it (cuda-kv-anchor.ts).
+    this.stopRecording();
+    const keys = new Float32Array(rows * kvDim);
+    check(this.lib.infer_cuda_download(keys, kAddress, keys.byteLength), "read keys for the tq anchor");
+    const cells = Array.from({ length: rows }, (_, r) => l.ring ? (position + r) % l.cells : position + r);
+    if (!pendCudaKeys(this.anchorDevice, l, keys, cells)) turbo(kAddress, l.k, l.kTypeId, 0);
   }
+
+  /** The device side of the tq anchor (cuda-kv-anchor.ts): eager, outside any recorded step. */
+  private readonly anchorDevice: AnchorDevice = {
+    storeHostKeys: (layer, keys, cell, rows, anchored) => {
+      const l = layer as CudaKvLayer;
+      this.stopRecording();
+      const staging = this.turboStaging(keys.byteLength);
+      check(this.lib.infer_cuda_upload(staging, keys, keys.byteLength), "upload keys for the tq anchor");
+      check(callNamed("infer_cuda_kv_store_turbo", { x: staging, n_tok: rows, kv_heads: l.kvHeads, head_dim: l.headDim,
+        cache: l.k, positions: 0, first_cell: cell, cells: l.cells, anchor: anchored ? l.kAnchorAddress : 0,
+        cache_type: l.kTypeId, ring: l.ring }), "kv_store_turbo");
+    },
+    uploadAnchor: (layer) => {
+      const l = layer as CudaKvLayer;
+      this.stopRecording();
+      check(this.lib.infer_cuda_upload(l.kAnchorAddress, l.kAnchor!, l.kAnchor!.byteLength), "upload the tq anchor");
+    },
+    copyCodes: (src, srcCell, dst, dstCell, cells) => {
+      const s = src as CudaKvLayer, d = dst as CudaKvLayer, kb = s.kRowBytes;
+      check(this.lib.infer_cuda_copy(d.k + dstCell * kb, s.k + srcCell * kb, cells * kb), "copy kv");
+    },
+  };
+
+  /** A device buffer of at least `bytes` for keys coded again (grown after the stream drains). */
+  private turboStaging(bytes: number): number {
+    if (bytes > this.turboStagingBytes) {
+      check(this.lib.infer_cuda_sync(), "CUDA sync");
+      this.release(this.turboStagingAddress);
+      this.turboStagingAddress = this.alloc(bytes, "tq anchor staging");
+      this.turboStagingBytes = bytes;
+    }
+    return this.turboStagingAddress;
+  }
+  private turboStagingAddress = 0;
+  private turboStagingBytes = 0;
 
   copyKv(src: KvLayer, srcCell: number, dst: KvLayer, dstCell: number, cells: number): void {
     const s = src as CudaKvLayer, d = dst as CudaKvLayer;
@@ -539,7 +608,10 @@ export class CudaBackend implements Backend {
     }
     this.stopRecording();
     const kb = s.kRowBytes, vb = s.vRowBytes;
-    check(this.lib.infer_cuda_copy(d.k + dstCell * kb, s.k + srcCell * kb, cells * kb), "copy kv");
+    // A tq K layer's codes are less its anchor: copied as they are only between layers of one
+    // anchor, else coded again (cuda-kv-anchor.ts), never mapped.
+    if (isTurbo(s.types.k)) copyCudaAnchoredKeys(this.anchorDevice, s, srcCell, d, dstCell, cells);
+    else check(this.lib.infer_cuda_copy(d.k + dstCell * kb, s.k + srcCell * kb, cells * kb), "copy kv");
     check(this.lib.infer_cuda_copy(d.v + dstCell * vb, s.v + srcCell * vb, cells * vb), "copy kv");
   }
 

@@ -54,7 +54,7 @@ export function generationHelp(defaultTokens: string): string {
                          org/repo[:QUANT] on the Hugging Face Hub, pulled on first use
                          (default: the installed Gemma 3 270M Q4_K_M)
   -c, --ctx-size N       context length in tokens (default: min(4096, the model's))
-  -ctk, --cache-type-k T KV cache keys: f16, q8_0, q4_0, tq4 or tq3 (default f16; tq: CPU only)
+  -ctk, --cache-type-k T KV cache keys: f16, q8_0, q4_0, tq4 or tq3 (default f16; tq: CPU, CUDA)
   -ctv, --cache-type-v T KV cache values, as -ctk (q4_0 keys cost the most quality)
   -t, --threads N        CPU threads (default: physical cores; capped to the CPUs)
   --backend B            cpu, cuda, metal, or auto: Metal on Apple silicon, else CUDA when

@@ -43,7 +43,7 @@ another origin are refused (403) unless --cors allows that origin.
   --host H               address to listen on (default 127.0.0.1)
   --port N               port (default 8080; 0: any free port)
   -c, --ctx N            context length of each sequence (default: min(4096, the model's))
-  -ctk, --cache-type-k T KV cache keys: f16, q8_0, q4_0, tq4 or tq3 (default f16; tq: CPU only)
+  -ctk, --cache-type-k T KV cache keys: f16, q8_0, q4_0, tq4 or tq3 (default f16; tq: CPU, CUDA)
   -ctv, --cache-type-v T KV cache values, as -ctk
   --context-shift        a request with max_tokens past the context gets them: the context
                          keeps its first 4 tokens and drops the older half of the rest (CPU)

@@ -39,7 +39,7 @@ export interface EngineOptions {
   readonly batch?: number;
   /** The KV cache's keys and values both (default f16; f32 for tests). */
   readonly kvType?: KvType;
-  /** The keys' type, over kvType (llama.cpp's --cache-type-k): f16, q8_0, q4_0 (CPU and CUDA), tq3 or tq4 (CPU). */
+  /** The keys' type, over kvType (llama.cpp's --cache-type-k): f16, q8_0, q4_0, tq3 or tq4 (CPU and CUDA). */
   readonly cacheTypeK?: KvType;
   /** The values' type, over kvType (llama.cpp's --cache-type-v). */
   readonly cacheTypeV?: KvType;
