@@ -135,8 +135,8 @@ describe.skipIf(noCuda)("several sequences in one CUDA batch", () => {
   // 64 sequences of 2 to 121 prompt tokens (their attention over different lengths in one
   // launch), 6 steps of one row each, every sequence against itself decoded alone on the same
   // GPU. The prompts run alike both ways (bit for bit); a step of 64 rows takes other kernels than
-  // one row: its matmuls the tensor-core tiles (lib/cuda/ops.zig batchMma: two 32-token tiles;
-  // the K-quants past 32 rows the prompt's tile) where one row takes matvecs, its norms 256
+  // one row: its matmuls the tensor-core tiles (lib/cuda/ops.zig batchMma: one 64-token tile)
+  // where one row takes matvecs, its norms 256
   // threads where one row's take 1,024, its RoPE and store rope2 + kv_store_rows where one row's
   // are the fused norm_rope_store. Another summation order, so not the same bits:
   // - Quantized models quantize every matmul's input to 8 bits, and a last-bit difference that

@@ -207,9 +207,9 @@ describe.skipIf(noCuda)("CUDA ops equal the CPU backend's", () => {
     const layouts: [string, Pair][] = PACKED.has(name) ? [["", p], [" (GGUF layout)", gguf]] : [["", p]];
     for (const [layout, q] of layouts) {
       // 2 to 64 rows take the decode batches' tensor-core kernel (lib/cuda/ops.zig batchMma: 2
-      // and 8 rows one 8-token tile, 13 a 16-token tile, 24 a 32-token tile, 33 two 32-token
-      // tiles, the second holding one, where the K-quants take the prompt's tile; 64 two whole
-      // 32-token tiles, a decode step of 64 sequences; 37 weight rows
+      // and 8 rows one 8-token tile, 13 a 16-token tile, 24 a 32-token tile, 33 a 64-token tile
+      // (8 warps, the second group of 4 holding one token); 64 a whole 64-token tile, a decode
+      // step of 64 sequences; 37 weight rows
       // a partial 64-row tile); 70 rows the prompt's (two 64-token
       // tiles, the second partial; a partial 32-row tile); 300 rows its large tile (3 tiles of 128
       // tokens, the last partial; a partial 64-row tile).

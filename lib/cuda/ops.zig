@@ -166,8 +166,14 @@ pub fn matmul(a: abi.CudaMatmulArgs) i32 {
         if (gemmF16(k, w, out, in, x, tok, y)) |rc| return rc;
     }
     if (k.mmqn) |mmqn| {
-        const max: i32 = if (k.activation == 1) batch_mma_max_k else batch_mma_max;
-        if (batch_mma_min > 0 and n_tok >= batch_mma_min and n_tok <= max) return batchMma(mmqn, w, out, in, xq, xd, tok, y);
+        if (batch_mma_min >= batch_mma_k16) {
+            // The m16n8k16 kernels, which benches compare with mmqn (K-quants stop at 32 rows).
+            const min = batch_mma_min - batch_mma_k16;
+            const max: i32 = if (k.activation == 1) 32 else batch_mma_max;
+            if (min > 0 and n_tok >= min and n_tok <= max) return batchMmaK16(k.mmqn_k16.?, w, out, in, xq, xd, tok, y);
+        } else if (batch_mma_min > 0 and n_tok >= batch_mma_min and n_tok <= batch_mma_max) {
+            return batchMma(mmqn, w, out, in, xq, xd, tok, y);
+        }
     }
     if (k.mmq) |mmq| {
         if (n_tok >= mmq_min_tokens) {
@@ -198,40 +204,54 @@ pub fn matmul(a: abi.CudaMatmulArgs) i32 {
 }
 
 /// Decode batches of batch_mma_min to batch_mma_max tokens take mmqn_* (shaders/cuda/matmul.cuh
-/// mmqn): the weights as the MMA's 16-row side, tiles of 64 weight rows × 8, 16 or 32 tokens (the
-/// smallest that holds the batch; 64 tokens as two 32-token tiles), split over K (grid z) until
-/// the blocks fill one wave, as mmq's batches are. Below batch_mma_min, matvec_8 (one token:
-/// the matvecs). The cuda_batch_mma_min setting (lib/abi.zig Settings; 0: never). Measured on an
-/// H100 (bench/results/cuda.md), decode steps of the 8B shape against matvec_8 / mmq: Q4_0 GPU
-/// time 7.3 -> 4.0 ms at 8 rows, 13.9 -> 7.7 at 32, 15.8 -> 12.7 at 64; Q4_K 7.6 -> 4.9 at 8,
-/// 11.9 -> 11.0 at 32, but 13.2 -> 20.1 at 64 (its 32-token tile holds 199 registers, two blocks
-/// a multiprocessor, and reads the weights twice), so the K-quants (Q8_K activations) stop at 32.
+/// mmqn): the weights as the MMA's 16-row side, tiles of 64 weight rows × 8, 16, 32 or 64 tokens
+/// (the smallest that holds the batch; the 64-token tile is 8 warps, two per 16 rows), split over
+/// K (grid z) until the blocks fill one wave, as mmq's batches are. Below batch_mma_min,
+/// matvec_8 (one token: the matvecs). The cuda_batch_mma_min setting (lib/abi.zig Settings; 0:
+/// never). Measured on an H100 (bench/results/cuda.md) with the m16n8k16 kernel (mmqn_k16),
+/// decode steps of the 8B shape against matvec_8 / mmq: Q4_0 GPU time 7.3 -> 4.0 ms at 8 rows,
+/// 13.9 -> 7.7 at 32, 15.8 -> 12.7 at 64; Q4_K 7.6 -> 4.9 at 8, 11.9 -> 11.0 at 32, 13.2 -> 20.1
+/// at 64 (two 32-token tiles).
+/// A setting of batch_mma_k16 + n takes mmqn_k16 from n rows instead, the K-quants to 32 rows
+/// and the prompt's tile past that, so that a bench compares the two kernels in one process.
 var batch_mma_min: u32 = (abi.Settings{}).cuda_batch_mma_min;
 const batch_mma_max: i32 = 64;
-const batch_mma_max_k: i32 = 32;
+const batch_mma_k16: u32 = 100;
 
 pub fn setBatchMma(min_tokens: u32) i32 {
     batch_mma_min = min_tokens;
     return 0;
 }
 
-fn batchMma(mmqn: [3]Kernel, w: u64, out: i32, in: i32, xq: u64, xd: u64, tok: i32, y: u64) i32 {
+fn batchMma(mmqn: [4]Kernel, w: u64, out: i32, in: i32, xq: u64, xd: u64, tok: i32, y: u64) i32 {
+    const toks: u32 = if (tok <= 8) 8 else if (tok <= 16) 16 else if (tok <= 32) 32 else 64;
+    const kernel = mmqn[if (toks == 8) 0 else if (toks == 16) 1 else if (toks == 32) 2 else 3];
+    const threads: u32 = if (toks == 64) 256 else 128;
+    return launchSplit(kernel, threads, toks, w, out, in, xq, xd, tok, y);
+}
+
+fn batchMmaK16(mmqn: [3]Kernel, w: u64, out: i32, in: i32, xq: u64, xd: u64, tok: i32, y: u64) i32 {
     const toks: u32 = if (tok <= 8) 8 else if (tok <= 16) 16 else 32;
     const kernel = mmqn[if (toks == 8) 0 else if (toks == 16) 1 else 2];
+    return launchSplit(kernel, 128, toks, w, out, in, xq, xd, tok, y);
+}
+
+/// A decode batch's tiles of 64 weight rows × toks tokens, split over K until they fill a wave.
+fn launchSplit(kernel: Kernel, threads: u32, toks: u32, w: u64, out: i32, in: i32, xq: u64, xd: u64, tok: i32, y: u64) i32 {
     const tiles_x = ceilDiv(@intCast(out), 64);
     const tiles_y = ceilDiv(@intCast(tok), toks);
-    const splits = mmqSplits(kernel, 128, tiles_x * tiles_y, ceilDiv(@as(u64, @intCast(in)) / 32, 8));
+    const splits = mmqSplits(kernel, threads, tiles_x * tiles_y, ceilDiv(@as(u64, @intCast(in)) / 32, 8));
     if (splits > 1) {
         const plane = @as(u64, @intCast(tok)) * @as(u64, @intCast(out));
         var parts: u64 = 0;
         if (cuda.scratch(.mmq_partials, 4 * plane * splits, &parts) == 0) {
-            const rc = cuda.launchGrid(kernel, tiles_x, tiles_y, splits, 128, 0, .{ w, out, in, xq, xd, tok, parts });
+            const rc = cuda.launchGrid(kernel, tiles_x, tiles_y, splits, threads, 0, .{ w, out, in, xq, xd, tok, parts });
             if (rc != 0) return rc;
             const grid = @min(@as(u64, @intCast(ready().?.sm_count)) * 8, ceilDiv(plane, 256));
             return launch(.sum_splits, grid, 1, 256, .{ parts, @as(i32, @intCast(splits)), @as(i64, @intCast(plane)), y });
         }
     }
-    return launch(kernel, tiles_x, tiles_y, 128, .{ w, out, in, xq, xd, tok, y });
+    return launch(kernel, tiles_x, tiles_y, threads, .{ w, out, in, xq, xd, tok, y });
 }
 
 /// Prompts of at least this many tokens (0: none) take a quantized matmul as a cuBLAS f16 GEMM

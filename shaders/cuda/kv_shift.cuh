@@ -22,7 +22,7 @@ extern "C" __global__ void kv_shift_gather(const void* kc, const void* vc, int k
   const int cell = from ? from[row] : (first + row) % cells;
   const int pos = from ? to + row - cell : move;
   const uint8_t* k = kv_head(kc, kt, cell, kv_dim, h, head_dim);
-  for (int d = threadIdx.x; d < head_dim; d += blockDim.x) head[d] = kv_at(k, kt, d);
+  for (int d = threadIdx.x; d < head_dim; d += blockDim.x) head[d] = kv_at(k, kt, d, head_dim);
   __syncthreads();
   if (static_cast<int>(threadIdx.x) < (n_rot >> 1))
     rope_pair_i(head, threadIdx.x, pos, n_rot, theta_scale, freq_scale, neox, ff, RopeYarn{mscale, ext, low, high});

@@ -459,33 +459,70 @@ MMQ(mmq_q8_0r_64x128, Q8_0R, 64, 128, 4)
 
 // ---- small batches on the tensor cores (batched decode) ------------------------------------------
 // mmq with the roles turned round for 2 to 64 tokens: the weights are the MMA's 16-row A side and
-// the tokens its 8-wide B side, so a tile of 8, 16 or 32 tokens (NTOK) wastes no MMA and no
+// the tokens its 8-wide B side, so a tile of 8, 16, 32 or 64 tokens (NTOK) wastes no MMA and no
 // activation staging on tokens that are not there, where mmq's 16-token A rows and 64-token tile
-// did 2 to 8 times the work of a decode step's batch. A block of 4 warps takes 64 weight rows
-// (16 a warp) × NTOK tokens; each staged step is loaded into registers while the step before it
-// is computed from shared memory, so a block keeps a step of weights in flight all along. Per
-// unit the sums are combined as mmq combines them (T::combine / icombine, unit after unit), so a
-// row's result does not depend on the tile.
+// did 2 to 8 times the work of a decode step's batch. A block takes 64 weight rows × NTOK tokens:
+// 4 warps of 16 rows each up to 32 tokens, 8 warps (two per 16 rows, 32 tokens each) at 64, so
+// that a 64-row batch reads every weight byte once at the register cost of 32 tokens. Each
+// staged step is loaded into registers while the step before it is computed from shared memory,
+// so a block keeps a step of weights in flight all along.
+// Per unit and 8 tokens a warp issues one m16n8k32 MMA (the unit's whole 32-value dot) and, for
+// one-scale types (T::UNIT_SCALE), three full-rate float instructions an output: the MMA's
+// accumulator starts at 1.5·2^23, so the sum comes out as the bits of the float 1.5·2^23 + s
+// and one subtraction gives float(s) exactly (|s| < 2^22: at most 32 · 128 · 127), where a
+// conversion runs at a quarter of the float rate. Then fma(float(s), d·dx, acc), unit after
+// unit, as T::combine and the CPU do: the same bits as mmq. K-quants (T::SUPER) add sc·s and
+// m·Σx as integers over the superblock and meet d·dx and dmin·dx once (mmq's icombine); Q6_K,
+// two scales a unit, takes two m16n8k16 MMAs and T::combine. Fragments are read by ldmatrix:
+// one load for a warp's 16 rows of a unit, one for two 8-token tiles.
+__device__ __forceinline__ void mma_s8_16832(int (&c)[4], const int (&a)[4], int b0, int b1, int c0) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%10, %10, %10, %10};"
+      : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(c0));
+}
+
+/// Four 8×8 matrices of 16-bit elements (8 rows of 16 bytes each) from shared memory: lane l
+/// gives the address of row l % 8 of matrix l / 8 and gets, of each matrix i, row l / 4's
+/// 4-byte word l % 4 in r[i]: the MMA fragments of 8 × 16 int8 values.
+__device__ __forceinline__ void ldmatrix_x4(int (&r)[4], const int* p) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+/// Two matrices (lanes 0..15 give the addresses) into r[0], r[1].
+__device__ __forceinline__ void ldmatrix_x2(int (&r)[4], const int* p) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(a));
+}
+
 // mmqn_tile is one block's work: weight rows row0 .. row0 + 63 × tokens tok0 .. tok0 + NTOK - 1
 // (those below n_tok) over units [u_begin, u_end); token t reads activation row x_row(t) and its
 // result for weight row r goes to store(t, r, value). mmqn tiles the batch in order; moe.cuh's
-// moe_mmq tiles each expert's gathered slots.
-template <class T, int NTOK, int UNITS, class XRow, class Store>
+// moe_mmq tiles each expert's gathered slots (the gather is in the staging loads: ldmatrix reads
+// the staged rows as the dense path's).
+template <class T, int NTOK, class XRow, class Store>
 __device__ __forceinline__ void mmqn_tile(const uint8_t* __restrict__ w, int n_out, int n_in,
                                           const int8_t* __restrict__ xq, const float* __restrict__ xd, int row0,
                                           int tok0, int u_begin, int u_end, int n_tok, XRow x_row, Store store) {
-  constexpr int THREADS = 128, ROWS = 64, NT8 = NTOK / 8;
-  constexpr int STRIDE = UNITS * 8 + 4;  // as mmq: 8 rows' fragment loads over all 32 banks
-  constexpr bool SUPER = T::SUPER;
-  static_assert(!SUPER || UNITS == 8, "a stage of a K-quant is one whole superblock");
-  __shared__ int w_words[ROWS * STRIDE];
-  __shared__ typename pick<SUPER, int, typename T::P>::type w_params[ROWS * UNITS];
+  constexpr int UNITS = 8, ROWS = 64;
+  constexpr int TG = NTOK > 32 ? NTOK / 32 : 1;  // groups of 4 warps, each group up to 32 tokens
+  constexpr int THREADS = 128 * TG, NT8 = NTOK / TG / 8;  // 8-token MMA tiles a warp
+  constexpr int STRIDE = UNITS * 8 + 4;  // words a staged row: ldmatrix's 8 rows meet all 32 banks
+  constexpr bool SUPER = T::SUPER, SCALED = T::UNIT_SCALE, HALVES = !SUPER && !SCALED;
+  static_assert(NT8 == 1 || NT8 % 2 == 0, "8-token tiles are read two at a time");
+  using Param = typename pick<SCALED, float, typename pick<SUPER, int, typename T::P>::type>::type;
+  __shared__ __align__(16) int w_words[ROWS * STRIDE];
+  __shared__ Param w_params[ROWS * UNITS];  // [row][unit]
   __shared__ float2 w_dm[SUPER ? ROWS : 1];
-  __shared__ int x_words[NTOK * STRIDE];
-  __shared__ float x_scales[NTOK * UNITS];
-  __shared__ int2 x_sums[NTOK * UNITS];
+  __shared__ __align__(16) int x_words[NTOK * STRIDE];
+  __shared__ __align__(8) float x_scales[UNITS * NTOK];      // [unit][token]
+  __shared__ __align__(8) int x_sums[SUPER ? UNITS * NTOK : 1];  // [unit][token]: the unit's Σx
+  __shared__ int2 x_halves[HALVES ? UNITS * NTOK : 1];        // [unit][token]: its halves' Σx
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int group = lane >> 2, tig = lane & 3;
+  const int warp_rows = 16 * (warp & 3), warp_toks = 32 * (warp >> 2);
   const int units = n_in >> 5;
   const size_t row_bytes = static_cast<size_t>(n_in / T::BV) * T::BB;
   constexpr int WP = ROWS * UNITS / THREADS;
@@ -510,6 +547,211 @@ __device__ __forceinline__ void mmqn_tile(const uint8_t* __restrict__ w, int n_o
     for (int k = 0; k < XP; k++) {
       const int i = min(tid + k * THREADS, XPAIRS - 1);
       const int t = x_row(min(tok0 + i / UNITS, n_tok - 1)), uu = min(i % UNITS, n_units - 1);
+      const int4* p = reinterpret_cast<const int4*>(xq + static_cast<size_t>(t) * n_in + 32 * (u0 + uu));
+      xa[k] = p[0];
+      xb[k] = p[1];
+      xds[k] = xd[static_cast<size_t>(t) * units + u0 + uu];
+    }
+  };
+  float acc[NT8][4], accm[NT8][4];
+#pragma unroll
+  for (int n = 0; n < NT8; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) acc[n][e] = accm[n][e] = 0.0f;
+  // The first step's weights are requested before the wait for the kernel ahead (pdl_begin):
+  // no kernel writes them, so their latency overlaps that kernel's tail.
+  if (u_begin < u_end) load_w(u_begin);
+  pdl_begin();
+  if (u_begin < u_end) load_x(u_begin);
+  const int r_a = warp_rows + group;  // this lane's rows: r_a and r_a + 8
+  // ldmatrix rows: A, lanes 8..15 rows 8..15 (a1), lanes 16..31 the unit's second 16 bytes (a2,
+  // a3); B, lanes 8..15 the second 16 bytes (b1), lanes 16..31 the next 8 tokens.
+  const int a_off = (warp_rows + (lane & 7) + 8 * ((lane >> 3) & 1)) * STRIDE + 4 * (lane >> 4);
+  const int b_off = (warp_toks + (NT8 > 1 ? 8 * (lane >> 4) : 0) + (lane & 7)) * STRIDE + 4 * ((lane >> 3) & 1);
+  for (int u0 = u_begin; u0 < u_end; u0 += UNITS) {
+    const int n_units = min(UNITS, u_end - u0);
+#pragma unroll
+    for (int k = 0; k < WP; k++) {
+      const int i = tid + k * THREADS, r = i / UNITS, uu = i % UNITS;
+      const int* v = wts[k].v;
+      int4* dst = reinterpret_cast<int4*>(w_words + r * STRIDE + uu * 8);
+      dst[0] = make_int4(T::mma_word(v[0]), T::mma_word(v[1]), T::mma_word(v[2]), T::mma_word(v[3]));
+      dst[1] = make_int4(T::mma_word(v[4]), T::mma_word(v[5]), T::mma_word(v[6]), T::mma_word(v[7]));
+      if constexpr (SCALED) {
+        w_params[i] = T::params(wts[k]).d;
+      } else if constexpr (SUPER) {
+        w_params[i] = T::ip(wts[k]);
+        if (uu == 0) w_dm[r] = make_float2(wts[k].d, wts[k].dmin);
+      } else {
+        w_params[i] = T::params(wts[k]);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < XP; k++) {
+      const int i = tid + k * THREADS;
+      if (XPAIRS % THREADS == 0 || i < XPAIRS) {
+        const int t = i / UNITS, uu = i % UNITS;
+        const int4 a = xa[k], b = xb[k];
+        int4* dst = reinterpret_cast<int4*>(x_words + t * STRIDE + uu * 8);
+        dst[0] = a;
+        dst[1] = b;
+        x_scales[uu * NTOK + t] = xds[k];
+        if constexpr (!SCALED) {
+          const int lo = dp4a(0x01010101, a.w, dp4a(0x01010101, a.z, dp4a(0x01010101, a.y, dp4a(0x01010101, a.x, 0))));
+          const int hi = dp4a(0x01010101, b.w, dp4a(0x01010101, b.z, dp4a(0x01010101, b.y, dp4a(0x01010101, b.x, 0))));
+          if constexpr (SUPER) x_sums[uu * NTOK + t] = lo + hi;
+          else x_halves[uu * NTOK + t] = make_int2(lo, hi);
+        }
+      }
+    }
+    __syncthreads();
+    if (u0 + UNITS < u_end) {  // the next step in flight while this one is computed
+      load_w(u0 + UNITS);
+      load_x(u0 + UNITS);
+    }
+    int isum[SUPER ? NT8 : 1][4], msum[SUPER ? NT8 : 1][4];
+#pragma unroll
+    for (int n = 0; n < (SUPER ? NT8 : 1); n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) isum[n][e] = msum[n][e] = 0;
+#pragma unroll
+    for (int uu = 0; uu < UNITS; uu++) {
+      if (uu >= n_units) break;
+      int a[4];
+      ldmatrix_x4(a, w_words + a_off + uu * 8);
+      const Param p0 = w_params[r_a * UNITS + uu], p1 = w_params[(r_a + 8) * UNITS + uu];
+#pragma unroll
+      for (int m = 0; m < (NT8 + 1) / 2; m++) {
+        int b[4];
+        if constexpr (NT8 == 1) ldmatrix_x2(b, x_words + b_off + uu * 8);
+        else ldmatrix_x4(b, x_words + b_off + 16 * m * STRIDE + uu * 8);
+#pragma unroll
+        for (int h = 0; h < (NT8 == 1 ? 1 : 2); h++) {
+          const int n = 2 * m + h;
+          const int t = warp_toks + 8 * n + 2 * tig;  // c[0], c[2]: token t; c[1], c[3]: t + 1
+          // c[0], c[1]: row r_a; c[2], c[3]: row r_a + 8.
+          if constexpr (SCALED) {
+            int c[4];
+            mma_s8_16832(c, a, b[2 * h], b[2 * h + 1], 0x4B400000);
+            const float2 dx = *reinterpret_cast<const float2*>(x_scales + uu * NTOK + t);
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+              const float s = __fsub_rn(__int_as_float(c[e]), 12582912.0f);
+              const float k = __fmul_rn(e < 2 ? p0 : p1, (e & 1) ? dx.y : dx.x);
+              acc[n][e] = __fmaf_rn(s, k, acc[n][e]);
+            }
+          } else if constexpr (SUPER) {
+            int c[4];
+            mma_s8_16832(c, a, b[2 * h], b[2 * h + 1], 0);
+            const int2 xs = *reinterpret_cast<const int2*>(x_sums + uu * NTOK + t);
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+              const int p = e < 2 ? p0 : p1;
+              isum[n][e] += (p & 0xFFFF) * c[e];
+              msum[n][e] += (p >> 16) * ((e & 1) ? xs.y : xs.x);
+            }
+          } else {
+            int c_lo[4], c_hi[4];
+            mma_s8_16816(c_lo, a[0], a[1], b[2 * h]);
+            mma_s8_16816(c_hi, a[2], a[3], b[2 * h + 1]);
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+              const int2 sx = x_halves[uu * NTOK + t + (e & 1)];
+              T::combine(e < 2 ? p0 : p1, c_lo[e], c_hi[e], sx.x, sx.y, x_scales[uu * NTOK + t + (e & 1)], acc[n][e],
+                         accm[n][e]);
+            }
+          }
+        }
+      }
+    }
+    if constexpr (SUPER) {
+      // One activation scale per superblock: unit 0's stands for all 8.
+      const float2 dm[2] = {w_dm[r_a], w_dm[r_a + 8]};
+#pragma unroll
+      for (int n = 0; n < NT8; n++) {
+        const float2 dx = *reinterpret_cast<const float2*>(x_scales + warp_toks + 8 * n + 2 * tig);
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const float d = (e & 1) ? dx.y : dx.x;
+          acc[n][e] = __fmaf_rn(static_cast<float>(isum[n][e]), dm[e >> 1].x * d, acc[n][e]);
+          accm[n][e] = __fmaf_rn(static_cast<float>(msum[n][e]), dm[e >> 1].y * d, accm[n][e]);
+        }
+      }
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int n = 0; n < NT8; n++) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int t = tok0 + warp_toks + 8 * n + 2 * tig + (e & 1), r = row0 + r_a + 8 * (e >> 1);
+      if (t < n_tok && r < n_out) store(t, r, acc[n][e] - accm[n][e]);
+    }
+  }
+}
+
+/// The batch's tokens in order, tiles of NTOK (grid y), split over K by grid z (plane z of y).
+template <class T, int NTOK>
+__device__ __forceinline__ void mmqn(const uint8_t* __restrict__ w, int n_out, int n_in, const int8_t* __restrict__ xq,
+                                     const float* __restrict__ xd, int n_tok, float* __restrict__ y) {
+  constexpr int UNITS = 8;
+  const int tok0 = blockIdx.y * NTOK, units = n_in >> 5;
+  const int steps_per_split = ((units + UNITS - 1) / UNITS + gridDim.z - 1) / gridDim.z;
+  const int u_begin = min(units, static_cast<int>(blockIdx.z) * steps_per_split * UNITS);
+  const int u_end = min(units, u_begin + steps_per_split * UNITS);
+  y += static_cast<size_t>(blockIdx.z) * n_tok * n_out;
+  mmqn_tile<T, NTOK>(
+      w, n_out, n_in, xq, xd, blockIdx.x * 64, tok0, u_begin, u_end, n_tok, [](int t) { return t; },
+      [y, n_out](int t, int r, float v) { y[static_cast<size_t>(t) * n_out + r] = v; });
+}
+
+// The same with two m16n8k16 MMAs a unit and T::combine's float sums, tiles of 8, 16 and 32
+// tokens: kept while benches compare the two (lib/cuda/ops.zig batchMmaK16).
+template <class T, int NTOK, int UNITS>
+__device__ __forceinline__ void mmqn_k16(const uint8_t* __restrict__ w, int n_out, int n_in,
+                                         const int8_t* __restrict__ xq, const float* __restrict__ xd, int n_tok,
+                                         float* __restrict__ y) {
+  constexpr int THREADS = 128, ROWS = 64, NT8 = NTOK / 8;
+  constexpr int STRIDE = UNITS * 8 + 4;  // as mmq: 8 rows' fragment loads over all 32 banks
+  constexpr bool SUPER = T::SUPER;
+  static_assert(!SUPER || UNITS == 8, "a stage of a K-quant is one whole superblock");
+  __shared__ int w_words[ROWS * STRIDE];
+  __shared__ typename pick<SUPER, int, typename T::P>::type w_params[ROWS * UNITS];
+  __shared__ float2 w_dm[SUPER ? ROWS : 1];
+  __shared__ int x_words[NTOK * STRIDE];
+  __shared__ float x_scales[NTOK * UNITS];
+  __shared__ int2 x_sums[NTOK * UNITS];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int group = lane >> 2, tig = lane & 3;
+  const int row0 = blockIdx.x * ROWS, tok0 = blockIdx.y * NTOK;
+  const int units = n_in >> 5;
+  const int steps_per_split = ((units + UNITS - 1) / UNITS + gridDim.z - 1) / gridDim.z;
+  const int u_begin = min(units, static_cast<int>(blockIdx.z) * steps_per_split * UNITS);
+  const int u_end = min(units, u_begin + steps_per_split * UNITS);
+  y += static_cast<size_t>(blockIdx.z) * n_tok * n_out;
+  const size_t row_bytes = static_cast<size_t>(n_in / T::BV) * T::BB;
+  constexpr int WP = ROWS * UNITS / THREADS;
+  constexpr int XPAIRS = NTOK * UNITS, XP = (XPAIRS + THREADS - 1) / THREADS;
+  static_assert(WP * THREADS == ROWS * UNITS, "staging pairs per thread");
+  typename T::W wts[WP];
+  int4 xa[XP], xb[XP];
+  float xds[XP];
+  // Loads one step (unconditional, clamped to the last row, token and unit as in mmq): the
+  // weights, then the activations.
+  auto load_w = [&](int u0) {
+    const int n_units = min(UNITS, u_end - u0);
+#pragma unroll
+    for (int k = 0; k < WP; k++) {
+      const int i = tid + k * THREADS, r = min(row0 + i / UNITS, n_out - 1), uu = min(i % UNITS, n_units - 1);
+      T::load(w + static_cast<size_t>(r) * row_bytes, u0 + uu, wts[k]);
+    }
+  };
+  auto load_x = [&](int u0) {
+    const int n_units = min(UNITS, u_end - u0);
+#pragma unroll
+    for (int k = 0; k < XP; k++) {
+      const int i = min(tid + k * THREADS, XPAIRS - 1);
+      const int t = min(tok0 + i / UNITS, n_tok - 1), uu = min(i % UNITS, n_units - 1);
       const int4* p = reinterpret_cast<const int4*>(xq + static_cast<size_t>(t) * n_in + 32 * (u0 + uu));
       xa[k] = p[0];
       xb[k] = p[1];
@@ -608,47 +850,45 @@ __device__ __forceinline__ void mmqn_tile(const uint8_t* __restrict__ w, int n_o
 #pragma unroll
     for (int e = 0; e < 4; e++) {
       const int t = tok0 + 8 * n + 2 * tig + (e & 1), r = row0 + r_a + 8 * (e >> 1);
-      if (t < n_tok && r < n_out) store(t, r, acc[n][e] - accm[n][e]);
+      if (t < n_tok && r < n_out) y[static_cast<size_t>(t) * n_out + r] = acc[n][e] - accm[n][e];
     }
   }
 }
 
-/// The batch's tokens in order, tiles of NTOK (grid y), split over K by grid z (plane z of y).
-template <class T, int NTOK, int UNITS>
-__device__ __forceinline__ void mmqn(const uint8_t* __restrict__ w, int n_out, int n_in, const int8_t* __restrict__ xq,
-                                     const float* __restrict__ xd, int n_tok, float* __restrict__ y) {
-  const int tok0 = blockIdx.y * NTOK, units = n_in >> 5;
-  const int steps_per_split = ((units + UNITS - 1) / UNITS + gridDim.z - 1) / gridDim.z;
-  const int u_begin = min(units, static_cast<int>(blockIdx.z) * steps_per_split * UNITS);
-  const int u_end = min(units, u_begin + steps_per_split * UNITS);
-  y += static_cast<size_t>(blockIdx.z) * n_tok * n_out;
-  mmqn_tile<T, NTOK, UNITS>(
-      w, n_out, n_in, xq, xd, blockIdx.x * 64, tok0, u_begin, u_end, n_tok, [](int t) { return t; },
-      [y, n_out](int t, int r, float v) { y[static_cast<size_t>(t) * n_out + r] = v; });
-}
-
-// BOUNDS32: the 32-token tile's launch bounds. Q4_K and Q5_K in the GGUF layout ask for 3 blocks
-// a multiprocessor: ptxas fits them in 168 registers with no spill, where left alone it takes
-// 201 and 210 (2 blocks); Q4_KR at 3 would spill, so it keeps its 199. (__launch_bounds__(128, 1)
-// is not the same as (128): ptxas then spends up to 210 registers where it took 130.)
+// The launch bounds of the 32-token tiles: BOUNDS32 for mmqn's, K16_BOUNDS32 for mmqn_k16's.
+// mmqn_k16's Q4_K and Q5_K in the GGUF layout ask for 3 blocks a multiprocessor: ptxas fits them
+// in 168 registers with no spill, where left alone it takes 201 and 210 (2 blocks); Q4_KR at 3
+// would spill, so it keeps its 199. mmqn's K-quant tiles (216, 233 and 203 registers) would
+// spill at 3 blocks, so they keep 2. (__launch_bounds__(128, 1) is not the same as (128): ptxas
+// then spends up to 210 registers where it took 130.)
 #define MMQN(NAME, T, NTOK, BOUNDS)                                                                          \
   extern "C" __global__ void BOUNDS NAME(const uint8_t* w, int n_out, int n_in, const int8_t* xq,            \
                                          const float* xd, int n_tok, float* y) {                             \
-    mmqn<T, NTOK, 8>(w, n_out, n_in, xq, xd, n_tok, y);                                                      \
+    mmqn<T, NTOK>(w, n_out, n_in, xq, xd, n_tok, y);                                                         \
   }
-#define MMQN_ALL(NAME, T, BOUNDS32)                                                                          \
-  MMQN(NAME##_n8, T, 8, __launch_bounds__(128)) MMQN(NAME##_n16, T, 16, __launch_bounds__(128))              \
-  MMQN(NAME##_n32, T, 32, BOUNDS32)
+#define MMQN_K16(NAME, T, NTOK, BOUNDS)                                                                      \
+  extern "C" __global__ void BOUNDS NAME(const uint8_t* w, int n_out, int n_in, const int8_t* xq,            \
+                                         const float* xd, int n_tok, float* y) {                             \
+    mmqn_k16<T, NTOK, 8>(w, n_out, n_in, xq, xd, n_tok, y);                                                  \
+  }
+#define MMQN_ALL(SUFFIX, T, BOUNDS32, K16_BOUNDS32)                                                          \
+  MMQN(mmqn_##SUFFIX##_n8, T, 8, __launch_bounds__(128))                                                     \
+  MMQN(mmqn_##SUFFIX##_n16, T, 16, __launch_bounds__(128))                                                   \
+  MMQN(mmqn_##SUFFIX##_n32, T, 32, BOUNDS32) MMQN(mmqn_##SUFFIX##_n64, T, 64, __launch_bounds__(256))       \
+  MMQN_K16(mmqn_k16_##SUFFIX##_n8, T, 8, __launch_bounds__(128))                                             \
+  MMQN_K16(mmqn_k16_##SUFFIX##_n16, T, 16, __launch_bounds__(128))                                           \
+  MMQN_K16(mmqn_k16_##SUFFIX##_n32, T, 32, K16_BOUNDS32)
+#define MMQN_PLAIN __launch_bounds__(128)
 #define MMQN_3_BLOCKS __launch_bounds__(128, 3)
-MMQN_ALL(mmqn_q4_0, Q4_0, __launch_bounds__(128))
-MMQN_ALL(mmqn_q5_0, Q5_0, __launch_bounds__(128))
-MMQN_ALL(mmqn_q8_0, Q8_0, __launch_bounds__(128))
-MMQN_ALL(mmqn_q4_k, Q4_K, MMQN_3_BLOCKS)
-MMQN_ALL(mmqn_q5_k, Q5_K, MMQN_3_BLOCKS)
-MMQN_ALL(mmqn_q6_k, Q6_K, __launch_bounds__(128))
-MMQN_ALL(mmqn_q4_0r, Q4_0R, __launch_bounds__(128))
-MMQN_ALL(mmqn_q8_0r, Q8_0R, __launch_bounds__(128))
-MMQN_ALL(mmqn_q4_kr, Q4_KR, __launch_bounds__(128))
+MMQN_ALL(q4_0, Q4_0, MMQN_PLAIN, MMQN_PLAIN)
+MMQN_ALL(q5_0, Q5_0, MMQN_PLAIN, MMQN_PLAIN)
+MMQN_ALL(q8_0, Q8_0, MMQN_PLAIN, MMQN_PLAIN)
+MMQN_ALL(q4_k, Q4_K, MMQN_PLAIN, MMQN_3_BLOCKS)
+MMQN_ALL(q5_k, Q5_K, MMQN_PLAIN, MMQN_3_BLOCKS)
+MMQN_ALL(q6_k, Q6_K, MMQN_PLAIN, MMQN_PLAIN)
+MMQN_ALL(q4_0r, Q4_0R, MMQN_PLAIN, MMQN_PLAIN)
+MMQN_ALL(q8_0r, Q8_0R, MMQN_PLAIN, MMQN_PLAIN)
+MMQN_ALL(q4_kr, Q4_KR, MMQN_PLAIN, MMQN_PLAIN)
 
 // Up to three matrices with the same type, input and one token (q/k/v, gate/up) in one launch:
 // row blocks [0, b0) go to matrix 0, the next b1 to matrix 1, the rest to matrix 2. Each row is

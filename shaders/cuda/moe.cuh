@@ -224,7 +224,7 @@ __device__ __forceinline__ void moe_mmq(const uint8_t* w0, const uint8_t* w1, lo
   __syncthreads();
   const uint8_t* w = (blockIdx.z == 0 ? w0 : w1) + static_cast<size_t>(e) * expert_bytes;
   float* y = blockIdx.z == 0 ? y0 : y1;
-  mmqn_tile<T, NTOK, 8>(
+  mmqn_tile<T, NTOK>(
       w, n_out, n_in, xq, xd, blockIdx.x * 64, 0, 0, n_in >> 5, count,
       [&](int t) { return x_rows[t]; },
       [&](int t, int r, float v) { y[static_cast<size_t>(y_rows[t]) * n_out + r] = v; });

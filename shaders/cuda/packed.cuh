@@ -48,6 +48,7 @@ __device__ __forceinline__ void repack_scaled_blocks(uint8_t* g) {
 template <class Base>
 struct SameArithmetic {
   static constexpr bool SUPER = Base::SUPER;
+  static constexpr bool UNIT_SCALE = Base::UNIT_SCALE;
   using W = typename Base::W;
   using P = typename Base::P;
   __device__ static void dot(const W& w, const int* x, float dx, float& acc, float& accm) {

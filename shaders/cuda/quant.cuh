@@ -12,6 +12,8 @@
 //   SUPER, ip(w), icombine(p, s_lo, s_hi, x_lo, x_hi, isum, msum)   K-quants with one activation
 //                        scale per superblock: the same as integer sums over the superblock
 //                        (matmul.cuh mmq), which then meet the float scales once
+//   UNIT_SCALE           combine is fma(float(s_lo + s_hi), d·dx, acc) with params(w).d: one
+//                        scale a unit and no activation sums (matmul.cuh mmqn)
 // Activations are quantized like the CPU's vec_dot_type: Q8_0 blocks for Q4_0/Q5_0/Q8_0, Q8_K
 // superblocks for the K-quants (one scale per 256 values, repeated per 32-value unit here).
 #pragma once
@@ -43,6 +45,7 @@ __device__ __forceinline__ uint32_t spread4(uint32_t h) {
 struct Q4_0 {
   static constexpr int BV = 32, BB = 18;
   static constexpr bool SUPER = false;
+  static constexpr bool UNIT_SCALE = true;
   struct W { int v[8]; float d; };
   __device__ static void load(const uint8_t* row, int u, W& w) {
     const uint8_t* b = row + static_cast<size_t>(u) * BB;
@@ -83,6 +86,7 @@ struct Q4_0 {
 struct Q5_0 {
   static constexpr int BV = 32, BB = 22;
   static constexpr bool SUPER = false;
+  static constexpr bool UNIT_SCALE = true;
   struct W { int v[8]; float d; };
   __device__ static void load(const uint8_t* row, int u, W& w) {
     const uint8_t* b = row + static_cast<size_t>(u) * BB;
@@ -124,6 +128,7 @@ struct Q5_0 {
 struct Q8_0 {
   static constexpr int BV = 32, BB = 34;
   static constexpr bool SUPER = false;
+  static constexpr bool UNIT_SCALE = true;
   struct W { int v[8]; float d; };
   __device__ static void load(const uint8_t* row, int u, W& w) {
     const uint8_t* b = row + static_cast<size_t>(u) * BB;
@@ -158,6 +163,7 @@ struct Q8_0 {
 struct MXFP4 {
   static constexpr int BV = 32, BB = 17;
   static constexpr bool SUPER = false;
+  static constexpr bool UNIT_SCALE = true;
   struct W { int v[8]; float d; };
   /// 2^(e - 128) as an f32, exactly (e = 0 and 1 are subnormals): ggml_e8m0_to_fp32_half.
   __device__ static float scale_half(uint32_t e) {
@@ -235,6 +241,7 @@ __device__ __forceinline__ void sub_block_scales(const uint8_t* b, int j, float&
 struct Q4_K {
   static constexpr int BV = 256, BB = 144;
   static constexpr bool SUPER = true;
+  static constexpr bool UNIT_SCALE = false;
   struct W { int v[8]; float d, dmin; int sc, m; };
   __device__ static void load(const uint8_t* row, int u, W& w) {
     const uint8_t* b = row + static_cast<size_t>(u >> 3) * BB;
@@ -287,6 +294,7 @@ struct Q4_K {
 struct Q5_K {
   static constexpr int BV = 256, BB = 176;
   static constexpr bool SUPER = true;
+  static constexpr bool UNIT_SCALE = false;
   struct W { int v[8]; float d, dmin; int sc, m; };
   __device__ static void load(const uint8_t* row, int u, W& w) {
     const uint8_t* b = row + static_cast<size_t>(u >> 3) * BB;
@@ -343,6 +351,7 @@ struct Q5_K {
 struct Q6_K {
   static constexpr int BV = 256, BB = 210;
   static constexpr bool SUPER = false;
+  static constexpr bool UNIT_SCALE = false;
   struct W { int v[8]; float d; int sc0, sc1; };
   __device__ static void load(const uint8_t* row, int u, W& w) {
     const uint8_t* b = row + static_cast<size_t>(u >> 3) * BB;
