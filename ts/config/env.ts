@@ -92,7 +92,7 @@ export const settings = {
   INFER_CUDA_CUBLAS: { type: "integer", default: 128, min: 0, audience: "developer",
     about: "prompts of this many tokens and more take cuBLAS GEMMs on CUDA; 0: never" },
   INFER_CUDA_BATCH_MMA: { type: "integer", default: 2, min: 0, audience: "developer",
-    about: "decode batches of this many rows (to 64) and more take tensor-core matmuls on CUDA; 0: never; 100 + n: the m16n8k16 kernels from n rows (benches)" },
+    about: "CUDA decode batches from this many rows take tensor-core matmuls; 0: never; 100+n: m16n8k16" },
   INFER_METAL_SHADERS: { type: "text", default: null, shown: "the kernels built in (shaders/metal)", audience: "developer",
     about: "a directory of Metal shader sources to compile instead of the built-in ones" },
   INFER_PEERS: { type: "text", default: () => join(homedir(), ".cache", "infer-peers"),
