@@ -87,6 +87,20 @@ function firstDifference(a: Uint8Array, b: Uint8Array, n: number): number {
   return -1;
 }
 
+/**
+ * Rows of keys (values random by position) stored at `position` into the CPU's and the GPU's
+ * layers, positions set first as the engine sets them.
+ */
+function storeBoth(p: Pair, c: KvLayer, g: KvLayer, keys: Float32Array, position: number, rows: number): void {
+  const kvd = keys.length / rows;
+  const [kc, kg] = acts(p, rows, kvd, keys), [vc, vg] = acts(p, rows, kvd, randomF32(rows * kvd, 800 + position, 3));
+  const [pc, pg] = acts(p, rows, 1);
+  p.cpu.setPositions(pc, position, rows);
+  p.gpu.setPositions(pg, position, rows);
+  p.cpu.storeKv(c, kc, vc, rows, position);
+  p.gpu.storeKv(g, kg, vg, rows, position);
+}
+
 describe.skipIf(noCuda)("quantized KV caches: CUDA equals the CPU", () => {
   const p: Pair = noCuda ? null! : { cpu: new CpuBackend(), gpu: CudaBackend.open({ graphs: false }) };
   afterAll(() => p?.gpu.dispose());
@@ -108,12 +122,7 @@ describe.skipIf(noCuda)("quantized KV caches: CUDA equals the CPU", () => {
         const data = randomF32(rows * kvd, 700 + position, 3);
         for (let i = 0; i < headDim; i++) data[i] = 0; // a zero head vector (scale 0)
         for (let r = 0; r < rows; r++) data[r * kvd + 5] += 12; // a shared outlier channel
-        const [kc, kg] = acts(p, rows, kvd, data), [vc, vg] = acts(p, rows, kvd, randomF32(rows * kvd, 800 + position, 3));
-        const [pc, pg] = acts(p, rows, 1);
-        p.cpu.setPositions(pc, position, rows);
-        p.gpu.setPositions(pg, position, rows);
-        p.cpu.storeKv(c, kc, vc, rows, position);
-        p.gpu.storeKv(g, kg, vg, rows, position);
+        storeBoth(p, c, g, data, position, rows);
         const want = cpuBytes(c), got = p.gpu.readKv(g), used = (position + rows) * (got.k.length / cells);
         expect(firstDifference(got.k, want.k, used)).toBe(-1);
         expect(firstDifference(got.v, want.v, (position + rows) * (got.v.length / cells))).toBe(-1);
@@ -163,12 +172,7 @@ describe.skipIf(noCuda)("quantized KV caches: CUDA equals the CPU", () => {
       for (const [position, rows] of [[0, 13], [13, 1], [14, 19]]) {
         const data = randomF32(rows * kvd, 700 + position, 3);
         for (let i = 0; i < 32; i++) data[i] = 0; // a block of zeros (scale 0)
-        const [kc, kg] = acts(p, rows, kvd, data), [vc, vg] = acts(p, rows, kvd, randomF32(rows * kvd, 800 + position, 3));
-        const [pc, pg] = acts(p, rows, 1);
-        p.cpu.setPositions(pc, position, rows);
-        p.gpu.setPositions(pg, position, rows);
-        p.cpu.storeKv(c, kc, vc, rows, position);
-        p.gpu.storeKv(g, kg, vg, rows, position);
+        storeBoth(p, c, g, data, position, rows);
       }
       const want = cpuBytes(c), got = p.gpu.readKv(g);
       const used = (rowBytes: number) => 33 * rowBytes;

@@ -449,7 +449,7 @@ export fn infer_attention(
     if (n_tok == 0) return 0;
     const k_cache = attention.Cache.fromBytes(k_type, k);
     const v_cache = attention.Cache.fromBytes(v_type, v);
-    const done = attention.attention(q, k_cache, v_cache, out, .{
+    const attn_shape: attention.Shape = .{
         .n_tok = n_tok,
         .n_head = n_head,
         .n_kv_head = n_kv_head,
@@ -461,21 +461,13 @@ export fn infer_attention(
         .scale = scale,
         .batched_order = shape.order == 1,
         .sinks = if (shape.sinks == 0) null else @ptrFromInt(shape.sinks),
-    });
+    };
+    const done = attention.attention(q, k_cache, v_cache, out, attn_shape);
     if (!done) return status.fail(.out_of_memory, "attention: no memory for {d} scores", .{pos0 + n_tok});
     if (shape.mass != 0) {
         const mass: [*]f32 = @ptrFromInt(shape.mass);
-        if (!attention.accumulateMass(q, k_cache, .{
-            .n_tok = n_tok,
-            .n_head = n_head,
-            .n_kv_head = n_kv_head,
-            .head_dim = head_dim,
-            .pos0 = pos0,
-            .kv_stride = kv_stride,
-            .window = window,
-            .scale = scale,
-            .sinks = if (shape.sinks == 0) null else @ptrFromInt(shape.sinks),
-        }, mass[0 .. pos0 + n_tok])) return status.fail(.out_of_memory, "attention: no memory for {d} scores", .{pos0 + n_tok});
+        // the same shape: mass needs a linear cache (checked above) and takes no batched order
+        if (!attention.accumulateMass(q, k_cache, attn_shape, mass[0 .. pos0 + n_tok])) return status.fail(.out_of_memory, "attention: no memory for {d} scores", .{pos0 + n_tok});
     }
     return 0;
 }
