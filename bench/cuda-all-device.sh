@@ -7,14 +7,16 @@
 #      prompt and batches under the matvec and tensor-core expert tiles; the server under 1, 8 and
 #      32 clients; gpt-oss-20b's shape (12 layers); llama-batched-bench where built by then.
 #   B (within 30 s of A, the machine still warm): the peers — llama-batched-bench, llama-lookup,
-#      llama-bench and llama-batched-bench on the MoE files, llama-server under the same load —
-#      and Q8_0/Q4_0 prefill on the host's 16 cores.
+#      llama-bench and llama-batched-bench on the MoE files, llama-server under the same load.
+#   C (optional): the host's 16 CPU cores only, beside a CPU-only llama-bench built there: decode
+#      at 16 and 8 threads (bench/cpu-threads.ts), then prefill 512 (bench/cpu-prefill-device.sh);
+#      .device/before/ (another libinfer build) runs as "before" where carried.
 # llama.cpp (CUDA, sm_90) builds in the background from A's start; the random-weight GGUFs are
 # written meanwhile (bench/random-model.ts). Staged in .device/ (ignored) and carried: bun.xz
 # (xz -9 of node_modules/bun/bin/bun.exe), nm.tar.xz (node_modules' @huggingface, ajv, fast-uri,
 # fast-deep-equal, json-schema-traverse, require-from-string), lib/ (the stripped libinfer-*.so),
 # infer.fatbin (shaders/cuda/build.sh), llama-src.tar.xz, this script. From the repo root:
-#   LIMIT=540 bash .device/cuda-all-device.sh A; then LIMIT=230 bash .device/cuda-all-device.sh B
+#   LIMIT=540 bash .device/cuda-all-device.sh A; then LIMIT=230 bash .device/cuda-all-device.sh B (LIMIT=450 … C)
 # (LEAN=1: no gpt-oss file; NOLLAMA=1: no llama.cpp build.) Results under $OUT.
 set -u
 PHASE=${1:-A}; T0=$(date +%s); LIMIT=${LIMIT:-540}
@@ -77,8 +79,21 @@ if [ "$PHASE" = B ]; then
     timeout $(cap 40) $LB/llama-batched-bench -m "$f" -c 8192 -npp 16 -ntg 64 -npl 1,8,32 -ngl 99 -fa on 2>&1 | grep -E "^\|\s+16 \|" | sed "s|^|$(basename $f) batched |"; done > $OUT/moe-llama.txt; say "moe peers done"
   M8K=$(F llama-3.1-8b-q4_k)
   [ $(left) -gt 40 ] && { timeout $(cap 110) bun bench/serve-load.ts --model "$M8K" --backend cuda --clients 1,8,32 --requests 2 --no-infer --llama-server $LB/llama-server > $OUT/serve-llama.txt 2>&1; say "serve llama rc=$?"; }
-  [ $(left) -gt 45 ] && { timeout $(cap 60) bun bench/cpu-threads.ts --plan "qwen3-0.6b/Q8_0,Q4_0/16,8" --modes prefill --no-bandwidth > $OUT/cpu-prefill.txt 2>&1; say "cpu prefill rc=$?"; }
-  N=12 show $OUT/cpu-prefill.txt
   N=40 show $OUT/llama-batched.txt $OUT/moe-llama.txt; N=8 show $OUT/spec-peer.txt $OUT/serve-llama.txt
+fi
+if [ "$PHASE" = C ]; then # the host's 16 cores, no GPU: decode at 16 and 8 threads, then prefill 512
+  LC=/tmp/lc/llama.cpp; BP=
+  if [ ! -x $LC/b/bin/llama-bench ]; then mkdir -p /tmp/lc && tar xJf .device/llama-src.tar.xz -C /tmp/lc
+    ( cd $LC && cmake -B b -DGGML_NATIVE=ON -DGGML_CUDA=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
+        -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release > /tmp/lc.log 2>&1 &&
+      cmake --build b -j16 --target llama-bench >> /tmp/lc.log 2>&1 ) & BP=$!; fi
+  bun -e 'import { ensureRandomModel, findShape } from "./bench/random-model.ts";
+    for (const q of ["Q4_0", "Q4_K", "Q8_0"]) ensureRandomModel(findShape("qwen3-0.6b")!, q);' > $OUT/c-models.txt 2>&1
+  [ -n "$BP" ] && wait $BP; say "cpu llama-bench: $(ls $LC/b/bin/llama-bench 2>&1)"
+  BL=; [ -f .device/before/libinfer-x86_64_v4_vnni.so ] && BL="--baseline-lib $PWD/.device/before/libinfer-x86_64_v4_vnni.so"
+  timeout $(cap 230) bun bench/cpu-threads.ts --plan "qwen3-0.6b/Q4_0,Q4_K/16,8" --modes decode --runs 2 \
+    --llama-bench $LC/b/bin/llama-bench --md $OUT/cpu-decode.md > $OUT/cpu-decode.txt 2> $OUT/cpu-decode.log; say "cpu decode rc=$?"
+  BUDGET_S=$(( $(left) - 8 )) BASELINE_LIB=${BL#--baseline-lib } bash bench/cpu-prefill-device.sh > $OUT/cpu-prefill.txt 2>&1; say "cpu prefill done"
+  cat $OUT/cpu-decode.md; tail -25 $OUT/cpu-prefill.txt; for f in $OUT/prefill/*.md; do [ -f $f ] && cat $f; done
 fi
 say "end"
