@@ -14,8 +14,8 @@
 //!
 //! The activation tables (each token's corrections and scales, TableEntry) are made once a
 //! matmul call, before its tasks run (matmul's activation_tables, beside the quantized
-//! activations): at 16 threads a task holds a single tile, and making them in every task cost
-//! about a fifth of the tile's dot work.
+//! activations): at 16 threads a task holds a single tile, and making them in every task costs
+//! about a fifth of the tile's dot work by instruction count.
 //!
 //! Tile layout, made from the q8_0_x8 groups once a call for each task's rows (matmul's
 //! unpack_rows; same bytes as the rows it covers): for each block column, the tile's row scales
