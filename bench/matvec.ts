@@ -10,7 +10,9 @@
 // seconds to minutes; with --when-fast each row also shows the bandwidth probed just before and
 // after its passes, and its % is against the probe before.
 // Prints a Markdown table. Best-of-reps is reported beside the median: on a shared machine the
-// best pass is the one least disturbed by other processes.
+// best pass is the one least disturbed by other processes. CPU ms is the process's CPU time per
+// call (process.cpuUsage over the reps, the pool's spinning workers included), which a shared
+// machine's waits do not inflate.
 import { availableParallelism } from "node:os";
 import { native } from "../ts/native/lib.ts";
 import { measureBandwidth } from "./bandwidth.ts";
@@ -83,9 +85,9 @@ const lines: string[] = [];
 lines.push(`threads ${threads}, ${tokens} token(s) per call, W ${mib} MiB of ${nIn}-wide rows, ${reps} reps; ` +
   `read bandwidth ${bandwidth.bestGBs.toFixed(1)} GB/s best (median ${bandwidth.medianGBs.toFixed(1)})`);
 lines.push("");
-lines.push("| type | rows | best GB/s | median GB/s | best % of bandwidth | median ms | median GMAC/s |" +
+lines.push("| type | rows | best GB/s | median GB/s | best % of bandwidth | median ms | median GMAC/s | CPU ms |" +
   (whenFast === null ? "" : " probe before / after GB/s |"));
-lines.push("| --- | ---: | ---: | ---: | ---: | ---: | ---: |" + (whenFast === null ? "" : " ---: |"));
+lines.push("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |" + (whenFast === null ? "" : " ---: |"));
 for (const name of types) {
   const repacked = name.endsWith("x8");
   const typeId = typeIds[repacked ? name.slice(0, -2) : name];
@@ -107,18 +109,21 @@ for (const name of types) {
   lib.infer_matmul(w, matmulType, nOut, nIn, x, tokens, y); // warm-up: faults the pages in
   const before = whenFast === null ? null : waitFast();
   const ms: number[] = [];
+  const cpu0 = process.cpuUsage();
   for (let r = 0; r < reps; r++) {
     const t0 = performance.now();
     if (lib.infer_matmul(w, matmulType, nOut, nIn, x, tokens, y) !== 0) throw new Error("matmul failed");
     ms.push(performance.now() - t0);
   }
+  const cpu = process.cpuUsage(cpu0);
   const after = before === null ? null : probe();
   ms.sort((a, b) => a - b);
   const gbs = (t: number) => w.length / (t / 1000) / 1e9;
   const best = gbs(ms[0]);
   lines.push(`| ${name} | ${nOut} | ${best.toFixed(1)} | ${gbs(ms[ms.length >> 1]).toFixed(1)} | ` +
     `${((100 * best) / (before ?? bandwidth.bestGBs)).toFixed(0)}% | ${ms[ms.length >> 1].toFixed(2)} | ` +
-    `${((nOut * nIn * tokens) / (ms[ms.length >> 1] / 1000) / 1e9).toFixed(1)} |` +
+    `${((nOut * nIn * tokens) / (ms[ms.length >> 1] / 1000) / 1e9).toFixed(1)} | ` +
+    `${((cpu.user + cpu.system) / 1000 / reps).toFixed(2)} |` +
     (before === null ? "" : ` ${before.toFixed(1)} / ${after!.toFixed(1)} |`));
 }
 console.log(lines.join("\n"));

@@ -24,8 +24,9 @@ const tasks_per_thread = 4;
 /// thread too.
 const one_task_per_thread_from = 8;
 
-/// Quantized activations, owned by the library: grown when a call needs more, never freed per
-/// call. Guarded by `scratch_mutex` (one matmul at a time uses it).
+/// Quantized activations (and the batched kernel's tables of them, Traits.activation_tables),
+/// owned by the library: grown when a call needs more, never freed per call. Guarded by
+/// `scratch_mutex` (one matmul at a time uses it).
 var scratch: []align(64) u8 = &.{};
 var scratch_mutex: std.Thread.Mutex = .{};
 
@@ -51,6 +52,11 @@ const Job = struct {
     n_in: usize,
     x: [*]const u8, // activations in the vec_dot type
     x_row_bytes: usize,
+    /// Set where the batched kernel reads tables made once for the call (at `tables_at`, one
+    /// row of tables_row_bytes a token): its dot_multi runs instead of the job's.
+    tables: ?*const types.ActivationTables = null,
+    tables_at: [*]const u8 = undefined,
+    tables_row_bytes: usize = 0,
     n_tok: usize,
     y: [*]f32,
     rows_per_task: usize,
@@ -95,7 +101,12 @@ fn runTask(job: *const Job, task: usize) void {
             const x_rows = job.x + t * job.x_row_bytes;
             const w_rows = rows_at;
             const y_first = job.y + t * job.n_out + row_begin;
-            dot_multi(job.n_in, w_rows, job.w_row_bytes, row_end - row_begin, x_rows, job.x_row_bytes, n_rows, y_first, job.n_out);
+            if (job.tables) |tables| {
+                tables.dot_multi(job.n_in, w_rows, job.w_row_bytes, row_end - row_begin, x_rows, job.x_row_bytes,
+                    job.tables_at + t * job.tables_row_bytes, job.tables_row_bytes, n_rows, y_first, job.n_out);
+            } else {
+                dot_multi(job.n_in, w_rows, job.w_row_bytes, row_end - row_begin, x_rows, job.x_row_bytes, n_rows, y_first, job.n_out);
+            }
         }
         return;
     }
@@ -113,10 +124,15 @@ const QuantizeJob = struct {
     n_in: usize,
     dst: [*]u8,
     dst_row_bytes: usize,
+    tables: ?*const types.ActivationTables = null,
+    tables_dst: [*]u8 = undefined,
+    tables_row_bytes: usize = 0,
 };
 
 fn runQuantizeTask(job: *const QuantizeJob, t: usize) void {
-    job.quantize(job.x + t * job.n_in, job.dst + t * job.dst_row_bytes, job.n_in);
+    const row = job.dst + t * job.dst_row_bytes;
+    job.quantize(job.x + t * job.n_in, row, job.n_in);
+    if (job.tables) |tables| tables.fill(row, job.n_in, job.tables_dst + t * job.tables_row_bytes);
 }
 
 pub const Error = error{ OutOfMemory, Unsupported };
@@ -142,16 +158,28 @@ pub fn matmul(
     scratch_mutex.lock();
     defer scratch_mutex.unlock();
 
+    // Batches of a layout that computes them on its base format's rows: that format's kernel,
+    // and its tables of the activations, made here with them once a call (not once a task).
+    const batch = if (n_tok > 1) w_traits.batch_format orelse w_traits else w_traits;
+    const tables = if (n_tok > 1 and act.id != .f32) batch.activation_tables else null;
+
     var x_act: [*]const u8 = @ptrCast(x);
     const x_row_bytes = act.rowBytes(n_in);
+    var tables_at: [*]u8 = undefined;
+    const tables_row_bytes = if (tables) |tb| tb.row_bytes(n_in) else 0;
     if (act.id != .f32) {
-        const buf = try ensureScratch(n_tok * x_row_bytes);
+        const tables_offset = std.mem.alignForward(usize, n_tok * x_row_bytes, 64);
+        const buf = try ensureScratch(tables_offset + n_tok * tables_row_bytes);
+        tables_at = buf.ptr + tables_offset;
         const qjob = QuantizeJob{
             .quantize = act.quantize_activation.?,
             .x = x,
             .n_in = n_in,
             .dst = buf.ptr,
             .dst_row_bytes = x_row_bytes,
+            .tables = tables,
+            .tables_dst = tables_at,
+            .tables_row_bytes = tables_row_bytes,
         };
         if (n_tok == 1) runQuantizeTask(&qjob, 0) else threads.run(n_tok, &qjob, runQuantizeTask);
         x_act = buf.ptr;
@@ -166,8 +194,6 @@ pub fn matmul(
         balanced_rows
     else
         @max(1, @min(balanced_rows, tile_bytes_multi_token / w_row_bytes));
-    // Batches of a layout that computes them on its base format's rows: that format's kernel.
-    const batch = if (n_tok > 1) w_traits.batch_format orelse w_traits else w_traits;
     // Batched kernels take weight rows in pairs (q8_0.dotRowsMultiSigned) or tiles
     // (q8_0_tiles.zig): tasks of whole ones.
     const rows_per_task = std.mem.alignForward(usize, rows_ungrouped, if (n_tok > 1) @max(row_group, batch.batch_row_group) else row_group);
@@ -185,6 +211,9 @@ pub fn matmul(
         .n_tok = n_tok,
         .y = y,
         .rows_per_task = rows_per_task,
+        .tables = tables,
+        .tables_at = tables_at,
+        .tables_row_bytes = tables_row_bytes,
     };
     threads.run(std.math.divCeil(usize, n_out, rows_per_task) catch unreachable, &job, runTask);
 }

@@ -12,6 +12,11 @@
 //! ports, not vector ALUs). The integers, scale products, FMA order and final lane sum are
 //! q8_0.dot's, so every result equals the single-token rows bit for bit.
 //!
+//! The activation tables (each token's corrections and scales, TableEntry) are made once a
+//! matmul call, before its tasks run (matmul's activation_tables, beside the quantized
+//! activations): at 16 threads a task holds a single tile, and making them in every task costs
+//! about a fifth of the tile's dot work by instruction count.
+//!
 //! Tile layout, made from the q8_0_x8 groups once a call for each task's rows (matmul's
 //! unpack_rows; same bytes as the rows it covers): for each block column, the tile's row scales
 //! (f16), then eight chunks, chunk c holding quant word c of every row (row r at bytes 4r..4r+4)
@@ -24,7 +29,7 @@ const x8 = @import("q8_0_x8.zig");
 
 /// Rows a tile takes (matmul makes tasks of whole tiles; see Traits.batch_row_group).
 pub const tile_rows = 16;
-/// Tokens per call (matmul's token group); their activation tables are made once a call.
+/// Tokens per call (matmul's token group).
 pub const multi_rows = 8;
 
 /// One block column of a tile of L rows: L * 34 bytes, the size of the blocks it holds.
@@ -73,54 +78,67 @@ pub fn makeTiles(src: [*]const u8, n_rows: usize, n_blocks: usize, dst: [*]u8) v
     }
 }
 
-/// Token-blocks of activation tables a call keeps on the stack (72 KiB): eight tokens of
+/// A token's per-block values the kernel broadcasts: each lane's correction (-128 times the sum
+/// of its four activation quants: what the weights' +128 adds) and the block's scale.
+pub const TableEntry = extern struct {
+    corrections: [8]i32,
+    scale: f32,
+};
+
+/// Bytes of one activation row's tables (n_blocks entries).
+pub fn tableRowBytes(n_blocks: usize) usize {
+    return n_blocks * @sizeOf(TableEntry);
+}
+
+/// The tables of one activation row of n_blocks Q8_0 blocks at x, to dst.
+pub fn fillTables(x: [*]align(1) const q8_0.Block, n_blocks: usize, dst: [*]TableEntry) void {
+    for (0..n_blocks) |b| {
+        dst[b] = .{ .corrections = q8_0.laneCorrection(128, &x[b]), .scale = x[b].d };
+    }
+}
+
+/// Token-blocks of activation tables dotTiles keeps on the stack (72 KiB): eight tokens of
 /// 8,192-wide rows, two of 32,768; wider rows take one token at a time, and past 65,536 values
 /// the scalar reference.
 const table_capacity = 2048;
 
-/// A token's per-block values the kernel broadcasts: each lane's correction (-128 times the sum
-/// of its four activation quants: what the weights' +128 adds) and the block's scale.
-const Tables = struct {
-    corrections: [table_capacity][8]i32,
-    scales: [table_capacity]f32,
-
-    fn fill(t: *Tables, first: usize, x: [*]align(1) const q8_0.Block, n_blocks: usize) void {
-        for (0..n_blocks) |b| {
-            t.corrections[first + b] = q8_0.laneCorrection(128, &x[b]);
-            t.scales[first + b] = x[b].d;
-        }
-    }
-};
-
 /// Dots of n_out tiled rows (matmul's tile copy, at w; row bytes w_row_bytes) with n_tok
-/// activation rows (Q8_0, x_row_bytes apart): token t, row o to out[t * out_stride + o].
+/// activation rows (Q8_0, x_row_bytes apart): token t, row o to out[t * out_stride + o]. Makes
+/// its tokens' tables itself, once a call (the MoE's tiles); matmul makes them once for all its
+/// tasks and calls dotTilesWithTables.
 pub fn dotTiles(n_blocks: usize, w: [*]const u8, w_row_bytes: usize, n_out: usize, x: [*]const u8, x_row_bytes: usize, n_tok: usize, out: [*]f32, out_stride: usize) void {
     const per_call = @min(n_tok, table_capacity / n_blocks);
     if (per_call == 0) return dotTilesScalar(n_blocks, w, w_row_bytes, n_out, x, x_row_bytes, n_tok, out, out_stride);
-    var tables: Tables = undefined;
+    var tables: [table_capacity]TableEntry = undefined;
     var t0: usize = 0;
     while (t0 < n_tok) : (t0 += per_call) {
         const n = @min(per_call, n_tok - t0);
-        for (0..n) |t| tables.fill(t * n_blocks, @ptrCast(x + (t0 + t) * x_row_bytes), n_blocks);
-        var o: usize = 0;
-        while (o < n_out) {
-            const lanes: usize = if (n_out - o >= 16) 16 else 8;
-            const tile = w + o * w_row_bytes;
-            var t: usize = 0;
-            // Two tokens at a time: 16 chains, the tile's 8 chunks and a few temporaries fill
-            // the 32 vector registers.
-            while (t + 2 <= n) : (t += 2) {
-                if (lanes == 16) tileTokens(16, 2, n_blocks, tile, x, x_row_bytes, t0 + t, &tables, t, out + o, out_stride) else tileTokens(8, 2, n_blocks, tile, x, x_row_bytes, t0 + t, &tables, t, out + o, out_stride);
-            }
-            if (t < n) {
-                if (lanes == 16) tileTokens(16, 1, n_blocks, tile, x, x_row_bytes, t0 + t, &tables, t, out + o, out_stride) else tileTokens(8, 1, n_blocks, tile, x, x_row_bytes, t0 + t, &tables, t, out + o, out_stride);
-            }
-            o += lanes;
-        }
+        for (0..n) |t| fillTables(@ptrCast(x + (t0 + t) * x_row_bytes), n_blocks, tables[t * n_blocks ..].ptr);
+        dotTilesWithTables(n_blocks, w, w_row_bytes, n_out, x + t0 * x_row_bytes, x_row_bytes, @ptrCast(&tables), tableRowBytes(n_blocks), n, out + t0 * out_stride, out_stride);
     }
 }
 
-/// T tokens (from token `tok`, table slot `slot`) over one tile of L rows.
+/// dotTiles with the tokens' tables made by the caller (fillTables): token t's at
+/// tables + t * tables_row_bytes (a multiple of 4).
+pub fn dotTilesWithTables(n_blocks: usize, w: [*]const u8, w_row_bytes: usize, n_out: usize, x: [*]const u8, x_row_bytes: usize, tables: [*]const u8, tables_row_bytes: usize, n_tok: usize, out: [*]f32, out_stride: usize) void {
+    var o: usize = 0;
+    while (o < n_out) {
+        const lanes: usize = if (n_out - o >= 16) 16 else 8;
+        const tile = w + o * w_row_bytes;
+        var t: usize = 0;
+        // Two tokens at a time: 16 chains, the tile's 8 chunks and a few temporaries fill
+        // the 32 vector registers.
+        while (t + 2 <= n_tok) : (t += 2) {
+            if (lanes == 16) tileTokens(16, 2, n_blocks, tile, x, x_row_bytes, t, tables, tables_row_bytes, out + o, out_stride) else tileTokens(8, 2, n_blocks, tile, x, x_row_bytes, t, tables, tables_row_bytes, out + o, out_stride);
+        }
+        if (t < n_tok) {
+            if (lanes == 16) tileTokens(16, 1, n_blocks, tile, x, x_row_bytes, t, tables, tables_row_bytes, out + o, out_stride) else tileTokens(8, 1, n_blocks, tile, x, x_row_bytes, t, tables, tables_row_bytes, out + o, out_stride);
+        }
+        o += lanes;
+    }
+}
+
+/// T tokens (from token `tok`) over one tile of L rows.
 inline fn tileTokens(
     comptime L: usize,
     comptime T: usize,
@@ -129,8 +147,8 @@ inline fn tileTokens(
     x: [*]const u8,
     x_row_bytes: usize,
     tok: usize,
-    tables: *const Tables,
-    slot: usize,
+    tables: [*]const u8,
+    tables_row_bytes: usize,
     out: [*]f32,
     out_stride: usize,
 ) void {
@@ -138,7 +156,11 @@ inline fn tileTokens(
     const VI = @Vector(L, i32);
     const blocks: [*]align(1) const TileBlock(L) = @ptrCast(tile);
     var xs: [T][*]align(1) const q8_0.Block = undefined;
-    inline for (0..T) |t| xs[t] = @ptrCast(x + (tok + t) * x_row_bytes);
+    var ts: [T][*]const TableEntry = undefined;
+    inline for (0..T) |t| {
+        xs[t] = @ptrCast(x + (tok + t) * x_row_bytes);
+        ts[t] = @ptrCast(@alignCast(tables + (tok + t) * tables_row_bytes));
+    }
     // acc[t][c]: lane chain c of the L rows (row r in vector lane r) for token t.
     var acc: [T][8]VF = @splat(@splat(@splat(0)));
     for (0..n_blocks) |b| {
@@ -147,11 +169,11 @@ inline fn tileTokens(
         inline for (0..8) |c| u[c] = tb.qs[c];
         const d_w: VF = @as(@Vector(L, f16), tb.d);
         inline for (0..T) |t| {
-            const at = (slot + t) * n_blocks + b;
-            const d = d_w * @as(VF, @splat(tables.scales[at]));
+            const entry = &ts[t][b];
+            const d = d_w * @as(VF, @splat(entry.scale));
             const words: [*]align(1) const i32 = @ptrCast(&xs[t][b].qs);
             inline for (0..8) |c| {
-                const sums = dotWord(L, @as(VI, @splat(tables.corrections[at][c])), u[c], words, c);
+                const sums = dotWord(L, @as(VI, @splat(entry.corrections[c])), u[c], words, c);
                 acc[t][c] = @mulAdd(VF, d, @floatFromInt(sums), acc[t][c]);
             }
         }
@@ -210,7 +232,7 @@ pub fn dotTilesScalar(n_blocks: usize, w: [*]const u8, w_row_bytes: usize, n_out
 
 const test_util = @import("test_util.zig");
 
-test "q8_0 tiles: the VNNI kernel equals the scalar reference and q8_0.dot, bit for bit" {
+test "q8_0 tiles: the VNNI kernel, its tables made by itself or by the caller, equals the scalar reference and q8_0.dot, bit for bit" {
     if (comptime !simd.has_vnni) return error.SkipZigTest;
     const alloc = std.testing.allocator;
     var rng = test_util.TestRng.init(1616);
@@ -250,6 +272,13 @@ test "q8_0 tiles: the VNNI kernel equals the scalar reference and q8_0.dot, bit 
                 @memset(want, 0);
                 dotTiles(n_blocks, tiles.ptr, row_bytes, n_out, @ptrCast(x.ptr), row_bytes, n_tok, got.ptr, stride);
                 dotTilesScalar(n_blocks, tiles.ptr, row_bytes, n_out, @ptrCast(x.ptr), row_bytes, n_tok, want.ptr, stride);
+                try std.testing.expectEqualSlices(u32, std.mem.bytesAsSlice(u32, std.mem.sliceAsBytes(want)), std.mem.bytesAsSlice(u32, std.mem.sliceAsBytes(got)));
+                // The tables made by the caller (matmul's, once a call): the same bits.
+                const tables = try alloc.alloc(TableEntry, n_tok * n_blocks);
+                defer alloc.free(tables);
+                for (0..n_tok) |t| fillTables(x[t * n_blocks ..].ptr, n_blocks, tables[t * n_blocks ..].ptr);
+                @memset(got, 0);
+                dotTilesWithTables(n_blocks, tiles.ptr, row_bytes, n_out, @ptrCast(x.ptr), row_bytes, @ptrCast(tables.ptr), tableRowBytes(n_blocks), n_tok, got.ptr, stride);
                 try std.testing.expectEqualSlices(u32, std.mem.bytesAsSlice(u32, std.mem.sliceAsBytes(want)), std.mem.bytesAsSlice(u32, std.mem.sliceAsBytes(got)));
                 for (0..n_tok) |t| {
                     for (0..n_out) |o| {

@@ -59,6 +59,28 @@ pub const DotMultiFn = *const fn (
     out: [*]f32,
     out_stride: usize,
 ) void;
+/// Per-token tables a batched kernel reads beside its activation rows, made from the quantized
+/// activations once a matmul call, before its tasks run (q8_0_tiles.zig says why).
+pub const ActivationTables = struct {
+    /// Bytes of one activation row's tables (a multiple of 4), for rows of n values.
+    row_bytes: *const fn (n: usize) usize,
+    /// One row's tables (n values of activations at x) to dst (4-byte aligned).
+    fill: *const fn (x: [*]const u8, n: usize, dst: [*]u8) void,
+    /// dot_multi reading row r's tables at tables + r * tables_row_bytes.
+    dot_multi: *const fn (
+        n: usize,
+        w: [*]const u8,
+        w_row_bytes: usize,
+        n_out: usize,
+        x: [*]const u8,
+        x_row_bytes: usize,
+        tables: [*]const u8,
+        tables_row_bytes: usize,
+        n_rows: usize,
+        out: [*]f32,
+        out_stride: usize,
+    ) void,
+};
 /// Activation rows per dot_multi call unless a format says otherwise (`multi_rows`).
 const default_multi_rows = 4;
 /// The most activation rows any format's dot_multi takes.
@@ -105,6 +127,9 @@ pub const Traits = struct {
     /// Rows a batched kernel takes together: matmul's prompt tasks hold whole multiples (the
     /// last one may be short by a row group).
     batch_row_group: u32 = 2,
+    /// Set where dot_multi's per-token tables can be made once a call (matmul does; the MoE's
+    /// tiles call dot_multi, which makes its own).
+    activation_tables: ?*const ActivationTables = null,
     vec_dot_type: TypeId,
     /// How matmul quantizes f32 activations into this format (set for activation formats).
     quantize_activation: ?QuantizeFn,
@@ -345,9 +370,27 @@ fn repackedEntry(comptime id: TypeId, comptime name: []const u8, comptime Packed
     return t;
 }
 
-/// The traits of a repacked layout's prompt tiles (Traits.batch_format): only dot_multi.
+/// The traits of a repacked layout's prompt tiles (Traits.batch_format): only dot_multi, and
+/// the same with the activations' tables made once a call.
 fn TileTraits(comptime id: TypeId, comptime Tiles: type, comptime Base: type, comptime X: type) type {
     return struct {
+        const activation_tables: ActivationTables = .{
+            .row_bytes = struct {
+                fn run(n: usize) usize {
+                    return Tiles.tableRowBytes(n / Base.block_values);
+                }
+            }.run,
+            .fill = struct {
+                fn run(x: [*]const u8, n: usize, dst: [*]u8) void {
+                    Tiles.fillTables(@ptrCast(x), n / Base.block_values, @ptrCast(@alignCast(dst)));
+                }
+            }.run,
+            .dot_multi = struct {
+                fn run(n: usize, w: [*]const u8, w_row_bytes: usize, n_out: usize, x: [*]const u8, x_row_bytes: usize, tables: [*]const u8, tables_row_bytes: usize, n_rows: usize, out: [*]f32, out_stride: usize) void {
+                    Tiles.dotTilesWithTables(n / Base.block_values, w, w_row_bytes, n_out, x, x_row_bytes, tables, tables_row_bytes, n_rows, out, out_stride);
+                }
+            }.run,
+        };
         const traits: Traits = .{
             .id = id,
             .name = "prompt tiles",
@@ -363,6 +406,7 @@ fn TileTraits(comptime id: TypeId, comptime Tiles: type, comptime Base: type, co
             }.run,
             .multi_rows = Tiles.multi_rows,
             .batch_row_group = Tiles.tile_rows,
+            .activation_tables = &activation_tables,
             .dot_rows = null,
             .vec_dot_type = activationId(X),
             .quantize_activation = null,
