@@ -322,7 +322,9 @@ function submit(id: number, job: Job): void {
     onError: (err) => {
       end();
       const kind = err instanceof InferError ? err.code : "internal";
-      fail(id, kind, 500, err.message, null, "internal_error");
+      // The scheduler refuses a request whose KV cache can never fit the GPU's page pool.
+      if (kind === "context_overflow") fail(id, kind, 400, err.message, "max_tokens", "context_length_exceeded");
+      else fail(id, kind, 500, err.message, null, "internal_error");
     },
   });
   active.add(id);
