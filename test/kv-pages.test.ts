@@ -12,7 +12,10 @@ import type { KvLayer } from "../ts/backend/backend.ts";
 import { admitPages, KvPagePool, paddedRows, ROW_PAD, type PagedRange } from "../ts/backend/kv-pages.ts";
 import { Engine } from "../ts/engine/engine.ts";
 import type { GenerateOptions, GenerateResult } from "../ts/engine/generation.ts";
+import { memoryPlan } from "../ts/engine/memory.ts";
 import { BatchScheduler } from "../ts/engine/scheduler.ts";
+import type { GgufFile } from "../ts/gguf/reader.ts";
+import type { ModelShape } from "../ts/model/model.ts";
 import { InferError } from "../ts/errors.ts";
 import { FakePhysical, withFakePages } from "./support/fake-pages.ts";
 import { referenceGenerate } from "./support/reference-generate.ts";
@@ -213,4 +216,30 @@ describe("the scheduler admits by the pool", () => {
     const want = referenceGenerate(reference, jobs[1].prompt, { ...defaults, ...jobs[1].options });
     expect((results[1] as GenerateResult).tokens).toEqual(want.tokens);
   }, 60_000);
+});
+
+describe("planning with a paged cache", () => {
+  test("memory counts every slot's rings but one slot's full layers", () => {
+    const shape = { heads: 4, headDim: 64, kvHeads: 2, embedding: 256, feedForward: 512, vocab: 1000,
+      kvShapes: [{ kvHeads: 2, headDim: 64, window: 0 }, { kvHeads: 2, headDim: 64, window: 128 }] } as unknown as ModelShape;
+    const file = { tensors: new Map() } as unknown as GgufFile;
+    const o = { contextLength: 4096, maxBatch: 512, slots: 8, kvType: { k: "f16", v: "f16" } as const, threads: 1 };
+    const row = 2 * 2 * 64 * 2, ring = 768 * row, full = 4096 * row;
+    expect(memoryPlan(file, shape, o).kvCache).toBe(8 * (ring + full));
+    const paged = memoryPlan(file, shape, { ...o, pagedKv: true });
+    expect(paged.kvCache).toBe(8 * ring + full);
+    expect(paged.kvPerPosition).toBe(row);
+  });
+
+  test("the default parallel: 4 with whole caches; with pages, what the pool holds at the average length", () => {
+    const engine = open();
+    expect(engine.defaultParallel()).toBe(4);
+    engine.close();
+    const paged = open();
+    withFakePages(paged, new FakePhysical(G, 1000));
+    // a slot: its full layer at 1,024 positions (64 granules, 256 KiB) and five rings of 256
+    // cells of 256 bytes (320 KiB); 1,000 granules hold 6
+    expect(paged.defaultParallel()).toBe(6);
+    paged.close();
+  });
 });

@@ -122,7 +122,8 @@ function open(settings: Extract<ToWorker, { type: "open" }>["settings"]): void {
     speculation = settings.speculation ??
       (draftModel ? { mode: "draft" } : defaultSpeculation(engine.backend.name));
     // A backend that runs one sequence per pass serves one request at a time.
-    const parallel = engine.backend.sequenceBatches ? settings.parallel ?? 1 : 1;
+    const asked = settings.parallel ?? 1;
+    const parallel = !engine.backend.sequenceBatches ? 1 : asked === "auto" ? engine.defaultParallel() : asked;
     scheduler = new BatchScheduler(engine, { slots: parallel,
       deviceGreedy: setting("INFER_DEVICE_GREEDY"), draftModel,
       prefillChunk: settings.prefillChunk,
