@@ -204,6 +204,32 @@ describe("the scheduler admits by the pool", () => {
     expect((results[2] as GenerateResult).prefilled).toBe(100);
   }, 60_000);
 
+  test("a shorter next turn continues in place after its slot gives back what lies past it", () => {
+    const first = toyPrompt(200, 11);
+    const jobs: Job[] = [
+      { prompt: first, options: { maxTokens: 100 } }, // 300 positions: 512 rows mapped
+      // the first 150 tokens again and 10 others: continues from position 150 in the same slot,
+      // which keeps 256 rows (what 165 positions need) and gives back the rest
+      { prompt: [...first.slice(0, 150), ...toyPrompt(11, 12).slice(1)], options: { maxTokens: 4 } },
+    ];
+    const engine = open();
+    const pool = withFakePages(engine, new FakePhysical(G, 64));
+    const scheduler = new BatchScheduler(engine, { slots: 1, prefixCache: null, deviceGreedy: false });
+    const got: GenerateResult[] = [];
+    for (const j of jobs) {
+      scheduler.submit({ prompt: j.prompt, options: { ...defaults, ...j.options }, onDone: (r) => got.push(r),
+        onError: (e) => { throw e; } });
+      while (scheduler.busy) scheduler.step();
+      if (got.length === 1) expect(pool.held(engine.cache.layers)).toBe(32);
+    }
+    expect(pool.held(engine.cache.layers)).toBe(16);
+    expect(got[1].prefilled).toBe(10);
+    for (const [i, j] of jobs.entries()) {
+      expect(got[i].tokens).toEqual(referenceGenerate(reference, j.prompt, { ...defaults, ...j.options }).tokens);
+    }
+    engine.close();
+  }, 60_000);
+
   test("a request that can never fit is refused as a context overflow; the others run", () => {
     const jobs: Job[] = [
       { prompt: toyPrompt(900, 7), options: { maxTokens: 100 } }, // 1,001 positions: 64 granules

@@ -657,8 +657,9 @@ export class BatchScheduler {
       rewindSlot(f, 0);
     }
     if (pool.held(layers) > need) {
+      // Positions below `rows` stay mapped: the prefix it continues from (shorter) is kept.
       for (const l of layers) pool.trimRows(l, rows);
-      if (slot.length > rows) rewindSlot(slot, 0);
+      if (slot.length > rows) rewindSlot(slot, rows);
     }
     return need;
   }
