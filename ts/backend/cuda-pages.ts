@@ -31,15 +31,17 @@ export function cudaPages(lib: Lib): PhysicalPages | string {
   };
   return {
     granule,
-    reserve: (bytes) => one((o) => lib.infer_cuda_vmm_reserve(bytes, o), "reserving KV cache address space"),
+    reserve: (bytes) => one((o) => lib.infer_cuda_vmm_reserve(bytes, o), "reserving KV cache addresses"),
     addressFree: (address, bytes) => lib.infer_cuda_vmm_address_free(address, bytes),
     create: () => {
       const handle = one((o) => lib.infer_cuda_vmm_create(granule, o), "KV cache memory");
       mapped++;
       return handle;
     },
-    map: (address, handle) => check(lib.infer_cuda_vmm_map(address, granule, handle), "mapping KV cache memory"),
-    unmap: (address, bytes) => check(lib.infer_cuda_vmm_unmap(address, bytes), "unmapping KV cache memory"),
+    map: (address, handle) =>
+      check(lib.infer_cuda_vmm_map(address, granule, handle), "mapping KV cache memory"),
+    unmap: (address, bytes) =>
+      check(lib.infer_cuda_vmm_unmap(address, bytes), "unmapping KV cache memory"),
     release: (handle) => {
       lib.infer_cuda_vmm_release(handle);
       mapped--;

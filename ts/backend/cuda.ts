@@ -313,9 +313,10 @@ export class CudaBackend implements Backend {
     return this.pool;
   }
 
-  /** Why caches are not paged (null: they are, or none was made yet). */
+  /** How full-attention caches are kept: paged (in what granules), or whole and why. */
   get kvPaging(): string {
-    return this.pool ? `paged in ${this.pool.granule >> 20} MiB granules` : `allocated whole${this.unpaged ? `: ${this.unpaged}` : ""}`;
+    if (this.pool) return `paged in ${this.pool.granule >> 20} MiB granules`;
+    return `allocated whole${this.unpaged ? `: ${this.unpaged}` : ""}`;
   }
 
   private kvPagesFor(): KvPagePool | null {
@@ -360,8 +361,8 @@ export class CudaBackend implements Backend {
       layer.pages = { k, v };
       this.pagedLayers.add(layer);
     } else {
-      layer = new CudaKvLayer(cells, ring, kvHeads, headDim, type,
-        this.alloc(kBytes, `KV cache (${cells} cells)`), this.alloc(vBytes, `KV cache (${cells} cells)`));
+      const what = `KV cache (${cells} cells)`;
+      layer = new CudaKvLayer(cells, ring, kvHeads, headDim, type, this.alloc(kBytes, what), this.alloc(vBytes, what));
     }
     if (isTurbo(type.k)) layer.kAnchorAddress = this.alloc(kvHeads * headDim * 4, "KV cache anchor");
     return layer;
@@ -373,7 +374,10 @@ export class CudaBackend implements Backend {
     try { this.lib.infer_cuda_sync(); } catch { /* freeing anyway */ }
     this.steps.destroy();
     try {
-      for (const l of this.pagedLayers) for (const r of [l.pages!.k, l.pages!.v]) this.pool!.free(r);
+      for (const l of this.pagedLayers) {
+        this.pool!.free(l.pages!.k);
+        this.pool!.free(l.pages!.v);
+      }
     } catch { /* the device failed: the process's memory goes with it */ }
     this.pagedLayers.clear();
     for (const address of this.deviceAllocations) this.lib.infer_cuda_free(address);

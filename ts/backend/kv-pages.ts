@@ -1,8 +1,8 @@
 // The paged KV cache's bookkeeping, apart from any device (the CUDA backend's physical side is
 // cuda-pages.ts on lib/cuda/vmm.zig; tests use a fake). A full-attention cache layer reserves the
 // address range of its whole context for its keys and one for its values, and memory is mapped
-// into them in granules (the driver's granularity, 2 MiB on current GPUs) only as positions are written:
-// sequences of very different lengths share the card's memory, and no slot holds its whole
+// into them in granules (the driver's granularity, 2 MiB on current GPUs) only as positions are
+// written: sequences of very different lengths share the card's memory, and no slot holds its whole
 // context unless it reaches it. The addresses never move, so the kernels, the batch's table of
 // caches and captured CUDA graphs are unchanged. This is the GPU analogue of the CPU's shared
 // pages (docs/server.md, "Shared blocks"), as vAttention does it; sliding-window rings and the
@@ -197,9 +197,9 @@ export function admitPages(need: number, held: number, running: readonly Running
   if (grows > room) return { kind: "wait" };
   return { kind: "admit", reclaim };
 }
-/** The error of a sequence that can never fit the pool (a 400 from the server, as a context overflow). */
+/** The error of a sequence that can never fit the pool (the server's 400, a context overflow). */
 export function neverFits(need: number, capacity: number, granule: number): InferError {
   const mib = (g: number) => Math.ceil(g * granule / 2 ** 20);
-  return new InferError("context_overflow", `the request's KV cache needs ${mib(need)} MiB of GPU memory, ` +
-    `and at most ${mib(capacity)} MiB can be had: lower max_tokens or the prompt`);
+  return new InferError("context_overflow", `the request's KV cache needs ${mib(need)} MiB of GPU ` +
+    `memory, and at most ${mib(capacity)} MiB can be had: lower max_tokens or the prompt`);
 }

@@ -114,7 +114,8 @@ export async function serveCommand(argv: string[]): Promise<number> {
     contextShiftPolicy,
     apiKey: values["api-key"] ?? setting("INFER_API_KEY"),
     maxQueue: intOption(values.queue, "--queue", 16, 0),
-    parallel: values.parallel === undefined ? "auto" : intOption(values.parallel, "--parallel", 4, 1),
+    parallel: values.parallel === undefined ? "auto"
+      : intOption(values.parallel, "--parallel", 4, 1),
     prefillChunk: values["prefill-chunk"] === undefined ? undefined
       : intOption(values["prefill-chunk"], "--prefill-chunk", 64, 1),
     prefixCacheBytes: intOption(values["prefix-cache"], "--prefix-cache", 128, 0) * (1 << 20),

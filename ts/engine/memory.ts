@@ -68,7 +68,8 @@ export function memoryPlan(file: GgufFile, shape: ModelShape, o: MemoryPlanOptio
   const full = kvPerPosition * o.contextLength, rings = kvCache - full;
   const fullSlots = o.pagedKv ? 1 : o.slots;
   return {
-    weights, activations, kvCache: rings * o.slots + full * fullSlots, kvPerPosition: kvPerPosition * fullSlots,
+    weights, activations, kvCache: rings * o.slots + full * fullSlots,
+    kvPerPosition: kvPerPosition * fullSlots,
     other: otherPerPosition * o.contextLength, otherPerPosition,
   };
 }

@@ -647,16 +647,18 @@ export class BatchScheduler {
     rows = Math.min(rows, this.engine.contextLength);
     const layers = slot.cache.layers, need = pool.need(layers, rows);
     const others = this.free.filter((f) => f !== slot);
-    const decision = admitPages(need, Math.min(need, pool.held(layers)),
+    // What the slot maps past `rows` counts as to be had: it is given back before the sequence starts.
+    const held = pool.held(layers), excess = Math.max(0, held - need);
+    const decision = admitPages(need, held - excess,
       this.running.map((s) => ({ held: pool.held(s.slot.cache.layers), claim: s.claim })),
-      others.map((f) => pool.held(f.cache.layers)), pool.availableGranules() + Math.max(0, pool.held(layers) - need));
+      others.map((f) => pool.held(f.cache.layers)), pool.availableGranules() + excess);
     if (decision.kind === "wait") return null;
     if (decision.kind === "never") return neverFits(decision.need, decision.capacity, pool.granule);
     for (const f of others.slice(0, decision.reclaim)) {
       for (const l of f.cache.layers) pool.trimRows(l, 0);
       rewindSlot(f, 0);
     }
-    if (pool.held(layers) > need) {
+    if (excess > 0) {
       // Positions below `rows` stay mapped: the prefix it continues from (shorter) is kept.
       for (const l of layers) pool.trimRows(l, rows);
       if (slot.length > rows) rewindSlot(slot, rows);
