@@ -127,7 +127,7 @@ pub fn ready() ?*State {
     return s;
 }
 
-fn cuFail(rc: driver.CUresult, comptime what: []const u8, args: anytype) i32 {
+pub fn cuFail(rc: driver.CUresult, comptime what: []const u8, args: anytype) i32 {
     var name: []const u8 = undefined;
     var text: []const u8 = undefined;
     driver.describe(&api, rc, &name, &text);
@@ -279,6 +279,14 @@ pub fn setDebugSync(on: bool) void {
 }
 
 // ---- memory ------------------------------------------------------------------------------------
+
+/// cuDeviceGetAttribute, for lib/cuda/vmm.zig.
+pub fn deviceAttribute(out: *c_int, attr: c_int, dev: driver.CUdevice) driver.CUresult {
+    return api.cuDeviceGetAttribute(out, attr, dev);
+}
+
+/// Virtual memory management: reserved ranges, physical granules mapped into them.
+pub const vmm = @import("vmm.zig");
 
 pub fn malloc(bytes: u64, out: *u64) i32 {
     _ = ready() orelse return @intFromEnum(status.Status.internal);

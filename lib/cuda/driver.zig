@@ -35,7 +35,38 @@ pub const CUlaunchConfig = extern struct {
     attr_count: c_uint,
 };
 
+/// cuda.h CUmemLocation: a location type and a device ordinal (a union of an int and two bytes).
+pub const CUmemLocation = extern struct {
+    type: c_int,
+    id: c_int,
+};
+
+/// cuda.h CUmemAllocationProp (CUDA 10.2 to 13): what cuMemCreate makes and where.
+pub const CUmemAllocationProp = extern struct {
+    type: c_int,
+    requested_handle_types: c_int = 0,
+    location: CUmemLocation,
+    win32_handle_meta_data: ?*anyopaque = null,
+    compression_type: u8 = 0,
+    gpu_direct_rdma_capable: u8 = 0,
+    usage: u16 = 0,
+    reserved: [4]u8 = .{ 0, 0, 0, 0 },
+};
+
+/// cuda.h CUmemAccessDesc: who may access a mapped range, and how.
+pub const CUmemAccessDesc = extern struct {
+    location: CUmemLocation,
+    flags: c_int,
+};
+
+pub const CUmemGenericAllocationHandle = c_ulonglong;
+
 comptime {
+    std.debug.assert(@sizeOf(CUmemLocation) == 8);
+    std.debug.assert(@offsetOf(CUmemAllocationProp, "location") == 8 and
+        @offsetOf(CUmemAllocationProp, "win32_handle_meta_data") == 16 and
+        @offsetOf(CUmemAllocationProp, "compression_type") == 24 and @sizeOf(CUmemAllocationProp) == 32);
+    std.debug.assert(@offsetOf(CUmemAccessDesc, "flags") == 8 and @sizeOf(CUmemAccessDesc) == 12);
     std.debug.assert(@sizeOf(CUlaunchAttribute) == 72);
     std.debug.assert(@offsetOf(CUlaunchConfig, "stream") == 32 and @sizeOf(CUlaunchConfig) == 56);
 }
@@ -47,6 +78,13 @@ pub const attr_multiprocessor_count: c_int = 16;
 pub const attr_l2_cache_size: c_int = 38;
 pub const attr_cc_major: c_int = 75;
 pub const attr_cc_minor: c_int = 76;
+/// CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+pub const attr_virtual_memory_management: c_int = 102;
+pub const mem_allocation_type_pinned: c_int = 1;
+pub const mem_location_type_device: c_int = 1;
+pub const mem_access_read_write: c_int = 3;
+/// CU_MEM_ALLOC_GRANULARITY_MINIMUM: the size and alignment every map must be a multiple of.
+pub const mem_granularity_minimum: c_int = 0;
 pub const stream_non_blocking: c_uint = 1;
 pub const capture_mode_thread_local: c_int = 1;
 pub const event_disable_timing: c_uint = 2;
@@ -117,6 +155,17 @@ pub const Optional = struct {
     /// Without it kernels get 48 KiB of dynamic shared memory at most (the pipelined matvecs of
     /// longer rows then take the register-fed ones).
     cuFuncSetAttribute: ?*const fn (CUfunction, c_int, c_int) callconv(cc) CUresult = null,
+    /// Virtual memory management (CUDA 10.2+): the paged KV cache reserves address ranges and maps
+    /// physical granules into them as positions are written. Without them every cache is
+    /// allocated whole (cuMemAlloc). None of these has a versioned name in cuda.h.
+    cuMemGetAllocationGranularity: ?*const fn (*usize, *const CUmemAllocationProp, c_int) callconv(cc) CUresult = null,
+    cuMemAddressReserve: ?*const fn (*CUdeviceptr, usize, usize, CUdeviceptr, c_ulonglong) callconv(cc) CUresult = null,
+    cuMemAddressFree: ?*const fn (CUdeviceptr, usize) callconv(cc) CUresult = null,
+    cuMemCreate: ?*const fn (*CUmemGenericAllocationHandle, usize, *const CUmemAllocationProp, c_ulonglong) callconv(cc) CUresult = null,
+    cuMemRelease: ?*const fn (CUmemGenericAllocationHandle) callconv(cc) CUresult = null,
+    cuMemMap: ?*const fn (CUdeviceptr, usize, usize, CUmemGenericAllocationHandle, c_ulonglong) callconv(cc) CUresult = null,
+    cuMemUnmap: ?*const fn (CUdeviceptr, usize) callconv(cc) CUresult = null,
+    cuMemSetAccess: ?*const fn (CUdeviceptr, usize, [*]const CUmemAccessDesc, usize) callconv(cc) CUresult = null,
 };
 
 /// CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES

@@ -55,6 +55,41 @@ export fn infer_cuda_free(ptr: u64) void {
     cuda.free(ptr);
 }
 
+/// Out: the granularity (bytes) of reserved ranges and maps; fails with `unsupported` where
+/// libcuda or the device lacks virtual memory management (the KV cache is then allocated whole).
+export fn infer_cuda_vmm_granularity(out: *u64) i32 {
+    return cuda.vmm.granularity(out);
+}
+
+/// Reserves `bytes` (a multiple of the granularity) of device address space, nothing mapped.
+export fn infer_cuda_vmm_reserve(bytes: u64, out: *u64) i32 {
+    return cuda.vmm.reserve(bytes, out);
+}
+
+export fn infer_cuda_vmm_address_free(ptr: u64, bytes: u64) void {
+    cuda.vmm.addressFree(ptr, bytes);
+}
+
+/// Creates `bytes` of physical device memory; out: its handle (mapped with infer_cuda_vmm_map).
+export fn infer_cuda_vmm_create(bytes: u64, out: *u64) i32 {
+    return cuda.vmm.create(bytes, out);
+}
+
+export fn infer_cuda_vmm_release(handle: u64) void {
+    cuda.vmm.release(handle);
+}
+
+/// Maps physical memory `handle` of `bytes` at ptr (inside a reserved range), read-write. One
+/// handle may be mapped at several ranges, which then share its memory.
+export fn infer_cuda_vmm_map(ptr: u64, bytes: u64, handle: u64) i32 {
+    return cuda.vmm.map(ptr, bytes, handle);
+}
+
+/// Waits for the stream, then unmaps [ptr, ptr + bytes).
+export fn infer_cuda_vmm_unmap(ptr: u64, bytes: u64) i32 {
+    return cuda.vmm.unmap(ptr, bytes);
+}
+
 export fn infer_cuda_host_alloc(bytes: u64, out: *u64) i32 {
     return cuda.hostAlloc(bytes, out);
 }

@@ -39,8 +39,9 @@ export interface LoadOptions {
   /** How the KV cache stores values (llama.cpp's --cache-type-v), as cacheTypeK. */
   readonly cacheTypeV?: KvType;
   /**
-   * Generations decoded together, each with a KV cache of `contextLength` (default 4; 1 on a
-   * backend that runs one sequence at a time). More calls than this wait their turn.
+   * Generations decoded together, each with a KV cache of `contextLength` (default 4; on CUDA
+   * with its paged cache, as many as fit: docs/server.md; 1 on a backend that runs one sequence
+   * at a time). More calls than this wait their turn.
    */
   readonly parallel?: number;
   /** Memory for sharing prompt beginnings across calls, in bytes (default 128 MiB; 0: none). */
@@ -110,7 +111,7 @@ export async function loadModel(nameOrPath: string = DEFAULT_MODEL.name,
     modelPath: path, backend, gpus: options.gpus, threads: options.threads,
     contextLength: options.contextLength,
     cacheTypeK: options.cacheTypeK, cacheTypeV: options.cacheTypeV,
-    parallel: options.parallel ?? 4, prefixCacheBytes: options.prefixCacheBytes,
+    parallel: options.parallel ?? "auto", prefixCacheBytes: options.prefixCacheBytes,
     speculation: speculationOf(options),
     draftModel: options.draftModel === undefined ? undefined
       : await resolveDraftModel(options.draftModel, path, onProgress !== undefined),

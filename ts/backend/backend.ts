@@ -2,6 +2,7 @@
 // with a shape; the model never touches pointers or knows which backend runs it. Activations
 // hold up to `rows` rows (tokens) of `cols` values; every op takes the number of rows in use, so
 // buffers are planned once per context and never reallocated per token.
+import type { KvPagePool } from "./kv-pages.ts";
 import type { GgufFile, GgufTensorInfo } from "../gguf/reader.ts";
 
 /** Rows first .. first + rows - 1 of a batch. */
@@ -168,7 +169,17 @@ export interface Backend {
   readonly ropeAttnFactor?: boolean;
   weight(file: GgufFile, tensor: GgufTensorInfo): Weight;
   activation(name: string, rows: number, cols: number): Activation;
-  kvLayer(cells: number, kvHeads: number, headDim: number, type: KvType | KvTypes, ring: boolean): KvLayer;
+  /**
+   * `paged`: a sequence's cache layer (not a ring), which a backend with a page pool (kvPages)
+   * maps only as positions are written; elsewhere the flag changes nothing.
+   */
+  kvLayer(cells: number, kvHeads: number, headDim: number, type: KvType | KvTypes, ring: boolean,
+    paged?: boolean): KvLayer;
+  /**
+   * The pool paged cache layers map their memory from (kv-pages.ts: the scheduler admits
+   * sequences by it); null or absent where caches are allocated whole.
+   */
+  kvPages?(): KvPagePool | null;
   positions(rows: number): Activation;
 
   setTokens(dst: Activation, ids: ArrayLike<number>, count: number): void;

@@ -29,6 +29,8 @@ import { CudaExperts } from "./cuda-moe.ts";
 import { copyCudaAnchoredKeys, pendCudaKeys, type AnchorDevice, type CudaAnchoredKeys } from "./cuda-kv-anchor.ts";
 import { StepGraphs, type StepStats } from "./cuda-graphs.ts";
 import { KvShifter } from "./cuda-shift.ts";
+import { cudaPages } from "./cuda-pages.ts";
+import { KvPagePool, type PagedLayer, type PagedRange } from "./kv-pages.ts";
 import {
   kvBytes, kvTypesName, kvTypesOf, type Activation, type AttentionOptions, type Backend, type DeviceGreedy, type KvLayer, type KvType, type KvTypes,
   type RopeOptions, type Weight,
@@ -70,7 +72,9 @@ const cudaKvTypeIds: Partial<Record<KvType, number>> = {
 
 function isTurbo(t: KvType): boolean { return t === "tq3" || t === "tq4"; }
 
-class CudaKvLayer implements KvLayer, CudaAnchoredKeys {
+class CudaKvLayer implements KvLayer, CudaAnchoredKeys, PagedLayer {
+  /** A paged layer's reserved ranges (k and v are their addresses); null: allocated whole. */
+  pages: { readonly k: PagedRange; readonly v: PagedRange } | null = null;
   /** A tq K layer's anchor (cuda-kv-anchor.ts): on the host once set, and on the device. */
   kAnchor: Float32Array | undefined = undefined;
   kPending?: Map<number, Float32Array>;
@@ -154,6 +158,11 @@ export class CudaBackend implements Backend {
   private readonly hostAllocations: number[] = [];
   private readonly weights = new Map<string, CudaWeight>();
   private disposed = false;
+  /** The paged caches' pool (kv-pages.ts), made with the first paged layer; null: none yet. */
+  private pool: KvPagePool | null = null;
+  /** Why caches are allocated whole, once asked (the driver or device lacks paging). */
+  private unpaged: string | null = null;
+  private readonly pagedLayers = new Set<CudaKvLayer>();
   // Quantized copy of one activation (int8 values + one f32 scale per 32) for quantized matmuls.
   private xq = 0;
   private xd = 0;
@@ -299,7 +308,32 @@ export class CudaBackend implements Backend {
     return this.activation("positions", rows, 1);
   }
 
-  kvLayer(cells: number, kvHeads: number, headDim: number, types: KvType | KvTypes, ring: boolean): KvLayer {
+  /** The page pool, made on first use; null where the driver or device cannot map pages. */
+  kvPages(): KvPagePool | null {
+    return this.pool;
+  }
+
+  /** How full-attention caches are kept: paged (in what granules), or whole and why. */
+  get kvPaging(): string {
+    if (this.pool) return `paged in ${this.pool.granule >> 20} MiB granules`;
+    return `allocated whole${this.unpaged ? `: ${this.unpaged}` : ""}`;
+  }
+
+  private kvPagesFor(): KvPagePool | null {
+    if (this.pool || this.unpaged !== null) return this.pool;
+    const phys = cudaPages(this.lib);
+    if (typeof phys === "string") this.unpaged = phys;
+    else this.pool = new KvPagePool(phys);
+    return this.pool;
+  }
+
+  /** Maps what positions 0 .. rows - 1 of a paged layer take (nothing for a plain one). */
+  private mapRows(l: CudaKvLayer, rows: number): void {
+    if (l.pages) this.pool!.ensureRows(l, rows);
+  }
+
+  kvLayer(cells: number, kvHeads: number, headDim: number, types: KvType | KvTypes, ring: boolean,
+    paged = false): KvLayer {
     const type = kvTypesOf(types);
     if (cudaKvTypeIds[type.k] === undefined || cudaKvTypeIds[type.v] === undefined) {
       throw new InferError("unsupported", `the CUDA backend keeps the KV cache in f16, q8_0, q4_0, tq3 or tq4, ` +
@@ -318,9 +352,18 @@ export class CudaBackend implements Backend {
         `not ${headDim}`);
     }
     const values = cells * kvHeads * headDim;
-    const layer = new CudaKvLayer(cells, ring, kvHeads, headDim, type,
-      this.alloc(kvBytes(type.k, values, headDim), `KV cache (${cells} cells)`),
-      this.alloc(kvBytes(type.v, values, headDim), `KV cache (${cells} cells)`));
+    const kBytes = kvBytes(type.k, values, headDim), vBytes = kvBytes(type.v, values, headDim);
+    const pool = paged && !ring ? this.kvPagesFor() : null;
+    let layer: CudaKvLayer;
+    if (pool) {
+      const k = pool.reserve(kBytes), v = pool.reserve(vBytes);
+      layer = new CudaKvLayer(cells, ring, kvHeads, headDim, type, k.address, v.address);
+      layer.pages = { k, v };
+      this.pagedLayers.add(layer);
+    } else {
+      const what = `KV cache (${cells} cells)`;
+      layer = new CudaKvLayer(cells, ring, kvHeads, headDim, type, this.alloc(kBytes, what), this.alloc(vBytes, what));
+    }
     if (isTurbo(type.k)) layer.kAnchorAddress = this.alloc(kvHeads * headDim * 4, "KV cache anchor");
     return layer;
   }
@@ -330,6 +373,13 @@ export class CudaBackend implements Backend {
     if (this.disposed) return;
     try { this.lib.infer_cuda_sync(); } catch { /* freeing anyway */ }
     this.steps.destroy();
+    try {
+      for (const l of this.pagedLayers) {
+        this.pool!.free(l.pages!.k);
+        this.pool!.free(l.pages!.v);
+      }
+    } catch { /* the device failed: the process's memory goes with it */ }
+    this.pagedLayers.clear();
     for (const address of this.deviceAllocations) this.lib.infer_cuda_free(address);
     this.deviceAllocations.clear();
     for (const address of this.hostAllocations) this.lib.infer_cuda_host_free(address);
@@ -542,6 +592,7 @@ export class CudaBackend implements Backend {
     const kvDim = l.kvHeads * l.headDim;
     if (k.cols !== kvDim || v.cols !== kvDim) throw new InferError("invalid_argument", "storeKv: k/v width is not kvHeads·headDim");
     const p = this.positionsFor(position, rows, firstRow);
+    this.mapRows(l, position + rows);
     const rowBytes = kvDim * 4, kAddress = a(k).address + firstRow * rowBytes, vAddress = a(v).address + firstRow * rowBytes;
     const kTurbo = isTurbo(l.types.k), vTurbo = isTurbo(l.types.v);
     // kv_store writes the halves of 32-value blocks or f16; a tq half is kv_store_turbo's.
@@ -607,6 +658,7 @@ export class CudaBackend implements Backend {
       throw new InferError("invalid_argument", `copyKv: ${cells} cells from ${srcCell} to ${dstCell} overrun`);
     }
     this.stopRecording();
+    this.mapRows(d, dstCell + cells);
     const kb = s.kRowBytes, vb = s.vRowBytes;
     // A tq K layer's codes are less its anchor: copied as they are only between layers of one
     // anchor, else coded again (cuda-kv-anchor.ts), never mapped.
@@ -694,6 +746,7 @@ export class CudaBackend implements Backend {
       visible = Math.max(visible, positions[i] + 1);
     }
     const p = this.positionsFor(positions[0], 1, firstRow);
+    for (let i = 0; i < rows; i++) this.mapRows(layers[i] as CudaKvLayer, positions[i] + 1);
     const table = this.attn.kvTable(layers as readonly CudaKvLayer[]);
     const split = decodeSplit(l0, visible);
     if (this.attn.ensure(rows, rows, o, l0.cells, split) < rows) return false;

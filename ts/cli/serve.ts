@@ -49,7 +49,9 @@ another origin are refused (403) unless --cors allows that origin.
                          keeps its first 4 tokens and drops the older half of the rest (CPU)
   --shift-policy P       with --context-shift: streaming (default: keep the newest) or h2o
                          (half of what is kept: the positions with the most attention so far)
-  --parallel N           requests decoded together, each with its own KV cache (default 4)
+  --parallel N           requests decoded together, each with its own KV cache (default 4;
+                         CUDA, whose caches map memory as they fill: as many as fit at 2048
+                         tokens each, up to 64; longer requests wait for memory, not fail)
   --prefill-chunk N      prompt tokens per step while other requests decode (default 64;
                          256 on CUDA)
   --prefix-cache MIB     memory for the prefix cache (default 128; 0: off)
@@ -112,7 +114,8 @@ export async function serveCommand(argv: string[]): Promise<number> {
     contextShiftPolicy,
     apiKey: values["api-key"] ?? setting("INFER_API_KEY"),
     maxQueue: intOption(values.queue, "--queue", 16, 0),
-    parallel: intOption(values.parallel, "--parallel", 4, 1),
+    parallel: values.parallel === undefined ? "auto"
+      : intOption(values.parallel, "--parallel", 4, 1),
     prefillChunk: values["prefill-chunk"] === undefined ? undefined
       : intOption(values["prefill-chunk"], "--prefill-chunk", 64, 1),
     prefixCacheBytes: intOption(values["prefix-cache"], "--prefix-cache", 128, 0) * (1 << 20),

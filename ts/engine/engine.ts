@@ -7,7 +7,7 @@
 // (the next turn of a chat) reuses that prefix and evaluates only the rest; the arithmetic is the
 // same either way, because a prompt evaluated in one batch equals the same prompt fed in pieces.
 import { existsSync } from "node:fs";
-import { kvTypes, type Backend, type KvType } from "../backend/backend.ts";
+import { kvBytes, kvTypes, type Backend, type KvType } from "../backend/backend.ts";
 import { chooseBackend, type BackendKind } from "../backend/select.ts";
 import { InferError, quote } from "../errors.ts";
 import { openGguf, type GgufFile } from "../gguf/reader.ts";
@@ -25,6 +25,14 @@ import {
   availableHostMemory, checkFits, deviceNeeds, hostNeed, memoryPlan, type MemoryPlanOptions,
 } from "./memory.ts";
 import { BatchScheduler } from "./scheduler.ts";
+
+/** Positions a slot is expected to hold on average, for the paged cache's default parallel. */
+export const PAGED_SLOT_TOKENS = 2048;
+/**
+ * Slots by default at most with a paged cache: the largest decode step the CUDA backend replays
+ * as a graph (ts/backend/cuda.ts GRAPH_ROWS); past it steps run op by op.
+ */
+export const PAGED_SLOTS_MAX = 64;
 
 export type {
   GenerateOptions, GenerateResult, StopReason, TokenConstraint,
@@ -124,7 +132,32 @@ export class Engine {
    * context, fit (the server's parallel slots; the engine's own cache is one of them).
    */
   checkSlotsFit(slots: number): void {
-    checkMemory(this.backend, this.file, this.shape, { ...this.plan, slots });
+    checkMemory(this.backend, this.file, this.shape, { ...this.plan, slots, pagedKv: this.paged });
+  }
+
+  /** Whether the cache's full-attention layers are paged (the backend's pool: kv-pages.ts). */
+  private get paged(): boolean {
+    return (this.backend.kvPages?.() ?? null) !== null;
+  }
+
+  /**
+   * Sequences decoded together when none is asked: 4, or with a paged cache as many as the pool
+   * holds at PAGED_SLOT_TOKENS positions each (at most the context), their rings included, from
+   * 1 to PAGED_SLOTS_MAX; the scheduler admits by what is mapped, so longer requests wait rather
+   * than fail.
+   */
+  defaultParallel(): number {
+    const pool = this.backend.kvPages?.() ?? null;
+    if (!pool || !this.backend.sequenceBatches) return this.backend.sequenceBatches ? 4 : 1;
+    const tokens = Math.min(PAGED_SLOT_TOKENS, this.contextLength);
+    let rings = 0;
+    for (const l of this.cache.layers) {
+      if (l.ring) rings += l.cells * (kvBytes(this.cache.type.k, l.kvHeads * l.headDim, l.headDim) +
+        kvBytes(this.cache.type.v, l.kvHeads * l.headDim, l.headDim));
+    }
+    const perSlot = pool.need(this.cache.layers, tokens) * pool.granule + rings;
+    const fits = Math.floor(pool.availableGranules() * pool.granule / Math.max(1, perSlot));
+    return Math.max(1, Math.min(fits, PAGED_SLOTS_MAX, this.model.maxBatch));
   }
 
   get contextLength(): number {

@@ -3,7 +3,9 @@
 // length. Sliding-window layers hold a ring of roundUp(window + batch, 256) cells: enough for the
 // window plus the batch being written, and the same ring llama.cpp's SWA cache uses when it
 // evaluates one token per ubatch (768 cells for a 512 window), so that attention sums its terms in
-// the same cell order and the logits stay equal to llama.cpp's past the ring's first wrap.
+// the same cell order and the logits stay equal to llama.cpp's past the ring's first wrap. A
+// backend with a page pool (CUDA: ts/backend/kv-pages.ts) maps a full layer's memory only as
+// positions are written.
 import { kvTypesOf, type Backend, type KvLayer, type KvType, type KvTypes } from "../backend/backend.ts";
 import { InferError } from "../errors.ts";
 import type { ModelInfo } from "../model/model.ts";
@@ -27,7 +29,7 @@ export function createKvCache(be: Backend, info: ModelInfo, contextLength: numbe
     const ring = s.window > 0 ? ringCells(s.window, maxBatch) : 0;
     return ring > 0 && ring < contextLength
       ? be.kvLayer(ring, s.kvHeads, s.headDim, type, true)
-      : be.kvLayer(contextLength, s.kvHeads, s.headDim, type, false);
+      : be.kvLayer(contextLength, s.kvHeads, s.headDim, type, false, true);
   });
   return { layers, contextLength, type };
 }

@@ -23,6 +23,12 @@ export interface MemoryPlanOptions {
   readonly slots: number;
   readonly kvType: KvTypes;
   readonly threads: number;
+  /**
+   * Full-attention layers are mapped as positions are written (CUDA's paged cache,
+   * ts/backend/kv-pages.ts): every slot's rings count, but the full layers of one slot's whole
+   * context only, which any one request may fill; the scheduler admits more by what is mapped.
+   */
+  readonly pagedKv?: boolean;
 }
 
 /** Bytes by use; per-position figures are what each position of the context adds. */
@@ -59,8 +65,11 @@ export function memoryPlan(file: GgufFile, shape: ModelShape, o: MemoryPlanOptio
   // An Int32 of history per position per slot; each thread's attention scores (f32) and dense
   // f16 copies of a head's keys and values (lib/cpu/attention_f16.zig) per position.
   const otherPerPosition = 4 * o.slots + o.threads * (4 + 4 * s.headDim);
+  const full = kvPerPosition * o.contextLength, rings = kvCache - full;
+  const fullSlots = o.pagedKv ? 1 : o.slots;
   return {
-    weights, activations, kvCache: kvCache * o.slots, kvPerPosition: kvPerPosition * o.slots,
+    weights, activations, kvCache: rings * o.slots + full * fullSlots,
+    kvPerPosition: kvPerPosition * fullSlots,
     other: otherPerPosition * o.contextLength, otherPerPosition,
   };
 }

@@ -52,6 +52,7 @@ import {
   type Slot,
 } from "./kv-cache.ts";
 import type { DraftModel } from "./draft-model.ts";
+import { admitPages, neverFits, type KvPagePool } from "../backend/kv-pages.ts";
 import { lookupDraft, PassCost, SequenceSpeculation } from "./speculation.ts";
 import { Sampler, type TokenDistribution } from "../sample/sampler.ts";
 import {
@@ -149,6 +150,8 @@ class Sequence {
    * give, so none of it goes to the prefix cache or to a later prompt.
    */
   shifted = false;
+  /** Granules of the page pool its slot may come to hold (kv-pages.ts); 0 without a pool. */
+  claim = 0;
   /** Exactly one of generation (a generating sequence) and pooler (an embedding) is set. */
   constructor(readonly request: SequenceRequest | EmbeddingRequest, readonly slot: Slot,
     readonly generation: Generation | null, readonly pooler: Pooler | null) {
@@ -225,6 +228,8 @@ export class BatchScheduler {
   /** When the last device step of an unbroken run of them returned (0: none): the time a token takes there. */
   private deviceStepEnd = 0;
   private readonly draftModel: DraftModel | null;
+  /** The backend's page pool, which admission answers to (kv-pages.ts); null: caches are whole. */
+  private readonly pages: KvPagePool | null;
 
   constructor(private readonly engine: Engine, o: SchedulerOptions) {
     const be = engine.backend, model = engine.model;
@@ -253,6 +258,7 @@ export class BatchScheduler {
     this.deviceGreedy = (o.deviceGreedy ?? true) &&
       be.deviceGreedy !== undefined;
     this.deviceArgmax = this.deviceGreedy && be.deviceGreedy?.argmaxRows !== undefined;
+    this.pages = be.kvPages?.() ?? null;
     this.prefix = o.prefixCache === null || !be.copyKv ? null
       : new PrefixCache(be, model.info.kvShapes, engine.cache.type, o.prefixCache);
   }
@@ -588,21 +594,35 @@ export class BatchScheduler {
    */
   private admit(): void {
     while (this.free.length > 0 && this.waiting.length > 0) {
-      const request = this.waiting.shift()!;
+      const request = this.waiting[0];
       if ("pooling" in request) {
-        this.admitEmbedding(request);
+        const claim = this.claimPages(this.free[0], request.prompt.length);
+        if (claim === null) break;
+        this.waiting.shift();
+        if (claim instanceof InferError) request.onError(claim);
+        else this.admitEmbedding(request, claim);
+        continue;
+      }
+      const reuse = request.options.reuseCache ?? true;
+      // Every position it may write: the prompt, its tokens, and one a device step runs ahead.
+      const max = request.options.maxTokens;
+      const { slot, common } = this.pickSlot(request.prompt, reuse);
+      const claim = this.claimPages(slot, max < 0 ? Infinity : request.prompt.length + max + 1);
+      if (claim === null) break;
+      this.waiting.shift();
+      if (claim instanceof InferError) {
+        request.onError(claim);
         continue;
       }
       // A backend that cannot shift ends at the context, as without the shift.
       const shifts = request.options.contextShift && this.engine.backend.shiftKv !== undefined;
       const generation = new Generation(this.engine.tokenizer, request.prompt,
         this.engine.contextLength, { ...request.options, contextShift: shifts });
-      const reuse = request.options.reuseCache ?? true;
-      const { slot, common } = this.pickSlot(request.prompt, reuse);
       this.free.splice(this.free.indexOf(slot), 1);
       rewindSlot(slot, common);
       this.reused += common;
       const s = new Sequence(request, slot, generation, null);
+      s.claim = claim;
       if (reuse) this.restore(s);
       s.restored = s.length;
       // The h2o shift needs the attention each position got: tracked from here, a reused
@@ -614,13 +634,46 @@ export class BatchScheduler {
     }
   }
 
+  /**
+   * With a page pool: whether a sequence writing positions up to `rows` - 1 (at most the
+   * context) may start in `slot` now. Returns the granules it claims (0 without a pool), null
+   * when it must wait for running sequences to end, or the error of one that can never fit. Free
+   * slots are emptied, the one free the longest first, where that makes the room, and the slot
+   * gives back what it maps past `rows` (positions the sequence overwrites or never reaches).
+   */
+  private claimPages(slot: Slot, rows: number): number | null | InferError {
+    const pool = this.pages;
+    if (!pool) return 0;
+    rows = Math.min(rows, this.engine.contextLength);
+    const layers = slot.cache.layers, need = pool.need(layers, rows);
+    const others = this.free.filter((f) => f !== slot);
+    // What the slot maps past `rows` counts as to be had: it is given back before the sequence starts.
+    const held = pool.held(layers), excess = Math.max(0, held - need);
+    const decision = admitPages(need, held - excess,
+      this.running.map((s) => ({ held: pool.held(s.slot.cache.layers), claim: s.claim })),
+      others.map((f) => pool.held(f.cache.layers)), pool.availableGranules() + excess);
+    if (decision.kind === "wait") return null;
+    if (decision.kind === "never") return neverFits(decision.need, decision.capacity, pool.granule);
+    for (const f of others.slice(0, decision.reclaim)) {
+      for (const l of f.cache.layers) pool.trimRows(l, 0);
+      rewindSlot(f, 0);
+    }
+    if (excess > 0) {
+      // Positions below `rows` stay mapped: the prefix it continues from (shorter) is kept.
+      for (const l of layers) pool.trimRows(l, rows);
+      if (slot.length > rows) rewindSlot(slot, rows);
+    }
+    return need;
+  }
+
   /** An embedding takes the slot free the longest and starts it over. */
-  private admitEmbedding(request: EmbeddingRequest): void {
+  private admitEmbedding(request: EmbeddingRequest, claim: number): void {
     const slot = this.free.shift()!;
     rewindSlot(slot, 0);
     const pooler = new Pooler(request.pooling, this.engine.model.info.embedding,
       request.prompt.length);
     const s = new Sequence(request, slot, null, pooler);
+    s.claim = claim;
     if (s.interrupted()) s.ended = true;
     this.running.push(s);
   }

@@ -21,8 +21,8 @@ export interface OpenSettings {
   readonly gpus?: number;
   /** The native library the main thread chose, for a worker in the single executable. */
   readonly library?: string;
-  /** Sequences decoded together (default 1). */
-  readonly parallel?: number;
+  /** Sequences decoded together (default 1); "auto": Engine.defaultParallel (what fits on CUDA). */
+  readonly parallel?: number | "auto";
   /** Prompt rows per step while other sequences decode. */
   readonly prefillChunk?: number;
   /** Memory for the prefix cache (default 128 MiB); 0: no prefix cache. */

@@ -122,7 +122,9 @@ function open(settings: Extract<ToWorker, { type: "open" }>["settings"]): void {
     speculation = settings.speculation ??
       (draftModel ? { mode: "draft" } : defaultSpeculation(engine.backend.name));
     // A backend that runs one sequence per pass serves one request at a time.
-    const parallel = engine.backend.sequenceBatches ? settings.parallel ?? 1 : 1;
+    const asked = settings.parallel ?? 1;
+    const parallel = !engine.backend.sequenceBatches ? 1
+      : asked === "auto" ? engine.defaultParallel() : asked;
     scheduler = new BatchScheduler(engine, { slots: parallel,
       deviceGreedy: setting("INFER_DEVICE_GREEDY"), draftModel,
       prefillChunk: settings.prefillChunk,
@@ -322,7 +324,10 @@ function submit(id: number, job: Job): void {
     onError: (err) => {
       end();
       const kind = err instanceof InferError ? err.code : "internal";
-      fail(id, kind, 500, err.message, null, "internal_error");
+      // The scheduler refuses a request whose KV cache can never fit the GPU's page pool.
+      if (kind === "context_overflow") {
+        fail(id, kind, 400, err.message, "max_tokens", "context_length_exceeded");
+      } else fail(id, kind, 500, err.message, null, "internal_error");
     },
   });
   active.add(id);

@@ -37,8 +37,11 @@ export interface ServeOptions {
   readonly gpus?: number;
   /** Requests must carry `Authorization: Bearer KEY` (/health and /metrics excepted). */
   readonly apiKey?: string | null;
-  /** Requests decoded together, each in its own KV-cache slot (default 1). */
-  readonly parallel?: number;
+  /**
+   * Requests decoded together, each in its own KV-cache slot (default 1; "auto": 4, or on CUDA
+   * with its paged cache as many as fit).
+   */
+  readonly parallel?: number | "auto";
   /** Requests waiting for a slot at most (default 16). */
   readonly maxQueue?: number;
   /** Prompt tokens evaluated per step while other requests decode (default 64). */
