@@ -2,7 +2,7 @@
 # The CUDA work that has not yet run on a GPU (docs/cuda.md, "Not yet run on a GPU"), checked and
 # timed in two calls of a GPU machine (the `device` tool), each under 10 minutes:
 #   A: test/cuda.test.ts, cuda-batch, speculation, cuda-kv-quant, cuda-shift, cuda-kv-turbo-host,
-#      tensor-parallel, cuda-moe (three groups at once); the 8B shape's batched decode under the
+#      tensor-parallel, cuda-paged, kv-pages, cuda-moe (three groups at once); the 8B shape's batched decode under the
 #      m16n8k16 (102) and m16n8k32 (2) kernels; prompt lookup on repeated and open text; the MoE
 #      prompt and batches under the matvec and tensor-core expert tiles; the server under 1, 8 and
 #      32 clients; gpt-oss-20b's shape (12 layers); llama-batched-bench where built by then.
@@ -44,7 +44,7 @@ show() { for f in "$@"; do [ -f $f ] && { echo "== $(basename $f)"; grep -v "^\s
 
 if [ "$PHASE" = A ]; then
   ( s=$(date +%s); timeout 200 bun test test/cuda.test.ts test/cuda-batch.test.ts > $OUT/t1.txt 2>&1; echo "rc=$? in $(( $(date +%s) - s ))s" >> $OUT/t1.txt ) & P1=$!
-  ( s=$(date +%s); timeout 200 bun test test/speculation.test.ts test/cuda-kv-quant.test.ts test/cuda-shift.test.ts test/cuda-kv-turbo-host.test.ts test/tensor-parallel.test.ts > $OUT/t2.txt 2>&1; echo "rc=$? in $(( $(date +%s) - s ))s" >> $OUT/t2.txt ) & P2=$!
+  ( s=$(date +%s); timeout 230 bun test test/speculation.test.ts test/cuda-kv-quant.test.ts test/cuda-shift.test.ts test/cuda-kv-turbo-host.test.ts test/tensor-parallel.test.ts test/cuda-paged.test.ts test/kv-pages.test.ts > $OUT/t2.txt 2>&1; echo "rc=$? in $(( $(date +%s) - s ))s" >> $OUT/t2.txt ) & P2=$!
   ( s=$(date +%s); timeout 200 bun test test/cuda-moe.test.ts > $OUT/t3.txt 2>&1; echo "rc=$? in $(( $(date +%s) - s ))s" >> $OUT/t3.txt ) & P3=$!
   wait $P1 $P2 $P3; say "tests done"; for f in $OUT/t?.txt; do sum $f; done | tee -a $OUT/v.log
   waitfor /tmp/ic/w-l8-q40.rc $(cap 120); waitfor /tmp/ic/w-l8-q4k.rc $(cap 60)
