@@ -5,7 +5,6 @@
 // the page cache. Prints prefill and decode tokens/s (medians of --runs), the ratio, and the bytes
 // a token reads (from the shapes) against the layer's parameters.
 //   bun bench/moe.ts [--layers 2] [--threads 2] [--prompt 128] [--gen 32] [--runs 3] [--no-llama]
-//     [--per-expert]   also infer with each chosen expert its own matmuls (INFER_MOE_ONE_CALL=0)
 // The file lands in $INFER_CACHE/bench-models (built once, reused). llama-bench is looked for in
 // $INFER_PEERS/llama.cpp/build/bin, then ~/.cache/infer-peers-embed/llama.cpp/build/bin; it runs
 // with -mmp 0 (weights read into memory, as infer's repacked copy is): with mmap its decode
@@ -13,7 +12,7 @@
 import { existsSync, mkdirSync, renameSync, writeFileSync } from "node:fs";
 import { homedir } from "node:os";
 import { join } from "node:path";
-import { setting, withSettings } from "../ts/config/env.ts";
+import { setting } from "../ts/config/env.ts";
 import { Engine } from "../ts/engine/engine.ts";
 import { GgmlType, ggmlTypes } from "../ts/gguf/types.ts";
 import { cacheDir } from "../ts/models/cache.ts";
@@ -58,34 +57,25 @@ function median(xs: number[]): number {
 
 interface Speeds { prefill: number[]; decode: number[] }
 
-/**
- * Tokens/s of infer: prefill of `prompt` tokens from position 0, and `gen` greedy single steps;
- * with --per-expert also a second engine with INFER_MOE_ONE_CALL=0 (each chosen expert its own
- * matmuls), the two runs interleaved so that the machine's load falls on both alike.
- */
-function measureInfer(path: string, perExpert: boolean): { oneCall: Speeds; perExpert: Speeds | null } {
-  const open = (oneCall: boolean) => withSettings({ INFER_MOE_ONE_CALL: oneCall ? "1" : "0" },
-    () => Engine.open({ modelPath: path, threads, contextLength: 1024 }));
-  const engines = perExpert ? [open(true), open(false)] : [open(true)];
+/** Tokens/s of infer: prefill of `prompt` tokens from position 0, and `gen` greedy single steps. */
+function measureInfer(path: string): Speeds {
+  const engine = Engine.open({ modelPath: path, threads, contextLength: 1024 });
   const vocab = toyVocabulary().tokens.length;
   const tokens = Array.from({ length: prompt }, (_, i) => 6 + ((i * 37) % (vocab - 6)));
   const sampler = new Sampler({ temperature: 0, topK: 1, topP: 1, minP: 0, seed: 0 });
-  const speeds = engines.map((): Speeds => ({ prefill: [], decode: [] }));
-  for (const engine of engines) engine.evaluate(tokens); // warm-up: pages, repacked copies, caches
+  const speeds: Speeds = { prefill: [], decode: [] };
+  engine.evaluate(tokens); // warm-up: pages, repacked copies, caches
   for (let r = 0; r < runs; r++) {
-    for (let q = 0; q < engines.length; q++) {
-      const i = (q + r) % engines.length, engine = engines[i];
-      engine.reset();
-      const t0 = performance.now();
-      let token = sampler.sample(engine.evaluate(tokens));
-      speeds[i].prefill.push(prompt / ((performance.now() - t0) / 1000));
-      const t1 = performance.now();
-      for (let j = 0; j < gen; j++) token = sampler.sample(engine.evaluate([token]));
-      speeds[i].decode.push(gen / ((performance.now() - t1) / 1000));
-    }
+    engine.reset();
+    const t0 = performance.now();
+    let token = sampler.sample(engine.evaluate(tokens));
+    speeds.prefill.push(prompt / ((performance.now() - t0) / 1000));
+    const t1 = performance.now();
+    for (let j = 0; j < gen; j++) token = sampler.sample(engine.evaluate([token]));
+    speeds.decode.push(gen / ((performance.now() - t1) / 1000));
   }
-  for (const engine of engines) engine.close();
-  return { oneCall: speeds[0], perExpert: speeds[1] ?? null };
+  engine.close();
+  return speeds;
 }
 
 function llamaBench(): string | null {
@@ -107,8 +97,7 @@ function measureLlama(exe: string, path: string, test: string[]): number[] {
 
 const path = modelFile();
 const exe = process.argv.includes("--no-llama") ? null : llamaBench();
-const measured = measureInfer(path, process.argv.includes("--per-expert"));
-const infer = measured.oneCall;
+const infer = measureInfer(path);
 const llama = exe
   ? { prefill: measureLlama(exe, path, ["-p", String(prompt), "-n", "0"]),
     decode: measureLlama(exe, path, ["-p", "0", "-n", String(gen)]) }
@@ -131,10 +120,6 @@ console.log(`qwen3moe, Qwen3-30B-A3B layer shape, ${layers} layers, Q4_0, ${thre
 console.log(`| | prefill ${prompt} (t/s) | decode ${gen} (t/s) |`);
 console.log("| --- | --- | --- |");
 console.log(`| infer | ${fmt(infer.prefill)} | ${fmt(infer.decode)} |`);
-if (measured.perExpert) {
-  const p = measured.perExpert;
-  console.log(`| infer, INFER_MOE_ONE_CALL=0 | ${fmt(p.prefill)} | ${fmt(p.decode)} |`);
-}
 if (llama) {
   console.log(`| llama-bench -mmp 0 | ${fmt(llama.prefill)} | ${fmt(llama.decode)} |`);
   console.log(`| infer / llama.cpp | ${(median(infer.prefill) / median(llama.prefill)).toFixed(2)} | ` +

@@ -75,8 +75,6 @@ export const settings = {
     about: "1: log every native call, its arguments, result and time, to stderr" },
   INFER_REPACK: { type: "flag", default: true, audience: "developer",
     about: "0: the CPU computes weights in the file's layout, not the interleaved one (same results)" },
-  INFER_MOE_ONE_CALL: { type: "flag", default: true, audience: "developer",
-    about: "0: a token's CPU MoE FFN runs each chosen expert as its own matmuls (same results)" },
   INFER_DEVICE_GREEDY: { type: "flag", default: true, audience: "developer",
     about: "0: greedy decoding takes its argmax on the host, not the GPU (same tokens)" },
   INFER_CUDA_SYNC: { type: "flag", default: false, audience: "developer",

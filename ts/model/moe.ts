@@ -86,8 +86,6 @@ export class MoeBuffers {
   readonly slotWeights: Float32Array;
   readonly counts: Int32Array;
   readonly probs: Float32Array;
-  /** The backend's one-call ffn where it has one (INFER_MOE_ONE_CALL). */
-  readonly oneCall = setting("INFER_MOE_ONE_CALL");
 
   constructor(be: Backend, rows: number, s: MoeShape) {
     const k = s.expertsUsed;
@@ -203,7 +201,7 @@ export function moeFfn(be: Backend, x: Activation, rows: number, w: MoeWeights, 
     throw new InferError("unsupported", `the ${be.name} backend has no clamped SwiGLU (gpt-oss)`);
   }
   // The one-call kernel computes SwiGLU without biases.
-  if (!oai && !bias && b.oneCall && ops.ffn && ops.ffnSupports?.(rows, s.expertFeedForward)) {
+  if (!oai && !bias && ops.ffn && ops.ffnSupports?.(rows, s.expertFeedForward)) {
     ops.ffn(w.gate, w.up, w.down, x, rows, b.chosen, b.weights, k, out);
     return;
   }
