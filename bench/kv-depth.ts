@@ -87,7 +87,7 @@ function row(c: Cell, gen: number): string {
   const err = [...c.infer, ...c.llama].find((r) => typeof r === "string") as string | undefined;
   const llamaCell = !LLAMA_TYPES.has(c.type) ? "(none)" : llama.length ? f(median(llama)) : "—";
   return `| ${[c.model, c.depth.toLocaleString("en-US"), c.lib ? `${c.type}, ${c.lib}` : c.type, `${f(median(infer))} (${infer.map((x) => f(x)).join(", ")})`,
-    f(median(cpu)), LLAMA_TYPES.has(c.type) ? `${llamaCell} (${llama.map((x) => f(x)).join(", ")})` : llamaCell,
+    f(median(cpu)), llama.length ? `${llamaCell} (${llama.map((x) => f(x)).join(", ")})` : llamaCell,
     ratios.length ? `${f(median(ratios), 2)}×` : "—", `${f(100 * (median(bg) ?? 0), 0)}%`].join(" | ")} |` +
     (err ? ` ✗ ${err.slice(0, 80)}` : "");
 }
