@@ -14,6 +14,9 @@
 //   bun bench/kv-depth.ts [--plan gemma@4096,gemma@16384,qwen3-0.6b@4096] [--types f16,q8_0,q4_0,tq4,tq3]
 //                         [--rounds 3] [--threads 2] [--gen 32] [--json FILE] [--max-wait 900]
 //                         [--max-background 0.15] [--engines infer,llama.cpp] [--libs LABEL=PATH,...]
+//                         [--llama-types f16,q8_0,q4_0]
+// --llama-types: the types llama-bench runs (its prefill at depth through a q8_0/q4_0 cache takes
+// its one-query-row flash-attention path, minutes at 16k tokens on 2 cores).
 // --libs: infer once with each of these libinfer builds (INFER_LIB) in every round, for a kernel's
 // before and after in the same rounds; a type's llama.cpp runs are shared by its rows.
 // Models: gemma (the default model) and qwen3-0.6b (bench/random-model.ts's Q4_0 of that shape).
@@ -115,6 +118,7 @@ async function main(): Promise<void> {
     return { label: l.slice(0, at), path: l.slice(at + 1) };
   });
   const withLlama = arg("--engines", "infer,llama.cpp").split(",").includes("llama.cpp");
+  const llamaTypes = new Set(arg("--llama-types", [...LLAMA_TYPES].join(",")).split(","));
   const peers = findPeers();
   if (withLlama && !peers.llamaBench) {
     throw new Error(`no llama-bench under ${peers.dir}/llama.cpp/build/bin ($INFER_PEERS)`);
@@ -159,7 +163,7 @@ async function main(): Promise<void> {
           log(`${model} @${depth} ${t}${lib ? ` ${lib.label}` : ""} round ${r + 1}: ` +
             `infer ${typeof a === "string" ? a : a.tokensPerSec!.toFixed(1)}`);
           const firstOfType = group.find((g) => g.type === t) === c;
-          if (!withLlama || !LLAMA_TYPES.has(t) || !firstOfType) continue;
+          if (!withLlama || !LLAMA_TYPES.has(t) || !llamaTypes.has(t) || !firstOfType) continue;
           const b = await attempt(() => runLlamaBench(peers, w, "decode-deep", timeout, ["-fa", "1", "-ctk", t, "-ctv", t]));
           c.llama.push(b);
           log(`${model} @${depth} ${t} round ${r + 1}: llama.cpp ${typeof b === "string" ? b : b.tokensPerSec!.toFixed(1)}`);
