@@ -7,7 +7,8 @@
 // threads; on a shared machine the steadier figure), the cache bytes it reads, and the speed
 // against the first type by each.
 // Every type but f16 splits a decode step's keys over the threads (lib/cpu/attention_kv.zig);
-// f16 keeps llama.cpp's order of sums on one thread a KV head, so --threads 1 compares the kernels.
+// f16 keeps llama.cpp's orders of sums and splits scores, softmaxes and output dimensions instead
+// (lib/cpu/attention_f16_split.zig); --threads 1 compares the kernels alone.
 //   bun bench/kv-decode.ts [--keys 4096,16384,32768] [--types f16,q8_0,q4_0,tq4,tq3] [--rounds 15]
 //                          [--threads 2]
 import { kvBytes, type KvType } from "../ts/backend/backend.ts";

@@ -82,9 +82,10 @@ export async function backgroundLoad(ms = 1000): Promise<number | null> {
   return (b1 - b0) / (((performance.now() - t0) / 1000) * availableParallelism());
 }
 
-function spawn(cmd: string[], timeoutMs: number): Spawned {
+function spawn(cmd: string[], timeoutMs: number, env?: Record<string, string>): Spawned {
   const b0 = cpuBusySeconds(), t0 = performance.now();
-  const p = Bun.spawnSync(cmd, { stdout: "pipe", stderr: "pipe", stdin: "ignore", timeout: timeoutMs });
+  const p = Bun.spawnSync(cmd, { stdout: "pipe", stderr: "pipe", stdin: "ignore", timeout: timeoutMs,
+    env: env ? { ...process.env, ...env } : undefined });
   const wall = (performance.now() - t0) / 1000, b1 = cpuBusySeconds();
   const own = Number(p.resourceUsage?.cpuTime.total ?? 0) / 1e6;
   const background = b0 === null || b1 === null || wall <= 0 ? 0
@@ -97,8 +98,8 @@ function lastLine(s: string): string {
 }
 
 /** Runs a JSON-line runner (ours); its last stdout line is the result or {"error"}. */
-function jsonRunner(cmd: string[], timeoutMs: number): RunResult {
-  const p = spawn(cmd, timeoutMs);
+function jsonRunner(cmd: string[], timeoutMs: number, env?: Record<string, string>): RunResult {
+  const p = spawn(cmd, timeoutMs, env);
   let parsed: Record<string, unknown> | null = null;
   try {
     parsed = JSON.parse(lastLine(p.stdout)) as Record<string, unknown>;
@@ -113,7 +114,8 @@ function jsonRunner(cmd: string[], timeoutMs: number): RunResult {
   const num = (k: string) => (typeof parsed![k] === "number" ? (parsed![k] as number) : null);
   return {
     tokensPerSec: num("tokensPerSec"), ttftMs: num("ttftMs"), peakRssKiB: num("peakRssKiB"),
-    extra: { loadMs: num("loadMs") ?? 0 }, background: p.background,
+    extra: { loadMs: num("loadMs") ?? 0, ...(num("cpuMs") !== null ? { cpuMs: num("cpuMs")! } : {}) },
+    background: p.background,
   };
 }
 
@@ -122,10 +124,12 @@ function common(w: Workload): string[] {
     "--gen", String(w.gen), "--deep-gen", String(w.deepGen)];
 }
 
-export function runInfer(w: Workload, mode: Mode, timeoutMs: number, batch?: number): RunResult {
-  const cmd = [process.execPath, join(here, "run-infer.ts"), "--mode", mode, ...common(w)];
+/** `args`: more of run-infer.ts's options (--cache-type-k, --depth); `env`: more environment (INFER_LIB). */
+export function runInfer(w: Workload, mode: Mode, timeoutMs: number, batch?: number, args: readonly string[] = [],
+  env?: Record<string, string>): RunResult {
+  const cmd = [process.execPath, join(here, "run-infer.ts"), "--mode", mode, ...common(w), ...args];
   if (batch) cmd.push("--batch", String(batch));
-  return jsonRunner(cmd, timeoutMs);
+  return jsonRunner(cmd, timeoutMs, env);
 }
 
 export function runNodeLlamaCpp(peers: Peers, w: Workload, mode: Mode, timeoutMs: number): RunResult {
@@ -133,12 +137,17 @@ export function runNodeLlamaCpp(peers: Peers, w: Workload, mode: Mode, timeoutMs
     ...common(w)], timeoutMs);
 }
 
-/** llama-bench, one repetition (it warms up itself): -p 512 -n 0; -p 0 -n 128 -d 16; -p 0 -n 32 -d 1000. */
-export function runLlamaBench(peers: Peers, w: Workload, mode: Mode, timeoutMs: number): RunResult {
+/**
+ * llama-bench, one repetition (it warms up itself): -p 512 -n 0; -p 0 -n 128 -d 16; -p 0 -n 32 -d 1000.
+ * `args`: more of its options (-fa 1 -ctk q4_0 -ctv q4_0).
+ */
+export function runLlamaBench(peers: Peers, w: Workload, mode: Mode, timeoutMs: number,
+  args: readonly string[] = []): RunResult {
   const test = mode === "prefill" ? ["-p", String(w.prefill), "-n", "0"]
     : mode === "decode" ? ["-p", "0", "-n", String(w.gen), "-d", String(w.short)]
     : ["-p", "0", "-n", String(w.deepGen), "-d", String(w.deep)];
-  const p = spawn([peers.llamaBench!, "-m", w.model, "-t", String(w.threads), "-r", "1", "-o", "json", ...test],
+  const p = spawn([peers.llamaBench!, "-m", w.model, "-t", String(w.threads), "-r", "1", "-o", "json", ...test,
+    ...args],
     timeoutMs);
   if (p.code !== 0) throw new Error(lastLine(p.stderr) || `llama-bench exit code ${p.code}`);
   const rows = JSON.parse(p.stdout) as { avg_ts: number }[];

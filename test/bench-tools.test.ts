@@ -2,11 +2,12 @@
 // (bench/cuda-kernel-times.ts, which needs a GPU), the CPU bench's round-by-round ratios, and the
 // Metal smoke script's run where there is no Metal.
 import { describe, expect, test } from "bun:test";
-import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { csvFields, lastStep } from "../bench/cuda-kernel-times.ts";
 import { pairedRatios } from "../bench/index.ts";
+import { deepPrompt } from "../bench/run-infer.ts";
 import { defaultModelPath } from "../ts/models/cache.ts";
 
 const HEAD = '"ID","Kernel Name","Grid Size","Metric Name","Metric Unit","Metric Value"';
@@ -47,6 +48,29 @@ describe("bun run bench: infer ÷ llama.cpp by round", () => {
   test("no pairing when a run is missing or there are none", () => {
     expect(pairedRatios([1, 2, 3], [1, 2])).toBe("—");
     expect(pairedRatios([], [])).toBe("—");
+  });
+});
+
+describe("bench/run-infer.ts --depth and --cache-type-k", () => {
+  test("the deep prompt: as given, or repeated to the depth", () => {
+    expect(deepPrompt([5, 6, 7], 0)).toEqual([5, 6, 7]);
+    expect(deepPrompt([5, 6, 7], 8)).toEqual([5, 6, 7, 5, 6, 7, 5, 6]);
+    expect(deepPrompt([5, 6, 7], 2)).toEqual([5, 6]);
+    expect(() => deepPrompt([5], -1)).toThrow("--depth");
+    expect(() => deepPrompt([], 4)).toThrow("non-empty");
+  });
+
+  test("an unknown cache type is one JSON error line and exit code 1", () => {
+    const dir = mkdtempSync(join(tmpdir(), "infer-run-infer-"));
+    const tokens = join(dir, "tokens.json");
+    writeFileSync(tokens, JSON.stringify({ prefill: [1], short: [1], deep: [1] }));
+    const p = Bun.spawnSync([process.execPath, "bench/run-infer.ts", "--model", join(dir, "none.gguf"),
+      "--mode", "decode-deep", "--tokens", tokens, "--cache-type-k", "q5_1"],
+    { cwd: join(import.meta.dir, ".."), stdout: "pipe", stderr: "pipe" });
+    expect(p.exitCode).toBe(1);
+    const out = JSON.parse(p.stdout.toString().trim()) as { error: string };
+    expect(out.error).toContain("--cache-type-k must be one of");
+    rmSync(dir, { recursive: true, force: true });
   });
 });
 

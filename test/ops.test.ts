@@ -292,6 +292,24 @@ describe("attention", () => {
       });
     }
   }
+  test("an F16 decode step over 3,000 keys gives the same bits on 1, 2 and 3 threads", () => {
+    // Gemma 3 270M's global layers (4 query heads, 1 KV head, head_dim 256): one thread a KV head,
+    // or split by scores, softmaxes and output dimensions (lib/cpu/attention_f16_split.zig).
+    const rand = rng(3000), d = 256, keys = 3000, before = lib.infer_threads_get();
+    const q = randomF32(4 * d, rand);
+    const k = new Uint16Array(keys * d), v = new Uint16Array(keys * d);
+    check(lib.infer_kv_store(randomF32(keys * d, rand, 2), k, 1, keys * d, d, null, 0), "kv_store");
+    check(lib.infer_kv_store(randomF32(keys * d, rand), v, 1, keys * d, d, null, 0), "kv_store");
+    const outs = [1, 2, 3].map((n) => {
+      check(lib.infer_threads_set(n), "threads_set");
+      const out = new Float32Array(4 * d);
+      check(attention(q, k, v, 1, out, 1, 4, 1, d, keys - 1, d, 0, 0, 1 / 16), "attention");
+      return new Uint32Array(out.buffer);
+    });
+    check(lib.infer_threads_set(before), "threads_set");
+    expect(Array.from(outs[1])).toEqual(Array.from(outs[0]));
+    expect(Array.from(outs[2])).toEqual(Array.from(outs[0]));
+  });
   test("kv_store F16 rounds to nearest even, F32 copies", () => {
     const src = new Float32Array([1, 1 + 1 / 2048, -0.1, 65504, 3.14159, 1e-7, -7]);
     const f16 = new Uint16Array(src.length);

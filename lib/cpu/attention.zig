@@ -17,6 +17,7 @@
 const std = @import("std");
 const attention_f16 = @import("attention_f16.zig");
 const threads = @import("threads.zig");
+const attention_f16_split = @import("attention_f16_split.zig");
 const kv_quant = @import("kv_quant.zig");
 const kv_turbo = @import("kv_turbo.zig");
 const attention_kv = @import("attention_kv.zig");
@@ -245,6 +246,9 @@ pub fn attention(q: [*]const f32, k: Cache, v: Cache, out: [*]f32, s: Shape) boo
     // Fewer rows than threads (a decode step) over a long context: each row's keys in chunks
     // across the threads, which gives the bits one thread gives.
     if (!(k == .f16 and v == .f16) and attention_kv.splits(s, n_threads)) return attention_kv.attentionSplit(q, k, v, out, s);
+    // An F16 cache's decode step: its scores, softmaxes and output dimensions across the threads,
+    // which gives the bits one thread a KV head gives (attention_f16_split.zig).
+    if (k == .f16 and v == .f16 and attention_f16_split.splits(s, n_threads)) return attention_f16_split.attentionSplit(q, k.f16, v.f16, out, s, 0);
     if (n_threads <= 1 or rows <= 1) return attendRows(q, k, v, out, s, 0, rows);
     const n_tasks = @min(rows, n_threads * tasks_per_thread);
     var job = Job{ .q = q, .k = k, .v = v, .out = out, .s = s, .rows_per_task = std.math.divCeil(usize, rows, n_tasks) catch unreachable };

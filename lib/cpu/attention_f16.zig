@@ -83,7 +83,7 @@ fn dotF16Batched(k: [*]align(1) const f16, q: []const f32) f32 {
 threadlocal var scores_buf: []f32 = &.{};
 pub threadlocal var partial_buf: []f32 = &.{};
 
-fn grow(buf: *[]f32, n: usize) bool {
+pub fn grow(buf: *[]f32, n: usize) bool {
     if (buf.len >= n) return true;
     // Doubling: the scores grow with the context, one position per decode step, and a fresh
     // mapping per step would cost its page faults every token.
@@ -98,7 +98,7 @@ pub const Run = struct { pos: usize, cell: usize, len: usize };
 
 /// The visible positions [begin, end) of one query as runs in ascending cell order: one run, or
 /// two when a ring wraps (the newest positions, in cells from 0, come first).
-fn runsInCellOrder(s: attention.Shape, begin: usize, end: usize) std.BoundedArray(Run, 2) {
+pub fn runsInCellOrder(s: attention.Shape, begin: usize, end: usize) std.BoundedArray(Run, 2) {
     var runs = std.BoundedArray(Run, 2){};
     const first = s.cell(begin);
     const len = end - begin;
@@ -224,7 +224,7 @@ fn weightedSumBatched(v: [*]align(1) const f16, s: attention.Shape, kv_head: usi
 }
 
 /// Query heads that share a KV head, handled together (up to this many per pass).
-const heads_per_pass = 4;
+pub const heads_per_pass = 4;
 
 /// The same arithmetic as attendRowsPerHead, for head sizes that are a multiple of 64, with the
 /// query heads of one KV head in passes of up to four: each K and V row is converted from f16
@@ -462,9 +462,9 @@ fn attendPass(
     if (few) {
         if (d % 128 == 0) weightedSumFew(G, 128, v, s, kv_head, runs, &scores, out) else weightedSumFew(G, step, v, s, kv_head, runs, &scores, out);
     } else if (s.n_tok > 1) {
-        if (d % 128 == 0 and G <= 2) weightedSumBlocks(.slots, G, 128, v, s, kv_head, runs, &scores, out) else weightedSumBlocks(.slots, G, step, v, s, kv_head, runs, &scores, out);
+        if (d % 128 == 0 and G <= 2) weightedSumBlocks(.slots, G, 128, v, s, kv_head, runs, &scores, out, 0, d) else weightedSumBlocks(.slots, G, step, v, s, kv_head, runs, &scores, out, 0, d);
     } else {
-        if (d % 128 == 0) weightedSumBlocks(.cells, G, 128, v, s, kv_head, runs, &scores, out) else weightedSumBlocks(.cells, G, step, v, s, kv_head, runs, &scores, out);
+        if (d % 128 == 0) weightedSumBlocks(.cells, G, 128, v, s, kv_head, runs, &scores, out, 0, d) else weightedSumBlocks(.cells, G, step, v, s, kv_head, runs, &scores, out, 0, d);
     }
 }
 
@@ -474,7 +474,7 @@ fn attendPass(
 /// at a time each cell's sum was a chain of extracts and scalar adds. `prefetch`: ask for the
 /// row prefetch_cells ahead (a head's rows sit kv_stride apart, a stride the hardware
 /// prefetchers do not pick up at decode, where the cache streams from memory).
-inline fn scoreCells(
+pub inline fn scoreCells(
     comptime R: usize,
     comptime prefetch: bool,
     k: [*]align(1) const f16,
@@ -586,7 +586,7 @@ fn softmaxF16(
 }
 
 /// The 16-cell softmax blocks (aligned to cell 0) that the runs' cells touch: [lo, hi).
-fn blockSpan(runs: []const Run) struct { usize, usize } {
+pub fn blockSpan(runs: []const Run) struct { usize, usize } {
     var lo: usize = std.math.maxInt(usize);
     var hi: usize = 0;
     for (runs) |run| {
@@ -601,7 +601,7 @@ fn blockSpan(runs: []const Run) struct { usize, usize } {
 /// p * (float)(1/sum), rounded to f16 as the next mul_mat reads it.
 /// A head's sink (attention.Shape.sinks) joins as ggml's soft_max adds it: in the max, and
 /// expf(sink - max) added to the f64 sum.
-fn normalizeF16(scores: []f32, runs: []const Run, block_lo: usize, block_hi: usize, max_keys: f32, sink: ?f32) void {
+pub fn normalizeF16(scores: []f32, runs: []const Run, block_lo: usize, block_hi: usize, max_keys: f32, sink: ?f32) void {
     const max = if (sink) |sk| @max(max_keys, sk) else max_keys;
     var sum: f64 = if (sink) |sk| @exp(sk - max) else 0;
     var c = block_lo;

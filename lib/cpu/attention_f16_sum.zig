@@ -29,7 +29,8 @@ pub const SumOrder = enum {
 };
 
 /// out[g] = Σ_cells p[g][c] · V[c] with ggml_vec_dot_f16's 64 partial sums (slot c % 64), block
-/// dimensions at a time, then reduced.
+/// dimensions at a time, then reduced; dimensions [dim_begin, dim_end) (whole blocks) only, each
+/// dimension's sums the same whichever range it is in (a decode step's split over threads).
 pub fn weightedSumBlocks(
     comptime order: SumOrder,
     comptime G: usize,
@@ -40,11 +41,13 @@ pub fn weightedSumBlocks(
     runs: []const Run,
     scores: *const [G][]f32,
     out: [*]f32,
+    dim_begin: usize,
+    dim_end: usize,
 ) void {
     const d = s.head_dim;
     const chunks = block / 16;
-    var dim: usize = 0;
-    while (dim < d) : (dim += block) {
+    var dim = dim_begin;
+    while (dim < dim_end) : (dim += block) {
         const partial = f16_attention.partial_buf[0 .. G * step * block];
         switch (order) {
             .slots => for (0..step) |slot| {
