@@ -101,26 +101,33 @@ describe("a layer maps granules as positions are written", () => {
   });
 });
 
+/** Admission where nothing is shared: the slot keeps `held`, every granule is one slot's. */
+function admitPlain(need: number, held: number, running: { held: number; claim: number }[],
+  free: number[], available: number) {
+  const total = held + running.reduce((n, s) => n + s.held, 0) + free.reduce((n, f) => n + f, 0);
+  return admitPages({ need, grows: need - held, running, free, available, capacity: available + total });
+}
+
 describe("admission by the pool", () => {
   test("admits what fits beside the running sequences' outstanding claims", () => {
     // 10 granules to be had; one running sequence holds 2 of its claim of 6
-    expect(admitPages(6, 0, [{ held: 2, claim: 6 }], [], 10)).toEqual({ kind: "admit", reclaim: 0 });
-    expect(admitPages(7, 0, [{ held: 2, claim: 6 }], [], 10)).toEqual({ kind: "wait" });
+    expect(admitPlain(6, 0, [{ held: 2, claim: 6 }], [], 10)).toEqual({ kind: "admit", reclaim: 0 });
+    expect(admitPlain(7, 0, [{ held: 2, claim: 6 }], [], 10)).toEqual({ kind: "wait" });
     // the slot's own granules count toward its need
-    expect(admitPages(9, 3, [{ held: 2, claim: 6 }], [], 10)).toEqual({ kind: "admit", reclaim: 0 });
+    expect(admitPlain(9, 3, [{ held: 2, claim: 6 }], [], 10)).toEqual({ kind: "admit", reclaim: 0 });
   });
 
   test("empties free slots, the one free the longest first, only as far as needed", () => {
-    expect(admitPages(8, 0, [], [3, 4, 5], 4)).toEqual({ kind: "admit", reclaim: 2 });
-    expect(admitPages(4, 0, [], [3, 4, 5], 4)).toEqual({ kind: "admit", reclaim: 0 });
-    expect(admitPages(16, 0, [], [3, 4, 5], 4)).toEqual({ kind: "admit", reclaim: 3 });
+    expect(admitPlain(8, 0, [], [3, 4, 5], 4)).toEqual({ kind: "admit", reclaim: 2 });
+    expect(admitPlain(4, 0, [], [3, 4, 5], 4)).toEqual({ kind: "admit", reclaim: 0 });
+    expect(admitPlain(16, 0, [], [3, 4, 5], 4)).toEqual({ kind: "admit", reclaim: 3 });
   });
 
   test("waits while running sequences hold what it needs; never when even an empty pool is too small", () => {
-    expect(admitPages(8, 0, [{ held: 5, claim: 5 }], [1], 4)).toEqual({ kind: "wait" });
-    expect(admitPages(11, 0, [{ held: 5, claim: 5 }], [1], 4)).toEqual({ kind: "never", need: 11, capacity: 10 });
+    expect(admitPlain(8, 0, [{ held: 5, claim: 5 }], [1], 4)).toEqual({ kind: "wait" });
+    expect(admitPlain(11, 0, [{ held: 5, claim: 5 }], [1], 4)).toEqual({ kind: "never", need: 11, capacity: 10 });
     // nothing running: what does not fit now never will
-    expect(admitPages(6, 1, [], [], 4)).toEqual({ kind: "never", need: 6, capacity: 5 });
+    expect(admitPlain(6, 1, [], [], 4)).toEqual({ kind: "never", need: 6, capacity: 5 });
   });
 });
 
