@@ -233,21 +233,30 @@ export class KvPagePool {
   /**
    * Splits the granules the layers map by what a sequence writing positions `from` .. rows - 1
    * does with them: kept as they are (their own among the first `need(layers, rows)`, and shared
-   * ones wholly below `from`), or leaving (past them, given back; or shared and written into,
-   * copied first, so that the copy is a new granule).
+   * ones wholly below `from`), or leaving: given back (past `rows`; or from the first shared one
+   * wholly past `from` on, unshareFrom) or, shared and written into, copied first (the copy is a
+   * new granule). `freed`: the leaving granules no other range maps, whose memory comes back.
    */
-  private split(layers: readonly KvLayer[], from: number, rows: number): { kept: number; leaving: Granule[] } {
-    let kept = 0;
+  private split(layers: readonly KvLayer[], from: number, rows: number):
+    { kept: number; freed: number; leaving: Granule[] } {
+    let kept = 0, freed = 0;
     const leaving: Granule[] = [];
     this.overRanges(layers, (r, rowBytes, cells) => {
       const n = this.granules((rows === 0 ? 0 : paddedRows(rows, cells)) * rowBytes);
+      const past = Math.ceil(from * rowBytes / this.granule);
+      let cut = r.granules.findIndex((g, i) => i >= past && g.maps > 1);
+      if (cut < 0) cut = r.granules.length;
       for (const [i, g] of r.granules.entries()) {
-        if (i < n && (g.maps === 1 || (i + 1) * this.granule <= from * rowBytes)) kept++;
-        else leaving.push(g);
+        const given = i >= n || i >= cut;
+        if (!given && (g.maps === 1 || (i + 1) * this.granule <= from * rowBytes)) kept++;
+        else {
+          leaving.push(g);
+          if (given && g.maps === 1) freed++;
+        }
       }
       return 0;
     });
-    return { kept, leaving };
+    return { kept, freed, leaving };
   }
 
   /** Granules of the first `need(layers, rows)` kept as they are when writing from `from` on. */
@@ -255,12 +264,9 @@ export class KvPagePool {
     return this.split(layers, from, rows).kept;
   }
 
-  /** Granules trimming the layers to positions 0 .. rows - 1 would give back. */
-  freedPast(layers: readonly KvLayer[], rows: number): number {
-    return this.overRanges(layers, (r, rowBytes, cells) => {
-      const keep = this.granules((rows === 0 ? 0 : paddedRows(rows, cells)) * rowBytes);
-      return r.granules.slice(keep).filter((g) => g.maps === 1).length;
-    });
+  /** Granules whose memory comes back when the layers start writing `from` .. rows - 1. */
+  freed(layers: readonly KvLayer[], from: number, rows: number): number {
+    return this.split(layers, from, rows).freed;
   }
 
   /**
@@ -307,6 +313,21 @@ export class KvPagePool {
     const r = rows === 0 ? 0 : paddedRows(rows, l.cells);
     this.trim(l.pages.k, r * l.kRowBytes);
     this.trim(l.pages.v, r * l.vRowBytes);
+  }
+
+  /**
+   * A slot about to write positions from `from` on gives back, instead of copying later, the
+   * shared granules lying wholly past `from` (their bytes are of a prefix it no longer holds),
+   * and with each of them what follows it in its range.
+   */
+  unshareFrom(layer: KvLayer, from: number): void {
+    const l = paged(layer);
+    if (!l?.pages) return;
+    for (const [r, rowBytes] of [[l.pages.k, l.kRowBytes], [l.pages.v, l.vRowBytes]] as const) {
+      const first = Math.ceil(from * rowBytes / this.granule);
+      const i = r.granules.findIndex((g, n) => n >= first && g.maps > 1);
+      if (i >= 0) this.trim(r, i * this.granule);
+    }
   }
 
   /** Indices of the range's granules that bytes [from, to) touch and that exist. */

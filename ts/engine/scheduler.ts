@@ -620,6 +620,7 @@ export class BatchScheduler {
         this.engine.contextLength, { ...request.options, contextShift: shifts });
       this.free.splice(this.free.indexOf(slot), 1);
       rewindSlot(slot, common);
+      for (const l of slot.cache.layers) this.pages?.unshareFrom(l, common);
       this.reused += common;
       const s = new Sequence(request, slot, generation, null);
       s.claim = claim;
@@ -657,8 +658,8 @@ export class BatchScheduler {
       running: this.running.map((s) => ({ claim: s.claim, held: mayShift(s)
         ? pool.owned(s.slot.cache.layers) : pool.held(s.slot.cache.layers) })),
       free: pool.reclaimable(others.map((f) => f.cache.layers), { layers, from, rows }),
-      // What the slot maps past `rows` counts as to be had: it is given back before the sequence starts.
-      available: pool.availableGranules() + pool.freedPast(layers, rows),
+      // What the slot gives back counts as to be had: it goes before the sequence starts.
+      available: pool.availableGranules() + pool.freed(layers, from, rows),
       capacity: pool.availableGranules() + pool.mapped,
     });
     if (decision.kind === "wait") return null;
@@ -679,6 +680,7 @@ export class BatchScheduler {
   private admitEmbedding(request: EmbeddingRequest, claim: number): void {
     const slot = this.free.shift()!;
     rewindSlot(slot, 0);
+    for (const l of slot.cache.layers) this.pages?.unshareFrom(l, 0);
     const pooler = new Pooler(request.pooling, this.engine.model.info.embedding,
       request.prompt.length);
     const s = new Sequence(request, slot, null, pooler);
@@ -762,7 +764,9 @@ export class BatchScheduler {
         s.parked = true;
         continue;
       }
-      if (s.parked) { // what it waited for is in the cache now
+      // What it waited for is in the cache now; or, held back by the budget until now, it may
+      // find blocks an earlier sequence saved since it was admitted.
+      if (s.parked || (this.prefix && s.length === s.restored)) {
         s.parked = false;
         this.restore(s);
         s.restored = s.length;
