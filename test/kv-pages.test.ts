@@ -3,7 +3,10 @@
 // granules a layer maps for a position (odd row sizes, rings excluded), giving them back, the
 // admission decision (admit, empty free slots, wait, never), and the real scheduler on a CPU
 // backend paged through the fake, with more slots than fit at full context: every sequence must
-// give exactly the tokens it gets alone, the pool never past its budget.
+// give exactly the tokens it gets alone, the pool never past its budget. Shared prefix granules:
+// sealing, adopting, copy-on-write, resets and odd row sizes on the pool, and the real scheduler
+// and prefix cache sharing one long prompt among slots, where the fake keeps a copy of a granule
+// per address it is mapped at and fails when they differ (a write that landed in shared memory).
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -488,6 +491,20 @@ describe("the scheduler shares a cached prompt's granules between slots", () => 
     expectReference(parting.slice(0, 1), r.rounds[1]);
     expectReference(parting.slice(1), r.rounds[2]);
     expect(r.phys.copies).toBe(2); // granule 12 of the keys and of the values, once
+  }, 120_000);
+
+  test("a context shift in slots holding shared granules copies them first; the tokens are those of copies", () => {
+    // 2 sequences on the shared prompt run past the 1,024-position context and shift
+    const long: Job[] = burst.slice(0, 2).map((j) => ({ prompt: j.prompt,
+      options: { maxTokens: 480, contextShift: true } }));
+    const on = runShared([long], 2, { blockTokens: 32 });
+    const off = runShared([long], 2, { blockTokens: 32, share: false });
+    for (const [i, r] of on.rounds[0].entries()) {
+      expect(r.tokens.length).toBe(480);
+      expect([i, r.tokens]).toEqual([i, off.rounds[0][i].tokens]);
+    }
+    expect(on.sharedMost).toBe(36);
+    expect(on.phys.copies).toBeGreaterThan(0);
   }, 120_000);
 
   test("blocks evicted while slots hold their granules: the holders keep them, later prompts are right", () => {

@@ -685,13 +685,16 @@ export class CudaBackend implements Backend {
     this.stopRecording();
     const l = layer as CudaKvLayer;
     // The rows moved down land in positions keep .. length - discard - 1.
-    if (!l.ring && discard > 0 && keep >= 0 && length <= l.cells) this.mapRows(l, keep, length - discard);
+    if (!l.ring && discard > 0 && keep >= 0 && length <= l.cells) {
+      this.mapRows(l, keep, length - discard);
+    }
     this.shifter.shift(layer as CudaKvLayer, rope, this.ropeFactors(rope), keep, discard, length);
   }
 
   compactKv(layer: KvLayer, rope: RopeOptions, from: Int32Array, to: number): void {
     this.stopRecording();
-    if (!(layer as CudaKvLayer).ring && to >= 0) this.mapRows(layer as CudaKvLayer, to, to + from.length);
+    const l = layer as CudaKvLayer;
+    if (!l.ring && to >= 0) this.mapRows(l, to, to + from.length);
     this.shifter.compact(layer as CudaKvLayer, rope, this.ropeFactors(rope), from, to);
   }
 
@@ -759,7 +762,9 @@ export class CudaBackend implements Backend {
       visible = Math.max(visible, positions[i] + 1);
     }
     const p = this.positionsFor(positions[0], 1, firstRow);
-    for (let i = 0; i < rows; i++) this.mapRows(layers[i] as CudaKvLayer, positions[i], positions[i] + 1);
+    for (let i = 0; i < rows; i++) {
+      this.mapRows(layers[i] as CudaKvLayer, positions[i], positions[i] + 1);
+    }
     const table = this.attn.kvTable(layers as readonly CudaKvLayer[]);
     const split = decodeSplit(l0, visible);
     if (this.attn.ensure(rows, rows, o, l0.cells, split) < rows) return false;

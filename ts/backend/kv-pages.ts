@@ -92,6 +92,12 @@ export interface SealedGranules {
   readonly v: SealedRun;
 }
 
+/** A prefix's sealed granules by their index in a layer's key and value ranges. */
+export interface SealedLookup {
+  k(index: number): Granule | undefined;
+  v(index: number): Granule | undefined;
+}
+
 /**
  * What a slot restoring a prefix takes by reference: granules [first, end) of each range, and the
  * rows [rows[0], rows[1]) lying wholly inside both runs, which need no copy.
@@ -215,7 +221,8 @@ export class KvPagePool {
     let n = 0;
     for (const layer of layers) {
       const l = paged(layer);
-      if (l?.pages) n += count(l.pages.k, l.kRowBytes, l.cells) + count(l.pages.v, l.vRowBytes, l.cells);
+      if (!l?.pages) continue;
+      n += count(l.pages.k, l.kRowBytes, l.cells) + count(l.pages.v, l.vRowBytes, l.cells);
     }
     return n;
   }
@@ -410,7 +417,7 @@ export class KvPagePool {
    * of whole granules from the first past `held`, as far as each is still handable.
    */
   sharePlan(layer: KvLayer, held: number, positions: number,
-    sealed: { k(i: number): Granule | undefined; v(i: number): Granule | undefined }): SharePlan | null {
+    sealed: SealedLookup): SharePlan | null {
     const l = sharedPaging(layer);
     if (!l?.pages || positions <= held) return null;
     const run = (rowBytes: number, at: (i: number) => Granule | undefined) => {

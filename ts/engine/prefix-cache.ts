@@ -34,7 +34,7 @@
 import {
   kvBytes, kvTypesOf, type Backend, type KvBlockStore, type KvLayer, type KvType, type KvTypes,
 } from "../backend/backend.ts";
-import { type Granule, type KvPagePool, type SealedGranules } from "../backend/kv-pages.ts";
+import type { Granule, KvPagePool, SealedGranules, SealedLookup } from "../backend/kv-pages.ts";
 import { InferError } from "../errors.ts";
 import type { KvShape } from "../model/model.ts";
 import type { Slot } from "./kv-cache.ts";
@@ -271,9 +271,7 @@ export class PrefixCache {
 }
 
 /** The granules a chain of blocks names for layer `i`, by their index in the layer's ranges. */
-function sealedOf(chain: readonly Block[], i: number): {
-  k(index: number): Granule | undefined; v(index: number): Granule | undefined;
-} {
+function sealedOf(chain: readonly Block[], i: number): SealedLookup {
   const k = new Map<number, Granule>(), v = new Map<number, Granule>();
   for (const block of chain) {
     const g = block.granules?.[i];

@@ -607,7 +607,8 @@ export class BatchScheduler {
       // Every position it may write: the prompt, its tokens, and one a device step runs ahead.
       const max = request.options.maxTokens;
       const { slot, common } = this.pickSlot(request.prompt, reuse);
-      const claim = this.claimPages(slot, common, max < 0 ? Infinity : request.prompt.length + max + 1);
+      const reach = max < 0 ? Infinity : request.prompt.length + max + 1;
+      const claim = this.claimPages(slot, common, reach);
       if (claim === null) break;
       this.waiting.shift();
       if (claim instanceof InferError) {
