@@ -5,7 +5,9 @@
 // caches (same kernels, same addresses' contents); a cache maps granules as positions are written
 // and no more; and a scheduler with more slots than fit at full context under a small pool
 // (INFER_CUDA_KV_BUDGET) serves every request that can fit, exactly, and refuses the one that
-// cannot as a context overflow. Skipped without a GPU.
+// cannot as a context overflow; 8 sequences on one 2,100-token prompt through the prefix cache
+// map its whole granules once (the rest of each sequence in its own), with the greedy tokens of
+// the same run copying the prefix. Skipped without a GPU.
 import { afterAll, describe, expect, test } from "bun:test";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -13,6 +15,7 @@ import { join } from "node:path";
 import type { CudaBackend } from "../ts/backend/cuda.ts";
 import { Engine } from "../ts/engine/engine.ts";
 import type { GenerateOptions, GenerateResult } from "../ts/engine/generation.ts";
+import type { PrefixCacheOptions } from "../ts/engine/prefix-cache.ts";
 import { BatchScheduler } from "../ts/engine/scheduler.ts";
 import { InferError } from "../ts/errors.ts";
 import { GgmlType } from "../ts/gguf/types.ts";
@@ -59,8 +62,8 @@ function prompt(n: number, seed: number): number[] {
 }
 
 /** Runs the prompts through a scheduler of `slots`; results (or errors) in prompt order. */
-function serve(engine: Engine, prompts: number[][], slots: number) {
-  const scheduler = new BatchScheduler(engine, { slots, prefixCache: null });
+function serve(engine: Engine, prompts: number[][], slots: number, prefixCache: PrefixCacheOptions | null = null) {
+  const scheduler = new BatchScheduler(engine, { slots, prefixCache });
   const results: (GenerateResult | Error | null)[] = prompts.map(() => null);
   prompts.forEach((p, i) => scheduler.submit({ prompt: p, options: greedy,
     onDone: (r) => (results[i] = r), onError: (e) => (results[i] = e) }));
@@ -70,7 +73,7 @@ function serve(engine: Engine, prompts: number[][], slots: number) {
     scheduler.step();
     peak = Math.max(peak, pool?.mappedBytes ?? 0);
   }
-  return { results, peak };
+  return { results, peak, prefix: scheduler.stats().prefix };
 }
 
 const lengths = [3, 40, 900, 2600, 5000, 130];
@@ -143,5 +146,30 @@ describe.skipIf(noCuda)("the paged KV cache on the GPU", () => {
       if (!(w && g) || w instanceof Error || g instanceof Error) throw (g instanceof Error ? g : w) ?? new Error("unfinished");
       expect([i, g.tokens]).toEqual([i, w.tokens]);
     }
+  }, 300_000);
+
+  test("8 sequences on one long prompt map its whole granules once", () => {
+    const engine = openWith(modelFile(llamaWide), {});
+    const shared = prompt(2100, 7);
+    const prompts = Array.from({ length: 8 }, (_, i) => [...shared, ...prompt(9, 50 + i).slice(1)]);
+    const copied = serve(engine, prompts, 8, { share: false });
+    engine.close();
+    const again = openWith(modelFile(llamaWide), {});
+    const pool = again.backend.kvPages!()!;
+    const got = serve(again, prompts, 8, {});
+    const g = pool.granule;
+    again.close();
+    for (let i = 0; i < prompts.length; i++) {
+      const w = copied.results[i], r = got.results[i];
+      if (!(w && r) || w instanceof Error || r instanceof Error) throw (r instanceof Error ? r : w) ?? new Error("unfinished");
+      expect([i, r.tokens]).toEqual([i, w.tokens]);
+    }
+    // A slot writes 2,108 + 16 + 1 positions: 2,304 rows mapped, 3 granules a range, 12 a slot
+    // (2 layers, keys and values). The cache restores 2,080 positions: 2 whole granules a range.
+    const slot = 12, sharedPerSlot = 8;
+    expect(copied.peak).toBe(8 * slot * g);
+    expect(got.prefix!.sharedGranules).toBe(sharedPerSlot);
+    // one prompt, and each other sequence's tail
+    expect(got.peak).toBeLessThanOrEqual((slot + 7 * (slot - sharedPerSlot)) * g);
   }, 300_000);
 });

@@ -3,16 +3,22 @@
 // granules a layer maps for a position (odd row sizes, rings excluded), giving them back, the
 // admission decision (admit, empty free slots, wait, never), and the real scheduler on a CPU
 // backend paged through the fake, with more slots than fit at full context: every sequence must
-// give exactly the tokens it gets alone, the pool never past its budget.
+// give exactly the tokens it gets alone, the pool never past its budget. Shared prefix granules:
+// sealing, adopting, copy-on-write, resets and odd row sizes on the pool, and the real scheduler
+// and prefix cache sharing one long prompt among slots, where the fake keeps a copy of a granule
+// per address it is mapped at and fails when they differ (a write that landed in shared memory).
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { KvLayer } from "../ts/backend/backend.ts";
-import { admitPages, KvPagePool, paddedRows, ROW_PAD, type PagedRange } from "../ts/backend/kv-pages.ts";
+import {
+  admitPages, KvPagePool, paddedRows, ROW_PAD, type Granule, type PagedLayer, type PagedRange, type SealedGranules,
+} from "../ts/backend/kv-pages.ts";
 import { Engine } from "../ts/engine/engine.ts";
 import type { GenerateOptions, GenerateResult } from "../ts/engine/generation.ts";
 import { memoryPlan } from "../ts/engine/memory.ts";
+import type { PrefixCacheOptions, PrefixCacheStats } from "../ts/engine/prefix-cache.ts";
 import { BatchScheduler } from "../ts/engine/scheduler.ts";
 import type { GgufFile } from "../ts/gguf/reader.ts";
 import type { ModelShape } from "../ts/model/model.ts";
@@ -101,26 +107,201 @@ describe("a layer maps granules as positions are written", () => {
   });
 });
 
+/** A slot's full layer on `phys` whose bytes the test can see: 4 KiB granules of `rows` rows. */
+function backedLayer(pool: KvPagePool, phys: FakePhysical, cells: number, kRowBytes: number, vRowBytes: number) {
+  const l = layer(pool, cells, kRowBytes, vRowBytes), p = pagesOf(l);
+  const k = new Uint8Array(cells * kRowBytes), v = new Uint8Array(cells * vRowBytes);
+  phys.back(p.k.address, k);
+  phys.back(p.v.address, v);
+  return { l, k, v };
+}
+
+/** A layer's row bytes as a kernel would write them: the row's position in every byte. */
+function writeRows(pool: KvPagePool, s: { l: KvLayer; k: Uint8Array; v: Uint8Array }, from: number, to: number) {
+  pool.writeRows(s.l, from, to);
+  const { kRowBytes: kb, vRowBytes: vb } = s.l as unknown as PagedLayer;
+  for (let p = from; p < to; p++) {
+    s.k.fill(p & 0xff, p * kb, (p + 1) * kb);
+    s.v.fill(p & 0xff, p * vb, (p + 1) * vb);
+  }
+}
+
+function rowsAre(s: { l: KvLayer; k: Uint8Array; v: Uint8Array }, from: number, to: number): boolean {
+  const { kRowBytes: kb, vRowBytes: vb } = s.l as unknown as PagedLayer;
+  for (let p = from; p < to; p++) {
+    if (s.k.subarray(p * kb, (p + 1) * kb).some((x) => x !== (p & 0xff))) return false;
+    if (s.v.subarray(p * vb, (p + 1) * vb).some((x) => x !== (p & 0xff))) return false;
+  }
+  return true;
+}
+
+/** The granules `seal` named, as a share plan looks them up. */
+function lookup(...sealed: (SealedGranules | null)[]) {
+  const k = new Map<number, Granule>(), v = new Map<number, Granule>();
+  for (const s of sealed) {
+    s?.k.granules.forEach((g, n) => k.set(s.k.first + n, g));
+    s?.v.granules.forEach((g, n) => v.set(s.v.first + n, g));
+  }
+  return { k: (i: number) => k.get(i), v: (i: number) => v.get(i) };
+}
+
+describe("slots share a saved prefix's whole granules", () => {
+  // 128-byte rows: 32 rows a 4 KiB granule; 1,024 cells
+  const prefix = (pool: KvPagePool, phys: FakePhysical, rows: number) => {
+    const a = backedLayer(pool, phys, 1024, 128, 128);
+    writeRows(pool, a, 0, rows + 4);
+    return { a, sealed: pool.seal(a.l, 0, rows) };
+  };
+  const adopt = (pool: KvPagePool, phys: FakePhysical, sealed: SealedGranules | null, positions: number) => {
+    const b = backedLayer(pool, phys, 1024, 128, 128);
+    const plan = pool.sharePlan(b.l, 0, positions, lookup(sealed));
+    if (plan) pool.adopt(b.l, plan, positions);
+    return { b, plan };
+  };
+
+  test("n slots on one prefix hold its whole granules once", () => {
+    const phys = new FakePhysical(G, 1000), pool = new KvPagePool(phys);
+    const { a, sealed } = prefix(pool, phys, 100); // 96 rows: granules 0, 1 and 2 are whole
+    expect(sealed!.k.granules.length).toBe(3);
+    expect(pool.mapped).toBe(16); // 256 rows mapped a range
+    const holders = [1, 2, 3].map(() => adopt(pool, phys, sealed, 100));
+    for (const { b, plan } of holders) {
+      expect(plan!.rows).toEqual([0, 96]);
+      expect(rowsAre(b, 0, 96)).toBe(true); // the same memory: its rows without a copy
+      expect(pool.held([b.l])).toBe(16);
+      expect(pool.owned([b.l])).toBe(10);
+    }
+    // 3 granules a range once, and each slot's own 5
+    expect(pool.mapped).toBe(16 + 3 * 10);
+    expect(phys.live).toBe(pool.mapped);
+    expect(pool.shared([a.l, ...holders.map((h) => h.b.l)])).toBe(6);
+    expect(phys.copies).toBe(0);
+    phys.checkShared();
+  });
+
+  test("a write into a shared granule copies it first; the other holders keep their rows", () => {
+    const phys = new FakePhysical(G, 1000), pool = new KvPagePool(phys);
+    const { a, sealed } = prefix(pool, phys, 100);
+    const { b } = adopt(pool, phys, sealed, 100), { b: c } = adopt(pool, phys, sealed, 100);
+    writeRows(pool, b, 96, 130); // past the shared granules: nothing copied
+    expect(phys.copies).toBe(0);
+    const before = pool.mapped;
+    expect(pool.writeCopies(b.l, 70, 71)).toBe(true);
+    writeRows(pool, b, 70, 71); // into granule 2 of each range, which a and c map too
+    expect(phys.copies).toBe(2);
+    expect(pool.mapped).toBe(before + 2);
+    phys.checkShared(); // the write landed in b's copy only
+    expect(rowsAre(b, 0, 130)).toBe(true);
+    expect(rowsAre(a, 0, 100) && rowsAre(c, 0, 96)).toBe(true);
+    expect(pool.writeCopies(b.l, 70, 71)).toBe(false); // its own now
+    // A write that skips the pool into memory another slot maps is what the fake catches.
+    c.k[0] = 0xee;
+    expect(() => phys.checkShared()).toThrow(/written while shared/);
+  });
+
+  test("a holder's reset gives back only what no other slot maps; a granule no slot maps is not handed out", () => {
+    const phys = new FakePhysical(G, 1000), pool = new KvPagePool(phys);
+    const { a, sealed } = prefix(pool, phys, 100);
+    const { b } = adopt(pool, phys, sealed, 100);
+    expect(pool.reclaimable([[a.l], [b.l]])).toEqual([10, 16]); // the shared 6 come with the second
+    pool.trimRows(a.l, 0); // the saving slot starts over: b keeps the prefix
+    expect(pool.mapped).toBe(16);
+    expect(rowsAre(b, 0, 96)).toBe(true);
+    const { b: c, plan } = adopt(pool, phys, sealed, 100); // still handable: b maps them
+    expect(plan).not.toBeNull();
+    expect(rowsAre(c, 0, 96)).toBe(true);
+    pool.trimRows(b.l, 0);
+    pool.trimRows(c.l, 0);
+    expect([pool.mapped, phys.live]).toEqual([0, 0]);
+    expect(adopt(pool, phys, sealed, 100).plan).toBeNull(); // released: the cache copies instead
+  });
+
+  test("a write into a sealed granule no other slot maps unseals it in place", () => {
+    const phys = new FakePhysical(G, 1000), pool = new KvPagePool(phys);
+    const { a, sealed } = prefix(pool, phys, 100);
+    writeRows(pool, a, 40, 41); // a rewound and written again: granule 1 holds another prefix now
+    expect(phys.copies).toBe(0);
+    const { plan } = adopt(pool, phys, sealed, 100);
+    expect(plan!.k.granules.length).toBe(1); // only granule 0 is still the prefix's
+    expect(plan!.rows).toEqual([0, 32]);
+  });
+
+  test("a slot continuing a prefix part-way takes the whole granules past what it holds", () => {
+    const phys = new FakePhysical(G, 1000), pool = new KvPagePool(phys);
+    const { sealed } = prefix(pool, phys, 200); // granules 0 .. 5 whole
+    const b = backedLayer(pool, phys, 1024, 128, 128);
+    writeRows(pool, b, 0, 50); // it holds 50 positions of the same prefix
+    const plan = pool.sharePlan(b.l, 50, 200, lookup(sealed))!;
+    expect([plan.k.first, plan.k.granules.length, ...plan.rows]).toEqual([2, 4, 64, 192]);
+  });
+
+  test("odd row sizes: rows straddling a granule's edge are copied, a prefix within one granule is not shared", () => {
+    const phys = new FakePhysical(G, 1000), pool = new KvPagePool(phys);
+    // q8_0-like 34-byte keys and 50-byte values
+    const a = backedLayer(pool, phys, 1000, 34, 50);
+    writeRows(pool, a, 0, 300);
+    expect(pool.seal(a.l, 0, 100)!.k.granules.length).toBe(0); // 3,400 bytes: no whole granule
+    const sealed = pool.seal(a.l, 0, 300)!; // keys 10,200 bytes: 2 granules; values 15,000: 3
+    expect([sealed.k.granules.length, sealed.v.granules.length]).toEqual([2, 3]);
+    const b = backedLayer(pool, phys, 1000, 34, 50);
+    const plan = pool.sharePlan(b.l, 0, 300, lookup(sealed))!;
+    // rows wholly inside both: keys to byte 8,192 (row 240), values to 12,288 (row 245)
+    expect(plan.rows).toEqual([0, 240]);
+    // the rest is copied before the granules are adopted, as the prefix cache does it
+    pool.writeRows(b.l, 240, 300);
+    b.k.set(a.k.subarray(240 * 34, 300 * 34), 240 * 34);
+    b.v.set(a.v.subarray(240 * 50, 300 * 50), 240 * 50);
+    pool.adopt(b.l, plan, 300);
+    expect(rowsAre(b, 0, 300)).toBe(true);
+    phys.checkShared();
+    // 80 rows: 2,720 bytes of keys, 4,000 of values: nothing whole, nothing shared
+    expect(pool.sharePlan(b.l, 0, 80, lookup(pool.seal(a.l, 0, 80)))).toBeNull();
+  });
+
+  test("admission counts what a write into shared granules will copy, and what a reset gives back", () => {
+    const phys = new FakePhysical(G, 1000), pool = new KvPagePool(phys);
+    const { a, sealed } = prefix(pool, phys, 100);
+    const { b } = adopt(pool, phys, sealed, 100);
+    // b continuing at 100 keeps all 16; from 70 it copies granule 2 of each range
+    expect(pool.kept([b.l], 100, 200)).toBe(16);
+    expect(pool.kept([b.l], 70, 200)).toBe(14);
+    // from 0: the shared granules are given back (unshareFrom), with what follows them
+    expect(pool.kept([b.l], 0, 200)).toBe(0);
+    expect(pool.freed([b.l], 0, 200)).toBe(10);
+    pool.unshareFrom(b.l, 0);
+    expect(pool.held([b.l])).toBe(0);
+    expect(pool.mapped).toBe(16);
+    expect(rowsAre(a, 0, 100)).toBe(true);
+  });
+});
+
+/** Admission where nothing is shared: the slot keeps `held`, every granule is one slot's. */
+function admitPlain(need: number, held: number, running: { held: number; claim: number }[],
+  free: number[], available: number) {
+  const total = held + running.reduce((n, s) => n + s.held, 0) + free.reduce((n, f) => n + f, 0);
+  return admitPages({ need, grows: need - held, running, free, available, capacity: available + total });
+}
+
 describe("admission by the pool", () => {
   test("admits what fits beside the running sequences' outstanding claims", () => {
     // 10 granules to be had; one running sequence holds 2 of its claim of 6
-    expect(admitPages(6, 0, [{ held: 2, claim: 6 }], [], 10)).toEqual({ kind: "admit", reclaim: 0 });
-    expect(admitPages(7, 0, [{ held: 2, claim: 6 }], [], 10)).toEqual({ kind: "wait" });
+    expect(admitPlain(6, 0, [{ held: 2, claim: 6 }], [], 10)).toEqual({ kind: "admit", reclaim: 0 });
+    expect(admitPlain(7, 0, [{ held: 2, claim: 6 }], [], 10)).toEqual({ kind: "wait" });
     // the slot's own granules count toward its need
-    expect(admitPages(9, 3, [{ held: 2, claim: 6 }], [], 10)).toEqual({ kind: "admit", reclaim: 0 });
+    expect(admitPlain(9, 3, [{ held: 2, claim: 6 }], [], 10)).toEqual({ kind: "admit", reclaim: 0 });
   });
 
   test("empties free slots, the one free the longest first, only as far as needed", () => {
-    expect(admitPages(8, 0, [], [3, 4, 5], 4)).toEqual({ kind: "admit", reclaim: 2 });
-    expect(admitPages(4, 0, [], [3, 4, 5], 4)).toEqual({ kind: "admit", reclaim: 0 });
-    expect(admitPages(16, 0, [], [3, 4, 5], 4)).toEqual({ kind: "admit", reclaim: 3 });
+    expect(admitPlain(8, 0, [], [3, 4, 5], 4)).toEqual({ kind: "admit", reclaim: 2 });
+    expect(admitPlain(4, 0, [], [3, 4, 5], 4)).toEqual({ kind: "admit", reclaim: 0 });
+    expect(admitPlain(16, 0, [], [3, 4, 5], 4)).toEqual({ kind: "admit", reclaim: 3 });
   });
 
   test("waits while running sequences hold what it needs; never when even an empty pool is too small", () => {
-    expect(admitPages(8, 0, [{ held: 5, claim: 5 }], [1], 4)).toEqual({ kind: "wait" });
-    expect(admitPages(11, 0, [{ held: 5, claim: 5 }], [1], 4)).toEqual({ kind: "never", need: 11, capacity: 10 });
+    expect(admitPlain(8, 0, [{ held: 5, claim: 5 }], [1], 4)).toEqual({ kind: "wait" });
+    expect(admitPlain(11, 0, [{ held: 5, claim: 5 }], [1], 4)).toEqual({ kind: "never", need: 11, capacity: 10 });
     // nothing running: what does not fit now never will
-    expect(admitPages(6, 1, [], [], 4)).toEqual({ kind: "never", need: 6, capacity: 5 });
+    expect(admitPlain(6, 1, [], [], 4)).toEqual({ kind: "never", need: 6, capacity: 5 });
   });
 });
 
@@ -242,6 +423,106 @@ describe("the scheduler admits by the pool", () => {
     const want = referenceGenerate(reference, jobs[1].prompt, { ...defaults, ...jobs[1].options });
     expect((results[1] as GenerateResult).tokens).toEqual(want.tokens);
   }, 60_000);
+});
+
+/** Runs jobs in turn (each waits for those before it) or together, checking shared granules each step. */
+function runShared(jobs: Job[][], slots: number, prefixCache: PrefixCacheOptions | null) {
+  const engine = open();
+  const phys = new FakePhysical(G, 10_000);
+  const pool = withFakePages(engine, phys);
+  const scheduler = new BatchScheduler(engine, { slots, prefixCache, deviceGreedy: false });
+  const rounds: GenerateResult[][] = [], mapped: number[] = [], stats: PrefixCacheStats[] = [];
+  let sharedMost = 0;
+  for (const round of jobs) {
+    const got: GenerateResult[] = [];
+    round.forEach((j, i) => scheduler.submit({ prompt: j.prompt, options: { ...defaults, ...j.options },
+      onDone: (r) => (got[i] = r), onError: (e) => { throw e; } }));
+    for (let step = 0; scheduler.busy && step < 10_000; step++) {
+      scheduler.step();
+      phys.checkShared();
+      sharedMost = Math.max(sharedMost, scheduler.stats().prefix?.sharedGranules ?? 0);
+    }
+    rounds.push(got);
+    mapped.push(pool.mapped);
+    if (prefixCache) stats.push(scheduler.stats().prefix!);
+    expect(phys.live).toBe(pool.mapped);
+  }
+  engine.close();
+  return { rounds, mapped, phys, sharedMost, stats };
+}
+
+function expectReference(jobs: Job[], got: GenerateResult[]) {
+  for (const [i, j] of jobs.entries()) {
+    expect([i, got[i]?.tokens]).toEqual([i, referenceGenerate(reference, j.prompt, { ...defaults, ...j.options }).tokens]);
+  }
+}
+
+describe("the scheduler shares a cached prompt's granules between slots", () => {
+  // One 600-token prompt, then 5 tokens of each sequence's own; the cache's 32-token blocks make
+  // 576 positions restorable: 18 whole granules a range, 36 a slot.
+  const shared = toyPrompt(600, 21);
+  const burst: Job[] = [1, 2, 3, 4, 5, 6].map((n) => ({ prompt: [...shared, ...toyPrompt(6, 30 + n).slice(1)],
+    options: { maxTokens: 8 } }));
+
+  test("6 sequences on one long prompt hold its whole granules once, and give what each gives alone", () => {
+    const on = runShared([burst], 6, { blockTokens: 32 });
+    expectReference(burst, on.rounds[0]);
+    const off = runShared([burst], 6, { blockTokens: 32, share: false });
+    expectReference(burst, off.rounds[0]);
+    // each slot maps 768 rows (48 granules); 5 of them share the first's 36
+    expect(off.mapped[0]).toBe(6 * 48);
+    expect(on.mapped[0]).toBe(48 + 5 * 12);
+    expect(on.sharedMost).toBe(36);
+    expect(on.phys.copies).toBe(0);
+  }, 120_000);
+
+  test("a prompt parting inside a shared granule copies it; the other holders keep their rows", () => {
+    const parting: Job[] = [
+      // continues a holder in place from position 400 (its rings still hold the window before
+      // it), inside granule 12: copied, the granules past it given back
+      { prompt: [...shared.slice(0, 400), ...toyPrompt(40, 41).slice(1)], options: { maxTokens: 6 } },
+      // a holder of the whole prompt continues in place: its shared granules are intact
+      { prompt: [...shared, ...toyPrompt(9, 42).slice(1)], options: { maxTokens: 6 } },
+      // another prompt in a slot that held the shared one: starts over, copying nothing
+      { prompt: toyPrompt(500, 43), options: { maxTokens: 6 } },
+    ];
+    const r = runShared([burst, parting.slice(0, 1), parting.slice(1)], 6, { blockTokens: 32 });
+    expectReference(burst, r.rounds[0]);
+    expectReference(parting.slice(0, 1), r.rounds[1]);
+    expectReference(parting.slice(1), r.rounds[2]);
+    expect(r.phys.copies).toBe(2); // granule 12 of the keys and of the values, once
+  }, 120_000);
+
+  test("a context shift in slots holding shared granules copies them first; the tokens are those of copies", () => {
+    // 2 sequences on the shared prompt run past the 1,024-position context and shift
+    const long: Job[] = burst.slice(0, 2).map((j) => ({ prompt: j.prompt,
+      options: { maxTokens: 480, contextShift: true } }));
+    const on = runShared([long], 2, { blockTokens: 32 });
+    const off = runShared([long], 2, { blockTokens: 32, share: false });
+    for (const [i, r] of on.rounds[0].entries()) {
+      expect(r.tokens.length).toBe(480);
+      expect([i, r.tokens]).toEqual([i, off.rounds[0][i].tokens]);
+    }
+    expect(on.sharedMost).toBe(36);
+    expect(on.phys.copies).toBeGreaterThan(0);
+  }, 120_000);
+
+  test("blocks evicted while slots hold their granules: the holders keep them, later prompts are right", () => {
+    // a cache of 24 blocks: the second prompt's blocks evict the first's
+    const bytesMax = 24 * 32 * (5 * 2 * 2 * 32 * 2 + 2 * 2 * 32 * 2);
+    const other = toyPrompt(700, 51);
+    const rounds: Job[][] = [
+      burst.slice(0, 3),
+      [{ prompt: [...other, 9], options: { maxTokens: 4 } }, { prompt: [...other, 10], options: { maxTokens: 4 } }],
+      [{ prompt: [...shared, 11], options: { maxTokens: 4 } }, { prompt: [...other, 12], options: { maxTokens: 4 } }],
+    ];
+    const r = runShared(rounds, 4, { blockTokens: 32, bytesMax });
+    for (const [i, round] of rounds.entries()) expectReference(round, r.rounds[i]);
+    expect(r.stats[0].sharedGranules).toBe(36); // 3 slots hold the first prompt's 18 + 18
+    // the other prompt's blocks took the storage; the first prompt's holders still share theirs
+    expect(r.stats[1].blocks).toBe(24);
+    expect(r.stats[1].sharedGranules).toBeGreaterThanOrEqual(36);
+  }, 120_000);
 });
 
 describe("planning with a paged cache", () => {

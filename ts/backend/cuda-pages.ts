@@ -42,6 +42,8 @@ export function cudaPages(lib: Lib): PhysicalPages | string {
       check(lib.infer_cuda_vmm_map(address, granule, handle), "mapping KV cache memory"),
     unmap: (address, bytes) =>
       check(lib.infer_cuda_vmm_unmap(address, bytes), "unmapping KV cache memory"),
+    copy: (dst, src, bytes) =>
+      check(lib.infer_cuda_copy(dst, src, bytes), "copying a shared KV granule"),
     release: (handle) => {
       lib.infer_cuda_vmm_release(handle);
       mapped--;

@@ -87,6 +87,8 @@ class CudaKvLayer implements KvLayer, CudaAnchoredKeys, PagedLayer {
     this.kRowBytes = kvBytes(types.k, kvHeads * headDim, headDim);
     this.vRowBytes = kvBytes(types.v, kvHeads * headDim, headDim);
   }
+  /** tq codes are less their layer's anchor: another layer's would read them wrongly. */
+  get shareable(): boolean { return !isTurbo(this.types.k) && !isTurbo(this.types.v); }
   get kTypeId(): number { return cudaKvTypeIds[this.types.k]!; }
   get vTypeId(): number { return cudaKvTypeIds[this.types.v]!; }
 }
@@ -327,9 +329,15 @@ export class CudaBackend implements Backend {
     return this.pool;
   }
 
-  /** Maps what positions 0 .. rows - 1 of a paged layer take (nothing for a plain one). */
-  private mapRows(l: CudaKvLayer, rows: number): void {
-    if (l.pages) this.pool!.ensureRows(l, rows);
+  /**
+   * Makes positions from .. to - 1 of a paged layer writable (nothing for a plain one): maps what
+   * they take, and copies a granule other slots share before the write lands in it (kv-pages.ts
+   * writeRows). A copy runs what the step recorded so far first, and the step is not replayed.
+   */
+  private mapRows(l: CudaKvLayer, from: number, to: number): void {
+    if (!l.pages) return;
+    if (this.pool!.writeCopies(l, from, to)) this.stopRecording();
+    this.pool!.writeRows(l, from, to);
   }
 
   kvLayer(cells: number, kvHeads: number, headDim: number, types: KvType | KvTypes, ring: boolean,
@@ -380,6 +388,7 @@ export class CudaBackend implements Backend {
       }
     } catch { /* the device failed: the process's memory goes with it */ }
     this.pagedLayers.clear();
+    try { this.pool?.dispose(); } catch { /* as above */ }
     for (const address of this.deviceAllocations) this.lib.infer_cuda_free(address);
     this.deviceAllocations.clear();
     for (const address of this.hostAllocations) this.lib.infer_cuda_host_free(address);
@@ -592,7 +601,7 @@ export class CudaBackend implements Backend {
     const kvDim = l.kvHeads * l.headDim;
     if (k.cols !== kvDim || v.cols !== kvDim) throw new InferError("invalid_argument", "storeKv: k/v width is not kvHeads·headDim");
     const p = this.positionsFor(position, rows, firstRow);
-    this.mapRows(l, position + rows);
+    this.mapRows(l, position, position + rows);
     const rowBytes = kvDim * 4, kAddress = a(k).address + firstRow * rowBytes, vAddress = a(v).address + firstRow * rowBytes;
     const kTurbo = isTurbo(l.types.k), vTurbo = isTurbo(l.types.v);
     // kv_store writes the halves of 32-value blocks or f16; a tq half is kv_store_turbo's.
@@ -658,7 +667,7 @@ export class CudaBackend implements Backend {
       throw new InferError("invalid_argument", `copyKv: ${cells} cells from ${srcCell} to ${dstCell} overrun`);
     }
     this.stopRecording();
-    this.mapRows(d, dstCell + cells);
+    this.mapRows(d, dstCell, dstCell + cells);
     const kb = s.kRowBytes, vb = s.vRowBytes;
     // A tq K layer's codes are less its anchor: copied as they are only between layers of one
     // anchor, else coded again (cuda-kv-anchor.ts), never mapped.
@@ -674,11 +683,18 @@ export class CudaBackend implements Backend {
    */
   shiftKv(layer: KvLayer, rope: RopeOptions, keep: number, discard: number, length: number): void {
     this.stopRecording();
+    const l = layer as CudaKvLayer;
+    // The rows moved down land in positions keep .. length - discard - 1.
+    if (!l.ring && discard > 0 && keep >= 0 && length <= l.cells) {
+      this.mapRows(l, keep, length - discard);
+    }
     this.shifter.shift(layer as CudaKvLayer, rope, this.ropeFactors(rope), keep, discard, length);
   }
 
   compactKv(layer: KvLayer, rope: RopeOptions, from: Int32Array, to: number): void {
     this.stopRecording();
+    const l = layer as CudaKvLayer;
+    if (!l.ring && to >= 0) this.mapRows(l, to, to + from.length);
     this.shifter.compact(layer as CudaKvLayer, rope, this.ropeFactors(rope), from, to);
   }
 
@@ -746,7 +762,9 @@ export class CudaBackend implements Backend {
       visible = Math.max(visible, positions[i] + 1);
     }
     const p = this.positionsFor(positions[0], 1, firstRow);
-    for (let i = 0; i < rows; i++) this.mapRows(layers[i] as CudaKvLayer, positions[i] + 1);
+    for (let i = 0; i < rows; i++) {
+      this.mapRows(layers[i] as CudaKvLayer, positions[i], positions[i] + 1);
+    }
     const table = this.attn.kvTable(layers as readonly CudaKvLayer[]);
     const split = decodeSplit(l0, visible);
     if (this.attn.ensure(rows, rows, o, l0.cells, split) < rows) return false;

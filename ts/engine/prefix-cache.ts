@@ -19,11 +19,22 @@
 // it was read from, so n sequences with one 1,000-token prompt hold those rows once. A write to a
 // held row (a slot reused for another prompt) gives the writer its own copy of that page; before
 // a block's storage is reused the store gives every holder its own copy. Rings (sliding-window
-// layers, overwritten as the window moves) and rows not on page boundaries are copied as before;
-// so are the GPU backends' caches, which have no store.
+// layers, overwritten as the window moves) and rows not on page boundaries are copied as before.
+//
+// Where the backend pages its full-attention layers (KvPagePool: the CUDA backend's paged cache,
+// ts/backend/kv-pages.ts), a block names the granules of the saving slot's layers that it
+// completes (sealed: each wholly inside the chain's positions up to the block's end). A slot
+// restoring a chain maps the named granules that still live in some slot into its own ranges
+// instead of copying their rows, so n sequences on one long prompt hold its whole granules once;
+// the rows of a granule not whole (the end of the prefix, and every row where the prefix covers
+// no whole granule) are copied from the blocks as before. The blocks keep their copies: a named
+// granule no slot maps any more is gone, and the block's rows are there to copy. The pool copies
+// a shared granule before a write lands in it (copy-on-write by hand, as the GPU has no write
+// fault), so evicting a block, or a holder writing, never changes another holder's rows.
 import {
   kvBytes, kvTypesOf, type Backend, type KvBlockStore, type KvLayer, type KvType, type KvTypes,
 } from "../backend/backend.ts";
+import type { Granule, KvPagePool, SealedGranules, SealedLookup } from "../backend/kv-pages.ts";
 import { InferError } from "../errors.ts";
 import type { KvShape } from "../model/model.ts";
 import type { Slot } from "./kv-cache.ts";
@@ -44,6 +55,8 @@ interface Block {
   readonly layers: readonly KvLayer[];
   children: number;
   evicted: boolean;
+  /** Per layer, the slot's granules this block completed (kv-pages.ts seal); null: none named. */
+  granules: (SealedGranules | null)[] | null;
 }
 
 /** Where a sequence's chain of saved blocks ends; kept by the sequence between steps. */
@@ -62,6 +75,8 @@ export interface PrefixCacheStats {
   readonly lookedUpTokens: number;
   /** Rows of blocks sequences hold by reference now (summed over layers); 0 where all are copies. */
   readonly sharedRows: number;
+  /** Paged caches: granules mapped in more than one slot now (each once); 0 without a pool. */
+  readonly sharedGranules: number;
 }
 
 export class PrefixCache {
@@ -72,6 +87,10 @@ export class PrefixCache {
   private readonly byKey = new Map<string, Block>();
   private readonly type: KvTypes;
   private readonly store: KvBlockStore | null;
+  /** The backend's page pool, through which blocks name granules that slots share. */
+  private readonly pages: KvPagePool | null;
+  /** The slots' layers, whose shared granules stats() counts. */
+  private readonly slotLayers = new Set<readonly KvLayer[]>();
   private allocated = 0;
   private nextId = 1;
   private restored = 0;
@@ -91,14 +110,17 @@ export class PrefixCache {
       throw new InferError("invalid_argument", `a prefix cache of ${o.bytesMax} bytes holds no ` +
         `block of ${this.blockTokens} positions (${this.blockBytes} bytes)`);
     }
-    this.store = (o.share ?? true) && be.kvBlockStore
+    const share = o.share ?? true;
+    this.pages = share ? be.kvPages?.() ?? null : null;
+    this.store = share && !this.pages && be.kvBlockStore
       ? be.kvBlockStore(shapes, type, this.blockTokens, this.blocksMax) : null;
   }
 
   stats(): PrefixCacheStats {
     return { blocks: this.byKey.size, bytes: this.allocated * this.blockBytes,
       bytesMax: this.blocksMax * this.blockBytes, restoredTokens: this.restored,
-      lookedUpTokens: this.lookedUp, sharedRows: this.store?.sharedRows ?? 0 };
+      lookedUpTokens: this.lookedUp, sharedRows: this.store?.sharedRows ?? 0,
+      sharedGranules: this.pages?.shared([...this.slotLayers].flat()) ?? 0 };
   }
 
   private key(parent: Block | null, tokens: ArrayLike<number>, block: number): string {
@@ -131,16 +153,22 @@ export class PrefixCache {
     const positions = found.length * this.blockTokens;
     if (positions <= held) return chain;
     this.restored += positions - held;
+    this.slotLayers.add(layers);
     for (let i = 0; i < layers.length; i++) {
       const dst = layers[i];
       // A ring only needs (and holds) its last `cells` positions; a full layer keeps what it held.
       const from = dst.ring ? Math.max(0, positions - dst.cells) : held;
+      const plan = this.pages?.sharePlan(dst, held, positions, sealedOf(found, i)) ?? null;
+      const [skipFrom, skipTo] = plan?.rows ?? [positions, positions];
       for (let j = Math.floor(from / this.blockTokens); j < found.length; j++) {
-        const start = Math.max(from, j * this.blockTokens);
+        const start = Math.max(from, j * this.blockTokens), end = (j + 1) * this.blockTokens;
         if (start === j * this.blockTokens && this.hand(found[j].layers[i], dst, start)) continue;
-        this.transfer(dst, found[j].layers[i], j * this.blockTokens, start,
-          (j + 1) * this.blockTokens - start, true);
+        // Rows inside the granules the plan maps are not copied.
+        for (const [a, b] of [[start, Math.min(end, skipFrom)], [Math.max(start, skipTo), end]]) {
+          if (b > a) this.transfer(dst, found[j].layers[i], j * this.blockTokens, a, b - a, true);
+        }
       }
+      if (plan) this.pages!.adopt(dst, plan, positions);
     }
     return chain;
   }
@@ -166,12 +194,13 @@ export class PrefixCache {
           this.transfer(layers[i], storage[i], start, start, b, false);
         }
         block = { id: this.nextId++, key, parent: chain.last, layers: storage, children: 0,
-          evicted: false };
+          evicted: false, granules: null };
         if (chain.last) chain.last.children++;
         this.byKey.set(key, block);
       }
       // The slot now holds the block by reference instead of its own copy of the same rows.
       for (let i = 0; i < layers.length; i++) this.hand(block.layers[i], layers[i], start);
+      if (this.pages) this.name(block, layers, start);
       chain.last = block;
       chain.blocks++;
     }
@@ -181,6 +210,22 @@ export class PrefixCache {
   private hand(block: KvLayer, slot: KvLayer, position: number): boolean {
     return !slot.ring && this.store !== null &&
       this.store.share(block, 0, slot, position, this.blockTokens);
+  }
+
+  /**
+   * Names the slot's granules the block completes, where it names none yet or those it named
+   * can no longer be handed out (released, or written since).
+   */
+  private name(block: Block, layers: readonly KvLayer[], start: number): void {
+    this.slotLayers.add(layers);
+    const end = start + this.blockTokens;
+    const stale = (g: SealedGranules | null) =>
+      g !== null && [...g.k.granules, ...g.v.granules].some((x) => !x.handable);
+    if (block.granules && !block.granules.some(stale)) return;
+    block.granules = layers.map((l, i) => {
+      const had = block.granules?.[i] ?? null;
+      return had && !stale(had) ? had : this.pages!.seal(l, start, end);
+    });
   }
 
   private touch(block: Block): void {
@@ -202,6 +247,7 @@ export class PrefixCache {
       block.evicted = true;
       if (block.parent) block.parent.children--;
       this.store?.detach(block.layers);
+      block.granules = null; // the slots mapping them keep them; the storage is another block's now
       return block.layers;
     }
     return null;
@@ -222,4 +268,16 @@ export class PrefixCache {
       p += n;
     }
   }
+}
+
+/** The granules a chain of blocks names for layer `i`, by their index in the layer's ranges. */
+function sealedOf(chain: readonly Block[], i: number): SealedLookup {
+  const k = new Map<number, Granule>(), v = new Map<number, Granule>();
+  for (const block of chain) {
+    const g = block.granules?.[i];
+    if (!g) continue;
+    g.k.granules.forEach((x, n) => k.set(g.k.first + n, x));
+    g.v.granules.forEach((x, n) => v.set(g.v.first + n, x));
+  }
+  return { k: (index) => k.get(index), v: (index) => v.get(index) };
 }

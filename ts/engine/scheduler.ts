@@ -596,7 +596,7 @@ export class BatchScheduler {
     while (this.free.length > 0 && this.waiting.length > 0) {
       const request = this.waiting[0];
       if ("pooling" in request) {
-        const claim = this.claimPages(this.free[0], request.prompt.length);
+        const claim = this.claimPages(this.free[0], 0, request.prompt.length);
         if (claim === null) break;
         this.waiting.shift();
         if (claim instanceof InferError) request.onError(claim);
@@ -607,7 +607,8 @@ export class BatchScheduler {
       // Every position it may write: the prompt, its tokens, and one a device step runs ahead.
       const max = request.options.maxTokens;
       const { slot, common } = this.pickSlot(request.prompt, reuse);
-      const claim = this.claimPages(slot, max < 0 ? Infinity : request.prompt.length + max + 1);
+      const reach = max < 0 ? Infinity : request.prompt.length + max + 1;
+      const claim = this.claimPages(slot, common, reach);
       if (claim === null) break;
       this.waiting.shift();
       if (claim instanceof InferError) {
@@ -620,6 +621,7 @@ export class BatchScheduler {
         this.engine.contextLength, { ...request.options, contextShift: shifts });
       this.free.splice(this.free.indexOf(slot), 1);
       rewindSlot(slot, common);
+      for (const l of slot.cache.layers) this.pages?.unshareFrom(l, common);
       this.reused += common;
       const s = new Sequence(request, slot, generation, null);
       s.claim = claim;
@@ -635,30 +637,39 @@ export class BatchScheduler {
   }
 
   /**
-   * With a page pool: whether a sequence writing positions up to `rows` - 1 (at most the
-   * context) may start in `slot` now. Returns the granules it claims (0 without a pool), null
-   * when it must wait for running sequences to end, or the error of one that can never fit. Free
-   * slots are emptied, the one free the longest first, where that makes the room, and the slot
-   * gives back what it maps past `rows` (positions the sequence overwrites or never reaches).
+   * With a page pool: whether a sequence writing positions from `from` (what it continues of
+   * the slot) up to `rows` - 1 (at most the context) may start in `slot` now. Returns the
+   * granules it claims (0 without a pool), null when it must wait for running sequences to end,
+   * or the error of one that can never fit. Free slots are emptied, the one free the longest
+   * first, where that makes the room, and the slot gives back what it maps past `rows`
+   * (positions the sequence overwrites or never reaches). A granule the slot shares with
+   * another and will write into counts as a new one (it is copied first); one shared by slots
+   * comes back only when the last of them is emptied.
    */
-  private claimPages(slot: Slot, rows: number): number | null | InferError {
+  private claimPages(slot: Slot, from: number, rows: number): number | null | InferError {
     const pool = this.pages;
     if (!pool) return 0;
     rows = Math.min(rows, this.engine.contextLength);
     const layers = slot.cache.layers, need = pool.need(layers, rows);
     const others = this.free.filter((f) => f !== slot);
-    // What the slot maps past `rows` counts as to be had: it is given back before the sequence starts.
-    const held = pool.held(layers), excess = Math.max(0, held - need);
-    const decision = admitPages(need, held - excess,
-      this.running.map((s) => ({ held: pool.held(s.slot.cache.layers), claim: s.claim })),
-      others.map((f) => pool.held(f.cache.layers)), pool.availableGranules() + excess);
+    const excess = pool.held(layers) > need;
+    const decision = admitPages({
+      need, grows: need - pool.kept(layers, from, rows),
+      // A sequence that may shift its context writes into every granule it holds.
+      running: this.running.map((s) => ({ claim: s.claim, held: mayShift(s)
+        ? pool.owned(s.slot.cache.layers) : pool.held(s.slot.cache.layers) })),
+      free: pool.reclaimable(others.map((f) => f.cache.layers), { layers, from, rows }),
+      // What the slot gives back counts as to be had: it goes before the sequence starts.
+      available: pool.availableGranules() + pool.freed(layers, from, rows),
+      capacity: pool.availableGranules() + pool.mapped,
+    });
     if (decision.kind === "wait") return null;
     if (decision.kind === "never") return neverFits(decision.need, decision.capacity, pool.granule);
     for (const f of others.slice(0, decision.reclaim)) {
       for (const l of f.cache.layers) pool.trimRows(l, 0);
       rewindSlot(f, 0);
     }
-    if (excess > 0) {
+    if (excess) {
       // Positions below `rows` stay mapped: the prefix it continues from (shorter) is kept.
       for (const l of layers) pool.trimRows(l, rows);
       if (slot.length > rows) rewindSlot(slot, rows);
@@ -670,6 +681,7 @@ export class BatchScheduler {
   private admitEmbedding(request: EmbeddingRequest, claim: number): void {
     const slot = this.free.shift()!;
     rewindSlot(slot, 0);
+    for (const l of slot.cache.layers) this.pages?.unshareFrom(l, 0);
     const pooler = new Pooler(request.pooling, this.engine.model.info.embedding,
       request.prompt.length);
     const s = new Sequence(request, slot, null, pooler);
@@ -753,7 +765,9 @@ export class BatchScheduler {
         s.parked = true;
         continue;
       }
-      if (s.parked) { // what it waited for is in the cache now
+      // What it waited for is in the cache now; or, held back by the budget until now, it may
+      // find blocks an earlier sequence saved since it was admitted.
+      if (s.parked || (this.prefix && s.length === s.restored)) {
         s.parked = false;
         this.restore(s);
         s.restored = s.length;
@@ -874,4 +888,9 @@ export class BatchScheduler {
     if (s.shifted) rewindSlot(s.slot, 0);
     this.free.push(s.slot);
   }
+}
+
+/** Whether a sequence may shift its context (and so write over the positions it holds). */
+function mayShift(s: Sequence): boolean {
+  return s.generation !== null && (s.request as SequenceRequest).options.contextShift === true;
 }
