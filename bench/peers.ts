@@ -5,7 +5,7 @@
 import { existsSync, readFileSync } from "node:fs";
 import { availableParallelism } from "node:os";
 import { join } from "node:path";
-import { setting } from "../ts/config/env.ts";
+import { childEnvironment, setting } from "../ts/config/env.ts";
 
 export type Mode = "prefill" | "decode" | "decode-deep";
 export const modes: readonly Mode[] = ["prefill", "decode", "decode-deep"];
@@ -85,7 +85,7 @@ export async function backgroundLoad(ms = 1000): Promise<number | null> {
 function spawn(cmd: string[], timeoutMs: number, env?: Record<string, string>): Spawned {
   const b0 = cpuBusySeconds(), t0 = performance.now();
   const p = Bun.spawnSync(cmd, { stdout: "pipe", stderr: "pipe", stdin: "ignore", timeout: timeoutMs,
-    env: env ? { ...process.env, ...env } : undefined });
+    env: env ? childEnvironment(env) : undefined });
   const wall = (performance.now() - t0) / 1000, b1 = cpuBusySeconds();
   const own = Number(p.resourceUsage?.cpuTime.total ?? 0) / 1e6;
   const background = b0 === null || b1 === null || wall <= 0 ? 0
