@@ -347,11 +347,7 @@ export class KvPagePool {
   writeCopies(layer: KvLayer, from: number, to: number): boolean {
     const l = paged(layer);
     if (!l?.pages) return false;
-    const shared = (r: PagedRange, rowBytes: number) => {
-      const [a, b] = this.touched(r, from * rowBytes, to * rowBytes);
-      return r.granules.slice(a, b).some((g) => g.maps > 1);
-    };
-    return shared(l.pages.k, l.kRowBytes) || shared(l.pages.v, l.vRowBytes);
+    return this.sharesRows(l.pages.k, l.kRowBytes, from, to) || this.sharesRows(l.pages.v, l.vRowBytes, from, to);
   }
 
   /**
@@ -362,12 +358,23 @@ export class KvPagePool {
     const l = paged(layer);
     if (!l?.pages) return;
     this.ensureRows(layer, to);
-    for (const [r, rowBytes] of [[l.pages.k, l.kRowBytes], [l.pages.v, l.vRowBytes]] as const) {
-      const [a, b] = this.touched(r, from * rowBytes, to * rowBytes);
-      for (let i = a; i < b; i++) {
-        if (r.granules[i].maps > 1) this.copyOnWrite(r, i);
-        else r.granules[i].sealed = false;
-      }
+    this.ownRows(l.pages.k, l.kRowBytes, from, to);
+    this.ownRows(l.pages.v, l.vRowBytes, from, to);
+  }
+
+  /** Whether rows from .. to - 1 of a range touch a granule another range maps too. */
+  private sharesRows(r: PagedRange, rowBytes: number, from: number, to: number): boolean {
+    const [a, b] = this.touched(r, from * rowBytes, to * rowBytes);
+    for (let i = a; i < b; i++) if (r.granules[i].maps > 1) return true;
+    return false;
+  }
+
+  /** The range's own copy of every granule rows from .. to - 1 touch, unsealed. */
+  private ownRows(r: PagedRange, rowBytes: number, from: number, to: number): void {
+    const [a, b] = this.touched(r, from * rowBytes, to * rowBytes);
+    for (let i = a; i < b; i++) {
+      if (r.granules[i].maps > 1) this.copyOnWrite(r, i);
+      else r.granules[i].sealed = false;
     }
   }
 
